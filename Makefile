@@ -1,0 +1,32 @@
+# The two commands of the README: `make test` (set up, then pass every test, notebooks included)
+# and `make lab` (set up, then open the tutorials in JupyterLab).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: setup setup-lab test lab clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+$(VENV)/.lab-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test,lab]"
+	touch $@
+
+setup: $(VENV)/.test-stamp
+setup-lab: $(VENV)/.lab-stamp
+
+test: setup
+	$(BIN)/python -m pytest -q tests tutorials --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+lab: setup-lab
+	$(BIN)/jupyter lab tutorials/
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The compiler: Graph IR → Schedule IR → Tile IR → target code."""

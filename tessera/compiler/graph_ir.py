@@ -1,0 +1,246 @@
+"""Graph IR: SSA values with tensor types, nodes carrying an op, attributes and a source location.
+
+Shape-polymorphic: dims may be symbols. ``str(graph)`` prints the stable text form and
+``graph.verify()`` raises IRVerificationError on malformed IR.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ops
+from ..errors import IRVerificationError, TesseraError
+from ..types import TensorType
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    filename: str
+    lineno: int
+    text: str = ""
+    function: str = ""
+
+    def __str__(self):
+        name = self.filename
+        if name.startswith("<ipython-input-") or "ipykernel_" in name:
+            name = "<cell>"
+        return f"{os.path.basename(name)}:{self.lineno}"
+
+
+class Value:
+    """An SSA value: a graph parameter or a node's result."""
+    __slots__ = ("id", "type", "node", "param_name")
+
+    def __init__(self, type: TensorType, node=None, param_name=None):
+        self.id = next(_ids)
+        self.type = type
+        self.node = node
+        self.param_name = param_name
+
+    def __repr__(self):
+        return f"<Value {self.param_name or self.id}: {self.type}>"
+
+
+class Node:
+    __slots__ = ("op", "inputs", "attrs", "out", "loc", "origin")
+
+    def __init__(self, op: str, inputs, attrs, type: TensorType, loc=None, origin=None):
+        self.op = op
+        self.inputs = list(inputs)
+        self.attrs = dict(attrs)
+        self.loc = loc
+        self.origin = origin          # "%2:softmax" for nodes a decomposition made
+        self.out = Value(type, node=self)
+
+    @property
+    def opdef(self):
+        return ops.get(self.op)
+
+
+def make_attrs(opdef, given: dict, types) -> dict:
+    unknown = set(given) - set(opdef.attrs)
+    if unknown:
+        raise TesseraError(f"{opdef.name} has no attribute {sorted(unknown)[0]!r}",
+                           expected=", ".join(opdef.attrs) or "no attributes")
+    attrs = {**opdef.attrs, **given}
+    if opdef.normalize is not None:
+        attrs = opdef.normalize(types, attrs)
+    return attrs
+
+
+class Graph:
+    def __init__(self, name: str, params=(), bindings=None):
+        self.name = name
+        self.params: list[Value] = list(params)
+        self.nodes: list[Node] = []
+        self.outputs: list[Value] = []
+        self.bindings = dict(bindings or {})    # symbol -> size, once specialised
+
+    # -- building -------------------------------------------------------------------------------
+    def add_param(self, name: str, type: TensorType) -> Value:
+        v = Value(type, param_name=name)
+        self.params.append(v)
+        return v
+
+    def apply(self, opname: str, inputs, attrs=None, loc=None, origin=None) -> Value:
+        """Add a node for a registered operator; normalises attrs and infers the result type."""
+        opdef = ops.get(opname)
+        types = [v.type for v in inputs]
+        if opdef.nin >= 0 and len(inputs) != opdef.nin:
+            raise TesseraError(f"{opname} takes {opdef.nin} tensor operand(s), got {len(inputs)}")
+        attrs = make_attrs(opdef, attrs or {}, types)
+        out_type = opdef.infer(types, attrs)
+        node = Node(opname, inputs, attrs, out_type, loc, origin)
+        self.nodes.append(node)
+        return node.out
+
+    def const(self, value, dtype=None, loc=None, origin=None) -> Value:
+        arr = np.array(value, dtype=None if dtype is None else dt.get(dtype).np, order="C")
+        arr.setflags(write=False)
+        t = TensorType(dt.from_numpy(arr.dtype), tuple(arr.shape))
+        node = Node("const", [], {"value": arr}, t, loc, origin)
+        self.nodes.append(node)
+        return node.out
+
+    # -- queries --------------------------------------------------------------------------------
+    def users(self) -> dict:
+        u = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                u.setdefault(v.id, []).append(n)
+        return u
+
+    def names(self) -> dict:
+        """Display names: parameters by name, node results numbered in order."""
+        names = {p.id: f"%{p.param_name}" for p in self.params}
+        for i, n in enumerate(self.nodes):
+            names[n.out.id] = f"%{i}"
+        return names
+
+    def replace_uses(self, old: Value, new: Value):
+        for n in self.nodes:
+            n.inputs = [new if v is old else v for v in n.inputs]
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+    def clone(self) -> "Graph":
+        g = Graph(self.name, bindings=self.bindings)
+        vmap = {}
+        for p in self.params:
+            vmap[p.id] = g.add_param(p.param_name, p.type)
+        for n in self.nodes:
+            m = Node(n.op, [vmap[v.id] for v in n.inputs], n.attrs, n.out.type, n.loc, n.origin)
+            g.nodes.append(m)
+            vmap[n.out.id] = m.out
+        g.outputs = [vmap[v.id] for v in self.outputs]
+        return g
+
+    # -- checking -------------------------------------------------------------------------------
+    def verify(self):
+        defined = {p.id for p in self.params}
+        if len(defined) != len(self.params):
+            raise IRVerificationError(f"graph @{self.name}: a parameter is defined twice")
+        for n in self.nodes:
+            for v in n.inputs:
+                if v.id not in defined:
+                    raise IRVerificationError(f"graph @{self.name}: {n.op} uses a value before "
+                                              f"it is defined")
+            if n.out.id in defined:
+                raise IRVerificationError(f"graph @{self.name}: value defined twice by {n.op}")
+            if n.op == "const":
+                arr = n.attrs["value"]
+                ok = n.out.type == TensorType(dt.from_numpy(arr.dtype), tuple(arr.shape))
+            else:
+                try:
+                    ok = n.opdef.infer([v.type for v in n.inputs], n.attrs) == n.out.type
+                except TesseraError as e:
+                    raise IRVerificationError(f"graph @{self.name}: {n.op} no longer type-checks: "
+                                              f"{e.summary}") from None
+            if not ok:
+                raise IRVerificationError(f"graph @{self.name}: the type of {n.op}'s result "
+                                          f"({n.out.type}) disagrees with its operands")
+            defined.add(n.out.id)
+        for v in self.outputs:
+            if v.id not in defined:
+                raise IRVerificationError(f"graph @{self.name}: an output is never defined")
+        return self
+
+    # -- text form ------------------------------------------------------------------------------
+    def __str__(self):
+        names = self.names()
+        head = f"graph @{self.name}"
+        if self.bindings:
+            head += " [" + ", ".join(f"{k}={v}" for k, v in self.bindings.items()) + "]"
+        params = ", ".join(f"{names[p.id]}: {p.type}" for p in self.params)
+        rets = ", ".join(str(v.type) for v in self.outputs)
+        lines = [f"{head}({params}) -> {rets} {{"]
+        rows = []
+        for n in self.nodes:
+            args = ", ".join(names[v.id] for v in n.inputs)
+            attrs = format_attrs(n.attrs)
+            left = f"{names[n.out.id]} = {n.op}({args})" + (f" {attrs}" if attrs else "")
+            note = []
+            if n.loc is not None:
+                note.append(str(n.loc))
+            if n.origin:
+                note.append(f"from {n.origin}")
+            rows.append((left, f": {n.out.type}", ("# " + ", ".join(note)) if note else ""))
+        w1 = min(max((len(r[0]) for r in rows), default=0), 56)
+        w2 = min(max((len(r[1]) for r in rows), default=0), 28)
+        for left, ty, note in rows:
+            lines.append(f"  {left:<{w1}}  {ty:<{w2}}  {note}".rstrip())
+        lines.append("  return " + ", ".join(names[v.id] for v in self.outputs))
+        lines.append("}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<Graph @{self.name}: {len(self.nodes)} nodes>"
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+def format_value(v) -> str:
+    if isinstance(v, bool) or isinstance(v, np.bool_):
+        return "true" if v else "false"
+    if isinstance(v, np.ndarray):
+        if v.ndim == 0:
+            return format_value(v.item()) if v.dtype.kind in "biu" else str(v[()])
+        if v.size <= 4:
+            return "[" + ",".join(format_value(x) for x in v.ravel().tolist()) + "]"
+        return f"<{dt.from_numpy(v.dtype).short}{list(v.shape)}>".replace(" ", "")
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(format_value(x) for x in v) + "]"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return v
+    return str(v)
+
+
+def format_attrs(attrs: dict) -> str:
+    if not attrs:
+        return ""
+    return "{" + ", ".join(f"{k}={format_value(v)}" for k, v in attrs.items()) + "}"
+
+
+class Builder:
+    """What a decomposition writes with: ops added at one location, marked with their origin."""
+
+    def __init__(self, graph: Graph, loc=None, origin=None):
+        self.graph, self.loc, self.origin = graph, loc, origin
+
+    def op(self, name, *inputs, **attrs) -> Value:
+        return self.graph.apply(name, inputs, attrs, loc=self.loc, origin=self.origin)
+
+    def const(self, value, dtype) -> Value:
+        return self.graph.const(value, dtype, loc=self.loc, origin=self.origin)
+
+    @staticmethod
+    def type(v: Value) -> TensorType:
+        return v.type

@@ -1,0 +1,163 @@
+"""Graph IR → Graph IR passes: canonicalisation (pattern rewrites to a fixpoint) and
+decomposition of composite operators into primitive ones."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..shapes import same
+from .graph_ir import Builder, Graph, Node, Value
+
+FOLD_LIMIT = 1 << 16          # fold constants up to this many elements
+
+
+# ---- rewrite rules: (graph, node) -> replacement Value or None -----------------------------------
+def fold_constants(g: Graph, n: Node):
+    if n.op == "const" or not n.inputs or any(v.node is None or v.node.op != "const"
+                                              for v in n.inputs):
+        return None
+    if not n.out.type.is_static or n.out.type.numel() > FOLD_LIMIT:
+        return None
+    arrays = [v.node.attrs["value"] for v in n.inputs]
+    with np.errstate(all="ignore"):
+        try:
+            result = n.opdef.reference(arrays, n.attrs)
+        except Exception:
+            return None                 # leave it for the kernel to report
+    return _insert_const(g, n, np.asarray(result, dtype=n.out.type.dtype.np))
+
+
+def _insert_const(g, n, value):
+    c = Node("const", [], {"value": np.array(value, order="C")}, n.out.type, n.loc, n.origin)
+    c.attrs["value"].setflags(write=False)
+    g.nodes.insert(g.nodes.index(n), c)
+    return c.out
+
+
+def transpose_of_transpose(g: Graph, n: Node):
+    if n.op != "transpose":
+        return None
+    src = n.inputs[0]
+    if src.node is not None and src.node.op == "transpose":
+        inner, outer = src.node.attrs["perm"], n.attrs["perm"]
+        perm = [inner[p] for p in outer]
+        if perm == sorted(perm):
+            return src.node.inputs[0]
+        new = g.apply("transpose", [src.node.inputs[0]], {"perm": perm}, loc=n.loc, origin=n.origin)
+        g.nodes.remove(new.node)
+        g.nodes.insert(g.nodes.index(n), new.node)
+        return new
+    if n.attrs["perm"] == sorted(n.attrs["perm"]):
+        return src
+    return None
+
+
+def remove_noops(g: Graph, n: Node):
+    """cast to the same dtype, reshape/broadcast to the same shape: the input itself."""
+    if n.op in ("cast", "reshape", "broadcast_to") and n.inputs[0].type == n.out.type:
+        return n.inputs[0]
+    if n.op == "reshape" and n.inputs[0].node is not None and n.inputs[0].node.op == "reshape":
+        new = g.apply("reshape", [n.inputs[0].node.inputs[0]], {"shape": list(n.out.type.shape)},
+                      loc=n.loc, origin=n.origin)
+        g.nodes.remove(new.node)
+        g.nodes.insert(g.nodes.index(n), new.node)
+        return new
+    if n.op == "slice" and all(s == 0 and st == 1 and same(e, d) for s, e, st, d in zip(
+            n.attrs["starts"], n.attrs["stops"], n.attrs["steps"], n.inputs[0].type.shape)):
+        return n.inputs[0]
+    return None
+
+
+RULES = [fold_constants, transpose_of_transpose, remove_noops]
+
+
+def _cse_key(n: Node):
+    if n.op == "const":
+        v = n.attrs["value"]
+        return ("const", v.dtype.str, v.shape, v.tobytes())
+    return (n.op, tuple(v.id for v in n.inputs), repr(sorted(n.attrs.items())))
+
+
+def cse(g: Graph) -> bool:
+    seen, changed = {}, False
+    for n in list(g.nodes):
+        key = _cse_key(n)
+        if key in seen:
+            g.replace_uses(n.out, seen[key])
+            changed = True
+        else:
+            seen[key] = n.out
+    return changed
+
+
+def dce(g: Graph) -> bool:
+    live = {v.id for v in g.outputs}
+    keep = []
+    for n in reversed(g.nodes):
+        if n.out.id in live:
+            keep.append(n)
+            live.update(v.id for v in n.inputs)
+    changed = len(keep) != len(g.nodes)
+    g.nodes = list(reversed(keep))
+    return changed
+
+
+def canonicalize(g: Graph, rules=RULES) -> Graph:
+    """Apply the rewrite rules, CSE and DCE until nothing changes. Mutates and returns g."""
+    for _ in range(100):
+        changed = False
+        for n in list(g.nodes):
+            if n not in g.nodes:
+                continue
+            for rule in rules:
+                new = rule(g, n)
+                if new is not None and new is not n.out:
+                    g.replace_uses(n.out, new)
+                    changed = True
+                    break
+        changed |= cse(g)
+        changed |= dce(g)
+        if not changed:
+            break
+    return g
+
+
+# ---- decomposition -------------------------------------------------------------------------------
+def decompose(g: Graph) -> Graph:
+    """A new graph in primitive operators; each node made from a composite notes its origin."""
+    names = g.names()
+    out = Graph(g.name, bindings=g.bindings)
+    vmap: dict[int, Value] = {p.id: out.add_param(p.param_name, p.type) for p in g.params}
+
+    def emit(op, inputs, attrs, loc, origin):
+        """Add op, expanding it recursively while its entry decomposes it."""
+        opdef = ops.get(op)
+        if opdef.decompose is not None:
+            b = _ExpandingBuilder(out, loc, origin, emit)
+            types = [v.type for v in inputs]
+            from .graph_ir import make_attrs
+            result = opdef.decompose(b, inputs, make_attrs(opdef, attrs, types))
+            if result is not None:
+                return result
+        return out.apply(op, inputs, attrs, loc=loc, origin=origin)
+
+    for n in g.nodes:
+        origin = n.origin or f"{names[n.out.id]}:{n.op}"
+        if n.op == "const":
+            c = Node("const", [], n.attrs, n.out.type, n.loc, origin)
+            out.nodes.append(c)
+            vmap[n.out.id] = c.out
+            continue
+        inputs = [vmap[v.id] for v in n.inputs]
+        vmap[n.out.id] = emit(n.op, inputs, n.attrs, n.loc, origin)
+    out.outputs = [vmap[v.id] for v in g.outputs]
+    return out
+
+
+class _ExpandingBuilder(Builder):
+    def __init__(self, graph, loc, origin, emit):
+        super().__init__(graph, loc, origin)
+        self._emit = emit
+
+    def op(self, name, *inputs, **attrs):
+        return self._emit(name, list(inputs), attrs, self.loc, self.origin)

@@ -1,0 +1,116 @@
+"""The whole lowering: Graph IR → (canonicalise, decompose) → Schedule IR → Tile IR → C → a
+loaded shared object, wrapped in a Program that runs on NumPy arrays."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from ..errors import ArgumentError, BackendUnavailableError, RuntimeFault
+from ..types import type_of_array
+from .graph_ir import Graph
+from .lower import lower_schedule
+from .passes import canonicalize, decompose
+from .scheduler import build_schedule
+from .target.c import ENTRY, render_c
+
+TARGETS = ("cpu",)
+
+
+class Program:
+    """A Tessera function specialised to concrete shapes, with every IR level to read."""
+
+    def __init__(self, graph_ir: Graph, primitive_ir: Graph, schedule_ir, tile_ir, target_code,
+                 target, library, output_structure=None):
+        self.graph_ir = graph_ir
+        self.primitive_ir = primitive_ir
+        self.schedule_ir = schedule_ir
+        self.tile_ir = tile_ir
+        self.target_code = target_code
+        self.target = target
+        self._lib = library
+        self._entry = getattr(library, ENTRY)
+        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._entry.restype = ctypes.c_int
+        self.output_structure = output_structure
+
+    @property
+    def kernels(self):
+        return self.schedule_ir.kernels
+
+    def run(self, *arrays):
+        """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
+        params = self.graph_ir.params
+        if len(arrays) != len(params):
+            raise ArgumentError(f"program @{self.graph_ir.name} takes {len(params)} arrays, "
+                                f"got {len(arrays)}")
+        arrays = [np.asarray(a) for a in arrays]
+        for p, a in zip(params, arrays):
+            if type_of_array(a) != p.type:
+                raise ArgumentError(f"program @{self.graph_ir.name} was specialised for "
+                                    f"%{p.param_name}: {p.type}", expected=str(p.type),
+                                    received=str(type_of_array(a)),
+                                    hint="call the tessera function instead: it specialises anew")
+        inputs = {p.param_name: np.require(a, requirements="C") for p, a in zip(params, arrays)}
+        poison = os.environ.get("TESSERA_POISON") == "1"
+        table = {}
+        for b in self.tile_ir.buffers:
+            if b.role == "input":
+                table[b.name] = inputs[b.name]
+            elif b.role == "const":
+                table[b.name] = b.data
+            else:
+                arr = np.empty(tuple(b.type.shape), dtype=b.type.dtype.np)
+                if poison:
+                    arr.fill(np.nan if b.type.dtype.is_float else
+                             (True if b.type.dtype.is_bool else -987654321))
+                table[b.name] = arr
+        ptrs = (ctypes.c_void_p * max(1, len(table)))(
+            *[table[b.name].ctypes.data for b in self.tile_ir.buffers])
+        status = self._entry(ptrs)
+        if status:
+            k = self.schedule_ir.kernels[status - 1]
+            node = k.fuses[0]
+            raise RuntimeFault(f"an index is out of range in {k.name}",
+                               function=self.graph_ir.name, location=node.loc,
+                               op=node.origin or node.op,
+                               hint="indices must lie in [-n, n) for an axis of size n")
+        results, seen = [], set()
+        for b in self.schedule_ir.outputs:
+            if b.role == "inline":
+                arr = np.array(b.data)
+            else:
+                arr = table[b.name]
+                if b.role in ("input", "const") or b.name in seen:
+                    arr = np.array(arr, copy=True)
+            seen.add(b.name)
+            results.append(arr)
+        return results
+
+    def __call__(self, *arrays):
+        out = self.run(*arrays)
+        return out[0] if self.output_structure in (None, "single") else \
+            (tuple(out) if self.output_structure == "tuple" else list(out))
+
+    def __str__(self):
+        return "\n\n".join([str(self.graph_ir), str(self.schedule_ir), str(self.tile_ir),
+                            self.target_code])
+
+    def __repr__(self):
+        return (f"<Program @{self.graph_ir.name} target={self.target}: "
+                f"{len(self.schedule_ir.kernels)} kernels>")
+
+
+def compile_graph(graph: Graph, target: str = "cpu", output_structure=None) -> Program:
+    if target not in TARGETS:
+        raise BackendUnavailableError(f"target {target!r} is not available yet",
+                                      expected=" or ".join(TARGETS))
+    g = canonicalize(graph.clone()).verify()
+    prim = canonicalize(decompose(g)).verify()
+    schedule = build_schedule(prim, target).verify()
+    tile = lower_schedule(schedule).verify()
+    source = render_c(tile)
+    from ..runtime.toolchain import build
+    lib = build(source, graph.name)
+    return Program(g, prim, schedule, tile, source, target, lib, output_structure)

@@ -1,0 +1,117 @@
+"""Schedule IR: the graph cut into kernels, specialised to concrete shapes.
+
+A kernel names its strategy (pointwise, reduce, contract, copy, gather, concat), the primitive
+Graph IR nodes it fuses, the buffers it reads and writes, its knobs and its cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import IRVerificationError
+from ..types import TensorType
+from .graph_ir import format_attrs, format_value
+
+
+@dataclass
+class Buffer:
+    name: str
+    type: TensorType
+    role: str                      # input | output | temp | const | inline
+    data: object = None            # the array of a const or inline buffer
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.numel() * self.type.dtype.itemsize
+
+    def ref(self) -> str:
+        if self.role == "inline":
+            return format_value(self.data)
+        return ("%" if self.role == "input" else "") + self.name
+
+
+@dataclass
+class Kernel:
+    name: str
+    strategy: str
+    op: str                        # the primitive operator (its registry entry drives lowering)
+    attrs: dict
+    inputs: list                   # Buffers
+    output: Buffer
+    fuses: list                    # primitive Graph IR nodes
+    knobs: dict = field(default_factory=dict)
+    flops: int = 0
+    bytes: int = 0
+
+    @property
+    def nodes(self) -> list:
+        return self.fuses
+
+    def fused_labels(self) -> list[str]:
+        return [n.origin or n.op for n in self.fuses]
+
+
+class Schedule:
+    def __init__(self, name, bindings, target, buffers, kernels, outputs):
+        self.name = name
+        self.bindings = dict(bindings or {})
+        self.target = target
+        self.buffers: list[Buffer] = buffers
+        self.kernels: list[Kernel] = kernels
+        self.outputs: list[Buffer] = outputs
+
+    def buffer_index(self) -> dict:
+        """Position of each runtime buffer in the argument table the entry point takes."""
+        return {b.name: i for i, b in enumerate(b for b in self.buffers if b.role != "inline")}
+
+    @property
+    def flops(self) -> int:
+        return sum(k.flops for k in self.kernels)
+
+    def verify(self):
+        known = {b.name for b in self.buffers}
+        written = {b.name for b in self.buffers if b.role in ("input", "const", "inline")}
+        for k in self.kernels:
+            for b in k.inputs:
+                if b.name not in known:
+                    raise IRVerificationError(f"schedule @{self.name}: {k.name} reads unknown "
+                                              f"buffer {b.name}")
+                if b.name not in written:
+                    raise IRVerificationError(f"schedule @{self.name}: {k.name} reads {b.name} "
+                                              "before any kernel writes it")
+            if k.output.role not in ("temp", "output"):
+                raise IRVerificationError(f"schedule @{self.name}: {k.name} writes a read-only "
+                                          f"buffer {k.output.name}")
+            if not k.output.type.is_static:
+                raise IRVerificationError(f"schedule @{self.name}: {k.name} has a symbolic shape")
+            written.add(k.output.name)
+        for b in self.outputs:
+            if b.name not in written:
+                raise IRVerificationError(f"schedule @{self.name}: output {b.name} never written")
+        return self
+
+    def __str__(self):
+        head = f"schedule @{self.name}"
+        if self.bindings:
+            head += " [" + ", ".join(f"{k}={v}" for k, v in self.bindings.items()) + "]"
+        lines = [f"{head} target={self.target} {{"]
+        for b in self.buffers:
+            if b.role != "inline":
+                lines.append(f"  {b.role:<6} {b.ref()}: {b.type}")
+        for k in self.kernels:
+            args = ", ".join(b.ref() for b in k.inputs)
+            attrs = format_attrs(k.attrs)
+            lines.append(f"  {k.name} = {k.strategy} {k.op}({args})"
+                         + (f" {attrs}" if attrs else "") + f" -> {k.output.ref()}")
+            lines.append(f"       fuses {{{' '.join(k.fused_labels())}}}"
+                         f"   knobs {format_attrs(k.knobs) or '{}'}"
+                         f"   cost {{flops={k.flops:.3g}, bytes={k.bytes:.3g}}}")
+        lines.append("  return " + ", ".join(b.ref() for b in self.outputs))
+        lines.append("}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<Schedule @{self.name}: {len(self.kernels)} kernels>"
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+

@@ -1,0 +1,293 @@
+"""Tile IR: loop nests mapped to hardware, shared by every target.
+
+Loops carry a kind (serial, parallel, vector, parallel+vector; later block, thread, warp);
+kernels read and write buffers with explicit flat indices; elementwise and reduction arithmetic
+stays an ``OpCall`` naming its registry entry, which each renderer turns into its language.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import dtypes as dt
+from ..errors import IRVerificationError
+from .graph_ir import format_attrs, format_value
+
+
+# ---- expressions ---------------------------------------------------------------------------------
+class Expr:
+    pass
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    name: str
+
+    def __str__(self):
+        return self.name
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: object
+    dtype: object = None          # a DType, or None for an index constant
+
+    def __str__(self):
+        return format_value(self.value)
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    buf: str
+    index: Expr
+
+    def __str__(self):
+        return f"{self.buf}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    def __str__(self):
+        return f"({self.a} {self.op} {self.b})"
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    dtype: dt.DType
+    e: Expr
+
+    def __str__(self):
+        return f"{self.dtype.short}({self.e})"
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    def __str__(self):
+        return f"select({self.cond}, {self.a}, {self.b})"
+
+
+@dataclass(frozen=True)
+class OpCall(Expr):
+    """Arithmetic from a registry entry: role 'elem', 'combine' (acc, x) or 'better' (x, best)."""
+    op: str
+    role: str
+    attrs: tuple                  # sorted (name, value) pairs
+    compute: dt.DType             # picks the template kind and the helpers' types
+    out: dt.DType
+    args: tuple
+
+    def __str__(self):
+        name = self.op if self.role == "elem" else f"{self.op}.{self.role}"
+        extra = format_attrs({k: v for k, v in self.attrs if k != "dtype"})
+        return f"{name}({', '.join(map(str, self.args))})" + (f" {extra}" if extra else "")
+
+
+def idx_add(a, b):
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(a.value + b.value)
+    return Bin("+", a, b)
+
+
+def idx_mul(a, b):
+    if isinstance(b, Const):
+        if b.value == 0:
+            return Const(0)
+        if b.value == 1:
+            return a
+        if isinstance(a, Const):
+            return Const(a.value * b.value)
+    return Bin("*", a, b)
+
+
+def linear(vars_, strides, offset=0) -> Expr:
+    e = Const(offset)
+    for v, s in zip(vars_, strides):
+        e = idx_add(e, idx_mul(v, Const(s)))
+    return e
+
+
+# ---- statements ----------------------------------------------------------------------------------
+class Stmt:
+    pass
+
+
+@dataclass
+class Loop(Stmt):
+    var: str
+    extent: int
+    kind: str                     # serial | parallel | vector | parallel+vector
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class Decl(Stmt):
+    name: str
+    dtype: dt.DType
+    init: Expr
+
+
+@dataclass
+class Assign(Stmt):
+    name: str
+    value: Expr
+
+
+@dataclass
+class Store(Stmt):
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass
+class CheckIndex(Stmt):
+    """Wrap a negative index once; if still out of [0, extent) record `code` and use 0."""
+    name: str
+    extent: int
+    code: int
+
+
+@dataclass
+class Param:
+    name: str
+    dtype: dt.DType
+    shape: tuple
+    mode: str                     # in | out
+
+
+@dataclass
+class TileKernel:
+    name: str
+    strategy: str
+    params: list
+    body: list
+    knobs: dict
+    origin: str = ""
+
+    def __str__(self):
+        ps = ", ".join(f"{p.mode} {p.name}: {p.dtype.short}{list(p.shape)}".replace(" ", " ")
+                       for p in self.params)
+        lines = [f"kernel {self.name}({ps}) strategy={self.strategy} {{"]
+        _print_block(self.body, lines, 1)
+        lines.append("}")
+        return "\n".join(lines)
+
+    def verify(self):
+        names = {p.name for p in self.params}
+        outs = {p.name for p in self.params if p.mode == "out"}
+
+        def walk(stmts, scope):
+            scope = set(scope)
+            for s in stmts:
+                if isinstance(s, Loop):
+                    if s.extent < 0:
+                        raise IRVerificationError(f"{self.name}: loop {s.var} has extent {s.extent}")
+                    walk(s.body, scope | {s.var})
+                elif isinstance(s, Decl):
+                    _check_expr(s.init, scope, names, self.name)
+                    scope.add(s.name)
+                elif isinstance(s, Assign):
+                    if s.name not in scope:
+                        raise IRVerificationError(f"{self.name}: assigns undeclared {s.name}")
+                    _check_expr(s.value, scope, names, self.name)
+                elif isinstance(s, Store):
+                    if s.buf not in outs:
+                        raise IRVerificationError(f"{self.name}: stores to {s.buf}, not an output")
+                    _check_expr(s.index, scope, names, self.name)
+                    _check_expr(s.value, scope, names, self.name)
+                elif isinstance(s, CheckIndex):
+                    if s.name not in scope:
+                        raise IRVerificationError(f"{self.name}: checks undeclared {s.name}")
+        walk(self.body, ())
+        return self
+
+
+def _check_expr(e, scope, bufs, kname):
+    if isinstance(e, Var) and e.name not in scope:
+        raise IRVerificationError(f"{kname}: uses {e.name} outside its scope")
+    if isinstance(e, Load) and e.buf not in bufs:
+        raise IRVerificationError(f"{kname}: loads from unknown buffer {e.buf}")
+    for child in _children(e):
+        _check_expr(child, scope, bufs, kname)
+
+
+def _children(e):
+    if isinstance(e, Load):
+        return [e.index]
+    if isinstance(e, Bin):
+        return [e.a, e.b]
+    if isinstance(e, Cast):
+        return [e.e]
+    if isinstance(e, Select):
+        return [e.cond, e.a, e.b]
+    if isinstance(e, OpCall):
+        return list(e.args)
+    return []
+
+
+def walk_exprs(stmts):
+    """Every expression in a statement list, depth first."""
+    for s in stmts:
+        if isinstance(s, Loop):
+            yield from walk_exprs(s.body)
+            continue
+        roots = {Decl: lambda s: [s.init], Assign: lambda s: [s.value],
+                 Store: lambda s: [s.index, s.value]}.get(type(s), lambda s: [])(s)
+        stack = list(roots)
+        while stack:
+            e = stack.pop()
+            yield e
+            stack.extend(_children(e))
+
+
+def _print_block(stmts, lines, depth):
+    pad = "  " * depth
+    for s in stmts:
+        if isinstance(s, Loop):
+            lines.append(f"{pad}for.{s.kind} {s.var} in 0..{s.extent} {{")
+            _print_block(s.body, lines, depth + 1)
+            lines.append(f"{pad}}}")
+        elif isinstance(s, Decl):
+            lines.append(f"{pad}{s.name}: {s.dtype.short} = {s.init}")
+        elif isinstance(s, Assign):
+            lines.append(f"{pad}{s.name} = {s.value}")
+        elif isinstance(s, Store):
+            lines.append(f"{pad}{s.buf}[{s.index}] = {s.value}")
+        elif isinstance(s, CheckIndex):
+            lines.append(f"{pad}check {s.name} in 0..{s.extent} else error {s.code}")
+
+
+@dataclass
+class TileProgram:
+    name: str
+    kernels: list
+    calls: list                   # (kernel name, [buffer names]) in launch order
+    buffers: list                 # the runtime buffer table (schedule Buffers, no inline ones)
+
+    def __str__(self):
+        return "\n\n".join(str(k) for k in self.kernels) or f"// {self.name}: no kernels"
+
+    def verify(self):
+        known = {b.name for b in self.buffers}
+        kernels = {k.name: k for k in self.kernels}
+        for name, args in self.calls:
+            k = kernels.get(name)
+            if k is None or len(args) != len(k.params) or any(a not in known for a in args):
+                raise IRVerificationError(f"tile program @{self.name}: bad call of {name}")
+        for k in self.kernels:
+            k.verify()
+        return self
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))

@@ -1,0 +1,109 @@
+"""The dtype table: names, NumPy and C equivalents, and NumPy's promotion rules."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DTypeError, UnsupportedDTypeError
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str          # public name, e.g. "float32"
+    short: str         # IR spelling, e.g. "f32"
+    kind: str          # "f" float, "i" signed int, "b" bool
+    itemsize: int
+    c_type: str        # storage type in C
+    accum: str         # name of the dtype reductions accumulate in
+    supported: bool = True   # False: storage reserved, no kernels yet
+
+    @property
+    def np(self) -> np.dtype:
+        if self.name == "bfloat16":
+            import ml_dtypes  # optional: gives NumPy a bfloat16
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.name if self.name != "bool" else np.bool_)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "i"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    def __repr__(self) -> str:
+        return f"tessera.{self.name}"
+
+    def __str__(self) -> str:
+        return self.short
+
+
+float16 = DType("float16", "f16", "f", 2, "uint16_t", "float32", supported=False)
+bfloat16 = DType("bfloat16", "bf16", "f", 2, "uint16_t", "float32", supported=False)
+float32 = DType("float32", "f32", "f", 4, "float", "float32")
+float64 = DType("float64", "f64", "f", 8, "double", "float64")
+int32 = DType("int32", "i32", "i", 4, "int32_t", "int64")
+int64 = DType("int64", "i64", "i", 8, "int64_t", "int64")
+bool_ = DType("bool", "bool", "b", 1, "bool", "int64")
+
+ALL = (float16, bfloat16, float32, float64, int32, int64, bool_)
+_BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}
+
+
+def get(x) -> DType:
+    """A DType from a DType, a name ("float32", "f32"), a NumPy dtype or a Python type."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in _BY_NAME:
+        return _BY_NAME[x]
+    try:
+        npd = np.dtype(x)
+    except TypeError:
+        raise UnsupportedDTypeError(f"{x!r} is not a dtype Tessera knows",
+                                    expected=_supported_names()) from None
+    return from_numpy(npd)
+
+
+def from_numpy(npd: np.dtype) -> DType:
+    npd = np.dtype(npd)
+    if npd.name == "bfloat16":
+        d = bfloat16
+    else:
+        d = _BY_NAME.get(npd.name)
+    if d is None or not d.supported:
+        hint = None
+        if npd.kind == "u":
+            hint = "cast to int32 or int64 first"
+        elif d is not None:
+            hint = f"{d.name} storage is reserved for a later release; cast to float32"
+        raise UnsupportedDTypeError(f"dtype {npd.name} is not supported",
+                                    expected=_supported_names(), received=npd.name, hint=hint)
+    return d
+
+
+def _supported_names() -> str:
+    return ", ".join(d.name for d in ALL if d.supported)
+
+
+def result_type(*args) -> DType:
+    """NumPy's promotion (NEP 50: Python scalars are weak) over DTypes and Python scalars."""
+    np_args = [a.np if isinstance(a, DType) else a for a in args]
+    try:
+        return from_numpy(np.result_type(*np_args))
+    except TypeError as e:
+        raise DTypeError(f"these dtypes do not promote: {e}") from None
+
+
+def default_float_for(d: DType) -> DType:
+    """The float dtype an integer or bool input becomes in a float-valued op (NumPy: float64)."""
+    return d if d.is_float else float64
+
+
+def accum_dtype(d: DType) -> DType:
+    return _BY_NAME[d.accum]

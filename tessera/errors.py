@@ -1,0 +1,93 @@
+"""One error hierarchy for every way a Tessera program can be wrong.
+
+A message says what is wrong, where (the user's file and line, and the op), what was expected,
+what came, and a hint when one is known.
+"""
+from __future__ import annotations
+
+
+class TesseraError(Exception):
+    """Base of every error Tessera raises on purpose."""
+
+    def __init__(self, message: str, *, function: str | None = None, location=None,
+                 op: str | None = None, expected: str | None = None,
+                 received: str | None = None, hint: str | None = None):
+        self.summary = message
+        self.function = function
+        self.location = location          # a SourceLocation or None
+        self.op = op
+        self.expected = expected
+        self.received = received
+        self.hint = hint
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        head = type(self).__name__
+        where = []
+        if self.function:
+            where.append(f"in {self.function}")
+        if self.location is not None:
+            where.append(f"at {self.location}")
+        if self.op:
+            where.append(f"({self.op})")
+        lines = [" ".join([head] + where) if where else head, f"  {self.summary}"]
+        if self.location is not None and getattr(self.location, "text", None):
+            lines.append(f"  | {self.location.text}")
+        if self.expected is not None:
+            lines.append(f"  expected  {self.expected}")
+        if self.received is not None:
+            lines.append(f"  received  {self.received}")
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self._format()
+
+    def _render_traceback_(self):
+        # IPython shows these lines instead of a long traceback through the compiler.
+        return self._format().splitlines()
+
+
+class ShapeError(TesseraError):
+    """Shapes that do not fit an operator, an annotation or each other."""
+
+
+class SymbolicValueError(ShapeError):
+    """Python code asked a symbolic dimension for its number while tracing."""
+
+
+class DTypeError(TesseraError):
+    """A dtype an operator does not accept, or two that do not promote."""
+
+
+class UnsupportedDTypeError(DTypeError):
+    """A dtype Tessera does not (yet) compute with."""
+
+
+class ArgumentError(TesseraError):
+    """Wrong number or kind of arguments to a Tessera function or operator."""
+
+
+class CompileError(TesseraError):
+    """The system compiler rejected generated code; the message holds its log and the source path."""
+
+
+class BackendUnavailableError(TesseraError):
+    """A backend (C compiler, CUDA, HIP) is missing on this machine."""
+
+
+class CompilerNotFoundError(BackendUnavailableError):
+    """No C compiler could be run."""
+
+
+class IRVerificationError(TesseraError):
+    """An IR object is malformed: a compiler bug, never the user's fault."""
+
+
+class RuntimeFault(TesseraError):
+    """A kernel detected bad data while running (an index out of range, say)."""
+
+
+class CacheError(TesseraError):
+    """The kernel cache could not be read or written."""

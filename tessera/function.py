@@ -1,0 +1,358 @@
+"""``@tessera.function``: a Python function traced into Graph IR, shape-checked symbolically,
+compiled per input signature and cached.
+
+    @ts.function
+    def layer_norm(x: Tensor["B", "S", "D"]) -> Tensor["B", "S", "D"]: ...
+
+A call binds the symbols from the arrays (B=4, S=16, D=32), checks the symbolic graph once per
+signature, then runs the compiled program for these concrete shapes (compiling it the first time;
+later calls, and later processes through the disk cache, compile nothing).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import numpy as np
+
+from . import dtypes as dt
+from .compiler.graph_ir import Graph, SourceLocation
+from .errors import (ArgumentError, DTypeError, ShapeError, SymbolicValueError, TesseraError)
+from .runtime import cache
+from .shapes import Sym, fmt_shape, same
+from .trace import Trace, Traced, enrich, tracing
+from .types import TensorType, spec_of, type_of_array
+
+
+class _Param:
+    def __init__(self, p: inspect.Parameter):
+        self.name = p.name
+        self.kind = p.kind
+        self.spec = spec_of(p.annotation) if p.annotation is not inspect.Parameter.empty else None
+
+
+class Function:
+    def __init__(self, fn, name: str | None = None, target: str = "cpu"):
+        if not callable(fn):
+            raise ArgumentError(f"tessera.function needs a Python function, got {fn!r}")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.target = target
+        try:
+            sig = inspect.signature(fn, eval_str=True)
+        except (NameError, TypeError, ValueError) as e:
+            raise ArgumentError(f"cannot read the signature of {fn.__name__}: {e}") from None
+        self._sig = sig
+        self._params = [_Param(p) for p in sig.parameters.values()]
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+            raise ArgumentError(f"{self.name}: *args and **kwargs parameters are not supported")
+        ret = sig.return_annotation
+        self._ret_spec = None if ret is inspect.Signature.empty else spec_of(ret)
+        self._checked: dict = {}        # symbolic key -> None (checked)
+        self._programs: dict = {}       # concrete key -> Program
+        self._last_program = None
+        code = getattr(fn, "__code__", None)
+        self._def_loc = SourceLocation(code.co_filename, code.co_firstlineno, "", self.name) \
+            if code else None
+
+    def __repr__(self):
+        params = ", ".join(f"{p.name}: {p.spec!r}" if p.spec else p.name for p in self._params)
+        return f"<tessera.function {self.name}({params})>"
+
+    # -- binding arguments ------------------------------------------------------------------------
+    def _bind(self, args, kwargs):
+        """(tensor arrays by param, static values, bindings) with every mismatch reported."""
+        try:
+            bound = self._sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"{self.name}() {e}", function=self.name,
+                                location=self._def_loc,
+                                expected=f"{self.name}{self._sig}") from None
+        bound.apply_defaults()
+        arrays, statics, bindings, origin = {}, {}, {}, {}
+        for p in self._params:
+            x = bound.arguments[p.name]
+            if isinstance(x, Traced):
+                raise ArgumentError(f"{self.name} was called with a traced tensor; calling one "
+                                    "tessera function inside another is not supported yet",
+                                    function=self.name, hint="call the plain Python function")
+            if p.spec is None and not _is_arraylike(x):
+                try:
+                    hash(x)
+                except TypeError:
+                    raise ArgumentError(f"argument {p.name!r} is neither an array nor a hashable "
+                                        f"static value: {type(x).__name__}",
+                                        function=self.name) from None
+                statics[p.name] = x
+                continue
+            arr = np.asarray(x)
+            try:
+                d = dt.from_numpy(arr.dtype)
+            except DTypeError as e:
+                e.summary = f"argument {p.name!r}: {e.summary}"
+                raise enrich(e, function=self.name) from None
+            if p.spec is not None:
+                self._check_spec(p, arr, d, bindings, origin)
+            arrays[p.name] = arr
+        return arrays, statics, bindings
+
+    def _check_spec(self, p, arr, d, bindings, origin):
+        spec = p.spec
+        if spec.dtype is not None and spec.dtype != d:
+            raise DTypeError(f"argument {p.name!r} has the wrong dtype", function=self.name,
+                             location=self._def_loc, expected=spec.type_str(),
+                             received=f"{d.short}{fmt_shape(arr.shape)}",
+                             hint=f"convert with x.astype(np.{spec.dtype.name})")
+        if spec.dims is None:
+            return
+        if arr.ndim != len(spec.dims):
+            raise ShapeError(f"argument {p.name!r} has rank {arr.ndim}, the annotation rank "
+                             f"{len(spec.dims)}", function=self.name, location=self._def_loc,
+                             expected=spec.type_str(d), received=f"{d.short}{fmt_shape(arr.shape)}")
+        for k, (want, got) in enumerate(zip(spec.dims, arr.shape)):
+            if isinstance(want, int):
+                if want != got:
+                    raise ShapeError(f"argument {p.name!r} has size {got} on axis {k}, the "
+                                     f"annotation {want}", function=self.name,
+                                     location=self._def_loc, expected=spec.type_str(d),
+                                     received=f"{d.short}{fmt_shape(arr.shape)}")
+                continue
+            name = str(want)
+            if name in bindings and bindings[name] != got:
+                where = origin[name]
+                raise ShapeError(f"the arguments disagree on {name}: {name}={bindings[name]} "
+                                 f"from {where}, {name}={got} from {p.name!r} axis {k}",
+                                 function=self.name, location=self._def_loc,
+                                 expected=spec.type_str(d) + f" with {name}={bindings[name]}",
+                                 received=f"{d.short}{fmt_shape(arr.shape)}")
+            bindings[name] = int(got)
+            origin.setdefault(name, f"{p.name!r} axis {k}")
+
+    # -- tracing ----------------------------------------------------------------------------------
+    def _trace(self, types: dict, statics: dict, bindings=None) -> Graph:
+        g = Graph(self.name, bindings=bindings)
+        trace = Trace(g, self.name)
+        call_args = {}
+        for p in self._params:
+            if p.name in types:
+                call_args[p.name] = Traced(g.add_param(p.name, types[p.name]), trace)
+            else:
+                call_args[p.name] = statics[p.name]
+        cache.count("traces")
+        with tracing(trace):
+            try:
+                result = self.fn(**call_args)
+            except TesseraError as e:
+                raise enrich(e, function=self.name)
+            structure = "single"
+            items = [result]
+            if isinstance(result, (tuple, list)):
+                structure = "tuple" if isinstance(result, tuple) else "list"
+                items = list(result)
+            outs = []
+            for r in items:
+                if isinstance(r, Traced):
+                    if r._trace is not trace:
+                        raise TesseraError("returned a tensor traced in another function",
+                                           function=self.name)
+                    outs.append(r._value)
+                elif r is None:
+                    raise TesseraError(f"{self.name} returned None", function=self.name,
+                                       location=self._def_loc, hint="return a tensor")
+                else:
+                    try:
+                        outs.append(g.const(np.asarray(r)))
+                    except TesseraError as e:
+                        raise enrich(e, function=self.name) from None
+        g.outputs = outs
+        g.output_structure = structure
+        return g
+
+    def _symbolic_types(self, arrays: dict, default_dtype=None) -> dict:
+        types = {}
+        for p in self._params:
+            if p.name in arrays:
+                arr = arrays[p.name]
+                d = dt.from_numpy(arr.dtype)
+                dims = p.spec.dims if p.spec is not None and p.spec.dims is not None else arr.shape
+                types[p.name] = TensorType(d, tuple(dims))
+            elif p.spec is not None and default_dtype is not None:
+                if p.spec.dims is None:
+                    raise ArgumentError(f"{p.name} is annotated with a bare Tensor: its rank is "
+                                        "unknown until a call", function=self.name)
+                types[p.name] = TensorType(p.spec.dtype or default_dtype, p.spec.dims)
+        return types
+
+    def _check_return(self, g: Graph):
+        spec = self._ret_spec
+        if spec is None or spec.dims is None:
+            return
+        if len(g.outputs) != 1:
+            raise ShapeError(f"{self.name} returns {len(g.outputs)} tensors; the annotation one",
+                             function=self.name, location=self._def_loc)
+        v = g.outputs[0]
+        t = v.type
+        node = v.node
+        loc = node.loc if node is not None else self._def_loc
+        op = node.op if node is not None else None
+        ok = t.rank == len(spec.dims) and (spec.dtype is None or spec.dtype == t.dtype)
+        if ok:
+            bound = {}
+            for want, got in zip(spec.dims, t.shape):
+                if isinstance(want, int) or isinstance(got, int):
+                    ok &= same(want, got) or (isinstance(want, Sym) and isinstance(got, int)
+                                              and bound.setdefault(str(want), got) == got
+                                              and str(want) not in _param_symbols(g))
+                else:
+                    ok &= same(want, got) or (str(want) not in _param_symbols(g)
+                                              and bound.setdefault(str(want), got) == got)
+        if not ok:
+            hint = None
+            if t.rank < len(spec.dims) and _has_reduction(g):
+                hint = "did you forget keepdim=True?"
+            elif t.rank == len(spec.dims) and sorted(map(str, t.shape)) == sorted(map(str, spec.dims)):
+                hint = "the dimensions are all there in another order: a missing transpose?"
+            raise ShapeError("the result does not match the return annotation",
+                             function=self.name, location=loc, op=op,
+                             expected=spec.type_str(t.dtype), received=str(t), hint=hint)
+
+    def _check_symbolic(self, arrays, statics):
+        if not any(p.spec is not None and p.spec.dims is not None for p in self._params):
+            return
+        key = (tuple((n, str(a.dtype), None if _spec_dims(self, n) is not None else a.shape)
+                     for n, a in arrays.items()), _static_key(statics))
+        if key in self._checked:
+            return
+        try:
+            g = self._trace(self._symbolic_types(arrays), statics)
+        except (SymbolicValueError, TypeError):
+            # The function computes with a size in Python (int(D), range(S)): only the concrete
+            # trace that follows can check it.
+            self._checked[key] = None
+            return
+        self._check_return(g)
+        self._checked[key] = None
+
+    # -- public -----------------------------------------------------------------------------------
+    @property
+    def graph_ir(self) -> Graph:
+        """The symbolic Graph IR, traced from the annotations (float32 where they name no dtype)."""
+        annotated = [p for p in self._params if p.spec is not None]
+        missing = [p.name for p in self._params if p.spec is None]
+        if missing or not annotated:
+            if self._last_program is not None:
+                return self._last_program.graph_ir
+            raise ArgumentError(f"{self.name} has unannotated parameters ({', '.join(missing)}); "
+                                "its Graph IR needs example arguments", function=self.name,
+                                hint=f"use {self.name}.lower(*arrays).graph_ir, or annotate them "
+                                     "with Tensor[...]")
+        try:
+            g = self._trace(self._symbolic_types({}, dt.float32), {})
+        except TesseraError as e:
+            raise e.with_traceback(None) from None
+        self._check_return(g)
+        return g
+
+    def lower(self, *args, target: str | None = None, **kwargs):
+        """The Program for these arguments: every IR level, the C source, and the compiled code."""
+        try:
+            return self._program(args, kwargs, target or self.target)
+        except TesseraError as e:
+            raise e.with_traceback(None) from None
+
+    def _program(self, args, kwargs, target):
+        arrays, statics, bindings = self._bind(args, kwargs)
+        self._check_symbolic(arrays, statics)
+        key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
+               _static_key(statics))
+        prog = self._programs.get(key)
+        if prog is not None:
+            cache.count("memory_hits")
+            self._last_program = prog
+            return prog
+        types = {n: type_of_array(a) for n, a in arrays.items()}
+        g = self._trace(types, statics, bindings)
+        from .compiler.pipeline import compile_graph
+        prog = compile_graph(g, target, g.output_structure)
+        prog.arg_names = list(arrays)
+        self._programs[key] = prog
+        self._last_program = prog
+        return prog
+
+    def __call__(self, *args, **kwargs):
+        try:
+            prog = self._program(args, kwargs, self.target)
+            arrays, _, _ = self._bind(args, kwargs)
+            return prog(*arrays.values())
+        except TesseraError as e:
+            raise e.with_traceback(None) from None
+
+    def interpret(self, *args, **kwargs):
+        """Run the traced graph with each operator's NumPy reference (no compiler involved)."""
+        try:
+            arrays, statics, bindings = self._bind(args, kwargs)
+            self._check_symbolic(arrays, statics)
+            g = self._trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)
+            out = evaluate(g, list(arrays.values()))
+        except TesseraError as e:
+            raise e.with_traceback(None) from None
+        return out[0] if g.output_structure == "single" else (
+            tuple(out) if g.output_structure == "tuple" else out)
+
+
+def evaluate(g: Graph, arrays) -> list:
+    """Evaluate a Graph IR node by node with the NumPy references."""
+    env = {p.id: np.asarray(a) for p, a in zip(g.params, arrays)}
+    for n in g.nodes:
+        if n.op == "const":
+            env[n.out.id] = n.attrs["value"]
+            continue
+        with np.errstate(all="ignore"):
+            try:
+                r = n.opdef.reference([env[v.id] for v in n.inputs], n.attrs)
+            except IndexError as e:
+                from .errors import RuntimeFault
+                raise RuntimeFault(str(e), function=g.name, location=n.loc, op=n.op) from None
+        env[n.out.id] = np.asarray(r, dtype=n.out.type.dtype.np)
+    return [np.array(env[v.id]) for v in g.outputs]
+
+
+def _is_arraylike(x) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, list)) or hasattr(x, "__array__")
+
+
+def _spec_dims(fn: Function, name):
+    for p in fn._params:
+        if p.name == name and p.spec is not None:
+            return p.spec.dims
+    return None
+
+
+def _static_key(statics: dict):
+    return tuple(sorted((k, type(v).__name__, v) for k, v in statics.items()))
+
+
+def _param_symbols(g: Graph) -> set:
+    return {a for p in g.params for d in p.type.shape if isinstance(d, Sym) for a in d.atoms()}
+
+
+def _has_reduction(g: Graph) -> bool:
+    return any(n.op not in ("const",) and n.opdef.kind in ("reduce",) or n.op in ("mean", "var")
+               for n in g.nodes if not n.attrs.get("keepdim", True))
+
+
+def function(fn=None, *, name: str | None = None, target: str = "cpu"):
+    """Decorator: compile a Python function with Tessera. ``@function`` or ``@function(name=...)``."""
+    if fn is None:
+        return lambda f: Function(f, name=name, target=target)
+    return Function(fn, name=name, target=target)
+
+
+def interpret(fn, *args, **kwargs):
+    """Run ``fn`` (a tessera function or a plain Python function) with the NumPy references."""
+    f = fn if isinstance(fn, Function) else Function(fn)
+    return f.interpret(*args, **kwargs)
+
+
+

@@ -1,0 +1,115 @@
+"""The operator namespace: ``op.matmul``, ``op.softmax``, ...
+
+Every function here goes through ``trace.apply``: inside a tessera function it records a Graph IR
+node; on NumPy arrays it runs eagerly through the operator's NumPy reference.
+"""
+from __future__ import annotations
+
+from . import ops as _ops
+from .errors import ArgumentError as _ArgumentError
+from .trace import apply as _apply
+
+
+def _make(name):
+    opdef = _ops.get(name)
+    attr_names = list(opdef.attrs)
+    nin = 1 if opdef.nin == -1 else opdef.nin
+
+    def fn(*args, **kwargs):
+        if len(args) < nin:
+            raise _ArgumentError(f"op.{name} takes {nin} tensor operand(s), got {len(args)}")
+        tensors, rest = args[:nin], args[nin:]
+        if len(rest) > len(attr_names):
+            raise _ArgumentError(f"op.{name} got {len(args)} positional arguments",
+                                 expected=f"{nin} operand(s) then {', '.join(attr_names)}")
+        attrs = dict(zip(attr_names, rest))
+        for k in kwargs:
+            if k in attrs:
+                raise _ArgumentError(f"op.{name} got {k!r} twice")
+        attrs.update(kwargs)
+        return _apply(name, *tensors, **attrs)
+
+    fn.__name__ = fn.__qualname__ = name
+    sig = ", ".join(["x"] if nin == 1 else [f"x{i}" for i in range(nin)])
+    sig += "".join(f", {k}={v!r}" for k, v in opdef.attrs.items())
+    fn.__doc__ = f"op.{name}({sig})\n\n{opdef.doc}"
+    return fn
+
+
+for _name in _ops.REGISTRY:
+    if _name not in ("layernorm", "rmsnorm"):
+        globals()[_name] = _make(_name)
+
+_layernorm = _make("layernorm")
+_rmsnorm = _make("rmsnorm")
+
+
+def layernorm(x, weight=None, bias=None, eps=1e-5, axis=-1):
+    """(x - mean) / sqrt(var + eps) over ``axis``, then ``* weight + bias`` when given."""
+    y = _layernorm(x, axis=axis, eps=eps)
+    if weight is not None:
+        y = mul(y, weight)          # noqa: F821 (made above from the registry)
+    if bias is not None:
+        y = add(y, bias)            # noqa: F821
+    return y
+
+
+def rmsnorm(x, weight=None, eps=1e-6, axis=-1):
+    """x / sqrt(mean(x*x) + eps) over ``axis``, then ``* weight`` when given."""
+    y = _rmsnorm(x, axis=axis, eps=eps)
+    return y if weight is None else mul(y, weight)   # noqa: F821
+
+
+def permute(x, *perm):
+    """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
+    perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm
+    return transpose(x, list(perm))                  # noqa: F821
+
+
+def split(x, sections, axis=-1):
+    """Split along ``axis`` into ``sections`` equal parts (an int) or at the given indices."""
+    import numpy as np
+    shape = x.shape if hasattr(x, "shape") else np.shape(x)
+    rank = len(shape)
+    ax = axis % rank if rank else 0
+    n = shape[ax]
+    if isinstance(sections, int):
+        if not isinstance(n, int) or n % sections:
+            raise _ArgumentError(f"op.split: axis {ax} of size {n} does not split into "
+                                 f"{sections} equal parts")
+        bounds = [n // sections * k for k in range(sections + 1)]
+    else:
+        bounds = [0] + list(sections) + [n]
+    parts = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        starts = [None] * rank
+        stops = [None] * rank
+        starts[ax], stops[ax] = lo, hi
+        parts.append(slice(x, starts=starts, stops=stops, steps=[1] * rank))  # noqa: F821
+    return parts
+
+
+def embedding(table, ids):
+    """Rows of ``table`` picked by integer ``ids``: ``take(table, ids, axis=0)``."""
+    return take(table, ids, axis=0)                 # noqa: F821
+
+
+gather = embedding
+
+
+def pipeline(stages):
+    """Apply stages in order: ``op.pipeline([x, f1, f2])`` is ``f2(f1(x))`` (as in the seeds)."""
+    stages = list(stages)
+    if not stages:
+        raise _ArgumentError("op.pipeline needs a starting tensor")
+    value = stages[0]
+    for k, f in enumerate(stages[1:], 1):
+        if not callable(f):
+            raise _ArgumentError(f"op.pipeline: stage {k} is not callable",
+                                 hint="the first item is the input; every later item a function")
+        value = f(value)
+    return value
+
+
+def __dir__():
+    return sorted(k for k in globals() if not k.startswith("_"))

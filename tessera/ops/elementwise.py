@@ -1,0 +1,168 @@
+"""Elementwise operators: one entry each (dtype rule, NumPy reference, C expression)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError
+from .registry import (Elementwise, OpDef, broadcast_shapes, check_no_bool, ref_errstate,
+                       register)
+from ..types import TensorType
+
+
+# ---- dtype rules: (operand dtypes or weak scalars) -> (operand dtypes, result dtype) -------------
+def unary_float(ds, attrs):
+    f = dt.default_float_for(dt.result_type(ds[0]))
+    return [f], f
+
+
+def unary_same(allow_bool=True):
+    def rule(ds, attrs):
+        d = dt.result_type(ds[0])
+        if not allow_bool:
+            check_no_bool(d, attrs.get("_op", "this op"))
+        return [d], d
+    return rule
+
+
+def binary_arith(allow_bool=True):
+    def rule(ds, attrs):
+        t = dt.result_type(*ds)
+        if not allow_bool:
+            check_no_bool(t, attrs.get("_op", "this op"))
+        return [t, t], t
+    return rule
+
+
+def true_divide(ds, attrs):
+    t = dt.default_float_for(dt.result_type(*ds))
+    return [t, t], t
+
+
+def compare(ds, attrs):
+    t = dt.result_type(*ds)
+    return [t, t], dt.bool_
+
+
+def where_rule(ds, attrs):
+    c = ds[0]
+    if isinstance(c, dt.DType) and not c.is_bool:
+        raise DTypeError("where's condition must be a bool tensor", expected="bool",
+                         received=c.short, hint="compare first, e.g. op.where(x > 0, x, 0)")
+    t = dt.result_type(ds[1], ds[2])
+    return [dt.bool_, t, t], t
+
+
+def cast_rule(ds, attrs):
+    return [dt.result_type(ds[0])], dt.get(attrs["dtype"])
+
+
+def elementwise_infer(opdef):
+    def infer(types, attrs):
+        _, out = opdef.dtype_rule([t.dtype for t in types], {**attrs, "_op": opdef.name})
+        return TensorType(out, broadcast_shapes(types))
+    return infer
+
+
+def elementwise(name, nin, dtype_rule, c, reference, flops=1, helpers=None, attrs=None, doc=""):
+    opdef = OpDef(name=name, kind="elementwise", nin=nin, attrs=attrs or {}, dtype_rule=dtype_rule,
+                  reference=reference, lowering=Elementwise(c, flops, helpers or {}), doc=doc)
+    opdef.infer = elementwise_infer(opdef)
+    return register(opdef)
+
+
+def _erf_ref(x):
+    out = np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(np.float64)
+    return out.astype(x.dtype)
+
+
+def _sigmoid_ref(x):
+    with ref_errstate():
+        return (1 / (1 + np.exp(-x))).astype(x.dtype)
+
+
+def _gelu_ref(x, approximate):
+    if approximate == "tanh":
+        c = np.sqrt(2 / np.pi)
+        return (0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x ** 3)))).astype(x.dtype)
+    return (0.5 * x * (1 + _erf_ref(x / np.sqrt(2.0)))).astype(x.dtype)
+
+
+def _gelu_template(attrs, kind):
+    if attrs.get("approximate", "none") not in ("none", "tanh"):
+        raise DTypeError(f"gelu's approximate must be 'none' or 'tanh', not {attrs['approximate']!r}")
+    return "ts_gelu_tanh{F}({0})" if attrs.get("approximate") == "tanh" else "ts_gelu_erf{F}({0})"
+
+
+FMAX = "TS_INLINE {T} ts_max{F}({T} a, {T} b) { return (a > b || a != a) ? a : b; }"
+FMIN = "TS_INLINE {T} ts_min{F}({T} a, {T} b) { return (a < b || a != a) ? a : b; }"
+SIGMOID = "TS_INLINE {T} ts_sigmoid{F}({T} x) { return ({T})1 / (({T})1 + exp{F}(-x)); }"
+
+with np.errstate(all="ignore"):
+    elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})"}, lambda a, t: -a[0],
+                doc="-x")
+    elementwise("abs", 1, unary_same(), {"f": "fabs{F}({0})", "i": "({0} < 0 ? -{0} : {0})",
+                                         "b": "{0}"}, lambda a, t: np.abs(a[0]), doc="|x|")
+    for _name, _fn in [("exp", np.exp), ("log", np.log), ("sqrt", np.sqrt), ("sin", np.sin),
+                       ("cos", np.cos), ("tanh", np.tanh)]:
+        elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
+                    (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8, doc=f"{_name}(x)")
+    elementwise("erf", 1, unary_float, {"f": "erf{F}({0})"}, lambda a, t: _erf_ref(a[0]), flops=8,
+                doc="the error function")
+    elementwise("rsqrt", 1, unary_float, {"f": "(({T})1 / sqrt{F}({0}))"},
+                lambda a, t: (1 / np.sqrt(a[0])).astype(a[0].dtype), flops=2, doc="1/sqrt(x)")
+    elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},
+                lambda a, t: _sigmoid_ref(a[0]), flops=10, helpers={"f": SIGMOID},
+                doc="1/(1+exp(-x))")
+    elementwise("silu", 1, unary_float, {"f": "({0} * ts_sigmoid{F}({0}))"},
+                lambda a, t: (a[0] * _sigmoid_ref(a[0])).astype(a[0].dtype), flops=11,
+                helpers={"f": SIGMOID}, doc="x*sigmoid(x)")
+    elementwise("gelu", 1, unary_float, _gelu_template,
+                lambda a, t: _gelu_ref(a[0], t.get("approximate", "none")), flops=14,
+                attrs={"approximate": "none"},
+                helpers={"f": "TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * "
+                              "(({T})1 + tanh{F}(({T})0.7978845608028654 * (x + ({T})0.044715 "
+                              "* x * x * x))); }\n"
+                              "TS_INLINE {T} ts_gelu_erf{F}({T} x) { return ({T})0.5 * x * "
+                              "(({T})1 + erf{F}(x * ({T})0.7071067811865476)); }"},
+                doc="x*Phi(x); approximate='tanh' gives the tanh form")
+    elementwise("relu", 1, unary_same(), {"f": "ts_max{F}({0}, ({T})0)", "i": "({0} > 0 ? {0} : 0)",
+                                          "b": "{0}"},
+                lambda a, t: np.maximum(a[0], a[0].dtype.type(0)), helpers={"f": FMAX},
+                doc="max(x, 0); NaN stays NaN")
+
+    elementwise("add", 2, binary_arith(), {"*": "({0} + {1})", "b": "({0} | {1})"},
+                lambda a, t: np.add(a[0], a[1]), doc="a + b")
+    elementwise("sub", 2, binary_arith(allow_bool=False), {"*": "({0} - {1})"},
+                lambda a, t: np.subtract(a[0], a[1]), doc="a - b")
+    elementwise("mul", 2, binary_arith(), {"*": "({0} * {1})", "b": "({0} & {1})"},
+                lambda a, t: np.multiply(a[0], a[1]), doc="a * b")
+    elementwise("div", 2, true_divide, {"f": "({0} / {1})"},
+                lambda a, t: np.true_divide(a[0], a[1]), doc="a / b (true division)")
+    elementwise("pow", 2, binary_arith(allow_bool=False),
+                {"f": "pow{F}({0}, {1})", "i": "ts_ipow_{S}({0}, {1})"},
+                lambda a, t: np.power(a[0], a[1]), flops=8,
+                helpers={"i": "TS_INLINE {T} ts_ipow_{S}({T} b, {T} e) { {T} r = 1; "
+                              "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
+                              " while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }"},
+                doc="a ** b")
+    elementwise("maximum", 2, binary_arith(),
+                {"f": "ts_max{F}({0}, {1})", "i": "({0} > {1} ? {0} : {1})", "b": "({0} | {1})"},
+                lambda a, t: np.maximum(a[0], a[1]), helpers={"f": FMAX},
+                doc="elementwise max; NaN propagates")
+    elementwise("minimum", 2, binary_arith(),
+                {"f": "ts_min{F}({0}, {1})", "i": "({0} < {1} ? {0} : {1})", "b": "({0} & {1})"},
+                lambda a, t: np.minimum(a[0], a[1]), helpers={"f": FMIN},
+                doc="elementwise min; NaN propagates")
+    for _name, _sym, _fn in [("eq", "==", np.equal), ("ne", "!=", np.not_equal),
+                             ("lt", "<", np.less), ("le", "<=", np.less_equal),
+                             ("gt", ">", np.greater), ("ge", ">=", np.greater_equal)]:
+        elementwise(_name, 2, compare, {"*": "({0} %s {1})" % _sym},
+                    (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b")
+    elementwise("where", 3, where_rule, {"*": "({0} ? {1} : {2})"},
+                lambda a, t: np.where(a[0], a[1], a[2]), doc="cond ? a : b")
+    elementwise("cast", 1, cast_rule, {"*": "(({T}){0})"},
+                lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
+                doc="convert to another dtype")

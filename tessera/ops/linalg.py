@@ -1,0 +1,64 @@
+"""Contractions: matmul (2-D, batched, broadcast batch dimensions, 1-D operands)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError, ShapeError
+from ..shapes import Sym, same
+from ..types import TensorType
+from .registry import Contract, OpDef, broadcast_shapes, register
+
+
+def _matmul_infer(types, attrs):
+    a, b = types
+    d = dt.result_type(a.dtype, b.dtype)
+    if d.is_bool:
+        raise DTypeError("matmul of bool tensors", received=f"{a} @ {b}",
+                         hint="cast to a numeric dtype first")
+    if a.rank == 0 or b.rank == 0:
+        raise ShapeError("matmul needs operands of rank 1 or more", received=f"{a} @ {b}",
+                         hint="use op.mul (or *) to scale by a scalar")
+    ash = a.shape if a.rank >= 2 else (1,) + a.shape
+    bsh = b.shape if b.rank >= 2 else b.shape + (1,)
+    ka, kb = ash[-1], bsh[-2]
+    if not same(ka, kb) and (isinstance(ka, Sym) == isinstance(kb, Sym)):
+        hint = None
+        if b.rank >= 2 and same(ash[-1], bsh[-1]):
+            hint = "did you mean to transpose the second operand (b.T)?"
+        elif a.rank >= 2 and same(ash[-2], bsh[-2]):
+            hint = "did you mean to transpose the first operand (a.T)?"
+        raise ShapeError(f"inner dimensions differ: {ka} vs {kb}",
+                         expected=f"{a.dtype.short}[...,M,K] @ {b.dtype.short}[...,K,N]",
+                         received=f"{a} @ {b}", hint=hint)
+    try:
+        batch = broadcast_shapes([TensorType(d, ash[:-2]), TensorType(d, bsh[:-2])])
+    except ShapeError as e:
+        e.summary = "batch dimensions do not broadcast: " + e.summary
+        e.received = f"{a} @ {b}"
+        raise
+    shape = batch + ((ash[-2],) if a.rank >= 2 else ()) + ((bsh[-1],) if b.rank >= 2 else ())
+    return TensorType(d, shape)
+
+
+def _matmul_dtypes(ds, attrs):
+    d = dt.result_type(*ds)
+    return [d, d], d
+
+
+def _matmul_decompose(b, xs, attrs):
+    x, y = xs
+    tx, ty = b.type(x), b.type(y)
+    if tx.rank >= 2 and ty.rank >= 2:
+        return None                         # primitive
+    x2 = b.op("reshape", x, shape=[1, tx.shape[0]]) if tx.rank == 1 else x
+    y2 = b.op("reshape", y, shape=[ty.shape[0], 1]) if ty.rank == 1 else y
+    out = b.op("matmul", x2, y2)
+    return b.op("reshape", out, shape=list(_matmul_infer([tx, ty], {}).shape))
+
+
+register(OpDef(
+    "matmul", "contract", 2, {}, infer=_matmul_infer, dtype_rule=_matmul_dtypes,
+    reference=lambda a, t: np.matmul(a[0], a[1]), decompose=_matmul_decompose,
+    lowering=Contract(), doc="matrix product with NumPy's broadcasting of batch dimensions"))
+

@@ -1,0 +1,272 @@
+"""Data movement: transpose, reshape, broadcast_to, slice (strided views of their input),
+concat, take (gather), and expand_dims/squeeze (decomposed into reshape)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError, ShapeError
+from ..shapes import Sym, exact_div, fmt_shape, prod, same
+from ..types import TensorType
+from .registry import (Concat, Gather, OpDef, View, broadcast_shapes, norm_axis, register)
+
+
+def contiguous_strides(shape):
+    strides, s = [], 1
+    for d in reversed(shape):
+        strides.append(s)
+        s *= d
+    return tuple(reversed(strides))
+
+
+# ---- transpose ---------------------------------------------------------------------------------
+def _transpose_normalize(types, attrs):
+    rank = types[0].rank
+    perm = attrs["perm"]
+    if perm is None:
+        perm = list(range(rank))
+        if rank >= 2:
+            perm[-2], perm[-1] = perm[-1], perm[-2]
+    perm = [int(p) for p in perm]
+    if sorted(p % rank if rank else p for p in perm) != list(range(rank)) or len(perm) != rank:
+        raise ShapeError(f"perm {perm} is not a permutation of the {rank} axes",
+                         received=str(types[0]))
+    return {"perm": [p % rank for p in perm]}
+
+
+register(OpDef(
+    "transpose", "movement", 1, {"perm": None}, normalize=_transpose_normalize,
+    infer=lambda ts, a: ts[0].with_shape(tuple(ts[0].shape[p] for p in a["perm"])),
+    reference=lambda xs, a: np.transpose(xs[0], a["perm"]),
+    lowering=View(lambda ti, to, a: (0, tuple(contiguous_strides(ti.shape)[p] for p in a["perm"]))),
+    doc="permute axes; default swaps the last two (like .T)"))
+
+
+# ---- reshape -----------------------------------------------------------------------------------
+def _has_opaque(dims) -> bool:
+    return any(isinstance(d, Sym) and any("(" in a for a in d.atoms()) for d in dims)
+
+
+def resolve_reshape(t: TensorType, shape) -> tuple:
+    shape = list(shape)
+    if sum(1 for d in shape if isinstance(d, int) and d == -1) > 1:
+        raise ShapeError("reshape takes at most one -1", received=str(shape))
+    for d in shape:
+        if isinstance(d, int) and d < -1:
+            raise ShapeError(f"negative dimension {d} in reshape", received=str(shape))
+    total = prod(t.shape)
+    if -1 in [d for d in shape if isinstance(d, int)]:
+        i = next(k for k, d in enumerate(shape) if isinstance(d, int) and d == -1)
+        known = prod(shape[:i] + shape[i + 1:])
+        if same(known, 0):
+            raise ShapeError("cannot infer -1 when other dimensions are 0", received=str(shape))
+        q = exact_div(total, known)
+        if q is None:
+            if isinstance(total, int) and isinstance(known, int):
+                raise ShapeError(f"cannot reshape {t} into {fmt_shape(shape)}: {total} elements "
+                                 f"do not divide into rows of {known}")
+            q = Sym.lift(total) // known
+        shape[i] = q
+    out = tuple(shape)
+    if not same(prod(out), total) and not _has_opaque(out + tuple(t.shape)):
+        if all(isinstance(d, int) for d in out + tuple(t.shape)) or \
+                (isinstance(prod(out), Sym) or isinstance(total, Sym)):
+            raise ShapeError(f"reshape must keep the number of elements ({total})",
+                             expected=f"{t.dtype.short}[... {total} elements]",
+                             received=f"{t.dtype.short}{fmt_shape(out)}")
+    return out
+
+
+register(OpDef(
+    "reshape", "movement", 1, {"shape": None},
+    normalize=lambda ts, a: {"shape": list(resolve_reshape(ts[0], a["shape"]))},
+    infer=lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
+    reference=lambda xs, a: np.reshape(xs[0], [int(d) for d in a["shape"]]),
+    lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape))),
+    doc="same elements, new shape; one dimension may be -1"))
+
+
+# ---- broadcast_to ------------------------------------------------------------------------------
+def _broadcast_to_infer(ts, a):
+    t = ts[0]
+    target = tuple(a["shape"])
+    if len(target) < t.rank:
+        raise ShapeError("broadcast_to cannot drop axes", expected=fmt_shape(target),
+                         received=str(t))
+    out = broadcast_shapes([t, t.with_shape(target)])
+    if not all(same(x, y) for x, y in zip(out, target)):
+        raise ShapeError(f"cannot broadcast {t} to {fmt_shape(target)}",
+                         expected=fmt_shape(target), received=str(t))
+    return t.with_shape(target)
+
+
+def _broadcast_strides(ti, to, a):
+    cs = contiguous_strides(ti.shape)
+    pad = to.rank - ti.rank
+    return 0, tuple(0 if k < pad or ti.shape[k - pad] == 1 else cs[k - pad]
+                    for k in range(to.rank))
+
+
+register(OpDef(
+    "broadcast_to", "movement", 1, {"shape": None},
+    normalize=lambda ts, a: {"shape": list(a["shape"])},
+    infer=_broadcast_to_infer,
+    reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
+    lowering=View(_broadcast_strides), doc="repeat size-1 (and missing leading) axes"))
+
+
+# ---- slice -------------------------------------------------------------------------------------
+def slice_dim(n, start, stop, step, axis, t):
+    """The (start, stop, step, length) of a Python slice over a dimension, symbolic or not."""
+    if step == 0:
+        raise ShapeError("slice step cannot be zero", received=str(t))
+    if isinstance(n, int):
+        s0, s1, st = slice(start, stop, step).indices(n)
+        return s0, s1, st, len(range(s0, s1, st))
+    if step != 1:
+        raise ShapeError(f"axis {axis} has the symbolic size {n}: only step-1 slices are "
+                         "supported on it", received=str(t),
+                         hint="leave this parameter unannotated to trace with concrete sizes")
+    s0 = 0 if start is None else (start if start >= 0 else n + start)
+    s1 = n if stop is None else (stop if stop >= 0 else n + stop)
+    return s0, s1, 1, s1 - s0
+
+
+def _slice_normalize(ts, a):
+    t = ts[0]
+    starts, stops, steps = list(a["starts"]), list(a["stops"]), list(a["steps"] or [1] * t.rank)
+    if not len(starts) == len(stops) == len(steps) == t.rank:
+        raise ShapeError("slice needs one start, stop and step per axis", received=str(t))
+    out = [slice_dim(n, s0, s1, st, k, t) for k, (n, s0, s1, st) in
+           enumerate(zip(t.shape, starts, stops, steps))]
+    return {"starts": [o[0] for o in out], "stops": [o[1] for o in out],
+            "steps": [o[2] for o in out]}
+
+
+def _slice_infer(ts, a):
+    t = ts[0]
+    n = _slice_normalize(ts, a)
+    shape = []
+    for d, s0, s1, st in zip(t.shape, n["starts"], n["stops"], n["steps"]):
+        if isinstance(d, int):
+            shape.append(len(range(s0, s1, st)))
+        else:
+            shape.append((Sym.lift(s1) - s0))
+    return t.with_shape(tuple(d.simplify() if isinstance(d, Sym) else d for d in shape))
+
+
+def _slice_strides(ti, to, a):
+    cs = contiguous_strides(ti.shape)
+    return (sum(s0 * c for s0, c in zip(a["starts"], cs)),
+            tuple(c * st for c, st in zip(cs, a["steps"])))
+
+
+def _slice_ref(xs, a):
+    idx = tuple(slice(s0, None if (st < 0 and s1 < 0) else s1, st)
+                for s0, s1, st in zip(a["starts"], a["stops"], a["steps"]))
+    return xs[0][idx].copy()
+
+
+register(OpDef(
+    "slice", "movement", 1, {"starts": None, "stops": None, "steps": None},
+    normalize=_slice_normalize, infer=_slice_infer, reference=_slice_ref,
+    lowering=View(_slice_strides), doc="basic slicing: start, stop and step per axis"))
+
+
+# ---- concat ------------------------------------------------------------------------------------
+def _concat_dtypes(ds, attrs):
+    d = dt.result_type(*ds)
+    return [d] * len(ds), d
+
+
+def _concat_infer(ts, a):
+    if not ts:
+        raise ShapeError("concat needs at least one tensor")
+    d = dt.result_type(*[t.dtype for t in ts])
+    r = ts[0].rank
+    if r == 0:
+        raise ShapeError("concat of rank-0 tensors", received=", ".join(map(str, ts)),
+                         hint="use op.stack-like reshape to rank 1 first")
+    axis = norm_axis(int(a["axis"]), r, ts[0])
+    total = 0
+    for t in ts:
+        if t.rank != r or not all(same(x, y) for k, (x, y) in enumerate(zip(t.shape, ts[0].shape))
+                                  if k != axis):
+            raise ShapeError(f"concat along axis {axis} needs equal dimensions elsewhere",
+                             received=", ".join(map(str, ts)))
+        total = total + t.shape[axis]
+    if isinstance(total, Sym):
+        total = total.simplify()
+    return TensorType(d, ts[0].shape[:axis] + (total,) + ts[0].shape[axis + 1:])
+
+
+register(OpDef(
+    "concat", "movement", -1, {"axis": 0}, infer=_concat_infer, dtype_rule=_concat_dtypes,
+    normalize=lambda ts, a: {"axis": norm_axis(int(a["axis"]), ts[0].rank, ts[0])} if ts and ts[0].rank else a,
+    reference=lambda xs, a: np.concatenate(xs, axis=a["axis"]), lowering=Concat(),
+    doc="join tensors along an existing axis"))
+
+
+# ---- take / gather -----------------------------------------------------------------------------
+def _take_infer(ts, a):
+    x, idx = ts
+    if not idx.dtype.is_int:
+        raise DTypeError("take's indices must be int32 or int64", expected="i32 or i64",
+                         received=str(idx))
+    if x.rank == 0:
+        raise ShapeError("take from a rank-0 tensor", received=str(x))
+    axis = norm_axis(int(a["axis"]), x.rank, x)
+    return x.with_shape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+
+
+def _take_ref(xs, a):
+    x, idx = xs
+    n = x.shape[a["axis"]]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"index out of range for an axis of size {n}")
+    return np.take(x, idx, axis=a["axis"])
+
+
+register(OpDef(
+    "take", "movement", 2, {"axis": 0}, infer=_take_infer,
+    normalize=lambda ts, a: {"axis": norm_axis(int(a["axis"]), ts[0].rank, ts[0])} if ts[0].rank else a,
+    reference=_take_ref, lowering=Gather(),
+    doc="select slices by integer indices along an axis (an embedding lookup with axis=0); "
+        "negative indices count from the end, out-of-range indices raise"))
+
+
+# ---- expand_dims / squeeze (reshape in disguise) -------------------------------------------------
+def _expand_shape(t, axis):
+    r = t.rank + 1
+    axis = norm_axis(int(axis), r, t)
+    return t.shape[:axis] + (1,) + t.shape[axis:]
+
+
+def _squeeze_shape(t, axis):
+    if axis is None:
+        return tuple(d for d in t.shape if not same(d, 1))
+    axes = axis if isinstance(axis, (list, tuple)) else [axis]
+    axes = {norm_axis(int(x), t.rank, t) for x in axes}
+    for k in axes:
+        if not same(t.shape[k], 1):
+            raise ShapeError(f"squeeze of axis {k}, which has size {t.shape[k]}, not 1",
+                             received=str(t))
+    return tuple(d for k, d in enumerate(t.shape) if k not in axes)
+
+
+register(OpDef(
+    "expand_dims", "composite", 1, {"axis": 0},
+    infer=lambda ts, a: ts[0].with_shape(_expand_shape(ts[0], a["axis"])),
+    reference=lambda xs, a: np.expand_dims(xs[0], a["axis"]),
+    decompose=lambda b, xs, a: b.op("reshape", xs[0],
+                                    shape=list(_expand_shape(b.type(xs[0]), a["axis"]))),
+    doc="insert a size-1 axis"))
+
+register(OpDef(
+    "squeeze", "composite", 1, {"axis": None},
+    infer=lambda ts, a: ts[0].with_shape(_squeeze_shape(ts[0], a["axis"])),
+    reference=lambda xs, a: np.squeeze(xs[0], axis=None if a["axis"] is None else tuple(
+        a["axis"]) if isinstance(a["axis"], (list, tuple)) else a["axis"]),
+    decompose=lambda b, xs, a: b.op("reshape", xs[0],
+                                    shape=list(_squeeze_shape(b.type(xs[0]), a["axis"]))),
+    doc="remove size-1 axes"))

@@ -1,0 +1,140 @@
+"""Normalisations over an axis, written as decompositions into primitive operators.
+
+Each keeps an independent NumPy reference, so the tests check the decomposition, not just
+restate it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..types import TensorType
+from .registry import OpDef, norm_axis, ref_errstate, register
+
+
+def _float_input(b, x):
+    t = b.type(x)
+    f = dt.default_float_for(t.dtype)
+    return (x if f == t.dtype else b.op("cast", x, dtype=f.name)), f
+
+
+def _axis_normalize(ts, a):
+    return {**a, "axis": norm_axis(int(a["axis"]), ts[0].rank, ts[0])}
+
+
+def _same_shape_float(ts, a):
+    t = ts[0]
+    norm_axis(int(a["axis"]), t.rank, t)
+    return TensorType(dt.default_float_for(t.dtype), t.shape)
+
+
+def _float_ref(fn):
+    def ref(xs, a):
+        x = xs[0]
+        f = dt.default_float_for(dt.from_numpy(x.dtype)).np
+        with ref_errstate():
+            return np.asarray(fn(x.astype(f), a), dtype=f)
+    return ref
+
+
+# softmax ---------------------------------------------------------------------------------------
+def _softmax_decompose(b, xs, a):
+    x, _ = _float_input(b, xs[0])
+    m = b.op("max", x, axis=[a["axis"]], keepdim=True)
+    e = b.op("exp", b.op("sub", x, m))
+    return b.op("div", e, b.op("sum", e, axis=[a["axis"]], keepdim=True))
+
+
+def _softmax_ref(x, a):
+    e = np.exp(x - x.max(axis=a["axis"], keepdims=True))
+    return e / e.sum(axis=a["axis"], keepdims=True)
+
+
+register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_same_shape_float,
+               normalize=_axis_normalize, reference=_float_ref(_softmax_ref),
+               decompose=_softmax_decompose, doc="exp(x - max) / sum(exp(x - max)) over axis"))
+
+
+# log_softmax -----------------------------------------------------------------------------------
+def _log_softmax_decompose(b, xs, a):
+    x, _ = _float_input(b, xs[0])
+    z = b.op("sub", x, b.op("max", x, axis=[a["axis"]], keepdim=True))
+    lse = b.op("log", b.op("sum", b.op("exp", z), axis=[a["axis"]], keepdim=True))
+    return b.op("sub", z, lse)
+
+
+def _log_softmax_ref(x, a):
+    z = x - x.max(axis=a["axis"], keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=a["axis"], keepdims=True))
+
+
+register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_same_shape_float,
+               normalize=_axis_normalize, reference=_float_ref(_log_softmax_ref),
+               decompose=_log_softmax_decompose, doc="x - logsumexp(x) over axis, stably"))
+
+
+# logsumexp -------------------------------------------------------------------------------------
+def _lse_infer(ts, a):
+    t = ts[0]
+    ax = norm_axis(int(a["axis"]), t.rank, t)
+    shape = tuple(1 if k == ax else d for k, d in enumerate(t.shape)) if a["keepdim"] else \
+        tuple(d for k, d in enumerate(t.shape) if k != ax)
+    return TensorType(dt.default_float_for(t.dtype), shape)
+
+
+def _lse_decompose(b, xs, a):
+    x, _ = _float_input(b, xs[0])
+    m = b.op("max", x, axis=[a["axis"]], keepdim=True)
+    s = b.op("sum", b.op("exp", b.op("sub", x, m)), axis=[a["axis"]], keepdim=True)
+    out = b.op("add", b.op("log", s), m)
+    if not a["keepdim"]:
+        out = b.op("reshape", out, shape=list(_lse_infer([b.type(xs[0])], a).shape))
+    return out
+
+
+def _lse_ref(x, a):
+    m = x.max(axis=a["axis"], keepdims=True)
+    out = np.log(np.exp(x - m).sum(axis=a["axis"], keepdims=True)) + m
+    return out if a["keepdim"] else np.squeeze(out, axis=a["axis"])
+
+
+register(OpDef("logsumexp", "composite", 1, {"axis": -1, "keepdim": False}, infer=_lse_infer,
+               normalize=_axis_normalize, reference=_float_ref(_lse_ref),
+               decompose=_lse_decompose, doc="log(sum(exp(x))) over axis, stably"))
+
+
+# layernorm / rmsnorm (the affine weight and bias are separate mul/add nodes) ----------------------
+def _layernorm_decompose(b, xs, a):
+    x, f = _float_input(b, xs[0])
+    ax = [a["axis"]]
+    m = b.op("mean", x, axis=ax, keepdim=True)
+    d = b.op("sub", x, m)
+    v = b.op("mean", b.op("mul", d, d), axis=ax, keepdim=True)
+    return b.op("mul", d, b.op("rsqrt", b.op("add", v, b.const(a["eps"], f))))
+
+
+def _layernorm_ref(x, a):
+    m = x.mean(axis=a["axis"], keepdims=True)
+    v = ((x - m) ** 2).mean(axis=a["axis"], keepdims=True)
+    return (x - m) / np.sqrt(v + x.dtype.type(a["eps"]))
+
+
+register(OpDef("layernorm", "composite", 1, {"axis": -1, "eps": 1e-5}, infer=_same_shape_float,
+               normalize=_axis_normalize, reference=_float_ref(_layernorm_ref),
+               decompose=_layernorm_decompose,
+               doc="(x - mean) / sqrt(var + eps) over axis"))
+
+
+def _rmsnorm_decompose(b, xs, a):
+    x, f = _float_input(b, xs[0])
+    ms = b.op("mean", b.op("mul", x, x), axis=[a["axis"]], keepdim=True)
+    return b.op("mul", x, b.op("rsqrt", b.op("add", ms, b.const(a["eps"], f))))
+
+
+def _rmsnorm_ref(x, a):
+    return x / np.sqrt((x * x).mean(axis=a["axis"], keepdims=True) + x.dtype.type(a["eps"]))
+
+
+register(OpDef("rmsnorm", "composite", 1, {"axis": -1, "eps": 1e-6}, infer=_same_shape_float,
+               normalize=_axis_normalize, reference=_float_ref(_rmsnorm_ref),
+               decompose=_rmsnorm_decompose, doc="x / sqrt(mean(x*x) + eps) over axis"))

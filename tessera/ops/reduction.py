@@ -1,0 +1,155 @@
+"""Reductions: sum, max, min (primitive), argmax/argmin, and mean/var (decomposed)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError, ShapeError
+from ..shapes import prod
+from ..types import TensorType
+from .elementwise import FMAX, FMIN
+from .registry import ArgReduce, OpDef, Reduce, norm_axes, norm_axis, register
+
+REDUCE_ATTRS = {"axis": None, "keepdim": False}
+
+
+def reduced_shape(t: TensorType, axes, keepdim):
+    if keepdim:
+        return tuple(1 if i in axes else d for i, d in enumerate(t.shape))
+    return tuple(d for i, d in enumerate(t.shape) if i not in axes)
+
+
+def normalize_axes(types, attrs):
+    return {**attrs, "axis": list(norm_axes(attrs["axis"], types[0])),
+            "keepdim": bool(attrs["keepdim"])}
+
+
+def reduce_infer(out_dtype, needs_elements=False):
+    def infer(types, attrs):
+        t = types[0]
+        axes = norm_axes(attrs["axis"], t)
+        if needs_elements and any(t.shape[a] == 0 for a in axes):
+            raise ShapeError("this reduction has no identity, and an axis it reduces has size 0",
+                             received=str(t))
+        return TensorType(out_dtype(t.dtype), reduced_shape(t, axes, attrs["keepdim"]))
+    return infer
+
+
+def sum_dtype(d):
+    return d if d.is_float else dt.int64
+
+
+def same_dtype(d):
+    return d
+
+
+def float_dtype(d):
+    return dt.default_float_for(d)
+
+
+def _np_axis(attrs):
+    a = attrs["axis"]
+    return tuple(a) if isinstance(a, (list, tuple)) else a
+
+
+register(OpDef(
+    "sum", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
+    reference=lambda a, t: np.sum(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
+                                  dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
+    lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})"}),
+    doc="sum over axis (all axes when None)"))
+
+register(OpDef(
+    "max", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
+    normalize=normalize_axes,
+    reference=lambda a, t: np.max(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
+    lowering=Reduce(init={"f": "-INFINITY", "i": "{IMIN}", "b": "0"},
+                    combine={"f": "ts_max{F}({acc}, {x})", "*": "({x} > {acc} ? {x} : {acc})"},
+                    helpers={"f": FMAX}),
+    doc="maximum over axis; NaN propagates"))
+
+register(OpDef(
+    "min", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
+    normalize=normalize_axes,
+    reference=lambda a, t: np.min(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
+    lowering=Reduce(init={"f": "INFINITY", "i": "{IMAX}", "b": "1"},
+                    combine={"f": "ts_min{F}({acc}, {x})", "*": "({x} < {acc} ? {x} : {acc})"},
+                    helpers={"f": FMIN}),
+    doc="minimum over axis; NaN propagates"))
+
+
+def _arg_normalize(types, attrs):
+    t = types[0]
+    axis = attrs["axis"]
+    if isinstance(axis, (list, tuple)):
+        raise ShapeError("argmax/argmin take one axis or None", received=str(list(axis)))
+    return {**attrs, "axis": None if axis is None else norm_axis(int(axis), t.rank, t),
+            "keepdim": bool(attrs["keepdim"])}
+
+
+def _arg_infer(types, attrs):
+    t = types[0]
+    if t.dtype.is_bool:
+        raise DTypeError("argmax/argmin of a bool tensor", received="bool",
+                         hint="cast to int32 first")
+    axes = norm_axes(attrs["axis"], t)
+    if any(t.shape[a] == 0 for a in axes) or (attrs["axis"] is None and t.rank and 0 in t.shape):
+        raise ShapeError("argmax/argmin over an empty axis", received=str(t))
+    return TensorType(dt.int64, reduced_shape(t, axes, attrs["keepdim"]))
+
+
+for _name, _np_fn, _cmp in [("argmax", np.argmax, ">"), ("argmin", np.argmin, "<")]:
+    register(OpDef(
+        _name, "reduce", 1, {"axis": None, "keepdim": False}, infer=_arg_infer,
+        normalize=_arg_normalize,
+        reference=(lambda fn: lambda a, t: np.asarray(
+            fn(a[0], axis=t["axis"], keepdims=t["keepdim"]), dtype=np.int64))(_np_fn),
+        lowering=ArgReduce(better={"f": "({x} %s {best} || ({x} != {x} && {best} == {best}))" % _cmp,
+                                   "*": "({x} %s {best})" % _cmp}),
+        differentiable=False,
+        doc=f"index of the first {'largest' if _cmp == '>' else 'smallest'} element"))
+
+
+def _count(t: TensorType, axes):
+    return prod([t.shape[a] for a in axes])
+
+
+def _mean_decompose(b, x, attrs):
+    t = b.type(x)
+    f = dt.default_float_for(t.dtype)
+    if f != t.dtype:
+        x = b.op("cast", x, dtype=f.name)
+    s = b.op("sum", x, axis=attrs["axis"], keepdim=attrs["keepdim"])
+    return b.op("div", s, b.const(_count(t, norm_axes(attrs["axis"], t)), f))
+
+
+register(OpDef(
+    "mean", "composite", 1, dict(REDUCE_ATTRS), infer=reduce_infer(float_dtype),
+    normalize=normalize_axes,
+    reference=lambda a, t: np.mean(a[0], axis=_np_axis(t), keepdims=t["keepdim"]).astype(
+        float_dtype(dt.from_numpy(a[0].dtype)).np),
+    decompose=lambda b, xs, attrs: _mean_decompose(b, xs[0], attrs),
+    doc="arithmetic mean over axis"))
+
+
+def _var_decompose(b, xs, attrs):
+    x = xs[0]
+    t = b.type(x)
+    f = dt.default_float_for(t.dtype)
+    if f != t.dtype:
+        x = b.op("cast", x, dtype=f.name)
+    axes = norm_axes(attrs["axis"], t)
+    m = b.op("mean", x, axis=list(axes), keepdim=True)
+    d = b.op("sub", x, m)
+    s = b.op("sum", b.op("mul", d, d), axis=list(axes), keepdim=attrs["keepdim"])
+    return b.op("div", s, b.const(_count(t, axes) - attrs["correction"], f))
+
+
+register(OpDef(
+    "var", "composite", 1, {**REDUCE_ATTRS, "correction": 0}, infer=reduce_infer(float_dtype),
+    normalize=normalize_axes,
+    reference=lambda a, t: np.var(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
+                                  ddof=t["correction"]).astype(
+        float_dtype(dt.from_numpy(a[0].dtype)).np),
+    decompose=_var_decompose,
+    doc="variance over axis (correction=1 for the unbiased estimate)"))

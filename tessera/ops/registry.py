@@ -1,0 +1,190 @@
+"""The operator registry: one entry per operator, holding everything about it.
+
+An entry carries the operator's attributes and defaults, its dtype rule, its shape rule (with the
+errors it raises), its NumPy reference, and how it reaches code: either a *decomposition* into
+other operators (softmax → max, sub, exp, sum, div) or a *lowering descriptor* that the compiler's
+generic lowerings read (an elementwise C expression, a reduction, a contraction, a strided view,
+...). No compiler file grows an ``if op == ...`` branch: adding an operator is adding an entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError, ShapeError
+from ..shapes import Sym, fmt_shape, same
+from ..types import TensorType
+
+
+# ---- lowering descriptors (plain data the compiler reads) ---------------------------------------
+@dataclass(frozen=True)
+class Elementwise:
+    """out = expr(operands): C templates by the compute dtype's kind ('f', 'i', 'b').
+
+    In a template, {0}, {1}, ... are the operands (already in their operand dtypes), {T} is the
+    C type of the result and {F} the libm suffix ("f" for float, "" for double).
+    """
+    c: dict | Callable          # kind -> template, or f(attrs, kind) -> template
+    flops: int = 1
+    helpers: dict = field(default_factory=dict)   # kind -> C helper functions, templated like c
+
+    def template(self, attrs, kind: str) -> str:
+        t = self.c(attrs, kind) if callable(self.c) else (self.c.get(kind) or self.c.get("*"))
+        if t is None:
+            raise KeyError(kind)
+        return t
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """acc = init; acc = combine(acc, x) over the reduced axes, in a fixed order."""
+    init: dict                  # kind -> C literal ("0", "-INFINITY", ...)
+    combine: dict               # kind -> template over {acc} and {x}
+    helpers: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ArgReduce:
+    """Index of the first element that wins ``better`` (NaN wins, as in NumPy)."""
+    better: str                 # template over {x} and {best}
+
+
+@dataclass(frozen=True)
+class Contract:
+    """Batched matmul: out[b, i, j] = sum_k a[b, i, k] * b[b, k, j]."""
+
+
+@dataclass(frozen=True)
+class View:
+    """out[idx] = in[offset + sum_k idx_k * strides[k]] (transpose, slice, broadcast, reshape)."""
+    strides: Callable           # (in_type, out_type, attrs) -> (offset, strides) in elements
+
+
+@dataclass(frozen=True)
+class Concat:
+    """Copy each input into its region of the output along an axis."""
+
+
+@dataclass(frozen=True)
+class Gather:
+    """out = table[..., idx, ...] with a bounds check that reports instead of crashing."""
+
+
+# ---- the entry ---------------------------------------------------------------------------------
+@dataclass
+class OpDef:
+    name: str
+    kind: str                          # elementwise | reduce | contract | movement | composite | source
+    nin: int                           # number of tensor operands (-1: a list)
+    attrs: dict = field(default_factory=dict)          # attribute name -> default
+    infer: Callable | None = None      # (types, attrs) -> TensorType  (raises ShapeError/DTypeError)
+    dtype_rule: Callable | None = None # elementwise: (dtypes) -> (operand dtypes, out dtype)
+    reference: Callable | None = None  # (arrays, attrs) -> ndarray
+    decompose: Callable | None = None  # (builder, values, attrs) -> value, or None if primitive
+    lowering: object = None
+    normalize: Callable | None = None  # (types, attrs) -> attrs with defaults resolved
+    doc: str = ""
+    differentiable: bool = True
+
+    def __repr__(self):
+        return f"<op {self.name}>"
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in REGISTRY:
+        raise ValueError(f"operator {opdef.name} registered twice")
+    REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def get(name: str) -> OpDef:
+    return REGISTRY[name]
+
+
+# ---- helpers shared by the shape rules ---------------------------------------------------------
+def tstr(types) -> str:
+    return ", ".join(str(t) for t in types)
+
+
+def norm_axis(axis: int, rank: int, t: TensorType, what="axis") -> int:
+    if not -rank <= axis < max(rank, 1) or (rank == 0 and axis not in (0, -1)):
+        raise ShapeError(f"{what} {axis} is out of range for a rank-{rank} tensor",
+                         expected=f"{what} in [{-rank}, {rank - 1}]", received=str(t))
+    return axis % rank if rank else 0
+
+
+def norm_axes(axis, t: TensorType) -> tuple:
+    if axis is None:
+        return tuple(range(t.rank))
+    if isinstance(axis, (list, tuple)):
+        axes = tuple(norm_axis(int(a), t.rank, t) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise ShapeError(f"repeated axis in {tuple(axis)}", received=str(t))
+        return tuple(sorted(axes))
+    return (norm_axis(int(axis), t.rank, t),)
+
+
+def broadcast_shapes(types) -> tuple:
+    """NumPy broadcasting over symbolic dims: equal dims, or 1 against anything."""
+    rank = max((t.rank for t in types), default=0)
+    out = []
+    for i in range(rank):
+        d_out = 1
+        for t in types:
+            k = i - (rank - t.rank)
+            if k < 0:
+                continue
+            d = t.shape[k]
+            if same(d, 1):
+                continue
+            if same(d_out, 1) or same(d_out, d):
+                d_out = d
+            elif isinstance(d_out, int) and isinstance(d, int):
+                _broadcast_fail(types, i - rank)
+            elif isinstance(d_out, Sym) and isinstance(d, Sym):
+                _broadcast_fail(types, i - rank)
+            else:
+                # a symbol against a concrete size: the symbol must take that size at the call,
+                # which the call's own (concrete) trace checks.
+                d_out = d if isinstance(d, int) else d_out
+        out.append(d_out)
+    return tuple(out)
+
+
+def _broadcast_fail(types, axis):
+    shapes = [fmt_shape(t.shape) for t in types]
+    hint = None
+    if len(types) == 2 and types[0].rank == types[1].rank and \
+            sorted(map(str, types[0].shape)) == sorted(map(str, types[1].shape)):
+        hint = "the operands hold the same dimensions in another order: a missing transpose?"
+    elif len(types) == 2:
+        hint = "insert a size-1 axis (x[:, None] or keepdim=True) where one operand should broadcast"
+    raise ShapeError(f"shapes do not broadcast at axis {axis}",
+                     expected="equal dimensions or 1 on every axis (right-aligned)",
+                     received=" and ".join(shapes), hint=hint)
+
+
+def require(cond: bool, err_cls, msg: str, **kw):
+    if not cond:
+        raise err_cls(msg, **kw)
+
+
+def weak_or_dtype(x):
+    """What result_type() takes for an operand: a DType or a weak Python scalar."""
+    return x.dtype if isinstance(x, TensorType) else x
+
+
+def ref_errstate():
+    return np.errstate(all="ignore")
+
+
+def check_no_bool(d: dt.DType, opname: str):
+    if d.is_bool:
+        raise DTypeError(f"{opname} is not defined for bool tensors", received="bool",
+                         hint="cast to an integer or float dtype first")

@@ -1,0 +1,132 @@
+"""The system C compiler: found, fingerprinted, and run into the kernel cache."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+from .. import __version__
+from ..errors import CompileError, CompilerNotFoundError
+from . import cache
+
+# DESIGN.md's numerics contract: never -ffast-math (it sets FTZ/DAZ for the whole process);
+# no FMA contraction unless written explicitly.
+CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
+          "-fno-trapping-math", "-ffp-contract=off", "-std=c11")
+COMPILE_TIMEOUT_S = 300
+
+
+def find_compiler() -> str:
+    name = os.environ.get("CC") or "cc"
+    path = shutil.which(name)
+    if path is None:
+        raise CompilerNotFoundError(
+            f"no C compiler: {name!r} is not on PATH",
+            hint="install gcc (apt-get install gcc) or point $CC at a C compiler")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        raise CompilerNotFoundError(f"the C compiler {path} cannot be run: {e}") from None
+    return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else path
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_fingerprint() -> str:
+    """What -march=native depends on: the machine, the CPU model and its feature flags."""
+    parts = [platform.machine()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features")):
+                    parts.append(line.split(":", 1)[1].strip())
+                if len(parts) >= 3:
+                    break
+    except OSError:
+        parts.append(platform.processor())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def artifact_key(source: str, cc: str) -> str:
+    h = hashlib.sha256()
+    for part in (f"schema={cache.SCHEMA_VERSION}", f"tessera={__version__}", cc,
+                 compiler_version(cc), " ".join(CFLAGS), cpu_fingerprint(), source):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_loaded: dict[str, ctypes.CDLL] = {}
+_reported_corrupt: set[str] = set()
+
+
+def build(source: str, name: str = "program") -> ctypes.CDLL:
+    """Compile C source to a shared object (or take it from the cache) and load it."""
+    cc = find_compiler()
+    key = artifact_key(source, cc)
+    if key in _loaded:
+        return _loaded[key]
+    if not cache.cache_enabled():
+        tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
+        so = tmpdir / f"{name}.so"
+        _compile(cc, source, so, tmpdir / f"{name}.c", name)
+        lib = ctypes.CDLL(str(so))
+    else:
+        so = cache.cache_dir() / "kernels" / key[:2] / f"{key}.so"
+        lib = _load_or_build(cc, source, so, name, key)
+    _loaded[key] = lib
+    return lib
+
+
+def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
+    if so.exists():
+        try:
+            lib = ctypes.CDLL(str(so))
+            cache.count("disk_hits")
+            return lib
+        except OSError as e:
+            if key not in _reported_corrupt:
+                _reported_corrupt.add(key)
+                warnings.warn(f"tessera: corrupt kernel cache entry {so} ({e}); rebuilding it",
+                              RuntimeWarning, stacklevel=3)
+            cache.count("rebuilt_corrupt")
+            so.unlink(missing_ok=True)
+    so.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=".tmp-", suffix=".so")
+    os.close(fd)
+    try:
+        _compile(cc, source, Path(tmp), so.with_suffix(".c"), name)
+        os.replace(tmp, so)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return ctypes.CDLL(str(so))
+
+
+def _compile(cc: str, source: str, out: Path, src_path: Path, name: str):
+    cache.atomic_write(src_path, source.encode())
+    cmd = [cc, *CFLAGS, "-o", str(out), str(src_path), "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except FileNotFoundError:
+        raise CompilerNotFoundError(f"the C compiler {cc} vanished") from None
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"the C compiler took over {COMPILE_TIMEOUT_S}s on {name}",
+                           hint=f"source: {src_path}") from None
+    cache.count("compiles")
+    if proc.returncode != 0:
+        log = (proc.stderr or proc.stdout).strip()
+        raise CompileError(f"the C compiler rejected the generated code for {name} "
+                           f"(exit {proc.returncode})\n  source: {src_path}\n  command: "
+                           f"{' '.join(cmd)}\n" + "\n".join("  | " + l for l in log.splitlines()[:40]))

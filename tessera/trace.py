@@ -1,0 +1,339 @@
+"""Tracing: running a Python function on traced tensors records Graph IR.
+
+``apply`` is the one door every operator goes through. Inside a traced function it adds a node
+(with the user's file and line); outside, on NumPy arrays, it checks the same shape and dtype
+rules and runs the operator's NumPy reference, so ``op.*`` works eagerly too.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import linecache
+
+import numpy as np
+
+from . import dtypes as dt
+from . import ops
+from .compiler.graph_ir import Graph, SourceLocation, Value
+from .errors import ArgumentError, RuntimeFault, TesseraError
+from .types import TensorType, type_of_array
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_state = threading.local()
+
+
+def user_location() -> SourceLocation | None:
+    """The innermost frame outside the tessera package: where the user wrote the op."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not os.path.abspath(fn).startswith(_PKG_DIR + os.sep) and "contextlib" not in fn:
+            text = linecache.getline(fn, f.f_lineno, f.f_globals).strip()
+            return SourceLocation(fn, f.f_lineno, text, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+class Trace:
+    def __init__(self, graph: Graph, function_name: str):
+        self.graph = graph
+        self.function_name = function_name
+
+
+def current_trace() -> Trace | None:
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def tracing(trace: Trace):
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    stack.append(trace)
+    try:
+        yield trace
+    finally:
+        stack.pop()
+
+
+def enrich(err: TesseraError, *, function=None, location=None, op=None) -> TesseraError:
+    if err.function is None and function:
+        err.function = function
+    if err.location is None and location is not None:
+        err.location = location
+    if err.op is None and op:
+        err.op = op
+    return err
+
+
+def is_scalar(x) -> bool:
+    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+
+
+class Traced:
+    """A tensor inside a traced function: Python operators and methods become Graph IR nodes."""
+    __slots__ = ("_value", "_trace")
+    __array_priority__ = 1000     # NumPy defers to our operators (ndarray + Traced)
+
+    def __init__(self, value: Value, trace: Trace):
+        self._value = value
+        self._trace = trace
+
+    # -- type -------------------------------------------------------------------------------
+    @property
+    def type(self) -> TensorType:
+        return self._value.type
+
+    @property
+    def shape(self) -> tuple:
+        return self._value.type.shape
+
+    @property
+    def dtype(self):
+        return self._value.type.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._value.type.rank
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a rank-0 tensor")
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"<traced {self.type}>"
+
+    def __bool__(self):
+        raise TesseraError("a traced tensor has no truth value while tracing",
+                           location=user_location(),
+                           hint="use op.where(cond, a, b) instead of Python if/while on tensors")
+
+    def __array__(self, *a, **k):
+        raise TesseraError("a traced tensor cannot become a NumPy array inside a tessera function",
+                           location=user_location(),
+                           hint="use op.* functions (they trace), not np.* functions")
+
+    # -- arithmetic -------------------------------------------------------------------------
+    def __add__(self, o): return apply("add", self, o)
+    def __radd__(self, o): return apply("add", o, self)
+    def __sub__(self, o): return apply("sub", self, o)
+    def __rsub__(self, o): return apply("sub", o, self)
+    def __mul__(self, o): return apply("mul", self, o)
+    def __rmul__(self, o): return apply("mul", o, self)
+    def __truediv__(self, o): return apply("div", self, o)
+    def __rtruediv__(self, o): return apply("div", o, self)
+    def __pow__(self, o): return apply("pow", self, o)
+    def __rpow__(self, o): return apply("pow", o, self)
+    def __matmul__(self, o): return apply("matmul", self, o)
+    def __rmatmul__(self, o): return apply("matmul", o, self)
+    def __neg__(self): return apply("neg", self)
+    def __pos__(self): return self
+    def __abs__(self): return apply("abs", self)
+    def __lt__(self, o): return apply("lt", self, o)
+    def __le__(self, o): return apply("le", self, o)
+    def __gt__(self, o): return apply("gt", self, o)
+    def __ge__(self, o): return apply("ge", self, o)
+    def __eq__(self, o): return apply("eq", self, o)    # noqa: comparisons build nodes
+    def __ne__(self, o): return apply("ne", self, o)
+    __hash__ = object.__hash__
+
+    # -- methods ----------------------------------------------------------------------------
+    @property
+    def T(self):
+        return apply("transpose", self) if self.ndim >= 2 else self
+
+    def transpose(self, *perm):
+        perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm
+        return apply("transpose", self, perm=list(perm) if perm else None)
+
+    permute = transpose
+
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (list, tuple)) else shape
+        return apply("reshape", self, shape=list(shape))
+
+    def astype(self, dtype):
+        return apply("cast", self, dtype=dt.get(dtype).name)
+
+    def sum(self, axis=None, keepdim=False): return apply("sum", self, axis=axis, keepdim=keepdim)
+    def mean(self, axis=None, keepdim=False): return apply("mean", self, axis=axis, keepdim=keepdim)
+    def max(self, axis=None, keepdim=False): return apply("max", self, axis=axis, keepdim=keepdim)
+    def min(self, axis=None, keepdim=False): return apply("min", self, axis=axis, keepdim=keepdim)
+
+    def var(self, axis=None, keepdim=False, correction=0):
+        return apply("var", self, axis=axis, keepdim=keepdim, correction=correction)
+
+    def argmax(self, axis=None, keepdim=False):
+        return apply("argmax", self, axis=axis, keepdim=keepdim)
+
+    def argmin(self, axis=None, keepdim=False):
+        return apply("argmin", self, axis=axis, keepdim=keepdim)
+
+    def unsqueeze(self, axis): return apply("expand_dims", self, axis=axis)
+    def squeeze(self, axis=None): return apply("squeeze", self, axis=axis)
+    def exp(self): return apply("exp", self)
+    def log(self): return apply("log", self)
+    def sqrt(self): return apply("sqrt", self)
+
+    def __getitem__(self, key):
+        return index(self, key)
+
+
+# ---- the one door ------------------------------------------------------------------------------
+def apply(name: str, *args, **attrs):
+    opdef = ops.get(name)
+    flat = list(args[0]) if opdef.nin == -1 else list(args)
+    trace = current_trace()
+    traced = [a for a in flat if isinstance(a, Traced)]
+    if traced:
+        if trace is None or any(a._trace is not trace for a in traced):
+            raise TesseraError(f"{name} got a tensor traced in another function (or one that "
+                               "escaped its trace)", location=user_location(), op=name,
+                               hint="pass tensors between tessera functions as arguments")
+        return _apply_traced(trace, opdef, flat, attrs)
+    return _apply_eager(opdef, flat, attrs)
+
+
+def _operand_dtypes(opdef, items):
+    """Resolve promotion: what dtype each operand is converted to before the op."""
+    if opdef.dtype_rule is None:
+        return None
+    ds = [x if is_scalar(x) else x for x in items]
+    operand, _ = opdef.dtype_rule(ds, {"_op": opdef.name})
+    return operand
+
+
+def _apply_traced(trace: Trace, opdef, args, attrs):
+    loc = user_location()
+    g = trace.graph
+    try:
+        items = []
+        for a in args:
+            if isinstance(a, Traced):
+                items.append(a._value)
+            elif is_scalar(a):
+                items.append(a)
+            else:
+                items.append(g.const(_as_array(a), loc=loc))
+        want = _operand_dtypes(opdef, [v.type.dtype if isinstance(v, Value) else v for v in items])
+        values = []
+        for k, v in enumerate(items):
+            if isinstance(v, Value):
+                if want is not None and v.type.dtype != want[k]:
+                    v = g.apply("cast", [v], {"dtype": want[k].name}, loc=loc)
+            else:
+                v = g.const(v, want[k] if want is not None else None, loc=loc)
+            values.append(v)
+        out = g.apply(opdef.name, values, attrs, loc=loc)
+    except TesseraError as e:
+        raise enrich(e, function=trace.function_name, location=loc, op=opdef.name)
+    return Traced(out, trace)
+
+
+def _as_array(a) -> np.ndarray:
+    arr = np.asarray(a)
+    dt.from_numpy(arr.dtype)      # raises UnsupportedDTypeError
+    return arr
+
+
+def _apply_eager(opdef, args, attrs):
+    loc = user_location()
+    try:
+        items = [a if is_scalar(a) else _as_array(a) for a in args]
+        want = _operand_dtypes(opdef, [dt.from_numpy(x.dtype) if isinstance(x, np.ndarray) else x
+                                       for x in items])
+        arrays = []
+        for k, x in enumerate(items):
+            d = want[k].np if want is not None else None
+            arrays.append(np.asarray(x, dtype=d) if d is not None or not is_scalar(x)
+                          else np.asarray(x))
+        types = [type_of_array(a) for a in arrays]
+        from .compiler.graph_ir import make_attrs
+        full = make_attrs(opdef, attrs, types)
+        out_type = opdef.infer(types, full)
+        try:
+            with np.errstate(all="ignore"):
+                result = opdef.reference(arrays, full)
+        except IndexError as e:
+            raise RuntimeFault(str(e)) from None
+        return np.asarray(result, dtype=out_type.dtype.np)
+    except TesseraError as e:
+        raise enrich(e, location=loc, op=opdef.name)
+
+
+# ---- Python indexing: basic slices, ints, None, ..., and one integer-array index ----------------
+def index(x: Traced, key):
+    if not isinstance(key, tuple):
+        key = (key,)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise TesseraError("an index can hold one ... at most", location=user_location())
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > x.ndim:
+        raise TesseraError(f"too many indices ({n_real}) for a rank-{x.ndim} tensor",
+                           location=user_location(), op="slice", received=str(x.type))
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (x.ndim - n_real))
+        else:
+            expanded.append(k)
+    expanded.extend([slice(None)] * (x.ndim - sum(1 for k in expanded if k is not None)))
+    starts, stops, steps, out_shape, array_axis, array_index = [], [], [], [], None, None
+    axis = 0
+    for k in expanded:
+        if k is None:
+            out_shape.append(("new",))
+            continue
+        if isinstance(k, slice):
+            starts.append(k.start); stops.append(k.stop); steps.append(1 if k.step is None else k.step)
+            out_shape.append(("keep", axis))
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            k = int(k)
+            n = x.shape[axis]
+            if isinstance(n, int) and not -n <= k < n:
+                raise TesseraError(f"index {k} is out of range for axis {axis} of size {n}",
+                                   location=user_location(), op="slice", received=str(x.type))
+            starts.append(k); stops.append(k + 1 if k != -1 else None); steps.append(1)
+            out_shape.append(("drop", axis))
+        elif isinstance(k, (Traced, np.ndarray, list)):
+            if array_axis is not None:
+                raise TesseraError("only one integer-array index is supported",
+                                   location=user_location(), op="take")
+            starts.append(None); stops.append(None); steps.append(1)
+            array_axis, array_index = axis, k
+            out_shape.append(("take", axis))
+        else:
+            raise TesseraError(f"unsupported index {k!r}", location=user_location(), op="slice",
+                               hint="use slices, ints, None, ... or one integer array")
+        axis += 1
+    y = x
+    if any(not (s is None and e is None and st == 1) for s, e, st in zip(starts, stops, steps)):
+        y = apply("slice", x, starts=starts, stops=stops, steps=steps)
+    if array_axis is not None:
+        y = apply("take", y, array_index, axis=array_axis)
+        idx_rank = array_index.ndim if hasattr(array_index, "ndim") else np.asarray(array_index).ndim
+    else:
+        idx_rank = 0
+    # final shape: walk the plan
+    shape, ax = [], 0
+    for kind in out_shape:
+        if kind[0] == "new":
+            shape.append(1)
+        elif kind[0] == "keep":
+            shape.append(y.shape[ax]); ax += 1
+        elif kind[0] == "drop":
+            ax += 1
+        else:
+            shape.extend(y.shape[ax:ax + idx_rank]); ax += idx_rank
+    if tuple(shape) != tuple(y.shape):
+        y = apply("reshape", y, shape=shape)
+    return y
+
+
+def check_tensor_arg(a, what: str):
+    if isinstance(a, Traced):
+        raise ArgumentError(f"{what} got a traced tensor from another function")
