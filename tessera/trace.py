@@ -198,12 +198,11 @@ def apply(name: str, *args, **attrs):
     return _apply_eager(opdef, flat, attrs)
 
 
-def _operand_dtypes(opdef, items):
+def _operand_dtypes(opdef, items, attrs):
     """Resolve promotion: what dtype each operand is converted to before the op."""
     if opdef.dtype_rule is None:
         return None
-    ds = [x if is_scalar(x) else x for x in items]
-    operand, _ = opdef.dtype_rule(ds, {"_op": opdef.name})
+    operand, _ = opdef.dtype_rule(items, {**opdef.attrs, **attrs, "_op": opdef.name})
     return operand
 
 
@@ -219,7 +218,8 @@ def _apply_traced(trace: Trace, opdef, args, attrs):
                 items.append(a)
             else:
                 items.append(g.const(_as_array(a), loc=loc))
-        want = _operand_dtypes(opdef, [v.type.dtype if isinstance(v, Value) else v for v in items])
+        want = _operand_dtypes(opdef, [v.type.dtype if isinstance(v, Value) else v for v in items],
+                               attrs)
         values = []
         for k, v in enumerate(items):
             if isinstance(v, Value):
@@ -245,7 +245,7 @@ def _apply_eager(opdef, args, attrs):
     try:
         items = [a if is_scalar(a) else _as_array(a) for a in args]
         want = _operand_dtypes(opdef, [dt.from_numpy(x.dtype) if isinstance(x, np.ndarray) else x
-                                       for x in items])
+                                       for x in items], attrs)
         arrays = []
         for k, x in enumerate(items):
             d = want[k].np if want is not None else None

@@ -7,8 +7,8 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DTypeError
-from .registry import (Elementwise, OpDef, broadcast_shapes, check_no_bool, ref_errstate,
-                       register)
+from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool,
+                       ref_errstate, register)
 from ..types import TensorType
 
 
@@ -56,6 +56,8 @@ def where_rule(ds, attrs):
 
 
 def cast_rule(ds, attrs):
+    if attrs.get("dtype") is None:
+        raise DTypeError("cast needs a dtype", hint="op.cast(x, tessera.float32)")
     return [dt.result_type(ds[0])], dt.get(attrs["dtype"])
 
 
@@ -74,7 +76,7 @@ def elementwise(name, nin, dtype_rule, c, reference, flops=1, helpers=None, attr
 
 
 def _erf_ref(x):
-    out = np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(np.float64)
+    out = np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), dtype=np.float64)
     return out.astype(x.dtype)
 
 
@@ -166,3 +168,4 @@ with np.errstate(all="ignore"):
     elementwise("cast", 1, cast_rule, {"*": "(({T}){0})"},
                 lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
                 doc="convert to another dtype")
+    REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}

@@ -122,7 +122,9 @@ def slice_dim(n, start, stop, step, axis, t):
         raise ShapeError("slice step cannot be zero", received=str(t))
     if isinstance(n, int):
         s0, s1, st = slice(start, stop, step).indices(n)
-        return s0, s1, st, len(range(s0, s1, st))
+        length = len(range(s0, s1, st))
+        # keep the normal form idempotent: a stop of -1 (before index 0) would re-read as "last"
+        return s0, (None if s1 < 0 else s1), st, length
     if step != 1:
         raise ShapeError(f"axis {axis} has the symbolic size {n}: only step-1 slices are "
                          "supported on it", received=str(t),
@@ -149,7 +151,7 @@ def _slice_infer(ts, a):
     shape = []
     for d, s0, s1, st in zip(t.shape, n["starts"], n["stops"], n["steps"]):
         if isinstance(d, int):
-            shape.append(len(range(s0, s1, st)))
+            shape.append(len(range(*slice(s0, s1, st).indices(d))))
         else:
             shape.append((Sym.lift(s1) - s0))
     return t.with_shape(tuple(d.simplify() if isinstance(d, Sym) else d for d in shape))
@@ -162,8 +164,7 @@ def _slice_strides(ti, to, a):
 
 
 def _slice_ref(xs, a):
-    idx = tuple(slice(s0, None if (st < 0 and s1 < 0) else s1, st)
-                for s0, s1, st in zip(a["starts"], a["stops"], a["steps"]))
+    idx = tuple(slice(s0, s1, st) for s0, s1, st in zip(a["starts"], a["stops"], a["steps"]))
     return xs[0][idx].copy()
 
 

@@ -1,0 +1,173 @@
+"""Every elementwise operator, compiled, against NumPy formulas written here (not the registry's
+references), over shapes with 1s, primes, odd sizes, broadcasting and non-contiguous inputs."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+from conftest import assert_close
+
+ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x):
+    return np.asarray(ERF(x.astype(np.float64)), dtype=np.float64).astype(x.dtype)
+
+
+def sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+UNARY = {
+    "neg": (op.neg, lambda x: -x, None),
+    "abs": (op.abs, np.abs, None),
+    "exp": (op.exp, np.exp, (-20, 20)),
+    "log": (op.log, np.log, (1e-3, 50)),
+    "sqrt": (op.sqrt, np.sqrt, (0, 50)),
+    "rsqrt": (op.rsqrt, lambda x: 1 / np.sqrt(x), (1e-2, 50)),
+    "sin": (op.sin, np.sin, None),
+    "cos": (op.cos, np.cos, None),
+    "tanh": (op.tanh, np.tanh, None),
+    "sigmoid": (op.sigmoid, sig, None),
+    "relu": (op.relu, lambda x: np.where(x > 0, x, 0).astype(x.dtype), None),
+    "gelu": (op.gelu, lambda x: 0.5 * x * (1 + erf(x / np.sqrt(x.dtype.type(2)))), None),
+    "gelu_tanh": (lambda x: op.gelu(x, approximate="tanh"),
+                  lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+                  None),
+    "silu": (op.silu, lambda x: x * sig(x), None),
+    "erf": (op.erf, erf, None),
+}
+
+SHAPES = [(), (1,), (7,), (1, 1), (3, 5), (13, 1, 17), (2, 3, 4, 5), (1031,)]
+
+
+def sample(rng, shape, dtype, domain=None):
+    lo, hi = domain or (-4, 4)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unary(name, dtype, rng):
+    fn, ref, domain = UNARY[name]
+    for shape in SHAPES:
+        x = sample(rng, shape, dtype, domain)
+        f = ts.function(lambda x: fn(x))
+        with np.errstate(all="ignore"):
+            want = np.asarray(ref(x)).astype(dtype)
+        assert_close(f(x), want, scale=4)
+        assert_close(fn(x), want, scale=4)          # eager, same rules
+
+
+BINARY = {
+    "add": (op.add, np.add), "sub": (op.sub, np.subtract), "mul": (op.mul, np.multiply),
+    "div": (op.div, np.true_divide), "maximum": (op.maximum, np.maximum),
+    "minimum": (op.minimum, np.minimum), "pow": (op.pow, np.power),
+}
+COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+           "gt": np.greater, "ge": np.greater_equal}
+BROADCAST = [((3, 5), (3, 5)), ((3, 5), (5,)), ((3, 1), (1, 5)), ((1,), (7, 1, 3)),
+             ((2, 1, 4), (3, 1)), ((), (6,)), ((13,), ())]
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_binary(name, dtype, rng):
+    fn, ref = BINARY[name]
+    if name == "div" and np.dtype(dtype).kind == "i":
+        pass                                           # true division: ints become float64
+    for sa, sb in BROADCAST:
+        if np.dtype(dtype).kind == "f":
+            a = sample(rng, sa, dtype, (0.5, 3) if name == "pow" else None)
+            b = sample(rng, sb, dtype)
+            if name == "div":
+                b = np.where(np.abs(b) < 0.1, 1, b).astype(dtype)
+        else:
+            a = rng.integers(-9, 10, size=sa).astype(dtype)
+            b = rng.integers(1 if name in ("pow", "div") else -9, 4 if name == "pow" else 10,
+                             size=sb).astype(dtype)
+        f = ts.function(lambda a, b: fn(a, b))
+        assert_close(f(a, b), ref(a, b), scale=8)
+
+
+@pytest.mark.parametrize("name", sorted(COMPARE))
+def test_compare(name, rng):
+    a = rng.integers(-3, 3, size=(4, 7)).astype(np.float32)
+    b = rng.integers(-3, 3, size=(7,)).astype(np.float32)
+    f = ts.function(lambda a, b: getattr(op, name)(a, b))
+    assert_close(f(a, b), COMPARE[name](a, b))
+
+
+def test_python_operators_and_scalars(rng):
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    y = rng.standard_normal((6,)).astype(np.float32)
+
+    @ts.function
+    def f(x, y):
+        return (-x + 2 * y - x / 3 + x ** 2 - 1.5) * (x > 0.25)
+
+    want = (-x + 2 * y - x / 3 + x ** 2 - 1.5) * (x > 0.25)
+    assert_close(f(x, y), want.astype(np.float32), scale=4)
+
+
+def test_where_and_cast(rng):
+    x = rng.standard_normal((4, 9))
+    f = ts.function(lambda x: op.where(x > 0, x, 0.5 * x))
+    assert_close(f(x), np.where(x > 0, x, 0.5 * x))
+    g = ts.function(lambda x: op.cast(x * 10, ts.int32))
+    assert_close(g(x), (x * 10).astype(np.int32))
+    h = ts.function(lambda x: (x > 0).astype("float32") + x.astype(ts.float32))
+    assert_close(h(x), (x > 0).astype(np.float32) + x.astype(np.float32))
+
+
+@pytest.mark.parametrize("pair,want", [
+    ((np.float32, np.float64), np.float64), ((np.int32, np.float32), np.float64),
+    ((np.int32, np.int64), np.int64), ((np.bool_, np.int32), np.int32),
+    ((np.float32, np.float32), np.float32)])
+def test_promotion_follows_numpy(pair, want, rng):
+    a = rng.integers(0, 5, size=(3, 4)).astype(pair[0])
+    b = rng.integers(1, 5, size=(4,)).astype(pair[1])
+    f = ts.function(lambda a, b: a + b)
+    out = f(a, b)
+    assert out.dtype == want == np.result_type(a, b)
+    assert_close(out, a + b)
+
+
+def test_weak_python_scalars_keep_dtype(rng):
+    x = rng.standard_normal(8).astype(np.float32)
+    i = rng.integers(0, 9, 8).astype(np.int32)
+    f = ts.function(lambda x, i: (x * 2.5, i + 3, i * 0.5, op.exp(i)))
+    a, b, c, d = f(x, i)
+    assert (a.dtype, b.dtype, c.dtype, d.dtype) == (np.float32, np.int32, np.float64, np.float64)
+    assert_close(c, i * 0.5)
+    assert_close(d, np.exp(i.astype(np.float64)))
+
+
+def test_non_contiguous_inputs(rng):
+    base = rng.standard_normal((8, 10)).astype(np.float32)
+    x = base[::2, 1::3]                   # strided view
+    y = base.T[:5]                        # transposed view
+    f = ts.function(lambda x: op.tanh(x) * 2)
+    assert_close(f(x), np.tanh(x) * 2)
+    assert_close(f(y), np.tanh(y) * 2)
+
+
+def test_nan_propagation_matches_numpy():
+    x = np.array([1.0, np.nan, -2.0, 3.0], dtype=np.float32)
+    y = np.array([np.nan, 0.0, -1.0, 5.0], dtype=np.float32)
+    f = ts.function(lambda x, y: (op.maximum(x, y), op.minimum(x, y), op.relu(x)))
+    a, b, c = f(x, y)
+    assert_close(a, np.maximum(x, y))
+    assert_close(b, np.minimum(x, y))
+    assert_close(c, np.maximum(x, np.float32(0)))
+
+
+def test_large_pointwise_runs_parallel(rng):
+    x = rng.standard_normal((517, 1031)).astype(np.float32)
+    f = ts.function(lambda x: op.sigmoid(x) * x + 1)
+    prog = f.lower(x)
+    assert prog.schedule_ir.kernels[0].knobs["parallel"]
+    assert_close(f(x), (x * sig(x) + 1).astype(np.float32), scale=4)

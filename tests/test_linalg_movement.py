@@ -1,0 +1,135 @@
+"""matmul and data movement, compiled, against NumPy."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+from conftest import assert_close
+
+MATMUL = [((1, 1), (1, 1)), ((3, 5), (5, 7)), ((13, 1), (1, 17)), ((31, 37), (37, 1)),
+          ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)), ((4,), (4, 3)), ((3, 4), (4,)),
+          ((5,), (5,)), ((1, 3, 2, 4), (5, 1, 4, 6)), ((7, 1, 2, 3), (3, 2))]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_matmul(sa, sb, dtype, rng):
+    if np.dtype(dtype).kind == "i":
+        a, b = (rng.integers(-5, 6, size=s).astype(dtype) for s in (sa, sb))
+    else:
+        a, b = (rng.standard_normal(s).astype(dtype) for s in (sa, sb))
+    f = ts.function(lambda a, b: a @ b)
+    assert_close(f(a, b), np.matmul(a, b), scale=10)
+
+
+def test_matmul_larger_parallel(rng):
+    a = rng.standard_normal((97, 129)).astype(np.float32)
+    b = rng.standard_normal((129, 211)).astype(np.float32)
+    f = ts.function(lambda a, b: op.matmul(a, b))
+    assert f.lower(a, b).schedule_ir.kernels[0].knobs["parallel"]
+    assert_close(f(a, b), (a.astype(np.float64) @ b).astype(np.float32), rtol=1e-4, atol=1e-4)
+
+
+def test_attention_from_the_seeds(rng):
+    @ts.graph.module("attention")
+    def attention(Q, K, V):
+        S = op.matmul(Q, K.T)
+        A = op.softmax(S)
+        return op.matmul(A, V)
+
+    q, k, v = (rng.standard_normal((2, 16, 8)).astype(np.float32) for _ in range(3))
+    s = q @ k.transpose(0, 2, 1)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    assert_close(attention(q, k, v), (e / e.sum(-1, keepdims=True)) @ v, scale=10)
+    assert attention.name == "attention"
+
+
+def test_transpose_permute_T(rng):
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    f = ts.function(lambda x: (x.T, op.transpose(x, [2, 0, 1]), op.permute(x, 1, 2, 0),
+                               x.transpose(0, 2, 1)))
+    outs = f(x)
+    wants = [x.swapaxes(-1, -2), x.transpose(2, 0, 1), x.transpose(1, 2, 0), x.transpose(0, 2, 1)]
+    for got, want in zip(outs, wants):
+        assert_close(got, want)
+
+
+def test_reshape_expand_squeeze_broadcast(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    f = ts.function(lambda x: (x.reshape(3, -1), x.reshape(2, 2, 6), op.expand_dims(x, 1),
+                               op.squeeze(op.expand_dims(x, 0)), op.broadcast_to(x[:, :1], (4, 5)),
+                               op.broadcast_to(x, (3, 4, 6))))
+    outs = f(x)
+    wants = [x.reshape(3, -1), x.reshape(2, 2, 6), x[:, None], x,
+             np.broadcast_to(x[:, :1], (4, 5)), np.broadcast_to(x, (3, 4, 6))]
+    for got, want in zip(outs, wants):
+        assert_close(got, np.array(want))
+
+
+@pytest.mark.parametrize("key", [
+    (slice(1, 3),), (slice(None, None, 2), 1), (Ellipsis, slice(None, None, -1)),
+    (None, slice(2, None), slice(None, -1)), (-1,), (slice(-3, None), None, 0),
+    (1, 2), (slice(5, 1, -2), slice(None, None, 3))])
+def test_slicing(key, rng):
+    x = rng.standard_normal((7, 5)).astype(np.float32)
+    f = ts.function(lambda x: x[key])
+    assert_close(f(x), np.array(x[key]))
+
+
+def test_concat_split(rng):
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    b = rng.standard_normal((2, 5)).astype(np.float64)
+    c = rng.standard_normal((2, 1)).astype(np.float32)
+    f = ts.function(lambda a, b, c: op.concat([a, b, c], axis=1))
+    assert_close(f(a, b, c), np.concatenate([a, b, c], axis=1))
+    g = ts.function(lambda a: op.concat([a, a * 2], axis=0))
+    assert_close(g(a), np.concatenate([a, a * 2], axis=0))
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    s = ts.function(lambda x: op.split(x, 3, axis=1))
+    for got, want in zip(s(x), np.split(x, 3, axis=1)):
+        assert_close(got, np.array(want))
+    s2 = ts.function(lambda x: op.split(x, [1, 3], axis=0))
+    for got, want in zip(s2(x), np.split(x, [1, 3], axis=0)):
+        assert_close(got, np.array(want))
+
+
+def test_take_and_embedding(rng):
+    table = rng.standard_normal((11, 6)).astype(np.float32)
+    ids = rng.integers(-11, 11, size=(3, 4)).astype(np.int64)
+    f = ts.function(lambda t, i: op.embedding(t, i))
+    assert_close(f(table, ids), np.take(table, ids, axis=0))
+    g = ts.function(lambda t, i: op.take(t, i, axis=1))
+    ids32 = rng.integers(0, 6, size=(5,)).astype(np.int32)
+    assert_close(g(table, ids32), np.take(table, ids32, axis=1))
+    h = ts.function(lambda t, i: t[i] * 2)
+    assert_close(h(table, ids32), table[ids32] * 2)
+
+
+def test_pipeline_from_the_seeds(rng):
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    f = ts.function(lambda x: op.pipeline([op.matmul(x, x.T), op.relu, op.layernorm]))
+    y = np.maximum(x @ x.T, 0)
+    want = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
+    assert_close(f(x), want, scale=20)
+    assert_close(op.pipeline([x, op.relu, op.exp]), np.exp(np.maximum(x, 0)))
+
+
+def test_eager_ops_match_numpy(rng):
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal((4, 2)).astype(np.float32)
+    assert_close(op.matmul(a, b), a @ b, scale=5)
+    assert_close(op.sum(a, axis=0), a.sum(0))
+    assert_close(op.softmax(a), np.exp(a) / np.exp(a).sum(-1, keepdims=True), scale=5)
+    assert_close(op.concat([a, a], axis=0), np.concatenate([a, a]))
+    assert_close(op.reshape(a, [-1]), a.ravel())
+
+
+def test_interpret_agrees_with_compiled(rng):
+    @ts.function
+    def f(x: ts.Tensor["N", "D"], w: ts.Tensor["D", "H"]) -> ts.Tensor["N", "H"]:
+        return op.gelu(op.layernorm(x) @ w)
+
+    x = rng.standard_normal((5, 12)).astype(np.float32)
+    w = rng.standard_normal((12, 7)).astype(np.float32)
+    assert_close(f(x, w), ts.interpret(f, x, w), scale=10)

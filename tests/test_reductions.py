@@ -1,0 +1,110 @@
+"""Reductions and normalisations, compiled, against NumPy formulas written here."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+from conftest import assert_close
+
+CASES = [((7,), None), ((7,), 0), ((1, 1), None), ((3, 5), 0), ((3, 5), 1), ((3, 5), -1),
+         ((4, 1, 6), (0, 2)), ((2, 3, 5, 7), (1, 3)), ((13, 17), None), ((1, 31), 1),
+         ((2, 3, 4), (0, 1, 2))]
+
+
+@pytest.mark.parametrize("shape,axis", CASES)
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "var"])
+def test_reduce_float(name, shape, axis, keepdim, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = ts.function(lambda x: getattr(op, name)(x, axis=axis, keepdim=keepdim))
+    want = getattr(np, name)(x, axis=axis, keepdims=keepdim)
+    assert_close(f(x), np.asarray(want, dtype=np.float32), scale=10)
+
+
+@pytest.mark.parametrize("name", ["sum", "max", "min", "mean"])
+def test_reduce_int_and_bool(name, rng):
+    i = rng.integers(-50, 50, size=(6, 9)).astype(np.int32)
+    f = ts.function(lambda x: getattr(op, name)(x, axis=1))
+    want = getattr(np, name)(i, axis=1)
+    assert f(i).dtype == want.dtype
+    assert_close(f(i), want)
+    b = i > 0
+    g = ts.function(lambda x: op.sum(x, axis=0))
+    assert_close(g(b), np.sum(b, axis=0))
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_argreduce(name, axis, rng):
+    x = rng.integers(0, 4, size=(5, 11)).astype(np.float32)   # ties: the first wins
+    f = ts.function(lambda x: getattr(op, name)(x, axis=axis))
+    assert_close(f(x), np.asarray(getattr(np, name)(x, axis=axis)))
+    k = ts.function(lambda x: getattr(op, name)(x, axis=axis, keepdim=True))
+    assert_close(k(x), np.asarray(getattr(np, name)(x, axis=axis, keepdims=True)))
+
+
+def test_argmax_nan_and_ints():
+    x = np.array([[1, np.nan, 3], [4, 2, np.nan]], dtype=np.float64)
+    assert_close(ts.function(lambda x: op.argmax(x, axis=1))(x), np.argmax(x, axis=1))
+    i = np.array([[3, 9, 9], [-1, -5, -1]], dtype=np.int64)
+    assert_close(ts.function(lambda x: op.argmin(x, axis=1))(i), np.argmin(i, axis=1))
+
+
+def test_long_sum_is_accurate(rng):
+    x = rng.uniform(0, 1, size=(3, 100003)).astype(np.float32)
+    out = ts.function(lambda x: x.sum(axis=1))(x)
+    assert_close(out, x.astype(np.float64).sum(axis=1).astype(np.float32), rtol=1e-4)
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 7), (2, 3, 129), (1, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_family(shape, dtype, rng):
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    for axis in range(-len(shape), len(shape)):
+        f = ts.function(lambda x: (op.softmax(x, axis=axis), op.log_softmax(x, axis=axis),
+                                   op.logsumexp(x, axis=axis),
+                                   op.logsumexp(x, axis=axis, keepdim=True)))
+        s, ls, lse, lsek = f(x)
+        m = x.max(axis=axis, keepdims=True)
+        lse_ref = np.log(np.exp(x - m).sum(axis=axis, keepdims=True)) + m
+        assert_close(s, _softmax(x, axis).astype(dtype), scale=5)
+        assert_close(ls, (x - lse_ref).astype(dtype), scale=5)
+        assert_close(lse, np.squeeze(lse_ref, axis=axis).astype(dtype), scale=5)
+        assert_close(lsek, lse_ref.astype(dtype), scale=5)
+
+
+@pytest.mark.parametrize("shape", [(7,), (4, 33), (2, 5, 64)])
+def test_layernorm_rmsnorm(shape, rng):
+    x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    b = rng.standard_normal(shape[-1]).astype(np.float32)
+    f = ts.function(lambda x, w, b: (op.layernorm(x), op.layernorm(x, w, b, eps=1e-3),
+                                     op.rmsnorm(x), op.rmsnorm(x, w)))
+    ln, lnwb, rms, rmsw = f(x, w, b)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    sd = lambda eps: np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + eps)   # noqa: E731
+    r = np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6)
+    assert_close(ln, ((x64 - mu) / sd(1e-5)).astype(np.float32), scale=10)
+    assert_close(lnwb, ((x64 - mu) / sd(1e-3) * w + b).astype(np.float32), scale=10)
+    assert_close(rms, (x64 / r).astype(np.float32), scale=10)
+    assert_close(rmsw, (x64 / r * w).astype(np.float32), scale=10)
+
+
+def test_layer_norm_written_by_hand(rng):
+    @ts.function
+    def layer_norm(x: ts.Tensor["B", "S", "D"]) -> ts.Tensor["B", "S", "D"]:
+        mean = x.mean(axis=-1, keepdim=True)
+        var = x.var(axis=-1, keepdim=True)
+        return (x - mean) / op.sqrt(var + 1e-5)
+
+    for shape in [(4, 16, 32), (1, 1, 7), (3, 5, 257)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+        assert_close(layer_norm(x), want, scale=10)
