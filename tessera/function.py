@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 
 import numpy as np
 
@@ -52,9 +53,7 @@ class Function:
         self._checked: dict = {}        # symbolic key -> None (checked)
         self._programs: dict = {}       # concrete key -> Program
         self._last_program = None
-        code = getattr(fn, "__code__", None)
-        self._def_loc = SourceLocation(code.co_filename, code.co_firstlineno, "", self.name) \
-            if code else None
+        self._def_loc = _def_location(fn)
 
     def __repr__(self):
         params = ", ".join(f"{p.name}: {p.spec!r}" if p.spec else p.name for p in self._params)
@@ -299,6 +298,19 @@ class Function:
             raise e.with_traceback(None) from None
         return out[0] if g.output_structure == "single" else (
             tuple(out) if g.output_structure == "tuple" else out)
+
+
+def _def_location(fn):
+    """The line of the `def` itself (co_firstlineno points at the first decorator)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    line = code.co_firstlineno
+    for k in range(line, line + 20):
+        text = linecache.getline(code.co_filename, k, getattr(fn, "__globals__", None)).strip()
+        if text.startswith(("def ", "async def ")) or "lambda" in text:
+            return SourceLocation(code.co_filename, k, text, fn.__name__)
+    return SourceLocation(code.co_filename, line, "", fn.__name__)
 
 
 def evaluate(g: Graph, arrays) -> list:

@@ -72,9 +72,9 @@ class Program:
         if status:
             k = self.schedule_ir.kernels[status - 1]
             node = k.fuses[0]
-            raise RuntimeFault(f"an index is out of range in {k.name}",
-                               function=self.graph_ir.name, location=node.loc,
-                               op=node.origin or node.op,
+            raise RuntimeFault(f"an index is out of range in {k.name} (graph node "
+                               f"{node.origin or node.op})",
+                               function=self.graph_ir.name, location=node.loc, op=node.op,
                                hint="indices must lie in [-n, n) for an axis of size n")
         results, seen = [], set()
         for b in self.schedule_ir.outputs:

@@ -1,0 +1,129 @@
+"""Caches: in memory per input signature, on disk content-addressed across processes, written
+atomically, corrupt entries rebuilt."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+import tessera as ts
+from tessera.runtime import cache
+
+PROGRAM = textwrap.dedent("""
+    import numpy as np, tessera as ts
+    from tessera import op
+    @ts.function
+    def f(x: ts.Tensor["N", "D"]):
+        return op.softmax(x * 1.25 + 0.5)
+    x = np.linspace(-1, 1, 60, dtype=np.float32).reshape(6, 10)
+    y = f(x)
+    e = np.exp(x * 1.25 + 0.5 - (x * 1.25 + 0.5).max(-1, keepdims=True))
+    assert np.allclose(y, e / e.sum(-1, keepdims=True), rtol=1e-5)
+    s = ts.cache_stats()
+    print("compiles", s["compiles"], "disk_hits", s["disk_hits"])
+""")
+
+
+def run(tmp_path, **env):
+    full = dict(os.environ, TESSERA_CACHE_DIR=str(tmp_path), **env)
+    out = subprocess.run([sys.executable, "-c", PROGRAM], env=full, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_second_call_compiles_nothing(rng):
+    ts.reset_cache_stats()
+    f = ts.function(lambda x: op_chain(x))
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    f(x)
+    first = ts.cache_stats()
+    assert first["compiles"] + first["disk_hits"] == 1
+    f(x)
+    f(x + 1)                      # same signature, new values
+    after = ts.cache_stats()
+    assert after["compiles"] == first["compiles"] and after["disk_hits"] == first["disk_hits"]
+    assert after["traces"] == first["traces"] and after["memory_hits"] == 2
+    f(x[:5])                      # a new shape specialises anew
+    assert ts.cache_stats()["traces"] > after["traces"]
+
+
+def op_chain(x):
+    return (x * 2).sum(axis=0)
+
+
+def test_new_process_hits_the_disk_cache(tmp_path):
+    assert run(tmp_path) == ["compiles", "1", "disk_hits", "0"]
+    assert run(tmp_path) == ["compiles", "0", "disk_hits", "1"]
+    so = list(Path(tmp_path).rglob("*.so"))
+    assert len(so) == 1 and so[0].with_suffix(".c").exists()
+    assert not list(Path(tmp_path).rglob(".tmp-*"))
+
+
+def test_no_cache_bypasses_the_disk(tmp_path):
+    assert run(tmp_path, TESSERA_NO_CACHE="1") == ["compiles", "1", "disk_hits", "0"]
+    assert not list(Path(tmp_path).rglob("*.so"))
+
+
+def test_corrupt_entry_is_reported_and_rebuilt(tmp_path):
+    run(tmp_path)
+    so = next(Path(tmp_path).rglob("*.so"))
+    so.write_bytes(b"\x7fELF truncated")
+    full = dict(os.environ, TESSERA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-W", "always", "-c", PROGRAM], env=full,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "corrupt kernel cache entry" in out.stderr
+    assert out.stdout.split() == ["compiles", "1", "disk_hits", "0"]
+    assert run(tmp_path) == ["compiles", "0", "disk_hits", "1"]
+
+
+def test_concurrent_processes_share_one_entry(tmp_path):
+    full = dict(os.environ, TESSERA_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", PROGRAM], env=full, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert len(list(Path(tmp_path).rglob("*.so"))) == 1
+    assert not list(Path(tmp_path).rglob(".tmp-*"))
+    assert run(tmp_path) == ["compiles", "0", "disk_hits", "1"]
+
+
+def test_atomic_write_leaves_old_or_new(tmp_path):
+    target = tmp_path / "a" / "file.bin"
+    cache.atomic_write(target, b"old")
+
+    class Boom(Exception):
+        pass
+
+    class Exploding(bytes):
+        pass
+
+    real_fsync = os.fsync
+    try:
+        os.fsync = lambda fd: (_ for _ in ()).throw(Boom())
+        try:
+            cache.atomic_write(target, b"new-but-interrupted")
+        except Boom:
+            pass
+    finally:
+        os.fsync = real_fsync
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in target.parent.iterdir()] == ["file.bin"]
+
+
+def test_cache_key_covers_source_flags_and_cpu():
+    from tessera.runtime import toolchain
+    cc = toolchain.find_compiler()
+    a = toolchain.artifact_key("int x;", cc)
+    assert a == toolchain.artifact_key("int x;", cc)
+    assert a != toolchain.artifact_key("int y;", cc)
+    old = toolchain.CFLAGS
+    try:
+        toolchain.CFLAGS = old + ("-DX",)
+        assert a != toolchain.artifact_key("int x;", cc)
+    finally:
+        toolchain.CFLAGS = old
+    assert "-ffast-math" not in toolchain.CFLAGS and "-ffp-contract=off" in toolchain.CFLAGS

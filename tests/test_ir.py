@@ -1,0 +1,153 @@
+"""The four IR levels: text forms, verifiers, and each canonicalisation rewrite."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import Tensor, op
+from tessera.compiler.graph_ir import Graph
+from tessera.compiler.tile_ir import Const, Loop, Param, Store, TileKernel, Var
+from tessera.types import TensorType
+
+
+@ts.function
+def layer_norm(x: Tensor["B", "S", "D"]) -> Tensor["B", "S", "D"]:
+    mean = x.mean(axis=-1, keepdim=True)
+    var = x.var(axis=-1, keepdim=True)
+    return (x - mean) / op.sqrt(var + 1e-5)
+
+
+def ops_of(graph):
+    return [n.op for n in graph.nodes]
+
+
+def test_symbolic_graph_text_has_types_and_source_lines():
+    text = str(layer_norm.graph_ir)
+    lines = text.splitlines()
+    assert lines[0] == "graph @layer_norm(%x: f32[B,S,D]) -> f32[B,S,D] {"
+    assert lines[-2:] == ["  return %6", "}"]
+    line = layer_norm.fn.__code__.co_firstlineno
+    assert f"%0 = mean(%x) {{axis=[2], keepdim=true}}" in text
+    assert f": f32[B,S,1]  # test_ir.py:{line + 2}" in text
+    assert "const() {value=1e-05}" in text and "sqrt(%4)" in text
+    layer_norm.graph_ir.verify()
+
+
+def test_symbolic_dims_flow_through_reshape_and_concat():
+    @ts.function
+    def f(x: Tensor["B", "S", "D"]):
+        y = x.reshape(-1, x.shape[-1])
+        return op.concat([y, y], axis=0)
+
+    g = f.graph_ir
+    assert str(g.outputs[0].type) == "f32[2*B*S,D]"
+    assert "reshape(%x) {shape=[B*S,D]}" in str(g)
+
+
+def test_lowered_program_has_every_level(rng):
+    x = rng.standard_normal((4, 16, 32)).astype(np.float32)
+    prog = layer_norm.lower(x)
+    assert "graph @layer_norm [B=4, S=16, D=32](%x: f32[4,16,32])" in str(prog.graph_ir)
+    sched = prog.schedule_ir
+    assert str(sched).startswith("schedule @layer_norm [B=4, S=16, D=32] target=cpu {")
+    strategies = {k.strategy for k in sched.kernels}
+    assert {"reduce", "pointwise"} <= strategies
+    for k in sched.kernels:
+        assert k.fuses and k.knobs is not None and k.bytes > 0
+        assert all(n.origin for n in k.fuses)
+    assert "kernel k0_" in str(prog.tile_ir) and "for." in str(prog.tile_ir)
+    assert "int tessera_entry(void** b)" in prog.target_code
+    assert "-ffast-math" not in prog.target_code
+    np.testing.assert_allclose(prog(x), layer_norm(x))
+
+
+def compiled_graph(fn, *args):
+    return ts.function(fn).lower(*args).graph_ir
+
+
+def test_constant_folding(rng):
+    x = rng.standard_normal(5).astype(np.float32)
+    g = compiled_graph(lambda x: x + op.exp(op.cast(np.arange(5), ts.float32)) * 2.0, x)
+    assert ops_of(g) == ["const", "add"]
+    np.testing.assert_allclose(ts.function(lambda x: x + op.exp(op.cast(
+        np.arange(5), ts.float32)) * 2.0)(x), x + np.exp(np.arange(5, dtype=np.float32)) * 2,
+        rtol=1e-6)
+
+
+def test_cse_and_dce(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+
+    def f(x):
+        unused = op.exp(x) * 7       # noqa: F841  (dead)
+        return op.tanh(x) + op.tanh(x)
+
+    g = compiled_graph(f, x)
+    assert ops_of(g) == ["tanh", "add"]
+
+
+def test_transpose_of_transpose_and_noop_cast(rng):
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    g = compiled_graph(lambda x: x.T.T.astype(ts.float32) + 1, x)
+    assert "transpose" not in ops_of(g) and "cast" not in ops_of(g)
+    g2 = compiled_graph(lambda x: op.transpose(op.transpose(x, [1, 2, 0]), [1, 2, 0]), x)
+    assert ops_of(g2) == ["transpose"] and g2.nodes[0].attrs["perm"] == [2, 0, 1]
+    out = ts.function(lambda x: op.transpose(op.transpose(x, [1, 2, 0]), [1, 2, 0]))(x)
+    np.testing.assert_array_equal(out, x.transpose(1, 2, 0).transpose(1, 2, 0))
+
+
+def test_decomposition_marks_origins(rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    prog = ts.function(lambda x: op.softmax(x)).lower(x)
+    prim = prog.primitive_ir
+    assert {n.op for n in prim.nodes} == {"max", "sub", "exp", "sum", "div"}
+    assert all(n.origin == "%0:softmax" for n in prim.nodes)
+
+
+def test_graph_verifier_catches_malformed_ir():
+    g = Graph("bad")
+    x = g.add_param("x", TensorType(ts.float32, (3,)))
+    y = g.apply("exp", [x])
+    z = g.apply("neg", [y])
+    g.outputs = [z]
+    g.verify()
+    g.nodes.reverse()                          # use before definition
+    with pytest.raises(ts.IRVerificationError, match="before it is defined"):
+        g.verify()
+    g.nodes.reverse()
+    g.nodes[1].out.type = TensorType(ts.float32, (4,))
+    with pytest.raises(ts.IRVerificationError, match="disagrees"):
+        g.verify()
+
+
+def test_tile_verifier_catches_malformed_ir():
+    p_in = Param("a", ts.float32, (4,), "in")
+    p_out = Param("o", ts.float32, (4,), "out")
+    ok = TileKernel("k", "copy", [p_in, p_out], [Loop("i", 4, "serial", [
+        Store("o", Var("i"), Const(0.0, ts.float32))])], {})
+    ok.verify()
+    bad = TileKernel("k", "copy", [p_in, p_out], [Store("a", Const(0), Const(0.0, ts.float32))], {})
+    with pytest.raises(ts.IRVerificationError, match="not an output"):
+        bad.verify()
+    scope = TileKernel("k", "copy", [p_in, p_out], [Loop("i", 4, "serial", []),
+                                                   Store("o", Var("i"), Const(0.0, ts.float32))], {})
+    with pytest.raises(ts.IRVerificationError, match="outside its scope"):
+        scope.verify()
+
+
+def test_outputs_that_are_inputs_or_constants(rng):
+    x = rng.standard_normal(3).astype(np.float32)
+    f = ts.function(lambda x: (x, np.float32(2.0), x * 1))
+    a, b, c = f(x)
+    np.testing.assert_array_equal(a, x)
+    assert a is not x and float(b) == 2.0
+    np.testing.assert_array_equal(c, x)
+
+
+def test_static_arguments_specialise(rng):
+    @ts.function
+    def scale(x: Tensor["N"], k):
+        return x * k
+
+    x = rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_allclose(scale(x, 2.0), x * 2)
+    np.testing.assert_allclose(scale(x, 3.0), x * 3)
+    np.testing.assert_allclose(scale(x, k=0.5), x * 0.5)
