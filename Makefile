@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab test lab clean
+.PHONY: setup setup-lab test lab notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,8 @@ lab: setup-lab
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Re-execute the tutorials in place (after changing them or the compiler's printed forms).
+notebooks: setup
+	for nb in tutorials/*.ipynb; do \
+		$(BIN)/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
