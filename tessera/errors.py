@@ -53,6 +53,14 @@ class ShapeError(TesseraError):
     """Shapes that do not fit an operator, an annotation or each other."""
 
 
+class RankError(ShapeError):
+    """An argument's rank differs from its annotation's."""
+
+
+class SymbolMismatchError(ShapeError):
+    """Arguments bind one symbolic dimension to two sizes (B=4 here, B=5 there)."""
+
+
 class SymbolicValueError(ShapeError):
     """Python code asked a symbolic dimension for its number while tracing."""
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from . import dtypes as dt
 from .compiler.graph_ir import Graph, SourceLocation
-from .errors import (ArgumentError, DTypeError, ShapeError, SymbolicValueError, TesseraError)
+from .errors import (ArgumentError, DTypeError, RankError, ShapeError, SymbolicValueError,
+                     SymbolMismatchError, TesseraError)
 from .runtime import cache
 from .shapes import Sym, fmt_shape, same
 from .trace import Trace, Traced, enrich, tracing
@@ -62,20 +63,10 @@ class Function:
     # -- binding arguments ------------------------------------------------------------------------
     def _bind(self, args, kwargs):
         """(tensor arrays by param, static values, bindings) with every mismatch reported."""
-        try:
-            bound = self._sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise ArgumentError(f"{self.name}() {e}", function=self.name,
-                                location=self._def_loc,
-                                expected=f"{self.name}{self._sig}") from None
-        bound.apply_defaults()
+        bound = self._bind_python(args, kwargs)
         arrays, statics, bindings, origin = {}, {}, {}, {}
         for p in self._params:
             x = bound.arguments[p.name]
-            if isinstance(x, Traced):
-                raise ArgumentError(f"{self.name} was called with a traced tensor; calling one "
-                                    "tessera function inside another is not supported yet",
-                                    function=self.name, hint="call the plain Python function")
             if p.spec is None and not _is_arraylike(x):
                 try:
                     hash(x)
@@ -92,40 +83,53 @@ class Function:
                 e.summary = f"argument {p.name!r}: {e.summary}"
                 raise enrich(e, function=self.name) from None
             if p.spec is not None:
-                self._check_spec(p, arr, d, bindings, origin)
+                self._check_spec(p, arr.shape, d, bindings, origin)
             arrays[p.name] = arr
         return arrays, statics, bindings
 
-    def _check_spec(self, p, arr, d, bindings, origin):
+    def _bind_python(self, args, kwargs) -> inspect.BoundArguments:
+        try:
+            bound = self._sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"{self.name}() {e}", function=self.name,
+                                location=self._def_loc,
+                                expected=f"{self.name}{self._sig}") from None
+        bound.apply_defaults()
+        return bound
+
+    def _check_spec(self, p, shape, d, bindings, origin):
+        """Check one argument's dtype, rank and sizes against its annotation; bind its symbols.
+
+        `shape` may hold symbols (a call from inside another trace); those bind like sizes."""
         spec = p.spec
+        received = f"{d.short}{fmt_shape(shape)}"
         if spec.dtype is not None and spec.dtype != d:
             raise DTypeError(f"argument {p.name!r} has the wrong dtype", function=self.name,
-                             location=self._def_loc, expected=spec.type_str(),
-                             received=f"{d.short}{fmt_shape(arr.shape)}",
+                             location=self._def_loc, expected=spec.type_str(), received=received,
                              hint=f"convert with x.astype(np.{spec.dtype.name})")
         if spec.dims is None:
             return
-        if arr.ndim != len(spec.dims):
-            raise ShapeError(f"argument {p.name!r} has rank {arr.ndim}, the annotation rank "
-                             f"{len(spec.dims)}", function=self.name, location=self._def_loc,
-                             expected=spec.type_str(d), received=f"{d.short}{fmt_shape(arr.shape)}")
-        for k, (want, got) in enumerate(zip(spec.dims, arr.shape)):
+        if len(shape) != len(spec.dims):
+            raise RankError(f"argument {p.name!r} has rank {len(shape)}, the annotation rank "
+                            f"{len(spec.dims)}", function=self.name, location=self._def_loc,
+                            expected=spec.type_str(d), received=received)
+        for k, (want, got) in enumerate(zip(spec.dims, shape)):
             if isinstance(want, int):
-                if want != got:
+                if not same(want, got):
                     raise ShapeError(f"argument {p.name!r} has size {got} on axis {k}, the "
                                      f"annotation {want}", function=self.name,
                                      location=self._def_loc, expected=spec.type_str(d),
-                                     received=f"{d.short}{fmt_shape(arr.shape)}")
+                                     received=received)
                 continue
             name = str(want)
-            if name in bindings and bindings[name] != got:
-                where = origin[name]
-                raise ShapeError(f"the arguments disagree on {name}: {name}={bindings[name]} "
-                                 f"from {where}, {name}={got} from {p.name!r} axis {k}",
-                                 function=self.name, location=self._def_loc,
-                                 expected=spec.type_str(d) + f" with {name}={bindings[name]}",
-                                 received=f"{d.short}{fmt_shape(arr.shape)}")
-            bindings[name] = int(got)
+            if name in bindings and not same(bindings[name], got):
+                raise SymbolMismatchError(
+                    f"the arguments disagree on {name}: {name}={bindings[name]} from "
+                    f"{origin[name]}, {name}={got} from {p.name!r} axis {k}",
+                    function=self.name, location=self._def_loc,
+                    expected=spec.type_str(d) + f" with {name}={bindings[name]}",
+                    received=received)
+            bindings[name] = got
             origin.setdefault(name, f"{p.name!r} axis {k}")
 
     # -- tracing ----------------------------------------------------------------------------------
@@ -183,7 +187,10 @@ class Function:
                 types[p.name] = TensorType(p.spec.dtype or default_dtype, p.spec.dims)
         return types
 
-    def _check_return(self, g: Graph):
+    def _check_return(self, g: Graph, bindings=None):
+        """The result against the return annotation. Symbols of the parameters must match (by
+        symbol, or by size where the result's size is concrete and the call bound the symbol);
+        a symbol that only the annotation names takes whatever size comes out."""
         spec = self._ret_spec
         if spec is None or spec.dims is None:
             return
@@ -192,35 +199,37 @@ class Function:
                              function=self.name, location=self._def_loc)
         v = g.outputs[0]
         t = v.type
-        node = v.node
-        loc = node.loc if node is not None else self._def_loc
-        op = node.op if node is not None else None
+        params = _param_symbols(g) | set(bindings or ())
+        fresh = {}
         ok = t.rank == len(spec.dims) and (spec.dtype is None or spec.dtype == t.dtype)
-        if ok:
-            bound = {}
-            for want, got in zip(spec.dims, t.shape):
-                if isinstance(want, int) or isinstance(got, int):
-                    ok &= same(want, got) or (isinstance(want, Sym) and isinstance(got, int)
-                                              and bound.setdefault(str(want), got) == got
-                                              and str(want) not in _param_symbols(g))
-                else:
-                    ok &= same(want, got) or (str(want) not in _param_symbols(g)
-                                              and bound.setdefault(str(want), got) == got)
+        for want, got in zip(spec.dims, t.shape) if ok else ():
+            if same(want, got):
+                continue
+            name = str(want)
+            if isinstance(want, Sym) and name not in params:
+                ok &= same(fresh.setdefault(name, got), got)
+            elif isinstance(want, Sym) and isinstance(got, int) and bindings and name in bindings:
+                ok &= bindings[name] == got
+            else:
+                ok = False
         if not ok:
             hint = None
             if t.rank < len(spec.dims) and _has_reduction(g):
                 hint = "did you forget keepdim=True?"
             elif t.rank == len(spec.dims) and sorted(map(str, t.shape)) == sorted(map(str, spec.dims)):
                 hint = "the dimensions are all there in another order: a missing transpose?"
+            node = v.node
             raise ShapeError("the result does not match the return annotation",
-                             function=self.name, location=loc, op=op,
-                             expected=spec.type_str(t.dtype), received=str(t), hint=hint)
+                             function=self.name, location=node.loc if node else self._def_loc,
+                             op=node.op if node else None, expected=spec.type_str(t.dtype),
+                             received=str(t), hint=hint)
 
-    def _check_symbolic(self, arrays, statics):
+    def _check_symbolic(self, arrays, statics, bindings):
         if not any(p.spec is not None and p.spec.dims is not None for p in self._params):
             return
         key = (tuple((n, str(a.dtype), None if _spec_dims(self, n) is not None else a.shape)
-                     for n, a in arrays.items()), _static_key(statics))
+                     for n, a in arrays.items()), _static_key(statics),
+               tuple(sorted(bindings.items())) if self._ret_spec is not None else None)
         if key in self._checked:
             return
         try:
@@ -230,7 +239,7 @@ class Function:
             # trace that follows can check it.
             self._checked[key] = None
             return
-        self._check_return(g)
+        self._check_return(g, bindings)
         self._checked[key] = None
 
     # -- public -----------------------------------------------------------------------------------
@@ -256,42 +265,53 @@ class Function:
     def lower(self, *args, target: str | None = None, **kwargs):
         """The Program for these arguments: every IR level, the C source, and the compiled code."""
         try:
-            return self._program(args, kwargs, target or self.target)
+            return self._program(args, kwargs, target or self.target)[0]
         except TesseraError as e:
             raise e.with_traceback(None) from None
 
     def _program(self, args, kwargs, target):
         arrays, statics, bindings = self._bind(args, kwargs)
-        self._check_symbolic(arrays, statics)
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
                _static_key(statics))
         prog = self._programs.get(key)
         if prog is not None:
             cache.count("memory_hits")
             self._last_program = prog
-            return prog
+            return prog, arrays
+        self._check_symbolic(arrays, statics, bindings)
         types = {n: type_of_array(a) for n, a in arrays.items()}
         g = self._trace(types, statics, bindings)
         from .compiler.pipeline import compile_graph
         prog = compile_graph(g, target, g.output_structure)
-        prog.arg_names = list(arrays)
         self._programs[key] = prog
         self._last_program = prog
-        return prog
+        return prog, arrays
 
     def __call__(self, *args, **kwargs):
+        if _inside_trace(args, kwargs):
+            return self._inline(args, kwargs)
         try:
-            prog = self._program(args, kwargs, self.target)
-            arrays, _, _ = self._bind(args, kwargs)
+            prog, arrays = self._program(args, kwargs, self.target)
             return prog(*arrays.values())
         except TesseraError as e:
             raise e.with_traceback(None) from None
+
+    def _inline(self, args, kwargs):
+        """Called on traced tensors from inside another tessera function: check the annotations
+        against the traced types, then trace the body into the caller's graph."""
+        bound = self._bind_python(args, kwargs)
+        bindings, origin = {}, {}
+        for p in self._params:
+            x = bound.arguments[p.name]
+            if p.spec is not None and isinstance(x, Traced):
+                self._check_spec(p, x.shape, x.dtype, bindings, origin)
+        return self.fn(*bound.args, **bound.kwargs)
 
     def interpret(self, *args, **kwargs):
         """Run the traced graph with each operator's NumPy reference (no compiler involved)."""
         try:
             arrays, statics, bindings = self._bind(args, kwargs)
-            self._check_symbolic(arrays, statics)
+            self._check_symbolic(arrays, statics, bindings)
             g = self._trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)
             out = evaluate(g, list(arrays.values()))
         except TesseraError as e:
@@ -330,6 +350,10 @@ def evaluate(g: Graph, arrays) -> list:
     return [np.array(env[v.id]) for v in g.outputs]
 
 
+def _inside_trace(args, kwargs) -> bool:
+    return any(isinstance(a, Traced) for a in (*args, *kwargs.values()))
+
+
 def _is_arraylike(x) -> bool:
     return isinstance(x, (np.ndarray, np.generic, list)) or hasattr(x, "__array__")
 
@@ -350,8 +374,8 @@ def _param_symbols(g: Graph) -> set:
 
 
 def _has_reduction(g: Graph) -> bool:
-    return any(n.op not in ("const",) and n.opdef.kind in ("reduce",) or n.op in ("mean", "var")
-               for n in g.nodes if not n.attrs.get("keepdim", True))
+    """Does the graph reduce away an axis (a keepdim=False reduction)?"""
+    return any(n.op != "const" and n.attrs.get("keepdim") is False for n in g.nodes)
 
 
 def function(fn=None, *, name: str | None = None, target: str = "cpu"):

@@ -17,7 +17,7 @@ import numpy as np
 from . import dtypes as dt
 from . import ops
 from .compiler.graph_ir import Graph, SourceLocation, Value
-from .errors import ArgumentError, RuntimeFault, TesseraError
+from .errors import ArgumentError, RuntimeFault, SymbolicValueError, TesseraError
 from .types import TensorType, type_of_array
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -76,7 +76,7 @@ def is_scalar(x) -> bool:
 class Traced:
     """A tensor inside a traced function: Python operators and methods become Graph IR nodes."""
     __slots__ = ("_value", "_trace")
-    __array_priority__ = 1000     # NumPy defers to our operators (ndarray + Traced)
+    __array_ufunc__ = None        # ndarray + Traced: NumPy returns NotImplemented, we trace
 
     def __init__(self, value: Value, trace: Trace):
         self._value = value
@@ -103,6 +103,16 @@ class Traced:
         if not self.shape:
             raise TypeError("len() of a rank-0 tensor")
         return self.shape[0]
+
+    def __iter__(self):
+        n = self.shape[0] if self.shape else None
+        if n is None:
+            raise TesseraError("cannot iterate over a rank-0 tensor", location=user_location())
+        if not isinstance(n, int):
+            raise SymbolicValueError("cannot iterate over a tensor whose first axis is symbolic",
+                                     location=user_location(), received=str(self.type),
+                                     hint="index it, or leave the parameter unannotated")
+        return (self[i] for i in range(n))
 
     def __repr__(self):
         return f"<traced {self.type}>"

@@ -184,3 +184,33 @@ def test_compile_error_shows_source_path_and_log(tmp_path, monkeypatch):
     # nothing but the kept source is left: no half-written shared object
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".c")]
     assert leftovers == []
+
+
+def test_error_classes_are_specific():
+    @ts.function
+    def f(x: Tensor["B", "D"], y: Tensor["B", "D"]):
+        return x + y
+
+    with pytest.raises(ts.RankError):
+        f(x32(2, 3, 1), x32(2, 3))
+    with pytest.raises(ts.SymbolMismatchError):
+        f(x32(2, 3), x32(2, 4))
+    assert issubclass(ts.RankError, ts.ShapeError) and issubclass(ts.SymbolMismatchError,
+                                                                  ts.ShapeError)
+
+
+def test_return_annotation_uses_the_call_bindings(rng):
+    @ts.function
+    def proj(x: Tensor["B", "D"], w) -> Tensor["B", "D"]:
+        return x @ w                       # w is unannotated: its sizes are concrete
+
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(proj(x, np.eye(4, dtype=np.float32)), x, rtol=1e-6)
+    with pytest.raises(ts.ShapeError, match="return annotation"):
+        proj(x, np.ones((4, 5), np.float32))
+
+    @ts.function
+    def fresh(x: Tensor["B", "D"]) -> Tensor["B", "K"]:     # K: whatever comes out
+        return op.concat([x, x], axis=1)
+
+    assert fresh(x).shape == (3, 8)

@@ -151,3 +151,53 @@ def test_static_arguments_specialise(rng):
     np.testing.assert_allclose(scale(x, 2.0), x * 2)
     np.testing.assert_allclose(scale(x, 3.0), x * 3)
     np.testing.assert_allclose(scale(x, k=0.5), x * 0.5)
+
+
+def test_tessera_functions_compose(rng):
+    @ts.function
+    def norm(x: Tensor["N", "D"]) -> Tensor["N", "D"]:
+        return op.layernorm(x)
+
+    @ts.function
+    def block(x: Tensor["N", "D"], w: Tensor["D", "D"]) -> Tensor["N", "D"]:
+        return x + norm(op.relu(x @ w))
+
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 6)).astype(np.float32)
+    h = np.maximum(x @ w, 0)
+    want = x + (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(block(x, w), want, rtol=1e-4, atol=1e-5)
+    assert "layernorm" in str(block.graph_ir)
+
+    @ts.function
+    def wrong(x: Tensor["N", "D"]):
+        return norm(x.reshape(-1))            # rank 1 where norm wants rank 2
+
+    with pytest.raises(ts.RankError):
+        wrong(x)
+
+
+def test_numpy_arrays_and_scalars_meet_traced_tensors(rng):
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    f = ts.function(lambda x: (np.float32(2) * x, w.T @ x.T, np.ones(4, np.float32) + x))
+    a, b, c = f(x)
+    np.testing.assert_allclose(a, 2 * x)
+    np.testing.assert_allclose(b, w.T @ x.T, rtol=1e-5)
+    np.testing.assert_allclose(c, 1 + x)
+
+
+def test_iterating_a_traced_tensor(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    f = ts.function(lambda x: sum(row * i for i, row in enumerate(x)))
+    np.testing.assert_allclose(f(x), sum(r * i for i, r in enumerate(x)), rtol=1e-6)
+
+    @ts.function
+    def g(x: Tensor["N", "D"]):
+        return [r for r in x]
+
+    with pytest.raises(ts.TesseraError, match="symbolic"):
+        g.graph_ir
+    h = ts.function(lambda x: [r * 2 for r in x])
+    for got, want in zip(h(x), x * 2):
+        np.testing.assert_allclose(got, want)
