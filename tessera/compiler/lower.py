@@ -9,8 +9,8 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..ops import registry as R
 from .schedule_ir import Kernel, Schedule
-from .tile_ir import (Assign, Cast, CheckIndex, Const, Decl, Load, Loop, OpCall, Param, Select,
-                      Store, TileKernel, TileProgram, Var, linear)
+from .tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Load, Loop, OpCall, Param,
+                      Select, Store, TileKernel, TileProgram, Var, idx_add, idx_mul, linear)
 
 
 def contiguous(shape):
@@ -146,8 +146,10 @@ def lower_reduce(k: Kernel, desc, code):
     names = _Names()
     x = k.inputs[0]
     xd, od = x.type.dtype, k.output.type.dtype
-    acc_d = od if k.op == "sum" else xd
     kept_ext, kept_in, kept_out, red_ext, red_in = _groups(list(x.type.shape), set(k.attrs["axis"]))
+    if kept_in and kept_in[-1] == 1 and red_ext:
+        return _reduce_into_rows(k, names, x, kept_ext, kept_in, kept_out, red_ext, red_in)
+    acc_d = od
     outer, inner, kvars = _nest(kept_ext, names, k.knobs.get("parallel"), False)
     rloops, rinner, rvars = _nest(red_ext, names, False, False)
     acc = names("acc")
@@ -156,7 +158,30 @@ def lower_reduce(k: Kernel, desc, code):
               Assign(acc, OpCall(k.op, "combine", (), xd, acc_d, (Var(acc), Var(v))))]
     body = [Decl(acc, acc_d, OpCall(k.op, "init", (), xd, acc_d, ()))]
     body += _finish(k, rinner, rloops, update)
-    body.append(Store(k.output.name, linear(kvars, kept_out), Cast(od, Var(acc))))
+    body.append(Store(k.output.name, linear(kvars, kept_out), Var(acc)))
+    return _finish(k, inner, outer, body)
+
+
+def _reduce_into_rows(k, names, x, kept_ext, kept_in, kept_out, red_ext, red_in):
+    """The contiguous axis is kept: accumulate whole rows of the output in place, so the inner
+    loop reads memory in order and vectorises. Each output element still combines its inputs
+    in the same order as the scalar form, so the result is bitwise the same."""
+    xd, od = x.type.dtype, k.output.type.dtype
+    n = kept_ext[-1]
+    outer, inner, kvars = _nest(kept_ext[:-1], names, k.knobs.get("parallel"), False)
+    obase = linear(kvars, kept_out[:-1])
+    xbase = linear(kvars, kept_in[:-1])
+    j = names("j")
+    init = Loop(j, n, "vector", [Store(k.output.name, idx_add(obase, Var(j)),
+                                       OpCall(k.op, "init", (), xd, od, ()))])
+    rloops, rinner, rvars = _nest(red_ext, names, False, False)
+    j2, v = names("j"), names("v")
+    oidx = idx_add(obase, Var(j2))
+    update = Loop(j2, n, "vector", [
+        Decl(v, xd, Load(x.name, idx_add(linear(rvars, red_in), idx_add(xbase, Var(j2))))),
+        Store(k.output.name, oidx,
+              OpCall(k.op, "combine", (), xd, od, (Load(k.output.name, oidx), Var(v))))])
+    body = [init] + _finish(k, rinner, rloops, [update])
     return _finish(k, inner, outer, body)
 
 
@@ -200,7 +225,6 @@ def lower_contract(k: Kernel, desc, code):
     bl, binner, bvars = _nest(bext, names, par, False)
     i, kk, j, j2, av = names("i"), names("k"), names("j"), names("j"), names("a")
     abase, bbase, obase = linear(bvars, a_b), linear(bvars, b_b), linear(bvars, o_b)
-    from .tile_ir import Bin, idx_add, idx_mul
     orow = idx_add(obase, idx_mul(Var(i), Const(N)))
     oidx = lambda jv: idx_add(orow, Var(jv))   # noqa: E731
     d = out.dtype
@@ -247,7 +271,6 @@ def lower_gather(k: Kernel, desc, code):
     Q = idx.type.numel()
     outer, inner, (p, q, r) = _nest_keep([P, Q, Rn], names, k.knobs.get("parallel"), k.knobs.get("simd"))
     iv = names("idx")
-    from .tile_ir import idx_add, idx_mul
     stmts = [Decl(iv, dt.int64, Cast(dt.int64, Load(idx.name, q))),
              CheckIndex(iv, n, code)]
     src = idx_add(idx_mul(idx_add(idx_mul(p, Const(n)), Var(iv)), Const(Rn)), r)
