@@ -29,7 +29,6 @@ from .types import TensorType, spec_of, type_of_array
 class _Param:
     def __init__(self, p: inspect.Parameter):
         self.name = p.name
-        self.kind = p.kind
         self.spec = spec_of(p.annotation) if p.annotation is not inspect.Parameter.empty else None
 
 
@@ -51,7 +50,7 @@ class Function:
             raise ArgumentError(f"{self.name}: *args and **kwargs parameters are not supported")
         ret = sig.return_annotation
         self._ret_spec = None if ret is inspect.Signature.empty else spec_of(ret)
-        self._checked: dict = {}        # symbolic key -> None (checked)
+        self._checked: set = set()      # signatures whose symbolic trace has been checked
         self._programs: dict = {}       # concrete key -> Program
         self._last_program = None
         self._def_loc = _def_location(fn)
@@ -237,10 +236,10 @@ class Function:
         except (SymbolicValueError, TypeError):
             # The function computes with a size in Python (int(D), range(S)): only the concrete
             # trace that follows can check it.
-            self._checked[key] = None
+            self._checked.add(key)
             return
         self._check_return(g, bindings)
-        self._checked[key] = None
+        self._checked.add(key)
 
     # -- public -----------------------------------------------------------------------------------
     @property
@@ -259,6 +258,11 @@ class Function:
             g = self._trace(self._symbolic_types({}, dt.float32), {})
         except TesseraError as e:
             raise e.with_traceback(None) from None
+        except TypeError as e:
+            raise SymbolicValueError(f"{self.name} cannot be traced with symbolic sizes: {e}",
+                                     function=self.name, location=self._def_loc,
+                                     hint=f"its code needs sizes as numbers; use "
+                                          f"{self.name}.lower(*arrays).graph_ir") from None
         self._check_return(g)
         return g
 
