@@ -96,8 +96,13 @@ def result_type(*args) -> DType:
     np_args = [a.np if isinstance(a, DType) else a for a in args]
     try:
         return from_numpy(np.result_type(*np_args))
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise DTypeError(f"these dtypes do not promote: {e}") from None
+
+
+def native(arr: np.ndarray) -> np.ndarray:
+    """The array in this machine's byte order (kernels read raw memory)."""
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
 
 
 def default_float_for(d: DType) -> DType:

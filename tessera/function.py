@@ -21,7 +21,7 @@ from .compiler.graph_ir import Graph, SourceLocation
 from .errors import (ArgumentError, DTypeError, RankError, ShapeError, SymbolicValueError,
                      SymbolMismatchError, TesseraError)
 from .runtime import cache
-from .shapes import Sym, fmt_shape, same
+from .shapes import Sym, evaluate, fmt_shape, same
 from .trace import Trace, Traced, enrich, tracing
 from .types import TensorType, spec_of, type_of_array
 
@@ -75,7 +75,11 @@ class Function:
                                         function=self.name) from None
                 statics[p.name] = x
                 continue
-            arr = np.asarray(x)
+            try:
+                arr = np.asarray(x)
+            except ValueError as e:
+                raise ArgumentError(f"argument {p.name!r} is not an array: {e}",
+                                    function=self.name) from None
             try:
                 d = dt.from_numpy(arr.dtype)
             except DTypeError as e:
@@ -83,7 +87,7 @@ class Function:
                 raise enrich(e, function=self.name) from None
             if p.spec is not None:
                 self._check_spec(p, arr.shape, d, bindings, origin)
-            arrays[p.name] = arr
+            arrays[p.name] = dt.native(arr)
         return arrays, statics, bindings
 
     def _bind_python(self, args, kwargs) -> inspect.BoundArguments:
@@ -186,42 +190,59 @@ class Function:
                 types[p.name] = TensorType(p.spec.dtype or default_dtype, p.spec.dims)
         return types
 
-    def _check_return(self, g: Graph, bindings=None):
-        """The result against the return annotation. Symbols of the parameters must match (by
-        symbol, or by size where the result's size is concrete and the call bound the symbol);
-        a symbol that only the annotation names takes whatever size comes out."""
+    def _check_return(self, outputs, translate: dict, values: dict | None, reduced: bool):
+        """The result against the return annotation.
+
+        `translate` maps the annotation's symbols into the trace's dimensions (empty for a trace
+        made from the annotations themselves); `values` are the call's sizes, when known.
+        A symbol against another symbol must be the same symbol; a size against a symbol, or an
+        expression Tessera cannot reason about, is compared by value at the call. A symbol only
+        the return annotation names takes whatever size comes out."""
         spec = self._ret_spec
         if spec is None or spec.dims is None:
             return
-        if len(g.outputs) != 1:
-            raise ShapeError(f"{self.name} returns {len(g.outputs)} tensors; the annotation one",
+        if len(outputs) != 1:
+            raise ShapeError(f"{self.name} returns {len(outputs)} tensors; the annotation one",
                              function=self.name, location=self._def_loc)
-        v = g.outputs[0]
-        t = v.type
-        params = _param_symbols(g) | set(bindings or ())
+        t, node = outputs[0]
+        known = self._annotated_symbols() | set(translate)
         fresh = {}
         ok = t.rank == len(spec.dims) and (spec.dtype is None or spec.dtype == t.dtype)
         for want, got in zip(spec.dims, t.shape) if ok else ():
-            if same(want, got):
-                continue
             name = str(want)
-            if isinstance(want, Sym) and name not in params:
+            if isinstance(want, Sym) and name not in known:
                 ok &= same(fresh.setdefault(name, got), got)
-            elif isinstance(want, Sym) and isinstance(got, int) and bindings and name in bindings:
-                ok &= bindings[name] == got
-            else:
+                continue
+            w = translate.get(name, want) if isinstance(want, Sym) else want
+            if same(w, got):
+                continue
+            if isinstance(w, int) and isinstance(got, int):
                 ok = False
+            elif isinstance(w, Sym) and isinstance(got, Sym) and not (_opaque(w) or _opaque(got)):
+                ok = False
+            elif values is not None:
+                try:
+                    ok &= evaluate(w, values) == evaluate(got, values)
+                except KeyError:
+                    pass
         if not ok:
             hint = None
-            if t.rank < len(spec.dims) and _has_reduction(g):
+            if t.rank < len(spec.dims) and reduced:
                 hint = "did you forget keepdim=True?"
             elif t.rank == len(spec.dims) and sorted(map(str, t.shape)) == sorted(map(str, spec.dims)):
                 hint = "the dimensions are all there in another order: a missing transpose?"
-            node = v.node
             raise ShapeError("the result does not match the return annotation",
                              function=self.name, location=node.loc if node else self._def_loc,
                              op=node.op if node else None, expected=spec.type_str(t.dtype),
                              received=str(t), hint=hint)
+
+    def _check_graph_return(self, g: Graph, translate: dict, values):
+        self._check_return([(v.type, v.node) for v in g.outputs], translate, values,
+                           _has_reduction(g))
+
+    def _annotated_symbols(self) -> set:
+        return {a for p in self._params if p.spec is not None and p.spec.dims is not None
+                for d in p.spec.dims if isinstance(d, Sym) for a in d.atoms()}
 
     def _check_symbolic(self, arrays, statics, bindings):
         if not any(p.spec is not None and p.spec.dims is not None for p in self._params):
@@ -238,7 +259,7 @@ class Function:
             # trace that follows can check it.
             self._checked.add(key)
             return
-        self._check_return(g, bindings)
+        self._check_graph_return(g, {}, bindings)
         self._checked.add(key)
 
     # -- public -----------------------------------------------------------------------------------
@@ -263,7 +284,10 @@ class Function:
                                      function=self.name, location=self._def_loc,
                                      hint=f"its code needs sizes as numbers; use "
                                           f"{self.name}.lower(*arrays).graph_ir") from None
-        self._check_return(g)
+        try:
+            self._check_graph_return(g, {}, None)
+        except TesseraError as e:
+            raise e.with_traceback(None) from None
         return g
 
     def lower(self, *args, target: str | None = None, **kwargs):
@@ -285,6 +309,7 @@ class Function:
         self._check_symbolic(arrays, statics, bindings)
         types = {n: type_of_array(a) for n, a in arrays.items()}
         g = self._trace(types, statics, bindings)
+        self._check_graph_return(g, bindings, bindings)
         from .compiler.pipeline import compile_graph
         prog = compile_graph(g, target, g.output_structure)
         self._programs[key] = prog
@@ -309,7 +334,11 @@ class Function:
             x = bound.arguments[p.name]
             if p.spec is not None and isinstance(x, Traced):
                 self._check_spec(p, x.shape, x.dtype, bindings, origin)
-        return self.fn(*bound.args, **bound.kwargs)
+        result = self.fn(*bound.args, **bound.kwargs)
+        if self._ret_spec is not None and isinstance(result, Traced):
+            self._check_return([(result.type, result._value.node)], bindings, None,
+                               _has_reduction_upto(result._value))
+        return result
 
     def interpret(self, *args, **kwargs):
         """Run the traced graph with each operator's NumPy reference (no compiler involved)."""
@@ -317,7 +346,8 @@ class Function:
             arrays, statics, bindings = self._bind(args, kwargs)
             self._check_symbolic(arrays, statics, bindings)
             g = self._trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)
-            out = evaluate(g, list(arrays.values()))
+            self._check_graph_return(g, bindings, bindings)
+            out = evaluate_graph(g, list(arrays.values()))
         except TesseraError as e:
             raise e.with_traceback(None) from None
         return out[0] if g.output_structure == "single" else (
@@ -337,7 +367,7 @@ def _def_location(fn):
     return SourceLocation(code.co_filename, line, "", fn.__name__)
 
 
-def evaluate(g: Graph, arrays) -> list:
+def evaluate_graph(g: Graph, arrays) -> list:
     """Evaluate a Graph IR node by node with the NumPy references."""
     env = {p.id: np.asarray(a) for p, a in zip(g.params, arrays)}
     for n in g.nodes:
@@ -370,11 +400,26 @@ def _spec_dims(fn: Function, name):
 
 
 def _static_key(statics: dict):
-    return tuple(sorted((k, type(v).__name__, v) for k, v in statics.items()))
+    # repr, not ==: 1, 1.0, True and -0.0 trace differently though they compare equal
+    return tuple(sorted((k, type(v).__name__, repr(v)) for k, v in statics.items()))
 
 
-def _param_symbols(g: Graph) -> set:
-    return {a for p in g.params for d in p.type.shape if isinstance(d, Sym) for a in d.atoms()}
+def _opaque(d) -> bool:
+    """A dimension holding an expression Tessera cannot reason about, such as (D//3)."""
+    return isinstance(d, Sym) and any("(" in a for a in d.atoms())
+
+
+def _has_reduction_upto(v) -> bool:
+    seen, stack = set(), [v]
+    while stack:
+        x = stack.pop()
+        if x.node is None or x.id in seen:
+            continue
+        seen.add(x.id)
+        if x.node.attrs.get("keepdim") is False:
+            return True
+        stack.extend(x.node.inputs)
+    return False
 
 
 def _has_reduction(g: Graph) -> bool:

@@ -69,11 +69,16 @@ def permute(x, *perm):
 def split(x, sections, axis=-1):
     """Split along ``axis`` into ``sections`` equal parts (an int) or at the given indices."""
     import numpy as np
-    shape = x.shape if hasattr(x, "shape") else np.shape(x)
+    from .ops.registry import norm_axis
+    from .types import TensorType
+    from . import dtypes
+    shape = tuple(x.shape if hasattr(x, "shape") else np.shape(x))
     rank = len(shape)
-    ax = axis % rank if rank else 0
+    ax = norm_axis(axis, rank, TensorType(dtypes.float32, shape))
     n = shape[ax]
     if isinstance(sections, int):
+        if sections < 1:
+            raise _ArgumentError(f"op.split: sections must be >= 1, not {sections}")
         if not isinstance(n, int) or n % sections:
             raise _ArgumentError(f"op.split: axis {ax} of size {n} does not split into "
                                  f"{sections} equal parts")

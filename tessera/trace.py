@@ -16,8 +16,8 @@ import numpy as np
 
 from . import dtypes as dt
 from . import ops
-from .compiler.graph_ir import Graph, SourceLocation, Value
-from .errors import ArgumentError, RuntimeFault, SymbolicValueError, TesseraError
+from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
+from .errors import ArgumentError, DTypeError, RuntimeFault, SymbolicValueError, TesseraError
 from .types import TensorType, type_of_array
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -126,6 +126,18 @@ class Traced:
         raise TesseraError("a traced tensor cannot become a NumPy array inside a tessera function",
                            location=user_location(),
                            hint="use op.* functions (they trace), not np.* functions")
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise TesseraError(f"np.{func.__name__} cannot trace a tessera tensor",
+                           location=user_location(),
+                           hint=f"use the op.* function (e.g. op.{func.__name__}) or a method")
+
+    def _no_number(self, *a):
+        raise TesseraError("a traced tensor has no Python number value while tracing",
+                           location=user_location(), received=str(self.type),
+                           hint="keep it a tensor; use op.* to compute with it")
+
+    __float__ = __int__ = __complex__ = __index__ = _no_number
 
     # -- arithmetic -------------------------------------------------------------------------
     def __add__(self, o): return apply("add", self, o)
@@ -245,9 +257,12 @@ def _apply_traced(trace: Trace, opdef, args, attrs):
 
 
 def _as_array(a) -> np.ndarray:
-    arr = np.asarray(a)
+    try:
+        arr = np.asarray(a)
+    except ValueError as e:
+        raise ArgumentError(f"cannot make an array of {type(a).__name__}: {e}") from None
     dt.from_numpy(arr.dtype)      # raises UnsupportedDTypeError
-    return arr
+    return dt.native(arr)
 
 
 def _apply_eager(opdef, args, attrs):
@@ -259,12 +274,12 @@ def _apply_eager(opdef, args, attrs):
         arrays = []
         for k, x in enumerate(items):
             d = want[k].np if want is not None else None
-            arrays.append(np.asarray(x, dtype=d) if d is not None or not is_scalar(x)
-                          else np.asarray(x))
+            try:
+                arrays.append(np.asarray(x, dtype=d))
+            except OverflowError as e:
+                raise DTypeError(f"{x!r} does not fit in {want[k].name}: {e}") from None
         types = [type_of_array(a) for a in arrays]
-        from .compiler.graph_ir import make_attrs
-        full = make_attrs(opdef, attrs, types)
-        out_type = opdef.infer(types, full)
+        full, out_type = check_op(opdef, attrs, types)
         try:
             with np.errstate(all="ignore"):
                 result = opdef.reference(arrays, full)
@@ -310,9 +325,12 @@ def index(x: Traced, key):
             starts.append(k); stops.append(k + 1 if k != -1 else None); steps.append(1)
             out_shape.append(("drop", axis))
         elif isinstance(k, (Traced, np.ndarray, list)):
-            if array_axis is not None:
-                raise TesseraError("only one integer-array index is supported",
-                                   location=user_location(), op="take")
+            if array_axis is not None or any(
+                    isinstance(o, (int, np.integer)) and not isinstance(o, bool) for o in expanded):
+                raise TesseraError("one integer-array index is supported, without integer "
+                                   "indices beside it (NumPy would move its axes)",
+                                   location=user_location(), op="take",
+                                   hint="index in two steps: x[0][:, idx], or use op.take")
             starts.append(None); stops.append(None); steps.append(1)
             array_axis, array_index = axis, k
             out_shape.append(("take", axis))

@@ -71,9 +71,10 @@ class _TensorMeta(type):
         if items and isinstance(items[-1], (dt.DType,)):
             dtype, items = items[-1], items[:-1]
         for it in items:
-            if isinstance(it, dt.DType) or not isinstance(it, (str, int)) or isinstance(it, bool):
-                raise TypeError(f"Tensor[...] takes dimension names or ints, then an optional "
-                                f"dtype last; got {it!r}")
+            if isinstance(it, dt.DType) or not isinstance(it, (str, int)) or isinstance(it, bool) \
+                    or (isinstance(it, int) and it < 0):
+                raise TypeError(f"Tensor[...] takes dimension names or sizes >= 0, then an "
+                                f"optional dtype last; got {it!r}")
         return TensorSpec(items, dtype)
 
     def __repr__(cls):

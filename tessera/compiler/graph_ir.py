@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import ops
-from ..errors import IRVerificationError, TesseraError
+from ..errors import (ArgumentError, DTypeError, IRVerificationError, SymbolicValueError,
+                      TesseraError)
 from ..types import TensorType
 
 _ids = itertools.count()
@@ -74,6 +75,29 @@ def make_attrs(opdef, given: dict, types) -> dict:
     return attrs
 
 
+def check_op(opdef, attrs: dict, types):
+    """Normalised attrs and the result type, or a TesseraError saying what is wrong.
+
+    A TypeError or ValueError from an operator's rules means attributes of the wrong kind; with
+    symbolic sizes involved it means Python asked a symbol for a number, which the caller may
+    answer by tracing with concrete sizes instead."""
+    try:
+        attrs = make_attrs(opdef, attrs, types)
+        return attrs, opdef.infer(types, attrs)
+    except (TypeError, ValueError) as e:
+        if any(not t.is_static for t in types):
+            raise SymbolicValueError(f"{opdef.name} cannot work out its result with symbolic "
+                                     f"sizes: {e}") from None
+        raise ArgumentError(f"invalid arguments to {opdef.name}: {e}",
+                            expected=_signature(opdef)) from None
+
+
+def _signature(opdef) -> str:
+    operands = "tensors" if opdef.nin == -1 else ", ".join(f"x{i}" for i in range(opdef.nin))
+    return f"{opdef.name}({operands}" + "".join(f", {k}={v!r}" for k, v in opdef.attrs.items()) \
+        + ")"
+
+
 class Graph:
     def __init__(self, name: str, params=(), bindings=None):
         self.name = name
@@ -94,14 +118,18 @@ class Graph:
         types = [v.type for v in inputs]
         if opdef.nin >= 0 and len(inputs) != opdef.nin:
             raise TesseraError(f"{opname} takes {opdef.nin} tensor operand(s), got {len(inputs)}")
-        attrs = make_attrs(opdef, attrs or {}, types)
-        out_type = opdef.infer(types, attrs)
+        attrs, out_type = check_op(opdef, attrs or {}, types)
         node = Node(opname, inputs, attrs, out_type, loc, origin)
         self.nodes.append(node)
         return node.out
 
     def const(self, value, dtype=None, loc=None, origin=None) -> Value:
-        arr = np.array(value, dtype=None if dtype is None else dt.get(dtype).np, order="C")
+        try:
+            arr = np.array(value, dtype=None if dtype is None else dt.get(dtype).np, order="C")
+        except OverflowError as e:
+            raise DTypeError(f"the constant {value!r} does not fit in {dt.get(dtype).name}: {e}",
+                             hint="cast the tensor to a wider dtype first") from None
+        arr = dt.native(arr)
         arr.setflags(write=False)
         t = TensorType(dt.from_numpy(arr.dtype), tuple(arr.shape))
         node = Node("const", [], {"value": arr}, t, loc, origin)

@@ -72,6 +72,13 @@ def _nest(extents, names, parallel: bool, simd: bool, inner_kinds=None):
     return loops[:1], body, vars_
 
 
+def read(b, index) -> "Expr":
+    """Element `index` of buffer b; a 0-d constant the scheduler inlined is its literal."""
+    if b.role == "inline":
+        return Const(b.data.item(), b.type.dtype)
+    return Load(b.name, index)
+
+
 def _params(k: Kernel):
     ps, seen = [], set()
     for b in k.inputs:
@@ -107,10 +114,10 @@ def lower_elementwise(k: Kernel, desc, code):
     tensor_pos = {id(b): i for i, b in enumerate(tensors)}
     for b in k.inputs:
         if b.role == "inline":
-            args.append(Const(b.data.item(), b.type.dtype))
+            args.append(read(b, None))
         else:
             v = names("v")
-            stmts.append(Decl(v, b.type.dtype, Load(b.name, linear(vars_, strides[1 + tensor_pos[id(b)]]))))
+            stmts.append(Decl(v, b.type.dtype, read(b, linear(vars_, strides[1 + tensor_pos[id(b)]]))))
             args.append(Var(v))
     compute = k.inputs[-1].type.dtype
     call = OpCall(k.op, "elem", _attrs_key(k.attrs), compute, out.dtype, tuple(args))
@@ -126,7 +133,7 @@ def lower_view(k: Kernel, desc, code):
     shape = list(out.shape)
     ext, (os_, is_) = coalesce(shape, [contiguous(shape), list(in_strides)])
     loops, inner, vars_ = _nest(ext, names, k.knobs.get("parallel"), k.knobs.get("simd"))
-    stmt = Store(k.output.name, linear(vars_, os_), Load(src.name, linear(vars_, is_, offset)))
+    stmt = Store(k.output.name, linear(vars_, os_), read(src, linear(vars_, is_, offset)))
     return _finish(k, inner, loops, [stmt])
 
 
@@ -154,7 +161,7 @@ def lower_reduce(k: Kernel, desc, code):
     rloops, rinner, rvars = _nest(red_ext, names, False, False)
     acc = names("acc")
     v = names("v")
-    update = [Decl(v, xd, Load(x.name, linear(kvars + rvars, kept_in + red_in))),
+    update = [Decl(v, xd, read(x, linear(kvars + rvars, kept_in + red_in))),
               Assign(acc, OpCall(k.op, "combine", (), xd, acc_d, (Var(acc), Var(v))))]
     body = [Decl(acc, acc_d, OpCall(k.op, "init", (), xd, acc_d, ()))]
     body += _finish(k, rinner, rloops, update)
@@ -178,7 +185,7 @@ def _reduce_into_rows(k, names, x, kept_ext, kept_in, kept_out, red_ext, red_in)
     j2, v = names("j"), names("v")
     oidx = idx_add(obase, Var(j2))
     update = Loop(j2, n, "vector", [
-        Decl(v, xd, Load(x.name, idx_add(linear(rvars, red_in), idx_add(xbase, Var(j2))))),
+        Decl(v, xd, read(x, idx_add(linear(rvars, red_in), idx_add(xbase, Var(j2))))),
         Store(k.output.name, oidx,
               OpCall(k.op, "combine", (), xd, od, (Load(k.output.name, oidx), Var(v))))])
     body = [init] + _finish(k, rinner, rloops, [update])
@@ -198,11 +205,11 @@ def lower_argreduce(k: Kernel, desc, code):
     outer, inner, kvars = _nest(kept_ext, names, k.knobs.get("parallel"), False)
     base = linear(kvars, kept_in)
     bi, bv, v, better = names("best_i"), names("best_v"), names("v"), names("better")
-    body = [Decl(bi, dt.int64, Const(0)), Decl(bv, xd, Load(x.name, base))]
+    body = [Decl(bi, dt.int64, Const(0)), Decl(bv, xd, read(x, base))]
     if red_ext:
         r = names("r")
         loop = Loop(r, red_ext[0], "serial", [
-            Decl(v, xd, Load(x.name, linear([*kvars, Var(r)], kept_in + red_in))),
+            Decl(v, xd, read(x, linear([*kvars, Var(r)], kept_in + red_in))),
             Decl(better, dt.bool_, OpCall(k.op, "better", (), xd, dt.bool_, (Var(v), Var(bv)))),
             Assign(bv, Select(Var(better), Var(v), Var(bv))),
             Assign(bi, Select(Var(better), Var(r), Var(bi)))])
@@ -232,10 +239,10 @@ def lower_contract(k: Kernel, desc, code):
     row = Loop(i, M, "parallel" if par and not bext else "serial", [
         Loop(j, N, simd, [Store(k.output.name, oidx(j), Const(0, d))]),
         Loop(kk, K_, "serial", [
-            Decl(av, d, Load(a.name, idx_add(idx_add(abase, idx_mul(Var(i), Const(K_))), Var(kk)))),
+            Decl(av, d, read(a, idx_add(idx_add(abase, idx_mul(Var(i), Const(K_))), Var(kk)))),
             Loop(j2, N, simd, [Store(k.output.name, oidx(j2), Bin("+", Load(k.output.name, oidx(j2)),
-                 Bin("*", Var(av), Load(b.name, idx_add(idx_add(bbase, idx_mul(Var(kk), Const(N))),
-                                                         Var(j2))))))])])])
+                 Bin("*", Var(av), read(b, idx_add(idx_add(bbase, idx_mul(Var(kk), Const(N))),
+                                                   Var(j2))))))])])])
     return _finish(k, binner, bl, [row])
 
 
@@ -250,7 +257,7 @@ def lower_concat(k: Kernel, desc, code):
         ext, (is_, os_) = coalesce(shape, [contiguous(shape), list(ocs)])
         loops, inner, vars_ = _nest(ext, names, k.knobs.get("parallel"), k.knobs.get("simd"))
         st = Store(k.output.name, linear(vars_, os_, offset * ocs[axis]),
-                   Cast(out.dtype, Load(b.name, linear(vars_, is_))))
+                   Cast(out.dtype, read(b, linear(vars_, is_))))
         stmts += _finish(k, inner, loops, [st])
         offset += b.type.shape[axis]
     return stmts
@@ -271,12 +278,12 @@ def lower_gather(k: Kernel, desc, code):
     Q = idx.type.numel()
     outer, inner, (p, q, r) = _nest_keep([P, Q, Rn], names, k.knobs.get("parallel"), k.knobs.get("simd"))
     iv = names("idx")
-    stmts = [Decl(iv, dt.int64, Cast(dt.int64, Load(idx.name, q))),
+    stmts = [Decl(iv, dt.int64, Cast(dt.int64, read(idx, q))),
              CheckIndex(iv, n, code)]
     src = idx_add(idx_mul(idx_add(idx_mul(p, Const(n)), Var(iv)), Const(Rn)), r)
     dst = idx_add(idx_mul(idx_add(idx_mul(p, Const(Q)), q), Const(Rn)), r)
     # The index load belongs outside the innermost (row) loop; keep it simple and correct here.
-    stmts.append(Store(k.output.name, dst, Load(x.name, src)))
+    stmts.append(Store(k.output.name, dst, read(x, src)))
     return _finish(k, inner, outer, stmts)
 
 

@@ -31,8 +31,6 @@ class Program:
         self.target = target
         self._lib = library
         self._entry = getattr(library, ENTRY)
-        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._entry.restype = ctypes.c_int
         self.output_structure = output_structure
 
     @property
@@ -52,7 +50,8 @@ class Program:
                                     f"%{p.param_name}: {p.type}", expected=str(p.type),
                                     received=str(type_of_array(a)),
                                     hint="call the tessera function instead: it specialises anew")
-        inputs = {p.param_name: np.require(a, requirements="C") for p, a in zip(params, arrays)}
+        inputs = {p.param_name: np.require(a, dtype=p.type.dtype.np, requirements="C")
+                  for p, a in zip(params, arrays)}
         poison = os.environ.get("TESSERA_POISON") == "1"
         table = {}
         for b in self.tile_ir.buffers:

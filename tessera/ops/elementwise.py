@@ -75,6 +75,17 @@ def elementwise(name, nin, dtype_rule, c, reference, flops=1, helpers=None, attr
     return register(opdef)
 
 
+def _pow_ref(a, b):
+    if a.dtype.kind != "i":
+        return np.power(a, b)
+    # NumPy raises for negative integer exponents; the kernel cannot, so both give what the
+    # exact result rounds to toward zero: 1 and -1 stay +-1, everything else becomes 0.
+    out = np.power(a, np.maximum(b, 0))
+    neg = b < 0
+    return np.where(neg, np.where(a == 1, 1, np.where(a == -1, np.where(b % 2, -1, 1), 0)),
+                    out).astype(out.dtype)
+
+
 def _erf_ref(x):
     out = np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), dtype=np.float64)
     return out.astype(x.dtype)
@@ -145,7 +156,7 @@ with np.errstate(all="ignore"):
                 lambda a, t: np.true_divide(a[0], a[1]), doc="a / b (true division)")
     elementwise("pow", 2, binary_arith(allow_bool=False),
                 {"f": "pow{F}({0}, {1})", "i": "ts_ipow_{S}({0}, {1})"},
-                lambda a, t: np.power(a[0], a[1]), flops=8,
+                lambda a, t: _pow_ref(a[0], a[1]), flops=8,
                 helpers={"i": "TS_INLINE {T} ts_ipow_{S}({T} b, {T} e) { {T} r = 1; "
                               "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
                               " while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }"},

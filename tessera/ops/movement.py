@@ -27,11 +27,13 @@ def _transpose_normalize(types, attrs):
         perm = list(range(rank))
         if rank >= 2:
             perm[-2], perm[-1] = perm[-1], perm[-2]
-    perm = [int(p) for p in perm]
-    if sorted(p % rank if rank else p for p in perm) != list(range(rank)) or len(perm) != rank:
-        raise ShapeError(f"perm {perm} is not a permutation of the {rank} axes",
+    if not isinstance(perm, (list, tuple)) or len(perm) != rank:
+        raise ShapeError(f"perm {perm!r} is not a permutation of the {rank} axes",
                          received=str(types[0]))
-    return {"perm": [p % rank for p in perm]}
+    perm = [norm_axis(p, rank, types[0]) for p in perm]
+    if sorted(perm) != list(range(rank)):
+        raise ShapeError(f"perm {perm} repeats an axis", received=str(types[0]))
+    return {"perm": perm}
 
 
 register(OpDef(
@@ -42,13 +44,30 @@ register(OpDef(
     doc="permute axes; default swaps the last two (like .T)"))
 
 
+def as_dims(shape, what: str) -> list:
+    """A user's shape argument as a list of ints (NumPy ints accepted) and symbols."""
+    if isinstance(shape, (int, np.integer, Sym)):
+        shape = [shape]
+    if not isinstance(shape, (list, tuple)):
+        raise ShapeError(f"{what} needs a shape (a list of sizes), not {shape!r}")
+    out = []
+    for d in shape:
+        if isinstance(d, Sym):
+            out.append(d.simplify())
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)):
+            out.append(int(d))
+        else:
+            raise ShapeError(f"{what}: a size must be an int or a symbolic size, not {d!r}")
+    return out
+
+
 # ---- reshape -----------------------------------------------------------------------------------
 def _has_opaque(dims) -> bool:
     return any(isinstance(d, Sym) and any("(" in a for a in d.atoms()) for d in dims)
 
 
 def resolve_reshape(t: TensorType, shape) -> tuple:
-    shape = list(shape)
+    shape = as_dims(shape, "reshape")
     if sum(1 for d in shape if isinstance(d, int) and d == -1) > 1:
         raise ShapeError("reshape takes at most one -1", received=str(shape))
     for d in shape:
@@ -68,12 +87,16 @@ def resolve_reshape(t: TensorType, shape) -> tuple:
             q = Sym.lift(total) // known
         shape[i] = q
     out = tuple(shape)
-    if not same(prod(out), total) and not _has_opaque(out + tuple(t.shape)):
-        if all(isinstance(d, int) for d in out + tuple(t.shape)) or \
-                (isinstance(prod(out), Sym) or isinstance(total, Sym)):
-            raise ShapeError(f"reshape must keep the number of elements ({total})",
-                             expected=f"{t.dtype.short}[... {total} elements]",
-                             received=f"{t.dtype.short}{fmt_shape(out)}")
+    new = prod(out)
+    # Provably different counts fail here: two numbers, or two symbolic products. A symbol
+    # against a number (N vs 12) is left to the call's concrete trace, like broadcasting.
+    both_static = isinstance(new, int) and isinstance(total, int)
+    both_symbolic = isinstance(new, Sym) and isinstance(total, Sym)
+    if not same(new, total) and (both_static or (both_symbolic and
+                                                 not _has_opaque(out + tuple(t.shape)))):
+        raise ShapeError(f"reshape must keep the number of elements ({total})",
+                         expected=f"{t.dtype.short}[... {total} elements]",
+                         received=f"{t.dtype.short}{fmt_shape(out)}")
     return out
 
 
@@ -89,7 +112,7 @@ register(OpDef(
 # ---- broadcast_to ------------------------------------------------------------------------------
 def _broadcast_to_infer(ts, a):
     t = ts[0]
-    target = tuple(a["shape"])
+    target = tuple(as_dims(a["shape"], "broadcast_to"))
     if len(target) < t.rank:
         raise ShapeError("broadcast_to cannot drop axes", expected=fmt_shape(target),
                          received=str(t))
@@ -109,7 +132,7 @@ def _broadcast_strides(ti, to, a):
 
 register(OpDef(
     "broadcast_to", "movement", 1, {"shape": None},
-    normalize=lambda ts, a: {"shape": list(a["shape"])},
+    normalize=lambda ts, a: {"shape": as_dims(a["shape"], "broadcast_to")},
     infer=_broadcast_to_infer,
     reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
     lowering=View(_broadcast_strides), doc="repeat size-1 (and missing leading) axes"))
@@ -118,6 +141,8 @@ register(OpDef(
 # ---- slice -------------------------------------------------------------------------------------
 def slice_dim(n, start, stop, step, axis, t):
     """The (start, stop, step, length) of a Python slice over a dimension, symbolic or not."""
+    start, stop, step = (_slice_bound(v, t) for v in (start, stop, step))
+    step = 1 if step is None else step
     if step == 0:
         raise ShapeError("slice step cannot be zero", received=str(t))
     if isinstance(n, int):
@@ -129,13 +154,27 @@ def slice_dim(n, start, stop, step, axis, t):
         raise ShapeError(f"axis {axis} has the symbolic size {n}: only step-1 slices are "
                          "supported on it", received=str(t),
                          hint="leave this parameter unannotated to trace with concrete sizes")
-    s0 = 0 if start is None else (start if start >= 0 else n + start)
-    s1 = n if stop is None else (stop if stop >= 0 else n + stop)
+    # Python's clamping needs the size: on a symbolic axis the slice is assumed to fit, and the
+    # call's concrete trace (which clamps exactly) is what runs.
+    s0 = 0 if start is None else (start if isinstance(start, Sym) or start >= 0 else n + start)
+    s1 = n if stop is None else (stop if isinstance(stop, Sym) or stop >= 0 else n + stop)
     return s0, s1, 1, s1 - s0
+
+
+def _slice_bound(v, t):
+    if v is None or isinstance(v, Sym):
+        return v
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return int(v)
+    raise ShapeError(f"slice bounds must be ints, not {v!r}", received=str(t))
 
 
 def _slice_normalize(ts, a):
     t = ts[0]
+    if not all(isinstance(a[k], (list, tuple)) for k in ("starts", "stops")) or \
+            not isinstance(a["steps"] or [], (list, tuple)):
+        raise ShapeError("slice needs lists of starts, stops (and steps), one per axis",
+                         received=str(t))
     starts, stops, steps = list(a["starts"]), list(a["stops"]), list(a["steps"] or [1] * t.rank)
     if not len(starts) == len(stops) == len(steps) == t.rank:
         raise ShapeError("slice needs one start, stop and step per axis", received=str(t))
@@ -176,6 +215,8 @@ register(OpDef(
 
 # ---- concat ------------------------------------------------------------------------------------
 def _concat_dtypes(ds, attrs):
+    if not ds:
+        raise ShapeError("concat needs at least one tensor")
     d = dt.result_type(*ds)
     return [d] * len(ds), d
 
@@ -187,8 +228,8 @@ def _concat_infer(ts, a):
     r = ts[0].rank
     if r == 0:
         raise ShapeError("concat of rank-0 tensors", received=", ".join(map(str, ts)),
-                         hint="use op.stack-like reshape to rank 1 first")
-    axis = norm_axis(int(a["axis"]), r, ts[0])
+                         hint="reshape them to rank 1 first")
+    axis = norm_axis(a["axis"], r, ts[0])
     total = 0
     for t in ts:
         if t.rank != r or not all(same(x, y) for k, (x, y) in enumerate(zip(t.shape, ts[0].shape))
@@ -203,7 +244,7 @@ def _concat_infer(ts, a):
 
 register(OpDef(
     "concat", "movement", -1, {"axis": 0}, infer=_concat_infer, dtype_rule=_concat_dtypes,
-    normalize=lambda ts, a: {"axis": norm_axis(int(a["axis"]), ts[0].rank, ts[0])} if ts and ts[0].rank else a,
+    normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])} if ts else a,
     reference=lambda xs, a: np.concatenate(xs, axis=a["axis"]), lowering=Concat(),
     doc="join tensors along an existing axis"))
 
@@ -216,7 +257,7 @@ def _take_infer(ts, a):
                          received=str(idx))
     if x.rank == 0:
         raise ShapeError("take from a rank-0 tensor", received=str(x))
-    axis = norm_axis(int(a["axis"]), x.rank, x)
+    axis = norm_axis(a["axis"], x.rank, x)
     return x.with_shape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
 
 
@@ -230,7 +271,7 @@ def _take_ref(xs, a):
 
 register(OpDef(
     "take", "movement", 2, {"axis": 0}, infer=_take_infer,
-    normalize=lambda ts, a: {"axis": norm_axis(int(a["axis"]), ts[0].rank, ts[0])} if ts[0].rank else a,
+    normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])},
     reference=_take_ref, lowering=Gather(),
     doc="select slices by integer indices along an axis (an embedding lookup with axis=0); "
         "negative indices count from the end, out-of-range indices raise"))
@@ -239,7 +280,7 @@ register(OpDef(
 # ---- expand_dims / squeeze (reshape in disguise) -------------------------------------------------
 def _expand_shape(t, axis):
     r = t.rank + 1
-    axis = norm_axis(int(axis), r, t)
+    axis = norm_axis(axis, r, t.with_shape(t.shape + (1,)))
     return t.shape[:axis] + (1,) + t.shape[axis:]
 
 
@@ -247,7 +288,7 @@ def _squeeze_shape(t, axis):
     if axis is None:
         return tuple(d for d in t.shape if not same(d, 1))
     axes = axis if isinstance(axis, (list, tuple)) else [axis]
-    axes = {norm_axis(int(x), t.rank, t) for x in axes}
+    axes = {norm_axis(x, t.rank, t) for x in axes}
     for k in axes:
         if not same(t.shape[k], 1):
             raise ShapeError(f"squeeze of axis {k}, which has size {t.shape[k]}, not 1",

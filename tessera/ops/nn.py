@@ -19,12 +19,12 @@ def _float_input(b, x):
 
 
 def _axis_normalize(ts, a):
-    return {**a, "axis": norm_axis(int(a["axis"]), ts[0].rank, ts[0])}
+    return {**a, "axis": norm_axis(a["axis"], ts[0].rank, ts[0])}
 
 
 def _same_shape_float(ts, a):
     t = ts[0]
-    norm_axis(int(a["axis"]), t.rank, t)
+    norm_axis(a["axis"], t.rank, t)
     return TensorType(dt.default_float_for(t.dtype), t.shape)
 
 
@@ -76,7 +76,7 @@ register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_same_shape_fl
 # logsumexp -------------------------------------------------------------------------------------
 def _lse_infer(ts, a):
     t = ts[0]
-    ax = norm_axis(int(a["axis"]), t.rank, t)
+    ax = norm_axis(a["axis"], t.rank, t)
     shape = tuple(1 if k == ax else d for k, d in enumerate(t.shape)) if a["keepdim"] else \
         tuple(d for k, d in enumerate(t.shape) if k != ax)
     return TensorType(dt.default_float_for(t.dtype), shape)

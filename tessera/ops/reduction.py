@@ -83,7 +83,7 @@ def _arg_normalize(types, attrs):
     axis = attrs["axis"]
     if isinstance(axis, (list, tuple)):
         raise ShapeError("argmax/argmin take one axis or None", received=str(list(axis)))
-    return {**attrs, "axis": None if axis is None else norm_axis(int(axis), t.rank, t),
+    return {**attrs, "axis": None if axis is None else norm_axis(axis, t.rank, t),
             "keepdim": bool(attrs["keepdim"])}
 
 
@@ -142,7 +142,7 @@ def _var_decompose(b, xs, attrs):
     m = b.op("mean", x, axis=list(axes), keepdim=True)
     d = b.op("sub", x, m)
     s = b.op("sum", b.op("mul", d, d), axis=list(axes), keepdim=attrs["keepdim"])
-    return b.op("div", s, b.const(_count(t, axes) - attrs["correction"], f))
+    return b.op("div", s, b.const(max(_count(t, axes) - attrs["correction"], 0), f))
 
 
 register(OpDef(

@@ -8,6 +8,7 @@ generic lowerings read (an elementwise C expression, a reduction, a contraction,
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -112,22 +113,29 @@ def tstr(types) -> str:
     return ", ".join(str(t) for t in types)
 
 
-def norm_axis(axis: int, rank: int, t: TensorType, what="axis") -> int:
-    if not -rank <= axis < max(rank, 1) or (rank == 0 and axis not in (0, -1)):
+def norm_axis(axis, rank: int, t: TensorType, what="axis") -> int:
+    try:
+        axis = operator.index(axis)
+    except TypeError:
+        raise ShapeError(f"{what} must be an integer, not {axis!r}", received=str(t)) from None
+    if rank == 0:
+        raise ShapeError(f"a rank-0 tensor has no {what} {axis}", received=str(t),
+                         hint="use axis=None, or reshape to rank 1 first")
+    if not -rank <= axis < rank:
         raise ShapeError(f"{what} {axis} is out of range for a rank-{rank} tensor",
                          expected=f"{what} in [{-rank}, {rank - 1}]", received=str(t))
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def norm_axes(axis, t: TensorType) -> tuple:
     if axis is None:
         return tuple(range(t.rank))
     if isinstance(axis, (list, tuple)):
-        axes = tuple(norm_axis(int(a), t.rank, t) for a in axis)
+        axes = tuple(norm_axis(a, t.rank, t) for a in axis)
         if len(set(axes)) != len(axes):
             raise ShapeError(f"repeated axis in {tuple(axis)}", received=str(t))
         return tuple(sorted(axes))
-    return (norm_axis(int(axis), t.rank, t),)
+    return (norm_axis(axis, t.rank, t),)
 
 
 def broadcast_shapes(types) -> tuple:

@@ -67,6 +67,7 @@ def artifact_key(source: str, cc: str) -> str:
     return h.hexdigest()
 
 
+ENTRY = "tessera_entry"         # the one symbol every generated program exports
 _loaded: dict[str, ctypes.CDLL] = {}
 _reported_corrupt: set[str] = set()
 
@@ -81,7 +82,7 @@ def build(source: str, name: str = "program") -> ctypes.CDLL:
         tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
         so = tmpdir / f"{name}.so"
         _compile(cc, source, so, tmpdir / f"{name}.c", name)
-        lib = ctypes.CDLL(str(so))
+        lib = _open(so)
     else:
         so = cache.cache_dir() / "kernels" / key[:2] / f"{key}.so"
         lib = _load_or_build(cc, source, so, name, key)
@@ -90,18 +91,20 @@ def build(source: str, name: str = "program") -> ctypes.CDLL:
 
 
 def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
+    stale = False
     if so.exists():
         try:
-            lib = ctypes.CDLL(str(so))
+            lib = _open(so)
             cache.count("disk_hits")
             return lib
-        except OSError as e:
+        except (OSError, AttributeError) as e:
             if key not in _reported_corrupt:
                 _reported_corrupt.add(key)
                 warnings.warn(f"tessera: corrupt kernel cache entry {so} ({e}); rebuilding it",
                               RuntimeWarning, stacklevel=3)
             cache.count("rebuilt_corrupt")
             so.unlink(missing_ok=True)
+            stale = True
     so.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=".tmp-", suffix=".so")
     os.close(fd)
@@ -111,7 +114,25 @@ def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return ctypes.CDLL(str(so))
+    if stale:
+        # The dynamic loader knows the broken file by this path and would hand back its handle:
+        # load the rebuilt one through a link of another name.
+        alias = so.with_name(f".{so.stem}.{os.getpid()}.so")
+        os.link(so, alias)
+        try:
+            return _open(alias)
+        finally:
+            alias.unlink()
+    return _open(so)
+
+
+def _open(so: Path) -> ctypes.CDLL:
+    """Load a shared object and type its entry point (AttributeError if it has none)."""
+    lib = ctypes.CDLL(str(so))
+    entry = getattr(lib, ENTRY)
+    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    entry.restype = ctypes.c_int
+    return lib
 
 
 def _compile(cc: str, source: str, out: Path, src_path: Path, name: str):

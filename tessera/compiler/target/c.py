@@ -3,9 +3,8 @@ taking the buffer table."""
 from __future__ import annotations
 
 from ..tile_ir import Loop, TileKernel, TileProgram
+from ...runtime.toolchain import ENTRY
 from .cstyle import CStyleRenderer
-
-ENTRY = "tessera_entry"
 
 
 class CRenderer(CStyleRenderer):
