@@ -18,8 +18,9 @@ import numpy as np
 
 from . import dtypes as dt
 from .compiler.graph_ir import Graph, SourceLocation
-from .errors import (ArgumentError, DTypeError, RankError, ShapeError, SymbolicValueError,
-                     SymbolMismatchError, TesseraError)
+from .errors import (ArgumentError, DTypeError, RankError, RuntimeFault, ShapeError,
+                     SymbolicValueError, SymbolMismatchError, TesseraError)
+from .ops.registry import run_reference
 from .runtime import cache
 from .shapes import Sym, evaluate, fmt_shape, same
 from .trace import Trace, Traced, enrich, tracing
@@ -374,12 +375,10 @@ def evaluate_graph(g: Graph, arrays) -> list:
         if n.op == "const":
             env[n.out.id] = n.attrs["value"]
             continue
-        with np.errstate(all="ignore"):
-            try:
-                r = n.opdef.reference([env[v.id] for v in n.inputs], n.attrs)
-            except IndexError as e:
-                from .errors import RuntimeFault
-                raise RuntimeFault(str(e), function=g.name, location=n.loc, op=n.op) from None
+        try:
+            r = run_reference(n.opdef, [env[v.id] for v in n.inputs], n.attrs)
+        except IndexError as e:
+            raise RuntimeFault(str(e), function=g.name, location=n.loc, op=n.op) from None
         env[n.out.id] = np.asarray(r, dtype=n.out.type.dtype.np)
     return [np.array(env[v.id]) for v in g.outputs]
 

@@ -17,6 +17,7 @@ import numpy as np
 from . import dtypes as dt
 from . import ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
+from .ops.registry import run_reference
 from .errors import ArgumentError, DTypeError, RuntimeFault, SymbolicValueError, TesseraError
 from .types import TensorType, type_of_array
 
@@ -281,8 +282,7 @@ def _apply_eager(opdef, args, attrs):
         types = [type_of_array(a) for a in arrays]
         full, out_type = check_op(opdef, attrs, types)
         try:
-            with np.errstate(all="ignore"):
-                result = opdef.reference(arrays, full)
+            result = run_reference(opdef, arrays, full)
         except IndexError as e:
             raise RuntimeFault(str(e)) from None
         return np.asarray(result, dtype=out_type.dtype.np)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from ..ops.registry import run_reference
 from ..shapes import same
 from .graph_ir import Builder, Graph, Node, Value
 
@@ -19,11 +20,10 @@ def fold_constants(g: Graph, n: Node):
     if not n.out.type.is_static or n.out.type.numel() > FOLD_LIMIT:
         return None
     arrays = [v.node.attrs["value"] for v in n.inputs]
-    with np.errstate(all="ignore"):
-        try:
-            result = n.opdef.reference(arrays, n.attrs)
-        except Exception:
-            return None                 # leave it for the kernel to report
+    try:
+        result = run_reference(n.opdef, arrays, n.attrs)
+    except IndexError:
+        return None                     # leave it for the kernel to report
     return _insert_const(g, n, np.asarray(result, dtype=n.out.type.dtype.np))
 
 

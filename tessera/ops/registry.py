@@ -9,6 +9,7 @@ generic lowerings read (an elementwise C expression, a reduction, a contraction,
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -190,6 +191,14 @@ def weak_or_dtype(x):
 
 def ref_errstate():
     return np.errstate(all="ignore")
+
+
+def run_reference(opdef: OpDef, arrays, attrs):
+    """An operator's NumPy reference, quietly: IEEE results (inf, nan) are answers here, not
+    events to warn about."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return opdef.reference(arrays, attrs)
 
 
 def check_no_bool(d: dt.DType, opname: str):
