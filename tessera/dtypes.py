@@ -70,8 +70,19 @@ def get(x) -> DType:
     return from_numpy(npd)
 
 
+_FROM_NUMPY: dict = {}
+
+
 def from_numpy(npd: np.dtype) -> DType:
-    npd = np.dtype(npd)
+    hit = _FROM_NUMPY.get(npd)
+    if hit is not None:
+        return hit
+    d = _from_numpy(np.dtype(npd))
+    _FROM_NUMPY[npd] = d            # only supported dtypes get here
+    return d
+
+
+def _from_numpy(npd: np.dtype) -> DType:
     if npd.name == "bfloat16":
         d = bfloat16
     else:

@@ -31,6 +31,9 @@ class _Param:
     def __init__(self, p: inspect.Parameter):
         self.name = p.name
         self.spec = spec_of(p.annotation) if p.annotation is not inspect.Parameter.empty else None
+        # each annotated dimension as (size, None) or (None, symbol name), for fast binding
+        self.dims = None if self.spec is None or self.spec.dims is None else [
+            (d, None) if isinstance(d, int) else (None, str(d)) for d in self.spec.dims]
 
 
 class Function:
@@ -106,26 +109,25 @@ class Function:
 
         `shape` may hold symbols (a call from inside another trace); those bind like sizes."""
         spec = p.spec
-        received = f"{d.short}{fmt_shape(shape)}"
+        received = f"{d.short}{fmt_shape(shape)}"      # for the messages below
         if spec.dtype is not None and spec.dtype != d:
             raise DTypeError(f"argument {p.name!r} has the wrong dtype", function=self.name,
                              location=self._def_loc, expected=spec.type_str(), received=received,
                              hint=f"convert with x.astype(np.{spec.dtype.name})")
-        if spec.dims is None:
+        if p.dims is None:
             return
-        if len(shape) != len(spec.dims):
+        if len(shape) != len(p.dims):
             raise RankError(f"argument {p.name!r} has rank {len(shape)}, the annotation rank "
-                            f"{len(spec.dims)}", function=self.name, location=self._def_loc,
+                            f"{len(p.dims)}", function=self.name, location=self._def_loc,
                             expected=spec.type_str(d), received=received)
-        for k, (want, got) in enumerate(zip(spec.dims, shape)):
-            if isinstance(want, int):
+        for k, ((want, name), got) in enumerate(zip(p.dims, shape)):
+            if name is None:
                 if not same(want, got):
                     raise ShapeError(f"argument {p.name!r} has size {got} on axis {k}, the "
                                      f"annotation {want}", function=self.name,
                                      location=self._def_loc, expected=spec.type_str(d),
                                      received=received)
                 continue
-            name = str(want)
             if name in bindings and not same(bindings[name], got):
                 raise SymbolMismatchError(
                     f"the arguments disagree on {name}: {name}={bindings[name]} from "

@@ -31,11 +31,29 @@ class Program:
         self.target = target
         self._lib = library
         self._entry = getattr(library, ENTRY)
+        self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
+        self._plan = self._launch_plan()
         self.output_structure = output_structure
 
     @property
     def kernels(self):
         return self.schedule_ir.kernels
+
+    def _launch_plan(self):
+        """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
+        ("alloc", shape, dtype, poison value). Worked out once per program."""
+        param_index = {p.param_name: k for k, p in enumerate(self.graph_ir.params)}
+        plan = []
+        for b in self.tile_ir.buffers:
+            if b.role == "input":
+                plan.append(("input", param_index[b.name]))
+            elif b.role == "const":
+                plan.append(("const", b.data))
+            else:
+                d = b.type.dtype
+                poison = np.nan if d.is_float else (True if d.is_bool else -987654321)
+                plan.append(("alloc", tuple(b.type.shape), d.np, poison))
+        return plan
 
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
@@ -43,30 +61,28 @@ class Program:
         if len(arrays) != len(params):
             raise ArgumentError(f"program @{self.graph_ir.name} takes {len(params)} arrays, "
                                 f"got {len(arrays)}")
-        arrays = [np.asarray(a) for a in arrays]
-        for p, a in zip(params, arrays):
-            if type_of_array(a) != p.type:
+        inputs = []
+        for p, a, (npd, shape) in zip(params, arrays, self._param_types):
+            a = np.asarray(a)
+            if a.shape != shape or a.dtype.kind != npd.kind or a.dtype.itemsize != npd.itemsize:
                 raise ArgumentError(f"program @{self.graph_ir.name} was specialised for "
                                     f"%{p.param_name}: {p.type}", expected=str(p.type),
                                     received=str(type_of_array(a)),
                                     hint="call the tessera function instead: it specialises anew")
-        inputs = {p.param_name: np.require(a, dtype=p.type.dtype.np, requirements="C")
-                  for p, a in zip(params, arrays)}
+            inputs.append(np.require(a, dtype=npd, requirements="C"))
         poison = os.environ.get("TESSERA_POISON") == "1"
-        table = {}
-        for b in self.tile_ir.buffers:
-            if b.role == "input":
-                table[b.name] = inputs[b.name]
-            elif b.role == "const":
-                table[b.name] = b.data
+        table = []
+        for step in self._plan:
+            if step[0] == "input":
+                table.append(inputs[step[1]])
+            elif step[0] == "const":
+                table.append(step[1])
             else:
-                arr = np.empty(tuple(b.type.shape), dtype=b.type.dtype.np)
+                arr = np.empty(step[1], dtype=step[2])
                 if poison:
-                    arr.fill(np.nan if b.type.dtype.is_float else
-                             (True if b.type.dtype.is_bool else -987654321))
-                table[b.name] = arr
-        ptrs = (ctypes.c_void_p * max(1, len(table)))(
-            *[table[b.name].ctypes.data for b in self.tile_ir.buffers])
+                    arr.fill(step[3])
+                table.append(arr)
+        ptrs = (ctypes.c_void_p * max(1, len(table)))(*[a.ctypes.data for a in table])
         status = self._entry(ptrs)
         if status:
             k = self.schedule_ir.kernels[status - 1]
@@ -75,12 +91,13 @@ class Program:
                                f"{node.origin or node.op})",
                                function=self.graph_ir.name, location=node.loc, op=node.op,
                                hint="indices must lie in [-n, n) for an axis of size n")
+        by_name = {b.name: arr for b, arr in zip(self.tile_ir.buffers, table)}
         results, seen = [], set()
         for b in self.schedule_ir.outputs:
             if b.role == "inline":
                 arr = np.array(b.data)
             else:
-                arr = table[b.name]
+                arr = by_name[b.name]
                 if b.role in ("input", "const") or b.name in seen:
                     arr = np.array(arr, copy=True)
             seen.add(b.name)
