@@ -29,6 +29,23 @@ def assert_close(got, want, dtype=None, rtol=None, atol=None, scale=1.0):
                                equal_nan=True)
 
 
+def assert_within_dot_bound(got, a, b):
+    """A matmul against the float64 product, within the classical forward error bound of a
+    K-term dot product in the inputs' precision: |err| <= K * eps * (|a| @ |b|) (+ a tiny floor)."""
+    got = np.asarray(got)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = a64 @ b64
+    if got.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want.astype(got.dtype))
+        return
+    k = a.shape[-1]
+    eps = np.finfo(got.dtype).eps
+    bound = k * eps * (np.abs(a64) @ np.abs(b64)) + np.finfo(got.dtype).tiny
+    err = np.abs(got.astype(np.float64) - want)
+    assert got.shape == want.shape and got.dtype == np.result_type(a, b)
+    assert (err <= bound).all(), f"max err {err.max()} over bound {bound[err > bound].min()}"
+
+
 @pytest.fixture
 def rng(request):
     # fresh inputs every run; the seed is printed on failure so a case can be replayed

@@ -10,7 +10,9 @@ from conftest import assert_close
 
 
 def f32(rng, *shape, lo=-3, hi=3):
-    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+    # float64: normalising 3 values can be ill-conditioned (a tiny variance), which no float32
+    # tolerance survives; float32 accuracy is tested with error bounds in the other files
+    return rng.uniform(lo, hi, size=shape)
 
 
 # name -> (inputs from rng, attrs)
