@@ -48,22 +48,22 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, axis=-1):
     """(x - mean) / sqrt(var + eps) over ``axis``, then ``* weight + bias`` when given."""
     y = _layernorm(x, axis=axis, eps=eps)
     if weight is not None:
-        y = mul(y, weight)          # noqa: F821 (made above from the registry)
+        y = _apply("mul", y, weight)
     if bias is not None:
-        y = add(y, bias)            # noqa: F821
+        y = _apply("add", y, bias)
     return y
 
 
 def rmsnorm(x, weight=None, eps=1e-6, axis=-1):
     """x / sqrt(mean(x*x) + eps) over ``axis``, then ``* weight`` when given."""
     y = _rmsnorm(x, axis=axis, eps=eps)
-    return y if weight is None else mul(y, weight)   # noqa: F821
+    return y if weight is None else _apply("mul", y, weight)
 
 
 def permute(x, *perm):
     """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
     perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm
-    return transpose(x, list(perm))                  # noqa: F821
+    return _apply("transpose", x, perm=list(perm))
 
 
 def split(x, sections, axis=-1):
@@ -90,13 +90,13 @@ def split(x, sections, axis=-1):
         starts = [None] * rank
         stops = [None] * rank
         starts[ax], stops[ax] = lo, hi
-        parts.append(slice(x, starts=starts, stops=stops, steps=[1] * rank))  # noqa: F821
+        parts.append(_apply("slice", x, starts=starts, stops=stops, steps=[1] * rank))
     return parts
 
 
 def embedding(table, ids):
     """Rows of ``table`` picked by integer ``ids``: ``take(table, ids, axis=0)``."""
-    return take(table, ids, axis=0)                 # noqa: F821
+    return _apply("take", table, ids, axis=0)
 
 
 gather = embedding

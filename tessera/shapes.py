@@ -214,9 +214,5 @@ def prod(dims) -> Dim:
     return out.simplify() if isinstance(out, Sym) else out
 
 
-def fmt_dim(d: Dim) -> str:
-    return str(d)
-
-
 def fmt_shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"

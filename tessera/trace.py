@@ -361,7 +361,3 @@ def index(x: Traced, key):
         y = apply("reshape", y, shape=shape)
     return y
 
-
-def check_tensor_arg(a, what: str):
-    if isinstance(a, Traced):
-        raise ArgumentError(f"{what} got a traced tensor from another function")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import dtypes as dt
-from .shapes import Dim, dim, fmt_shape, is_static
+from .shapes import dim, fmt_shape, is_static
 
 
 @dataclass(frozen=True)

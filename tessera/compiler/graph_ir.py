@@ -137,13 +137,6 @@ class Graph:
         return node.out
 
     # -- queries --------------------------------------------------------------------------------
-    def users(self) -> dict:
-        u = {}
-        for n in self.nodes:
-            for v in n.inputs:
-                u.setdefault(v.id, []).append(n)
-        return u
-
     def names(self) -> dict:
         """Display names: parameters by name, node results numbered in order."""
         names = {p.id: f"%{p.param_name}" for p in self.params}

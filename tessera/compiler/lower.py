@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..ops import registry as R
 from .schedule_ir import Kernel, Schedule
-from .tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Load, Loop, OpCall, Param,
+from .tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Expr, Load, Loop, OpCall, Param,
                       Select, Store, TileKernel, TileProgram, Var, idx_add, idx_mul, linear)
 
 
@@ -72,7 +72,7 @@ def _nest(extents, names, parallel: bool, simd: bool, inner_kinds=None):
     return loops[:1], body, vars_
 
 
-def read(b, index) -> "Expr":
+def read(b, index) -> Expr:
     """Element `index` of buffer b; a 0-d constant the scheduler inlined is its literal."""
     if b.role == "inline":
         return Const(b.data.item(), b.type.dtype)

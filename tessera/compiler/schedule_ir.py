@@ -42,10 +42,6 @@ class Kernel:
     flops: int = 0
     bytes: int = 0
 
-    @property
-    def nodes(self) -> list:
-        return self.fuses
-
     def fused_labels(self) -> list[str]:
         return [n.origin or n.op for n in self.fuses]
 
@@ -58,10 +54,6 @@ class Schedule:
         self.buffers: list[Buffer] = buffers
         self.kernels: list[Kernel] = kernels
         self.outputs: list[Buffer] = outputs
-
-    def buffer_index(self) -> dict:
-        """Position of each runtime buffer in the argument table the entry point takes."""
-        return {b.name: i for i, b in enumerate(b for b in self.buffers if b.role != "inline")}
 
     @property
     def flops(self) -> int:

@@ -110,10 +110,6 @@ def get(name: str) -> OpDef:
 
 
 # ---- helpers shared by the shape rules ---------------------------------------------------------
-def tstr(types) -> str:
-    return ", ".join(str(t) for t in types)
-
-
 def norm_axis(axis, rank: int, t: TensorType, what="axis") -> int:
     try:
         axis = operator.index(axis)
@@ -177,16 +173,6 @@ def _broadcast_fail(types, axis):
     raise ShapeError(f"shapes do not broadcast at axis {axis}",
                      expected="equal dimensions or 1 on every axis (right-aligned)",
                      received=" and ".join(shapes), hint=hint)
-
-
-def require(cond: bool, err_cls, msg: str, **kw):
-    if not cond:
-        raise err_cls(msg, **kw)
-
-
-def weak_or_dtype(x):
-    """What result_type() takes for an operand: a DType or a weak Python scalar."""
-    return x.dtype if isinstance(x, TensorType) else x
 
 
 def ref_errstate():
