@@ -6,8 +6,8 @@ from . import graph  # noqa: E402
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
 from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
                      CompilerNotFoundError, DTypeError, IRVerificationError, RankError,
-                     RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
-                     TesseraError, UnsupportedDTypeError)
+                     ResourceError, RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
+                     TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
@@ -17,5 +17,5 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
-    "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "cache_stats", "reset_cache_stats", "errors",
+    "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors",
 ]

@@ -77,6 +77,10 @@ class ArgumentError(TesseraError):
     """Wrong number or kind of arguments to a Tessera function or operator."""
 
 
+class TracingError(TesseraError):
+    """A traced tensor used where a concrete value is needed (if, float(), np.* functions)."""
+
+
 class CompileError(TesseraError):
     """The system compiler rejected generated code; the message holds its log and the source path."""
 
@@ -97,5 +101,5 @@ class RuntimeFault(TesseraError):
     """A kernel detected bad data while running (an index out of range, say)."""
 
 
-class CacheError(TesseraError):
-    """The kernel cache could not be read or written."""
+class ResourceError(TesseraError):
+    """Memory for a program's buffers could not be had."""

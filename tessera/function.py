@@ -373,7 +373,13 @@ def _def_location(fn):
 def evaluate_graph(g: Graph, arrays) -> list:
     """Evaluate a Graph IR node by node with the NumPy references."""
     env = {p.id: np.asarray(a) for p, a in zip(g.params, arrays)}
+    live = {v.id for v in g.outputs}
+    for n in reversed(g.nodes):        # a result nobody uses is not computed (as when compiled)
+        if n.out.id in live:
+            live.update(v.id for v in n.inputs)
     for n in g.nodes:
+        if n.out.id not in live:
+            continue
         if n.op == "const":
             env[n.out.id] = n.attrs["value"]
             continue

@@ -18,7 +18,8 @@ from . import dtypes as dt
 from . import ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
 from .ops.registry import run_reference
-from .errors import ArgumentError, DTypeError, RuntimeFault, SymbolicValueError, TesseraError
+from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
+                     TesseraError, TracingError)
 from .types import TensorType, type_of_array
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -77,7 +78,6 @@ def is_scalar(x) -> bool:
 class Traced:
     """A tensor inside a traced function: Python operators and methods become Graph IR nodes."""
     __slots__ = ("_value", "_trace")
-    __array_ufunc__ = None        # ndarray + Traced: NumPy returns NotImplemented, we trace
 
     def __init__(self, value: Value, trace: Trace):
         self._value = value
@@ -108,7 +108,7 @@ class Traced:
     def __iter__(self):
         n = self.shape[0] if self.shape else None
         if n is None:
-            raise TesseraError("cannot iterate over a rank-0 tensor", location=user_location())
+            raise TracingError("cannot iterate over a rank-0 tensor", location=user_location())
         if not isinstance(n, int):
             raise SymbolicValueError("cannot iterate over a tensor whose first axis is symbolic",
                                      location=user_location(), received=str(self.type),
@@ -119,22 +119,33 @@ class Traced:
         return f"<traced {self.type}>"
 
     def __bool__(self):
-        raise TesseraError("a traced tensor has no truth value while tracing",
+        raise TracingError("a traced tensor has no truth value while tracing",
                            location=user_location(),
                            hint="use op.where(cond, a, b) instead of Python if/while on tensors")
 
     def __array__(self, *a, **k):
-        raise TesseraError("a traced tensor cannot become a NumPy array inside a tessera function",
+        raise TracingError("a traced tensor cannot become a NumPy array inside a tessera function",
                            location=user_location(),
                            hint="use op.* functions (they trace), not np.* functions")
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """np.exp(t), ndarray + t, np.maximum(t, 0): NumPy ufuncs trace as their operators."""
+        name = _ufunc_ops().get(ufunc.__name__)
+        if method != "__call__" or name is None or kwargs:
+            what = ufunc.__name__ + ("" if method == "__call__" else f".{method}")
+            raise TracingError(f"np.{what} cannot trace a tessera tensor"
+                               + (" with keyword arguments" if name and kwargs else ""),
+                               location=user_location(),
+                               hint="use the op.* function, or a method of the tensor")
+        return apply(name, *inputs)
+
     def __array_function__(self, func, types, args, kwargs):
-        raise TesseraError(f"np.{func.__name__} cannot trace a tessera tensor",
+        raise TracingError(f"np.{func.__name__} cannot trace a tessera tensor",
                            location=user_location(),
                            hint=f"use the op.* function (e.g. op.{func.__name__}) or a method")
 
     def _no_number(self, *a):
-        raise TesseraError("a traced tensor has no Python number value while tracing",
+        raise TracingError("a traced tensor has no Python number value while tracing",
                            location=user_location(), received=str(self.type),
                            hint="keep it a tensor; use op.* to compute with it")
 
@@ -180,7 +191,7 @@ class Traced:
         return apply("reshape", self, shape=list(shape))
 
     def astype(self, dtype):
-        return apply("cast", self, dtype=dt.get(dtype).name)
+        return apply("cast", self, dtype=dtype)
 
     def sum(self, axis=None, keepdim=False): return apply("sum", self, axis=axis, keepdim=keepdim)
     def mean(self, axis=None, keepdim=False): return apply("mean", self, axis=axis, keepdim=keepdim)
@@ -206,6 +217,16 @@ class Traced:
         return index(self, key)
 
 
+def _ufunc_ops() -> dict:
+    global _UFUNC_OPS
+    if _UFUNC_OPS is None:
+        _UFUNC_OPS = {d.ufunc: d.name for d in ops.REGISTRY.values() if d.ufunc}
+    return _UFUNC_OPS
+
+
+_UFUNC_OPS = None
+
+
 # ---- the one door ------------------------------------------------------------------------------
 def apply(name: str, *args, **attrs):
     opdef = ops.get(name)
@@ -214,7 +235,7 @@ def apply(name: str, *args, **attrs):
     traced = [a for a in flat if isinstance(a, Traced)]
     if traced:
         if trace is None or any(a._trace is not trace for a in traced):
-            raise TesseraError(f"{name} got a tensor traced in another function (or one that "
+            raise TracingError(f"{name} got a tensor traced in another function (or one that "
                                "escaped its trace)", location=user_location(), op=name,
                                hint="pass tensors between tessera functions as arguments")
         return _apply_traced(trace, opdef, flat, attrs)
@@ -295,10 +316,10 @@ def index(x: Traced, key):
     if not isinstance(key, tuple):
         key = (key,)
     if sum(1 for k in key if k is Ellipsis) > 1:
-        raise TesseraError("an index can hold one ... at most", location=user_location())
+        raise ArgumentError("an index can hold one ... at most", location=user_location())
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if n_real > x.ndim:
-        raise TesseraError(f"too many indices ({n_real}) for a rank-{x.ndim} tensor",
+        raise ShapeError(f"too many indices ({n_real}) for a rank-{x.ndim} tensor",
                            location=user_location(), op="slice", received=str(x.type))
     expanded = []
     for k in key:
@@ -320,14 +341,14 @@ def index(x: Traced, key):
             k = int(k)
             n = x.shape[axis]
             if isinstance(n, int) and not -n <= k < n:
-                raise TesseraError(f"index {k} is out of range for axis {axis} of size {n}",
+                raise ShapeError(f"index {k} is out of range for axis {axis} of size {n}",
                                    location=user_location(), op="slice", received=str(x.type))
             starts.append(k); stops.append(k + 1 if k != -1 else None); steps.append(1)
             out_shape.append(("drop", axis))
         elif isinstance(k, (Traced, np.ndarray, list)):
             if array_axis is not None or any(
                     isinstance(o, (int, np.integer)) and not isinstance(o, bool) for o in expanded):
-                raise TesseraError("one integer-array index is supported, without integer "
+                raise ArgumentError("one integer-array index is supported, without integer "
                                    "indices beside it (NumPy would move its axes)",
                                    location=user_location(), op="take",
                                    hint="index in two steps: x[0][:, idx], or use op.take")
@@ -335,7 +356,7 @@ def index(x: Traced, key):
             array_axis, array_index = axis, k
             out_shape.append(("take", axis))
         else:
-            raise TesseraError(f"unsupported index {k!r}", location=user_location(), op="slice",
+            raise ArgumentError(f"unsupported index {k!r}", location=user_location(), op="slice",
                                hint="use slices, ints, None, ... or one integer array")
         axis += 1
     y = x

@@ -127,3 +127,66 @@ def test_cache_key_covers_source_flags_and_cpu():
     finally:
         toolchain.CFLAGS = old
     assert "-ffast-math" not in toolchain.CFLAGS and "-ffp-contract=off" in toolchain.CFLAGS
+
+
+def test_damaged_entry_is_never_mapped(tmp_path):
+    # flipped bytes inside a valid-looking ELF would crash dlopen (SIGBUS/SIGSEGV): the digest
+    # beside each entry catches it first
+    run(tmp_path)
+    so = next(Path(tmp_path).rglob("*.so"))
+    data = bytearray(so.read_bytes())
+    for k in range(2000, min(len(data), 12000), 7):
+        data[k] ^= 0xFF
+    so.write_bytes(bytes(data))
+    full = dict(os.environ, TESSERA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-W", "always", "-c", PROGRAM], env=full,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "corrupt kernel cache entry" in out.stderr and "digest" in out.stderr
+    assert out.stdout.split() == ["compiles", "1", "disk_hits", "0"]
+    assert run(tmp_path) == ["compiles", "0", "disk_hits", "1"]
+
+
+def test_unusable_cache_dir_falls_back_with_a_warning(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    full = dict(os.environ, TESSERA_CACHE_DIR=str(blocker / "cache"))
+    out = subprocess.run([sys.executable, "-W", "always", "-c", PROGRAM], env=full,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "cannot be used" in out.stderr and "TESSERA_CACHE_DIR" in out.stderr
+    assert out.stdout.split() == ["compiles", "1", "disk_hits", "0"]
+
+
+def test_no_cache_names_files_itself_and_cleans_up(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    evil = ts.function(lambda x: x * 7 + 1, name="../../escape" + "x" * 300)
+    np.testing.assert_array_equal(evil(np.ones(3, np.float32)), np.full(3, 8, np.float32))
+    assert list(tmp_path.iterdir()) == []                 # nothing left, nothing outside
+    assert not (tmp_path.parent.parent / "escape").exists()
+
+
+def test_threads_build_each_program_once(tmp_path, monkeypatch):
+    import threading
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    ts.reset_cache_stats()
+    fns = [ts.function(lambda x, k=k: x * (k + 2.5)) for k in range(3)]
+    x = np.arange(5, dtype=np.float32)
+    errors = []
+
+    def work(i):
+        try:
+            f = fns[i % 3]
+            np.testing.assert_array_equal(f(x), x * np.float32(i % 3 + 2.5))
+        except Exception as e:          # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert ts.cache_stats()["compiles"] == 3

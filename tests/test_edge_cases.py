@@ -246,3 +246,81 @@ def test_symbolic_reshape_against_a_number_is_checked_at_the_call(rng):
     assert_close(fixed(np.ones(3, np.float32)), np.ones(3, np.float32))
     with pytest.raises(ts.ShapeError):
         fixed(np.ones(4, np.float32))
+
+
+@pytest.mark.parametrize("name", ["out0", "INFINITY", "t0", "i0", "in0", "ts_status", "int",
+                                  "float", "double", "bool", "true", "int64_t", "expf", "b"])
+def test_parameter_names_never_reach_generated_code(name):
+    g = {"op": op}
+    exec(compile(f"def f({name}, y):\n    return op.exp({name}) + y * 2, {name} * 3\n",
+                 "<cell>", "exec"), g)
+    a = np.arange(4, dtype=np.float32)
+    e, t = ts.function(g["f"])(a, a)
+    assert_close(e, np.exp(a) + a * 2, scale=2)
+    assert_close(t, a * 3)
+
+
+def test_numpy_ufuncs_trace_as_operators(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 2)).astype(np.float32)
+    f = ts.function(lambda x: (np.exp(x), np.maximum(x, 0), np.matmul(x, w), np.negative(x),
+                               np.ones(4, np.float32) * x, x > np.zeros(4, np.float32)))
+    outs = f(x)
+    wants = (np.exp(x), np.maximum(x, 0), None, -x, x, x > 0)
+    for got, want in zip(outs, wants):
+        if want is not None:
+            assert_close(got, want, scale=2)
+    assert "matmul" in str(f.lower(x).graph_ir)
+    with pytest.raises(ts.TracingError, match="np.add.reduce"):
+        ts.function(lambda x: np.add.reduce(x))(x)
+    with pytest.raises(ts.TracingError, match="keyword"):
+        ts.function(lambda x: np.exp(x, dtype=np.float64))(x)
+
+
+def test_softmax_over_an_empty_axis_names_the_line():
+    x = np.zeros((0, 3), np.float32)
+    for fn in (lambda x: op.softmax(x, axis=0), lambda x: op.logsumexp(x, axis=0)):
+        with pytest.raises(ts.ShapeError, match="empty axis") as e:
+            ts.function(fn)(x)
+        assert "test_edge_cases.py:" in str(e.value)
+        with pytest.raises(ts.ShapeError, match="empty axis"):
+            ts.interpret(ts.function(fn), x)
+    assert ts.function(lambda x: op.softmax(x, axis=1))(x).shape == (0, 3)
+
+
+def test_interpret_skips_dead_code_like_the_compiler():
+    def f(x, i):
+        unused = op.take(x, i)       # noqa: F841  out of range, but never used
+        return x * 2
+
+    x = np.ones(3, np.float32)
+    i = np.array([7])
+    assert_close(ts.function(f)(x, i), x * 2)
+    assert_close(ts.interpret(f, x, i), x * 2)
+
+
+def test_sizes_beyond_int64_indexing_are_shape_errors():
+    x = np.ones(1, np.float32)
+    with pytest.raises(ts.ShapeError, match="too large") as e:
+        ts.function(lambda x: op.sum(op.broadcast_to(x, (2 ** 63,))))(x)
+    assert "test_edge_cases.py:" in str(e.value)
+
+
+def test_unallocatable_buffer_is_a_resource_error():
+    x = np.ones(1, np.float32)
+    with pytest.raises(ts.ResourceError, match="broadcast_to") as e:
+        ts.function(lambda x: op.sum(op.broadcast_to(x, (2 ** 42,))))(x)
+    assert "test_edge_cases.py:" in str(e.value)
+
+
+def test_misuse_of_traced_tensors_is_a_tracing_error():
+    x = np.ones(3, np.float32)
+    for fn in (lambda x: x if x > 0 else x, lambda x: float(x), lambda x: np.sum(x),
+               lambda x: np.asarray(x) + 1):
+        with pytest.raises(ts.TracingError):
+            ts.function(fn)(x)
+    with pytest.raises(ts.ShapeError, match="out of range"):
+        ts.function(lambda x: x[5])(x)
+    with pytest.raises(ts.UnsupportedDTypeError) as e:
+        ts.function(lambda x: x.astype(np.float16))(x)
+    assert "test_edge_cases.py:" in str(e.value)

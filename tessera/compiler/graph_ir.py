@@ -164,9 +164,22 @@ class Graph:
     # -- checking -------------------------------------------------------------------------------
     def verify(self):
         defined = {p.id for p in self.params}
-        if len(defined) != len(self.params):
+        names = [p.param_name for p in self.params]
+        if len(defined) != len(self.params) or len(set(names)) != len(names):
             raise IRVerificationError(f"graph @{self.name}: a parameter is defined twice")
+        if not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise IRVerificationError(f"graph @{self.name}: parameter names must be identifiers")
+        if not self.outputs:
+            raise IRVerificationError(f"graph @{self.name}: the graph returns nothing")
         for n in self.nodes:
+            if n.op != "const" and n.op not in ops.REGISTRY:
+                raise IRVerificationError(f"graph @{self.name}: unknown operator {n.op!r}")
+            if n.op == "const" and not isinstance(n.attrs.get("value"), np.ndarray):
+                raise IRVerificationError(f"graph @{self.name}: a const without an array value")
+            nin = -1 if n.op == "const" else n.opdef.nin
+            if nin >= 0 and len(n.inputs) != nin or n.op == "const" and n.inputs:
+                raise IRVerificationError(f"graph @{self.name}: {n.op} has {len(n.inputs)} "
+                                          "operands")
             for v in n.inputs:
                 if v.id not in defined:
                     raise IRVerificationError(f"graph @{self.name}: {n.op} uses a value before "

@@ -84,7 +84,7 @@ def _params(k: Kernel):
     for b in k.inputs:
         if b.role != "inline" and b.name not in seen:
             seen.add(b.name)
-            ps.append(Param(b.name, b.type.dtype, b.type.shape, "in"))
+            ps.append(Param(b.name, b.type.dtype, b.type.shape, "in", b.label))
     ps.append(Param(k.output.name, k.output.type.dtype, k.output.type.shape, "out"))
     return ps
 

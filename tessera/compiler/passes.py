@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from ..errors import TesseraError
 from ..ops.registry import run_reference
 from ..shapes import same
 from .graph_ir import Builder, Graph, Node, Value
@@ -149,7 +150,12 @@ def decompose(g: Graph) -> Graph:
             vmap[n.out.id] = c.out
             continue
         inputs = [vmap[v.id] for v in n.inputs]
-        vmap[n.out.id] = emit(n.op, inputs, n.attrs, n.loc, origin)
+        try:
+            vmap[n.out.id] = emit(n.op, inputs, n.attrs, n.loc, origin)
+        except TesseraError as e:
+            if e.location is None:
+                e.location, e.op = n.loc, n.op
+            raise
     out.outputs = [vmap[v.id] for v in g.outputs]
     return out
 

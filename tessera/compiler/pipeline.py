@@ -7,7 +7,8 @@ import os
 
 import numpy as np
 
-from ..errors import ArgumentError, BackendUnavailableError, RuntimeFault
+from ..errors import (ArgumentError, BackendUnavailableError, ResourceError, RuntimeFault,
+                      ShapeError)
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
@@ -42,17 +43,16 @@ class Program:
     def _launch_plan(self):
         """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
         ("alloc", shape, dtype, poison value). Worked out once per program."""
-        param_index = {p.param_name: k for k, p in enumerate(self.graph_ir.params)}
         plan = []
         for b in self.tile_ir.buffers:
             if b.role == "input":
-                plan.append(("input", param_index[b.name]))
+                plan.append(("input", b.param))
             elif b.role == "const":
                 plan.append(("const", b.data))
             else:
                 d = b.type.dtype
                 poison = np.nan if d.is_float else (True if d.is_bool else -987654321)
-                plan.append(("alloc", tuple(b.type.shape), d.np, poison))
+                plan.append(("alloc", tuple(b.type.shape), d.np, poison, b))
         return plan
 
     def run(self, *arrays):
@@ -78,7 +78,10 @@ class Program:
             elif step[0] == "const":
                 table.append(step[1])
             else:
-                arr = np.empty(step[1], dtype=step[2])
+                try:
+                    arr = np.empty(step[1], dtype=step[2])
+                except MemoryError:
+                    raise self._no_memory(step[4]) from None
                 if poison:
                     arr.fill(step[3])
                 table.append(arr)
@@ -104,6 +107,14 @@ class Program:
             results.append(arr)
         return results
 
+    def _no_memory(self, b):
+        node = next(k.fuses[0] for k in self.schedule_ir.kernels if k.output is b)
+        return ResourceError(f"cannot allocate {b.nbytes / 2**30:.1f} GiB for {b.name}, the "
+                             f"result of {node.origin or node.op}", function=self.graph_ir.name,
+                             location=node.loc, op=node.op, received=str(b.type),
+                             hint="a broadcast is materialised in memory for now; reduce before "
+                                  "broadcasting, or use smaller shapes")
+
     def __call__(self, *arrays):
         out = self.run(*arrays)
         return out[0] if self.output_structure in (None, "single") else \
@@ -118,12 +129,25 @@ class Program:
                 f"{len(self.schedule_ir.kernels)} kernels>")
 
 
+MAX_ELEMENTS = 2 ** 62      # indices are int64 in generated code; keep products far from overflow
+
+
+def check_sizes(g: Graph):
+    for n in g.nodes:
+        t = n.out.type
+        if t.numel() > MAX_ELEMENTS:
+            raise ShapeError(f"a tensor of {t.numel()} elements is too large to compile",
+                             function=g.name, location=n.loc, op=n.op, received=str(t),
+                             expected=f"at most 2**62 elements")
+
+
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None) -> Program:
     if target not in TARGETS:
         raise BackendUnavailableError(f"target {target!r} is not available yet",
                                       expected=" or ".join(TARGETS))
     g = canonicalize(graph.clone()).verify()
     prim = canonicalize(decompose(g)).verify()
+    check_sizes(prim)
     schedule = build_schedule(prim, target).verify()
     tile = lower_schedule(schedule).verify()
     source = render_c(tile)

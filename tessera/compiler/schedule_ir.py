@@ -5,6 +5,7 @@ Graph IR nodes it fuses, the buffers it reads and writes, its knobs and its cost
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..errors import IRVerificationError
@@ -12,12 +13,17 @@ from ..types import TensorType
 from .graph_ir import format_attrs, format_value
 
 
+_IDENT = re.compile(r"^[a-z][a-z0-9_]*$")     # lower case: no clash with C macros or types
+
+
 @dataclass
 class Buffer:
-    name: str
+    name: str                      # an identifier the compiler chose: safe in any target language
     type: TensorType
     role: str                      # input | output | temp | const | inline
     data: object = None            # the array of a const or inline buffer
+    param: int | None = None       # inputs: which parameter of the graph
+    label: str = ""                # inputs: the user's parameter name, for display
 
     @property
     def nbytes(self) -> int:
@@ -26,7 +32,7 @@ class Buffer:
     def ref(self) -> str:
         if self.role == "inline":
             return format_value(self.data)
-        return ("%" if self.role == "input" else "") + self.name
+        return f"%{self.label}" if self.role == "input" else self.name
 
 
 @dataclass
@@ -60,7 +66,14 @@ class Schedule:
         return sum(k.flops for k in self.kernels)
 
     def verify(self):
-        known = {b.name for b in self.buffers}
+        names = [b.name for b in self.buffers]
+        if len(set(names)) != len(names):
+            raise IRVerificationError(f"schedule @{self.name}: two buffers share a name")
+        bad = [n for n in names if not _IDENT.match(n)]
+        if bad:
+            raise IRVerificationError(f"schedule @{self.name}: buffer name {bad[0]!r} is not a "
+                                      "plain identifier")
+        known = set(names)
         written = {b.name for b in self.buffers if b.role in ("input", "const", "inline")}
         for k in self.kernels:
             for b in k.inputs:

@@ -20,8 +20,10 @@ PARALLEL_MIN_FLOPS = 1 << 20
 def build_schedule(g: Graph, target: str = "cpu") -> Schedule:
     buffers: list[Buffer] = []
     of: dict[int, Buffer] = {}
-    for p in g.params:
-        of[p.id] = Buffer(p.param_name, p.type, "input")
+    for k, p in enumerate(g.params):
+        # the compiler names every buffer itself: a user's parameter called `out0`, `int` or
+        # `INFINITY` must not meet a temporary, a C keyword or a macro
+        of[p.id] = Buffer(f"in{k}", p.type, "input", param=k, label=p.param_name)
         buffers.append(of[p.id])
     out_ids = {v.id: k for k, v in reversed(list(enumerate(g.outputs)))}
     kernels, n_temp, n_const = [], 0, 0

@@ -164,6 +164,7 @@ class Param:
     dtype: dt.DType
     shape: tuple
     mode: str                     # in | out
+    label: str = ""               # the user's name for an input, shown beside ours
 
 
 @dataclass
@@ -176,8 +177,8 @@ class TileKernel:
     origin: str = ""
 
     def __str__(self):
-        ps = ", ".join(f"{p.mode} {p.name}: {p.dtype.short}{list(p.shape)}".replace(" ", " ")
-                       for p in self.params)
+        ps = ", ".join(f"{p.mode} {p.name}" + (f"=%{p.label}" if p.label else "")
+                       + f": {p.dtype.short}{list(p.shape)}" for p in self.params)
         lines = [f"kernel {self.name}({ps}) strategy={self.strategy} {{"]
         _print_block(self.body, lines, 1)
         lines.append("}")
@@ -185,7 +186,10 @@ class TileKernel:
 
     def verify(self):
         names = {p.name for p in self.params}
+        if len(names) != len(self.params):
+            raise IRVerificationError(f"{self.name}: two parameters share a name")
         outs = {p.name for p in self.params if p.mode == "out"}
+        sizes = {p.name: _numel(p.shape) for p in self.params}
 
         def walk(stmts, scope):
             scope = set(scope)
@@ -193,9 +197,13 @@ class TileKernel:
                 if isinstance(s, Loop):
                     if s.extent < 0:
                         raise IRVerificationError(f"{self.name}: loop {s.var} has extent {s.extent}")
+                    if s.var in scope or s.var in names:
+                        raise IRVerificationError(f"{self.name}: {s.var} is declared twice")
                     walk(s.body, scope | {s.var})
                 elif isinstance(s, Decl):
                     _check_expr(s.init, scope, names, self.name)
+                    if s.name in scope or s.name in names:
+                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
                     scope.add(s.name)
                 elif isinstance(s, Assign):
                     if s.name not in scope:
@@ -204,6 +212,9 @@ class TileKernel:
                 elif isinstance(s, Store):
                     if s.buf not in outs:
                         raise IRVerificationError(f"{self.name}: stores to {s.buf}, not an output")
+                    if isinstance(s.index, Const) and not 0 <= s.index.value < sizes[s.buf]:
+                        raise IRVerificationError(f"{self.name}: stores outside {s.buf} "
+                                                  f"(index {s.index.value})")
                     _check_expr(s.index, scope, names, self.name)
                     _check_expr(s.value, scope, names, self.name)
                 elif isinstance(s, CheckIndex):
@@ -211,6 +222,13 @@ class TileKernel:
                         raise IRVerificationError(f"{self.name}: checks undeclared {s.name}")
         walk(self.body, ())
         return self
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _check_expr(e, scope, bufs, kname):
@@ -279,12 +297,17 @@ class TileProgram:
         return "\n\n".join(str(k) for k in self.kernels) or f"// {self.name}: no kernels"
 
     def verify(self):
-        known = {b.name for b in self.buffers}
+        known = {b.name: b for b in self.buffers}
         kernels = {k.name: k for k in self.kernels}
         for name, args in self.calls:
             k = kernels.get(name)
             if k is None or len(args) != len(k.params) or any(a not in known for a in args):
                 raise IRVerificationError(f"tile program @{self.name}: bad call of {name}")
+            for p, a in zip(k.params, args):
+                b = known[a]
+                if b.type.dtype != p.dtype or tuple(b.type.shape) != tuple(p.shape):
+                    raise IRVerificationError(f"tile program @{self.name}: {name} gets {a}: "
+                                              f"{b.type} for {p.name}")
         for k in self.kernels:
             k.verify()
         return self

@@ -180,3 +180,12 @@ with np.errstate(all="ignore"):
                 lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
                 doc="convert to another dtype")
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
+
+for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("log", "log"),
+                    ("sqrt", "sqrt"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh"),
+                    ("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
+                    ("div", "divide"), ("pow", "power"), ("maximum", "maximum"),
+                    ("minimum", "minimum"), ("eq", "equal"), ("ne", "not_equal"),
+                    ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
+                    ("ge", "greater_equal")]:
+    REGISTRY[_op].ufunc = _ufunc

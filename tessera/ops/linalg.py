@@ -60,5 +60,6 @@ def _matmul_decompose(b, xs, attrs):
 register(OpDef(
     "matmul", "contract", 2, {}, infer=_matmul_infer, dtype_rule=_matmul_dtypes,
     reference=lambda a, t: np.matmul(a[0], a[1]), decompose=_matmul_decompose,
-    lowering=Contract(), doc="matrix product with NumPy's broadcasting of batch dimensions"))
+    lowering=Contract(), ufunc="matmul",
+    doc="matrix product with NumPy's broadcasting of batch dimensions"))
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..types import TensorType
+from ..errors import ShapeError
 from .registry import OpDef, norm_axis, ref_errstate, register
 
 
@@ -22,10 +23,22 @@ def _axis_normalize(ts, a):
     return {**a, "axis": norm_axis(a["axis"], ts[0].rank, ts[0])}
 
 
+def _nonempty_axis(t, axis, opname):
+    ax = norm_axis(axis, t.rank, t)
+    if t.shape[ax] == 0:
+        raise ShapeError(f"{opname} over an empty axis ({ax}) has no value", received=str(t))
+    return ax
+
+
 def _same_shape_float(ts, a):
     t = ts[0]
     norm_axis(a["axis"], t.rank, t)
     return TensorType(dt.default_float_for(t.dtype), t.shape)
+
+
+def _softmax_like(ts, a):
+    _nonempty_axis(ts[0], a["axis"], "this normalisation")
+    return _same_shape_float(ts, a)
 
 
 def _float_ref(fn):
@@ -50,7 +63,7 @@ def _softmax_ref(x, a):
     return e / e.sum(axis=a["axis"], keepdims=True)
 
 
-register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_same_shape_float,
+register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_softmax_ref),
                decompose=_softmax_decompose, doc="exp(x - max) / sum(exp(x - max)) over axis"))
 
@@ -68,7 +81,7 @@ def _log_softmax_ref(x, a):
     return z - np.log(np.exp(z).sum(axis=a["axis"], keepdims=True))
 
 
-register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_same_shape_float,
+register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_log_softmax_ref),
                decompose=_log_softmax_decompose, doc="x - logsumexp(x) over axis, stably"))
 
@@ -76,7 +89,7 @@ register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_same_shape_fl
 # logsumexp -------------------------------------------------------------------------------------
 def _lse_infer(ts, a):
     t = ts[0]
-    ax = norm_axis(a["axis"], t.rank, t)
+    ax = _nonempty_axis(t, a["axis"], "logsumexp")
     shape = tuple(1 if k == ax else d for k, d in enumerate(t.shape)) if a["keepdim"] else \
         tuple(d for k, d in enumerate(t.shape) if k != ax)
     return TensorType(dt.default_float_for(t.dtype), shape)

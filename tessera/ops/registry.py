@@ -90,6 +90,7 @@ class OpDef:
     normalize: Callable | None = None  # (types, attrs) -> attrs with defaults resolved
     doc: str = ""
     differentiable: bool = True
+    ufunc: str | None = None           # the NumPy ufunc it stands for (np.exp on a traced tensor)
 
     def __repr__(self):
         return f"<op {self.name}>"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 SCHEMA_VERSION = 1
+_stats_lock = threading.Lock()
 _stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "traces": 0, "rebuilt_corrupt": 0}
 
 
@@ -32,7 +34,8 @@ def reset_cache_stats():
 
 
 def count(name: str, n: int = 1):
-    _stats[name] += n
+    with _stats_lock:
+        _stats[name] += n
 
 
 def atomic_write(path: Path, data: bytes):

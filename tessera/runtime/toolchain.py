@@ -8,7 +8,9 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -69,42 +71,70 @@ def artifact_key(source: str, cc: str) -> str:
 
 ENTRY = "tessera_entry"         # the one symbol every generated program exports
 _loaded: dict[str, ctypes.CDLL] = {}
-_reported_corrupt: set[str] = set()
+_building: dict[str, threading.Lock] = {}
+_building_guard = threading.Lock()
+_warned: set[str] = set()
 
 
 def build(source: str, name: str = "program") -> ctypes.CDLL:
-    """Compile C source to a shared object (or take it from the cache) and load it."""
+    """Compile C source to a shared object (or take it from the cache) and load it.
+
+    `name` only labels messages: files are named by the content hash."""
     cc = find_compiler()
     key = artifact_key(source, cc)
-    if key in _loaded:
+    with _building_guard:
+        lock = _building.setdefault(key, threading.Lock())
+    with lock:                      # threads asking for one program build it once
+        if key not in _loaded:
+            _loaded[key] = _build_unlocked(cc, source, name, key)
         return _loaded[key]
-    if not cache.cache_enabled():
-        tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
-        so = tmpdir / f"{name}.so"
-        _compile(cc, source, so, tmpdir / f"{name}.c", name)
-        lib = _open(so)
-    else:
-        so = cache.cache_dir() / "kernels" / key[:2] / f"{key}.so"
-        lib = _load_or_build(cc, source, so, name, key)
-    _loaded[key] = lib
+
+
+def _build_unlocked(cc, source, name, key) -> ctypes.CDLL:
+    if cache.cache_enabled():
+        kernels = cache.cache_dir() / "kernels"
+        try:
+            return _load_or_build(cc, source, kernels / key[:2] / f"{key}.so", name, key)
+        except OSError as e:
+            _warn_once(f"unwritable:{kernels}", f"tessera: the kernel cache {kernels} cannot be "
+                       f"used ({e.strerror or e}); compiling into a temporary directory instead "
+                       "(set TESSERA_CACHE_DIR to a writable place)")
+    return _build_in_tempdir(cc, source, name, key)
+
+
+def _build_in_tempdir(cc, source, name, key) -> ctypes.CDLL:
+    tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
+    so = tmpdir / "program.so"
+    _compile(cc, source, so, tmpdir / "program.c", name)   # on failure the source stays there
+    lib = _open(so)
+    shutil.rmtree(tmpdir, ignore_errors=True)  # the mapping outlives the files
     return lib
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
-    stale = False
+    """The cached shared object, checked against its recorded digest before it is mapped (a
+    damaged file would crash the process inside dlopen); rebuilt when missing or damaged."""
+    digest = so.with_suffix(".sha256")
+    stale = False                   # True once the loader has seen a broken file at this path
     if so.exists():
+        reason = None
         try:
-            lib = _open(so)
-            cache.count("disk_hits")
-            return lib
+            if not digest.exists() or digest.read_text().strip() != _digest(so):
+                reason = "its digest does not match"
+            else:
+                lib = _open(so)
+                cache.count("disk_hits")
+                return lib
         except (OSError, AttributeError) as e:
-            if key not in _reported_corrupt:
-                _reported_corrupt.add(key)
-                warnings.warn(f"tessera: corrupt kernel cache entry {so} ({e}); rebuilding it",
-                              RuntimeWarning, stacklevel=3)
-            cache.count("rebuilt_corrupt")
-            so.unlink(missing_ok=True)
-            stale = True
+            reason, stale = str(e), True
+        _warn_once(f"corrupt:{key}", f"tessera: corrupt kernel cache entry {so} ({reason}); "
+                   "rebuilding it")
+        cache.count("rebuilt_corrupt")
+        so.unlink(missing_ok=True)
     so.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=".tmp-", suffix=".so")
     os.close(fd)
@@ -114,6 +144,7 @@ def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    cache.atomic_write(digest, _digest(so).encode())
     if stale:
         # The dynamic loader knows the broken file by this path and would hand back its handle:
         # load the rebuilt one through a link of another name.
@@ -133,6 +164,22 @@ def _open(so: Path) -> ctypes.CDLL:
     entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     entry.restype = ctypes.c_int
     return lib
+
+
+def _warn_once(key: str, message: str):
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """How many frames up the first one outside tessera is: warnings point at the user's line."""
+    pkg = str(Path(__file__).resolve().parent.parent)
+    f, level = sys._getframe(1), 1
+    while f is not None and str(Path(f.f_code.co_filename).resolve()).startswith(pkg):
+        f, level = f.f_back, level + 1
+    return level
 
 
 def _compile(cc: str, source: str, out: Path, src_path: Path, name: str):
