@@ -234,10 +234,15 @@ class Function:
                 hint = "did you forget keepdim=True?"
             elif t.rank == len(spec.dims) and sorted(map(str, t.shape)) == sorted(map(str, spec.dims)):
                 hint = "the dimensions are all there in another order: a missing transpose?"
+            received = str(t)
+            syms = sorted({a for d in t.shape if isinstance(d, Sym) for a in d.atoms()
+                           if values and a in values})
+            if syms:
+                received += " with " + ", ".join(f"{a}={values[a]}" for a in syms)
             raise ShapeError("the result does not match the return annotation",
                              function=self.name, location=node.loc if node else self._def_loc,
                              op=node.op if node else None, expected=spec.type_str(t.dtype),
-                             received=str(t), hint=hint)
+                             received=received, hint=hint)
 
     def _check_graph_return(self, g: Graph, translate: dict, values):
         self._check_return([(v.type, v.node) for v in g.outputs], translate, values,

@@ -144,7 +144,8 @@ class CStyleRenderer:
 
     def kernel(self, k: TileKernel) -> str:
         params = ", ".join(self.param_decl(p) for p in k.params)
-        lines = [f"/* {k.strategy}: {k.origin} */",
+        names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
+        lines = [f"/* {k.strategy}: {k.origin}{names} */",
                  f"{self.kernel_qualifier()} {k.name}({params}) {{", "  int ts_status = 0;"]
         for s in k.body:
             self.stmt(s, k, 1, lines)
