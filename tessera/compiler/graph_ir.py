@@ -105,6 +105,7 @@ class Graph:
         self.nodes: list[Node] = []
         self.outputs: list[Value] = []
         self.bindings = dict(bindings or {})    # symbol -> size, once specialised
+        self.output_structure = "single"        # how the function returned: single | tuple | list
 
     # -- building -------------------------------------------------------------------------------
     def add_param(self, name: str, type: TensorType) -> Value:
@@ -159,6 +160,7 @@ class Graph:
             g.nodes.append(m)
             vmap[n.out.id] = m.out
         g.outputs = [vmap[v.id] for v in self.outputs]
+        g.output_structure = self.output_structure
         return g
 
     # -- checking -------------------------------------------------------------------------------
