@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 # Every test run gets its own kernel cache, and output buffers are poisoned with NaN (or a
 # sentinel) before each run, so an element a kernel forgets to write fails the comparison.
 _CACHE = tempfile.mkdtemp(prefix="tessera-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ["TESSERA_CACHE_DIR"] = _CACHE
 os.environ["TESSERA_POISON"] = "1"
 
