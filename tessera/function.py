@@ -435,8 +435,8 @@ def _has_reduction_upto(v) -> bool:
 
 
 def _has_reduction(g: Graph) -> bool:
-    """Does the graph reduce away an axis (a keepdim=False reduction)?"""
-    return any(n.op != "const" and n.attrs.get("keepdim") is False for n in g.nodes)
+    """Does the graph reduce away an axis (a keepdim=False reduction) on the way to its outputs?"""
+    return any(_has_reduction_upto(v) for v in g.outputs)
 
 
 def function(fn=None, *, name: str | None = None, target: str = "cpu"):
