@@ -5,6 +5,23 @@ what came, and a hint when one is known.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def first_user_frame(start: int = 1):
+    """(frame, depth): the innermost caller outside the tessera package (and contextlib), and
+    how many frames above the caller of this function it is. (None, depth) if there is none."""
+    f, depth = sys._getframe(start + 1), 1
+    while f is not None:
+        name = f.f_code.co_filename
+        if not os.path.abspath(name).startswith(_PKG_DIR) and "contextlib" not in name:
+            return f, depth
+        f, depth = f.f_back, depth + 1
+    return None, depth
+
 
 class TesseraError(Exception):
     """Base of every error Tessera raises on purpose."""

@@ -7,10 +7,8 @@ rules and runs the operator's NumPy reference, so ``op.*`` works eagerly too.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import threading
 import linecache
+import threading
 
 import numpy as np
 
@@ -19,23 +17,20 @@ from . import ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
 from .ops.registry import run_reference
 from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
-                     TesseraError, TracingError)
+                     TesseraError, TracingError, first_user_frame)
 from .types import TensorType, type_of_array
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _state = threading.local()
 
 
 def user_location() -> SourceLocation | None:
-    """The innermost frame outside the tessera package: where the user wrote the op."""
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR + os.sep) and "contextlib" not in fn:
-            text = linecache.getline(fn, f.f_lineno, f.f_globals).strip()
-            return SourceLocation(fn, f.f_lineno, text, f.f_code.co_name)
-        f = f.f_back
-    return None
+    """Where the user wrote the op: the innermost frame outside the tessera package."""
+    f, _ = first_user_frame()
+    if f is None:
+        return None
+    fn = f.f_code.co_filename
+    text = linecache.getline(fn, f.f_lineno, f.f_globals).strip()
+    return SourceLocation(fn, f.f_lineno, text, f.f_code.co_name)
 
 
 class Trace:
@@ -288,7 +283,6 @@ def _as_array(a) -> np.ndarray:
 
 
 def _apply_eager(opdef, args, attrs):
-    loc = user_location()
     try:
         items = [a if is_scalar(a) else _as_array(a) for a in args]
         want = _operand_dtypes(opdef, [dt.from_numpy(x.dtype) if isinstance(x, np.ndarray) else x
@@ -308,7 +302,7 @@ def _apply_eager(opdef, args, attrs):
             raise RuntimeFault(str(e)) from None
         return np.asarray(result, dtype=out_type.dtype.np)
     except TesseraError as e:
-        raise enrich(e, location=loc, op=opdef.name)
+        raise enrich(e, location=user_location(), op=opdef.name)
 
 
 # ---- Python indexing: basic slices, ints, None, ..., and one integer-array index ----------------

@@ -138,7 +138,7 @@ def check_sizes(g: Graph):
         if t.numel() > MAX_ELEMENTS:
             raise ShapeError(f"a tensor of {t.numel()} elements is too large to compile",
                              function=g.name, location=n.loc, op=n.op, received=str(t),
-                             expected=f"at most 2**62 elements")
+                             expected="at most 2**62 elements")
 
 
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None) -> Program:

@@ -8,14 +8,13 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 from .. import __version__
-from ..errors import CompileError, CompilerNotFoundError
+from ..errors import CompileError, CompilerNotFoundError, first_user_frame
 from . import cache
 
 # DESIGN.md's numerics contract: never -ffast-math (it sets FTZ/DAZ for the whole process);
@@ -170,16 +169,8 @@ def _warn_once(key: str, message: str):
     if key in _warned:
         return
     _warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
-
-
-def _user_stacklevel() -> int:
-    """How many frames up the first one outside tessera is: warnings point at the user's line."""
-    pkg = str(Path(__file__).resolve().parent.parent)
-    f, level = sys._getframe(1), 1
-    while f is not None and str(Path(f.f_code.co_filename).resolve()).startswith(pkg):
-        f, level = f.f_back, level + 1
-    return level
+    _, depth = first_user_frame()       # the warning points at the user's line
+    warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
 
 
 def _compile(cc: str, source: str, out: Path, src_path: Path, name: str):
