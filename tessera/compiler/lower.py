@@ -276,14 +276,16 @@ def lower_gather(k: Kernel, desc, code):
     for d in xs[axis + 1:]:
         Rn *= d
     Q = idx.type.numel()
-    outer, inner, (p, q, r) = _nest_keep([P, Q, Rn], names, k.knobs.get("parallel"), k.knobs.get("simd"))
+    # one index load and bounds check per gathered row, then the row is copied
+    outer, inner, (p, q) = _nest_keep([P, Q], names, k.knobs.get("parallel"), False)
     iv = names("idx")
-    stmts = [Decl(iv, dt.int64, Cast(dt.int64, read(idx, q))),
-             CheckIndex(iv, n, code)]
+    r = Var(names("r")) if Rn != 1 else Const(0)
     src = idx_add(idx_mul(idx_add(idx_mul(p, Const(n)), Var(iv)), Const(Rn)), r)
     dst = idx_add(idx_mul(idx_add(idx_mul(p, Const(Q)), q), Const(Rn)), r)
-    # The index load belongs outside the innermost (row) loop; keep it simple and correct here.
-    stmts.append(Store(k.output.name, dst, read(x, src)))
+    copy = Store(k.output.name, dst, read(x, src))
+    if Rn != 1:
+        copy = Loop(r.name, Rn, "vector" if k.knobs.get("simd") else "serial", [copy])
+    stmts = [Decl(iv, dt.int64, Cast(dt.int64, read(idx, q))), CheckIndex(iv, n, code), copy]
     return _finish(k, inner, outer, stmts)
 
 
