@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import (ArgumentError, BackendUnavailableError, ResourceError, RuntimeFault,
                       ShapeError)
+from ..runtime import profiler
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
@@ -32,6 +33,7 @@ class Program:
         self.target = target
         self._lib = library
         self._entry = getattr(library, ENTRY)
+        self._timed_entry = getattr(library, ENTRY + "_timed")
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         self._plan = self._launch_plan()
         self.output_structure = output_structure
@@ -86,7 +88,14 @@ class Program:
                     arr.fill(step[3])
                 table.append(arr)
         ptrs = (ctypes.c_void_p * max(1, len(table)))(*[a.ctypes.data for a in table])
-        status = self._entry(ptrs)
+        recorder = profiler.current()
+        if recorder is None:
+            status = self._entry(ptrs)
+        else:
+            seconds = (ctypes.c_double * max(1, len(self.schedule_ir.kernels)))()
+            status = self._timed_entry(ptrs, seconds)
+            if not status:
+                recorder.record(self, list(seconds)[:len(self.schedule_ir.kernels)])
         if status:
             k = self.schedule_ir.kernels[status - 1]
             node = k.fuses[0]

@@ -162,6 +162,9 @@ def _open(so: Path) -> ctypes.CDLL:
     entry = getattr(lib, ENTRY)
     entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     entry.restype = ctypes.c_int
+    timed = getattr(lib, ENTRY + "_timed")
+    timed.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_double)]
+    timed.restype = ctypes.c_int
     return lib
 
 

@@ -98,10 +98,11 @@ class CStyleRenderer:
             for e in walk_exprs(k.body):
                 if not isinstance(e, OpCall):
                     continue
-                text = R.get(e.op).lowering.helpers.get(e.compute.kind) \
+                chunks = R.get(e.op).lowering.helpers.get(e.compute.kind) \
                     if hasattr(R.get(e.op).lowering, "helpers") else None
-                if text:
-                    h = fill(text, **{**self.subs(e.compute, e.compute)})
+                # a str, or a tuple of chunks that several operators share (each emitted once)
+                for text in ((chunks,) if isinstance(chunks, str) else chunks or ()):
+                    h = fill(text, **self.subs(e.compute, e.compute))
                     if h not in out:
                         out.append(h)
         return out
