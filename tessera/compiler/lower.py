@@ -1,15 +1,16 @@
-"""Schedule IR → Tile IR: each strategy becomes a loop nest.
+"""Schedule IR → Tile IR: each kernel's strategy becomes a loop nest.
 
-Dispatch is on the registry entry's lowering descriptor, never on the operator's name. Every
-buffer is contiguous, so an operand is described by an offset and one stride per output axis
-(0 where it broadcasts); adjacent axes that stay contiguous for every operand are merged.
+Dispatch is on the kernel's strategy and, inside it, on each node's lowering descriptor, never
+on an operator's name. Every buffer is contiguous, so a read is an offset and one stride per
+domain axis (0 where it broadcasts); adjacent axes that stay contiguous for every access merge.
 """
 from __future__ import annotations
 
 from .. import dtypes as dt
 from ..ops import registry as R
+from .fusion import identity_map, map_from, squeezes_only
 from .schedule_ir import Kernel, Schedule
-from .tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Expr, Load, Loop, OpCall, Param,
+from .tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Expr, Load, Local, Loop, OpCall, Param,
                       Select, Store, TileKernel, TileProgram, Var, idx_add, idx_mul, linear)
 
 
@@ -101,40 +102,323 @@ def _finish(k: Kernel, body_holder, loops, stmts):
     return loops
 
 
-# ---- strategies ----------------------------------------------------------------------------------
-def lower_elementwise(k: Kernel, desc, code):
-    names = _Names()
-    out = k.output.type
-    shape = list(out.shape)
-    tensors = [b for b in k.inputs if b.role != "inline"]
-    strides = [contiguous(shape)] + [broadcast_strides(list(b.type.shape), shape) for b in tensors]
-    ext, strides = coalesce(shape, strides)
-    loops, inner, vars_ = _nest(ext, names, k.knobs.get("parallel"), k.knobs.get("simd"))
-    stmts, args = [], []
-    tensor_pos = {id(b): i for i, b in enumerate(tensors)}
-    for b in k.inputs:
-        if b.role == "inline":
-            args.append(read(b, None))
-        else:
-            v = names("v")
-            stmts.append(Decl(v, b.type.dtype, read(b, linear(vars_, strides[1 + tensor_pos[id(b)]]))))
-            args.append(Var(v))
-    compute = k.inputs[-1].type.dtype
-    call = OpCall(k.op, "elem", _attrs_key(k.attrs), compute, out.dtype, tuple(args))
-    stmts.append(Store(k.output.name, linear(vars_, strides[0]), call))
-    return _finish(k, inner, loops, stmts)
+# ---- fused groups --------------------------------------------------------------------------------
+class Emitter:
+    """Builds the expression for any value of a fusion group at the current point of a loop nest.
+
+    The loop nest walks the group's domain; `loops` lists, per loop, the domain axes it covers
+    (adjacent axes merged when every access steps through them as one). A value outside the
+    group, or a view of one, is a load whose index is linear in the loop variables; an
+    elementwise value is computed from its inputs, once per loop body (a Decl), so a value used
+    twice is computed once. Row-level values of row groups live in `scalars`."""
+
+    def __init__(self, k: Kernel, names):
+        self.k, self.grp, self.names = k, k.group, names
+        self.inside = {n.out.id for n in self.grp.nodes}
+        self.scalars: dict[int, Expr] = {}
+        self.memo: dict = {}
+
+    # -- where values live -------------------------------------------------------------------------
+    def leaf(self, v, m):
+        """(buffer, offset, strides per domain axis) of a value read from memory, or None."""
+        k, grp = self.k, self.grp
+        if v.id not in self.inside:
+            b = k.reads[v.id]
+            return b, 0, self._spread(m, contiguous(v.type.shape))
+        n = v.node
+        if grp.anchor is not None and n is grp.anchor:
+            return k.output, 0, self._spread(m, contiguous(v.type.shape))
+        if isinstance(n.opdef.lowering, R.View) and not squeezes_only(n):
+            src = n.inputs[0]
+            offset, strides = n.opdef.lowering.strides(src.type, v.type, n.attrs)
+            return k.reads[src.id], offset, self._spread(m, strides)
+        return None
+
+    def _spread(self, m, strides):
+        S = [0] * len(self.grp.domain)
+        for a, s in zip(m, strides):
+            if a is not None:
+                S[a] += s
+        return S
+
+    def accesses(self, v, m, out=None):
+        """Every (offset, strides) the group reads, for choosing which axes can merge."""
+        out = [] if out is None else out
+        if v.id in self.scalars_ids() or self._inline_const(v):
+            return out
+        lf = self.leaf(v, m)
+        if lf is not None:
+            out.append(lf[2])
+            return out
+        n = v.node
+        if isinstance(n.opdef.lowering, R.Reduce):
+            return self.accesses(n.inputs[0], identity_map(n.inputs[0].type.shape), out)
+        for u in n.inputs:
+            self.accesses(u, map_from(n, m, u), out)
+        return out
+
+    def scalars_ids(self):
+        return self.scalars
+
+    def _inline_const(self, v):
+        return v.id not in self.inside and self.k.reads[v.id].role == "inline"
+
+    # -- expressions -------------------------------------------------------------------------------
+    def value(self, v, m, body: list, idx: dict) -> Expr:
+        """v (with axis map m) at the loop point idx (loop number -> index Expr)."""
+        if v.id in self.scalars:
+            return self.scalars[v.id]
+        if self._inline_const(v):
+            return read(self.k.reads[v.id], None)
+        lf = self.leaf(v, m)
+        if lf is not None:
+            b, offset, S = lf
+            return Load(b.name, self.index(S, idx, offset))
+        n = v.node
+        if isinstance(n.opdef.lowering, R.View):          # a reshape that only renames axes
+            u = n.inputs[0]
+            return self.value(u, map_from(n, m, u), body, idx)
+        key = (v.id, m, id(body))
+        if key not in self.memo:
+            args = tuple(self.value(u, map_from(n, m, u), body, idx) for u in n.inputs)
+            compute = n.inputs[-1].type.dtype
+            call = OpCall(n.op, "elem", _attrs_key(n.attrs), compute, n.out.type.dtype, args)
+            name = self.names("v")
+            body.append(Decl(name, n.out.type.dtype, call))
+            self.memo[key] = Var(name)
+        return self.memo[key]
+
+    def index(self, S, idx, offset=0) -> Expr:
+        e = Const(offset)
+        for loop, axes in enumerate(self.loops):
+            stride = S[axes[-1]]
+            if stride and loop in idx:
+                e = idx_add(e, idx_mul(idx[loop], Const(stride)))
+        return e
+
+    # -- the loop structure ------------------------------------------------------------------------
+    def plan_loops(self, classes):
+        """Group domain axes into loops: `classes` lists runs of axes (in loop order) that may
+        merge; axes of size 1 get no loop. Sets self.loops (list of axis lists)."""
+        grp = self.grp
+        out_S = self._spread(grp.maps[grp.root.out.id], contiguous(grp.root.out.type.shape))
+        access = self.accesses(grp.root.out, grp.maps[grp.root.out.id]) + [out_S]
+        if grp.anchor is not None:
+            access = [out_S]
+        loops = []
+        for run in classes:
+            run = [a for a in run if grp.domain[a] != 1]
+            cur = []
+            for a in run:
+                if cur and all(S[cur[-1]] == S[a] * grp.domain[a] for S in access) \
+                        and cur[-1] + 1 == a:
+                    cur.append(a)
+                else:
+                    if cur:
+                        loops.append(cur)
+                    cur = [a]
+            if cur:
+                loops.append(cur)
+        self.loops = loops
+        return loops
+
+    def extent(self, loop) -> int:
+        e = 1
+        for a in self.loops[loop]:
+            e *= self.grp.domain[a]
+        return e
+
+    def out_index(self, idx):
+        grp = self.grp
+        S = self._spread(grp.maps[grp.root.out.id], contiguous(grp.root.out.type.shape))
+        return self.index(S, idx)
 
 
-def lower_view(k: Kernel, desc, code):
-    names = _Names()
-    src = k.inputs[0]
-    out = k.output.type
-    offset, in_strides = desc.strides(src.type, out, k.attrs)
-    shape = list(out.shape)
-    ext, (os_, is_) = coalesce(shape, [contiguous(shape), list(in_strides)])
-    loops, inner, vars_ = _nest(ext, names, k.knobs.get("parallel"), k.knobs.get("simd"))
-    stmt = Store(k.output.name, linear(vars_, os_), read(src, linear(vars_, is_, offset)))
-    return _finish(k, inner, loops, [stmt])
+def _loop_nest(em: Emitter, loop_ids, parallel: bool, vector_last: bool):
+    """Loops for the given loop numbers (outermost first): (outer list, innermost body, idx)."""
+    idx, outer, body = {}, [], None
+    for pos, lid in enumerate(loop_ids):
+        kind = "parallel" if pos == 0 and parallel else "serial"
+        if pos == len(loop_ids) - 1 and vector_last:
+            kind = "parallel+vector" if kind == "parallel" else "vector"
+        v = em.names("i")
+        loop = Loop(v, em.extent(lid), kind)
+        idx[lid] = Var(v)
+        (outer if body is None else body).append(loop)
+        body = loop.body
+    return outer, body, idx
+
+
+def lower_pointwise(k: Kernel, code):
+    em = Emitter(k, _Names())
+    grp = k.group
+    loops = em.plan_loops([list(range(len(grp.domain)))])
+    outer, body, idx = _loop_nest(em, range(len(loops)), k.knobs.get("parallel"),
+                                  k.knobs.get("simd"))
+    stmts = [] if body is None else body
+    value = em.value(grp.root.out, grp.maps[grp.root.out.id], stmts, idx)
+    stmts.append(Store(k.output.name, em.out_index(idx), value))
+    return outer if body is not None else stmts
+
+
+def lower_row(k: Kernel, code):
+    """Reductions over the same axes with their prologue and epilogue, one row at a time: each
+    reduction is a pass over the row into `lanes` accumulators (a fixed association that does
+    not depend on threads or on how many rows there are), values that are constant along the
+    row are computed once per row, and a last pass writes the row's output."""
+    em = Emitter(k, _Names())
+    grp = k.group
+    red = list(grp.reduced)
+    kept = [a for a in range(len(grp.domain)) if a not in red]
+    loops = em.plan_loops([kept, red])
+    kept_loops = [i for i, axes in enumerate(loops) if axes[0] not in red]
+    red_loops = [i for i, axes in enumerate(loops) if axes[0] in red]
+    outer, row, idx = _loop_nest(em, kept_loops, k.knobs.get("parallel"), False)
+    row_body = [] if row is None else row
+    lanes = k.knobs.get("lanes", 8)
+    reduced_ids = set(red)
+    for n in grp.nodes:
+        m = grp.maps[n.out.id]
+        if isinstance(n.opdef.lowering, R.Reduce):
+            em.scalars[n.out.id] = _row_reduction(em, n, row_body, idx, red_loops, lanes)
+        elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
+                not any(a in reduced_ids for a in m if a is not None):
+            em.scalars[n.out.id] = em.value(n.out, m, row_body, idx)
+    root_m = grp.maps[grp.root.out.id]
+    if any(a in reduced_ids for a in root_m if a is not None):
+        inner_outer, inner, ridx = _loop_nest(em, red_loops, False, True)
+        body = inner if inner is not None else row_body
+        full = {**idx, **ridx}
+        body.append(Store(k.output.name, em.out_index(full),
+                          em.value(grp.root.out, root_m, body, full)))
+        row_body.extend(inner_outer)
+    else:
+        row_body.append(Store(k.output.name, em.out_index(idx),
+                              em.value(grp.root.out, root_m, row_body, idx)))
+    return outer if row is not None else row_body
+
+
+def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes) -> Expr:
+    names = em.names
+    x = n.inputs[0]
+    xm = identity_map(x.type.shape)
+    xd, od = x.type.dtype, n.out.type.dtype
+    init = OpCall(n.op, "init", (), xd, od, ())
+    if not red_loops:                      # every reduced axis has size 1 (or the row is empty)
+        name = names("s")
+        row_body.append(Decl(name, od, OpCall(n.op, "combine", (), xd, od,
+                                              (init, em.value(x, xm, row_body, idx)))))
+        return Var(name)
+    acc = names("acc")
+    l0 = names("l")
+    row_body.append(Local(acc, od, lanes))
+    row_body.append(Loop(l0, lanes, "vector", [Store(acc, Var(l0), init)]))
+    outer_red, inner_red = red_loops[:-1], red_loops[-1]
+    outer, body, ridx = _loop_nest(em, outer_red, False, False)
+    target = row_body if body is None else body
+    n_inner = em.extent(inner_red)
+    chunks, tail = divmod(n_inner, lanes)
+
+    def update(lane_body, lane_var, inner_index):
+        point = {**idx, **ridx, inner_red: inner_index}
+        v = em.value(x, xm, lane_body, point)
+        lane_body.append(Store(acc, Var(lane_var),
+                               OpCall(n.op, "combine", (), xd, od, (Load(acc, Var(lane_var)), v))))
+    if chunks:
+        c, lane = names("c"), names("l")
+        lane_loop = Loop(lane, lanes, "vector")
+        update(lane_loop.body, lane,
+               idx_add(idx_mul(Var(c), Const(lanes)), Var(lane)))
+        target.append(Loop(c, chunks, "serial", [lane_loop]))
+    if tail:
+        lane = names("l")
+        tail_loop = Loop(lane, tail, "vector")
+        update(tail_loop.body, lane, idx_add(Const(chunks * lanes), Var(lane)))
+        target.append(tail_loop)
+    row_body.extend(outer)
+    total, l1 = names("s"), names("l")
+    row_body.append(Decl(total, od, Load(acc, Const(0))))
+    row_body.append(Loop(l1, lanes - 1, "serial", [Assign(total, OpCall(
+        n.op, "combine", (), xd, od, (Var(total), Load(acc, idx_add(Var(l1), Const(1))))))]))
+    return Var(total)
+
+
+COLUMN_BLOCK = 256      # output columns accumulated together by a column reduction
+
+
+def lower_column_reduce(k: Kernel, code):
+    """A reduction that keeps the innermost axis: a block of output columns accumulates at once,
+    so the inner loop reads memory in order and vectorises. Each column combines its inputs
+    into `lanes` accumulators exactly as a row reduction does (element r into lane r % lanes),
+    so a column gives the same bits alone as inside a wider tensor."""
+    em = Emitter(k, _Names())
+    names = em.names
+    grp, n = k.group, k.group.root
+    red = list(grp.reduced)
+    kept = [a for a in range(len(grp.domain)) if a not in red]
+    loops = em.plan_loops([kept, red])
+    kept_ids = [i for i, axes in enumerate(loops) if axes[0] not in red]
+    red_ids = [i for i, axes in enumerate(loops) if axes[0] in red]
+    outer_ids, inner = kept_ids[:-1], kept_ids[-1]      # inner: the loop over the last axis
+    x = n.inputs[0]
+    xm = identity_map(x.type.shape)
+    xd, od = x.type.dtype, n.out.type.dtype
+    lanes = k.knobs.get("lanes", 8)
+    width = em.extent(inner)
+    jb = min(width, COLUMN_BLOCK)
+    outer, body, idx = _loop_nest(em, outer_ids, k.knobs.get("parallel"), False)
+    row = [] if body is None else body
+    acc = names("acc")
+    row.append(Local(acc, od, lanes * jb))
+    init = OpCall(n.op, "init", (), xd, od, ())
+
+    def block(start, cols):
+        """The statements for output columns start .. start+cols of this row."""
+        stmts = []
+        l, j = names("l"), names("j")
+        stmts.append(Loop(l, lanes, "serial", [Loop(j, cols, "vector", [
+            Store(acc, idx_add(idx_mul(Var(l), Const(jb)), Var(j)), init)])]))
+        r_outer, r_body, ridx = _loop_nest(em, red_ids[:-1], False, False)
+        target = stmts if r_body is None else r_body
+
+        def update(dst, lane, r_index):
+            j2 = names("j")
+            col = idx_add(start, Var(j2))
+            point = {**idx, **ridx, inner: col}
+            if red_ids:
+                point[red_ids[-1]] = r_index
+            upd = Loop(j2, cols, "vector")
+            v = em.value(x, xm, upd.body, point)
+            slot = idx_add(idx_mul(lane, Const(jb)), Var(j2))
+            upd.body.append(Store(acc, slot, OpCall(n.op, "combine", (), xd, od,
+                                                    (Load(acc, slot), v))))
+            dst.append(upd)
+        n_red = em.extent(red_ids[-1]) if red_ids else 1
+        chunks, tail = divmod(n_red, lanes)
+        if chunks:
+            c, l2 = names("c"), names("l")
+            lane_loop = Loop(l2, lanes, "serial")
+            update(lane_loop.body, Var(l2), idx_add(idx_mul(Var(c), Const(lanes)), Var(l2)))
+            target.append(Loop(c, chunks, "serial", [lane_loop]))
+        for t in range(tail):
+            update(target, Const(t), Const(chunks * lanes + t))
+        stmts.extend(r_outer)
+        j3, l3, s_ = names("j"), names("l"), names("s")
+        point = {**idx, inner: idx_add(start, Var(j3))}
+        stmts.append(Loop(j3, cols, "vector", [
+            Decl(s_, od, Load(acc, Var(j3))),
+            Loop(l3, lanes - 1, "serial", [Assign(s_, OpCall(n.op, "combine", (), xd, od, (
+                Var(s_), Load(acc, idx_add(idx_mul(idx_add(Var(l3), Const(1)), Const(jb)),
+                                           Var(j3))))))]),
+            Store(k.output.name, em.out_index(point), Var(s_))]))
+        return stmts
+
+    full, rest = divmod(width, jb)
+    b = names("b")
+    row.append(Loop(b, full, "serial", block(idx_mul(Var(b), Const(jb)), jb)))
+    if rest:
+        row.extend(block(Const(full * jb), rest))
+    return outer if body is not None else row
 
 
 def _groups(in_shape, reduced):
@@ -149,50 +433,7 @@ def _groups(in_shape, reduced):
     return kept_ext, kept_in, kept_out, red_ext, red_in
 
 
-def lower_reduce(k: Kernel, desc, code):
-    names = _Names()
-    x = k.inputs[0]
-    xd, od = x.type.dtype, k.output.type.dtype
-    kept_ext, kept_in, kept_out, red_ext, red_in = _groups(list(x.type.shape), set(k.attrs["axis"]))
-    if kept_in and kept_in[-1] == 1 and red_ext:
-        return _reduce_into_rows(k, names, x, kept_ext, kept_in, kept_out, red_ext, red_in)
-    acc_d = od
-    outer, inner, kvars = _nest(kept_ext, names, k.knobs.get("parallel"), False)
-    rloops, rinner, rvars = _nest(red_ext, names, False, False)
-    acc = names("acc")
-    v = names("v")
-    update = [Decl(v, xd, read(x, linear(kvars + rvars, kept_in + red_in))),
-              Assign(acc, OpCall(k.op, "combine", (), xd, acc_d, (Var(acc), Var(v))))]
-    body = [Decl(acc, acc_d, OpCall(k.op, "init", (), xd, acc_d, ()))]
-    body += _finish(k, rinner, rloops, update)
-    body.append(Store(k.output.name, linear(kvars, kept_out), Var(acc)))
-    return _finish(k, inner, outer, body)
-
-
-def _reduce_into_rows(k, names, x, kept_ext, kept_in, kept_out, red_ext, red_in):
-    """The contiguous axis is kept: accumulate whole rows of the output in place, so the inner
-    loop reads memory in order and vectorises. Each output element still combines its inputs
-    in the same order as the scalar form, so the result is bitwise the same."""
-    xd, od = x.type.dtype, k.output.type.dtype
-    n = kept_ext[-1]
-    outer, inner, kvars = _nest(kept_ext[:-1], names, k.knobs.get("parallel"), False)
-    obase = linear(kvars, kept_out[:-1])
-    xbase = linear(kvars, kept_in[:-1])
-    j = names("j")
-    init = Loop(j, n, "vector", [Store(k.output.name, idx_add(obase, Var(j)),
-                                       OpCall(k.op, "init", (), xd, od, ()))])
-    rloops, rinner, rvars = _nest(red_ext, names, False, False)
-    j2, v = names("j"), names("v")
-    oidx = idx_add(obase, Var(j2))
-    update = Loop(j2, n, "vector", [
-        Decl(v, xd, read(x, idx_add(linear(rvars, red_in), idx_add(xbase, Var(j2))))),
-        Store(k.output.name, oidx,
-              OpCall(k.op, "combine", (), xd, od, (Load(k.output.name, oidx), Var(v))))])
-    body = [init] + _finish(k, rinner, rloops, [update])
-    return _finish(k, inner, outer, body)
-
-
-def lower_argreduce(k: Kernel, desc, code):
+def lower_argreduce(k: Kernel, code):
     names = _Names()
     x = k.inputs[0]
     xd = x.type.dtype
@@ -218,35 +459,76 @@ def lower_argreduce(k: Kernel, desc, code):
     return _finish(k, inner, outer, body)
 
 
-def lower_contract(k: Kernel, desc, code):
+def operand(k: Kernel, v):
+    """(buffer, offset, strides per axis) of a contraction operand: a buffer, or a view of one
+    read in place (x @ w.T never copies w)."""
+    if v.id in k.reads:
+        return k.reads[v.id], 0, contiguous(v.type.shape)
+    n = v.node
+    src = n.inputs[0]
+    offset, strides = n.opdef.lowering.strides(src.type, v.type, n.attrs)
+    return k.reads[src.id], offset, list(strides)
+
+
+def contract_operands(k: Kernel):
+    """Per operand: buffer, offset, per-batch-axis strides (0 where broadcast), row and column
+    strides; plus M, N, K and the output's batch shape."""
+    c = k.group.anchor
+    out = list(c.out.type.shape)
+    batch = out[:-2]
+    ops = []
+    for v in c.inputs:
+        b, off, st = operand(k, v)
+        shape = list(v.type.shape)
+        pad = len(batch) - (len(shape) - 2)
+        bst = [0 if q < pad or shape[q - pad] == 1 else st[q - pad] for q in range(len(batch))]
+        ops.append((b, off, bst, st[-2], st[-1]))
+    M, K_ = c.inputs[0].type.shape[-2], c.inputs[0].type.shape[-1]
+    return ops, M, out[-1], K_, batch
+
+
+def lower_contract(k: Kernel, code):
+    """Batched matmul with its epilogue applied to each finished output row."""
     names = _Names()
-    a, b = k.inputs
-    out = k.output.type
-    M, K_, N = a.type.shape[-2], a.type.shape[-1], b.type.shape[-1]
-    batch = list(out.shape[:-2])
-    a_b = [s * M * K_ for s in broadcast_strides(list(a.type.shape[:-2]), batch)] if batch else []
-    b_b = [s * K_ * N for s in broadcast_strides(list(b.type.shape[:-2]), batch)] if batch else []
-    o_b = [s * M * N for s in contiguous(batch)]
-    bext, (a_b, b_b, o_b) = coalesce(batch, [a_b, b_b, o_b]) if batch else ([], ([], [], []))
+    em = Emitter(k, names)
+    grp = k.group
+    (A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs) = contract_operands(k)[0]
+    _, M, N, K_, batch = contract_operands(k)
+    em.loops = [[a] for a in range(len(grp.domain))]
+    d = k.output.type.dtype
     par = bool(k.knobs.get("parallel"))
-    bl, binner, bvars = _nest(bext, names, par, False)
+    bl, binner, bidx = _loop_nest(em, range(len(batch)), par, False)
+    bvars = [bidx[q] for q in range(len(batch))]
+    abase = linear(bvars, a_b, a_off)
+    bbase = linear(bvars, b_b, b_off)
+    o_b = contiguous(batch + [M, N])[:-2]
+    obase = linear(bvars, o_b)
     i, kk, j, j2, av = names("i"), names("k"), names("j"), names("j"), names("a")
-    abase, bbase, obase = linear(bvars, a_b), linear(bvars, b_b), linear(bvars, o_b)
     orow = idx_add(obase, idx_mul(Var(i), Const(N)))
-    oidx = lambda jv: idx_add(orow, Var(jv))   # noqa: E731
-    d = out.dtype
     simd = "vector" if k.knobs.get("simd") else "serial"
-    row = Loop(i, M, "parallel" if par and not bext else "serial", [
-        Loop(j, N, simd, [Store(k.output.name, oidx(j), Const(0, d))]),
+    row = Loop(i, M, "parallel" if par and not batch else "serial", [
+        Loop(j, N, simd, [Store(k.output.name, idx_add(orow, Var(j)), Const(0, d))]),
         Loop(kk, K_, "serial", [
-            Decl(av, d, read(a, idx_add(idx_add(abase, idx_mul(Var(i), Const(K_))), Var(kk)))),
-            Loop(j2, N, simd, [Store(k.output.name, oidx(j2), Bin("+", Load(k.output.name, oidx(j2)),
-                 Bin("*", Var(av), read(b, idx_add(idx_add(bbase, idx_mul(Var(kk), Const(N))),
-                                                   Var(j2))))))])])])
-    return _finish(k, binner, bl, [row])
+            Decl(av, d, read(A, idx_add(idx_add(abase, idx_mul(Var(i), Const(a_rs))),
+                                        idx_mul(Var(kk), Const(a_cs))))),
+            Loop(j2, N, simd, [Store(k.output.name, idx_add(orow, Var(j2)), Bin(
+                "+", Load(k.output.name, idx_add(orow, Var(j2))),
+                Bin("*", Var(av), read(B, idx_add(idx_add(bbase, idx_mul(Var(kk), Const(b_rs))),
+                                                  idx_mul(Var(j2), Const(b_cs)))))))])])])
+    if grp.root is not grp.anchor:
+        j3 = names("j")
+        epi = Loop(j3, N, simd)
+        point = {**bidx, len(batch): Var(i), len(batch) + 1: Var(j3)}
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
+        epi.body.append(Store(k.output.name, em.out_index(point), value))
+        row.body.append(epi)
+    if binner is None:
+        return [row]
+    binner.append(row)
+    return bl
 
 
-def lower_concat(k: Kernel, desc, code):
+def lower_concat(k: Kernel, code):
     names = _Names()
     out = k.output.type
     axis = k.attrs["axis"]
@@ -263,7 +545,7 @@ def lower_concat(k: Kernel, desc, code):
     return stmts
 
 
-def lower_gather(k: Kernel, desc, code):
+def lower_gather(k: Kernel, code):
     names = _Names()
     x, idx = k.inputs
     axis = k.attrs["axis"]
@@ -297,16 +579,15 @@ def _nest_keep(extents, names, parallel, simd):
     return outer, inner, [next(it) if e != 1 else Const(0) for e in extents]
 
 
-LOWERINGS = {R.Elementwise: lower_elementwise, R.View: lower_view, R.Reduce: lower_reduce,
-             R.ArgReduce: lower_argreduce, R.Contract: lower_contract, R.Concat: lower_concat,
-             R.Gather: lower_gather}
+LOWERINGS = {"pointwise": lower_pointwise, "copy": lower_pointwise, "row": lower_row,
+             "reduce": lower_column_reduce, "contract": lower_contract,
+             "argreduce": lower_argreduce, "concat": lower_concat, "gather": lower_gather}
 
 
 def lower_schedule(s: Schedule) -> TileProgram:
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
-        desc = R.get(k.op).lowering
-        body = LOWERINGS[type(desc)](k, desc, code)
+        body = LOWERINGS[k.strategy](k, code)
         params = _params(k)
         kernels.append(TileKernel(k.name, k.strategy, params, body, dict(k.knobs),
                                   " ".join(k.fused_labels())))

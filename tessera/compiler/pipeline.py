@@ -121,8 +121,8 @@ class Program:
         return ResourceError(f"cannot allocate {b.nbytes / 2**30:.1f} GiB for {b.name}, the "
                              f"result of {node.origin or node.op}", function=self.graph_ir.name,
                              location=node.loc, op=node.op, received=str(b.type),
-                             hint="a broadcast is materialised in memory for now; reduce before "
-                                  "broadcasting, or use smaller shapes")
+                             hint="use smaller shapes, or reduce inside the function so the large "
+                                  "result is never materialised")
 
     def __call__(self, *arrays):
         out = self.run(*arrays)

@@ -47,9 +47,18 @@ class Kernel:
     knobs: dict = field(default_factory=dict)
     flops: int = 0
     bytes: int = 0
+    group: object = field(default=None, repr=False)   # the fusion group (for lowering)
+    reads: dict = field(default_factory=dict, repr=False)  # Graph IR value id -> Buffer read
 
     def fused_labels(self) -> list[str]:
-        return [n.origin or n.op for n in self.fuses]
+        """The Graph IR operators this kernel computes: a decomposed operator once by its
+        origin (%0:softmax), a user's primitive by its name."""
+        out = []
+        for n in self.fuses:
+            name = n.origin or n.op
+            if not n.origin or name not in out:
+                out.append(name)
+        return out
 
 
 class Schedule:
@@ -104,9 +113,12 @@ class Schedule:
                 lines.append(f"  {b.role:<6} {b.ref()}: {b.type}")
         for k in self.kernels:
             args = ", ".join(b.ref() for b in k.inputs)
-            attrs = format_attrs(k.attrs)
-            lines.append(f"  {k.name} = {k.strategy} {k.op}({args})"
-                         + (f" {attrs}" if attrs else "") + f" -> {k.output.ref()}")
+            if len(k.fuses) == 1:
+                attrs = format_attrs(k.attrs)
+                head = f"{k.strategy} {k.op}({args})" + (f" {attrs}" if attrs else "")
+            else:
+                head = f"{k.strategy}({args})"
+            lines.append(f"  {k.name} = {head} -> {k.output.ref()}")
             lines.append(f"       fuses {{{' '.join(k.fused_labels())}}}"
                          f"   knobs {format_attrs(k.knobs) or '{}'}"
                          f"   cost {{flops={k.flops:.3g}, bytes={k.bytes:.3g}}}")

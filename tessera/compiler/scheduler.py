@@ -1,23 +1,19 @@
-"""Graph IR (primitive, concrete) → Schedule IR: one kernel per primitive node, knobs from
-heuristics, and a cost (FLOPs, bytes) for each kernel.
-
-The fusion issue replaces ``group`` with real fusion; everything downstream already takes a
-kernel that fuses a list of nodes.
-"""
+"""Graph IR (primitive, concrete) → Schedule IR: fusion groups become kernels, with knobs from
+heuristics and a cost (FLOPs, bytes) for each."""
 from __future__ import annotations
 
-from ..ops.registry import (ArgReduce, Concat, Contract, Elementwise, Gather, Reduce, View)
+from ..ops import registry as R
+from .fusion import Group, fuse
 from .graph_ir import Graph
 from .schedule_ir import Buffer, Kernel, Schedule
 
-STRATEGY = {Elementwise: "pointwise", Reduce: "reduce", ArgReduce: "reduce",
-            Contract: "contract", View: "copy", Concat: "concat", Gather: "gather"}
-
 PARALLEL_MIN_ELEMENTS = 1 << 16     # below this, starting threads costs more than it saves
 PARALLEL_MIN_FLOPS = 1 << 20
+LANES = {4: 16, 8: 8}               # accumulators per row reduction, by element size: one
+                                    # vector register each; fixed, so the association is too
 
 
-def build_schedule(g: Graph, target: str = "cpu") -> Schedule:
+def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True) -> Schedule:
     buffers: list[Buffer] = []
     of: dict[int, Buffer] = {}
     for k, p in enumerate(g.params):
@@ -25,55 +21,86 @@ def build_schedule(g: Graph, target: str = "cpu") -> Schedule:
         # `INFINITY` must not meet a temporary, a C keyword or a macro
         of[p.id] = Buffer(f"in{k}", p.type, "input", param=k, label=p.param_name)
         buffers.append(of[p.id])
-    out_ids = {v.id: k for k, v in reversed(list(enumerate(g.outputs)))}
-    kernels, n_temp, n_const = [], 0, 0
+    n_const = 0
     for n in g.nodes:
         if n.op == "const":
             value = n.attrs["value"]
-            if value.ndim == 0:
-                b = Buffer(f"lit{n_const}", n.out.type, "inline", value)
-            else:
-                b = Buffer(f"c{n_const}", n.out.type, "const", value)
+            role, prefix = ("inline", "lit") if value.ndim == 0 else ("const", "c")
+            of[n.out.id] = Buffer(f"{prefix}{n_const}", n.out.type, role, value)
+            buffers.append(of[n.out.id])
             n_const += 1
-        elif n.out.id in out_ids:
-            b = Buffer(f"out{out_ids[n.out.id]}", n.out.type, "output")
+    out_ids = {v.id: k for k, v in reversed(list(enumerate(g.outputs)))}
+    kernels, n_temp = [], 0
+    for grp in fuse(g, enabled=fusion):
+        v = grp.root.out
+        if v.id in out_ids:
+            b = Buffer(f"out{out_ids[v.id]}", v.type, "output")
         else:
-            b = Buffer(f"t{n_temp}", n.out.type, "temp")
+            b = Buffer(f"t{n_temp}", v.type, "temp")
             n_temp += 1
-        of[n.out.id] = b
+        of[v.id] = b
         buffers.append(b)
-        if n.op == "const":
-            continue
-        lowering = n.opdef.lowering
-        if lowering is None:
-            raise NotImplementedError(f"{n.op} has neither a lowering nor a decomposition")
-        k = Kernel(name=f"k{len(kernels)}_{n.op}", strategy=STRATEGY[type(lowering)], op=n.op,
-                   attrs=dict(n.attrs), inputs=[of[v.id] for v in n.inputs], output=b, fuses=[n])
-        k.flops = kernel_flops(k, lowering)
-        k.bytes = sum(x.nbytes for x in k.inputs if x.role != "inline") + b.nbytes
+        inside = {n.out.id for n in grp.nodes}
+        inputs, reads = [], {}
+        for n in grp.nodes:
+            for x in n.inputs:
+                if x.id not in inside and x.id not in reads:
+                    reads[x.id] = of[x.id]
+                    if of[x.id] not in inputs:
+                        inputs.append(of[x.id])
+        k = Kernel(name=f"k{len(kernels)}_{label(grp)}", strategy=grp.kind, op=grp.root.op,
+                   attrs=dict(grp.root.attrs), inputs=inputs, output=b, fuses=list(grp.nodes),
+                   group=grp, reads=reads)
+        k.flops = kernel_flops(grp)
+        k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + b.nbytes
         k.knobs = default_knobs(k)
         kernels.append(k)
     outputs = [of[v.id] for v in g.outputs]
     return Schedule(g.name, g.bindings, target, buffers, kernels, outputs)
 
 
-def kernel_flops(k: Kernel, lowering) -> int:
-    out = k.output.type
-    if isinstance(lowering, Elementwise):
-        return out.numel() * lowering.flops
-    if isinstance(lowering, (Reduce, ArgReduce)):
-        return k.inputs[0].type.numel()
-    if isinstance(lowering, Contract):
-        a = k.inputs[0].type
-        return 2 * out.numel() * a.shape[-1]
-    return 0
+def label(grp: Group) -> str:
+    """What the kernel computes, in the user's words: the operator a decomposition came from."""
+    head = grp.anchor or next((n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)),
+                              grp.root)
+    return head.origin.split(":", 1)[1] if head.origin else head.op
+
+
+def kernel_flops(grp: Group) -> int:
+    total = 0
+    for n in grp.nodes:
+        desc = n.opdef.lowering
+        if isinstance(desc, R.Elementwise):
+            total += n.out.type.numel() * desc.flops
+        elif isinstance(desc, (R.Reduce, R.ArgReduce)):
+            total += n.inputs[0].type.numel()
+        elif isinstance(desc, R.Contract):
+            total += 2 * n.out.type.numel() * n.inputs[0].type.shape[-1]
+    return total
 
 
 def default_knobs(k: Kernel) -> dict:
-    out = k.output.type
+    grp = k.group
+    numel = 1
+    for d in grp.domain:
+        numel *= d
     if k.strategy == "contract":
         return {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "simd": True}
+    if k.strategy == "row":
+        rows = numel // max(1, _reduced_size(grp))
+        return {"parallel": rows >= 2 and numel >= PARALLEL_MIN_ELEMENTS,
+                "lanes": LANES.get(k.output.type.dtype.itemsize, 8)}
     if k.strategy == "reduce":
-        rows = out.numel()
-        return {"parallel": rows >= 2 and k.inputs[0].type.numel() >= PARALLEL_MIN_ELEMENTS}
-    return {"parallel": out.numel() >= PARALLEL_MIN_ELEMENTS, "simd": True}
+        return {"parallel": numel >= PARALLEL_MIN_ELEMENTS,
+                "lanes": LANES.get(k.output.type.dtype.itemsize, 8)}
+    if k.strategy == "argreduce":
+        return {"parallel": k.output.type.numel() >= 2 and
+                k.inputs[0].type.numel() >= PARALLEL_MIN_ELEMENTS}
+    return {"parallel": k.output.type.numel() >= PARALLEL_MIN_ELEMENTS, "simd": True}
+
+
+def _reduced_size(grp: Group) -> int:
+    n = 1
+    for a in grp.reduced:
+        n *= grp.domain[a]
+    return n

@@ -125,9 +125,17 @@ class Stmt:
 @dataclass
 class Loop(Stmt):
     var: str
-    extent: int
+    extent: object                # an int, or an index Expr (the edge tiles of a tiled loop)
     kind: str                     # serial | parallel | vector | parallel+vector
     body: list = field(default_factory=list)
+
+
+@dataclass
+class Local(Stmt):
+    """A small array in registers or on the stack (a reduction's lane accumulators)."""
+    name: str
+    dtype: dt.DType
+    size: int
 
 
 @dataclass
@@ -195,11 +203,19 @@ class TileKernel:
             scope = set(scope)
             for s in stmts:
                 if isinstance(s, Loop):
-                    if s.extent < 0:
+                    if isinstance(s.extent, int) and s.extent < 0:
                         raise IRVerificationError(f"{self.name}: loop {s.var} has extent {s.extent}")
+                    if isinstance(s.extent, Expr):
+                        _check_expr(s.extent, scope, names, self.name)
                     if s.var in scope or s.var in names:
                         raise IRVerificationError(f"{self.name}: {s.var} is declared twice")
                     walk(s.body, scope | {s.var})
+                elif isinstance(s, Local):
+                    if s.name in scope or s.name in names:
+                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
+                    names.add(s.name)
+                    outs.add(s.name)
+                    sizes[s.name] = s.size
                 elif isinstance(s, Decl):
                     _check_expr(s.init, scope, names, self.name)
                     if s.name in scope or s.name in names:
@@ -284,6 +300,8 @@ def _print_block(stmts, lines, depth):
             lines.append(f"{pad}{s.buf}[{s.index}] = {s.value}")
         elif isinstance(s, CheckIndex):
             lines.append(f"{pad}check {s.name} in 0..{s.extent} else error {s.code}")
+        elif isinstance(s, Local):
+            lines.append(f"{pad}local {s.name}: {s.dtype.short}[{s.size}]")
 
 
 @dataclass

@@ -9,8 +9,8 @@ import math
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Load, Loop, OpCall, Select,
-                       Store, TileKernel, TileProgram, Var, walk_exprs)
+from ..tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Load, Local, Loop, OpCall,
+                       Select, Store, TileKernel, TileProgram, Var, walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
@@ -116,12 +116,15 @@ class CStyleRenderer:
         if isinstance(s, Loop):
             out.extend(pad + line for line in self.loop_header(s, k))
             it = self.index_type
-            out.append(f"{pad}for ({it} {s.var} = 0; {s.var} < {s.extent}; ++{s.var}) {{")
+            extent = s.extent if isinstance(s.extent, int) else self.expr(s.extent)
+            out.append(f"{pad}for ({it} {s.var} = 0; {s.var} < {extent}; ++{s.var}) {{")
             for c in s.body:
                 self.stmt(c, k, depth + 1, out)
             out.append(pad + "}")
         elif isinstance(s, Decl):
             out.append(f"{pad}{self.ctype(s.dtype)} {s.name} = {self.expr(s.init)};")
+        elif isinstance(s, Local):
+            out.append(f"{pad}{self.ctype(s.dtype)} {s.name}[{s.size}];")
         elif isinstance(s, Assign):
             out.append(f"{pad}{s.name} = {self.expr(s.value)};")
         elif isinstance(s, Store):

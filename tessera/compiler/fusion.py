@@ -1,0 +1,239 @@
+"""Fusion: the primitive graph cut into groups, each of which becomes one kernel.
+
+Groups grow from their root (the value a kernel writes) towards its producers. A producer joins
+when every one of its users is already in the group, so nothing a group computes is needed
+elsewhere, and when the group can compute it in place instead of reading it from memory:
+
+- pointwise: elementwise nodes, with broadcasting, computed as one expression per element;
+- row: reductions sharing one domain and one set of reduced axes, with their elementwise
+  prologue and epilogue (softmax, layernorm, logsumexp, ... however they were written);
+- reduce: a reduction over leading axes with its elementwise prologue (column sums);
+- contract: a matmul with its elementwise epilogue (scale, bias, activation, residual);
+- copy/concat/gather/argreduce: alone.
+
+Every value in a group carries an axis map: for each of its axes, the domain axis it walks
+(None where it is broadcast or has size 1). Values outside the group are read from memory;
+views (transpose, slice, broadcast, reshape) of such values are read in place, never copied.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ..ops import registry as R
+from .graph_ir import Graph, Node
+
+LEAF = "leaf"       # map_from's answer for a user that reads its input from memory
+
+
+@dataclass(eq=False)
+class Group:
+    kind: str                      # pointwise | row | reduce | contract | argreduce | copy | ...
+    root: Node
+    domain: tuple                  # the iteration space (concrete sizes)
+    reduced: tuple = ()            # domain axes reduced (row and reduce groups)
+    nodes: list = field(default_factory=list)
+    maps: dict = field(default_factory=dict)     # value id -> axis map
+    anchor: Node | None = None     # the contraction of a contract group
+
+    def order(self, index):
+        self.nodes.sort(key=index.__getitem__)
+
+
+def lowering_of(n: Node):
+    return n.opdef.lowering
+
+
+def is_elementwise(n):
+    return isinstance(lowering_of(n), R.Elementwise)
+
+
+def is_reduce(n):
+    return isinstance(lowering_of(n), R.Reduce)
+
+
+def is_view(n):
+    return isinstance(lowering_of(n), R.View)
+
+
+def squeezes_only(n: Node) -> bool:
+    """A reshape that only adds or drops size-1 axes: it renames axes and moves no element."""
+    if n.op != "reshape":
+        return False
+    a = [d for d in n.inputs[0].type.shape if d != 1]
+    b = [d for d in n.out.type.shape if d != 1]
+    return a == b
+
+
+def identity_map(shape):
+    return tuple(k if d != 1 else None for k, d in enumerate(shape))
+
+
+def reduce_out_map(n: Node, domain) -> tuple:
+    axes = set(n.attrs["axis"])
+    kept = [k for k in range(len(domain)) if k not in axes]
+    if n.attrs["keepdim"]:
+        return tuple(None if (k in axes or domain[k] == 1) else k for k in range(len(domain)))
+    return tuple(k if domain[k] != 1 else None for k in kept)
+
+
+def map_from(user: Node, user_map: tuple, v) -> tuple | str:
+    """The axis map of input v as `user` (whose own map is user_map) reads it."""
+    if is_elementwise(user):
+        pad = len(user.out.type.shape) - len(v.type.shape)
+        return tuple(None if d == 1 else user_map[k + pad] for k, d in enumerate(v.type.shape))
+    if is_reduce(user):
+        return identity_map(v.type.shape)
+    if is_view(user) and squeezes_only(user):
+        walked = iter(m for m, d in zip(user_map, user.out.type.shape) if d != 1)
+        return tuple(None if d == 1 else next(walked) for d in v.type.shape)
+    return LEAF
+
+
+def is_trivial_reduce(n):
+    return all(n.inputs[0].type.shape[a] == 1 for a in n.attrs["axis"])
+
+
+def fuse(g: Graph, enabled: bool = True) -> list[Group]:
+    index = {n: i for i, n in enumerate(g.nodes)}
+    users: dict[int, list[Node]] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            users.setdefault(v.id, []).append(n)
+    outputs = {v.id for v in g.outputs}
+    group_of: dict[Node, Group] = {}
+    groups = []
+    for n in reversed(g.nodes):
+        if n in group_of or n.op == "const":
+            continue
+        grp = _start(n)
+        group_of[n] = grp
+        if enabled:
+            _grow(grp, n, index, users, outputs, group_of)
+        grp.order(index)
+        groups.append(grp)
+    groups.sort(key=lambda grp: index[grp.root])
+    return groups
+
+
+def _start(n: Node) -> Group:
+    shape = tuple(n.out.type.shape)
+    desc = lowering_of(n)
+    if isinstance(desc, (R.Elementwise, R.View)):
+        grp = Group("pointwise" if isinstance(desc, R.Elementwise) else "copy", n, shape)
+        grp.maps[n.out.id] = identity_map(shape)
+    elif isinstance(desc, R.Reduce):
+        domain = tuple(n.inputs[0].type.shape)
+        axes = tuple(sorted(n.attrs["axis"]))
+        inner_kept = bool(domain) and (len(domain) - 1) not in axes and domain[-1] != 1
+        grp = Group("reduce" if inner_kept and axes else "row", n, domain, axes)
+        grp.maps[n.out.id] = reduce_out_map(n, domain)
+    elif isinstance(desc, R.Contract):
+        grp = Group("contract", n, shape, anchor=n)
+        grp.maps[n.out.id] = identity_map(shape)
+    else:
+        kind = {R.ArgReduce: "argreduce", R.Concat: "concat", R.Gather: "gather"}[type(desc)]
+        grp = Group(kind, n, shape)
+    grp.nodes.append(n)
+    return grp
+
+
+def _grow(grp: Group, root: Node, index, users, outputs, group_of):
+    if grp.kind in ("argreduce", "concat", "gather"):
+        return
+    heap = []
+
+    def push_producers(n):
+        for v in n.inputs:
+            if v.node is not None and v.node.op != "const" and v.node not in group_of:
+                heapq.heappush(heap, -index[v.node])
+
+    push_producers(root)
+    nodes = {i: n for n, i in index.items()}
+    while heap:
+        p = nodes[-heapq.heappop(heap)]
+        if p in group_of:
+            continue
+        if _absorb(grp, p, users, outputs, group_of):
+            group_of[p] = grp
+            grp.nodes.append(p)
+            push_producers(p)
+
+
+def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
+    if p.out.id in outputs:
+        return False
+    us = users.get(p.out.id, [])
+    if not us or any(group_of.get(u) is not grp for u in us):
+        return False
+    if grp.kind == "copy":
+        return False
+    if grp.kind == "contract" and any(u is grp.anchor for u in us):
+        # the contraction reads its operands from memory; a view of one is read in place
+        return is_view(p) and not squeezes_only(p) and _inputs_outside(p, grp)
+    maps = {map_from(u, grp.maps[u.out.id], p.out) for u in us}
+    if len(maps) != 1 or LEAF in maps:
+        return False
+    (m,) = maps
+    desc = lowering_of(p)
+    if isinstance(desc, R.Elementwise):
+        grp.maps[p.out.id] = m
+        return True
+    if isinstance(desc, R.View):
+        if squeezes_only(p) or grp.kind in ("pointwise", "row", "reduce", "contract"):
+            grp.maps[p.out.id] = m
+            return True
+        return False
+    if isinstance(desc, R.Reduce) and grp.kind in ("pointwise", "row"):
+        return _absorb_reduce(grp, p, m)
+    if isinstance(desc, R.Contract) and grp.kind == "pointwise":
+        return _absorb_contract(grp, p, m)
+    return False
+
+
+def _inputs_outside(p: Node, grp: Group) -> bool:
+    return all(v.node is None or v.node not in grp.nodes for v in p.inputs)
+
+
+def _absorb_reduce(grp: Group, p: Node, m) -> bool:
+    domain = tuple(p.inputs[0].type.shape)
+    axes = tuple(sorted(p.attrs["axis"]))
+    if not axes or is_trivial_reduce(p) or domain[-1] == 1 or (len(domain) - 1) not in axes:
+        return False     # column reductions keep their own kernel (and epilogues theirs)
+    natural = reduce_out_map(p, domain)
+    if grp.kind == "row":
+        if domain != grp.domain or axes != grp.reduced or m != natural:
+            return False
+        grp.maps[p.out.id] = m
+        return True
+    # a pointwise group becomes a row group over the reduction's domain: its maps were over
+    # the root's axes, which are either the domain's or the reduction's output axes
+    root_shape = tuple(grp.root.out.type.shape)
+    if root_shape == domain:
+        rebase = {k: k for k in range(len(domain))}
+    elif root_shape == tuple(p.out.type.shape):
+        rebase = {k: a for k, a in enumerate(natural) if a is not None}
+    else:
+        return False
+    def moved(vm):
+        return tuple(None if a is None else rebase[a] for a in vm)
+    new_maps = {vid: moved(vm) for vid, vm in grp.maps.items()}
+    if moved(m) != natural or \
+            new_maps[grp.root.out.id] != (identity_map(domain) if root_shape == domain else natural):
+        return False
+    grp.kind, grp.domain, grp.reduced, grp.maps = "row", domain, axes, new_maps
+    grp.maps[p.out.id] = natural
+    return True
+
+
+def _absorb_contract(grp: Group, p: Node, m) -> bool:
+    shape = tuple(p.out.type.shape)
+    if shape != grp.domain or m != identity_map(shape) or not p.out.type.dtype.is_float:
+        return False
+    if grp.root.out.type.dtype != p.out.type.dtype:
+        return False     # the product is accumulated in the output buffer: same type
+    if any(n is not p and not (is_elementwise(n) or is_view(n)) for n in grp.nodes):
+        return False
+    grp.kind, grp.anchor = "contract", p
+    grp.maps[p.out.id] = m
+    return True
