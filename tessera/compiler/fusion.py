@@ -90,8 +90,10 @@ def map_from(user: Node, user_map: tuple, v) -> tuple | str:
     return LEAF
 
 
-def is_trivial_reduce(n):
-    return all(n.inputs[0].type.shape[a] == 1 for a in n.attrs["axis"])
+def is_column(domain, axes) -> bool:
+    """A reduction that keeps the innermost (non-trivial) axis: it accumulates whole rows."""
+    inner = [k for k, d in enumerate(domain) if d != 1]
+    return bool(inner) and inner[-1] not in axes and any(domain[a] != 1 for a in axes)
 
 
 def fuse(g: Graph, enabled: bool = True) -> list[Group]:
@@ -120,13 +122,13 @@ def _start(n: Node) -> Group:
     shape = tuple(n.out.type.shape)
     desc = lowering_of(n)
     if isinstance(desc, (R.Elementwise, R.View)):
-        grp = Group("pointwise" if isinstance(desc, R.Elementwise) else "copy", n, shape)
+        pointwise = isinstance(desc, R.Elementwise) or squeezes_only(n)
+        grp = Group("pointwise" if pointwise else "copy", n, shape)
         grp.maps[n.out.id] = identity_map(shape)
     elif isinstance(desc, R.Reduce):
         domain = tuple(n.inputs[0].type.shape)
         axes = tuple(sorted(n.attrs["axis"]))
-        inner_kept = bool(domain) and (len(domain) - 1) not in axes and domain[-1] != 1
-        grp = Group("reduce" if inner_kept and axes else "row", n, domain, axes)
+        grp = Group("reduce" if is_column(domain, axes) else "row", n, domain, axes)
         grp.maps[n.out.id] = reduce_out_map(n, domain)
     elif isinstance(desc, R.Contract):
         grp = Group("contract", n, shape, anchor=n)
@@ -198,7 +200,7 @@ def _inputs_outside(p: Node, grp: Group) -> bool:
 def _absorb_reduce(grp: Group, p: Node, m) -> bool:
     domain = tuple(p.inputs[0].type.shape)
     axes = tuple(sorted(p.attrs["axis"]))
-    if not axes or is_trivial_reduce(p) or domain[-1] == 1 or (len(domain) - 1) not in axes:
+    if not axes or is_column(domain, axes):
         return False     # column reductions keep their own kernel (and epilogues theirs)
     natural = reduce_out_map(p, domain)
     if grp.kind == "row":
@@ -206,24 +208,35 @@ def _absorb_reduce(grp: Group, p: Node, m) -> bool:
             return False
         grp.maps[p.out.id] = m
         return True
-    # a pointwise group becomes a row group over the reduction's domain: its maps were over
-    # the root's axes, which are either the domain's or the reduction's output axes
-    root_shape = tuple(grp.root.out.type.shape)
-    if root_shape == domain:
+    # a pointwise group becomes a row group over the reduction's domain: its maps were over the
+    # root's axes; the reduction's output says which domain axis each of those is
+    if grp.domain == domain:
         rebase = {k: k for k in range(len(domain))}
-    elif root_shape == tuple(p.out.type.shape):
-        rebase = {k: a for k, a in enumerate(natural) if a is not None}
+        if m != natural:
+            return False
     else:
+        rebase = _rebase_through(m, natural)
+    if rebase is None or any(d != 1 and k not in rebase for k, d in enumerate(grp.domain)):
         return False
+
     def moved(vm):
         return tuple(None if a is None else rebase[a] for a in vm)
     new_maps = {vid: moved(vm) for vid, vm in grp.maps.items()}
-    if moved(m) != natural or \
-            new_maps[grp.root.out.id] != (identity_map(domain) if root_shape == domain else natural):
-        return False
     grp.kind, grp.domain, grp.reduced, grp.maps = "row", domain, axes, new_maps
     grp.maps[p.out.id] = natural
     return True
+
+
+def _rebase_through(m, natural):
+    """Old domain axis -> new domain axis, read off the reduction's output: m says which old
+    axis each output axis walks, `natural` which new one."""
+    rebase = {}
+    for old, new in zip(m, natural):
+        if old is not None:
+            if new is None or rebase.get(old, new) != new:
+                return None
+            rebase[old] = new
+    return rebase
 
 
 def _absorb_contract(grp: Group, p: Node, m) -> bool:

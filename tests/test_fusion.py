@@ -1,0 +1,143 @@
+"""Fusion: which kernels the Schedule IR makes, and that fused kernels compute what NumPy does."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+from conftest import assert_close, assert_within_dot_bound
+
+
+def kernels(fn, *args):
+    return ts.function(fn).lower(*args).schedule_ir.kernels
+
+
+def strategies(fn, *args):
+    return [k.strategy for k in kernels(fn, *args)]
+
+
+def np_softmax(x, axis=-1):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def np_layernorm(x, w, b, eps=1e-5):
+    x = x.astype(np.float64)
+    m = x.mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b
+
+
+def hand_softmax(x):
+    e = op.exp(x - op.max(x, axis=-1, keepdim=True))
+    return e / op.sum(e, axis=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1), (1, 17), (5, 37), (7, 3, 64), (2, 256)])
+def test_softmax_is_one_row_kernel_written_either_way(rng, shape):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    for fn in (lambda x: op.softmax(x), hand_softmax):
+        assert strategies(fn, x) == ["row"]
+        assert_close(ts.function(fn)(x), np_softmax(x).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (6, 33), (2, 3, 130)])
+def test_normalisations_are_one_row_kernel(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    b = rng.standard_normal(shape[-1]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    cases = [
+        (lambda x, w, b: op.layernorm(x, w, b), np_layernorm(x, w, b)),
+        (lambda x, w, b: op.rmsnorm(x) * w,
+         x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w),
+        (lambda x, w, b: op.logsumexp(x, axis=-1),
+         np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1)),
+        (lambda x, w, b: op.log_softmax(x), np.log(np_softmax(x))),
+        (lambda x, w, b: x.var(axis=-1), x64.var(-1)),
+        (lambda x, w, b: x - x.mean(axis=-1, keepdim=True), x64 - x64.mean(-1, keepdims=True)),
+    ]
+    for fn, want in cases:
+        assert strategies(fn, x, w, b) == ["row"], fn
+        assert_close(ts.function(fn)(x, w, b), want.astype(np.float32), scale=20)
+
+
+def test_elementwise_chain_with_broadcasting_is_one_kernel(rng):
+    x = rng.standard_normal((33, 65)).astype(np.float32)
+    w = rng.standard_normal(65).astype(np.float32)
+    b = rng.standard_normal((33, 1)).astype(np.float32)
+    fn = lambda x, w, b: op.gelu(x * w + b) - op.tanh(b) * 2      # noqa: E731
+    ks = kernels(fn, x, w, b)
+    assert [k.strategy for k in ks] == ["pointwise"]
+    assert len(ks[0].fuses) >= 5 and ks[0].bytes == 4 * (x.size * 2 + w.size + b.size)
+    assert_close(ts.function(fn)(x, w, b), ts.interpret(fn, x, w, b), scale=5)
+
+
+def test_views_are_read_in_place(rng):
+    x = rng.standard_normal((17, 9)).astype(np.float32)
+    y = rng.standard_normal((9, 17)).astype(np.float32)
+    for fn in (lambda x, y: x.T * y + 1, lambda x, y: op.broadcast_to(x, (3, 17, 9)) * 2, lambda x, y: x[::2, 1:4] + 1,
+               lambda x, y: x.reshape(9, 17) - y):
+        assert strategies(fn, x, y) == ["pointwise"]
+        np.testing.assert_array_equal(ts.function(fn)(x, y), ts.interpret(fn, x, y))
+
+
+def test_a_value_used_by_two_kernels_is_written_once(rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    fn = lambda x: (op.exp(x) + 1, op.sum(op.exp(x) + 1, axis=0))     # noqa: E731
+    # exp(x)+1 is an output: it is materialised and the column sum reads it
+    assert strategies(fn, x) == ["pointwise", "reduce"]
+    got = ts.function(fn)(x)
+    want = ts.interpret(fn, x)
+    for g, w in zip(got, want):
+        assert_close(g, w, scale=10)
+
+
+def test_column_reduction_fuses_its_prologue(rng):
+    x = rng.standard_normal((301, 45)).astype(np.float32)
+    fn = lambda x: op.sum(op.exp(x) * x, axis=0)     # noqa: E731
+    assert strategies(fn, x) == ["reduce"]
+    x64 = x.astype(np.float64)
+    assert_close(ts.function(fn)(x), (np.exp(x64) * x64).sum(0).astype(np.float32), scale=20)
+
+
+@pytest.mark.parametrize("shape", [((1, 1), (1, 1)), ((5, 7), (7, 3)), ((3, 64, 33), (33, 65)),
+                                   ((2, 1, 9, 4), (3, 4, 5))])
+def test_matmul_epilogue_is_fused(rng, shape):
+    a = rng.standard_normal(shape[0]).astype(np.float32)
+    w = rng.standard_normal(shape[1]).astype(np.float32)
+    bias = rng.standard_normal(shape[1][-1]).astype(np.float32)
+    fn = lambda a, w, bias: op.gelu(a @ w * 0.5 + bias)     # noqa: E731
+    ks = kernels(fn, a, w, bias)
+    assert [k.strategy for k in ks] == ["contract"]
+    a64, w64 = a.astype(np.float64), w.astype(np.float64)
+    y = a64 @ w64 * 0.5 + bias
+    from math import erf
+    want = 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+    assert_close(ts.function(fn)(a, w, bias), want.astype(np.float32), scale=50)
+
+
+def test_matmul_with_residual_and_transposed_weight(rng):
+    x = rng.standard_normal((31, 40)).astype(np.float32)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    r = rng.standard_normal((31, 24)).astype(np.float32)
+    fn = lambda x, w, r: x @ w.T + r      # noqa: E731
+    assert strategies(fn, x, w, r) == ["contract"]       # w.T is read in place, not copied
+    got = ts.function(fn)(x, w, r)
+    assert_within_dot_bound(got - r, x, w.T)
+
+
+def test_matmul_output_also_used_elsewhere_is_not_fused_away(rng):
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    fn = lambda x, w: (x @ w, op.relu(x @ w))     # noqa: E731
+    assert strategies(fn, x, w) == ["contract", "pointwise"]
+    y, z = ts.function(fn)(x, w)
+    assert_within_dot_bound(y, x, w)
+    np.testing.assert_array_equal(z, np.maximum(y, 0))
+
+
+def test_fusion_can_be_read_in_the_schedule(rng):
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    text = str(ts.function(lambda x: op.softmax(x)).lower(x).schedule_ir)
+    assert "k0_softmax = row(%x) -> out0" in text and "fuses {%0:softmax}" in text
