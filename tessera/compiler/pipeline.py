@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class Program:
         self._timed_entry = getattr(library, ENTRY + "_timed")
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         self._plan = self._launch_plan()
+        self._arenas = threading.local()    # temporaries' memory, kept per calling thread
         self.output_structure = output_structure
 
     @property
@@ -44,7 +46,8 @@ class Program:
 
     def _launch_plan(self):
         """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
-        ("alloc", shape, dtype, poison value). Worked out once per program."""
+        ("alloc", shape, dtype, poison value, buffer) or ("temp", slot, ...same). Worked out
+        once per program."""
         plan = []
         for b in self.tile_ir.buffers:
             if b.role == "input":
@@ -54,8 +57,23 @@ class Program:
             else:
                 d = b.type.dtype
                 poison = np.nan if d.is_float else (True if d.is_bool else -987654321)
-                plan.append(("alloc", tuple(b.type.shape), d.np, poison, b))
+                kind = "temp" if b.slot is not None else "alloc"
+                plan.append((kind, tuple(b.type.shape), d.np, poison, b))
         return plan
+
+    def _slots(self):
+        """This thread's temporary slots (allocated on its first call, then reused)."""
+        arenas = getattr(self._arenas, "slots", None)
+        if arenas is None:
+            arenas = []
+            for i, size in enumerate(self.schedule_ir.slots):
+                try:
+                    arenas.append(np.empty(max(size, 1), dtype=np.uint8))
+                except MemoryError:
+                    b = next(b for b in self.tile_ir.buffers if b.slot == i)
+                    raise self._no_memory(b) from None
+            self._arenas.slots = arenas
+        return arenas
 
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
@@ -73,12 +91,19 @@ class Program:
                                     hint="call the tessera function instead: it specialises anew")
             inputs.append(np.require(a, dtype=npd, requirements="C"))
         poison = os.environ.get("TESSERA_POISON") == "1"
+        slots = self._slots() if self.schedule_ir.slots else None
         table = []
         for step in self._plan:
             if step[0] == "input":
                 table.append(inputs[step[1]])
             elif step[0] == "const":
                 table.append(step[1])
+            elif step[0] == "temp":
+                b = step[4]
+                arr = slots[b.slot][:b.nbytes].view(step[2]).reshape(step[1])
+                if poison:
+                    arr.fill(step[3])
+                table.append(arr)
             else:
                 try:
                     arr = np.empty(step[1], dtype=step[2])

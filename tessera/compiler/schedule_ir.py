@@ -24,6 +24,7 @@ class Buffer:
     data: object = None            # the array of a const or inline buffer
     param: int | None = None       # inputs: which parameter of the graph
     label: str = ""                # inputs: the user's parameter name, for display
+    slot: int | None = None        # temps: the memory slot the planner gave it
 
     @property
     def nbytes(self) -> int:
@@ -69,6 +70,7 @@ class Schedule:
         self.buffers: list[Buffer] = buffers
         self.kernels: list[Kernel] = kernels
         self.outputs: list[Buffer] = outputs
+        self.slots: list[int] = []     # bytes of each temporary memory slot (plan_memory)
 
     @property
     def flops(self) -> int:
@@ -110,7 +112,8 @@ class Schedule:
         lines = [f"{head} target={self.target} {{"]
         for b in self.buffers:
             if b.role != "inline":
-                lines.append(f"  {b.role:<6} {b.ref()}: {b.type}")
+                slot = f"  @slot{b.slot}" if b.slot is not None else ""
+                lines.append(f"  {b.role:<6} {b.ref()}: {b.type}{slot}")
         for k in self.kernels:
             args = ", ".join(b.ref() for b in k.inputs)
             if len(k.fuses) == 1:

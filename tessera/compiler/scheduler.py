@@ -56,7 +56,32 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True) -> Schedu
         k.knobs = default_knobs(k)
         kernels.append(k)
     outputs = [of[v.id] for v in g.outputs]
-    return Schedule(g.name, g.bindings, target, buffers, kernels, outputs)
+    schedule = Schedule(g.name, g.bindings, target, buffers, kernels, outputs)
+    plan_memory(schedule)
+    return schedule
+
+
+def plan_memory(s: Schedule):
+    """Give temporaries memory slots, two sharing a slot when their lifetimes (first writer to
+    last reader) do not overlap. A kernel never reads and writes the same slot."""
+    first, last = {}, {}
+    for i, k in enumerate(s.kernels):
+        first.setdefault(k.output.name, i)
+        for b in k.inputs:
+            last[b.name] = i
+    slots = []                  # [bytes, index of the last kernel using it]
+    for b in sorted((b for b in s.buffers if b.role == "temp"), key=lambda b: first[b.name]):
+        start, end = first[b.name], last.get(b.name, first[b.name])
+        free = [i for i, (size, busy) in enumerate(slots) if busy < start]
+        fits = [i for i in free if slots[i][0] >= b.nbytes]
+        pick = min(fits, key=lambda i: slots[i][0]) if fits else \
+            (max(free, key=lambda i: slots[i][0]) if free else None)
+        if pick is None:
+            slots.append([b.nbytes, end])
+            pick = len(slots) - 1
+        slots[pick] = [max(slots[pick][0], b.nbytes), end]
+        b.slot = pick
+    s.slots = [size for size, _ in slots]
 
 
 def label(grp: Group) -> str:
