@@ -173,6 +173,8 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     if grp.kind == "contract" and any(u is grp.anchor for u in us):
         # the contraction reads its operands from memory; a view of one is read in place
         return is_view(p) and not squeezes_only(p) and _inputs_outside(p, grp)
+    if any(u.out.id not in grp.maps for u in us):
+        return False     # a user that reads its operand from memory (a contraction's view)
     maps = {map_from(u, grp.maps[u.out.id], p.out) for u in us}
     if len(maps) != 1 or LEAF in maps:
         return False
