@@ -10,10 +10,11 @@ from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # no
                      TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
+from .schedule import Schedule  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
 
 __all__ = [
-    "op", "graph", "function", "Function", "interpret", "Tensor", "TensorType", "dtypes",
+    "op", "graph", "function", "Function", "interpret", "Schedule", "Tensor", "TensorType", "dtypes",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",

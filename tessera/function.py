@@ -22,6 +22,7 @@ from .errors import (ArgumentError, DTypeError, RankError, RuntimeFault, ShapeEr
                      SymbolicValueError, SymbolMismatchError, TesseraError)
 from .ops.registry import run_reference
 from .runtime import cache
+from .schedule import Schedule
 from .shapes import Sym, evaluate, fmt_shape, same
 from .trace import Trace, Traced, enrich, tracing
 from .types import TensorType, spec_of, type_of_array
@@ -37,13 +38,16 @@ class _Param:
 
 
 class Function:
-    def __init__(self, fn, name: str | None = None, target: str = "cpu"):
+    def __init__(self, fn, name: str | None = None, target: str = "cpu", schedule=None):
         if not callable(fn):
             raise ArgumentError(f"tessera.function needs a Python function, got {fn!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name or fn.__name__
         self.target = target
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise ArgumentError(f"schedule must be a tessera.Schedule, not {schedule!r}")
+        self.schedule = schedule
         try:
             sig = inspect.signature(fn, eval_str=True)
         except (NameError, TypeError, ValueError) as e:
@@ -308,7 +312,7 @@ class Function:
     def _program(self, args, kwargs, target):
         arrays, statics, bindings = self._bind(args, kwargs)
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
-               _static_key(statics))
+               _static_key(statics), self.schedule.key() if self.schedule else None)
         prog = self._programs.get(key)
         if prog is not None:
             cache.count("memory_hits")
@@ -319,7 +323,7 @@ class Function:
         g = self._trace(types, statics, bindings)
         self._check_graph_return(g, bindings, bindings)
         from .compiler.pipeline import compile_graph
-        prog = compile_graph(g, target, g.output_structure)
+        prog = compile_graph(g, target, g.output_structure, self.schedule)
         self._programs[key] = prog
         self._last_program = prog
         return prog, arrays
@@ -347,6 +351,10 @@ class Function:
             self._check_return([(result.type, result._value.node)], bindings, None,
                                _has_reduction_upto(result._value))
         return result
+
+    def with_schedule(self, schedule) -> "Function":
+        """The same function compiled with these knobs (a new Function; this one is unchanged)."""
+        return Function(self.fn, name=self.name, target=self.target, schedule=schedule)
 
     def interpret(self, *args, **kwargs):
         """Run the traced graph with each operator's NumPy reference (no compiler involved)."""
@@ -439,11 +447,12 @@ def _has_reduction(g: Graph) -> bool:
     return any(_has_reduction_upto(v) for v in g.outputs)
 
 
-def function(fn=None, *, name: str | None = None, target: str = "cpu"):
-    """Decorator: compile a Python function with Tessera. ``@function`` or ``@function(name=...)``."""
+def function(fn=None, *, name: str | None = None, target: str = "cpu", schedule=None):
+    """Decorator: compile a Python function with Tessera. ``@function`` or
+    ``@function(name=..., schedule=tessera.Schedule(block=(96, 256)))``."""
     if fn is None:
-        return lambda f: Function(f, name=name, target=target)
-    return Function(fn, name=name, target=target)
+        return lambda f: Function(f, name=name, target=target, schedule=schedule)
+    return Function(fn, name=name, target=target, schedule=schedule)
 
 
 def interpret(fn, *args, **kwargs):

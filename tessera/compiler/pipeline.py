@@ -175,14 +175,16 @@ def check_sizes(g: Graph):
                              expected="at most 2**62 elements")
 
 
-def compile_graph(graph: Graph, target: str = "cpu", output_structure=None) -> Program:
+def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
+                  schedule=None) -> Program:
     if target not in TARGETS:
         raise BackendUnavailableError(f"target {target!r} is not available yet",
                                       expected=" or ".join(TARGETS))
     g = canonicalize(graph.clone()).verify()
     prim = canonicalize(decompose(g)).verify()
     check_sizes(prim)
-    schedule = build_schedule(prim, target).verify()
+    knobs = schedule
+    schedule = build_schedule(prim, target, user=knobs).verify()
     tile = lower_schedule(schedule).verify()
     source = render_c(tile)
     from ..runtime.toolchain import build

@@ -13,7 +13,8 @@ LANES = {4: 16, 8: 8}               # accumulators per row reduction, by element
                                     # vector register each; fixed, so the association is too
 
 
-def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True) -> Schedule:
+def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None) -> Schedule:
+    """`user`: a tessera.Schedule whose knobs override the heuristics'."""
     buffers: list[Buffer] = []
     of: dict[int, Buffer] = {}
     for k, p in enumerate(g.params):
@@ -54,6 +55,11 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True) -> Schedu
         k.flops = kernel_flops(grp)
         k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + b.nbytes
         k.knobs = default_knobs(k)
+        tile = grp.anchor.attrs.get("tile_shape") if grp.anchor is not None else None
+        if tile and k.strategy == "contract":       # op.matmul(..., tile_shape=(BM, BN, BK))
+            k.knobs.update(zip(("tile_m", "tile_n", "tile_k"), tile))
+        if user is not None:
+            k.knobs.update(user.knobs_for(k.strategy))
         kernels.append(k)
     outputs = [of[v.id] for v in g.outputs]
     schedule = Schedule(g.name, g.bindings, target, buffers, kernels, outputs)

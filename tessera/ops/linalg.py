@@ -53,13 +53,26 @@ def _matmul_decompose(b, xs, attrs):
         return None                         # primitive
     x2 = b.op("reshape", x, shape=[1, tx.shape[0]]) if tx.rank == 1 else x
     y2 = b.op("reshape", y, shape=[ty.shape[0], 1]) if ty.rank == 1 else y
-    out = b.op("matmul", x2, y2)
+    out = b.op("matmul", x2, y2, tile_shape=attrs.get("tile_shape"))
     return b.op("reshape", out, shape=list(_matmul_infer([tx, ty], {}).shape))
 
 
+def _matmul_normalize(types, attrs):
+    tile = attrs.get("tile_shape")
+    if tile is not None:
+        if not isinstance(tile, (tuple, list)) or len(tile) not in (2, 3) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile):
+            raise ShapeError(f"tile_shape must be (BM, BN) or (BM, BN, BK) of positive integers, "
+                             f"not {tile!r}")
+        tile = list(tile)
+    return {"tile_shape": tile}
+
+
 register(OpDef(
-    "matmul", "contract", 2, {}, infer=_matmul_infer, dtype_rule=_matmul_dtypes,
+    "matmul", "contract", 2, {"tile_shape": None}, normalize=_matmul_normalize,
+    infer=_matmul_infer, dtype_rule=_matmul_dtypes,
     reference=lambda a, t: np.matmul(a[0], a[1]), decompose=_matmul_decompose,
     lowering=Contract(), ufunc="matmul",
-    doc="matrix product with NumPy's broadcasting of batch dimensions"))
+    doc="matrix product with NumPy's broadcasting of batch dimensions; tile_shape=(BM, BN, BK) "
+        "sets the kernel's tiles"))
 
