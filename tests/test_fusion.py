@@ -141,3 +141,56 @@ def test_fusion_can_be_read_in_the_schedule(rng):
     x = rng.standard_normal((4, 8)).astype(np.float32)
     text = str(ts.function(lambda x: op.softmax(x)).lower(x).schedule_ir)
     assert "k0_softmax = row(%x) -> out0" in text and "fuses {%0:softmax}" in text
+
+
+def random_program(rng, depth=8):
+    """A random composition of elementwise ops, broadcasting, reductions (keepdim or not, last
+    or first axis) and views, over x [A, B], y [B], z [A, 1]: fusion must never change a value."""
+    steps = []
+    for _ in range(depth):
+        steps.append((int(rng.integers(0, 9)), int(rng.integers(0, 1000))))
+
+    def fn(x, y, z):
+        vals = [x]
+        for kind, r in steps:
+            a = vals[r % len(vals)]
+            full = a.ndim == 2 and a.shape == x.shape
+            if kind == 0:
+                v = op.tanh(a) * 1.5
+            elif kind == 1:
+                v = a + y if full else a - 1.0
+            elif kind == 2:
+                v = a * z if full else op.exp(a * 0.1)
+            elif kind == 3 and full:
+                v = op.sum(a, axis=-1, keepdim=True) / 7.0
+            elif kind == 4 and full:
+                v = op.max(op.abs(a), axis=-1, keepdim=True)
+            elif kind == 5 and full:
+                v = op.sum(a * a, axis=0)          # a column reduction, shape [B]
+            elif kind == 6 and full:
+                v = op.sum(op.relu(a), axis=-1)    # no keepdim: shape [A]
+            elif kind == 7:
+                v = a - vals[(r // 7) % len(vals)] if a.shape == vals[(r // 7) % len(vals)].shape \
+                    else a * 0.5
+            else:
+                v = a + vals[-1] if a.shape == vals[-1].shape else op.neg(a)
+            if v.ndim == 1 and v.shape[0] == x.shape[0]:
+                v = v.reshape(x.shape[0], 1)       # a renaming reshape back to [A, 1]
+            if v.ndim == 2 and v.shape[1] == 1 and kind % 2:
+                v = v + x                          # broadcast back to the full shape
+            vals.append(v)
+        return vals[-1] + vals[len(vals) // 2].sum() * 0.0 if vals[-1].ndim else vals[-1]
+    return fn
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_random_fused_programs_match_the_interpreter(rng, case):
+    A, B = int(rng.integers(1, 40)), int(rng.integers(1, 70))
+    x = rng.standard_normal((A, B)).astype(np.float32)
+    y = rng.standard_normal(B).astype(np.float32)
+    z = rng.standard_normal((A, 1)).astype(np.float32)
+    fn = random_program(rng)
+    want = ts.interpret(fn, x, y, z)
+    got = ts.function(fn)(x, y, z)
+    scale = 1 + float(np.nanmax(np.abs(want))) if np.size(want) else 1
+    assert_close(got, want, atol=1e-5 * scale * B, rtol=1e-4)
