@@ -37,11 +37,21 @@ def _make(name):
 
 
 for _name in _ops.REGISTRY:
-    if _name not in ("layernorm", "rmsnorm"):
+    if _name not in ("layernorm", "rmsnorm", "attention"):
         globals()[_name] = _make(_name)
 
 _layernorm = _make("layernorm")
 _rmsnorm = _make("rmsnorm")
+_attention = _make("attention")
+
+
+def attention(q, k, v, mask=None, causal=False, scale=None):
+    """softmax(scale * q @ k^T + mask) @ v over the last axis, as one flash-attention kernel.
+
+    q: [..., Sq, D], k: [..., Sk, D], v: [..., Sk, Dv]; ``mask`` is additive (0 keeps, -inf
+    drops) and broadcasts to [..., Sq, Sk]; ``causal`` lets query i see keys j <= i + Sk - Sq;
+    ``scale`` defaults to 1/sqrt(D). A query that sees no key gets 0."""
+    return _attention(q, k, v, 0.0 if mask is None else mask, causal=causal, scale=scale)
 
 
 def layernorm(x, weight=None, bias=None, eps=1e-5, axis=-1):

@@ -33,7 +33,8 @@ def _positive_ints(name, value, lengths):
 class Schedule:
     """Knobs for a function's kernels.
 
-    block: tile sizes: (BM, BN) or (BM, BN, BK) for matmuls, (block_q, block_k) for attention.
+    block: tile sizes: (BM, BN) or (BM, BN, BK) for matmuls; its first size is attention's
+        queries per task.
     vector_width: accumulators per row reduction (this changes the association of sums, so
         results differ in the last bits from the default; still deterministic).
     parallel: False runs every kernel on one thread.
@@ -83,7 +84,7 @@ class Schedule:
                 if len(self.block) == 3:
                     out["tile_k"] = self.block[2]
             elif strategy == "attention":
-                out["block_q"], out["block_k"] = self.block[:2]
+                out["block_q"] = self.block[0]
         if self.vector_width is not None and strategy in ("row", "reduce"):
             out["lanes"] = self.vector_width
         return out

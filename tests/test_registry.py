@@ -35,6 +35,8 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 2, 3, 6)], {"axis": 1}) for n in
        ["softmax", "log_softmax", "logsumexp", "layernorm", "rmsnorm"]},
     "matmul": (lambda r: [f32(r, 2, 3, 4), f32(r, 4, 5)], {}),
+    "attention": (lambda r: [f32(r, 2, 5, 4), f32(r, 2, 7, 4), f32(r, 2, 7, 3), f32(r, 5, 7)],
+                  {"causal": True}),
     "transpose": (lambda r: [f32(r, 2, 3, 4)], {"perm": [1, 2, 0]}),
     "reshape": (lambda r: [f32(r, 2, 3, 4)], {"shape": [4, -1]}),
     "broadcast_to": (lambda r: [f32(r, 3, 1)], {"shape": [2, 3, 5]}),

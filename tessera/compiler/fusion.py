@@ -133,6 +133,8 @@ def _start(n: Node) -> Group:
     elif isinstance(desc, R.Contract):
         grp = Group("contract", n, shape, anchor=n)
         grp.maps[n.out.id] = identity_map(shape)
+    elif isinstance(desc, R.Attention):
+        grp = Group("attention", n, shape, anchor=n)
     else:
         kind = {R.ArgReduce: "argreduce", R.Concat: "concat", R.Gather: "gather"}[type(desc)]
         grp = Group(kind, n, shape)
@@ -170,9 +172,11 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
         return False
     if grp.kind == "copy":
         return False
-    if grp.kind == "contract" and any(u is grp.anchor for u in us):
+    if grp.anchor is not None and any(u is grp.anchor for u in us):
         # the contraction reads its operands from memory; a view of one is read in place
-        return is_view(p) and not squeezes_only(p) and _inputs_outside(p, grp)
+        return is_view(p) and (grp.kind == "contract" or unit_inner_stride(p))
+    if p.op == "reshape" and all(is_view(u) and u.out.id not in grp.maps for u in us):
+        return True      # a view of a reshape reads the reshape's source: same flat layout
     if any(u.out.id not in grp.maps for u in us):
         return False     # a user that reads its operand from memory (a contraction's view)
     maps = {map_from(u, grp.maps[u.out.id], p.out) for u in us}
@@ -195,8 +199,10 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     return False
 
 
-def _inputs_outside(p: Node, grp: Group) -> bool:
-    return all(v.node is None or v.node not in grp.nodes for v in p.inputs)
+def unit_inner_stride(p: Node) -> bool:
+    src = p.inputs[0]
+    _, strides = p.opdef.lowering.strides(src.type, p.out.type, p.attrs)
+    return not strides or strides[-1] == 1 or p.out.type.shape[-1] == 1
 
 
 def _absorb_reduce(grp: Group, p: Node, m) -> bool:

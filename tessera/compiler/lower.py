@@ -6,11 +6,13 @@ domain axis (0 where it broadcasts); adjacent axes that stay contiguous for ever
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .. import dtypes as dt
 from ..ops import registry as R
 from .fusion import identity_map, map_from, squeezes_only
 from .schedule_ir import Kernel, Schedule
-from .tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Expr, Load, Local, Loop, OpCall, Param,
+from .tile_ir import (Addr, Assign, Call, Bin, Cast, CheckIndex, Const, Decl, Expr, Load, Local, Loop, OpCall, Param,
                       Select, Store, TileKernel, TileProgram, Var, idx_add, idx_mul, linear)
 
 
@@ -47,6 +49,9 @@ def coalesce(extents, stride_lists):
 
 
 class _Names:
+    """Fresh local names. Buffers are named in*, out*, t*, c*, lit*: no prefix here may be one
+    of those followed by digits."""
+
     def __init__(self):
         self.n = 0
 
@@ -129,9 +134,8 @@ class Emitter:
         if grp.anchor is not None and n is grp.anchor:
             return k.output, 0, self._spread(m, contiguous(v.type.shape))
         if isinstance(n.opdef.lowering, R.View) and not squeezes_only(n):
-            src = n.inputs[0]
-            offset, strides = n.opdef.lowering.strides(src.type, v.type, n.attrs)
-            return k.reads[src.id], offset, self._spread(m, strides)
+            b, offset, strides = view_source(k, n)
+            return b, offset, self._spread(m, strides)
         return None
 
     def _spread(self, m, strides):
@@ -277,9 +281,14 @@ def lower_row(k: Kernel, code):
     row_body = [] if row is None else row
     lanes = k.knobs.get("lanes", 8)
     reduced_ids = set(red)
+    reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
+    whole = not kept_loops and len(red_loops) == 1 and len(reductions) == 1 and \
+        k.knobs.get("parallel") and em.extent(red_loops[0]) >= 2 * WHOLE_CHUNK
     for n in grp.nodes:
         m = grp.maps[n.out.id]
-        if isinstance(n.opdef.lowering, R.Reduce):
+        if isinstance(n.opdef.lowering, R.Reduce) and whole:
+            em.scalars[n.out.id] = _chunked_reduction(em, n, row_body, red_loops[0], lanes)
+        elif isinstance(n.opdef.lowering, R.Reduce):
             em.scalars[n.out.id] = _row_reduction(em, n, row_body, idx, red_loops, lanes)
         elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
                 not any(a in reduced_ids for a in m if a is not None):
@@ -298,7 +307,10 @@ def lower_row(k: Kernel, code):
     return outer if row is not None else row_body
 
 
-def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes) -> Expr:
+def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes, start=Const(0),
+                   length=None) -> Expr:
+    """acc[lanes] over the row (elements start .. start+length of the innermost reduced loop,
+    all of it by default), then the lanes combined in order; returns the result's Var."""
     names = em.names
     x = n.inputs[0]
     xm = identity_map(x.type.shape)
@@ -316,7 +328,7 @@ def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes) -> Expr:
     outer_red, inner_red = red_loops[:-1], red_loops[-1]
     outer, body, ridx = _loop_nest(em, outer_red, False, False)
     target = row_body if body is None else body
-    n_inner = em.extent(inner_red)
+    n_inner = em.extent(inner_red) if length is None else length
     chunks, tail = divmod(n_inner, lanes)
 
     def update(lane_body, lane_var, inner_index):
@@ -325,21 +337,51 @@ def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes) -> Expr:
         lane_body.append(Store(acc, Var(lane_var),
                                OpCall(n.op, "combine", (), xd, od, (Load(acc, Var(lane_var)), v))))
     if chunks:
-        c, lane = names("c"), names("l")
+        c, lane = names("ch"), names("l")
         lane_loop = Loop(lane, lanes, "vector")
         update(lane_loop.body, lane,
-               idx_add(idx_mul(Var(c), Const(lanes)), Var(lane)))
+               idx_add(start, idx_add(idx_mul(Var(c), Const(lanes)), Var(lane))))
         target.append(Loop(c, chunks, "serial", [lane_loop]))
     if tail:
         lane = names("l")
         tail_loop = Loop(lane, tail, "vector")
-        update(tail_loop.body, lane, idx_add(Const(chunks * lanes), Var(lane)))
+        update(tail_loop.body, lane, idx_add(start, idx_add(Const(chunks * lanes), Var(lane))))
         target.append(tail_loop)
     row_body.extend(outer)
     total, l1 = names("s"), names("l")
     row_body.append(Decl(total, od, Load(acc, Const(0))))
     row_body.append(Loop(l1, lanes - 1, "serial", [Assign(total, OpCall(
         n.op, "combine", (), xd, od, (Var(total), Load(acc, idx_add(Var(l1), Const(1))))))]))
+    return Var(total)
+
+
+WHOLE_CHUNK = 1 << 14  # a reduction of a whole tensor splits into chunks of at least this many
+MAX_CHUNKS = 4096      # elements, and at most this many chunks: both depend on the size alone
+
+
+def _chunked_reduction(em: Emitter, n, row_body, red_loop, lanes) -> Expr:
+    """A reduction over a whole tensor: fixed-size chunks reduced in parallel (each into lanes,
+    as a row would be), then the chunks' results combined in order. The chunking depends on
+    the size only, never on the thread count, so the result does not either."""
+    names = em.names
+    x = n.inputs[0]
+    xd, od = x.type.dtype, n.out.type.dtype
+    total_n = em.extent(red_loop)
+    size = max(WHOLE_CHUNK, -(-total_n // MAX_CHUNKS))
+    full, rest = divmod(total_n, size)
+    part, c = names("part"), names("ch")
+    row_body.append(Local(part, od, full + (1 if rest else 0)))
+    chunk = []
+    s_ = _row_reduction(em, n, chunk, {}, [red_loop], lanes, idx_mul(Var(c), Const(size)), size)
+    chunk.append(Store(part, Var(c), s_))
+    row_body.append(Loop(c, full, "parallel", chunk))
+    if rest:
+        s_ = _row_reduction(em, n, row_body, {}, [red_loop], lanes, Const(full * size), rest)
+        row_body.append(Store(part, Const(full), s_))
+    total, i = names("s"), names("ch")
+    row_body.append(Decl(total, od, Load(part, Const(0))))
+    row_body.append(Loop(i, full + (1 if rest else 0) - 1, "serial", [Assign(total, OpCall(
+        n.op, "combine", (), xd, od, (Var(total), Load(part, idx_add(Var(i), Const(1))))))]))
     return Var(total)
 
 
@@ -396,7 +438,7 @@ def lower_column_reduce(k: Kernel, code):
         n_red = em.extent(red_ids[-1]) if red_ids else 1
         chunks, tail = divmod(n_red, lanes)
         if chunks:
-            c, l2 = names("c"), names("l")
+            c, l2 = names("ch"), names("l")
             lane_loop = Loop(l2, lanes, "serial")
             update(lane_loop.body, Var(l2), idx_add(idx_mul(Var(c), Const(lanes)), Var(l2)))
             target.append(Loop(c, chunks, "serial", [lane_loop]))
@@ -459,15 +501,22 @@ def lower_argreduce(k: Kernel, code):
     return _finish(k, inner, outer, body)
 
 
+def view_source(k: Kernel, n):
+    """(buffer, offset, strides per output axis) of a view node read in place. Its source may
+    be a reshape of a buffer: every buffer is contiguous, so a reshape moves nothing."""
+    src = n.inputs[0]
+    offset, strides = n.opdef.lowering.strides(src.type, n.out.type, n.attrs)
+    while src.id not in k.reads:
+        src = src.node.inputs[0]            # a reshape the group absorbed
+    return k.reads[src.id], offset, list(strides)
+
+
 def operand(k: Kernel, v):
     """(buffer, offset, strides per axis) of a contraction operand: a buffer, or a view of one
     read in place (x @ w.T never copies w)."""
     if v.id in k.reads:
         return k.reads[v.id], 0, contiguous(v.type.shape)
-    n = v.node
-    src = n.inputs[0]
-    offset, strides = n.opdef.lowering.strides(src.type, v.type, n.attrs)
-    return k.reads[src.id], offset, list(strides)
+    return view_source(k, v.node)
 
 
 def contract_operands(k: Kernel):
@@ -488,7 +537,57 @@ def contract_operands(k: Kernel):
 
 
 def lower_contract(k: Kernel, code):
-    """Batched matmul with its epilogue applied to each finished output row."""
+    if k.output.type.dtype.is_float:
+        return lower_gemm_tiles(k)
+    return lower_contract_loops(k)
+
+
+def lower_gemm_tiles(k: Kernel):
+    """Float matmuls: a fixed grid of (batch, row tile, column tile) tasks, each one call of the
+    packed GEMM routine and then the epilogue over the finished tile while it is in cache. The
+    grid depends on the shapes and knobs only, never on the thread count."""
+    names = _Names()
+    em = Emitter(k, names)
+    grp = k.group
+    (A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs) = contract_operands(k)[0]
+    _, M, N, K_, batch = contract_operands(k)
+    em.loops = [[a] for a in range(len(grp.domain))]
+    d = k.output.type.dtype
+    MT, NT = min(k.knobs["tile_m"], max(M, 1)), min(k.knobs["tile_n"], max(N, 1))
+    KC = k.knobs["tile_k"]
+    tm, tn = -(-M // MT), -(-N // NT)
+    nb = 1
+    for e in batch:
+        nb *= e
+    t = names("task")
+    bidx = unflatten(idx_div(Var(t), tm * tn), batch) if batch else []
+    i0, j0, mt, nt = names("i0"), names("j0"), names("mt"), names("nt")
+    rest = idx_mod(Var(t), tm * tn)
+    body = [Decl(i0, dt.int64, idx_mul(idx_div(rest, tn), Const(MT))),
+            Decl(j0, dt.int64, idx_mul(idx_mod(rest, tn), Const(NT))),
+            Decl(mt, dt.int64, idx_min(Const(MT), Bin("-", Const(M), Var(i0)))),
+            Decl(nt, dt.int64, idx_min(Const(NT), Bin("-", Const(N), Var(j0))))]
+    abase = idx_add(linear(bidx, a_b, a_off), idx_mul(Var(i0), Const(a_rs)))
+    bbase = idx_add(linear(bidx, b_b, b_off), idx_mul(Var(j0), Const(b_cs)))
+    obase = linear(bidx, contiguous(batch + [M, N])[:-2])
+    cbase = idx_add(obase, idx_add(idx_mul(Var(i0), Const(N)), Var(j0)))
+    body.append(Call(f"ts_gemm_tile_{d.short}", (
+        Addr(A.name, abase), Const(a_rs), Const(a_cs), Addr(B.name, bbase), Const(b_rs),
+        Const(b_cs), Addr(k.output.name, cbase), Const(N), Const(K_), Var(mt), Var(nt),
+        Const(KC)), f"gemm:{d.short}"))
+    if grp.root is not grp.anchor:
+        ii, jj = names("i"), names("j")
+        epi = Loop(jj, Var(nt), "vector" if k.knobs.get("simd") else "serial")
+        point = {**{q: bidx[q] for q in range(len(batch))},
+                 len(batch): idx_add(Var(i0), Var(ii)), len(batch) + 1: idx_add(Var(j0), Var(jj))}
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
+        epi.body.append(Store(k.output.name, em.out_index(point), value))
+        body.append(Loop(ii, Var(mt), "serial", [epi]))
+    return [Loop(t, nb * tm * tn, "parallel" if k.knobs.get("parallel") else "serial", body)]
+
+
+def lower_contract_loops(k: Kernel):
+    """Integer matmuls: plain loops (no epilogue: fusion only gives float matmuls one)."""
     names = _Names()
     em = Emitter(k, names)
     grp = k.group
@@ -526,6 +625,75 @@ def lower_contract(k: Kernel, code):
         return [row]
     binner.append(row)
     return bl
+
+
+def idx_min(a, b):
+    return Select(Bin("<", a, b), a, b)
+
+
+def idx_div(a, e: int):
+    return a if e == 1 else Bin("/", a, Const(e))
+
+
+def idx_mod(a, e: int):
+    return Const(0) if e == 1 else Bin("%", a, Const(e))
+
+
+def unflatten(flat, extents):
+    """Per-axis indices (outermost first) of a flat index over `extents`."""
+    out, rest = [], flat
+    for e in reversed(extents):
+        out.append(idx_mod(rest, e))
+        rest = idx_div(rest, e)
+    return list(reversed(out))
+
+
+def batch_strides(shape, strides, batch):
+    """An operand's strides over the output's batch axes (0 where it broadcasts)."""
+    pad = len(batch) - (len(shape) - 2)
+    return [0 if q < pad or shape[q - pad] == 1 else strides[q - pad] for q in range(len(batch))]
+
+
+def lower_attention(k: Kernel, code):
+    """One task per (batch, block of queries); the routine streams keys in blocks with an online
+    softmax, so the Sq x Sk scores never exist."""
+    names = _Names()
+    n = k.group.anchor
+    q, kk, v, mask = n.inputs
+    out = list(n.out.type.shape)
+    batch, Sq, Dv = out[:-2], out[-2], out[-1]
+    Sk, D = kk.type.shape[-2], q.type.shape[-1]
+    d = k.output.type.dtype
+    bq = min(k.knobs.get("block_q", 64), max(Sq, 1))
+    nqb = -(-Sq // bq)
+    nb = 1
+    for e in batch:
+        nb *= e
+    t = names("task")
+    bidx = unflatten(idx_div(Var(t), nqb), batch) if batch else []
+    q0 = names("q0")
+    args = []
+    for val in (q, kk, v):
+        b, off, st = operand(k, val)
+        base = linear(bidx, batch_strides(list(val.type.shape), st, batch), off)
+        args += [Addr(b.name, base), Const(st[-2])]
+    if mask.id in k.reads and k.reads[mask.id].role == "inline":
+        args += [Addr(None), Const(0), Const(0)]
+        if not np.isfinite(k.reads[mask.id].data):
+            raise NotImplementedError("a scalar -inf mask")
+    else:
+        b, off, st = operand(k, mask)
+        full = list(mask.type.shape)
+        pad = len(out) - len(full)
+        st = [0] * pad + [0 if full[i] == 1 else st[i] for i in range(len(full))]
+        args += [Addr(b.name, linear(bidx, st[:-2], off)), Const(st[-2]), Const(st[-1])]
+    obase = linear(bidx, contiguous(batch + [Sq, Dv])[:-2])
+    args += [Addr(k.output.name, obase), Const(Dv), Var(q0),
+             idx_min(Const(bq), Bin("-", Const(Sq), Var(q0))), Const(Sk), Const(D), Const(Dv),
+             Const(n.attrs["scale"], d), Const(int(n.attrs["causal"])), Const(Sk - Sq)]
+    body = [Decl(q0, dt.int64, idx_mul(idx_mod(Var(t), nqb), Const(bq))),
+            Call(f"ts_attention_block_{d.short}", tuple(args), f"attention:{d.short}")]
+    return [Loop(t, nb * nqb, "parallel" if k.knobs.get("parallel") else "serial", body)]
 
 
 def lower_concat(k: Kernel, code):
@@ -581,7 +749,8 @@ def _nest_keep(extents, names, parallel, simd):
 
 LOWERINGS = {"pointwise": lower_pointwise, "copy": lower_pointwise, "row": lower_row,
              "reduce": lower_column_reduce, "contract": lower_contract,
-             "argreduce": lower_argreduce, "concat": lower_concat, "gather": lower_gather}
+             "argreduce": lower_argreduce, "concat": lower_concat, "gather": lower_gather,
+             "attention": lower_attention}
 
 
 def lower_schedule(s: Schedule) -> TileProgram:

@@ -14,7 +14,7 @@ from ..runtime import profiler
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
-from .passes import canonicalize, decompose
+from .passes import PRIMITIVE_RULES, canonicalize, decompose
 from .scheduler import build_schedule
 from .target.c import ENTRY, render_c
 
@@ -181,7 +181,7 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
         raise BackendUnavailableError(f"target {target!r} is not available yet",
                                       expected=" or ".join(TARGETS))
     g = canonicalize(graph.clone()).verify()
-    prim = canonicalize(decompose(g)).verify()
+    prim = canonicalize(decompose(g), PRIMITIVE_RULES).verify()
     check_sizes(prim)
     knobs = schedule
     schedule = build_schedule(prim, target, user=knobs).verify()

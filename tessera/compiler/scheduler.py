@@ -107,6 +107,10 @@ def kernel_flops(grp: Group) -> int:
             total += n.inputs[0].type.numel()
         elif isinstance(desc, R.Contract):
             total += 2 * n.out.type.numel() * n.inputs[0].type.shape[-1]
+        elif isinstance(desc, R.Attention):      # q @ k^T and p @ v, plus the softmax
+            q, kk, v = n.inputs[:3]
+            rows = n.out.type.numel() // max(1, v.type.shape[-1])
+            total += rows * kk.type.shape[-2] * (2 * q.type.shape[-1] + 2 * v.type.shape[-1] + 5)
     return total
 
 
@@ -116,10 +120,23 @@ def default_knobs(k: Kernel) -> dict:
     for d in grp.domain:
         numel *= d
     if k.strategy == "contract":
-        return {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "simd": True}
+        knobs = {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "simd": True}
+        if k.output.type.dtype.is_float:
+            knobs.update(gemm_tiles(grp.anchor, k.output.type.dtype.short))
+        return knobs
+    if k.strategy == "attention":
+        from .target.c_attention import DEFAULT_BLOCKS, MIN_TASKS
+        shape = grp.anchor.out.type.shape
+        heads = 1
+        for e in shape[:-2]:
+            heads *= e
+        bq = DEFAULT_BLOCKS["block_q"]
+        while bq > 16 and heads * -(-shape[-2] // bq) < MIN_TASKS:
+            bq //= 2
+        return {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "block_q": bq}
     if k.strategy == "row":
         rows = numel // max(1, _reduced_size(grp))
-        return {"parallel": rows >= 2 and numel >= PARALLEL_MIN_ELEMENTS,
+        return {"parallel": numel >= PARALLEL_MIN_ELEMENTS,
                 "lanes": LANES.get(k.output.type.dtype.itemsize, 8)}
     if k.strategy == "reduce":
         return {"parallel": numel >= PARALLEL_MIN_ELEMENTS,
@@ -128,6 +145,24 @@ def default_knobs(k: Kernel) -> dict:
         return {"parallel": k.output.type.numel() >= 2 and
                 k.inputs[0].type.numel() >= PARALLEL_MIN_ELEMENTS}
     return {"parallel": k.output.type.numel() >= PARALLEL_MIN_ELEMENTS, "simd": True}
+
+
+def gemm_tiles(c, dtype_short: str) -> dict:
+    """Task tiles for a matmul: the measured best, halved (columns first) while the product has
+    fewer than MIN_TASKS tasks. Depends on the shapes alone, never on the thread count."""
+    from .target.c_gemm import DEFAULT_TILE, MIN_TASKS, MR
+    mt, nt, kc = DEFAULT_TILE[dtype_short]
+    shape = c.out.type.shape
+    M, N = shape[-2], shape[-1]
+    batch = 1
+    for d in shape[:-2]:
+        batch *= d
+    while batch * -(-M // mt) * -(-N // nt) < MIN_TASKS and (nt > 64 or mt > 4 * MR):
+        if nt > 64 and (nt >= mt or mt <= 4 * MR):
+            nt //= 2
+        else:
+            mt //= 2
+    return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
 
 
 def _reduced_size(grp: Group) -> int:

@@ -89,6 +89,16 @@ class OpCall(Expr):
         return f"{name}({', '.join(map(str, self.args))})" + (f" {extra}" if extra else "")
 
 
+@dataclass(frozen=True)
+class Addr(Expr):
+    """A pointer to buf[index] (an argument of a Call); buf None is the null pointer."""
+    buf: str | None
+    index: Expr = None
+
+    def __str__(self):
+        return "null" if self.buf is None else f"&{self.buf}[{self.index}]"
+
+
 def idx_add(a, b):
     if isinstance(a, Const) and a.value == 0:
         return b
@@ -167,6 +177,15 @@ class CheckIndex(Stmt):
 
 
 @dataclass
+class Call(Stmt):
+    """A call of a hand-written routine of the target (the GEMM tile, the attention block);
+    `routine` names its source, which the renderer emits once."""
+    fn: str
+    args: tuple
+    routine: str
+
+
+@dataclass
 class Param:
     name: str
     dtype: dt.DType
@@ -236,6 +255,12 @@ class TileKernel:
                 elif isinstance(s, CheckIndex):
                     if s.name not in scope:
                         raise IRVerificationError(f"{self.name}: checks undeclared {s.name}")
+                elif isinstance(s, Call):
+                    for a in s.args:
+                        if isinstance(a, Addr) and a.buf is not None and a.buf not in names:
+                            raise IRVerificationError(f"{self.name}: {s.fn} gets unknown "
+                                                      f"buffer {a.buf}")
+                        _check_expr(a, scope, names, self.name)
         walk(self.body, ())
         return self
 
@@ -267,6 +292,8 @@ def _children(e):
         return [e.cond, e.a, e.b]
     if isinstance(e, OpCall):
         return list(e.args)
+    if isinstance(e, Addr):
+        return [] if e.index is None else [e.index]
     return []
 
 
@@ -277,7 +304,8 @@ def walk_exprs(stmts):
             yield from walk_exprs(s.body)
             continue
         roots = {Decl: lambda s: [s.init], Assign: lambda s: [s.value],
-                 Store: lambda s: [s.index, s.value]}.get(type(s), lambda s: [])(s)
+                 Store: lambda s: [s.index, s.value],
+                 Call: lambda s: list(s.args)}.get(type(s), lambda s: [])(s)
         stack = list(roots)
         while stack:
             e = stack.pop()
@@ -302,6 +330,8 @@ def _print_block(stmts, lines, depth):
             lines.append(f"{pad}check {s.name} in 0..{s.extent} else error {s.code}")
         elif isinstance(s, Local):
             lines.append(f"{pad}local {s.name}: {s.dtype.short}[{s.size}]")
+        elif isinstance(s, Call):
+            lines.append(f"{pad}call {s.fn}({', '.join(map(str, s.args))})")
 
 
 @dataclass

@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DTypeError
+from . import cmath
 from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool,
                        ref_errstate, register)
 from ..types import TensorType
@@ -111,35 +112,54 @@ def _gelu_template(attrs, kind):
 
 FMAX = "TS_INLINE {T} ts_max{F}({T} a, {T} b) { return (a > b || a != a) ? a : b; }"
 FMIN = "TS_INLINE {T} ts_min{F}({T} a, {T} b) { return (a < b || a != a) ? a : b; }"
-SIGMOID = "TS_INLINE {T} ts_sigmoid{F}({T} x) { return ({T})1 / (({T})1 + exp{F}(-x)); }"
+SIGMOID = "TS_INLINE {T} ts_sigmoid{F}({T} x) { return ({T})1 / (({T})1 + ts_exp{F}(-x)); }"
+GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + ts_tanh{F}("
+        "({T})0.7978845608028654 * (x + ({T})0.044715 * x * x * x))); }\n"
+        "TS_INLINE {T} ts_gelu_erf{F}({T} x) { return ({T})0.5 * x * "
+        "(({T})1 + ts_erf{F}(x * ({T})0.7071067811865476)); }")
+
+
+def math_helpers(*names, extra=()):
+    """Our float32 transcendentals (tessera/ops/cmath.py), libm wrappers for float64, then
+    the operator's own helper chunks."""
+    f32, f64 = [], []
+    for n in names:
+        f32 += [c for c in cmath.F32[n] if c not in f32]
+        f64 += [c for c in cmath.F64[n] if c not in f64]
+    return {"f": _ByDType(tuple(f32) + tuple(extra), tuple(f64) + tuple(extra))}
+
+
+class _ByDType(tuple):
+    """Helper chunks that differ between float32 and float64 (picked by the renderer)."""
+    def __new__(cls, f32, f64):
+        self = super().__new__(cls, f32)
+        self.f64 = f64
+        return self
 
 with np.errstate(all="ignore"):
     elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})"}, lambda a, t: -a[0],
                 doc="-x")
     elementwise("abs", 1, unary_same(), {"f": "fabs{F}({0})", "i": "({0} < 0 ? -{0} : {0})",
                                          "b": "{0}"}, lambda a, t: np.abs(a[0]), doc="|x|")
-    for _name, _fn in [("exp", np.exp), ("log", np.log), ("sqrt", np.sqrt), ("sin", np.sin),
-                       ("cos", np.cos), ("tanh", np.tanh)]:
+    for _name, _fn in [("log", np.log), ("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
         elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8, doc=f"{_name}(x)")
-    elementwise("erf", 1, unary_float, {"f": "erf{F}({0})"}, lambda a, t: _erf_ref(a[0]), flops=8,
-                doc="the error function")
+    for _name, _fn in [("exp", np.exp), ("tanh", np.tanh), ("erf", _erf_ref)]:
+        elementwise(_name, 1, unary_float, {"f": "ts_" + _name + "{F}({0})"},
+                    (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=12,
+                    helpers=math_helpers(_name), doc=f"{_name}(x) (our own float32 polynomial)")
     elementwise("rsqrt", 1, unary_float, {"f": "(({T})1 / sqrt{F}({0}))"},
                 lambda a, t: (1 / np.sqrt(a[0])).astype(a[0].dtype), flops=2, doc="1/sqrt(x)")
     elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},
-                lambda a, t: _sigmoid_ref(a[0]), flops=10, helpers={"f": SIGMOID},
-                doc="1/(1+exp(-x))")
+                lambda a, t: _sigmoid_ref(a[0]), flops=14,
+                helpers=math_helpers("exp", extra=(SIGMOID,)), doc="1/(1+exp(-x))")
     elementwise("silu", 1, unary_float, {"f": "({0} * ts_sigmoid{F}({0}))"},
-                lambda a, t: (a[0] * _sigmoid_ref(a[0])).astype(a[0].dtype), flops=11,
-                helpers={"f": SIGMOID}, doc="x*sigmoid(x)")
+                lambda a, t: (a[0] * _sigmoid_ref(a[0])).astype(a[0].dtype), flops=15,
+                helpers=math_helpers("exp", extra=(SIGMOID,)), doc="x*sigmoid(x)")
     elementwise("gelu", 1, unary_float, _gelu_template,
-                lambda a, t: _gelu_ref(a[0], t.get("approximate", "none")), flops=14,
+                lambda a, t: _gelu_ref(a[0], t.get("approximate", "none")), flops=20,
                 attrs={"approximate": "none"},
-                helpers={"f": "TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * "
-                              "(({T})1 + tanh{F}(({T})0.7978845608028654 * (x + ({T})0.044715 "
-                              "* x * x * x))); }\n"
-                              "TS_INLINE {T} ts_gelu_erf{F}({T} x) { return ({T})0.5 * x * "
-                              "(({T})1 + erf{F}(x * ({T})0.7071067811865476)); }"},
+                helpers=math_helpers("tanh", "erf", extra=(GELU,)),
                 doc="x*Phi(x); approximate='tanh' gives the tanh form")
     elementwise("relu", 1, unary_same(), {"f": "ts_max{F}({0}, ({T})0)", "i": "({0} > 0 ? {0} : 0)",
                                           "b": "{0}"},

@@ -75,6 +75,12 @@ class Gather:
     """out = table[..., idx, ...] with a bounds check that reports instead of crashing."""
 
 
+@dataclass(frozen=True)
+class Attention:
+    """softmax(scale * q @ k^T + mask [causal]) @ v, blockwise with an online softmax: the
+    Sq x Sk scores never exist in memory."""
+
+
 # ---- the entry ---------------------------------------------------------------------------------
 @dataclass
 class OpDef:

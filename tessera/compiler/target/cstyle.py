@@ -9,8 +9,8 @@ import math
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..tile_ir import (Assign, Bin, Cast, CheckIndex, Const, Decl, Load, Local, Loop, OpCall,
-                       Select, Store, TileKernel, TileProgram, Var, walk_exprs)
+from ..tile_ir import (Addr, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, Load, Local, Loop,
+                       OpCall, Select, Store, TileKernel, TileProgram, Var, walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
@@ -72,6 +72,8 @@ class CStyleRenderer:
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, OpCall):
             return self.opcall(e)
+        if isinstance(e, Addr):
+            return "0" if e.buf is None else f"({e.buf} + {self.expr(e.index)})"
         raise TypeError(f"cannot render {e!r}")
 
     def template(self, e: OpCall) -> str:
@@ -100,7 +102,10 @@ class CStyleRenderer:
                     continue
                 chunks = R.get(e.op).lowering.helpers.get(e.compute.kind) \
                     if hasattr(R.get(e.op).lowering, "helpers") else None
-                # a str, or a tuple of chunks that several operators share (each emitted once)
+                # a str, or a tuple of chunks that several operators share (each emitted once);
+                # a tuple may carry other chunks for float64 (`.f64`)
+                if e.compute.itemsize == 8 and hasattr(chunks, "f64"):
+                    chunks = chunks.f64
                 for text in ((chunks,) if isinstance(chunks, str) else chunks or ()):
                     h = fill(text, **self.subs(e.compute, e.compute))
                     if h not in out:
@@ -125,6 +130,8 @@ class CStyleRenderer:
             out.append(f"{pad}{self.ctype(s.dtype)} {s.name} = {self.expr(s.init)};")
         elif isinstance(s, Local):
             out.append(f"{pad}{self.ctype(s.dtype)} {s.name}[{s.size}];")
+        elif isinstance(s, Call):
+            out.append(f"{pad}{s.fn}({', '.join(self.expr(a) for a in s.args)});")
         elif isinstance(s, Assign):
             out.append(f"{pad}{s.name} = {self.expr(s.value)};")
         elif isinstance(s, Store):
@@ -162,12 +169,37 @@ class CStyleRenderer:
     def prelude(self) -> str:
         return ""
 
+    def routines(self, program: TileProgram) -> list[str]:
+        """The hand-written routines the program's Calls need, each once."""
+        keys = []
+        for k in program.kernels:
+            for s in _statements(k.body):
+                if isinstance(s, Call) and s.routine not in keys:
+                    keys.append(s.routine)
+        out = []
+        for key in keys:
+            for chunk in self.routine_source(key):       # shared chunks (ISA macros) once
+                if chunk not in out:
+                    out.append(chunk)
+        return out
+
+    def routine_source(self, key: str) -> list[str]:
+        raise NotImplementedError(f"this target has no routine {key}")
+
     def render(self, program: TileProgram) -> str:
         parts = [self.prelude()]
         parts += self.helpers(program)
+        parts += self.routines(program)
         parts += [self.kernel(k) for k in program.kernels]
         parts.append(self.entry(program))
         return "\n\n".join(p for p in parts if p) + "\n"
 
     def entry(self, program: TileProgram) -> str:
         raise NotImplementedError
+
+
+def _statements(stmts):
+    for s in stmts:
+        yield s
+        if isinstance(s, Loop):
+            yield from _statements(s.body)

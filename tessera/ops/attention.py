@@ -1,0 +1,84 @@
+"""Scaled dot-product attention as one operator with its own (flash-attention) lowering.
+
+`op.attention(q, k, v, mask=None, causal=False, scale=None)`; the compiler also rewrites the
+pattern written out by hand (matmul, scale, additive mask, softmax, matmul) into this operator.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError, ShapeError
+from ..shapes import same
+from ..types import TensorType
+from .registry import Attention, OpDef, broadcast_shapes, ref_errstate, register
+
+
+def _infer(ts, a):
+    q, k, v, mask = ts
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.rank < 2:
+            raise ShapeError(f"attention's {name} needs rank 2 or more ([..., S, D])",
+                             received=str(t))
+    d = dt.result_type(q.dtype, k.dtype, v.dtype)
+    if not d.is_float:
+        raise DTypeError("attention needs float q, k and v", received=d.short,
+                         hint="cast to float32 first")
+    if not same(q.shape[-1], k.shape[-1]):
+        raise ShapeError(f"q and k must share the feature size: {q.shape[-1]} vs {k.shape[-1]}",
+                         expected="q: [..., Sq, D], k: [..., Sk, D]", received=f"{q} and {k}")
+    if not same(k.shape[-2], v.shape[-2]):
+        raise ShapeError(f"k and v must have the same number of keys: {k.shape[-2]} vs "
+                         f"{v.shape[-2]}", expected="k: [..., Sk, D], v: [..., Sk, Dv]",
+                         received=f"{k} and {v}")
+    batch = broadcast_shapes([q.with_shape(q.shape[:-2]), k.with_shape(k.shape[:-2]),
+                              v.with_shape(v.shape[:-2])])
+    scores = TensorType(d, batch + (q.shape[-2], k.shape[-2]))
+    try:
+        full = broadcast_shapes([scores, mask])
+    except ShapeError as e:
+        e.summary = "the mask does not broadcast to the scores [..., Sq, Sk]: " + e.summary
+        raise
+    if len(full) != len(scores.shape) or not all(same(x, y) for x, y in zip(full, scores.shape)):
+        raise ShapeError("the mask must broadcast to the scores' shape",
+                         expected=str(scores), received=str(mask))
+    if mask.dtype.is_bool:
+        raise DTypeError("attention's mask is additive (0 to keep, -inf to drop), not bool",
+                         hint="op.where(keep, 0.0, -np.inf)")
+    return TensorType(d, batch + (q.shape[-2], v.shape[-1]))
+
+
+def _normalize(ts, a):
+    scale = a["scale"]
+    if scale is None:
+        scale = 1.0 / math.sqrt(ts[0].shape[-1]) if isinstance(ts[0].shape[-1], int) else None
+    return {"scale": None if scale is None else float(scale), "causal": bool(a["causal"])}
+
+
+def causal_keep(sq: int, sk: int):
+    """Query i sees key j when j <= i + (sk - sq): the last query sees every key."""
+    return np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
+
+
+def _reference(xs, a):
+    q, k, v, mask = xs
+    f = np.result_type(q, k, v)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = q64 @ np.swapaxes(k64, -1, -2) * a["scale"] + mask.astype(np.float64)
+    if a["causal"]:
+        s = np.where(causal_keep(s.shape[-2], s.shape[-1]), s, -np.inf)
+    with ref_errstate():
+        m = s.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0)
+        e = np.exp(s - m)
+        z = e.sum(axis=-1, keepdims=True)
+        p = np.where(z > 0, e / np.where(z > 0, z, 1), 0)     # a row with no key gives 0
+    return (p @ v64).astype(f)
+
+
+register(OpDef("attention", "attention", 4, {"scale": None, "causal": False}, infer=_infer,
+               normalize=_normalize, reference=_reference, lowering=Attention(),
+               doc="softmax(scale * q @ k^T + mask, causal) @ v without materialising the "
+                   "scores; scale defaults to 1/sqrt(D)"))
