@@ -10,6 +10,7 @@ from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # no
                      TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
+from .runtime.profiler import machine_peaks, profiler  # noqa: E402
 from .schedule import Schedule  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
 
@@ -18,5 +19,5 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
-    "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors",
+    "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
 ]
