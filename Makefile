@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab test lab notebooks clean
+.PHONY: setup setup-lab setup-bench test lab bench notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,16 @@ test: setup
 
 lab: setup-lab
 	$(BIN)/jupyter lab tutorials/
+
+# Benchmarks: tessera against NumPy and whichever peers are installed (make setup-bench adds
+# PyTorch for the CPU and JAX). Ratios are printed and written to benchmarks/results/.
+bench: setup
+	$(BIN)/python -m benchmarks.bench $(BENCH_ARGS)
+
+setup-bench: setup
+	$(BIN)/python -m pip install -q pandas "jax[cpu]"
+	$(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu \
+		|| $(BIN)/python -m pip install -q torch
 
 clean:
 	rm -rf $(VENV) build *.egg-info
