@@ -212,8 +212,10 @@ def run_case(case: Case, rng, repeat: int, quick: bool, peers) -> dict:
     for _ in range(repeat):                                 # interleaved rounds
         for name, impl in live.items():
             # BLAS and OpenMP worker threads spin for a while after a call, taking the cores
-            # from whoever runs next: let them go to sleep first
+            # from whoever runs next: let them go to sleep, then wake this one's threads with
+            # an untimed call, as a loop calling it would have them
             time.sleep(SETTLE_S)
+            impl()
             t = time.perf_counter()
             impl()
             samples[name].append(time.perf_counter() - t)

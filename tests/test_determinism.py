@@ -27,7 +27,9 @@ PROGRAM = textwrap.dedent("""
            ts.function(hand_softmax), ts.function(lambda x, w: op.gelu(x @ w * 0.5 + w[0])),
            ts.function(lambda x, w: x[:, :129] @ w.T[:, :300]),
            ts.function(lambda x, w: op.sum(op.exp(x) * x, axis=0)),
-           ts.function(lambda x, w: op.logsumexp(x * 3, axis=-1))]
+           ts.function(lambda x, w: op.logsumexp(x * 3, axis=-1)),
+           ts.function(lambda x, w: op.attention(x[:, :64], x[:200, 64:128], w[:200, :64],
+                                                 causal=True))]
     print(" ".join(hashlib.sha256(f(x, w).tobytes()).hexdigest()[:16] for f in fns))
 """)
 
@@ -43,7 +45,7 @@ def run(threads, seed):
 def test_bitwise_equal_across_thread_counts_and_runs():
     seed = int.from_bytes(os.urandom(4), "little")
     one, two, again = run(1, seed), run(2, seed), run(2, seed)
-    assert len(one) == 11
+    assert len(one) == 12
     assert one == two == again, f"seed {seed}"
 
 

@@ -121,6 +121,7 @@ class Emitter:
         self.k, self.grp, self.names = k, k.group, names
         self.inside = {n.out.id for n in self.grp.nodes}
         self.scalars: dict[int, Expr] = {}
+        self.stashed: set = set()      # values a row kernel parked in its output row
         self.memo: dict = {}
 
     # -- where values live -------------------------------------------------------------------------
@@ -172,6 +173,8 @@ class Emitter:
         """v (with axis map m) at the loop point idx (loop number -> index Expr)."""
         if v.id in self.scalars:
             return self.scalars[v.id]
+        if v.id in self.stashed:
+            return Load(self.k.output.name, self.out_index(idx))
         if self._inline_const(v):
             return read(self.k.reads[v.id], None)
         lf = self.leaf(v, m)
@@ -282,6 +285,7 @@ def lower_row(k: Kernel, code):
     lanes = k.knobs.get("lanes", 8)
     reduced_ids = set(red)
     reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
+    stash = _stashable(grp, reductions)
     whole = not kept_loops and len(red_loops) == 1 and len(reductions) == 1 and \
         k.knobs.get("parallel") and em.extent(red_loops[0]) >= 2 * WHOLE_CHUNK
     for n in grp.nodes:
@@ -289,7 +293,10 @@ def lower_row(k: Kernel, code):
         if isinstance(n.opdef.lowering, R.Reduce) and whole:
             em.scalars[n.out.id] = _chunked_reduction(em, n, row_body, red_loops[0], lanes)
         elif isinstance(n.opdef.lowering, R.Reduce):
-            em.scalars[n.out.id] = _row_reduction(em, n, row_body, idx, red_loops, lanes)
+            em.scalars[n.out.id] = _row_reduction(em, n, row_body, idx, red_loops, lanes,
+                                                  stash=stash if n is reductions[-1] else None)
+            if stash is not None and n is reductions[-1]:
+                em.stashed.add(stash.id)
         elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
                 not any(a in reduced_ids for a in m if a is not None):
             em.scalars[n.out.id] = em.value(n.out, m, row_body, idx)
@@ -307,10 +314,38 @@ def lower_row(k: Kernel, code):
     return outer if row is not None else row_body
 
 
+def _stashable(grp, reductions):
+    """The input of the last reduction, when the output row needs it again (softmax's exp):
+    the reduction's pass parks it in the output row and the last pass reads it back instead
+    of computing it twice. Same expression, same bits."""
+    if not reductions or grp.root is reductions[-1]:
+        return None
+    x = reductions[-1].inputs[0]
+    root = grp.root.out
+    if x.node is None or x.node not in grp.nodes or not isinstance(x.node.opdef.lowering,
+                                                                   R.Elementwise):
+        return None
+    if tuple(root.type.shape) != tuple(grp.domain) or root.type.dtype != x.type.dtype or \
+            grp.maps[root.id] != identity_map(grp.domain):
+        return None
+    stack, seen = [grp.root], set()          # is x in the root's expression (not via a scalar)?
+    while stack:
+        n = stack.pop()
+        for u in n.inputs:
+            if u is x:
+                return x
+            if u.node is not None and u.node in grp.nodes and u.id not in seen and \
+                    not isinstance(u.node.opdef.lowering, R.Reduce):
+                seen.add(u.id)
+                stack.append(u.node)
+    return None
+
+
 def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes, start=Const(0),
-                   length=None) -> Expr:
+                   length=None, stash=None) -> Expr:
     """acc[lanes] over the row (elements start .. start+length of the innermost reduced loop,
-    all of it by default), then the lanes combined in order; returns the result's Var."""
+    all of it by default), then the lanes combined in order; returns the result's Var. With
+    `stash`, each element of that value is also written to the output row."""
     names = em.names
     x = n.inputs[0]
     xm = identity_map(x.type.shape)
@@ -334,6 +369,8 @@ def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes, start=Const(
     def update(lane_body, lane_var, inner_index):
         point = {**idx, **ridx, inner_red: inner_index}
         v = em.value(x, xm, lane_body, point)
+        if stash is not None:
+            lane_body.append(Store(em.k.output.name, em.out_index(point), v))
         lane_body.append(Store(acc, Var(lane_var),
                                OpCall(n.op, "combine", (), xd, od, (Load(acc, Var(lane_var)), v))))
     if chunks:

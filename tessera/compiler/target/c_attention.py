@@ -92,13 +92,19 @@ static void ts_attention_block_{S}(const {T}* Q, int64_t q_rs, const {T}* K, int
       {T}* sr = s + r * BK;
       int64_t row = q0 + r;
       {T} bmax = -INFINITY;
-      #pragma omp simd
-      for (int64_t j = 0; j < BK; ++j) {
-        {T} v = sr[j] * scale;
-        if (M) v = v + (j < bk ? M[row * m_rs + (kb + j) * m_cs] : ({T})0);
-        int drop = j >= bk || (causal && kb + j > row + causal_offset);
-        sr[j] = drop ? -INFINITY : v;
+      /* keys past the row's horizon (or past Sk) are dropped: j >= limit */
+      int64_t limit = bk;
+      if (causal && row + causal_offset + 1 - kb < limit) limit = row + causal_offset + 1 - kb;
+      if (M) {
+        const {T}* mrow = M + row * m_rs + kb * m_cs;
+        for (int64_t j = 0; j < bk; ++j) sr[j] = sr[j] * scale + mrow[j * m_cs];
+      } else {
+        #pragma omp simd
+        for (int64_t j = 0; j < BK; ++j) sr[j] = sr[j] * scale;
       }
+      #pragma omp simd
+      for (int64_t j = 0; j < BK; ++j) sr[j] = j < limit ? sr[j] : -INFINITY;
+      #pragma omp simd reduction(max:bmax)
       for (int64_t j = 0; j < BK; ++j) bmax = sr[j] > bmax ? sr[j] : bmax;
       {T} m_new = bmax > mx[r] ? bmax : mx[r];
       if (m_new == -INFINITY) {               /* nothing visible yet: the row is unchanged */
@@ -110,7 +116,7 @@ static void ts_attention_block_{S}(const {T}* Q, int64_t q_rs, const {T}* K, int
       {T} total = 0;
       #pragma omp simd
       for (int64_t j = 0; j < BK; ++j) sr[j] = ts_exp{F}(sr[j] - m_new);
-      for (int64_t j = 0; j < BK; ++j) total += sr[j];
+      for (int64_t j = 0; j < BK; ++j) total += sr[j];       /* in order: no reassociation */
       sum[r] = sum[r] * alpha + total;
       {T}* orow = o + r * Dv;
       #pragma omp simd
