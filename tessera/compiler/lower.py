@@ -565,10 +565,7 @@ def contract_operands(k: Kernel):
     ops = []
     for v in c.inputs:
         b, off, st = operand(k, v)
-        shape = list(v.type.shape)
-        pad = len(batch) - (len(shape) - 2)
-        bst = [0 if q < pad or shape[q - pad] == 1 else st[q - pad] for q in range(len(batch))]
-        ops.append((b, off, bst, st[-2], st[-1]))
+        ops.append((b, off, batch_strides(list(v.type.shape), st, batch), st[-2], st[-1]))
     M, K_ = c.inputs[0].type.shape[-2], c.inputs[0].type.shape[-1]
     return ops, M, out[-1], K_, batch
 
@@ -586,8 +583,8 @@ def lower_gemm_tiles(k: Kernel):
     names = _Names()
     em = Emitter(k, names)
     grp = k.group
-    (A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs) = contract_operands(k)[0]
-    _, M, N, K_, batch = contract_operands(k)
+    ((A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs)), M, N, K_, batch = \
+        contract_operands(k)
     em.loops = [[a] for a in range(len(grp.domain))]
     d = k.output.type.dtype
     MT, NT = min(k.knobs["tile_m"], max(M, 1)), min(k.knobs["tile_n"], max(N, 1))
@@ -624,21 +621,19 @@ def lower_gemm_tiles(k: Kernel):
 
 
 def lower_contract_loops(k: Kernel):
-    """Integer matmuls: plain loops (no epilogue: fusion only gives float matmuls one)."""
+    """Integer matmuls: plain loops (fusion gives only float matmuls an epilogue)."""
     names = _Names()
     em = Emitter(k, names)
-    grp = k.group
-    (A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs) = contract_operands(k)[0]
-    _, M, N, K_, batch = contract_operands(k)
-    em.loops = [[a] for a in range(len(grp.domain))]
+    ((A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs)), M, N, K_, batch = \
+        contract_operands(k)
+    em.loops = [[a] for a in range(len(k.group.domain))]
     d = k.output.type.dtype
     par = bool(k.knobs.get("parallel"))
     bl, binner, bidx = _loop_nest(em, range(len(batch)), par, False)
     bvars = [bidx[q] for q in range(len(batch))]
     abase = linear(bvars, a_b, a_off)
     bbase = linear(bvars, b_b, b_off)
-    o_b = contiguous(batch + [M, N])[:-2]
-    obase = linear(bvars, o_b)
+    obase = linear(bvars, contiguous(batch + [M, N])[:-2])
     i, kk, j, j2, av = names("i"), names("k"), names("j"), names("j"), names("a")
     orow = idx_add(obase, idx_mul(Var(i), Const(N)))
     simd = "vector" if k.knobs.get("simd") else "serial"
@@ -651,13 +646,6 @@ def lower_contract_loops(k: Kernel):
                 "+", Load(k.output.name, idx_add(orow, Var(j2))),
                 Bin("*", Var(av), read(B, idx_add(idx_add(bbase, idx_mul(Var(kk), Const(b_rs))),
                                                   idx_mul(Var(j2), Const(b_cs)))))))])])])
-    if grp.root is not grp.anchor:
-        j3 = names("j")
-        epi = Loop(j3, N, simd)
-        point = {**bidx, len(batch): Var(i), len(batch) + 1: Var(j3)}
-        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
-        epi.body.append(Store(k.output.name, em.out_index(point), value))
-        row.body.append(epi)
     if binner is None:
         return [row]
     binner.append(row)

@@ -14,7 +14,7 @@ which for each row is exactly the no-op it would have been.
 from __future__ import annotations
 
 from ...ops import cmath
-from .c_gemm import ISA
+from .c_gemm import ISA, SCRATCH, instantiate
 
 DEFAULT_BLOCKS = {"block_q": 256}    # queries per task (each task transposes the keys once)
 MIN_TASKS = 8                        # smaller problems get smaller query blocks
@@ -23,20 +23,6 @@ _RQ = 4                        # query rows that share each loaded key/value vec
 _ROUTINE = """\
 #define TS_AKV_{S} 4                          /* vectors per key block */
 #define TS_BK_{S} (TS_AKV_{S} * TS_VL_{S})    /* keys per block */
-static _Thread_local {T}* ts_attn_buf_{S} = 0;
-static _Thread_local size_t ts_attn_cap_{S} = 0;
-
-static {T}* ts_attn_scratch_{S}(size_t n) {
-  if (n > ts_attn_cap_{S}) {
-    void* p = 0;
-    if (posix_memalign(&p, 64, n * sizeof({T}))) return 0;
-    free(ts_attn_buf_{S});
-    ts_attn_buf_{S} = ({T}*)p;
-    ts_attn_cap_{S} = n;
-  }
-  return ts_attn_buf_{S};
-}
-
 static void ts_attention_block_{S}(const {T}* Q, int64_t q_rs, const {T}* K, int64_t k_rs,
                                    const {T}* V, int64_t v_rs, const {T}* M, int64_t m_rs,
                                    int64_t m_cs, {T}* O, int64_t o_rs, int64_t q0, int64_t nq,
@@ -45,7 +31,7 @@ static void ts_attention_block_{S}(const {T}* Q, int64_t q_rs, const {T}* K, int
   const int64_t BK = TS_BK_{S};
   int64_t nqp = (nq + {RQ} - 1) / {RQ} * {RQ};
   /* scratch: K block transposed [D][BK], scores [nqp][BK], output [nqp][Dv], max and sum */
-  {T}* kt = ts_attn_scratch_{S}((size_t)(D * BK + nqp * BK + nqp * Dv + 2 * nqp + nqp * D));
+  {T}* kt = ts_scratch_{S}((size_t)(D * BK + nqp * BK + nqp * Dv + 2 * nqp + nqp * D));
   if (!kt) {                     /* no memory: report nothing, write NaN so it cannot pass */
     for (int64_t r = 0; r < nq; ++r)
       for (int64_t c = 0; c < Dv; ++c) O[(q0 + r) * o_rs + c] = ({T})NAN;
@@ -159,8 +145,6 @@ static void ts_attention_block_{S}(const {T}* Q, int64_t q_rs, const {T}* K, int
 
 def attention_source(dtype_short: str) -> list[str]:
     """The chunks for one dtype: the ISA macros, exp, and the routine."""
-    t, f = {"f32": ("float", "f"), "f64": ("double", "")}[dtype_short]
     exp = cmath.F32["exp"] if dtype_short == "f32" else cmath.F64["exp"]
-    routine = (_ROUTINE.replace("{S}", dtype_short).replace("{T}", t).replace("{F}", f)
-               .replace("{RQ}", str(_RQ)))
-    return [ISA, *exp, routine]
+    return [ISA, instantiate(SCRATCH, dtype_short), *exp,
+            instantiate(_ROUTINE.replace("{RQ}", str(_RQ)), dtype_short)]

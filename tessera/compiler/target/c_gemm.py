@@ -68,23 +68,24 @@ typedef double ts_v_f64;
 #endif
 #define TS_MR 6"""
 
-_ROUTINE = """\
-#define TS_NR_{S} (2 * TS_VL_{S})
-static _Thread_local {T}* ts_gemm_buf_{S} = 0;
-static _Thread_local size_t ts_gemm_cap_{S} = 0;
+SCRATCH = """\
+static _Thread_local {T}* ts_scratch_buf_{S} = 0;
+static _Thread_local size_t ts_scratch_cap_{S} = 0;
 
-/* Grow-only packing memory, one per thread (kept for the thread's life). */
-static {T}* ts_gemm_scratch_{S}(size_t n) {
-  if (n > ts_gemm_cap_{S}) {
+/* Grow-only working memory for the routines, one per thread (kept for the thread's life). */
+static {T}* ts_scratch_{S}(size_t n) {
+  if (n > ts_scratch_cap_{S}) {
     void* p = 0;
     if (posix_memalign(&p, 64, n * sizeof({T}))) return 0;
-    free(ts_gemm_buf_{S});
-    ts_gemm_buf_{S} = ({T}*)p;
-    ts_gemm_cap_{S} = n;
+    free(ts_scratch_buf_{S});
+    ts_scratch_buf_{S} = ({T}*)p;
+    ts_scratch_cap_{S} = n;
   }
-  return ts_gemm_buf_{S};
-}
+  return ts_scratch_buf_{S};
+}"""
 
+_ROUTINE = """\
+#define TS_NR_{S} (2 * TS_VL_{S})
 /* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. */
 static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int64_t csa,
                           {T}* pa) {
@@ -162,7 +163,7 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
   if (KC <= 0) KC = 256;
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
-  {T}* pa = ts_gemm_scratch_{S}((size_t)(mp + np) * (size_t)(K < KC ? K : KC));
+  {T}* pa = ts_scratch_{S}((size_t)(mp + np) * (size_t)(K < KC ? K : KC));
   if (!pa) {                     /* no memory for packing: the same fma chains, unpacked */
     for (int64_t i = 0; i < mt; ++i)
       for (int64_t j = 0; j < nt; ++j) {
@@ -186,8 +187,12 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
 }"""
 
 
-def gemm_source(dtype_short: str) -> list[str]:
-    """The chunks for one dtype ("f32" or "f64"): the ISA definitions (shared by every routine,
-    emitted once) and the routine."""
+def instantiate(template: str, dtype_short: str) -> str:
     t, f = {"f32": ("float", "f"), "f64": ("double", "")}[dtype_short]
-    return [ISA, _ROUTINE.replace("{S}", dtype_short).replace("{T}", t).replace("{F}", f)]
+    return template.replace("{S}", dtype_short).replace("{T}", t).replace("{F}", f)
+
+
+def gemm_source(dtype_short: str) -> list[str]:
+    """The chunks for one dtype ("f32" or "f64"): the ISA definitions and the scratch memory
+    (shared with the other routines, emitted once), then the routine."""
+    return [ISA, instantiate(SCRATCH, dtype_short), instantiate(_ROUTINE, dtype_short)]

@@ -1,0 +1,75 @@
+"""The GEMM routine behind float matmuls: correct for any shape and strides, and the same bits
+whatever the tiles, the batch, the thread count or the instruction set."""
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+from tessera.runtime.toolchain import CFLAGS
+
+from conftest import assert_within_dot_bound
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 0, 5), (13, 17, 19), (97, 64, 33), (6, 300, 64),
+                                   (200, 31, 129)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shapes_and_dtypes(rng, m, k, n, dtype):
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    got = ts.function(lambda a, b: a @ b)(a, b)
+    assert_within_dot_bound(got, a, b)
+    wt = np.ascontiguousarray(b.T)
+    got_t = ts.function(lambda a, w: a @ w.T)(a, wt)       # the transpose is read in place
+    assert got_t.tobytes() == got.tobytes()
+
+
+def test_rows_and_tiles_do_not_change_bits(rng):
+    a = rng.standard_normal((150, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 90)).astype(np.float32)
+    full = ts.function(lambda a, b: a @ b)(a, b)
+    assert full[37:38].tobytes() == ts.function(lambda a, b: a @ b)(a[37:38], b).tobytes()
+    for tile in [(6, 32, 8), (17, 5, 70), (150, 90, 1)]:
+        f = ts.function(lambda a, b: op.matmul(a, b, tile_shape=tile))
+        assert f(a, b).tobytes() == full.tobytes(), tile
+
+
+def test_batched_with_broadcast_batch(rng):
+    a = rng.standard_normal((3, 1, 20, 12)).astype(np.float32)
+    b = rng.standard_normal((4, 12, 9)).astype(np.float32)
+    got = ts.function(lambda a, b: a @ b)(a, b)
+    assert got.shape == (3, 4, 20, 9)
+    assert_within_dot_bound(got, np.broadcast_to(a, (3, 4, 20, 12)),
+                            np.broadcast_to(b, (3, 4, 12, 9)))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+@pytest.mark.parametrize("isa", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2", "-mno-fma"]])
+def test_narrower_instruction_sets_give_the_same_bits(rng, tmp_path, isa):
+    a = rng.standard_normal((45, 77)).astype(np.float32)
+    b = rng.standard_normal((77, 50)).astype(np.float32)
+    prog = ts.function(lambda a, b: a @ b).lower(a, b)
+    src = tmp_path / "p.c"
+    src.write_text(prog.target_code)
+    so = tmp_path / "p.so"
+    out = subprocess.run(["gcc", *CFLAGS, *isa, "-o", str(so), str(src), "-lm"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lib = ctypes.CDLL(str(so))
+    got = np.empty((45, 50), np.float32)
+    table = [a, b, got]
+    assert [bf.name for bf in prog.tile_ir.buffers] == ["in0", "in1", "out0"]
+    ptrs = (ctypes.c_void_p * 3)(*[x.ctypes.data for x in table])
+    assert lib.tessera_entry(ptrs) == 0
+    assert got.tobytes() == prog(a, b).tobytes()
+
+
+def test_matmul_and_attention_share_one_program(rng):
+    x = rng.standard_normal((2, 16, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    f = ts.function(lambda x, w: op.attention(x @ w, x, x))
+    assert [k.strategy for k in f.lower(x, w).schedule_ir.kernels] == ["contract", "attention"]
+    np.testing.assert_allclose(f(x, w), ts.interpret(f, x, w), rtol=1e-4, atol=1e-5)
