@@ -1,12 +1,20 @@
 """The profiler: `with tessera.profiler() as prof: fn(x)` records every kernel launch of the
-programs run inside it (timed in the generated C with a monotonic clock), and relates each
-kernel's FLOPs and bytes to the machine's measured FMA peak and copy bandwidth."""
+programs run inside the block on this thread (each kernel timed in the generated C with a
+monotonic clock), and relates each kernel's FLOPs and bytes to the machine's measured FMA peak
+and copy bandwidth (`machine_peaks`, measured once by a small probe and cached).
+
+    with ts.profiler() as prof:
+        for _ in range(10):
+            f(x)
+    prof.summary()                      # prints the table (and returns it)
+    prof.to_pandas()                    # the same rows as a DataFrame (pandas is optional)
+    prof.export_chrome_trace("f.json")  # chrome://tracing, ui.perfetto.dev
+"""
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import html
 import json
+import math
 import os
 import statistics
 import threading
@@ -14,238 +22,267 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import BackendUnavailableError
 from . import cache
+from .probe import machine_peaks
+
+__all__ = ["profiler", "Profile", "Launch", "current", "machine_peaks"]
 
 _state = threading.local()
 
 
 def current():
-    """The recorder programs report to on this thread, or None outside `with profiler()`."""
+    """The recorder programs report to on this thread (the innermost open profile), or None
+    outside `with profiler()`."""
     stack = getattr(_state, "stack", None)
     return stack[-1] if stack else None
 
 
-@dataclass
+def profiler() -> "Profile":
+    """A new Profile; use it as a context manager. Inside the block every program run on this
+    thread reports its kernels' times to it. Blocks nest (records go to the innermost only), and
+    a Profile may be entered again to add more launches to it."""
+    return Profile()
+
+
+@dataclass(frozen=True)
 class Launch:
-    function: str
-    shapes: str
+    """One kernel launch: which kernel of which program, how long, and when."""
+    function: str               # the program's function name
+    shapes: str                 # its symbol bindings ("B=8, S=128"), or its parameter types
     kernel: object              # the Schedule IR kernel
-    index: int                  # its position in the program
-    seconds: float
-    start: float                # seconds since the profile began
+    index: int                  # the kernel's position in its program
+    seconds: float              # wall time of this launch (monotonic clock, in the C code)
+    start: float                # seconds since the profile began (laid out one after another)
+    call: int                   # which program run of this profile the launch belongs to
+    thread: int                 # the native id of the thread that ran it
+
+
+# The aggregated rows' columns, in order (also the DataFrame's).
+COLUMNS = ("function", "shapes", "index", "kernel", "strategy", "calls", "median_ms", "min_ms",
+           "total_ms", "flops", "bytes", "gflops", "gbs", "peak_pct", "bandwidth_pct", "fuses",
+           "knobs")
 
 
 class Profile:
-    """Every launch recorded inside one `with profiler()` block, and their aggregates."""
+    """Every launch recorded inside `with profiler()` blocks, and their aggregates: one row per
+    (function, shapes, kernel) with the median and minimum time, achieved GFLOP/s and GB/s (from
+    the median) and their share of the machine's FMA peak and copy bandwidth."""
 
     def __init__(self):
         self.launches: list[Launch] = []
+        self.calls = 0                  # program runs recorded
         self._t0 = time.perf_counter()
         self._peaks = None
+        self._lock = threading.Lock()
 
-    def record(self, program, seconds):
-        """Called by Program.run with each kernel's time for one call."""
-        end = time.perf_counter() - self._t0
-        start = end - sum(seconds)
+    # -- recording -------------------------------------------------------------------------------
+    def __enter__(self) -> "Profile":
+        stack = getattr(_state, "stack", None)
+        if stack is None:
+            stack = _state.stack = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        stack = _state.stack
+        for i in range(len(stack) - 1, -1, -1):     # the innermost entry of this profile
+            if stack[i] is self:
+                del stack[i]
+                break
+        return False
+
+    def record(self, program, seconds) -> None:
+        """Called by Program.run after one call, with each kernel's seconds (in kernel order).
+        The call's kernels are laid out one after another, ending now."""
+        now = time.perf_counter()
         s = program.schedule_ir
-        shapes = ", ".join(f"{k}={v}" for k, v in s.bindings.items()) or \
-            ", ".join(str(p.type) for p in program.graph_ir.params)
-        for i, (k, sec) in enumerate(zip(s.kernels, seconds)):
-            self.launches.append(Launch(s.name, shapes, k, i, float(sec), start))
-            start += float(sec)
+        seconds = [float(x) for x in seconds][:len(s.kernels)]
+        shapes = _shapes(program)
+        thread = threading.get_native_id()
+        with self._lock:
+            call = self.calls
+            self.calls += 1
+            start = now - self._t0 - sum(seconds)
+            for i, (k, sec) in enumerate(zip(s.kernels, seconds)):
+                self.launches.append(Launch(s.name, shapes, k, i, sec, start, call, thread))
+                start += sec
 
     # -- aggregates ------------------------------------------------------------------------------
-    def rows(self) -> list[dict]:
-        """One row per (function, shapes, kernel), in first-launch order."""
-        groups: dict = {}
-        for launch in self.launches:
-            groups.setdefault((launch.function, launch.shapes, launch.index), []).append(launch)
-        peaks = self.peaks()
-        out = []
-        for (fn, shapes, _), ls in groups.items():
-            k = ls[0].kernel
-            times = [x.seconds for x in ls]
-            med = statistics.median(times)
-            gflops = k.flops / med / 1e9 if med > 0 else float("nan")
-            gbs = k.bytes / med / 1e9 if med > 0 else float("nan")
-            out.append({"function": fn, "shapes": shapes, "kernel": k.name,
-                        "strategy": k.strategy, "fuses": " ".join(k.fused_labels()),
-                        "calls": len(times), "median_ms": med * 1e3, "min_ms": min(times) * 1e3,
-                        "flops": k.flops, "bytes": k.bytes, "gflops": gflops, "gbs": gbs,
-                        "peak_pct": 100 * gflops / peaks["fma_gflops"],
-                        "bandwidth_pct": 100 * gbs / peaks["copy_gbs"]})
-        return out
-
     def peaks(self) -> dict:
+        """The machine's peaks the percentages are relative to (see `machine_peaks`)."""
         if self._peaks is None:
             self._peaks = machine_peaks()
         return self._peaks
 
-    def summary(self, print_it: bool = True) -> str:
-        rows = self.rows()
-        head = ("kernel", "strategy", "calls", "median ms", "GFLOP/s", "GB/s", "% peak", "% bw")
-        lines = [[r["kernel"], r["strategy"], str(r["calls"]), f"{r['median_ms']:.3f}",
-                  f"{r['gflops']:.1f}", f"{r['gbs']:.1f}", f"{r['peak_pct']:.0f}",
-                  f"{r['bandwidth_pct']:.0f}"] for r in rows]
-        widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h)
-                  for i, h in enumerate(head)]
-        fmt = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w)      # noqa: E731
-                                      for i, (c, w) in enumerate(zip(cells, widths)))
+    def rows(self) -> list[dict]:
+        """One row per (function, shapes, kernel), in order of first launch; keys: COLUMNS."""
+        groups: dict = {}
+        for x in list(self.launches):
+            k = x.kernel
+            key = (x.function, x.shapes, x.index, k.name, k.strategy, k.flops, k.bytes)
+            groups.setdefault(key, []).append(x)
+        if not groups:
+            return []
+        peaks = self.peaks()
+        out = []
+        for (fn, shapes, index, name, strategy, flops, nbytes), ls in groups.items():
+            times = [x.seconds for x in ls]
+            med = statistics.median(times)
+            gflops = flops / med / 1e9 if med > 0 else math.nan
+            gbs = nbytes / med / 1e9 if med > 0 else math.nan
+            k = ls[0].kernel
+            out.append({
+                "function": fn, "shapes": shapes, "index": index, "kernel": name,
+                "strategy": strategy, "calls": len(times), "median_ms": med * 1e3,
+                "min_ms": min(times) * 1e3, "total_ms": sum(times) * 1e3,
+                "flops": flops, "bytes": nbytes, "gflops": gflops, "gbs": gbs,
+                "peak_pct": 100.0 * gflops / peaks["fma_gflops"],
+                "bandwidth_pct": 100.0 * gbs / peaks["copy_gbs"],
+                "fuses": " ".join(k.fused_labels()),
+                "knobs": ", ".join(f"{a}={b}" for a, b in k.knobs.items())})
+        return out
+
+    # -- views -----------------------------------------------------------------------------------
+    _HEAD = ("kernel", "strategy", "calls", "median ms", "min ms", "FLOPs", "bytes", "GFLOP/s",
+             "GB/s", "% peak", "% bw", "fuses")
+
+    @staticmethod
+    def _cells(r) -> list[str]:
+        return [r["kernel"], r["strategy"], str(r["calls"]), f"{r['median_ms']:.4f}",
+                f"{r['min_ms']:.4f}", _si(r["flops"]), _si(r["bytes"]) + "B",
+                f"{r['gflops']:.1f}", f"{r['gbs']:.1f}", f"{r['peak_pct']:.1f}",
+                f"{r['bandwidth_pct']:.1f}", r["fuses"]]
+
+    def _caption(self) -> list[str]:
+        head = (f"tessera profile: {self.calls} program run{'s' * (self.calls != 1)}, "
+                f"{len(self.launches)} kernel launch{'es' * (len(self.launches) != 1)}")
+        if not self.launches:
+            return [head]
         p = self.peaks()
-        text = [f"tessera profile: {len(self.launches)} launches; machine: "
-                f"{p['fma_gflops']:.0f} GFLOP/s FMA peak, {p['copy_gbs']:.1f} GB/s copy "
-                f"({p['threads']} threads)", fmt(head)]
-        function = None
+        busy = "" if p.get("settled", True) else " (measured on a busy machine: likely low)"
+        return [head, f"machine: {p['fma_gflops']:.0f} GFLOP/s f32 FMA peak, "
+                      f"{p['copy_gbs']:.1f} GB/s copy, {p['threads']} threads{busy}"]
+
+    def summary(self, print_it: bool = True) -> str:
+        """The table of rows as text, grouped by function and shapes; printed unless
+        print_it=False, and returned."""
+        rows = self.rows()
+        lines = [self._cells(r) for r in rows]
+        widths = [max([len(h)] + [len(c[i]) for c in lines]) for i, h in enumerate(self._HEAD)]
+        left = {0, 1, len(self._HEAD) - 1}
+
+        def fmt(cells):
+            return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        text = self._caption()
+        group = None
         for r, cells in zip(rows, lines):
-            if (r["function"], r["shapes"]) != function:
-                function = (r["function"], r["shapes"])
-                text.append(f"@{r['function']} [{r['shapes']}]")
+            if (r["function"], r["shapes"]) != group:
+                group = (r["function"], r["shapes"])
+                per_call = sum(x["median_ms"] for x in rows
+                               if (x["function"], x["shapes"]) == group)
+                text += ["", f"@{r['function']} [{r['shapes']}]  {per_call:.4f} ms per call "
+                             "(sum of kernel medians)", fmt(self._HEAD)]
             text.append(fmt(cells))
         out = "\n".join(text)
         if print_it:
             print(out)
         return out
 
-    def to_pandas(self):
+    def __str__(self) -> str:
+        return self.summary(print_it=False)
+
+    def __repr__(self) -> str:
+        return (f"<tessera Profile: {self.calls} program runs, {len(self.launches)} kernel "
+                "launches>")
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(repr(self) if cycle else str(self))
+
+    def _repr_html_(self) -> str:
+        """An HTML table (no ids, no addresses: stable across runs for nbval)."""
+        rows = self.rows()
+        esc = html.escape
+        caption = "<br>".join(esc(x) for x in self._caption())
+        out = [f'<table class="tessera-profile"><caption style="text-align:left">{caption}'
+               "</caption>"]
+        head = "".join(f"<th>{esc(h)}</th>" for h in self._HEAD)
+        group = None
+        for r in rows:
+            if (r["function"], r["shapes"]) != group:
+                group = (r["function"], r["shapes"])
+                out.append(f'<tr><th colspan="{len(self._HEAD)}" style="text-align:left">'
+                           f"@{esc(r['function'])} [{esc(r['shapes'])}]</th></tr><tr>{head}</tr>")
+            cells = self._cells(r)
+            out.append("<tr>" + "".join(
+                f'<td style="text-align:{"left" if i in (0, 1, len(cells) - 1) else "right"}">'
+                f"{esc(c)}</td>" for i, c in enumerate(cells)) + "</tr>")
+        out.append("</table>")
+        return "".join(out)
+
+    def to_pandas(self, launches: bool = False):
+        """The rows as a pandas DataFrame (columns: COLUMNS); with launches=True, one row per
+        launch instead (function, shapes, index, kernel, strategy, call, thread, start_ms,
+        ms, flops, bytes). Needs pandas."""
         try:
             import pandas as pd
         except ImportError:
-            raise BackendUnavailableError("Profile.to_pandas needs pandas",
-                                          hint="pip install pandas (or tessera[lab])") from None
-        return pd.DataFrame(self.rows())
+            raise BackendUnavailableError("Profile.to_pandas needs pandas, which is not installed",
+                                          hint="pip install pandas") from None
+        if launches:
+            cols = ("function", "shapes", "index", "kernel", "strategy", "call", "thread",
+                    "start_ms", "ms", "flops", "bytes")
+            return pd.DataFrame([(x.function, x.shapes, x.index, x.kernel.name, x.kernel.strategy,
+                                  x.call, x.thread, x.start * 1e3, x.seconds * 1e3, x.kernel.flops,
+                                  x.kernel.bytes) for x in self.launches], columns=list(cols))
+        return pd.DataFrame(self.rows(), columns=list(COLUMNS))
 
-    def export_chrome_trace(self, path) -> None:
-        """Chrome trace-event JSON (chrome://tracing, Perfetto): one complete event per launch."""
-        events = [{"name": x.kernel.name, "cat": x.kernel.strategy, "ph": "X", "pid": os.getpid(),
-                   "tid": 0, "ts": x.start * 1e6, "dur": x.seconds * 1e6,
-                   "args": {"function": x.function, "shapes": x.shapes, "flops": x.kernel.flops,
-                            "bytes": x.kernel.bytes, "fuses": " ".join(x.kernel.fused_labels())}}
-                  for x in self.launches]
-        cache.atomic_write(Path(path),
-                           json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode())
+    def chrome_trace(self) -> dict:
+        """The Chrome trace-event document: one complete ("X") event per launch, times in µs
+        since the profile began, plus process and thread name metadata ("M") events."""
+        pid = os.getpid()
+        events = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                   "args": {"name": "tessera"}}]
+        for tid in dict.fromkeys(x.thread for x in self.launches):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                           "args": {"name": f"tessera kernels (thread {tid})"}})
+        for x in self.launches:
+            k = x.kernel
+            events.append({
+                "name": k.name, "cat": k.strategy, "ph": "X", "pid": pid, "tid": x.thread,
+                "ts": x.start * 1e6, "dur": x.seconds * 1e6,
+                "args": {"function": x.function, "shapes": x.shapes, "call": x.call,
+                         "strategy": k.strategy, "flops": k.flops, "bytes": k.bytes,
+                         "fuses": " ".join(k.fused_labels()),
+                         "knobs": {str(a): _jsonable(b) for a, b in k.knobs.items()}}})
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
 
-    def __str__(self):
-        return self.summary(print_it=False)
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
-
-    def _repr_html_(self):
-        rows = self.rows()
-        cols = ["kernel", "strategy", "fuses", "calls", "median_ms", "gflops", "gbs", "peak_pct",
-                "bandwidth_pct"]
-        head = "".join(f"<th>{c}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(
-            f"<td>{html.escape(str(r[c]) if isinstance(r[c], (str, int)) else f'{r[c]:.3g}')}</td>"
-            for c in cols) + "</tr>" for r in rows)
-        return f"<table class=\"tessera-profile\"><tr>{head}</tr>{body}</table>"
-
-
-@contextlib.contextmanager
-def profiler():
-    """Record every kernel launch on this thread inside the block (nestable: the innermost
-    profile records)."""
-    prof = Profile()
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    stack.append(prof)
-    try:
-        yield prof
-    finally:
-        stack.remove(prof)
+    def export_chrome_trace(self, path) -> Path:
+        """Write the Chrome trace-event JSON to path (atomically); open it in chrome://tracing or
+        ui.perfetto.dev. Returns the path."""
+        path = Path(path)
+        cache.atomic_write(path, json.dumps(self.chrome_trace()).encode())
+        return path
 
 
-# ---- the machine's peaks --------------------------------------------------------------------------
-_PROBE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <omp.h>
-/* b[0]: float out[256]; b[1]: int64 iterations. Independent fma chains per thread. */
-int tessera_entry(void** b) {
-  float* out = (float*)b[0];
-  int64_t iters = *(int64_t*)b[1];
-  #pragma omp parallel
-  {
-    float acc[128];
-    int t = omp_get_thread_num();
-    for (int i = 0; i < 128; ++i) acc[i] = 1e-3f * (float)(i + t + 1);
-    float m = out[255], a = out[254];
-    for (int64_t it = 0; it < iters; ++it) {
-      #pragma omp simd
-      for (int i = 0; i < 128; ++i) acc[i] = fmaf(acc[i], m, a);
-    }
-    float s = 0;
-    for (int i = 0; i < 128; ++i) s += acc[i];
-    if (t < 250) out[t] = s;
-  }
-  return 0;
-}
-/* b[0]: src, b[1]: dst, b[2]: int64 n */
-int tessera_copy(void** b) {
-  const float* restrict src = (const float*)b[0];
-  float* restrict dst = (float*)b[1];
-  int64_t n = *(int64_t*)b[2];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-  return 0;
-}
-int tessera_threads(void) { return omp_get_max_threads(); }
-int tessera_entry_timed(void** b, double* t) { (void)t; return tessera_entry(b); }
-"""
-_peaks_lock = threading.Lock()
+def _shapes(program) -> str:
+    s = program.schedule_ir
+    if s.bindings:
+        return ", ".join(f"{k}={v}" for k, v in s.bindings.items())
+    graph = getattr(program, "graph_ir", None)
+    return ", ".join(str(p.type) for p in getattr(graph, "params", ()))
 
 
-def machine_peaks(refresh: bool = False) -> dict:
-    """This machine's float32 FMA peak (GFLOP/s, all threads) and copy bandwidth (GB/s, read +
-    write), measured once by a small probe and cached per CPU and thread count."""
-    from .toolchain import build, cpu_fingerprint
-    lib = build(_PROBE, "machine_probe")
-    lib.tessera_threads.restype = ctypes.c_int
-    threads = lib.tessera_threads()
-    key = f"{cpu_fingerprint()}-{threads}"
-    path = cache.cache_dir() / "machine" / f"{key}.json"
-    with _peaks_lock:
-        if not refresh and cache.cache_enabled():
-            try:
-                data = json.loads(path.read_text())
-                if data.get("key") == key and data["fma_gflops"] > 0 and data["copy_gbs"] > 0:
-                    return data
-            except (OSError, ValueError, KeyError, TypeError):
-                pass                        # missing or damaged: measure again
-        data = {"key": key, "threads": threads, **_measure(lib)}
-        if cache.cache_enabled():
-            try:
-                cache.atomic_write(path, json.dumps(data, indent=1).encode())
-            except OSError:
-                pass                        # an unwritable cache only costs a re-measure
-        return data
+def _si(x) -> str:
+    """1234567 -> '1.23M'."""
+    x = float(x)
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.3g}"
 
 
-def _measure(lib) -> dict:
-    out = np.zeros(256, np.float32)
-    out[255], out[254] = 0.999999, 1e-7
-    iters = np.array([200_000], np.int64)
-    args = (ctypes.c_void_p * 2)(out.ctypes.data, iters.ctypes.data)
-    lib.tessera_entry(args)                                 # warm up the threads
-    threads = lib.tessera_threads()
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        lib.tessera_entry(args)
-        best = min(best, time.perf_counter() - t)
-    fma = 2 * 128 * iters[0] * threads / best / 1e9
-    n = 32 << 20                                             # 128 MiB per array
-    src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
-    count = np.array([n], np.int64)
-    cargs = (ctypes.c_void_p * 3)(src.ctypes.data, dst.ctypes.data, count.ctypes.data)
-    lib.tessera_copy(cargs)
-    best = float("inf")
-    for _ in range(4):
-        t = time.perf_counter()
-        lib.tessera_copy(cargs)
-        best = min(best, time.perf_counter() - t)
-    return {"fma_gflops": float(fma), "copy_gbs": float(2 * 4 * n / best / 1e9)}
+def _jsonable(v):
+    return v if isinstance(v, (bool, int, float, str)) or v is None else str(v)

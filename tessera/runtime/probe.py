@@ -1,0 +1,326 @@
+"""The machine's two roofs, measured: the float32 FMA peak of all threads and the copy bandwidth.
+
+`machine_peaks()` runs a small C probe (built with the project's own flags, so it sees the
+same vector units and OpenMP runtime as generated code) once per machine and caches the result as
+JSON in the cache directory, keyed by the CPU fingerprint and the OpenMP thread count."""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from ..errors import first_user_frame
+from . import cache
+
+# Bump when the probe or its result format changes: older cached results are then ignored.
+PROBE_VERSION = 2
+
+# Each thread runs CHAINS independent float32 FMA chains (with AVX-512, 16 vectors: more than
+# FMA latency x FMA ports on current cores), on values it cannot know at compile time, and
+# stores their sum, so the compiler can neither fold nor drop the loop. fmaf is written out
+# because the project compiles with -ffp-contract=off. The timings are taken inside the parallel
+# region between barriers, so waking the thread team is not counted.
+_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <omp.h>
+
+/* Independent chains per thread: at least FMA latency x FMA ports vectors, and no more than the
+   vector registers hold (a chain spilled to memory would measure the store port instead). */
+#if defined(__AVX512F__)
+#define CHAINS 256              /* 16 of the 32 zmm registers */
+#elif defined(__AVX__)
+#define CHAINS 96               /* 12 of the 16 ymm registers */
+#elif defined(__aarch64__)
+#define CHAINS 96               /* 24 of the 32 q registers */
+#else
+#define CHAINS 48
+#endif
+
+int tessera_probe_threads(void) { return omp_get_max_threads(); }
+int tessera_probe_chains(void) { return CHAINS; }
+
+/* p[0]: multiplier, p[1]: addend; out[thread]: the sum of that thread's chains. */
+double tessera_probe_fma(const float* p, int64_t iters, float* out) {
+  double t0 = 0.0, t1 = 0.0;
+  #pragma omp parallel
+  {
+    float acc[CHAINS];
+    const int t = omp_get_thread_num();
+    const float m = p[0], a = p[1];
+    for (int i = 0; i < CHAINS; ++i) acc[i] = 1e-3f * (float)(i + t + 1);
+    #pragma omp barrier
+    #pragma omp master
+    t0 = omp_get_wtime();
+    for (int64_t it = 0; it < iters; ++it) {
+      #pragma omp simd
+      for (int i = 0; i < CHAINS; ++i) acc[i] = fmaf(acc[i], m, a);
+    }
+    #pragma omp barrier
+    #pragma omp master
+    t1 = omp_get_wtime();
+    float s = 0.0f;
+    for (int i = 0; i < CHAINS; ++i) s += acc[i];
+    out[t] = s;
+  }
+  return t1 - t0;
+}
+
+/* Touch both arrays with the same static partition the copy uses (first-touch placement). */
+void tessera_probe_fill(float* restrict src, float* restrict dst, int64_t n) {
+  #pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) { src[i] = (float)(i & 1023); dst[i] = 0.0f; }
+}
+
+double tessera_probe_copy(const float* restrict src, float* restrict dst, int64_t n) {
+  double t0 = 0.0, t1 = 0.0;
+  #pragma omp parallel
+  {
+    #pragma omp barrier
+    #pragma omp master
+    t0 = omp_get_wtime();
+    #pragma omp for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    /* the implicit barrier of the loop: every thread has finished */
+    #pragma omp master
+    t1 = omp_get_wtime();
+  }
+  return t1 - t0;
+}
+
+int tessera_entry(void** b) { (void)b; return 0; }
+int tessera_entry_timed(void** b, double* t) { (void)b; (void)t; return 0; }
+"""
+# Many short timed runs in a few bursts a little apart, keeping the fastest: a run that another
+# process interrupts is slow, the shorter the runs the more of them go through whole on a
+# shared machine, and the pauses let a neighbour's burst of memory traffic pass.
+_FMA_RUN_S = 1e-3             # one timed FMA run
+_FMA_RUNS = 10                # per burst
+_COPY_CHUNKS = 4              # the copy is timed a quarter of the arrays at a time
+_COPY_RUNS = 8                # per burst
+_BURSTS = 3
+_PAUSE_S = 0.15
+_ATTEMPTS_S = 0.75            # a new attempt starts only within this time
+_SETTLED = 3                  # settled: this many runs lie within 10% of the best
+
+_lock = threading.Lock()
+_memo: dict[str, dict] = {}   # measured in this process (used when the cache is off)
+_warned: set[str] = set()
+
+
+def _library():
+    from .toolchain import build
+    lib = build(_SOURCE, "machine probe")
+    lib.tessera_probe_threads.restype = ctypes.c_int
+    lib.tessera_probe_threads.argtypes = []
+    lib.tessera_probe_chains.restype = ctypes.c_int
+    lib.tessera_probe_chains.argtypes = []
+    lib.tessera_probe_fma.restype = ctypes.c_double
+    lib.tessera_probe_fma.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.tessera_probe_fill.restype = None
+    lib.tessera_probe_fill.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.tessera_probe_copy.restype = ctypes.c_double
+    lib.tessera_probe_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return lib
+
+
+def peaks_path(key: str):
+    """Where the measured peaks for `key` (CPU fingerprint and thread count) are cached."""
+    return cache.cache_dir() / "machine" / f"peaks-v{PROBE_VERSION}-{key}.json"
+
+
+def machine_peaks(refresh: bool = False) -> dict:
+    """This machine's float32 FMA peak and copy bandwidth, measured once and cached.
+
+    Returns a dict: `fma_gflops` (float32 FMA throughput of all OpenMP threads in GFLOP/s, an FMA
+    counting as two FLOPs), `copy_gbs` (a large array copy over all threads, in GB/s counting
+    the bytes read and the bytes written), `threads`, `cpu` (the CPU fingerprint the kernel
+    cache uses), `key`, `probe` (the probe's version) and `settled` (False when other work kept
+    interrupting the probe: the numbers are then likely low).
+
+    Settled results are cached as JSON under `<cache dir>/machine/`, keyed by CPU and thread
+    count (OMP_NUM_THREADS); a damaged file is measured again; an unsettled result is returned
+    but not cached. `refresh=True` measures again and rewrites the file. With
+    `TESSERA_NO_CACHE=1` the probe runs once per process."""
+    from .toolchain import cpu_fingerprint
+    lib = _library()
+    threads = int(lib.tessera_probe_threads())
+    fingerprint = cpu_fingerprint()
+    key = f"{fingerprint}-{threads}t"
+    with _lock:
+        if not cache.cache_enabled():
+            if refresh or key not in _memo:
+                _memo[key] = _result(lib, key, threads, fingerprint)
+            return dict(_memo[key])
+        path = peaks_path(key)
+        if not refresh:
+            data = _read(path, key)
+            if data is not None:
+                return data
+        with _file_lock(path):
+            if not refresh:             # another process may have measured while we waited
+                data = _read(path, key, quiet=True)
+                if data is not None:
+                    return data
+            data = _result(lib, key, threads, fingerprint)
+            if data["settled"]:
+                try:
+                    cache.atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
+                except OSError:
+                    pass                # an unwritable cache only costs a measurement next time
+        return data
+
+
+def _result(lib, key, threads, fingerprint) -> dict:
+    fma, copy, settled = measure(lib)
+    if not settled and "unsettled" not in _warned:
+        _warned.add("unsettled")
+        _warn(f"tessera: the machine was busy while its peaks were measured ({fma:.0f} "
+              f"GFLOP/s FMA, {copy:.1f} GB/s copy: likely low), so they are not cached; "
+              "measure again on a quiet machine with tessera.machine_peaks(refresh=True)")
+    return {"fma_gflops": fma, "copy_gbs": copy, "threads": threads, "cpu": fingerprint,
+            "key": key, "probe": PROBE_VERSION, "settled": settled}
+
+
+def _valid(data, key) -> bool:
+    if not isinstance(data, dict) or data.get("key") != key or data.get("probe") != PROBE_VERSION:
+        return False
+    for name in ("fma_gflops", "copy_gbs"):
+        v = data.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            return False
+    return isinstance(data.get("threads"), int) and data.get("settled") is True
+
+
+def _read(path, key, quiet=False):
+    """The cached result, or None when missing; a damaged one is reported once and ignored."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if _valid(data, key):
+        return data
+    if not quiet and str(path) not in _warned:
+        _warned.add(str(path))
+        _warn(f"tessera: damaged machine-peaks cache entry {path}; measuring again")
+    return None
+
+
+def _warn(message: str):
+    _, depth = first_user_frame()       # the warning points at the user's line
+    warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
+
+
+class _file_lock:
+    """An exclusive lock beside the cache file, so that two processes do not run the probe at
+    once (they would halve each other's numbers). Does nothing where flock is missing."""
+
+    def __init__(self, path):
+        self.path = path.with_name(".peaks.lock")
+        self.fd = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            if self.fd is not None:
+                os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)         # closing releases the lock
+        return False
+
+
+def _copy_array_bytes() -> int:
+    """Bytes per copy array: four times the largest cache (so a quarter of the array is never
+    in cache when it is copied again), between 128 and 512 MiB."""
+    largest = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            if entry.startswith("index"):
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip()
+                size = int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
+                largest = max(largest, size)
+    except (OSError, ValueError):
+        pass
+    return min(max(4 * largest, 128 << 20), 512 << 20)
+
+
+def _settled(times) -> bool:
+    """Whether the best time was reached again: a few runs within 10% of it (a time can only
+    come out long, never short, so the best of repeated runs is the estimate)."""
+    best = min(times)
+    return sum(t <= best * 1.1 for t in times) >= _SETTLED
+
+
+def measure(lib=None) -> tuple[float, float, bool]:
+    """Run the probe now: (float32 FMA GFLOP/s, copy GB/s, settled). Each number is the best of
+    many short runs taken in three bursts (about 0.5 s on a quiet machine, most of it pauses and
+    mapping the copy arrays' pages). While the runs do not settle (other work keeps
+    interrupting them) it tries again while under 0.75 s have passed, keeping the best."""
+    lib = lib or _library()
+    threads = int(lib.tessera_probe_threads())
+    chains = int(lib.tessera_probe_chains())
+    params = np.array([0.999999, 1e-7], np.float32)      # chains settle near 0.1: never subnormal
+    out = np.zeros(max(threads, 1), np.float32)
+
+    def fma(iters):
+        return lib.tessera_probe_fma(params.ctypes.data, iters, out.ctypes.data)
+
+    n = _copy_array_bytes() // 4
+    chunk = n // _COPY_CHUNKS
+    src, dst = np.empty(n, np.float32), np.empty(n, np.float32)
+    lib.tessera_probe_fill(src.ctypes.data, dst.ctypes.data, n)
+
+    def copy(i):
+        c = (i % _COPY_CHUNKS) * chunk
+        return lib.tessera_probe_copy(src[c:].ctypes.data, dst[c:].ctypes.data, chunk)
+
+    start = time.perf_counter()
+    fma_gflops = copy_gbs = 0.0
+    while True:
+        # Calibrate: grow a run until it is long enough to time, then size the real runs.
+        iters, t = 1024, 0.0
+        fma(iters)                                        # wake the thread team
+        while iters < (1 << 40):
+            t = min(fma(iters) for _ in range(3))
+            if t >= 2e-4:
+                break
+            iters *= 4
+        iters = max(1, int(iters * _FMA_RUN_S / max(t, 1e-9)))
+        lib.tessera_probe_copy(src.ctypes.data, dst.ctypes.data, n)  # a whole warm-up pass
+        fma_times, copy_times = [], []
+        for burst in range(_BURSTS):
+            if burst:
+                time.sleep(_PAUSE_S)
+            fma_times += [fma(iters) for _ in range(_FMA_RUNS)]
+            copy_times += [copy(i) for i in range(_COPY_RUNS)]
+        fma_gflops = max(fma_gflops,
+                         2.0 * chains * iters * threads / max(min(fma_times), 1e-12) / 1e9)
+        copy_gbs = max(copy_gbs, 2.0 * 4 * chunk / max(min(copy_times), 1e-12) / 1e9)
+        settled = (_settled(fma_times) and _settled(copy_times)
+                   and min(fma_times) >= 0.5 * _FMA_RUN_S)   # runs of the intended length
+        if settled or time.perf_counter() - start > _ATTEMPTS_S:
+            break
+        time.sleep(_PAUSE_S)
+    if not np.isfinite(out).all() or dst[n // 2 + 7] != src[n // 2 + 7]:
+        raise AssertionError("the machine probe computed garbage")           # pragma: no cover
+    return fma_gflops, copy_gbs, settled
