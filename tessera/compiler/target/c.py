@@ -37,8 +37,10 @@ class CRenderer(CStyleRenderer):
             from .c_gemm import gemm_source
             return gemm_source(dtype)
         if name == "attention":
+            from ...ops import cmath
             from .c_attention import attention_source
-            return attention_source(dtype)
+            exp = cmath.F32["exp"] if dtype == "f32" else cmath.F64["exp"]
+            return [*exp, attention_source(dtype)]
         return super().routine_source(key)
 
     def flag_error(self, code: int):
