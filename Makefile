@@ -33,10 +33,21 @@ lab: setup-lab
 bench: setup
 	$(BIN)/python -m benchmarks.bench $(BENCH_ARGS)
 
+# PyTorch's CPU wheel (about 0.2 GB) rather than PyPI's default Linux wheel, which brings about
+# 4 GB of CUDA libraries: PyTorch's CPU index first; where that cannot be reached, a +cpu wheel in
+# pip's own find-links (installed alone, then its dependencies); PyPI's wheel only as a last resort.
+# Then the bench extra (JAX for the CPU, pandas), which an installed torch already satisfies.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 setup-bench: setup
-	$(BIN)/python -m pip install -q pandas "jax[cpu]"
-	$(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu \
-		|| $(BIN)/python -m pip install -q torch
+	$(BIN)/python -m pip install -q --retries 1 --timeout 30 torch --index-url $(TORCH_INDEX) \
+		|| ($(BIN)/python -m pip install -q --no-index --no-deps torch \
+			&& $(BIN)/python -m pip install -q torch) \
+		|| (echo "setup-bench: no CPU wheel of torch found; installing PyPI's (with CUDA)" \
+			&& $(BIN)/python -m pip install -q torch)
+	$(BIN)/python -m pip install -q -e ".[bench]" "jax[cpu]"
+	$(BIN)/python -c "import torch, jax; print('setup-bench: torch', torch.__version__, \
+		'(a CUDA build: pip uninstall torch, then make setup-bench again, for the CPU wheel)' \
+		if torch.version.cuda else '(CPU build)', '- jax', jax.__version__)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info
