@@ -120,8 +120,10 @@ GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + 
 
 
 def math_helpers(*names, extra=()):
-    """Our float32 transcendentals (tessera/ops/cmath.py), libm wrappers for float64, then
-    the operator's own helper chunks."""
+    """Helper chunks for kind "f": our transcendentals (tessera/ops/cmath.py) for float32 and,
+    as `.f64`, for float64 (float64 log is a thin libm wrapper, ts_log), then the operator's
+    own chunks. Shared chunks are the same strings, dependencies first (ts_exp before ts_erf
+    and ts_sigmoid), each listed once; the renderer emits each distinct chunk once per program."""
     f32, f64 = [], []
     for n in names:
         f32 += [c for c in cmath.F32[n] if c not in f32]
@@ -141,13 +143,15 @@ with np.errstate(all="ignore"):
                 doc="-x")
     elementwise("abs", 1, unary_same(), {"f": "fabs{F}({0})", "i": "({0} < 0 ? -{0} : {0})",
                                          "b": "{0}"}, lambda a, t: np.abs(a[0]), doc="|x|")
-    for _name, _fn in [("log", np.log), ("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
+    for _name, _fn in [("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
         elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8, doc=f"{_name}(x)")
-    for _name, _fn in [("exp", np.exp), ("tanh", np.tanh), ("erf", _erf_ref)]:
+    # ts_exp{F} etc.: {F} picks ts_expf (float32) or ts_exp (float64), both defined in cmath
+    for _name, _fn in [("exp", np.exp), ("tanh", np.tanh), ("erf", _erf_ref), ("log", np.log)]:
         elementwise(_name, 1, unary_float, {"f": "ts_" + _name + "{F}({0})"},
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=12,
-                    helpers=math_helpers(_name), doc=f"{_name}(x) (our own float32 polynomial)")
+                    helpers=math_helpers(_name),
+                    doc=f"{_name}(x) (our own polynomial, tessera/ops/cmath.py)")
     elementwise("rsqrt", 1, unary_float, {"f": "(({T})1 / sqrt{F}({0}))"},
                 lambda a, t: (1 / np.sqrt(a[0])).astype(a[0].dtype), flops=2, doc="1/sqrt(x)")
     elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},

@@ -189,7 +189,7 @@ class CStyleRenderer:
     def render(self, program: TileProgram) -> str:
         parts = [self.prelude()]
         parts += self.helpers(program)
-        parts += self.routines(program)
+        parts += [c for c in self.routines(program) if c not in parts]   # exp: once for both
         parts += [self.kernel(k) for k in program.kernels]
         parts.append(self.entry(program))
         return "\n\n".join(p for p in parts if p) + "\n"
