@@ -24,12 +24,6 @@ def contiguous(shape):
     return list(reversed(out))
 
 
-def broadcast_strides(in_shape, out_shape):
-    cs = contiguous(in_shape)
-    pad = len(out_shape) - len(in_shape)
-    return [0 if k < pad or in_shape[k - pad] == 1 else cs[k - pad] for k in range(len(out_shape))]
-
-
 def coalesce(extents, stride_lists):
     """Drop size-1 axes; merge axis i into i+1 when every operand steps through both as one."""
     keep = [k for k, e in enumerate(extents) if e != 1]

@@ -135,7 +135,6 @@ def default_knobs(k: Kernel) -> dict:
             bq //= 2
         return {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "block_q": bq}
     if k.strategy == "row":
-        rows = numel // max(1, _reduced_size(grp))
         return {"parallel": numel >= PARALLEL_MIN_ELEMENTS,
                 "lanes": LANES.get(k.output.type.dtype.itemsize, 8)}
     if k.strategy == "reduce":
@@ -163,10 +162,3 @@ def gemm_tiles(c, dtype_short: str) -> dict:
         else:
             mt //= 2
     return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
-
-
-def _reduced_size(grp: Group) -> int:
-    n = 1
-    for a in grp.reduced:
-        n *= grp.domain[a]
-    return n
