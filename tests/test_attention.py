@@ -118,5 +118,7 @@ def test_fully_masked_rows_give_zero_and_bad_shapes_are_errors(rng):
         ts.function(lambda q, k, v: op.attention(q, k[:, :4], v))(q, k, v)
     with pytest.raises(ts.ShapeError, match="number of keys"):
         ts.function(lambda q, k, v: op.attention(q, k, v[:5]))(q, k, v)
+    with pytest.raises(ts.ArgumentError, match="every key would be masked"):
+        ts.function(lambda q, k, v: op.attention(q, k, v, mask=-np.inf))(q, k, v)
     with pytest.raises(ts.DTypeError, match="additive"):
         ts.function(lambda q, k, v: op.attention(q, k, v, mask=q[:, :1] > 0))(q, k, v)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as dt
+from ..errors import ArgumentError
 from ..ops import registry as R
 from .fusion import identity_map, map_from, squeezes_only
 from .schedule_ir import Kernel, Schedule
@@ -699,7 +700,9 @@ def lower_attention(k: Kernel, code):
     if mask.id in k.reads and k.reads[mask.id].role == "inline":
         args += [Addr(None), Const(0), Const(0)]
         if not np.isfinite(k.reads[mask.id].data):
-            raise NotImplementedError("a scalar -inf mask")
+            raise ArgumentError("attention's mask is a single non-finite number: every key would "
+                                "be masked", location=k.group.anchor.loc, op="attention",
+                                hint="pass a mask with 0 where a key is kept")
     else:
         b, off, st = operand(k, mask)
         full = list(mask.type.shape)
