@@ -55,7 +55,7 @@ class _Names:
         return f"{prefix}{self.n - 1}"
 
 
-def _nest(extents, names, parallel: bool, simd: bool, inner_kinds=None):
+def _nest(extents, names, parallel: bool, simd: bool):
     """Loops over `extents` (outermost first); returns (outer loop list, innermost body, vars)."""
     vars_, loops = [], []
     for k, e in enumerate(extents):
@@ -144,7 +144,7 @@ class Emitter:
     def accesses(self, v, m, out=None):
         """Every (offset, strides) the group reads, for choosing which axes can merge."""
         out = [] if out is None else out
-        if v.id in self.scalars_ids() or self._inline_const(v):
+        if v.id in self.scalars or self._inline_const(v):
             return out
         lf = self.leaf(v, m)
         if lf is not None:
@@ -156,9 +156,6 @@ class Emitter:
         for u in n.inputs:
             self.accesses(u, map_from(n, m, u), out)
         return out
-
-    def scalars_ids(self):
-        return self.scalars
 
     def _inline_const(self, v):
         return v.id not in self.inside and self.k.reads[v.id].role == "inline"
