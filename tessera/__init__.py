@@ -9,6 +9,7 @@ from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # no
                      ResourceError, RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
                      TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
+from .autotune import autotune, kernel  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
 from .runtime.profiler import machine_peaks, profiler  # noqa: E402
 from .schedule import Schedule  # noqa: E402
@@ -20,4 +21,5 @@ __all__ = [
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
     "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
+    "autotune", "kernel",
 ]

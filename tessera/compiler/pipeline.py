@@ -10,12 +10,12 @@ import numpy as np
 
 from ..errors import (ArgumentError, BackendUnavailableError, ResourceError, RuntimeFault,
                       ShapeError)
-from ..runtime import profiler
+from ..runtime import profiler, tunedb
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose
-from .scheduler import build_schedule
+from .scheduler import build_schedule, kernel_signature
 from .target.c import ENTRY, render_c
 
 TARGETS = ("cpu",)
@@ -175,16 +175,30 @@ def check_sizes(g: Graph):
                              expected="at most 2**62 elements")
 
 
+def prepare(graph: Graph) -> tuple[Graph, Graph]:
+    """The canonical Graph IR and its primitive form (composites decomposed, patterns raised)."""
+    g = canonicalize(graph.clone()).verify()
+    prim = canonicalize(decompose(g), PRIMITIVE_RULES).verify()
+    check_sizes(prim)
+    return g, prim
+
+
+def schedule_graph(prim: Graph, target: str, schedule=None, tuned=True):
+    """Schedule IR with knobs from the heuristics, the autotuning database (unless tuned=False or
+    TESSERA_AUTOTUNE=0) and the user's Schedule."""
+    db = tunedb.active() if tuned else None
+    lookup = None if db is None else \
+        (lambda k: tunedb.tuned_knobs(db, kernel_signature(k), target))
+    return build_schedule(prim, target, user=schedule, tuned=lookup).verify()
+
+
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
                   schedule=None) -> Program:
     if target not in TARGETS:
         raise BackendUnavailableError(f"target {target!r} is not available yet",
                                       expected=" or ".join(TARGETS))
-    g = canonicalize(graph.clone()).verify()
-    prim = canonicalize(decompose(g), PRIMITIVE_RULES).verify()
-    check_sizes(prim)
-    knobs = schedule
-    schedule = build_schedule(prim, target, user=knobs).verify()
+    g, prim = prepare(graph)
+    schedule = schedule_graph(prim, target, schedule)
     tile = lower_schedule(schedule).verify()
     source = render_c(tile)
     from ..runtime.toolchain import build

@@ -48,6 +48,7 @@ class Kernel:
     knobs: dict = field(default_factory=dict)
     flops: int = 0
     bytes: int = 0
+    tuned: bool = False            # knobs came from the autotuning database
     group: object = field(default=None, repr=False)   # the fusion group (for lowering)
     reads: dict = field(default_factory=dict, repr=False)  # Graph IR value id -> Buffer read
 
@@ -123,7 +124,7 @@ class Schedule:
                 head = f"{k.strategy}({args})"
             lines.append(f"  {k.name} = {head} -> {k.output.ref()}")
             lines.append(f"       fuses {{{' '.join(k.fused_labels())}}}"
-                         f"   knobs {format_attrs(k.knobs) or '{}'}"
+                         f"   knobs{' (tuned)' if k.tuned else ''} {format_attrs(k.knobs) or '{}'}"
                          f"   cost {{flops={k.flops:.3g}, bytes={k.bytes:.3g}}}")
         lines.append("  return " + ", ".join(b.ref() for b in self.outputs))
         lines.append("}")

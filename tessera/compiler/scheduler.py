@@ -13,8 +13,10 @@ LANES = {4: 16, 8: 8}               # accumulators per row reduction, by element
                                     # vector register each; fixed, so the association is too
 
 
-def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None) -> Schedule:
-    """`user`: a tessera.Schedule whose knobs override the heuristics'."""
+def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None,
+                   tuned=None) -> Schedule:
+    """Knobs, weakest first: the heuristics', `tuned(kernel)` (the autotuning database's record,
+    or None), an operator's own tile_shape, then `user` (a tessera.Schedule)."""
     buffers: list[Buffer] = []
     of: dict[int, Buffer] = {}
     for k, p in enumerate(g.params):
@@ -55,6 +57,10 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None
         k.flops = kernel_flops(grp)
         k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + b.nbytes
         k.knobs = default_knobs(k)
+        record = tuned(k) if tuned is not None else None
+        if record:
+            k.knobs.update(record)
+            k.tuned = True
         tile = grp.anchor.attrs.get("tile_shape") if grp.anchor is not None else None
         if tile and k.strategy == "contract":       # op.matmul(..., tile_shape=(BM, BN, BK))
             k.knobs.update(zip(("tile_m", "tile_n", "tile_k"), tile))
@@ -162,3 +168,73 @@ def gemm_tiles(c, dtype_short: str) -> dict:
         else:
             mt //= 2
     return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
+
+
+# ---- what the autotuner may vary --------------------------------------------------------------
+# Knobs that change the association of sums, so a candidate's bits may differ from the default's
+# (still deterministic). Every other knob must leave every bit alone.
+NUMERIC_KNOBS = frozenset({"lanes"})
+
+
+def knob_space(k: Kernel, cpus: int) -> dict:
+    """The values each knob of this kernel may take (the default included). A knob absent here is
+    not tuned. `cpus`: the threads the program runs with."""
+    space = {"parallel": [False, True]}
+    if cpus > 2:
+        space["threads"] = [0] + [t for t in (2, 4, 8, 16, 32, 64) if t < cpus]   # 0: all
+    if k.strategy == "contract" and "tile_m" in k.knobs:
+        space.update(tile_m=[48, 96, 192, 256, 384], tile_n=[64, 128, 256, 512, 1024],
+                     tile_k=[128, 256, 512])
+    elif k.strategy == "attention":
+        space["block_q"] = [16, 32, 64, 128]
+    elif k.strategy in ("row", "reduce"):
+        space["lanes"] = [4, 8, 16, 32]
+    elif k.strategy in ("pointwise", "copy"):
+        space["unroll"] = [1, 2, 4, 8]
+    for name, value in k.knobs.items():        # the default is always a candidate
+        if name in space and value not in space[name]:
+            space[name] = sorted(space[name] + [value], key=_knob_order)
+    return space
+
+
+def _knob_order(v):
+    return (0, v) if isinstance(v, (bool, int)) else (1, str(v))
+
+
+def invalid_knobs(k: Kernel, knobs: dict) -> str | None:
+    """Why these knobs cannot serve this kernel (None when they can)."""
+    if knobs.get("threads") and not knobs.get("parallel"):
+        return "threads without parallel"
+    if k.strategy == "contract" and "tile_m" in knobs:
+        shape = k.group.anchor.out.type.shape
+        M, N, K = shape[-2], shape[-1], k.group.anchor.inputs[0].type.shape[-1]
+        # a tile at least twice the matrix is the matrix: keep only the smallest such size
+        for name, size, step in (("tile_m", M, 6), ("tile_n", N, 32), ("tile_k", K, 128)):
+            if knobs[name] >= 2 * max(size, step) and knobs[name] != k.knobs.get(name):
+                return f"{name}={knobs[name]} exceeds the matrix"
+    if k.strategy == "attention":
+        sq = k.group.anchor.out.type.shape[-2]
+        if knobs["block_q"] >= 2 * max(sq, 16) and knobs["block_q"] != k.knobs.get("block_q"):
+            return f"block_q={knobs['block_q']} exceeds the queries"
+    return None
+
+
+def kernel_signature(k: Kernel) -> str:
+    """The kernel's structure as text: its strategy and fused operators with their attributes and
+    types, operands numbered by position, not by name, so one kernel has one signature wherever it
+    sits in whichever graph."""
+    from .graph_ir import format_attrs, format_value
+    local, lines = {}, [k.strategy]
+    for n in k.fuses:
+        args = []
+        for x in n.inputs:
+            if x.id in local:
+                args.append(f"%{local[x.id]}")
+            else:
+                b = k.reads[x.id]
+                args.append(format_value(b.data) if b.role == "inline"
+                            else f"${k.inputs.index(b)}:{x.type}")
+        local[n.out.id] = len(local)
+        attrs = format_attrs({a: v for a, v in n.attrs.items() if not a.startswith("_")})
+        lines.append(f"{n.op}({', '.join(args)}) {attrs} : {n.out.type}")
+    return "\n".join(lines)

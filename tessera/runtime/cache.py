@@ -9,7 +9,8 @@ from pathlib import Path
 
 SCHEMA_VERSION = 1
 _stats_lock = threading.Lock()
-_stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "traces": 0, "rebuilt_corrupt": 0}
+_stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "traces": 0, "rebuilt_corrupt": 0,
+          "tuned_hits": 0}
 
 
 def cache_dir() -> Path:

@@ -23,12 +23,15 @@ class CRenderer(CStyleRenderer):
     def loop_header(self, s: Loop, k: TileKernel) -> list[str]:
         # Each output element is computed by one thread in a fixed order: no thread count changes
         # any result. simd only on loops over independent elements (never on a reduction).
+        threads = f" num_threads({k.knobs['threads']})" if k.knobs.get("threads") else ""
+        unroll = [f"#pragma GCC unroll {k.knobs['unroll']}"] if k.knobs.get("unroll") and \
+            s.kind in ("vector", "parallel+vector") else []
         if s.kind == "parallel":
-            return ["#pragma omp parallel for schedule(static)"]
+            return [f"#pragma omp parallel for schedule(static){threads}"]
         if s.kind == "parallel+vector":
-            return ["#pragma omp parallel for simd schedule(static)"]
+            return [f"#pragma omp parallel for simd schedule(static){threads}"] + unroll
         if s.kind == "vector":
-            return ["#pragma omp simd"]
+            return ["#pragma omp simd"] + unroll
         return []
 
     def routine_source(self, key: str) -> str:

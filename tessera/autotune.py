@@ -1,0 +1,211 @@
+"""Autotuning, the user's side: `ts.autotune(fn, *example_args)` and the seeds' decorator
+`@ts.kernel.autotune(space=..., metric=..., timeout_ms=..., cache=...)`.
+
+Both search each kernel of the compiled function (tessera/compiler/autotune.py says how) and
+record the chosen knobs in the autotuning database; every later compilation of the same kernel
+(same structure, shapes, dtypes, target, machine and compiler) reads them from there, in this
+process or the next, without searching again. TESSERA_AUTOTUNE=0 turns all of it off.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+
+from .compiler.autotune import (STRATEGIES, Settings, TuneResult, kernel_space, resolve_space,
+                                program_threads)
+from .errors import ArgumentError, TesseraError
+from .function import Function
+from .runtime import tunedb
+
+METRICS = ("time", "latency", "throughput")
+
+
+def _as_function(fn) -> Function:
+    if isinstance(fn, AutotunedFunction):
+        return fn.function
+    if isinstance(fn, Function):
+        return fn
+    if callable(fn):
+        return Function(fn)
+    raise ArgumentError(f"autotune needs a tessera function, not {fn!r}")
+
+
+def _settings(budget_s, strategy, metric, timeout_ms, repeats, seed, workers, progress,
+              exact=False):
+    if metric not in METRICS:
+        raise ArgumentError(f"unknown autotune metric {metric!r}", expected=" or ".join(METRICS))
+    if strategy not in STRATEGIES:
+        raise ArgumentError(f"unknown autotune strategy {strategy!r}",
+                            expected=" or ".join(STRATEGIES))
+    if not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise ArgumentError(f"autotune budget_s must be a positive number, not {budget_s!r}")
+    if timeout_ms is not None and not (isinstance(timeout_ms, (int, float)) and timeout_ms > 0):
+        raise ArgumentError(f"autotune timeout_ms must be a positive number, not {timeout_ms!r}")
+    if not (isinstance(repeats, int) and repeats >= 1):
+        raise ArgumentError(f"autotune repeats must be a positive integer, not {repeats!r}")
+    return Settings(budget_s=float(budget_s), strategy=strategy, repeats=repeats,
+                    timeout_s=None if timeout_ms is None else timeout_ms / 1e3, seed=seed,
+                    workers=workers, progress=progress, exact=bool(exact))
+
+
+def _fixed_knobs(f: Function, schedule) -> dict:
+    """Per kernel, the knobs the user set (a Schedule, an op's tile_shape): never searched."""
+    out = {}
+    for k in schedule.kernels:
+        fixed = set(f.schedule.knobs_for(k.strategy)) if f.schedule is not None else set()
+        if k.group.anchor is not None and k.group.anchor.attrs.get("tile_shape"):
+            fixed |= {"tile_m", "tile_n", "tile_k"}
+        out[k.name] = fixed
+    return out
+
+
+def autotune(fn, *args, budget_s: float = 60.0, strategy: str = "grid", space: dict | None = None,
+             metric: str = "time", timeout_ms: float | None = None, repeats: int = 7,
+             cache=None, kernels=None, seed: int = 0, workers: int = 0, progress: bool = True,
+             exact: bool = False, **kwargs) -> TuneResult:
+    """Search the knobs of every kernel of `fn` compiled for these example arguments.
+
+    budget_s: wall-clock seconds for the whole search (shared among kernels by their cost).
+    strategy: "grid" (every valid combination, nearest the default first), "random" (a shuffle
+        seeded by `seed`) or "beam" (one knob one step at a time from the default).
+    space: narrows or widens the knob values, e.g. {"BM": [96, 192], "BN": [256, 512],
+        "threads": [1, 2]}; the seeds' names BM/BN/BK (tile sizes; BM is also attention's
+        block_q) and vector (row lanes) are accepted; warps and stages are GPU knobs, kept and
+        reported unused on the CPU.
+    metric: "time" (or "latency") or "throughput": a kernel's work is fixed, so both rank
+        candidates by their median time; the table shows GFLOP/s too.
+    timeout_ms: a candidate whose first run takes longer is marked timed out (runs are not
+        interrupted); default 20x the default knobs' run, at least 200 ms.
+    cache: the database file (default $TESSERA_AUTOTUNE_DB, else autotune.sqlite in the cache
+        directory). kernels: names of the kernels to tune (default all).
+    exact: search only knobs that keep every bit of the default knobs' results. Without it a
+        row reduction may also try other lane counts, which change the association of its sums:
+        the last bits may differ from the untuned program's (checked within a tolerance, and
+        still the same on every run and thread count).
+
+    Returns a TuneResult: `.to_pandas()` has one row per candidate (knobs, time, speed-up over
+    the default, status: default, ok, slower, failed to compile, wrong result, timed out),
+    `.best` the chosen knobs, `.speedup` the whole program's gain, `.program` the tuned program.
+    """
+    settings = _settings(budget_s, strategy, metric, timeout_ms, repeats, seed, workers, progress,
+                         exact)
+    f = _as_function(fn)
+    resolve_space(space)                    # bad names or values fail before anything runs
+    base = Function(f.fn, name=f.name, target=f.target, schedule=f.schedule)
+    try:
+        with tunedb.using(None):            # the heuristics' knobs are the baseline
+            default_prog, arrays = base._program(args, kwargs, f.target)
+        from .compiler.autotune import tune_program
+        result = tune_program(f.name, default_prog.schedule_ir, list(arrays.values()), settings,
+                              space, _fixed_knobs(f, default_prog.schedule_ir),
+                              set(kernels) if kernels is not None else None, cache)
+        tuned = Function(f.fn, name=f.name, target=f.target, schedule=f.schedule)
+        with tunedb.using(result.db_path):
+            tuned_prog, _ = tuned._program(args, kwargs, f.target)
+    except TesseraError as e:
+        raise e.with_traceback(None) from None
+    result.default_s, result.tuned_s = _time_pair(default_prog, tuned_prog, list(arrays.values()),
+                                                  settings.repeats)
+    result.program = tuned_prog
+    f._programs.clear()     # its next call compiles anew and reads the database
+    return result
+
+
+def _time_pair(a, b, arrays, repeats) -> tuple[float, float]:
+    """Median wall seconds of two programs on the same inputs, interleaved."""
+    ta, tb = [], []
+    a.run(*arrays), b.run(*arrays)
+    for _ in range(repeats):
+        for prog, times in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            prog.run(*arrays)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
+class AutotunedFunction:
+    """A tessera function that tunes itself: the first call with new shapes searches the kernels
+    the database has no knobs for (showing progress), records them, then runs tuned; later calls,
+    and later processes, find the knobs in the database and run at once."""
+
+    def __init__(self, fn, *, space=None, metric="time", timeout_ms=None, cache=None,
+                 budget_s=60.0, strategy="grid", repeats=7, progress=True, exact=False):
+        self.function = _as_function(fn)
+        functools.update_wrapper(self, self.function.fn)
+        self._settings = _settings(budget_s, strategy, metric, timeout_ms, repeats, 0, 0, progress,
+                                   exact)
+        resolve_space(space)
+        self.space, self.metric, self.cache = space, metric, cache
+        self.results: dict = {}     # argument types -> the TuneResult of the search they caused
+        self._ready: set = set()
+
+    def __repr__(self):
+        return f"<tessera autotuned function {self.function.name}>"
+
+    def _db(self):
+        return tunedb.using(self.cache) if self.cache is not None else contextlib.nullcontext()
+
+    def _ensure_tuned(self, args, kwargs):
+        if not tunedb.enabled():
+            return
+        with self._db():
+            prog = self.function.lower(*args, **kwargs)
+        key = tuple(str(p.type) for p in prog.graph_ir.params)
+        if key in self._ready:
+            return
+        fixed = _fixed_knobs(self.function, prog.schedule_ir)
+        user, _ = resolve_space(self.space)
+        cpus = program_threads()
+        s = self._settings
+        missing = [k.name for k in prog.schedule_ir.kernels if not k.tuned and any(
+            len(v) > 1 for v in kernel_space(k, cpus, user, fixed[k.name], s.exact).values())]
+        if missing:
+            self.results[key] = autotune(
+                self.function, *args, budget_s=s.budget_s, strategy=s.strategy,
+                space=self.space, metric=self.metric,
+                timeout_ms=None if s.timeout_s is None else s.timeout_s * 1e3,
+                repeats=s.repeats, cache=self.cache, kernels=missing, progress=s.progress,
+                exact=s.exact, **kwargs)
+        self._ready.add(key)
+
+    def __call__(self, *args, **kwargs):
+        from .function import _inside_trace
+        if _inside_trace(args, kwargs):
+            return self.function(*args, **kwargs)
+        self._ensure_tuned(args, kwargs)
+        with self._db():
+            return self.function(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        """The tuned Program for these arguments (searching first if needed)."""
+        self._ensure_tuned(args, kwargs)
+        with self._db():
+            return self.function.lower(*args, **kwargs)
+
+    @property
+    def graph_ir(self):
+        return self.function.graph_ir
+
+    def interpret(self, *args, **kwargs):
+        return self.function.interpret(*args, **kwargs)
+
+
+class _KernelTools:
+    """`tessera.kernel`: kernel-level tools (the seeds' `@tessera.kernel.autotune`)."""
+
+    @staticmethod
+    def autotune(fn=None, *, space=None, metric="time", timeout_ms=None, cache=None,
+                 budget_s=60.0, strategy="grid", repeats=7, progress=True, exact=False):
+        """Decorator: `@ts.kernel.autotune(space={"BM": [...], ...}, metric="throughput",
+        timeout_ms=200, cache="~/.tessera/autotune.db")` on a tessera function (or a plain
+        annotated one). See `tessera.autotune` for the arguments."""
+        def wrap(f):
+            return AutotunedFunction(f, space=space, metric=metric, timeout_ms=timeout_ms,
+                                     cache=cache, budget_s=budget_s, strategy=strategy,
+                                     repeats=repeats, progress=progress, exact=exact)
+        return wrap(fn) if fn is not None else wrap
+
+
+kernel = _KernelTools()

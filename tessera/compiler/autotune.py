@@ -1,0 +1,627 @@
+"""Autotuning: search each kernel's knobs, measure the candidates properly, keep the best in the
+autotuning database (tessera/runtime/tunedb.py), which later compilations read.
+
+A search (`tune_program`):
+1. The function is scheduled with the heuristics' knobs (the database ignored). Each kernel is cut
+   out into a program of its own (what it reads become parameters) and the chain of these
+   programs runs on the example arguments: every kernel gets real inputs (gather indices stay in
+   range, softmax rows are real rows), and the default's output to check candidates against.
+2. Kernels are tuned most expensive first; the budget is shared out in proportion to their
+   default times.
+3. Candidates come from the kernel's knob space (scheduler.knob_space, narrowed by the user's
+   `space`), less the invalid ones (scheduler.invalid_knobs), in the search strategy's order:
+   grid (every combination, nearest the default first), random (a seeded shuffle) or beam (from
+   the default, change one knob by one step, keep the best few, repeat).
+4. Candidates compile in batches on a thread pool (each compile is its own gcc process), never
+   while one is being timed.
+5. A candidate runs once (warm-up; its output is checked against the default's; a run longer
+   than the timeout marks it "timed out": runs are never interrupted), then up to `repeats` timed
+   runs of the kernel alone (C's monotonic clock, through the program's timed entry). Inputs
+   smaller than twice the last-level cache rotate among copies, so caches are as cold as inside
+   a real program. A candidate whose best run is already `prune` x the leader's median stops
+   early ("slower").
+6. The default and the leaders are timed again, interleaved; the fastest wins, but a candidate
+   within `tie` of it loses to the default, then to the candidate earlier in the space's order,
+   so noise never flips a choice back and forth.
+
+Checks: knobs other than NUMERIC_KNOBS must not change one bit of a kernel's output (the numerics
+contract), so a candidate that does is "wrong result"; a numeric knob (lanes) may change the last
+bits, within a tolerance, and the table says whether the bits are the default's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ArgumentError, RuntimeFault, TesseraError
+from ..runtime import tunedb
+from .lower import lower_schedule
+from .schedule_ir import Buffer, Kernel, Schedule
+from .scheduler import NUMERIC_KNOBS, invalid_knobs, kernel_signature, knob_space
+from .target.c import render_c
+
+STRATEGIES = ("grid", "random", "beam")
+STATUSES = ("default", "ok", "slower", "failed to compile", "wrong result", "timed out")
+# The seeds' names (Triton's) for our knobs, by strategy; GPU-only knobs are kept for later.
+ALIASES = {"BM": {"contract": "tile_m", "attention": "block_q"}, "BN": {"contract": "tile_n"},
+           "BK": {"contract": "tile_k"}, "vector": {"row": "lanes", "reduce": "lanes"}}
+GPU_KNOBS = ("warps", "stages")
+KNOWN = ("parallel", "threads", "tile_m", "tile_n", "tile_k", "block_q", "lanes", "unroll")
+REL_TOL = {4: 1e-4, 8: 1e-10, 2: 1e-2}      # numeric knobs: max |diff| / max |default|
+
+
+@dataclass
+class Candidate:
+    kernel: str
+    order: int                     # position in the space's order (ties go to the lower)
+    knobs: dict                    # every knob of the kernel
+    changed: dict                  # the knobs that differ from the default's
+    status: str = "pending"
+    times: list = field(default_factory=list)
+    bitwise: bool | None = None    # output bit-identical to the default's
+    message: str = ""
+    program: object = None         # (tile program, library) once compiled
+    confirmed: float | None = None # median seconds in the final, interleaved round
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+
+@dataclass
+class KernelTuning:
+    name: str
+    strategy: str
+    flops: int
+    bytes: int
+    default_knobs: dict
+    best_knobs: dict
+    default_s: float
+    best_s: float
+    candidates: list
+    key: str = ""
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s if self.best_s else 1.0
+
+
+class TuneResult:
+    """What a search found: one row per candidate (`to_pandas()`), the chosen knobs per kernel
+    (`best`), and the whole program's time with the default and the tuned knobs."""
+
+    def __init__(self, function: str, kernels: list, db_path, strategy: str, budget_s: float,
+                 elapsed_s: float, ignored: list):
+        self.function = function
+        self.kernels: list[KernelTuning] = kernels
+        self.db_path = db_path
+        self.strategy = strategy
+        self.budget_s = budget_s
+        self.elapsed_s = elapsed_s
+        self.ignored = ignored              # knob names of the space that the CPU does not use
+        self.default_s: float | None = None  # the whole program, default knobs
+        self.tuned_s: float | None = None    # the whole program, tuned knobs
+
+    @property
+    def best(self) -> dict:
+        return {k.name: dict(k.best_knobs) for k in self.kernels}
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_s / self.tuned_s if self.default_s and self.tuned_s else None
+
+    def rows(self) -> list[dict]:
+        out = []
+        for kt in self.kernels:
+            for c in kt.candidates:
+                t = c.median
+                out.append({"kernel": kt.name, "strategy": kt.strategy, "candidate": c.order,
+                            **{f"knob:{n}": v for n, v in c.knobs.items()},
+                            "time_ms": None if t is None else t * 1e3,
+                            "confirmed_ms": None if c.confirmed is None else c.confirmed * 1e3,
+                            "speedup": None if not t else kt.candidates[0].median / t,
+                            "gflops": None if not t else kt.flops / t / 1e9,
+                            "status": c.status, "bitwise": c.bitwise,
+                            "best": c.knobs == kt.best_knobs and c.status in ("ok", "default"),
+                            "message": c.message})
+        return out
+
+    def to_pandas(self):
+        import pandas as pd
+        rows = self.rows()
+        df = pd.DataFrame(rows)
+        df.columns = [c[5:] if c.startswith("knob:") else c for c in df.columns]
+        return df
+
+    def summary(self) -> str:
+        lines = [f"autotune @{self.function}: {self.strategy}, {self.elapsed_s:.1f} s of "
+                 f"{self.budget_s:.0f} s budget, database {self.db_path}"]
+        for kt in self.kernels:
+            tried = sum(c.status not in ("pending",) for c in kt.candidates)
+            changed = {n: v for n, v in kt.best_knobs.items() if kt.default_knobs.get(n) != v}
+            lines.append(f"  {kt.name:<28} {kt.strategy:<9} {tried:>3} candidates  "
+                         f"{kt.default_s * 1e3:9.3f} ms -> {kt.best_s * 1e3:9.3f} ms  "
+                         f"x{kt.speedup:.2f}  {changed or 'default knobs'}")
+        if self.speedup:
+            lines.append(f"  whole program: {self.default_s * 1e3:.3f} ms -> "
+                         f"{self.tuned_s * 1e3:.3f} ms (x{self.speedup:.2f})")
+        if self.ignored:
+            lines.append(f"  not used on this target: {', '.join(self.ignored)}")
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def __repr__(self):
+        return f"<TuneResult @{self.function}: {len(self.kernels)} kernels tuned>"
+
+    def _repr_html_(self):
+        try:
+            table = self.to_pandas().to_html(index=False, na_rep="", float_format="%.4g")
+        except ImportError:
+            table = ""
+        from html import escape
+        return f"<pre>{escape(self.summary())}</pre>{table}"
+
+
+# ---- kernels cut out into programs of their own ------------------------------------------------
+def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
+    """A schedule running only kernel k with these knobs: what it reads become inputs 0, 1, ...
+    (constants stay constants) and what it writes the output."""
+    mapping, buffers, n_in = {}, [], 0
+    for b in k.inputs:
+        if b.role in ("inline", "const"):
+            nb = b
+        else:
+            nb = Buffer(f"in{n_in}", b.type, "input", param=n_in, label=b.label or b.name)
+            n_in += 1
+        mapping[id(b)] = nb
+        buffers.append(nb)
+    out = Buffer("out0", k.output.type, "output")
+    kk = dataclasses.replace(k, inputs=[mapping[id(b)] for b in k.inputs], output=out,
+                             reads={v: mapping[id(b)] for v, b in k.reads.items()},
+                             knobs=dict(knobs))
+    s = Schedule(f"{schedule.name}_{k.name}", schedule.bindings, schedule.target,
+                 buffers + [out], [kk], [out])
+    return s.verify()
+
+
+def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
+    from ..runtime.toolchain import build
+    s = single_kernel(schedule, k, knobs)
+    tile = lower_schedule(s).verify()
+    return tile, build(render_c(tile), s.name)
+
+
+class KernelRunner:
+    """Runs one single-kernel program on fixed inputs, timing the kernel alone; `copies` sets of
+    buffers are rotated so that small working sets do not stay in cache between runs."""
+
+    def __init__(self, compiled, inputs: list, copies: int = 1):
+        import ctypes
+        tile, lib = compiled
+        self._entry = getattr(lib, "tessera_entry_timed")
+        self._seconds = (ctypes.c_double * 1)()
+        self._tables, self._ptrs, self.outputs = [], [], []
+        for c in range(copies):
+            table = []
+            for b in tile.buffers:
+                if b.role == "input":
+                    table.append(inputs[b.param] if c == 0 else inputs[b.param].copy())
+                elif b.role == "const":
+                    table.append(b.data)
+                else:
+                    table.append(np.empty(tuple(b.type.shape), dtype=b.type.dtype.np))
+                    if c == 0:
+                        self.outputs.append(table[-1])
+            self._tables.append(table)
+            self._ptrs.append((ctypes.c_void_p * max(1, len(table)))(
+                *[a.ctypes.data for a in table]))
+        self._next = 0
+
+    def run(self) -> float:
+        ptrs = self._ptrs[self._next]
+        self._next = (self._next + 1) % len(self._ptrs)
+        if self._entry(ptrs, self._seconds):
+            raise RuntimeFault("an index is out of range while tuning")
+        return self._seconds[0]
+
+    def warm(self):
+        """One run on every copy: pages touched, threads awake, code in the instruction cache."""
+        for _ in self._ptrs:
+            self.run()
+
+    def result(self) -> np.ndarray:
+        """The output of copy 0 (run it first)."""
+        self._next = 0
+        self.run()
+        return self.outputs[0].copy()
+
+
+def last_level_cache_bytes() -> int:
+    best = 0
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for d in os.listdir(root):
+            try:
+                with open(f"{root}/{d}/size") as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+def _copies(inputs, out_bytes) -> int:
+    """Enough input/output copies that one round of runs touches twice the last-level cache."""
+    ws = sum(a.nbytes for a in inputs) + out_bytes
+    want = 2 * last_level_cache_bytes()
+    return 1 if ws >= want else min(8, math.ceil(want / max(ws, 1)))
+
+
+def compare(kernel_out: np.ndarray, default_out: np.ndarray, changed: dict) -> tuple:
+    """(status, bitwise, message) of a candidate's output against the default's."""
+    a, b = np.ascontiguousarray(kernel_out), np.ascontiguousarray(default_out)
+    if a.tobytes() == b.tobytes():
+        return "ok", True, ""
+    if not set(changed) & NUMERIC_KNOBS:
+        return "wrong result", False, f"bits differ, though {sorted(changed)} must not change them"
+    if a.dtype.kind not in "fc":
+        return "wrong result", False, "integer results differ"
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    if (nan_a != nan_b).any():
+        return "wrong result", False, "NaNs in other places"
+    ok = ~nan_a
+    scale = float(np.max(np.abs(b[ok]), initial=0.0)) or 1.0
+    err = float(np.max(np.abs(a[ok].astype(np.float64) - b[ok]), initial=0.0)) / scale
+    if err > REL_TOL.get(a.dtype.itemsize, 1e-4):
+        return "wrong result", False, f"relative error {err:.2g}"
+    return "ok", False, f"relative error {err:.2g}"
+
+
+# ---- the search spaces ----------------------------------------------------------------------------
+def resolve_space(user_space: dict | None) -> tuple[dict, list]:
+    """The user's space in our knob names, per strategy: ({(strategy|None, knob): values},
+    ignored GPU knobs). Bad names or values raise."""
+    if user_space is None:
+        return {}, []
+    if not isinstance(user_space, dict):
+        raise ArgumentError(f"autotune space must be a dict of knob -> values, not {user_space!r}")
+    out, ignored = {}, []
+    for name, values in user_space.items():
+        if isinstance(values, (int, bool)):
+            values = [values]
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ArgumentError(f"autotune space[{name!r}] must be a non-empty list of values")
+        if name in GPU_KNOBS:
+            ignored.append(name)
+            continue
+        if name == "parallel":
+            if not all(isinstance(v, bool) for v in values):
+                raise ArgumentError(f"autotune space['parallel'] takes True/False, not {values!r}")
+        elif not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                     or (name == "threads" and v == 0) for v in values):
+            raise ArgumentError(f"autotune space[{name!r}] must hold positive integers, "
+                                f"not {list(values)!r}")
+        if name in ALIASES:
+            for strategy, knob in ALIASES[name].items():
+                out[(strategy, knob)] = list(values)
+        elif name in KNOWN:
+            out[(None, name)] = list(values)
+        else:
+            raise ArgumentError(f"autotune space has an unknown knob {name!r}",
+                                expected=", ".join(list(KNOWN) + list(ALIASES) + list(GPU_KNOBS)))
+    return out, ignored
+
+
+def kernel_space(k: Kernel, cpus: int, user: dict, fixed: set, exact: bool = False) -> dict:
+    """The knob values to search for kernel k; `exact` leaves out the knobs that may change the
+    last bits of its results."""
+    space = knob_space(k, cpus)
+    if exact:
+        for knob in NUMERIC_KNOBS:
+            space.pop(knob, None)
+    for (strategy, knob), values in user.items():
+        if (knob in space or knob == "threads") and strategy in (None, k.strategy):
+            space[knob] = list(dict.fromkeys(values))
+    for knob in fixed:                  # set by the user's Schedule or tile_shape: not tuned
+        space.pop(knob, None)
+    return space
+
+
+def enumerate_grid(k: Kernel, space: dict) -> list[dict]:
+    """Every valid combination, the default first, then by distance from the default (knobs
+    changed, then steps along each knob's list)."""
+    names = list(space)
+    default = {n: k.knobs.get(n) for n in names}
+
+    def distance(combo):
+        changed = sum(combo[n] != default[n] for n in names)
+        steps = sum(abs(space[n].index(combo[n]) - space[n].index(default[n]))
+                    if default[n] in space[n] else 1 for n in names)
+        return changed, steps
+    combos = [dict(zip(names, vals)) for vals in itertools.product(*(space[n] for n in names))]
+    combos = [c for c in combos if invalid_knobs(k, {**k.knobs, **c}) is None]
+    return sorted(combos, key=distance)
+
+
+# ---- the search -----------------------------------------------------------------------------------
+class Progress:
+    """A progress bar: a line redrawn on stderr in a terminal, an HTML bar in a notebook (its text
+    form holds no timings, so a saved notebook compares equal run after run)."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.done, self.label, self.note = max(total, 1), 0, label, ""
+        self.enabled = enabled
+        self._handle = None
+        if enabled and _in_notebook():
+            from IPython.display import display
+            self._handle = display(self._bundle(""), raw=True, display_id=True)
+
+    def _bundle(self, note):
+        from html import escape
+        text = f"{self.label}: {self.done}/{self.total} candidates"
+        return {"text/plain": text,
+                "text/html": f"<progress value='{self.done}' max='{self.total}' "
+                             f"style='width:30em'></progress> {escape(text)} {escape(note)}"}
+
+    def update(self, n=1, note=""):
+        self.done = min(self.total, self.done + n)
+        self.note = note
+        if not self.enabled:
+            return
+        if self._handle is not None:
+            self._handle.update(self._bundle(note), raw=True)
+        elif sys.stderr.isatty():           # a log gets the last line only (close)
+            self._draw("\r")
+
+    def _draw(self, end):
+        width = 30
+        fill = int(width * self.done / self.total)
+        sys.stderr.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
+                         f"{self.done}/{self.total} {self.note[:40]:<40}{end}")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.enabled and self._handle is None:
+            self._draw("\n")
+
+
+def _in_notebook() -> bool:
+    ip = sys.modules.get("IPython")
+    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+@dataclass
+class Settings:
+    budget_s: float = 60.0
+    strategy: str = "grid"
+    repeats: int = 7
+    timeout_s: float | None = None     # None: 20 x the default's run, at least 0.2 s
+    prune: float = 1.3
+    tie: float = 0.02
+    beam_width: int = 3
+    seed: int = 0
+    workers: int = 0                   # 0: the machine's cores
+    progress: bool = True
+    top: int = 3                       # leaders timed again against the default
+    exact: bool = False                # only knobs that keep every bit of the default's results
+
+
+def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings, user_space=None,
+                 fixed=None, only=None, db_path=None) -> TuneResult:
+    """Search every tunable kernel of a scheduled program (built with the heuristics' knobs) on
+    its example inputs, store each kernel's choice in the database and return what was found."""
+    if settings.strategy not in STRATEGIES:
+        raise ArgumentError(f"unknown autotune strategy {settings.strategy!r}",
+                            expected=" or ".join(STRATEGIES))
+    user, ignored = resolve_space(user_space)
+    start = time.perf_counter()
+    cpus = program_threads()
+    workers = settings.workers or max(1, min(os.cpu_count() or 1, 8))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        # 1. every kernel alone, default knobs, in program order: real inputs for each
+        compiled = list(pool.map(lambda k: compile_single(schedule, k, k.knobs), schedule.kernels))
+        env = {b.name: b.data for b in schedule.buffers if b.role == "const"}
+        env.update({b.name: np.ascontiguousarray(inputs[b.param]) for b in schedule.buffers
+                    if b.role == "input"})
+        defaults = {}
+        for k, comp in zip(schedule.kernels, compiled):
+            args = [env[b.name] for b in k.inputs if b.role not in ("inline", "const")]
+            runner = KernelRunner(comp, args, _copies(args, k.output.nbytes))
+            out = runner.result()
+            runner.warm()
+            t = [runner.run() for _ in range(3)]
+            env[k.output.name] = out
+            defaults[k.name] = (comp, args, runner, out, statistics.median(t))
+        # 2. the tunable kernels, most expensive first
+        tunable = []
+        for k in schedule.kernels:
+            if only is not None and k.name not in only:
+                continue
+            space = kernel_space(k, cpus, user, (fixed or {}).get(k.name, set()), settings.exact)
+            if any(len(v) > 1 for v in space.values()):
+                tunable.append((k, space))
+        tunable.sort(key=lambda ks: -defaults[ks[0].name][4])
+        results = []
+        for i, (k, space) in enumerate(tunable):
+            left = settings.budget_s - (time.perf_counter() - start)
+            weight = sum(defaults[kk.name][4] for kk, _ in tunable[i:])
+            budget = max(0.0, left * defaults[k.name][4] / weight) if weight else left
+            results.append(_tune_kernel(k, space, defaults[k.name], budget, settings, pool,
+                                        schedule))
+    finally:
+        pool.shutdown(wait=True)
+    db = tunedb.open_db(db_path)
+    for kt, (k, _) in zip(results, tunable):
+        key, parts = tunedb.make_key(kernel_signature(k), schedule.target)
+        kt.key = key
+        db.put(key, parts, kernel=k.name, strategy=k.strategy, knobs=kt.best_knobs,
+               default_knobs=kt.default_knobs, best_s=kt.best_s, default_s=kt.default_s,
+               measurements=[{"knobs": c.knobs, "status": c.status, "median_s": c.median,
+                              "times_s": c.times, "bitwise": c.bitwise} for c in kt.candidates])
+    return TuneResult(name, results, db.path, settings.strategy, settings.budget_s,
+                      time.perf_counter() - start, ignored)
+
+
+def program_threads() -> int:
+    """The threads a parallel kernel runs on (OMP_NUM_THREADS, else the cores)."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
+
+
+def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> KernelTuning:
+    comp, args, runner, default_out, default_t = default
+    t0 = time.perf_counter()
+    names = list(space)
+    dflt = {n: k.knobs.get(n) for n in names}
+    timeout = st.timeout_s if st.timeout_s is not None else max(0.2, 20 * default_t)
+    base = Candidate(k.name, 0, dict(dflt), {}, "default")
+    base.program, base.bitwise = comp, True
+    base.times = _measure(runner, st.repeats, None, st.prune)[0]
+    cands, seen = [base], {_freeze(dflt): base}
+    grid = [c for c in enumerate_grid(k, space) if _freeze(c) not in seen] \
+        if st.strategy != "beam" else []
+
+    def make(combo):
+        c = Candidate(k.name, len(cands), combo, {n: v for n, v in combo.items() if dflt[n] != v})
+        cands.append(c)
+        seen[_freeze(combo)] = c
+        return c
+
+    def evaluate(batch):
+        """Compile a batch in parallel, then time each alone."""
+        def build(c):
+            try:
+                c.program = compile_single(schedule, k, {**k.knobs, **c.knobs})
+            except TesseraError as e:
+                c.status, c.message = "failed to compile", e.summary.splitlines()[0][:200]
+        list(pool.map(build, batch))
+        for c in batch:
+            if c.program is not None:
+                _run_candidate(c, args, k.output.nbytes, default_out, st, timeout,
+                               _leader(cands))
+            bar.update(1, f"best x{base.median / _leader(cands).median:.2f}")
+
+    bar = Progress(len(grid), f"autotune {k.name}", st.progress)
+    try:
+        batch_size = max(2, 2 * (st.workers or min(os.cpu_count() or 1, 8)))
+        if st.strategy in ("grid", "random"):
+            combos = grid
+            if st.strategy == "random":
+                random.Random(st.seed).shuffle(combos)
+            for i in range(0, len(combos), batch_size):
+                if time.perf_counter() - t0 > budget_s:
+                    break
+                evaluate([make(c) for c in combos[i:i + batch_size]])
+        else:
+            beam = [base]
+            while time.perf_counter() - t0 <= budget_s:
+                fresh = []
+                for member in beam:
+                    for n in names:
+                        vals = space[n]
+                        at = vals.index(member.knobs[n]) if member.knobs[n] in vals else 0
+                        for j in (at - 1, at + 1):
+                            if 0 <= j < len(vals):
+                                combo = {**member.knobs, n: vals[j]}
+                                if _freeze(combo) not in seen and \
+                                        invalid_knobs(k, {**k.knobs, **combo}) is None and \
+                                        all(_freeze(combo) != _freeze(f.knobs) for f in fresh):
+                                    fresh.append(make(combo))
+                if not fresh:
+                    break
+                bar.total = len(cands) - 1
+                before = _leader(cands).median
+                evaluate(fresh)
+                ranked = sorted((c for c in cands if c.status in ("ok", "default")),
+                                key=lambda c: (c.median, c.order))
+                beam = ranked[:st.beam_width]
+                if _leader(cands).median >= before * (1 - st.tie):
+                    break       # a round without a real gain: the beam has converged
+    finally:
+        bar.close()
+    best, confirmed = _final_round(base, cands, args, k, st)
+    for c in cands:
+        c.confirmed = confirmed.get(c.order)
+    return KernelTuning(k.name, k.strategy, k.flops, k.bytes, dict(dflt), dict(best.knobs),
+                        confirmed[0], confirmed[best.order], cands)
+
+
+def _freeze(knobs: dict) -> tuple:
+    return tuple(sorted(knobs.items()))
+
+
+def _leader(cands) -> Candidate:
+    ok = [c for c in cands if c.status in ("ok", "default") and c.times]
+    return min(ok, key=lambda c: (c.median, c.order))
+
+
+def _run_candidate(c: Candidate, args, out_bytes, default_out, st, timeout, leader):
+    runner = KernelRunner(c.program, args, _copies(args, out_bytes))
+    try:
+        first = time.perf_counter()
+        out = runner.result()
+        if time.perf_counter() - first > timeout:
+            c.status, c.message = "timed out", f"one run took over {timeout * 1e3:.0f} ms"
+            return
+    except RuntimeFault as e:
+        c.status, c.message = "wrong result", str(e)
+        return
+    c.status, c.bitwise, c.message = compare(out, default_out, c.changed)
+    if c.status != "ok":
+        return
+    c.times, pruned = _measure(runner, st.repeats, leader.median, st.prune)
+    if pruned:
+        c.status = "slower"
+        c.message = f"stopped after {len(c.times)} runs: over x{st.prune} the leader"
+
+
+def _measure(runner, repeats, leader, prune) -> tuple[list, bool]:
+    runner.warm()
+    times = []
+    for i in range(repeats):
+        times.append(runner.run())
+        if leader is not None and i >= 1 and min(times) > prune * leader:
+            return times, True
+    return times, False
+
+
+def _final_round(base, cands, args, k, st) -> tuple:
+    """The default and the leaders, timed again in turn: (winner by the tie rule, {order: median
+    seconds of this round})."""
+    leaders = sorted((c for c in cands if c.status == "ok" and c.times),
+                     key=lambda c: (c.median, c.order))[:st.top]
+    entrants = [base] + leaders
+    runners = [KernelRunner(c.program, args, _copies(args, k.output.nbytes)) for c in entrants]
+    times = {c.order: [] for c in entrants}
+    for r in runners:
+        r.warm()
+    for _ in range(st.repeats):
+        for c, r in zip(entrants, runners):
+            times[c.order].append(r.run())
+    medians = {o: statistics.median(t) for o, t in times.items()}
+    return pick(entrants, medians, st.tie), medians
+
+
+def pick(entrants, medians: dict, tie: float) -> Candidate:
+    """The fastest; but among those within `tie` of it, the default (order 0), else the one
+    earliest in the space's order: the same measurements always give the same choice, and noise
+    alone never moves a kernel off its default."""
+    fastest = min(medians[c.order] for c in entrants)
+    return min((c for c in entrants if medians[c.order] <= fastest * (1 + tie)),
+               key=lambda c: c.order)

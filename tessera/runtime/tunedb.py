@@ -1,0 +1,253 @@
+"""The autotuning database: SQLite (WAL), one row per tuned kernel, holding knobs and measurements,
+never binaries.
+
+A row's key is a hash of everything the best knobs depend on: the kernel's structure (its
+signature: operators, attributes, shapes, dtypes), the target, the hardware (CPU model and flags,
+threads) and the compiler (version, flags, tessera's version). Change any of them and the old row
+is simply never found again, so stale knobs are never reused.
+
+Which database: `cache=` where the API takes one, else $TESSERA_AUTOTUNE_DB, else
+autotune.sqlite in the cache directory. TESSERA_AUTOTUNE=0 ignores the database entirely (the
+heuristics' knobs are used and nothing is searched).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from .. import __version__
+from ..errors import first_user_frame
+from . import cache
+
+DB_SCHEMA = 1
+_TABLE = """CREATE TABLE IF NOT EXISTS tuned (
+    key TEXT PRIMARY KEY,
+    kernel TEXT NOT NULL,        -- the kernel's name where it was tuned (for people)
+    strategy TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    target TEXT NOT NULL,
+    hardware TEXT NOT NULL,
+    compiler TEXT NOT NULL,
+    knobs TEXT NOT NULL,         -- JSON: the chosen knobs
+    default_knobs TEXT NOT NULL, -- JSON
+    best_s REAL NOT NULL,        -- median seconds of the chosen knobs
+    default_s REAL NOT NULL,     -- median seconds of the heuristics' knobs, same run
+    measurements TEXT NOT NULL,  -- JSON: every candidate tried, with its status and time
+    created REAL NOT NULL
+)"""
+
+# The database a compilation reads: a path, None for "off", or _DEFAULT for the usual rules.
+_DEFAULT = object()
+_active = contextvars.ContextVar("tessera_tune_db", default=_DEFAULT)
+
+
+def enabled() -> bool:
+    return os.environ.get("TESSERA_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def default_path() -> Path:
+    env = os.environ.get("TESSERA_AUTOTUNE_DB")
+    return Path(env).expanduser() if env else cache.cache_dir() / "autotune.sqlite"
+
+
+def resolve(path=None) -> Path:
+    return Path(os.path.expanduser(os.fspath(path))) if path is not None else default_path()
+
+
+@contextlib.contextmanager
+def using(path):
+    """Compilations inside read this database (`path`), or none (`path=None`)."""
+    token = _active.set(resolve(path) if path is not None else None)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def active() -> Path | None:
+    """The database the current compilation reads, or None when tuned knobs are off."""
+    if not enabled():
+        return None
+    path = _active.get()
+    return default_path() if path is _DEFAULT else path
+
+
+# ---- keys ---------------------------------------------------------------------------------------
+def hardware_fingerprint() -> str:
+    from .toolchain import cpu_fingerprint
+    threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)
+    return f"{cpu_fingerprint()}/threads={threads.strip()}"
+
+
+def compiler_fingerprint() -> str:
+    from .toolchain import CFLAGS, compiler_version, find_compiler
+    text = f"{compiler_version(find_compiler())}|{' '.join(CFLAGS)}|tessera={__version__}" \
+           f"|cache={cache.SCHEMA_VERSION}|db={DB_SCHEMA}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def make_key(signature: str, target: str) -> tuple[str, dict]:
+    parts = {"signature": signature, "target": target, "hardware": hardware_fingerprint(),
+             "compiler": compiler_fingerprint()}
+    h = hashlib.sha256("\0".join(parts[p] for p in sorted(parts)).encode()).hexdigest()
+    return h, parts
+
+
+# ---- the database -------------------------------------------------------------------------------
+_warned: set = set()
+_open_dbs: dict = {}
+_open_lock = threading.Lock()
+
+
+def _warn_once(key, message):
+    if key in _warned:
+        return
+    _warned.add(key)
+    _, depth = first_user_frame()
+    warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
+
+
+class TuneDB:
+    """One database file. Safe across threads (one connection, a lock) and processes (SQLite's
+    locking, WAL, a busy timeout). A file SQLite cannot read is reported once, moved aside and
+    rebuilt empty."""
+
+    def __init__(self, path):
+        self.path = resolve(path)
+        self._lock = threading.Lock()
+        self._conn = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._conn = self._open()
+            except sqlite3.DatabaseError as e:
+                self._rebuild(e)
+                self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
+                               isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":       # e.g. a filesystem without shared memory
+                conn.execute("PRAGMA journal_mode = DELETE")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(_TABLE)
+            ok = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {ok}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _rebuild(self, error):
+        """Move the unreadable file (and its WAL) aside, so it can be looked at, and start anew."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        _warn_once(f"corrupt:{self.path}", f"tessera: the autotuning database {self.path} is "
+                   f"corrupt ({error}); moved to {aside.name} and rebuilt empty")
+        cache.count("rebuilt_corrupt")
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(str(self.path) + suffix)
+            if p.exists():
+                try:
+                    os.replace(p, str(aside) + suffix)
+                except OSError:
+                    p.unlink(missing_ok=True)
+
+    def _run(self, fn):
+        with self._lock:
+            try:
+                return fn(self._connect())
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                    raise
+                # damaged while open (another process wrote garbage): rebuild and retry once
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                self._rebuild(e)
+                return fn(self._connect())
+
+    def get(self, key: str) -> dict | None:
+        row = self._run(lambda c: c.execute(
+            "SELECT knobs, best_s, default_s, kernel FROM tuned WHERE key = ?", (key,)).fetchone())
+        if row is None:
+            return None
+        try:
+            knobs = json.loads(row[0])
+        except ValueError:
+            return None
+        return {"knobs": knobs, "best_s": row[1], "default_s": row[2], "kernel": row[3]}
+
+    def put(self, key: str, parts: dict, *, kernel: str, strategy: str, knobs: dict,
+            default_knobs: dict, best_s: float, default_s: float, measurements: list):
+        """Insert or replace a row in one transaction (the latest tuning of a key wins)."""
+        values = (key, kernel, strategy, parts["signature"], parts["target"], parts["hardware"],
+                  parts["compiler"], json.dumps(knobs, sort_keys=True),
+                  json.dumps(default_knobs, sort_keys=True), best_s, default_s,
+                  json.dumps(measurements, sort_keys=True), time.time())
+
+        def write(c):
+            with c:     # BEGIN ... COMMIT: readers see the old row or the whole new one
+                c.execute("INSERT OR REPLACE INTO tuned VALUES "
+                          "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+        self._run(write)
+
+    def rows(self) -> list[dict]:
+        """Every row, for people and DataFrames."""
+        def read(c):
+            cur = c.execute("SELECT * FROM tuned ORDER BY created")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
+        return self._run(read)
+
+    def clear(self):
+        self._run(lambda c: c.execute("DELETE FROM tuned"))
+
+    def close(self):
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def open_db(path=None) -> TuneDB:
+    """The process's TuneDB for a path (one connection per file)."""
+    p = resolve(path)
+    with _open_lock:
+        db = _open_dbs.get(p)
+        if db is None:
+            db = _open_dbs[p] = TuneDB(p)
+        return db
+
+
+def tuned_knobs(path, signature: str, target: str) -> dict | None:
+    """The knobs recorded for a kernel of this signature on this target, machine and compiler."""
+    if not resolve(path).exists():      # nobody has tuned here: create nothing
+        return None
+    db = open_db(path)
+    key, _ = make_key(signature, target)
+    try:
+        row = db.get(key)
+    except sqlite3.Error as e:      # locked for too long, unreadable: the heuristics then
+        _warn_once(f"unreadable:{db.path}", f"tessera: cannot read the autotuning database "
+                   f"{db.path} ({e}); using the default knobs")
+        return None
+    if row is None or not isinstance(row["knobs"], dict):
+        return None
+    cache.count("tuned_hits")
+    return row["knobs"]
