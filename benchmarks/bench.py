@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import numpy as np
 
 import tessera as ts
 from tessera import Tensor, op
+from tessera.runtime import tunedb
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -261,10 +263,38 @@ class Impl:
     result: Callable                     # its output -> a NumPy array (not timed)
 
 
-def implementations(case: Case, arrays: Arrays, peers: dict) -> dict:
+def _untuned(fn, arrays):
+    with tunedb.using(None):            # the heuristics' knobs, whatever a database holds
+        return fn(*arrays)
+
+
+def tuned_impl(case: Case, arrays: Arrays, tune: dict, row: dict):
+    """The case's function after a search of `tune["budget_s"]` seconds (its own database)."""
+    t = time.perf_counter()
+    r = ts.autotune(case.tessera, *arrays, budget_s=tune["budget_s"], cache=tune["db"],
+                    progress=False)
+    row["tuning"] = {"search_s": time.perf_counter() - t, "budget_s": tune["budget_s"],
+                     "kernels": [{"kernel": k.name, "strategy": k.strategy,
+                                  "candidates": len(k.candidates),
+                                  "default_knobs": k.default_knobs, "best_knobs": k.best_knobs,
+                                  "default_ms": k.default_s * 1e3, "best_ms": k.best_s * 1e3}
+                                 for k in r.kernels]}
+    prog = r.program
+    return Impl(lambda: prog(*arrays), np.asarray)
+
+
+def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None = None,
+                    row: dict | None = None) -> dict:
     """name -> Impl, or name -> the reason it is not there."""
-    impls: dict = {"tessera": Impl(lambda: case.tessera(*arrays), np.asarray),
+    impls: dict = {"tessera": Impl(lambda: _untuned(case.tessera, arrays), np.asarray),
                    "numpy": Impl(lambda: case.numpy(*arrays), np.asarray)}
+    if tune:
+        try:
+            impls["tuned"] = tuned_impl(case, arrays, tune, row)
+        except Exception as e:                              # noqa: BLE001
+            impls["tuned"] = f"error ({_reason(e)})"
+    else:
+        impls["tuned"] = "n/a (--tune 0)"
     if case.numpy_base is not None:
         impls["numpy base"] = Impl(lambda: case.numpy_base(*arrays), None)
     torch = peers.get("torch")
@@ -300,7 +330,8 @@ def implementations(case: Case, arrays: Arrays, peers: dict) -> dict:
 
 
 # ---- one case -------------------------------------------------------------------------------------
-def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict | None) -> dict:
+def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict | None,
+             tune: dict | None = None) -> dict:
     arrays = case.inputs(rng, quick)
     row: dict = {"case": case.name, "what": case.what, "goal": case.goal,
                  "shapes": [list(a.shape) for a in arrays], "tolerance": case.atol,
@@ -309,7 +340,7 @@ def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict
     want = (case.reference or case.numpy)(*[a.astype(np.float64) for a in arrays])
     want = np.asarray(want, np.float64)
     scale = float(np.abs(want).max()) or 1.0
-    impls = implementations(case, arrays, peers)
+    impls = implementations(case, arrays, peers, tune, row)
     live, warm = {}, {}
     for name, impl in impls.items():
         if isinstance(impl, str):
@@ -383,6 +414,8 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
         return
     peer_times = {p: times[p] for p in PEERS if p in times}
     mins = row["min_ms"]
+    if "tuned" in times:
+        row["speedup_tuned_vs_default"] = tt / times["tuned"]
     if "numpy" in times:
         row["speedup_vs_numpy"] = times["numpy"] / tt
         row["speedup_vs_numpy_by_min"] = mins["numpy"] / mins["tessera"]
@@ -573,7 +606,7 @@ def machine_peaks() -> tuple[dict | None, str]:
 
 
 # ---- the report -----------------------------------------------------------------------------------
-COLUMNS = ("tessera", "numpy") + PEERS
+COLUMNS = ("tessera", "tuned", "numpy") + PEERS
 
 
 def _cell(row: dict, name: str, width: int) -> str:
@@ -635,6 +668,16 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
             facts.append(f"{r['tessera_gbs']:.1f} GB/s"
                          + (f" ({100 * share:.0f}% of copy)" if share is not None else
                             " (copy n/a)"))
+        if r.get("tuning"):
+            tn = r["tuning"]
+            changed = []
+            for k in tn["kernels"]:
+                diff = {n: v for n, v in k["best_knobs"].items()
+                        if k["default_knobs"].get(n) != v}
+                changed.append(f"{k['kernel']} {diff or 'default knobs'}")
+            gain = r.get("speedup_tuned_vs_default")
+            facts.append(f"tuned {gain:.2f}× the default" if gain else "tuned: no time")
+            facts.append(f"search {tn['search_s']:.0f} s: " + "; ".join(changed[:3]))
         if "numpy base" in r["times_ms"]:
             facts.append(f"NumPy matmul alone {r['times_ms']['numpy base']:.2f} ms")
         if bp:
@@ -679,6 +722,12 @@ def main(argv=None) -> int:
                     help="before each case, wait up to S seconds for other processes to leave "
                          "the cores (under 10%% of them for 2 s)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--tune", type=float, default=20, metavar="S",
+                    help="autotuning budget per case in seconds for the 'tuned' column "
+                         "(default 20; 0: no tuned column)")
+    ap.add_argument("--tune-db", metavar="PATH",
+                    help="autotuning database to use (default: a fresh one for this run, so "
+                         "the column shows what a search within the budget finds)")
     args = ap.parse_args(argv)
     if args.list:
         for c in CASES:
@@ -701,6 +750,12 @@ def main(argv=None) -> int:
     peaks, peaks_text = machine_peaks()
     info["peaks"] = peaks
     rng = np.random.default_rng(0)
+    tune = None
+    if args.tune > 0:
+        db = args.tune_db or os.path.join(tempfile.mkdtemp(prefix="tessera-bench-"),
+                                          "autotune.sqlite")
+        tune = {"budget_s": args.tune, "db": db}
+        info["autotune"] = tune
     rows = []
     t0 = time.perf_counter()
     cpu0 = cpu_snapshot()
@@ -713,7 +768,7 @@ def main(argv=None) -> int:
                       "going on", file=sys.stderr, flush=True)
         t = time.perf_counter()
         try:
-            row = run_case(case, rng, args.repeat, args.quick, peers, peaks)
+            row = run_case(case, rng, args.repeat, args.quick, peers, peaks, tune)
         except Exception as e:                              # noqa: BLE001
             row = {"case": case.name, "goal": case.goal, "fatal": _reason(e),
                    "traceback": traceback.format_exc()}
