@@ -194,3 +194,61 @@ def test_random_fused_programs_match_the_interpreter(rng, case):
     got = ts.function(fn)(x, y, z)
     scale = 1 + float(np.nanmax(np.abs(want))) if np.size(want) else 1
     assert_close(got, want, atol=1e-5 * scale * B, rtol=1e-4)
+
+
+def adam_like(p, g, m, v, lr):
+    m2 = 0.9 * m + 0.1 * g
+    v2 = 0.999 * v + 0.001 * g * g
+    return p - lr * m2 / (op.sqrt(v2) + 1e-8), m2, v2
+
+
+def test_outputs_on_one_domain_share_one_kernel(rng):
+    """An optimizer step: the new moments are outputs and inputs of the new parameter; one kernel
+    reads p, g, m, v once and writes all three."""
+    p, g, m = (rng.standard_normal((33, 70)).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal((33, 70))).astype(np.float32)
+    lr = np.float32(0.01)
+    (k,) = kernels(adam_like, p, g, m, v, lr)
+    assert k.strategy == "pointwise" and len(k.outputs) == 3
+    got = ts.function(adam_like)(p, g, m, v, lr)
+    want = ts.interpret(adam_like, p, g, m, v, lr)
+    for a, b in zip(got, want):
+        assert_close(a, b)
+    m64, g64, v64 = (x.astype(np.float64) for x in (m, g, v))
+    assert_close(got[1], (0.9 * m64 + 0.1 * g64).astype(np.float32))
+    assert_close(got[2], (0.999 * v64 + 0.001 * g64 * g64).astype(np.float32))
+
+
+def test_extra_stores_only_on_the_same_domain(rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+
+    def broadcast_output(x, b):         # b * 2 is [16], the user reads it on [8, 16]
+        s = b * 2.0
+        return x + s, s
+
+    def used_elsewhere(x):              # e is also reduced by another kernel
+        e = op.exp(x)
+        return e * 2.0, e, op.sum(e, axis=0)
+
+    assert len(kernels(broadcast_output, x, b)) == 2
+    got = ts.function(broadcast_output)(x, b)
+    assert_close(got[0], x + b * 2.0)
+    assert_close(got[1], b * 2.0)
+    got = ts.function(used_elsewhere)(x)
+    for a, w in zip(got, ts.interpret(used_elsewhere, x)):
+        assert_close(a, w)
+
+
+def test_same_output_returned_twice_and_stored(rng):
+    x = rng.standard_normal((5, 9)).astype(np.float32)
+
+    def twice(x):
+        y = x * 3.0
+        return op.tanh(y), y, y
+
+    got = ts.function(twice)(x)
+    assert_close(got[1], x * 3.0)
+    assert_close(got[2], x * 3.0)
+    assert got[1] is not got[2]
+    assert_close(got[0], np.tanh(x * np.float32(3.0)))

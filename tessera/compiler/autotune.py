@@ -186,12 +186,13 @@ def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
             n_in += 1
         mapping[id(b)] = nb
         buffers.append(nb)
-    out = Buffer("out0", k.output.type, "output")
-    kk = dataclasses.replace(k, inputs=[mapping[id(b)] for b in k.inputs], output=out,
+    outs = [Buffer(f"out{i}", b.type, "output") for i, b in enumerate(k.outputs)]
+    kk = dataclasses.replace(k, inputs=[mapping[id(b)] for b in k.inputs], output=outs[0],
+                             stores=[(v, o) for (v, _), o in zip(k.stores, outs[1:])],
                              reads={v: mapping[id(b)] for v, b in k.reads.items()},
                              knobs=dict(knobs))
     s = Schedule(f"{schedule.name}_{k.name}", schedule.bindings, schedule.target,
-                 buffers + [out], [kk], [out])
+                 buffers + outs, [kk], outs)
     return s.verify()
 
 
@@ -240,11 +241,11 @@ class KernelRunner:
         for _ in self._ptrs:
             self.run()
 
-    def result(self) -> np.ndarray:
-        """The output of copy 0 (run it first)."""
+    def result(self) -> list:
+        """The outputs of copy 0, in the kernel's order (run first)."""
         self._next = 0
         self.run()
-        return self.outputs[0].copy()
+        return [o.copy() for o in self.outputs]
 
 
 def last_level_cache_bytes() -> int:
@@ -264,6 +265,10 @@ def last_level_cache_bytes() -> int:
     return best or 32 << 20
 
 
+def _out_bytes(k: Kernel) -> int:
+    return sum(b.nbytes for b in k.outputs)
+
+
 def _copies(inputs, out_bytes) -> int:
     """Enough input/output copies that one round of runs touches twice the last-level cache."""
     ws = sum(a.nbytes for a in inputs) + out_bytes
@@ -271,9 +276,24 @@ def _copies(inputs, out_bytes) -> int:
     return 1 if ws >= want else min(8, math.ceil(want / max(ws, 1)))
 
 
-def compare(kernel_out: np.ndarray, default_out: np.ndarray, changed: dict) -> tuple:
-    """(status, bitwise, message) of a candidate's output against the default's."""
-    a, b = np.ascontiguousarray(kernel_out), np.ascontiguousarray(default_out)
+def compare(kernel_outs, default_outs, changed: dict) -> tuple:
+    """(status, bitwise, message) of a candidate's outputs against the default's."""
+    worst = ("ok", True, "")
+    for a, b in zip(_listed(kernel_outs), _listed(default_outs)):
+        verdict = _compare_one(a, b, changed)
+        if verdict[0] != "ok":
+            return verdict
+        if not verdict[1]:
+            worst = verdict
+    return worst
+
+
+def _listed(x):
+    return x if isinstance(x, (list, tuple)) else [x]
+
+
+def _compare_one(a, b, changed: dict) -> tuple:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     if a.tobytes() == b.tobytes():
         return "ok", True, ""
     if not set(changed) & NUMERIC_KNOBS:
@@ -442,11 +462,12 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
         defaults = {}
         for k, comp in zip(schedule.kernels, compiled):
             args = [env[b.name] for b in k.inputs if b.role not in ("inline", "const")]
-            runner = KernelRunner(comp, args, _copies(args, k.output.nbytes))
+            runner = KernelRunner(comp, args, _copies(args, _out_bytes(k)))
             out = runner.result()
             runner.warm()
             t = [runner.run() for _ in range(3)]
-            env[k.output.name] = out
+            for b, o in zip(k.outputs, out):
+                env[b.name] = o
             defaults[k.name] = (comp, args, runner, out, statistics.median(t))
         # 2. the tunable kernels, most expensive first
         tunable = []
@@ -513,7 +534,7 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
         list(pool.map(build, batch))
         for c in batch:
             if c.program is not None:
-                _run_candidate(c, args, k.output.nbytes, default_out, st, timeout,
+                _run_candidate(c, args, _out_bytes(k), default_out, st, timeout,
                                _leader(cands))
             bar.update(1, f"best x{base.median / _leader(cands).median:.2f}")
 
@@ -607,7 +628,7 @@ def _final_round(base, cands, args, k, st) -> tuple:
     leaders = sorted((c for c in cands if c.status == "ok" and c.times),
                      key=lambda c: (c.median, c.order))[:st.top]
     entrants = [base] + leaders
-    runners = [KernelRunner(c.program, args, _copies(args, k.output.nbytes)) for c in entrants]
+    runners = [KernelRunner(c.program, args, _copies(args, _out_bytes(k))) for c in entrants]
     times = {c.order: [] for c in entrants}
     for r in runners:
         r.warm()

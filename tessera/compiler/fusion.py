@@ -35,6 +35,8 @@ class Group:
     nodes: list = field(default_factory=list)
     maps: dict = field(default_factory=dict)     # value id -> axis map
     anchor: Node | None = None     # the contraction of a contract group
+    stores: list = field(default_factory=list)   # pointwise: more nodes whose values the kernel
+                                                 # also writes (function outputs on its domain)
 
     def order(self, index):
         self.nodes.sort(key=index.__getitem__)
@@ -166,7 +168,7 @@ def _grow(grp: Group, root: Node, index, users, outputs, group_of):
 
 def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     if p.out.id in outputs:
-        return False
+        return _absorb_output(grp, p, users, group_of)
     us = users.get(p.out.id, [])
     if not us or any(group_of.get(u) is not grp for u in us):
         return False
@@ -197,6 +199,22 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     if isinstance(desc, R.Contract) and grp.kind == "pointwise":
         return _absorb_contract(grp, p, m)
     return False
+
+
+def _absorb_output(grp: Group, p: Node, users, group_of) -> bool:
+    """A function output computed elementwise on the same domain as a pointwise group that uses
+    it joins the group as a second store (an optimizer's new moment beside the new parameter):
+    its inputs are read once, and it is never read back from memory."""
+    us = users.get(p.out.id, [])
+    if grp.kind != "pointwise" or not is_elementwise(p) or not us or \
+            any(group_of.get(u) is not grp for u in us) or tuple(p.out.type.shape) != grp.domain:
+        return False
+    maps = {map_from(u, grp.maps[u.out.id], p.out) for u in us}
+    if maps != {identity_map(grp.domain)}:
+        return False
+    grp.maps[p.out.id] = identity_map(grp.domain)
+    grp.stores.append(p)
+    return True
 
 
 def unit_inner_stride(p: Node) -> bool:
@@ -249,6 +267,8 @@ def _rebase_through(m, natural):
 
 def _absorb_contract(grp: Group, p: Node, m) -> bool:
     shape = tuple(p.out.type.shape)
+    if grp.stores:
+        return False     # the GEMM epilogue writes one output
     if shape != grp.domain or m != identity_map(shape) or not p.out.type.dtype.is_float:
         return False
     if grp.root.out.type.dtype != p.out.type.dtype:

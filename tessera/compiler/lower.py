@@ -86,7 +86,8 @@ def _params(k: Kernel):
         if b.role != "inline" and b.name not in seen:
             seen.add(b.name)
             ps.append(Param(b.name, b.type.dtype, b.type.shape, "in", b.label))
-    ps.append(Param(k.output.name, k.output.type.dtype, k.output.type.shape, "out"))
+    for b in k.outputs:
+        ps.append(Param(b.name, b.type.dtype, b.type.shape, "out"))
     return ps
 
 
@@ -255,8 +256,7 @@ def lower_pointwise(k: Kernel, code):
     outer, body, idx = _loop_nest(em, range(len(loops)), k.knobs.get("parallel"),
                                   k.knobs.get("simd"))
     stmts = [] if body is None else body
-    value = em.value(grp.root.out, grp.maps[grp.root.out.id], stmts, idx)
-    stmts.append(Store(k.output.name, em.out_index(idx), value))
+    _store_all(em, k, stmts, idx)
     return outer if body is not None else stmts
 
 
@@ -297,13 +297,18 @@ def lower_row(k: Kernel, code):
         inner_outer, inner, ridx = _loop_nest(em, red_loops, False, True)
         body = inner if inner is not None else row_body
         full = {**idx, **ridx}
-        body.append(Store(k.output.name, em.out_index(full),
-                          em.value(grp.root.out, root_m, body, full)))
+        _store_all(em, k, body, full)
         row_body.extend(inner_outer)
     else:
-        row_body.append(Store(k.output.name, em.out_index(idx),
-                              em.value(grp.root.out, root_m, row_body, idx)))
+        _store_all(em, k, row_body, idx)
     return outer if row is not None else row_body
+
+
+def _store_all(em: Emitter, k: Kernel, body: list, idx):
+    """The kernel's output and its extra stores (values on the root's domain and layout)."""
+    grp = k.group
+    for v, b in [(grp.root.out, k.output)] + k.stores:
+        body.append(Store(b.name, em.out_index(idx), em.value(v, grp.maps[v.id], body, idx)))
 
 
 def _stashable(grp, reductions):

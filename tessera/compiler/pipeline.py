@@ -142,7 +142,7 @@ class Program:
         return results
 
     def _no_memory(self, b):
-        node = next(k.fuses[0] for k in self.schedule_ir.kernels if k.output is b)
+        node = next(k.fuses[0] for k in self.schedule_ir.kernels if b in k.outputs)
         return ResourceError(f"cannot allocate {b.nbytes / 2**30:.1f} GiB for {b.name}, the "
                              f"result of {node.origin or node.op}", function=self.graph_ir.name,
                              location=node.loc, op=node.op, received=str(b.type),

@@ -49,8 +49,14 @@ class Kernel:
     flops: int = 0
     bytes: int = 0
     tuned: bool = False            # knobs came from the autotuning database
+    stores: list = field(default_factory=list)   # more outputs: (Graph IR value, Buffer)
     group: object = field(default=None, repr=False)   # the fusion group (for lowering)
     reads: dict = field(default_factory=dict, repr=False)  # Graph IR value id -> Buffer read
+
+    @property
+    def outputs(self) -> list:
+        """Every buffer the kernel writes: its output, then the extra stores."""
+        return [self.output] + [b for _, b in self.stores]
 
     def fused_labels(self) -> list[str]:
         """The Graph IR operators this kernel computes: a decomposed operator once by its
@@ -95,12 +101,14 @@ class Schedule:
                 if b.name not in written:
                     raise IRVerificationError(f"schedule @{self.name}: {k.name} reads {b.name} "
                                               "before any kernel writes it")
-            if k.output.role not in ("temp", "output"):
-                raise IRVerificationError(f"schedule @{self.name}: {k.name} writes a read-only "
-                                          f"buffer {k.output.name}")
-            if not k.output.type.is_static:
-                raise IRVerificationError(f"schedule @{self.name}: {k.name} has a symbolic shape")
-            written.add(k.output.name)
+            for out in k.outputs:
+                if out.role not in ("temp", "output"):
+                    raise IRVerificationError(f"schedule @{self.name}: {k.name} writes a "
+                                              f"read-only buffer {out.name}")
+                if not out.type.is_static:
+                    raise IRVerificationError(f"schedule @{self.name}: {k.name} has a symbolic "
+                                              "shape")
+                written.add(out.name)
         for b in self.outputs:
             if b.name not in written:
                 raise IRVerificationError(f"schedule @{self.name}: output {b.name} never written")
@@ -122,7 +130,7 @@ class Schedule:
                 head = f"{k.strategy} {k.op}({args})" + (f" {attrs}" if attrs else "")
             else:
                 head = f"{k.strategy}({args})"
-            lines.append(f"  {k.name} = {head} -> {k.output.ref()}")
+            lines.append(f"  {k.name} = {head} -> {', '.join(b.ref() for b in k.outputs)}")
             lines.append(f"       fuses {{{' '.join(k.fused_labels())}}}"
                          f"   knobs{' (tuned)' if k.tuned else ''} {format_attrs(k.knobs) or '{}'}"
                          f"   cost {{flops={k.flops:.3g}, bytes={k.bytes:.3g}}}")

@@ -43,6 +43,12 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None
             n_temp += 1
         of[v.id] = b
         buffers.append(b)
+        stores = []
+        for n in grp.stores:            # outputs by definition: nothing outside reads them
+            sb = Buffer(f"out{out_ids[n.out.id]}", n.out.type, "output")
+            of[n.out.id] = sb
+            buffers.append(sb)
+            stores.append((n.out, sb))
         inside = {n.out.id for n in grp.nodes}
         inputs, reads = [], {}
         for n in grp.nodes:
@@ -53,9 +59,10 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None
                         inputs.append(of[x.id])
         k = Kernel(name=f"k{len(kernels)}_{label(grp)}", strategy=grp.kind, op=grp.root.op,
                    attrs=dict(grp.root.attrs), inputs=inputs, output=b, fuses=list(grp.nodes),
-                   group=grp, reads=reads)
+                   group=grp, reads=reads, stores=stores)
         k.flops = kernel_flops(grp)
-        k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + b.nbytes
+        k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + \
+            sum(x.nbytes for x in k.outputs)
         k.knobs = default_knobs(k)
         record = tuned(k) if tuned is not None else None
         if record:
