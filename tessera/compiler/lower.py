@@ -726,7 +726,8 @@ def lower_concat(k: Kernel, code):
     axis = k.attrs["axis"]
     ocs = contiguous(out.shape)
     stmts, offset = [], 0
-    for b in k.inputs:
+    for v in k.group.root.inputs:       # per operand: one buffer may be concatenated twice
+        b = k.reads[v.id]
         shape = list(b.type.shape)
         ext, (is_, os_) = coalesce(shape, [contiguous(shape), list(ocs)])
         loops, inner, vars_ = _nest(ext, names, k.knobs.get("parallel"), k.knobs.get("simd"))
