@@ -5,10 +5,13 @@ from . import dtypes, errors, op  # noqa: E402
 from . import graph  # noqa: E402
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
 from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
-                     CompilerNotFoundError, DTypeError, IRVerificationError, RankError,
-                     ResourceError, RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
+                     CompilerNotFoundError, DifferentiationError, DTypeError,
+                     GradientCheckError, IRVerificationError, RankError, ResourceError,
+                     RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
                      TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
+from . import pytree  # noqa: E402
+from .autodiff import check_grad, grad, jvp, laplacian, value_and_grad, vjp  # noqa: E402
 from .autotune import autotune, kernel  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
 from .runtime.profiler import machine_peaks, profiler  # noqa: E402
@@ -17,6 +20,8 @@ from .types import Tensor, TensorType  # noqa: E402
 
 __all__ = [
     "op", "graph", "function", "Function", "interpret", "Schedule", "Tensor", "TensorType", "dtypes",
+    "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree",
+    "DifferentiationError", "GradientCheckError",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",

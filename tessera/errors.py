@@ -120,3 +120,12 @@ class RuntimeFault(TesseraError):
 
 class ResourceError(TesseraError):
     """Memory for a program's buffers could not be had."""
+
+
+class DifferentiationError(TesseraError):
+    """A function cannot be differentiated as asked: an operator without an adjoint rule, a
+    non-float or non-scalar output given to grad, a cotangent of the wrong shape."""
+
+
+class GradientCheckError(TesseraError, AssertionError):
+    """``tessera.check_grad`` found a gradient that disagrees with finite differences."""

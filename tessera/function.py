@@ -7,16 +7,25 @@ compiled per input signature and cached.
 A call binds the symbols from the arrays (B=4, S=16, D=32), checks the symbolic graph once per
 signature, then runs the compiled program for these concrete shapes (compiling it the first time;
 later calls, and later processes through the disk cache, compile nothing).
+
+Arguments and results may be pytrees (tessera/pytree.py): an unannotated argument that is a
+dict, or a list/tuple holding arrays, becomes one tensor parameter per array leaf (named after
+its path: ``params_layers_0_w``), its other leaves static values; the structure and the static
+leaves are part of the cache key. A list of Python numbers is still one array and a tuple of
+them a static value. A result holding dicts (or containers, or None, inside a tuple or list)
+comes back with the same structure.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 import linecache
+import re
 
 import numpy as np
 
 from . import dtypes as dt
+from . import pytree
 from .compiler.graph_ir import Graph, SourceLocation
 from .errors import (ArgumentError, DTypeError, RankError, RuntimeFault, ShapeError,
                      SymbolicValueError, SymbolMismatchError, TesseraError)
@@ -38,6 +47,8 @@ class _Param:
 
 
 class Function:
+    _may_return_none = False     # a transform's result may be None (no gradient)
+
     def __init__(self, fn, name: str | None = None, target: str = "cpu", schedule=None):
         if not callable(fn):
             raise ArgumentError(f"tessera.function needs a Python function, got {fn!r}")
@@ -74,6 +85,9 @@ class Function:
         arrays, statics, bindings, origin = {}, {}, {}, {}
         for p in self._params:
             x = bound.arguments[p.name]
+            if p.spec is None and _is_tree(x):
+                statics[p.name] = self._bind_tree(p.name, x, arrays)
+                continue
             if p.spec is None and not _is_arraylike(x):
                 try:
                     hash(x)
@@ -97,6 +111,34 @@ class Function:
                 self._check_spec(p, arr.shape, d, bindings, origin)
             arrays[p.name] = dt.native(arr)
         return arrays, statics, bindings
+
+    def _bind_tree(self, name: str, tree, arrays: dict) -> "_TreeArg":
+        """A nested dict/list/tuple argument: each array leaf becomes a tensor parameter named
+        after its path (params_w1), each other leaf a static value of the tree."""
+        leaves, treedef = pytree.flatten(tree)
+        taken = {p.name for p in self._params} | set(arrays)
+        slots = []
+        for path, leaf in zip(treedef.paths(), leaves):
+            if not _is_arraylike(leaf):
+                try:
+                    hash(leaf)
+                except TypeError:
+                    raise ArgumentError(f"argument {name!r} holds {type(leaf).__name__} at "
+                                        f"{_path_str(path)}: neither an array nor a hashable "
+                                        "static value", function=self.name) from None
+                slots.append(("static", leaf))
+                continue
+            arr = np.asarray(leaf)
+            try:
+                dt.from_numpy(arr.dtype)
+            except DTypeError as e:
+                e.summary = f"argument {name!r} at {_path_str(path)}: {e.summary}"
+                raise enrich(e, function=self.name) from None
+            pname = _leaf_name(name, path, taken)
+            taken.add(pname)
+            arrays[pname] = dt.native(arr)
+            slots.append(("param", pname))
+        return _TreeArg(treedef, slots)
 
     def _bind_python(self, args, kwargs) -> inspect.BoundArguments:
         try:
@@ -148,7 +190,12 @@ class Function:
         trace = Trace(g, self.name)
         call_args = {}
         for p in self._params:
-            if p.name in types:
+            tree = statics.get(p.name)
+            if isinstance(tree, _TreeArg):
+                call_args[p.name] = tree.treedef.unflatten(
+                    [Traced(g.add_param(x, types[x]), trace) if kind == "param" else x
+                     for kind, x in tree.slots])
+            elif p.name in types:
                 call_args[p.name] = Traced(g.add_param(p.name, types[p.name]), trace)
             else:
                 call_args[p.name] = statics[p.name]
@@ -158,9 +205,14 @@ class Function:
                 result = self.fn(**call_args)
             except TesseraError as e:
                 raise enrich(e, function=self.name)
-            structure = "single"
+            structure, tree = "single", None
             items = [result]
-            if isinstance(result, (tuple, list)):
+            if _is_nested(result) or (result is None and self._may_return_none):
+                # a dict, or containers (or None) inside a tuple/list: a pytree of results,
+                # compiled as a flat list and rebuilt after each call
+                items, tree = pytree.flatten(result)
+                structure = "list"
+            elif isinstance(result, (tuple, list)):
                 structure = "tuple" if isinstance(result, tuple) else "list"
                 items = list(result)
             outs = []
@@ -180,17 +232,20 @@ class Function:
                         raise enrich(e, function=self.name) from None
         g.outputs = outs
         g.output_structure = structure
+        g.output_tree = tree
         return g
 
     def _symbolic_types(self, arrays: dict, default_dtype=None) -> dict:
         types = {}
+        specs = {p.name: p.spec for p in self._params}
+        for name, arr in arrays.items():          # parameters and pytree leaves
+            spec = specs.get(name)
+            dims = spec.dims if spec is not None and spec.dims is not None else arr.shape
+            types[name] = TensorType(dt.from_numpy(arr.dtype), tuple(dims))
         for p in self._params:
             if p.name in arrays:
-                arr = arrays[p.name]
-                d = dt.from_numpy(arr.dtype)
-                dims = p.spec.dims if p.spec is not None and p.spec.dims is not None else arr.shape
-                types[p.name] = TensorType(d, tuple(dims))
-            elif p.spec is not None and default_dtype is not None:
+                continue
+            if p.spec is not None and default_dtype is not None:
                 if p.spec.dims is None:
                     raise ArgumentError(f"{p.name} is annotated with a bare Tensor: its rank is "
                                         "unknown until a call", function=self.name)
@@ -322,8 +377,12 @@ class Function:
         types = {n: type_of_array(a) for n, a in arrays.items()}
         g = self._trace(types, statics, bindings)
         self._check_graph_return(g, bindings, bindings)
-        from .compiler.pipeline import compile_graph
-        prog = compile_graph(g, target, g.output_structure, self.schedule)
+        if not g.outputs:                       # nothing to compute: every result is static
+            prog = _NoProgram(g)
+        else:
+            from .compiler.pipeline import compile_graph
+            prog = compile_graph(g, target, g.output_structure, self.schedule)
+        prog.output_tree = g.output_tree
         self._programs[key] = prog
         self._last_program = prog
         return prog, arrays
@@ -333,6 +392,8 @@ class Function:
             return self._inline(args, kwargs)
         try:
             prog, arrays = self._program(args, kwargs, self.target)
+            if prog.output_tree is not None:
+                return prog.output_tree.unflatten(prog.run(*arrays.values()))
             return prog(*arrays.values())
         except TesseraError as e:
             raise e.with_traceback(None) from None
@@ -366,6 +427,8 @@ class Function:
             out = evaluate_graph(g, list(arrays.values()))
         except TesseraError as e:
             raise e.with_traceback(None) from None
+        if g.output_tree is not None:
+            return g.output_tree.unflatten(out)
         return out[0] if g.output_structure == "single" else (
             tuple(out) if g.output_structure == "tuple" else out)
 
@@ -405,11 +468,67 @@ def evaluate_graph(g: Graph, arrays) -> list:
 
 
 def _inside_trace(args, kwargs) -> bool:
-    return any(isinstance(a, Traced) for a in (*args, *kwargs.values()))
+    return any(isinstance(a, Traced) for a in pytree.leaves((args, kwargs)))
 
 
 def _is_arraylike(x) -> bool:
     return isinstance(x, (np.ndarray, np.generic, list)) or hasattr(x, "__array__")
+
+
+def _is_tree(x) -> bool:
+    """A pytree argument: a dict, or a list/tuple that holds more than (nested lists of)
+    Python numbers: those stay what they were, an array (list) or a static value (tuple)."""
+    return isinstance(x, dict) or isinstance(x, (list, tuple)) and not _plain(x)
+
+
+def _plain(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return all(_plain(v) for v in x)
+    return isinstance(x, (bool, int, float, complex, str))
+
+
+def _is_nested(result) -> bool:
+    return isinstance(result, dict) or isinstance(result, (list, tuple)) and any(
+        pytree.is_container(r) for r in result)
+
+
+def _path_str(path) -> str:
+    return "".join(f"[{k!r}]" for k in path) or "the top"
+
+
+def _leaf_name(name: str, path, taken) -> str:
+    """A graph parameter name for a pytree leaf: an identifier, unique in the graph."""
+    base = "_".join([name] + [re.sub(r"\W", "_", str(k)) for k in path])
+    out, k = base, 1
+    while out in taken:
+        out, k = f"{base}_{k}", k + 1
+    return out
+
+
+class _TreeArg:
+    """A pytree argument as bound for one call: its structure and, per leaf, the tensor
+    parameter it became ("param", name) or its static value ("static", value). Its repr is part
+    of the compiled program's cache key."""
+    __slots__ = ("treedef", "slots")
+
+    def __init__(self, treedef, slots):
+        self.treedef, self.slots = treedef, tuple(slots)
+
+    def __repr__(self):
+        kinds = ",".join(x if kind == "param" else f"{type(x).__name__}:{x!r}"
+                         for kind, x in self.slots)
+        return f"tree{self.treedef!r}<{kinds}>"
+
+
+class _NoProgram:
+    """What a call compiles to when all its results are static (e.g. only None gradients)."""
+
+    def __init__(self, g):
+        self.graph_ir = g
+        self.output_structure = g.output_structure
+
+    def run(self, *arrays):
+        return []
 
 
 def _spec_dims(fn: Function, name):

@@ -10,10 +10,11 @@ import math
 import numpy as np
 
 from .. import dtypes as dt
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, SymbolicValueError
 from ..shapes import same
 from ..types import TensorType
-from .registry import Attention, OpDef, broadcast_shapes, ref_errstate, register
+from .registry import (Attention, OpDef, ad, broadcast_shapes, dim_value, ref_errstate,
+                       register)
 
 
 def _infer(ts, a):
@@ -78,7 +79,42 @@ def _reference(xs, a):
     return (p @ v64).astype(f)
 
 
+def _vjp(xs, y, g, a):
+    """The attention backward with ordinary operators. For now it recomputes the probabilities
+    P = softmax(scale q k^T + mask) and materialises them (Sq x Sk per batch entry), as the
+    reference does (a query that sees no key has P = 0); a blockwise backward kernel that
+    recomputes P per tile, like the forward, is future work.
+        dV = P^T g,  dP = g V^T,  dS = P (dP - rowsum(dP P)),
+        dQ = scale dS K,  dK = scale dS^T Q,  dmask = dS
+    Broadcast batch axes (and the mask's broadcast) are summed back by the autodiff pass."""
+    q, k, v, mask = xs
+    scale = a["scale"]
+    if scale is None:                          # only with a symbolic feature size
+        scale = ad("rsqrt", dim_value(q.shape[-1], g))
+    s = ad("mul", ad("matmul", q, ad("transpose", k)), scale)
+    s = ad("add", s, ad("cast", mask, dtype=g.dtype.name))
+    if a["causal"]:
+        sq, sk = s.shape[-2], s.shape[-1]
+        if not (isinstance(sq, int) and isinstance(sk, int)):
+            raise SymbolicValueError("causal attention's adjoint needs concrete sequence "
+                                     "lengths", received=str(y.type),
+                                     hint="trace with concrete sizes (call it, or "
+                                          ".lower(*arrays))")
+        s = ad("where", causal_keep(sq, sk), s, -math.inf)
+    m = ad("max", s, axis=[-1], keepdim=True)
+    m = ad("where", ad("eq", m, -math.inf), 0.0, m)          # a row without keys: exp gives 0
+    e = ad("exp", ad("sub", s, m))
+    z = ad("sum", e, axis=[-1], keepdim=True)
+    p = ad("div", e, ad("where", ad("gt", z, 0.0), z, 1.0))
+    dv = ad("matmul", ad("transpose", p), g)
+    dp = ad("matmul", g, ad("transpose", v))
+    ds = ad("mul", p, ad("sub", dp, ad("sum", ad("mul", dp, p), axis=[-1], keepdim=True)))
+    dq = ad("mul", ad("matmul", ds, k), scale)
+    dk = ad("mul", ad("matmul", ad("transpose", ds), q), scale)
+    return [dq, dk, dv, ds]
+
+
 register(OpDef("attention", "attention", 4, {"scale": None, "causal": False}, infer=_infer,
-               normalize=_normalize, reference=_reference, lowering=Attention(),
+               normalize=_normalize, reference=_reference, lowering=Attention(), vjp=_vjp,
                doc="softmax(scale * q @ k^T + mask, causal) @ v without materialising the "
                    "scores; scale defaults to 1/sqrt(D)"))

@@ -8,7 +8,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..errors import DTypeError
 from . import cmath
-from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool,
+from .registry import (REGISTRY, Elementwise, OpDef, ad, broadcast_shapes, check_no_bool,
                        ref_errstate, register)
 from ..types import TensorType
 
@@ -198,6 +198,7 @@ with np.errstate(all="ignore"):
                              ("gt", ">", np.greater), ("ge", ">=", np.greater_equal)]:
         elementwise(_name, 2, compare, {"*": "({0} %s {1})" % _sym},
                     (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b")
+        REGISTRY[_name].differentiable = False     # a bool result carries no gradient
     elementwise("where", 3, where_rule, {"*": "({0} ? {1} : {2})"},
                 lambda a, t: np.where(a[0], a[1], a[2]), doc="cond ? a : b")
     elementwise("cast", 1, cast_rule, {"*": "(({T}){0})"},
@@ -213,3 +214,76 @@ for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("
                     ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
                     ("ge", "greater_equal")]:
     REGISTRY[_op].ufunc = _ufunc
+
+
+# ---- adjoints: (inputs, output y, cotangent g, attrs) -> one cotangent per input ----------------
+# Cotangents keep the output's (broadcast) shape; the autodiff pass sums them back to each
+# input's shape. Conventions at kinks: abs'(0) = 0, relu'(0) = 0, and maximum/minimum give a tie
+# to the first operand.
+def _gelu_vjp(xs, y, g, a):
+    x = xs[0]
+    if a["approximate"] == "tanh":                  # y = x/2 (1 + t), t = tanh(c (x + k x^3))
+        c, k = math.sqrt(2 / math.pi), 0.044715
+        t = ad("tanh", ad("mul", ad("add", x, ad("mul", ad("mul", ad("mul", x, x), x), k)), c))
+        du = ad("mul", ad("add", ad("mul", ad("mul", x, x), 3 * k), 1.0), c)
+        d = ad("add", ad("mul", ad("add", t, 1.0), 0.5),
+               ad("mul", ad("mul", ad("mul", x, 0.5), ad("sub", 1.0, ad("mul", t, t))), du))
+    else:                                           # Phi(x) + x phi(x)
+        cdf = ad("mul", ad("add", ad("erf", ad("mul", x, 1 / math.sqrt(2))), 1.0), 0.5)
+        pdf = ad("mul", ad("exp", ad("mul", ad("mul", x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
+        d = ad("add", cdf, ad("mul", x, pdf))
+    return [ad("mul", g, d)]
+
+
+def _silu_vjp(xs, y, g, a):                          # s (1 + x (1 - s))
+    s = ad("sigmoid", xs[0])
+    return [ad("mul", g, ad("mul", s, ad("add", ad("mul", xs[0], ad("sub", 1.0, s)), 1.0)))]
+
+
+def _pow_vjp(xs, y, g, a):
+    base, e = xs
+    d_base = ad("mul", g, ad("mul", e, ad("pow", base, ad("sub", e, 1))))
+    # d/de = y log(base); log(1) where base == 0 so 0^e gives 0, not 0 * -inf (as JAX does)
+    d_exp = ad("mul", g, ad("mul", y, ad("log", ad("where", ad("eq", base, 0), 1.0, base))))
+    return [d_base, d_exp]
+
+
+def _erf_slope(x):                                  # 2/sqrt(pi) exp(-x^2)
+    return ad("mul", ad("exp", ad("neg", ad("mul", x, x))), 2 / math.sqrt(math.pi))
+
+
+def _sign_select(x, g):                             # g sign(x), with sign(0) = 0
+    return ad("where", ad("gt", x, 0), g, ad("where", ad("lt", x, 0), ad("neg", g), 0))
+
+
+_VJP = {
+    "neg": lambda xs, y, g, a: [ad("neg", g)],
+    "abs": lambda xs, y, g, a: [_sign_select(xs[0], g)],
+    "sqrt": lambda xs, y, g, a: [ad("div", g, ad("mul", y, 2))],
+    "sin": lambda xs, y, g, a: [ad("mul", g, ad("cos", xs[0]))],
+    "cos": lambda xs, y, g, a: [ad("neg", ad("mul", g, ad("sin", xs[0])))],
+    "exp": lambda xs, y, g, a: [ad("mul", g, y)],
+    "tanh": lambda xs, y, g, a: [ad("mul", g, ad("sub", 1.0, ad("mul", y, y)))],
+    "erf": lambda xs, y, g, a: [ad("mul", g, _erf_slope(xs[0]))],
+    "log": lambda xs, y, g, a: [ad("div", g, xs[0])],
+    "rsqrt": lambda xs, y, g, a: [ad("mul", g, ad("mul", ad("mul", ad("mul", y, y), y), -0.5))],
+    "sigmoid": lambda xs, y, g, a: [ad("mul", g, ad("mul", y, ad("sub", 1.0, y)))],
+    "silu": _silu_vjp,
+    "gelu": _gelu_vjp,
+    "relu": lambda xs, y, g, a: [ad("where", ad("gt", xs[0], 0), g, 0)],
+    "add": lambda xs, y, g, a: [g, g],
+    "sub": lambda xs, y, g, a: [g, ad("neg", g)],
+    "mul": lambda xs, y, g, a: [ad("mul", g, xs[1]), ad("mul", g, xs[0])],
+    "div": lambda xs, y, g, a: [ad("div", g, xs[1]), ad("neg", ad("div", ad("mul", g, y), xs[1]))],
+    "pow": _pow_vjp,
+    "maximum": lambda xs, y, g, a: [ad("where", ad("ge", xs[0], xs[1]), g, 0),
+                                    ad("where", ad("ge", xs[0], xs[1]), 0, g)],
+    "minimum": lambda xs, y, g, a: [ad("where", ad("le", xs[0], xs[1]), g, 0),
+                                    ad("where", ad("le", xs[0], xs[1]), 0, g)],
+    "where": lambda xs, y, g, a: [None, ad("where", xs[0], g, 0), ad("where", xs[0], 0, g)],
+    # float -> float: the cotangent goes back in the input's dtype; from an integer: none
+    "cast": lambda xs, y, g, a: [ad("cast", g, dtype=xs[0].dtype.name)
+                                 if xs[0].dtype.is_float else None],
+}
+for _op, _rule in _VJP.items():
+    REGISTRY[_op].vjp = _rule

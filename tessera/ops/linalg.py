@@ -7,7 +7,7 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, same
 from ..types import TensorType
-from .registry import Contract, OpDef, broadcast_shapes, register
+from .registry import Contract, OpDef, ad, broadcast_shapes, register, sum_to
 
 
 def _matmul_infer(types, attrs):
@@ -68,11 +68,38 @@ def _matmul_normalize(types, attrs):
     return {"tile_shape": tile}
 
 
+def _rows(t):
+    return ad("reshape", t, shape=[-1, t.shape[-1]])
+
+
+def _matmul_vjp(xs, y, g, attrs):
+    """da = g @ b^T, db = a^T @ g, a 1-D operand as a matrix with one row (a) or column (b);
+    batch axes that were broadcast are summed here, to the operand's shape."""
+    a, b = xs
+    a2 = a if a.ndim >= 2 else ad("reshape", a, shape=[1, a.shape[0]])
+    b2 = b if b.ndim >= 2 else ad("reshape", b, shape=[b.shape[0], 1])
+    shape = list(y.shape)
+    if a.ndim == 1:
+        shape.insert(len(shape) - (b.ndim >= 2), 1)
+    if b.ndim == 1:
+        shape.append(1)
+    g2 = ad("reshape", g, shape=shape) if len(shape) != g.ndim else g
+    da = sum_to(ad("matmul", g2, ad("transpose", b2)), a2.shape)
+    if b2.ndim == 2 and a2.ndim > 2:
+        # a weight applied to a batch of rows: contract the batch too, [K, B*M] @ [B*M, N]
+        # (no per-batch products to sum afterwards)
+        db = ad("matmul", ad("transpose", _rows(a2)), _rows(g2))
+    else:
+        db = sum_to(ad("matmul", ad("transpose", a2), g2), b2.shape)
+    return [ad("reshape", da, shape=list(a.shape)) if a.ndim == 1 else da,
+            ad("reshape", db, shape=list(b.shape)) if b.ndim == 1 else db]
+
+
 register(OpDef(
     "matmul", "contract", 2, {"tile_shape": None}, normalize=_matmul_normalize,
     infer=_matmul_infer, dtype_rule=_matmul_dtypes,
     reference=lambda a, t: np.matmul(a[0], a[1]), decompose=_matmul_decompose,
-    lowering=Contract(), ufunc="matmul",
+    lowering=Contract(), ufunc="matmul", vjp=_matmul_vjp,
     doc="matrix product with NumPy's broadcasting of batch dimensions; tile_shape=(BM, BN, BK) "
         "sets the kernel's tiles"))
 

@@ -8,7 +8,9 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
-from .registry import (Concat, Gather, OpDef, View, broadcast_shapes, norm_axis, register)
+from ..errors import SymbolicValueError
+from .registry import (Concat, Gather, OpDef, View, ad, broadcast_shapes, norm_axis, register,
+                       sum_to, zeros)
 
 
 def contiguous_strides(shape):
@@ -36,8 +38,20 @@ def _transpose_normalize(types, attrs):
     return {"perm": perm}
 
 
+def _transpose_vjp(xs, y, g, a):                 # the inverse permutation
+    inverse = [0] * len(a["perm"])
+    for k, p in enumerate(a["perm"]):
+        inverse[p] = k
+    return [ad("transpose", g, perm=inverse)]
+
+
+def _reshape_back(xs, y, g, a):                   # reshape, expand_dims, squeeze
+    return [ad("reshape", g, shape=list(xs[0].shape))]
+
+
 register(OpDef(
     "transpose", "movement", 1, {"perm": None}, normalize=_transpose_normalize,
+    vjp=_transpose_vjp,
     infer=lambda ts, a: ts[0].with_shape(tuple(ts[0].shape[p] for p in a["perm"])),
     reference=lambda xs, a: np.transpose(xs[0], a["perm"]),
     lowering=View(lambda ti, to, a: (0, tuple(contiguous_strides(ti.shape)[p] for p in a["perm"]))),
@@ -105,7 +119,7 @@ register(OpDef(
     normalize=lambda ts, a: {"shape": list(resolve_reshape(ts[0], a["shape"]))},
     infer=lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
     reference=lambda xs, a: np.reshape(xs[0], [int(d) for d in a["shape"]]),
-    lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape))),
+    lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape))), vjp=_reshape_back,
     doc="same elements, new shape; one dimension may be -1"))
 
 
@@ -135,7 +149,8 @@ register(OpDef(
     normalize=lambda ts, a: {"shape": as_dims(a["shape"], "broadcast_to")},
     infer=_broadcast_to_infer,
     reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
-    lowering=View(_broadcast_strides), doc="repeat size-1 (and missing leading) axes"))
+    lowering=View(_broadcast_strides), vjp=lambda xs, y, g, a: [sum_to(g, xs[0].shape)],
+    doc="repeat size-1 (and missing leading) axes"))
 
 
 # ---- slice -------------------------------------------------------------------------------------
@@ -207,10 +222,47 @@ def _slice_ref(xs, a):
     return xs[0][idx].copy()
 
 
+def _slice_vjp(xs, y, g, a):
+    """Scatter the cotangent back into zeros, axis by axis, with concat (there is no pad
+    operator): a negative step reverses first, a step s > 1 interleaves s-1 zeros per element."""
+    x = xs[0]
+    if any(isinstance(d, int) and d == 0 for d in y.shape):
+        return [zeros(x)]
+    for k, (n, s0, st) in enumerate(zip(x.shape, a["starts"], a["steps"])):
+        length = g.shape[k]
+        if st == 1 and same(s0, 0) and same(length, n):
+            continue
+        if st < 0:                                  # reversed: place it forward
+            g = ad("slice", g, starts=[None] * g.ndim, stops=[None] * g.ndim,
+                   steps=[-1 if j == k else 1 for j in range(g.ndim)])
+            s0, st = s0 + (length - 1) * st, -st
+        span = length
+        if st > 1:
+            shape = list(g.shape)
+            wide = shape[:k + 1] + [1] + shape[k + 1:]
+            gaps = shape[:k + 1] + [st - 1] + shape[k + 1:]
+            g = ad("concat", [ad("reshape", g, shape=wide), zeros(g, gaps)], axis=k + 1)
+            span = (length - 1) * st + 1
+            g = ad("reshape", g, shape=shape[:k] + [length * st] + shape[k + 1:])
+            g = ad("slice", g, starts=[0 if j == k else None for j in range(g.ndim)],
+                   stops=[span if j == k else None for j in range(g.ndim)], steps=[1] * g.ndim)
+        # zeros before, then after: two concats of two operands each, never [z, g, z] with
+        # z twice (equal zeros are one value after CSE, and a concat with a repeated operand
+        # miscompiles: see tests/test_autodiff.py::test_concat_with_a_repeated_operand)
+        before, after = s0, n - s0 - span
+        pad = lambda size: zeros(g, list(g.shape[:k]) + [size] + list(g.shape[k + 1:]))  # noqa
+        if not same(before, 0):
+            g = ad("concat", [pad(before), g], axis=k)
+        if not same(after, 0):
+            g = ad("concat", [g, pad(after)], axis=k)
+    return [g]
+
+
 register(OpDef(
     "slice", "movement", 1, {"starts": None, "stops": None, "steps": None},
     normalize=_slice_normalize, infer=_slice_infer, reference=_slice_ref,
-    lowering=View(_slice_strides), doc="basic slicing: start, stop and step per axis"))
+    lowering=View(_slice_strides), vjp=_slice_vjp,
+    doc="basic slicing: start, stop and step per axis"))
 
 
 # ---- concat ------------------------------------------------------------------------------------
@@ -242,10 +294,22 @@ def _concat_infer(ts, a):
     return TensorType(d, ts[0].shape[:axis] + (total,) + ts[0].shape[axis + 1:])
 
 
+def _concat_vjp(xs, y, g, a):                    # each input's slab of the cotangent
+    out, start, axis = [], 0, a["axis"]
+    for x in xs:
+        stop = start + x.shape[axis]
+        out.append(ad("slice", g, starts=[start if k == axis else None for k in range(g.ndim)],
+                      stops=[stop if k == axis else None for k in range(g.ndim)],
+                      steps=[1] * g.ndim))
+        start = stop
+    return out
+
+
 register(OpDef(
     "concat", "movement", -1, {"axis": 0}, infer=_concat_infer, dtype_rule=_concat_dtypes,
     normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])} if ts else a,
     reference=lambda xs, a: np.concatenate(xs, axis=a["axis"]), lowering=Concat(),
+    vjp=_concat_vjp,
     doc="join tensors along an existing axis"))
 
 
@@ -269,10 +333,28 @@ def _take_ref(xs, a):
     return np.take(x, idx, axis=a["axis"])
 
 
+def _take_vjp(xs, y, g, a):
+    """Scatter-add of the cotangent rows into the table, as a one-hot matrix product
+    (onehot(idx)^T @ g): exact and deterministic, but O(rows x indices) work, where a
+    scatter-add operator with its own lowering would be O(indices). The indices get none."""
+    x, idx = xs
+    axis, n = a["axis"], x.shape[a["axis"]]
+    if not isinstance(n, int):
+        raise SymbolicValueError(f"take's adjoint needs a concrete size on axis {axis}",
+                                 received=str(x.type),
+                                 hint="trace with concrete sizes (call it, or .lower(*arrays))")
+    idx = ad("where", ad("lt", idx, 0), ad("add", idx, n), idx)
+    onehot = ad("cast", ad("eq", ad("reshape", idx, shape=[-1, 1]),
+                           np.arange(n, dtype=idx.dtype.np)), dtype=g.dtype.name)
+    before, after = prod(list(x.shape[:axis])), prod(list(x.shape[axis + 1:]))
+    rows = ad("reshape", g, shape=[before, -1, after])
+    return [ad("reshape", ad("matmul", ad("transpose", onehot), rows), shape=list(x.shape)), None]
+
+
 register(OpDef(
     "take", "movement", 2, {"axis": 0}, infer=_take_infer,
     normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])},
-    reference=_take_ref, lowering=Gather(),
+    reference=_take_ref, lowering=Gather(), vjp=_take_vjp,
     doc="select slices by integer indices along an axis (an embedding lookup with axis=0); "
         "negative indices count from the end, out-of-range indices raise"))
 
@@ -302,6 +384,7 @@ register(OpDef(
     reference=lambda xs, a: np.expand_dims(xs[0], a["axis"]),
     decompose=lambda b, xs, a: b.op("reshape", xs[0],
                                     shape=list(_expand_shape(b.type(xs[0]), a["axis"]))),
+    vjp=_reshape_back,
     doc="insert a size-1 axis"))
 
 register(OpDef(
@@ -311,4 +394,5 @@ register(OpDef(
         a["axis"]) if isinstance(a["axis"], (list, tuple)) else a["axis"]),
     decompose=lambda b, xs, a: b.op("reshape", xs[0],
                                     shape=list(_squeeze_shape(b.type(xs[0]), a["axis"]))),
+    vjp=_reshape_back,
     doc="remove size-1 axes"))

@@ -1,7 +1,8 @@
 """Normalisations over an axis, written as decompositions into primitive operators.
 
 Each keeps an independent NumPy reference, so the tests check the decomposition, not just
-restate it.
+restate it. Each has its own adjoint in closed form, in terms of its output (not the
+derivative of its decomposition, which would keep every intermediate alive).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..types import TensorType
 from ..errors import ShapeError
-from .registry import OpDef, norm_axis, ref_errstate, register
+from .registry import OpDef, ad, norm_axis, ref_errstate, register
 
 
 def _float_input(b, x):
@@ -63,9 +64,22 @@ def _softmax_ref(x, a):
     return e / e.sum(axis=a["axis"], keepdims=True)
 
 
+def _rowsum(t, a):
+    return ad("sum", t, axis=[a["axis"]], keepdim=True)
+
+
+def _rowmean(t, a):
+    return ad("mean", t, axis=[a["axis"]], keepdim=True)
+
+
+def _softmax_vjp(xs, y, g, a):                  # y (g - sum(g y))
+    return [ad("mul", y, ad("sub", g, _rowsum(ad("mul", g, y), a)))]
+
+
 register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_softmax_ref),
-               decompose=_softmax_decompose, doc="exp(x - max) / sum(exp(x - max)) over axis"))
+               decompose=_softmax_decompose, vjp=_softmax_vjp,
+               doc="exp(x - max) / sum(exp(x - max)) over axis"))
 
 
 # log_softmax -----------------------------------------------------------------------------------
@@ -81,9 +95,14 @@ def _log_softmax_ref(x, a):
     return z - np.log(np.exp(z).sum(axis=a["axis"], keepdims=True))
 
 
+def _log_softmax_vjp(xs, y, g, a):              # g - softmax(x) sum(g), softmax = exp(y)
+    return [ad("sub", g, ad("mul", ad("exp", y), _rowsum(g, a)))]
+
+
 register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_log_softmax_ref),
-               decompose=_log_softmax_decompose, doc="x - logsumexp(x) over axis, stably"))
+               decompose=_log_softmax_decompose, vjp=_log_softmax_vjp,
+               doc="x - logsumexp(x) over axis, stably"))
 
 
 # logsumexp -------------------------------------------------------------------------------------
@@ -111,9 +130,18 @@ def _lse_ref(x, a):
     return out if a["keepdim"] else np.squeeze(out, axis=a["axis"])
 
 
+def _lse_vjp(xs, y, g, a):                      # g softmax(x) = g exp(x - y)
+    x = xs[0]
+    if not a["keepdim"]:
+        keep = [1 if k == a["axis"] else d for k, d in enumerate(x.shape)]
+        y, g = ad("reshape", y, shape=keep), ad("reshape", g, shape=keep)
+    return [ad("mul", g, ad("exp", ad("sub", x, y)))]
+
+
 register(OpDef("logsumexp", "composite", 1, {"axis": -1, "keepdim": False}, infer=_lse_infer,
                normalize=_axis_normalize, reference=_float_ref(_lse_ref),
-               decompose=_lse_decompose, doc="log(sum(exp(x))) over axis, stably"))
+               decompose=_lse_decompose, vjp=_lse_vjp,
+               doc="log(sum(exp(x))) over axis, stably"))
 
 
 # layernorm / rmsnorm (the affine weight and bias are separate mul/add nodes) ----------------------
@@ -132,9 +160,16 @@ def _layernorm_ref(x, a):
     return (x - m) / np.sqrt(v + x.dtype.type(a["eps"]))
 
 
+def _layernorm_vjp(xs, y, g, a):
+    """rstd (g - mean(g) - y mean(g y)), rstd = 1/sqrt(var + eps) recomputed from x."""
+    rstd = ad("rsqrt", ad("add", ad("var", xs[0], axis=[a["axis"]], keepdim=True), a["eps"]))
+    centred = ad("sub", ad("sub", g, _rowmean(g, a)), ad("mul", y, _rowmean(ad("mul", g, y), a)))
+    return [ad("mul", rstd, centred)]
+
+
 register(OpDef("layernorm", "composite", 1, {"axis": -1, "eps": 1e-5}, infer=_same_shape_float,
                normalize=_axis_normalize, reference=_float_ref(_layernorm_ref),
-               decompose=_layernorm_decompose,
+               decompose=_layernorm_decompose, vjp=_layernorm_vjp,
                doc="(x - mean) / sqrt(var + eps) over axis"))
 
 
@@ -148,6 +183,14 @@ def _rmsnorm_ref(x, a):
     return x / np.sqrt((x * x).mean(axis=a["axis"], keepdims=True) + x.dtype.type(a["eps"]))
 
 
+def _rmsnorm_vjp(xs, y, g, a):
+    """r (g - y mean(g y)), r = 1/sqrt(mean(x x) + eps) recomputed from x."""
+    x = xs[0]
+    r = ad("rsqrt", ad("add", _rowmean(ad("mul", x, x), a), a["eps"]))
+    return [ad("mul", r, ad("sub", g, ad("mul", y, _rowmean(ad("mul", g, y), a))))]
+
+
 register(OpDef("rmsnorm", "composite", 1, {"axis": -1, "eps": 1e-6}, infer=_same_shape_float,
                normalize=_axis_normalize, reference=_float_ref(_rmsnorm_ref),
-               decompose=_rmsnorm_decompose, doc="x / sqrt(mean(x*x) + eps) over axis"))
+               decompose=_rmsnorm_decompose, vjp=_rmsnorm_vjp,
+               doc="x / sqrt(mean(x*x) + eps) over axis"))

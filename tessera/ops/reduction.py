@@ -8,7 +8,8 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import prod
 from ..types import TensorType
 from .elementwise import FMAX, FMIN
-from .registry import ArgReduce, OpDef, Reduce, norm_axes, norm_axis, register
+from .registry import (ArgReduce, OpDef, Reduce, ad, count_value, keepdim_shape, norm_axes,
+                       norm_axis, register)
 
 REDUCE_ATTRS = {"axis": None, "keepdim": False}
 
@@ -52,11 +53,31 @@ def _np_axis(attrs):
     return tuple(a) if isinstance(a, (list, tuple)) else a
 
 
+# Adjoints of reductions: the cotangent, reshaped to keepdim form, broadcasts back over the
+# reduced axes.
+def _kept(t, x, attrs):
+    """t (a reduction's output or its cotangent) with the reduced axes as size-1 axes."""
+    return t if attrs["keepdim"] else ad("reshape", t, shape=keepdim_shape(x.shape, attrs["axis"]))
+
+
+def _sum_vjp(xs, y, g, a):
+    return [ad("broadcast_to", _kept(g, xs[0], a), shape=list(xs[0].shape))]
+
+
+def _extremum_vjp(xs, y, g, a):
+    """max/min: every element equal to the extremum shares the gradient equally (ties are
+    rare with real data; the split is symmetric and deterministic, as PyTorch's amax does)."""
+    x = xs[0]
+    hit = ad("eq", x, _kept(y, x, a))
+    count = ad("sum", ad("cast", hit, dtype=g.dtype.name), axis=a["axis"], keepdim=True)
+    return [ad("where", hit, ad("div", _kept(g, x, a), count), 0)]
+
+
 register(OpDef(
     "sum", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
     reference=lambda a, t: np.sum(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
-    lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})"}),
+    lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})"}), vjp=_sum_vjp,
     doc="sum over axis (all axes when None)"))
 
 register(OpDef(
@@ -65,7 +86,7 @@ register(OpDef(
     reference=lambda a, t: np.max(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
     lowering=Reduce(init={"f": "-INFINITY", "i": "{IMIN}", "b": "0"},
                     combine={"f": "ts_max{F}({acc}, {x})", "*": "({x} > {acc} ? {x} : {acc})"},
-                    helpers={"f": FMAX}),
+                    helpers={"f": FMAX}), vjp=_extremum_vjp,
     doc="maximum over axis; NaN propagates"))
 
 register(OpDef(
@@ -74,7 +95,7 @@ register(OpDef(
     reference=lambda a, t: np.min(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
     lowering=Reduce(init={"f": "INFINITY", "i": "{IMAX}", "b": "1"},
                     combine={"f": "ts_min{F}({acc}, {x})", "*": "({x} < {acc} ? {x} : {acc})"},
-                    helpers={"f": FMIN}),
+                    helpers={"f": FMIN}), vjp=_extremum_vjp,
     doc="minimum over axis; NaN propagates"))
 
 
@@ -123,12 +144,18 @@ def _mean_decompose(b, x, attrs):
     return b.op("div", s, b.const(_count(t, norm_axes(attrs["axis"], t)), f))
 
 
+def _mean_vjp(xs, y, g, a):
+    x = xs[0]
+    n = count_value(x.shape, a["axis"], g)
+    return [ad("broadcast_to", ad("div", _kept(g, x, a), n), shape=list(x.shape))]
+
+
 register(OpDef(
     "mean", "composite", 1, dict(REDUCE_ATTRS), infer=reduce_infer(float_dtype),
     normalize=normalize_axes,
     reference=lambda a, t: np.mean(a[0], axis=_np_axis(t), keepdims=t["keepdim"]).astype(
         float_dtype(dt.from_numpy(a[0].dtype)).np),
-    decompose=lambda b, xs, attrs: _mean_decompose(b, xs[0], attrs),
+    decompose=lambda b, xs, attrs: _mean_decompose(b, xs[0], attrs), vjp=_mean_vjp,
     doc="arithmetic mean over axis"))
 
 
@@ -145,11 +172,20 @@ def _var_decompose(b, xs, attrs):
     return b.op("div", s, b.const(max(_count(t, axes) - attrs["correction"], 0), f))
 
 
+def _var_vjp(xs, y, g, a):
+    """2 (x - mean) / (n - correction), times the cotangent: not through the decomposition."""
+    x = xs[0]
+    n = count_value(x.shape, a["axis"], g)
+    n = n - a["correction"] if isinstance(n, int) else ad("sub", n, a["correction"])
+    d = ad("sub", x, ad("mean", x, axis=a["axis"], keepdim=True))
+    return [ad("mul", d, ad("div", ad("mul", _kept(g, x, a), 2.0), n))]
+
+
 register(OpDef(
     "var", "composite", 1, {**REDUCE_ATTRS, "correction": 0}, infer=reduce_infer(float_dtype),
     normalize=normalize_axes,
     reference=lambda a, t: np.var(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   ddof=t["correction"]).astype(
         float_dtype(dt.from_numpy(a[0].dtype)).np),
-    decompose=_var_decompose,
+    decompose=_var_decompose, vjp=_var_vjp,
     doc="variance over axis (correction=1 for the unbiased estimate)"))

@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from .. import dtypes as dt
-from ..errors import DTypeError, ShapeError
-from ..shapes import Sym, fmt_shape, same
+from ..errors import DTypeError, DifferentiationError, ShapeError
+from ..shapes import Sym, fmt_shape, prod, same
 from ..types import TensorType
 
 
@@ -97,6 +97,12 @@ class OpDef:
     doc: str = ""
     differentiable: bool = True
     ufunc: str | None = None           # the NumPy ufunc it stands for (np.exp on a traced tensor)
+    # The adjoint: (input Traced values, output Traced, output cotangent Traced, attrs) -> one
+    # cotangent per input (None where there is none: indices, conditions). Written with `ad`
+    # (other operators), so the backward graph is ordinary Graph IR; a cotangent may keep the
+    # output's broadcast shape (the autodiff pass sums it back with `sum_to`). See
+    # tessera/compiler/autodiff.py.
+    vjp: Callable | None = None
 
     def __repr__(self):
         return f"<op {self.name}>"
@@ -198,3 +204,58 @@ def check_no_bool(d: dt.DType, opname: str):
     if d.is_bool:
         raise DTypeError(f"{opname} is not defined for bool tensors", received="bool",
                          hint="cast to an integer or float dtype first")
+
+
+# ---- helpers for adjoint (vjp) rules: they run inside the active trace ---------------------------
+def ad(name: str, *args, **attrs):
+    """One node of a backward graph: ``tessera.trace.apply`` (imported late: trace imports ops)."""
+    from ..trace import apply
+    return apply(name, *args, **attrs)
+
+
+def const_of(value, like):
+    """A rank-0 constant in ``like``'s dtype, in ``like``'s trace."""
+    from ..trace import Traced
+    return Traced(like._trace.graph.const(np.asarray(value, dtype=like.dtype.np)), like._trace)
+
+
+def zeros(like, shape=None):
+    """Zeros in ``like``'s dtype, of ``like``'s shape or ``shape`` (sizes may be symbolic)."""
+    return ad("broadcast_to", const_of(0, like), shape=list(like.shape if shape is None else shape))
+
+
+def keepdim_shape(shape, axes) -> list:
+    return [1 if k in axes else d for k, d in enumerate(shape)]
+
+
+def sum_to(x, shape):
+    """The one broadcasting adjoint: sum ``x`` over the axes along which a tensor of ``shape``
+    was broadcast to ``x``'s shape (leading axes dropped, size-1 axes kept), so a cotangent
+    gets its input's shape back."""
+    shape = tuple(shape)
+    if len(shape) == x.ndim and all(same(a, b) for a, b in zip(x.shape, shape)):
+        return x
+    lead = x.ndim - len(shape)
+    if lead < 0:
+        raise DifferentiationError(f"a cotangent of shape {fmt_shape(x.shape)} is smaller than "
+                                   f"its value's {fmt_shape(shape)}")
+    kept = [lead + k for k, d in enumerate(shape) if same(d, 1) and not same(x.shape[lead + k], 1)]
+    if not kept:                                    # one reduction drops the leading axes
+        return ad("sum", x, axis=list(range(lead)), keepdim=False) if lead else x
+    x = ad("sum", x, axis=list(range(lead)) + kept, keepdim=True)
+    return ad("reshape", x, shape=list(shape)) if lead else x
+
+
+def dim_value(d, like):
+    """A size as a number, or, when it is symbolic, as a scalar tensor (a sum of ones along an
+    axis of that size: only a symbolic Graph IR meant to be printed needs this; compiled
+    programs are traced with concrete sizes)."""
+    if not isinstance(d, Sym):
+        return d
+    return ad("sum", ad("broadcast_to", const_of(1, like), shape=[d]))
+
+
+def count_value(shape, axes, like):
+    """How many elements the axes hold (for mean and var)."""
+    n = prod([shape[a] for a in axes])
+    return dim_value(n, like)
