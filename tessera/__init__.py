@@ -10,7 +10,7 @@ from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # no
                      RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
                      TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
-from . import pytree  # noqa: E402
+from . import nn, optim, pytree  # noqa: E402
 from .autodiff import check_grad, grad, jvp, laplacian, value_and_grad, vjp  # noqa: E402
 from .autotune import autotune, kernel  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
@@ -20,7 +20,7 @@ from .types import Tensor, TensorType  # noqa: E402
 
 __all__ = [
     "op", "graph", "function", "Function", "interpret", "Schedule", "Tensor", "TensorType", "dtypes",
-    "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree",
+    "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",

@@ -128,3 +128,53 @@ def pipeline(stages):
 
 def __dir__():
     return sorted(k for k in globals() if not k.startswith("_"))
+
+
+# ---- counter-based random numbers (tessera/ops/random.py) ---------------------------------------
+_random_uniform = _make("random_uniform")
+
+
+def random_uniform(shape, seed, offset=0, dtype="float32"):
+    """Uniform [0, 1) numbers of ``shape``, stateless: element i (row-major) is the generator's
+    number for the counter ``offset + i`` of stream ``seed`` (counter-based SplitMix64, see
+    tessera/ops/random.py), so a seed gives the same numbers on every run and thread count,
+    compiled or eager. ``seed`` is a Python int or an integer tensor (a traced scalar lets a
+    training step take a new seed each call without recompiling); ``offset`` (an int) moves to
+    another part of the stream: draws at offsets 0 and prod(shape) do not overlap."""
+    return _random_uniform(seed, _counters(shape, offset), dtype=dtype)
+
+
+def _counters(shape, offset=0):
+    """offset + the row-major index of each element of ``shape``, as a sum of one small
+    constant per axis (arange * stride) broadcast together. Inside a trace the constants are
+    graph constants and the sum is traced: the compiler folds it into one constant when it is
+    small and otherwise computes it inside the kernel that consumes it, so a large draw stores
+    no counter tensor. (No compiler support is needed for "the element's index".)"""
+    import numpy as np
+    from .errors import SymbolicValueError
+    from .trace import Traced, current_trace
+    dims = list(shape) if isinstance(shape, (list, tuple)) else [shape]
+    if not all(isinstance(d, (int, np.integer)) for d in dims):
+        raise SymbolicValueError(f"random numbers need concrete sizes, not {tuple(dims)}",
+                                 hint="leave the parameter unannotated to trace with its sizes")
+    dims = [int(d) for d in dims]
+    offset = int(offset)
+    n = int(np.prod(dims, dtype=np.int64))
+    wide = offset < 0 or offset + n > np.iinfo(np.int32).max
+    itype = np.int64 if wide else np.int32
+    trace = current_trace()
+
+    def lift(a):
+        return Traced(trace.graph.const(a), trace) if trace is not None else a
+    total, stride = None, 1
+    for k in reversed(range(len(dims))):
+        if dims[k] != 1:
+            a = np.arange(dims[k], dtype=itype) * itype(stride)
+            if total is None:
+                a = a + itype(offset)       # the offset rides on the first constant
+            a = lift(a.reshape([1] * k + [dims[k]] + [1] * (len(dims) - k - 1)))
+            total = a if total is None else _apply("add", a, total)
+        stride *= dims[k]
+    if total is None:                       # every size is 1 (or a rank-0 shape)
+        total = lift(np.full(dims, offset, dtype=itype))
+    return total

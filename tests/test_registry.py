@@ -46,6 +46,8 @@ EXAMPLES = {
     "take": (lambda r: [f32(r, 5, 3), r.integers(-5, 5, size=(2, 2))], {"axis": 0}),
     "expand_dims": (lambda r: [f32(r, 2, 3)], {"axis": -1}),
     "squeeze": (lambda r: [f32(r, 2, 1, 3)], {"axis": 1}),
+    "random_uniform": (lambda r: [r.integers(-2**40, 2**40, size=()),
+                                  r.integers(0, 2**40, size=(4, 5))], {}),
 }
 
 

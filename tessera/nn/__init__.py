@@ -1,0 +1,33 @@
+"""``tessera.nn``: functional layers, losses and deterministic initialisers.
+
+A module holds hyperparameters; its parameters are a plain pytree of NumPy arrays made by
+``init(seed)`` and passed to every call, so a training step is a pure function a
+``tessera.function`` can compile:
+
+    mlp = nn.MLP([784, 512, 10], activation="relu")
+    params = mlp.init(seed=0)
+    logits = mlp(params, x)                      # eager on NumPy, or traced inside ts.function
+    loss = nn.cross_entropy(logits, labels, label_smoothing=0.1)
+
+A compiled training step (tessera.optim for the update):
+
+    opt = optim.Adam(1e-3)
+    def train_step(params, state, x, y, seed):
+        loss, grads = ts.value_and_grad(
+            lambda p: nn.cross_entropy(mlp(p, x, seed=seed), y))(params)   # dropout if any
+        params, state = opt.update(grads, state, params)
+        return loss, params, state
+    step = ts.function(train_step)
+    loss, params, state = step(params, opt.init(params), x, y, np.int64(0))
+"""
+from . import init
+from .attention import MultiHeadAttention, RoPE, TransformerBlock, rope, rope_tables
+from .init import Key
+from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Module, RMSNorm,
+                     Sequential, activation, dropout, linear)
+from .losses import cross_entropy, kl_divergence, mse
+
+__all__ = ["ACTIVATIONS", "Dropout", "Embedding", "Key", "LayerNorm", "Linear", "MLP", "Module",
+           "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
+           "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
+           "rope", "rope_tables"]

@@ -1,0 +1,96 @@
+"""Counter-based random numbers: ``random_uniform(seed, counter)``.
+
+A stateless generator: the number for an element is a pure function of (seed, counter), so the
+same seed gives the same numbers on every run, for every thread count, in every kernel that
+fuses it, and in the NumPy reference (which computes the same integer hash, bit for bit).
+
+The generator is SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number
+generators", OOPSLA 2014) used as a counter-based one: its n-th output from the state ``s`` is
+``mix64(s + n * GAMMA)``, so any element can be computed on its own. The state is the seed
+passed through ``mix64`` first, so seeds 0, 1, 2, ... give unrelated streams (not shifted
+copies of one another). Output n of seed s:
+
+    bits = mix64(mix64(s) + (n + 1) * GAMMA)                     (all arithmetic mod 2**64)
+    float32: (bits >> 40) * 2**-24,  float64: (bits >> 11) * 2**-53       -- in [0, 1)
+
+The float conversions are exact (a 24- or 53-bit integer times a power of two), so compiled and
+reference results agree bitwise. Counters are the caller's business: ``op.random_uniform``
+builds the row-major element index plus an offset; distinct (seed, counter) pairs never collide
+within a stream of 2**64 numbers.
+
+It is an elementwise operator over two integer operands (broadcasting as usual), so it fuses
+into whatever consumes it (dropout's mask is computed inside the kernel that applies it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import DTypeError
+from .elementwise import elementwise
+
+GAMMA = 0x9E3779B97F4A7C15
+M1 = 0xBF58476D1CE4E5B9
+M2 = 0x94D049BB133111EB
+_U64 = (1 << 64) - 1
+
+MIX64 = ("TS_INLINE uint64_t ts_mix64(uint64_t z) { "
+         "z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL; "
+         "z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL; return z ^ (z >> 31); }")
+BITS = ("TS_INLINE uint64_t ts_rand_bits(uint64_t seed, uint64_t n) { "
+        "return ts_mix64(ts_mix64(seed) + (n + 1) * 0x9E3779B97F4A7C15ULL); }")
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (NumPy wraps uint64 arithmetic mod 2**64)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(M2)
+    return z ^ (z >> np.uint64(31))
+
+
+def random_bits(seed, counter) -> np.ndarray:
+    """The 64 random bits for (seed, counter), as uint64: the generator's NumPy form."""
+    with np.errstate(over="ignore"):
+        s = mix64(np.asarray(seed).astype(np.uint64))
+        n = np.asarray(counter).astype(np.uint64)
+        return mix64(s + (n + np.uint64(1)) * np.uint64(GAMMA))
+
+
+def _reference(arrays, attrs):
+    bits = random_bits(arrays[0], arrays[1])
+    if attrs["dtype"] == "float64":
+        return (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return ((bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)).astype(np.float32)
+
+
+def _dtype_rule(ds, attrs):
+    out = dt.get(attrs.get("dtype") or "float32")
+    if out not in (dt.float32, dt.float64):
+        raise DTypeError("random_uniform makes float32 or float64", received=out.name)
+    ins = []
+    for name, d in zip(("seed", "counter"), ds):
+        if isinstance(d, dt.DType):
+            if not d.is_int:
+                raise DTypeError(f"random_uniform's {name} must be an integer tensor",
+                                 expected="i32 or i64", received=d.short)
+            ins.append(d)
+        elif isinstance(d, int) and not isinstance(d, bool):
+            ins.append(dt.int64)          # a Python int: the seed or counter as int64
+        else:
+            raise DTypeError(f"random_uniform's {name} must be an integer, not {d!r}")
+    return ins, out
+
+
+def _template(attrs, kind):
+    if attrs.get("dtype", "float32") == "float64":
+        return "((double)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 11) * 0x1p-53)"
+    return "((float)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 40) * 0x1p-24f)"
+
+
+_op = elementwise(
+    "random_uniform", 2, _dtype_rule, _template, _reference, flops=12,
+    helpers={"i": (MIX64, BITS)}, attrs={"dtype": "float32"},
+    doc="uniform [0, 1) numbers from (seed, counter) by counter-based SplitMix64; "
+        "op.random_uniform(shape, seed, offset) builds the counters")
+_op.differentiable = False
+_op.normalize = lambda ts, a: {"dtype": dt.get(a.get("dtype") or "float32").name}
