@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 import tessera as ts
-from tessera import Tensor, op
+from tessera import Tensor, nn, op
 from tessera.runtime import tunedb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +84,85 @@ def matmul_bias_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]) -
 
 
 # ---- NumPy: the reference (run in float64) and a peer (run in float32) ---------------------------
+MLP_SIZES = (784, 512, 512, 10)
+MLP_LR = 0.01
+_mlp = nn.MLP(list(MLP_SIZES), activation="relu")
+
+
+@ts.function
+def mlp_step(w1, b1, w2, b2, w3, b3, x, y):
+    """One SGD step, written as a user would: value_and_grad over a parameter pytree."""
+    params = {"layers": [{"w": w1, "b": b1}, {"w": w2, "b": b2}, {"w": w3, "b": b3}]}
+    loss, grads = ts.value_and_grad(lambda p: nn.cross_entropy(_mlp(p, x), y))(params)
+    new = [p - MLP_LR * g for p, g in zip(ts.pytree.leaves(params), ts.pytree.leaves(grads))]
+    return (loss, *new)
+
+
+def mlp_inputs(rng, quick):
+    params = _mlp.init(seed=0)
+    flat = [a for layer in params["layers"] for a in (layer["w"], layer["b"])]
+    batch = 64 if quick else 256
+    return flat + [f32(rng, batch, MLP_SIZES[0]),
+                   rng.integers(0, MLP_SIZES[-1], batch).astype(np.int64)]
+
+
+def mlp_step_np(w1, b1, w2, b2, w3, b3, x, y):
+    """Forward and a hand-written backward in NumPy (float32, or float64 as the reference)."""
+    y = y.astype(np.int64)
+    h1 = np.maximum(x @ w1 + b1, 0)
+    h2 = np.maximum(h1 @ w2 + b2, 0)
+    z = h2 @ w3 + b3
+    z = z - z.max(-1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    n = len(y)
+    loss = -np.log(p[np.arange(n), y]).mean()
+    dz = p
+    dz[np.arange(n), y] -= 1
+    dz /= n
+    dw3, db3 = h2.T @ dz, dz.sum(0)
+    d2 = (dz @ w3.T) * (h2 > 0)
+    dw2, db2 = h1.T @ d2, d2.sum(0)
+    d1 = (d2 @ w2.T) * (h1 > 0)
+    dw1, db1 = x.T @ d1, d1.sum(0)
+    grads = (dw1, db1, dw2, db2, dw3, db3)
+    return [np.asarray(loss, x.dtype)] + [w - MLP_LR * g for w, g in
+                                          zip((w1, b1, w2, b2, w3, b3), grads)]
+
+
+def mlp_step_torch(t, w1, b1, w2, b2, w3, b3, x, y):
+    params = [w.detach().requires_grad_() for w in (w1, b1, w2, b2, w3, b3)]
+    with t.enable_grad():
+        h = x
+        for i in range(0, 6, 2):
+            h = h @ params[i] + params[i + 1]
+            if i < 4:
+                h = t.relu(h)
+        loss = t.nn.functional.cross_entropy(h, y)
+        grads = t.autograd.grad(loss, params)
+    return [loss.detach()] + [p.detach() - MLP_LR * g for p, g in zip(params, grads)]
+
+
+def mlp_step_jax(jnp, w1, b1, w2, b2, w3, b3, x, y):
+    import jax
+
+    def loss_fn(ps):
+        h = x
+        for i in range(0, 6, 2):
+            h = h @ ps[i] + ps[i + 1]
+            if i < 4:
+                h = jnp.maximum(h, 0)
+        logp = jax.nn.log_softmax(h)
+        return -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
+    ps = [w1, b1, w2, b2, w3, b3]
+    loss, grads = jax.value_and_grad(loss_fn)(ps)
+    return [loss] + [p - MLP_LR * g for p, g in zip(ps, grads)]
+
+
+def mlp_flops(w1, b1, w2, b2, w3, b3, x, y):
+    """Forward 2·B·Σ(in·out), backward twice that."""
+    return 6 * len(x) * sum(w.shape[0] * w.shape[1] for w in (w1, w2, w3))
+
+
 def gelu_np(x):
     c = x.dtype.type(math.sqrt(2 / math.pi))
     return 0.5 * x * (1 + np.tanh(c * (x + x.dtype.type(0.044715) * x ** 3)))
@@ -138,11 +217,12 @@ class Case:
     flops: Callable | None = None            # arrays -> FLOPs (for GFLOP/s)
     bytes: Callable | None = None            # arrays -> bytes that must move at least (for GB/s)
     atol: float = 2e-5                       # max |got - ref| / max |ref|: relative to magnitude
-    min_speedup: float = 1.0                 # goal: tessera at least this much faster than NumPy
+    min_speedup: float | None = 1.0          # goal: tessera at least this much faster than NumPy
     numpy_base: Callable | None = None       # goal measured against this NumPy instead
     min_bandwidth: float | None = None       # goal: share of the measured copy bandwidth
     beat_torch: bool = False                 # goal: not slower than PyTorch (eager or compiled)
     reference: Callable | None = None        # float64 reference if not `numpy` on float64 inputs
+    pack: Callable | None = None             # several outputs -> one flat array to compare
 
 
 def f32(rng, *shape):
@@ -217,16 +297,13 @@ CASES = [
          torch=lambda t, x, w, b: t.nn.functional.gelu(x @ w + b, approximate="tanh"),
          jax=lambda jnp, x, w, b: _jax_nn().gelu(x @ w + b, approximate=True),
          flops=mm_flops, bytes=mm_bytes, numpy_base=lambda x, w, b: x @ w),
-    # ------------------------------------------------------------------------------------------
-    # TODO(training step, a later issue): one training step of a 784-512-512-10 MLP, batch 256
-    # (forward, cross-entropy loss, backward, SGD update), tessera against NumPy (hand-written
-    # backward), PyTorch eager and torch.compile. It needs autodiff and an optimiser in tessera,
-    # which do not exist yet. Add it here as a Case named "mlp_train_step"; PENDING below then
-    # loses its entry.
-    # ------------------------------------------------------------------------------------------
+    Case("mlp_train_step", "one SGD step of a 784-512-512-10 relu MLP, batch 256: forward, "
+         "cross-entropy, backward, update (--quick: batch 64)", "not slower than PyTorch eager",
+         mlp_inputs, mlp_step_np, mlp_step, torch=mlp_step_torch, jax=mlp_step_jax,
+         flops=mlp_flops, atol=1e-4, min_speedup=None, beat_torch=True,
+         pack=lambda outs: np.concatenate([np.ravel(np.asarray(o, np.float64)) for o in outs])),
 ]
-PENDING = {"mlp_train_step": "one training step of a 784-512-512-10 MLP, batch 256: "
-                             "waits for autodiff (a later issue)"}
+PENDING: dict = {}
 
 
 # ---- peers ----------------------------------------------------------------------------------------
@@ -280,14 +357,15 @@ def tuned_impl(case: Case, arrays: Arrays, tune: dict, row: dict):
                                   "default_ms": k.default_s * 1e3, "best_ms": k.best_s * 1e3}
                                  for k in r.kernels]}
     prog = r.program
-    return Impl(lambda: prog(*arrays), np.asarray)
+    return Impl(lambda: prog(*arrays), case.pack or np.asarray)
 
 
 def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None = None,
                     row: dict | None = None) -> dict:
     """name -> Impl, or name -> the reason it is not there."""
-    impls: dict = {"tessera": Impl(lambda: _untuned(case.tessera, arrays), np.asarray),
-                   "numpy": Impl(lambda: case.numpy(*arrays), np.asarray)}
+    pack = case.pack or np.asarray
+    impls: dict = {"tessera": Impl(lambda: _untuned(case.tessera, arrays), pack),
+                   "numpy": Impl(lambda: case.numpy(*arrays), pack)}
     if tune:
         try:
             impls["tuned"] = tuned_impl(case, arrays, tune, row)
@@ -305,7 +383,9 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
         def eager():
             with torch.no_grad():
                 return fn(torch, *ta)
-        impls["torch eager"] = Impl(eager, lambda y: y.numpy())
+        to_np = (lambda y: pack([t.detach().numpy() for t in y])) if case.pack else \
+            (lambda y: y.numpy())
+        impls["torch eager"] = Impl(eager, to_np)
         try:
             torch._dynamo.reset()           # a fresh cache per case: static shapes, no recompile limit
             compiled = torch.compile(lambda *xs: fn(torch, *xs), dynamic=False)
@@ -313,7 +393,7 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
             def run_compiled():
                 with torch.no_grad():
                     return compiled(*ta)
-            impls["torch.compile"] = Impl(run_compiled, lambda y: y.numpy())
+            impls["torch.compile"] = Impl(run_compiled, to_np)
         except Exception as e:                              # noqa: BLE001
             impls["torch.compile"] = f"n/a ({_reason(e)})"
     else:
@@ -323,7 +403,9 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
     if not isinstance(jax, str) and case.jax is not None:
         ja = [jax.device_put(a) for a in arrays]
         jitted = jax.jit(lambda *xs: case.jax(jax.numpy, *xs))
-        impls["jax.jit"] = Impl(lambda: jitted(*ja).block_until_ready(), np.asarray)
+        impls["jax.jit"] = Impl(lambda: jax.block_until_ready(jitted(*ja)),
+                                lambda y: pack([np.asarray(a) for a in y]) if case.pack
+                                else np.asarray(y))
     else:
         impls["jax.jit"] = jax if isinstance(jax, str) else "n/a (no JAX version of this case)"
     return impls
@@ -337,8 +419,9 @@ def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict
                  "shapes": [list(a.shape) for a in arrays], "tolerance": case.atol,
                  "times_ms": {}, "min_ms": {}, "spread": {}, "first_call_ms": {}, "status": {},
                  "errors": {}}
-    want = (case.reference or case.numpy)(*[a.astype(np.float64) for a in arrays])
-    want = np.asarray(want, np.float64)
+    want = (case.reference or case.numpy)(*[a.astype(np.float64) if a.dtype.kind == "f" else a
+                                            for a in arrays])
+    want = np.asarray((case.pack or np.asarray)(want), np.float64)
     scale = float(np.abs(want).max()) or 1.0
     impls = implementations(case, arrays, peers, tune, row)
     live, warm = {}, {}
@@ -435,7 +518,9 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
     parts = []
     base_name = "numpy base" if case.numpy_base else "numpy"
     base = times.get(base_name)
-    if base is None:
+    if case.min_speedup is None:
+        pass                                 # the goal names no NumPy ratio
+    elif base is None:
         parts.append((None, f"NumPy ({base_name}) did not run"))
     else:
         r = base / tt
