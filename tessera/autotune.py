@@ -8,10 +8,10 @@ process or the next, without searching again. TESSERA_AUTOTUNE=0 turns all of it
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import statistics
 import time
+import weakref
 
 from .compiler.autotune import (STRATEGIES, Settings, TuneResult, kernel_space, resolve_space,
                                 program_threads)
@@ -91,23 +91,38 @@ def autotune(fn, *args, budget_s: float = 60.0, strategy: str = "grid", space: d
     """
     settings = _settings(budget_s, strategy, metric, timeout_ms, repeats, seed, workers, progress,
                          exact)
-    f = _as_function(fn)
+    return _autotune(_as_function(fn), args, kwargs, settings, space, cache, kernels)
+
+
+def _autotune(f: Function, args, kwargs, settings, space, cache, kernels) -> TuneResult:
+    """ts.autotune with the function's own arguments kept apart from the search's."""
     resolve_space(space)                    # bad names or values fail before anything runs
+    if isinstance(kernels, str):
+        kernels = [kernels]
     base = Function(f.fn, name=f.name, target=f.target, schedule=f.schedule)
     try:
         with tunedb.using(None):            # the heuristics' knobs are the baseline
             default_prog, arrays = base._program(args, kwargs, f.target)
+        if not hasattr(default_prog, "schedule_ir"):
+            raise ArgumentError(f"{f.name} computes nothing to tune (its results are static)")
+        names = [k.name for k in default_prog.schedule_ir.kernels]
+        if kernels is not None:
+            unknown = [k for k in kernels if k not in names]
+            if unknown:
+                raise ArgumentError(f"autotune: {f.name} has no kernel {unknown[0]!r}",
+                                    expected=", ".join(names))
         from .compiler.autotune import tune_program
         result = tune_program(f.name, default_prog.schedule_ir, list(arrays.values()), settings,
                               space, _fixed_knobs(f, default_prog.schedule_ir),
                               set(kernels) if kernels is not None else None, cache)
         tuned = Function(f.fn, name=f.name, target=f.target, schedule=f.schedule)
-        with tunedb.using(result.db_path):
+        with tunedb.using(result.db_path, exact=settings.exact):
             tuned_prog, _ = tuned._program(args, kwargs, f.target)
     except TesseraError as e:
         raise e.with_traceback(None) from None
-    result.default_s, result.tuned_s = _time_pair(default_prog, tuned_prog, list(arrays.values()),
-                                                  settings.repeats)
+    if any(k.best_knobs != k.default_knobs for k in result.kernels):
+        result.default_s, result.tuned_s = _time_pair(default_prog, tuned_prog,
+                                                      list(arrays.values()), settings.repeats)
     result.program = tuned_prog
     f._programs.clear()     # its next call compiles anew and reads the database
     return result
@@ -139,36 +154,39 @@ class AutotunedFunction:
         resolve_space(space)
         self.space, self.metric, self.cache = space, metric, cache
         self.results: dict = {}     # argument types -> the TuneResult of the search they caused
-        self._ready: set = set()
+        self._ready = weakref.WeakSet()     # programs whose kernels all have records
 
     def __repr__(self):
         return f"<tessera autotuned function {self.function.name}>"
 
     def _db(self):
-        return tunedb.using(self.cache) if self.cache is not None else contextlib.nullcontext()
+        if not tunedb.enabled():
+            return tunedb.using(None)
+        return tunedb.using(self.cache if self.cache is not None else tunedb.default_path(),
+                            exact=self._settings.exact)
 
     def _ensure_tuned(self, args, kwargs):
         if not tunedb.enabled():
             return
         with self._db():
             prog = self.function.lower(*args, **kwargs)
-        key = tuple(str(p.type) for p in prog.graph_ir.params)
-        if key in self._ready:
+        if prog in self._ready or not hasattr(prog, "schedule_ir"):
             return
+        s = self._settings
         fixed = _fixed_knobs(self.function, prog.schedule_ir)
         user, _ = resolve_space(self.space)
         cpus = program_threads()
-        s = self._settings
         missing = [k.name for k in prog.schedule_ir.kernels if not k.tuned and any(
             len(v) > 1 for v in kernel_space(k, cpus, user, fixed[k.name], s.exact).values())]
         if missing:
-            self.results[key] = autotune(
-                self.function, *args, budget_s=s.budget_s, strategy=s.strategy,
-                space=self.space, metric=self.metric,
-                timeout_ms=None if s.timeout_s is None else s.timeout_s * 1e3,
-                repeats=s.repeats, cache=self.cache, kernels=missing, progress=s.progress,
-                exact=s.exact, **kwargs)
-        self._ready.add(key)
+            key = tuple(str(p.type) for p in prog.graph_ir.params)
+            if key in self.results:                 # same types, other static arguments
+                key += (len(self.results),)
+            self.results[key] = _autotune(self.function, args, kwargs, s, self.space,
+                                          self.cache, missing)
+            with self._db():
+                prog = self.function.lower(*args, **kwargs)
+        self._ready.add(prog)
 
     def __call__(self, *args, **kwargs):
         from .function import _inside_trace

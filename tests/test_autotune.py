@@ -13,6 +13,7 @@ import pytest
 
 import tessera as ts
 from tessera.compiler import autotune as at
+from tessera import op
 from tessera.runtime import tunedb
 
 from conftest import assert_within_dot_bound
@@ -59,9 +60,11 @@ def test_search_finds_checked_candidates(rng, db):
     # the space: the default plus every valid combination of the given values, each tried once
     tried = [c.knobs for c in kt.candidates]
     assert len({tuple(sorted(k.items())) for k in tried}) == len(tried)
+    d = kt.default_knobs        # the user's values, and the default's (the baseline)
     for cand in kt.candidates[1:]:
-        assert cand.knobs["tile_m"] in (48, 96) and cand.knobs["tile_n"] in (64, 128)
-        assert cand.knobs["tile_k"] == 128 and cand.knobs["parallel"] in (False, True)
+        assert cand.knobs["tile_m"] in (48, 96, d["tile_m"])
+        assert cand.knobs["tile_n"] in (64, 128, d["tile_n"])
+        assert cand.knobs["tile_k"] in (128, d["tile_k"]) and cand.knobs["parallel"] in (0, 1)
     # tile sizes never change a bit (the numerics contract): every checked candidate is exact
     assert all(x.bitwise for x in kt.candidates if x.status in ("ok", "slower", "default"))
     best = next(x for x in kt.candidates if x.knobs == kt.best_knobs)
@@ -276,7 +279,8 @@ def test_concurrent_tuning_processes(rng, db, tmp_path):
     rows = con.execute("SELECT knobs, measurements FROM tuned").fetchall()
     assert len(rows) == 3
     for knobs, meas in rows:
-        assert json.loads(knobs)["tile_n"] in (32, 64) and len(json.loads(meas)) >= 1
+        # the user's values or the default's (n itself)
+        assert json.loads(knobs)["tile_n"] in (32, 64, 60, 61, 62) and len(json.loads(meas)) > 1
 
 
 def test_concurrent_writers_threads(db):
@@ -378,3 +382,133 @@ def test_progress_bar_and_bad_arguments(rng, db, capsys):
         ts.autotune(softmax, x, budget_s=0)
     with pytest.raises(ts.ArgumentError, match="positive integers"):
         ts.autotune(softmax, x, space={"BM": [0, 64]})
+
+
+def test_pointwise_knobs_compile_and_no_op_knobs_are_not_measured(rng, db):
+    x = rng.standard_normal((40, 3000), dtype=np.float32)
+    f = ts.function(lambda x: op.tanh(x.T) * 2.0 + 1.0)       # a 2-D nest: unroll applies
+    r = ts.autotune(f, x, budget_s=20, repeats=2, progress=False)
+    kt = r.kernels[0]
+    statuses = [c.status for c in kt.candidates]
+    assert "failed to compile" not in statuses and "wrong result" not in statuses
+    assert any("unroll" in c.changed for c in kt.candidates if c.status in ("ok", "slower"))
+    np.testing.assert_array_equal(r.program(x), f(x))
+    # a rank-0 sum: parallel changes nothing in its code, so it is not measured again
+    r = ts.autotune(lambda x: op.sum(x), x[0], budget_s=5, repeats=2, exact=True,
+                    progress=False)
+    assert {c.status for c in r.kernels[0].candidates[1:]} <= {"same code", "ok", "slower"}
+
+
+def test_parallel_never_changes_bits(rng):
+    """A whole-tensor sum is chunked by its size, whoever runs the chunks."""
+    x = rng.standard_normal(70001, dtype=np.float32)
+    a = ts.function(lambda x: op.sum(x))(x)
+    b = ts.function(lambda x: op.sum(x), schedule=ts.Schedule(parallel=False))(x)
+    assert a.tobytes() == b.tobytes()
+    np.testing.assert_allclose(a, x.astype(np.float64).sum(), rtol=1e-5)
+
+
+def test_compare_with_infinities():
+    inf = np.inf
+    assert at.compare([np.array([inf, 5., -7.])], [np.array([inf, 1., 2.])],
+                      {"lanes": 4})[0] == "wrong result"
+    assert at.compare([np.array([inf, 1.])], [np.array([-inf, 1.])],
+                      {"lanes": 4})[0] == "wrong result"
+    assert at.compare([np.array([inf, np.nan, 1.0])], [np.array([inf, np.nan, 1.0 + 1e-13])],
+                      {"lanes": 4})[0] == "ok"
+
+
+def test_decorator_tunes_each_specialisation_and_keeps_its_own_arguments(rng, tmp_path):
+    path = tmp_path / "spec.sqlite"
+
+    @ts.kernel.autotune(cache=str(path), budget_s=5, repeats=2, progress=False)
+    def f(x, axis, seed):
+        return op.softmax(x * seed, axis=axis)
+
+    x = rng.standard_normal((30, 40), dtype=np.float32)
+    np.testing.assert_allclose(f(x, -1, seed=2.0), ts.interpret(f.function, x, -1, 2.0),
+                               rtol=1e-5, atol=1e-6)
+    f(x, 0, seed=2.0)                   # another static argument: another kernel, searched
+    assert len(f.results) == 2
+    assert all(k.tuned for k in f.lower(x, 0, seed=2.0).kernels)
+    with pytest.raises(ts.ArgumentError, match="no kernel 'k9'"):
+        ts.autotune(f, x, -1, 2.0, kernels=["k9"], cache=str(path))
+
+
+def test_exact_ignores_recorded_lanes(rng, tmp_path):
+    from tessera.compiler.scheduler import kernel_signature
+    path = tmp_path / "exact.sqlite"
+    x = rng.standard_normal((64, 333), dtype=np.float32)
+    fn = lambda x: op.sum(x * x, axis=-1)                   # noqa: E731
+    k = ts.function(fn).lower(x).kernels[0]
+    key, parts = tunedb.make_key(kernel_signature(k), "cpu")
+    tunedb.open_db(path).put(key, parts, kernel=k.name, strategy=k.strategy,
+                             knobs={"lanes": 4, "parallel": k.knobs["parallel"]},
+                             default_knobs={}, best_s=1.0, default_s=1.0, measurements=[])
+    plain = ts.function(fn)(x)
+    with tunedb.using(path):
+        assert ts.function(fn).lower(x).kernels[0].knobs["lanes"] == 4
+    exact = ts.kernel.autotune(fn, cache=str(path), exact=True, budget_s=2, progress=False)
+    assert exact(x).tobytes() == plain.tobytes()
+
+
+def test_bad_records_and_bad_paths(rng, tmp_path):
+    from tessera.compiler.scheduler import kernel_signature
+    path = tmp_path / "bad.sqlite"
+    x = rng.standard_normal((8, 50), dtype=np.float32)
+    fn = lambda x: op.sum(x, axis=-1)                       # noqa: E731
+    k = ts.function(fn).lower(x).kernels[0]
+    key, parts = tunedb.make_key(kernel_signature(k), "cpu")
+    for record in ({"lanes": 0}, {"lanes": "8"}, {"lanes": 100000}, {"warp_size": 3}):
+        tunedb.open_db(path).put(key, parts, kernel=k.name, strategy=k.strategy, knobs=record,
+                                 default_knobs={}, best_s=1.0, default_s=1.0, measurements=[])
+        tunedb._warned.clear()
+        with tunedb.using(path), pytest.warns(RuntimeWarning, match="do not fit"):
+            got = ts.function(fn)(x)
+        np.testing.assert_allclose(got, x.sum(-1), rtol=1e-5, atol=1e-5)
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(ts.ArgumentError, match="not a file"):
+        ts.autotune(fn, x, cache=str(folder), budget_s=1, progress=False)
+    assert folder.is_dir()
+    with pytest.raises(ts.ArgumentError, match="accumulators"):
+        ts.autotune(fn, x, space={"vector": [16384]})
+
+
+def test_new_database_opened_by_many_processes_at_once(tmp_path):
+    path = tmp_path / "fresh.sqlite"
+    code = f"""
+        import sys
+        from tessera.runtime import tunedb
+        i = int(sys.argv[1])
+        key, parts = tunedb.make_key(f"sig{{i}}", "cpu")
+        tunedb.open_db({str(path)!r}).put(key, parts, kernel="k", strategy="row",
+            knobs={{"lanes": i + 1}}, default_knobs={{}}, best_s=1.0, default_s=1.0,
+            measurements=[])
+    """
+    procs = [subprocess.Popen([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                               textwrap.dedent(code), str(i)], stderr=subprocess.PIPE,
+                              text=True) for i in range(6)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert len(tunedb.TuneDB(path).rows()) == 6
+    assert not list(tmp_path.glob("fresh.sqlite.corrupt-*"))
+
+
+def test_a_forked_child_opens_its_own_connection(tmp_path):
+    import multiprocessing as mp
+    path = tmp_path / "fork.sqlite"
+    db = tunedb.open_db(path)
+    db.rows()                           # the parent holds a connection
+    ctx = mp.get_context("fork")
+    with ctx.Pool(2) as pool:
+        pool.map(_put_in_child, [(str(path), i) for i in range(4)])
+    assert len(db.rows()) == 4
+
+
+def _put_in_child(job):
+    path, i = job
+    key, parts = tunedb.make_key(f"child{i}", "cpu")
+    tunedb.open_db(path).put(key, parts, kernel="k", strategy="row", knobs={"lanes": 8},
+                             default_knobs={}, best_s=1.0, default_s=1.0, measurements=[])

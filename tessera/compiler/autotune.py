@@ -35,9 +35,11 @@ import itertools
 import math
 import os
 import random
+import sqlite3
 import statistics
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -47,16 +49,18 @@ from ..errors import ArgumentError, RuntimeFault, TesseraError
 from ..runtime import tunedb
 from .lower import lower_schedule
 from .schedule_ir import Buffer, Kernel, Schedule
-from .scheduler import NUMERIC_KNOBS, invalid_knobs, kernel_signature, knob_space
+from .scheduler import (KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs, kernel_signature,
+                        knob_space)
 from .target.c import render_c
 
 STRATEGIES = ("grid", "random", "beam")
-STATUSES = ("default", "ok", "slower", "failed to compile", "wrong result", "timed out")
+STATUSES = ("default", "ok", "slower", "same code", "failed to compile", "wrong result",
+            "timed out")
 # The seeds' names (Triton's) for our knobs, by strategy; GPU-only knobs are kept for later.
 ALIASES = {"BM": {"contract": "tile_m", "attention": "block_q"}, "BN": {"contract": "tile_n"},
            "BK": {"contract": "tile_k"}, "vector": {"row": "lanes", "reduce": "lanes"}}
 GPU_KNOBS = ("warps", "stages")
-KNOWN = ("parallel", "threads", "tile_m", "tile_n", "tile_k", "block_q", "lanes", "unroll")
+KNOWN = KNOB_NAMES
 REL_TOL = {4: 1e-4, 8: 1e-10, 2: 1e-2}      # numeric knobs: max |diff| / max |default|
 
 
@@ -200,7 +204,8 @@ def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
     from ..runtime.toolchain import build
     s = single_kernel(schedule, k, knobs)
     tile = lower_schedule(s).verify()
-    return tile, build(render_c(tile), s.name)
+    source = render_c(tile)
+    return tile, build(source, s.name), source
 
 
 class KernelRunner:
@@ -209,7 +214,7 @@ class KernelRunner:
 
     def __init__(self, compiled, inputs: list, copies: int = 1):
         import ctypes
-        tile, lib = compiled
+        tile, lib = compiled[:2]
         self._entry = getattr(lib, "tessera_entry_timed")
         self._seconds = (ctypes.c_double * 1)()
         self._tables, self._ptrs, self.outputs = [], [], []
@@ -235,6 +240,15 @@ class KernelRunner:
         if self._entry(ptrs, self._seconds):
             raise RuntimeFault("an index is out of range while tuning")
         return self._seconds[0]
+
+    def sample(self, floor: float = 50e-6) -> float:
+        """Seconds per run, from back-to-back runs adding up to at least `floor`: the clock's
+        granularity (tens of ns) and jitter then stay small against a tiny kernel's time."""
+        total, n = 0.0, 0
+        while total < floor and n < 10000:
+            total += self.run()
+            n += 1
+        return total / n
 
     def warm(self):
         """One run on every copy: pages touched, threads awake, code in the instruction cache."""
@@ -300,13 +314,14 @@ def _compare_one(a, b, changed: dict) -> tuple:
         return "wrong result", False, f"bits differ, though {sorted(changed)} must not change them"
     if a.dtype.kind not in "fc":
         return "wrong result", False, "integer results differ"
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    if (nan_a != nan_b).any():
-        return "wrong result", False, "NaNs in other places"
-    ok = ~nan_a
+    fin_a, fin_b = np.isfinite(a), np.isfinite(b)
+    na, nb = a[~fin_a], b[~fin_b]
+    if (fin_a != fin_b).any() or not ((np.isnan(na) & np.isnan(nb)) | (na == nb)).all():
+        return "wrong result", False, "other infinities or NaNs"
+    ok = fin_a
     scale = float(np.max(np.abs(b[ok]), initial=0.0)) or 1.0
     err = float(np.max(np.abs(a[ok].astype(np.float64) - b[ok]), initial=0.0)) / scale
-    if err > REL_TOL.get(a.dtype.itemsize, 1e-4):
+    if not err <= REL_TOL.get(a.dtype.itemsize, 1e-4):
         return "wrong result", False, f"relative error {err:.2g}"
     return "ok", False, f"relative error {err:.2g}"
 
@@ -335,6 +350,9 @@ def resolve_space(user_space: dict | None) -> tuple[dict, list]:
                      or (name == "threads" and v == 0) for v in values):
             raise ArgumentError(f"autotune space[{name!r}] must hold positive integers, "
                                 f"not {list(values)!r}")
+        elif name in ("lanes", "vector") and max(values) > MAX_LANES:
+            raise ArgumentError(f"autotune space[{name!r}] goes up to {MAX_LANES} accumulators, "
+                                f"not {max(values)}")
         if name in ALIASES:
             for strategy, knob in ALIASES[name].items():
                 out[(strategy, knob)] = list(values)
@@ -355,7 +373,11 @@ def kernel_space(k: Kernel, cpus: int, user: dict, fixed: set, exact: bool = Fal
             space.pop(knob, None)
     for (strategy, knob), values in user.items():
         if (knob in space or knob == "threads") and strategy in (None, k.strategy):
-            space[knob] = list(dict.fromkeys(values))
+            values = list(dict.fromkeys(values))
+            default = k.knobs.get(knob, 0 if knob == "threads" else None)
+            if default is not None and default not in values:   # the baseline is a candidate
+                values = sorted(values + [default], key=lambda v: (isinstance(v, bool), v))
+            space[knob] = values
     for knob in fixed:                  # set by the user's Schedule or tile_shape: not tuned
         space.pop(knob, None)
     return space
@@ -459,17 +481,6 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
         env = {b.name: b.data for b in schedule.buffers if b.role == "const"}
         env.update({b.name: np.ascontiguousarray(inputs[b.param]) for b in schedule.buffers
                     if b.role == "input"})
-        defaults = {}
-        for k, comp in zip(schedule.kernels, compiled):
-            args = [env[b.name] for b in k.inputs if b.role not in ("inline", "const")]
-            runner = KernelRunner(comp, args, _copies(args, _out_bytes(k)))
-            out = runner.result()
-            runner.warm()
-            t = [runner.run() for _ in range(3)]
-            for b, o in zip(k.outputs, out):
-                env[b.name] = o
-            defaults[k.name] = (comp, args, runner, out, statistics.median(t))
-        # 2. the tunable kernels, most expensive first
         tunable = []
         for k in schedule.kernels:
             if only is not None and k.name not in only:
@@ -477,13 +488,31 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
             space = kernel_space(k, cpus, user, (fixed or {}).get(k.name, set()), settings.exact)
             if any(len(v) > 1 for v in space.values()):
                 tunable.append((k, space))
-        tunable.sort(key=lambda ks: -defaults[ks[0].name][4])
+        wanted = {k.name for k, _ in tunable}
+        last_read = {b.name: i for i, k in enumerate(schedule.kernels) for b in k.inputs}
+        defaults = {}
+        for i, (k, comp) in enumerate(zip(schedule.kernels, compiled)):
+            args = [env[b.name] for b in k.inputs if b.role not in ("inline", "const")]
+            runner = KernelRunner(comp, args)
+            out = runner.result()
+            for b, o in zip(k.outputs, out):
+                env[b.name] = o
+            if k.name in wanted:
+                runner.warm()
+                defaults[k.name] = (comp, args, out, statistics.median(
+                    runner.sample() for _ in range(3)))
+            for b in k.inputs:          # intermediates live until their last reader ran
+                if last_read.get(b.name) == i and b.role in ("temp", "output"):
+                    env.pop(b.name, None)
+        del env
+        # 2. the tunable kernels, most expensive first
+        tunable.sort(key=lambda ks: -defaults[ks[0].name][3])
         results = []
         for i, (k, space) in enumerate(tunable):
             left = settings.budget_s - (time.perf_counter() - start)
-            weight = sum(defaults[kk.name][4] for kk, _ in tunable[i:])
-            budget = max(0.0, left * defaults[k.name][4] / weight) if weight else left
-            results.append(_tune_kernel(k, space, defaults[k.name], budget, settings, pool,
+            weight = sum(defaults[kk.name][3] for kk, _ in tunable[i:])
+            budget = max(0.0, left * defaults[k.name][3] / weight) if weight else left
+            results.append(_tune_kernel(k, space, defaults.pop(k.name), budget, settings, pool,
                                         schedule))
     finally:
         pool.shutdown(wait=True)
@@ -491,10 +520,17 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
     for kt, (k, _) in zip(results, tunable):
         key, parts = tunedb.make_key(kernel_signature(k), schedule.target)
         kt.key = key
-        db.put(key, parts, kernel=k.name, strategy=k.strategy, knobs=kt.best_knobs,
-               default_knobs=kt.default_knobs, best_s=kt.best_s, default_s=kt.default_s,
-               measurements=[{"knobs": c.knobs, "status": c.status, "median_s": c.median,
-                              "times_s": c.times, "bitwise": c.bitwise} for c in kt.candidates])
+        try:
+            db.put(key, parts, kernel=k.name, strategy=k.strategy,
+                   knobs={n: v for n, v in kt.best_knobs.items() if v is not None},
+                   default_knobs=kt.default_knobs, best_s=kt.best_s, default_s=kt.default_s,
+                   measurements=[{"knobs": c.knobs, "status": c.status, "median_s": c.median,
+                                  "times_s": c.times, "bitwise": c.bitwise}
+                                 for c in kt.candidates])
+        except sqlite3.Error as e:          # the search stands; only its record is lost
+            warnings.warn(f"tessera: cannot write the autotuning database {db.path} ({e}); "
+                          "the result is not recorded", RuntimeWarning, stacklevel=3)
+            break
     return TuneResult(name, results, db.path, settings.strategy, settings.budget_s,
                       time.perf_counter() - start, ignored)
 
@@ -506,7 +542,8 @@ def program_threads() -> int:
 
 
 def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> KernelTuning:
-    comp, args, runner, default_out, default_t = default
+    comp, args, default_out, default_t = default
+    runner = KernelRunner(comp, args, _copies(args, _out_bytes(k)))
     t0 = time.perf_counter()
     names = list(space)
     dflt = {n: k.knobs.get(n) for n in names}
@@ -515,6 +552,7 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
     base.program, base.bitwise = comp, True
     base.times = _measure(runner, st.repeats, None, st.prune)[0]
     cands, seen = [base], {_freeze(dflt): base}
+    sources = {comp[2]: 0}
     grid = [c for c in enumerate_grid(k, space) if _freeze(c) not in seen] \
         if st.strategy != "beam" else []
 
@@ -533,10 +571,14 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
                 c.status, c.message = "failed to compile", e.summary.splitlines()[0][:200]
         list(pool.map(build, batch))
         for c in batch:
-            if c.program is not None:
+            same = sources.get(c.program[2]) if c.program is not None else None
+            if same is not None:    # a knob with no effect here: nothing new to measure
+                c.status, c.message = "same code", f"the C of candidate {same}"
+            elif c.program is not None:
+                sources[c.program[2]] = c.order
                 _run_candidate(c, args, _out_bytes(k), default_out, st, timeout,
                                _leader(cands))
-            bar.update(1, f"best x{base.median / _leader(cands).median:.2f}")
+            bar.update(1, f"best x{base.median / max(_leader(cands).median, 1e-12):.2f}")
 
     bar = Progress(len(grid), f"autotune {k.name}", st.progress)
     try:
@@ -616,7 +658,7 @@ def _measure(runner, repeats, leader, prune) -> tuple[list, bool]:
     runner.warm()
     times = []
     for i in range(repeats):
-        times.append(runner.run())
+        times.append(runner.sample())
         if leader is not None and i >= 1 and min(times) > prune * leader:
             return times, True
     return times, False
@@ -634,7 +676,7 @@ def _final_round(base, cands, args, k, st) -> tuple:
         r.warm()
     for _ in range(st.repeats):
         for c, r in zip(entrants, runners):
-            times[c.order].append(r.run())
+            times[c.order].append(r.sample())
     medians = {o: statistics.median(t) for o, t in times.items()}
     return pick(entrants, medians, st.tie), medians
 

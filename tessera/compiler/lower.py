@@ -278,12 +278,14 @@ def lower_row(k: Kernel, code):
     reduced_ids = set(red)
     reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
     stash = _stashable(grp, reductions)
+    # the chunked association depends on the size alone: `parallel` only says who runs chunks
     whole = not kept_loops and len(red_loops) == 1 and len(reductions) == 1 and \
-        k.knobs.get("parallel") and em.extent(red_loops[0]) >= 2 * WHOLE_CHUNK
+        em.extent(red_loops[0]) >= 2 * WHOLE_CHUNK
     for n in grp.nodes:
         m = grp.maps[n.out.id]
         if isinstance(n.opdef.lowering, R.Reduce) and whole:
-            em.scalars[n.out.id] = _chunked_reduction(em, n, row_body, red_loops[0], lanes)
+            em.scalars[n.out.id] = _chunked_reduction(em, n, row_body, red_loops[0], lanes,
+                                                      bool(k.knobs.get("parallel")))
         elif isinstance(n.opdef.lowering, R.Reduce):
             em.scalars[n.out.id] = _row_reduction(em, n, row_body, idx, red_loops, lanes,
                                                   stash=stash if n is reductions[-1] else None)
@@ -393,7 +395,7 @@ WHOLE_CHUNK = 1 << 14  # a reduction of a whole tensor splits into chunks of at 
 MAX_CHUNKS = 4096      # elements, and at most this many chunks: both depend on the size alone
 
 
-def _chunked_reduction(em: Emitter, n, row_body, red_loop, lanes) -> Expr:
+def _chunked_reduction(em: Emitter, n, row_body, red_loop, lanes, parallel: bool) -> Expr:
     """A reduction over a whole tensor: fixed-size chunks reduced in parallel (each into lanes,
     as a row would be), then the chunks' results combined in order. The chunking depends on
     the size only, never on the thread count, so the result does not either."""
@@ -408,7 +410,7 @@ def _chunked_reduction(em: Emitter, n, row_body, red_loop, lanes) -> Expr:
     chunk = []
     s_ = _row_reduction(em, n, chunk, {}, [red_loop], lanes, idx_mul(Var(c), Const(size)), size)
     chunk.append(Store(part, Var(c), s_))
-    row_body.append(Loop(c, full, "parallel", chunk))
+    row_body.append(Loop(c, full, "parallel" if parallel else "serial", chunk))
     if rest:
         s_ = _row_reduction(em, n, row_body, {}, [red_loop], lanes, Const(full * size), rest)
         row_body.append(Store(part, Const(full), s_))

@@ -15,7 +15,7 @@ from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose
-from .scheduler import build_schedule, kernel_signature
+from .scheduler import build_schedule, checked_record, kernel_signature
 from .target.c import ENTRY, render_c
 
 TARGETS = ("cpu",)
@@ -187,8 +187,18 @@ def schedule_graph(prim: Graph, target: str, schedule=None, tuned=True):
     """Schedule IR with knobs from the heuristics, the autotuning database (unless tuned=False or
     TESSERA_AUTOTUNE=0) and the user's Schedule."""
     db = tunedb.active() if tuned else None
-    lookup = None if db is None else \
-        (lambda k: tunedb.tuned_knobs(db, kernel_signature(k), target))
+    if db is None:
+        return build_schedule(prim, target, user=schedule).verify()
+    path, exact = db
+
+    def lookup(k):
+        record = tunedb.tuned_knobs(path, kernel_signature(k), target)
+        if record is None:
+            return None
+        knobs, why = checked_record(k, record, exact)
+        if why:
+            tunedb.warn_bad_record(path, k.name, why)
+        return knobs
     return build_schedule(prim, target, user=schedule, tuned=lookup).verify()
 
 

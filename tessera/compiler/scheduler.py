@@ -204,6 +204,32 @@ def knob_space(k: Kernel, cpus: int) -> dict:
     return space
 
 
+MAX_LANES = 64                      # accumulators live on the stack: keep them small
+KNOB_NAMES = ("parallel", "threads", "tile_m", "tile_n", "tile_k", "block_q", "lanes", "unroll")
+
+
+def checked_record(k: Kernel, record: dict, exact: bool = False) -> tuple:
+    """(knobs to apply, or None; why a record was refused, or None). A record from the database
+    must name this kernel's knobs with values of the right kind; `exact` drops the knobs that
+    may change the last bits of results."""
+    space = knob_space(k, 1 << 30)
+    out = {}
+    for name, value in record.items():
+        if name not in KNOB_NAMES or (name not in space and name != "threads"):
+            return None, f"unknown knob {name!r}"
+        if name == "parallel":
+            ok = isinstance(value, bool)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and \
+                (value >= 0 if name == "threads" else value > 0)
+            ok = ok and not (name == "lanes" and value > MAX_LANES)
+        if not ok:
+            return None, f"{name}={value!r}"
+        if not (exact and name in NUMERIC_KNOBS):
+            out[name] = value
+    return out or None, None
+
+
 def _knob_order(v):
     return (0, v) if isinstance(v, (bool, int)) else (1, str(v))
 
@@ -212,6 +238,8 @@ def invalid_knobs(k: Kernel, knobs: dict) -> str | None:
     """Why these knobs cannot serve this kernel (None when they can)."""
     if knobs.get("threads") and not knobs.get("parallel"):
         return "threads without parallel"
+    if knobs.get("lanes", 0) > MAX_LANES:
+        return f"lanes={knobs['lanes']} is over {MAX_LANES}"
     if k.strategy == "contract" and "tile_m" in knobs:
         shape = k.group.anchor.out.type.shape
         M, N, K = shape[-2], shape[-1], k.group.anchor.inputs[0].type.shape[-1]

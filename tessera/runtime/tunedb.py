@@ -44,7 +44,8 @@ _TABLE = """CREATE TABLE IF NOT EXISTS tuned (
     created REAL NOT NULL
 )"""
 
-# The database a compilation reads: a path, None for "off", or _DEFAULT for the usual rules.
+# The database a compilation reads: (path, exact) set by `using`, None for "off", or _DEFAULT for
+# the usual rules (the environment's database, unless TESSERA_AUTOTUNE=0).
 _DEFAULT = object()
 _active = contextvars.ContextVar("tessera_tune_db", default=_DEFAULT)
 
@@ -63,21 +64,23 @@ def resolve(path=None) -> Path:
 
 
 @contextlib.contextmanager
-def using(path):
-    """Compilations inside read this database (`path`), or none (`path=None`)."""
-    token = _active.set(resolve(path) if path is not None else None)
+def using(path, exact: bool = False):
+    """Compilations inside read this database (`path`; None: none at all), even under
+    TESSERA_AUTOTUNE=0, which only switches off the implicit one. `exact`: apply only the
+    recorded knobs that keep every bit of the default's results."""
+    token = _active.set((resolve(path), bool(exact)) if path is not None else None)
     try:
         yield
     finally:
         _active.reset(token)
 
 
-def active() -> Path | None:
-    """The database the current compilation reads, or None when tuned knobs are off."""
-    if not enabled():
-        return None
-    path = _active.get()
-    return default_path() if path is _DEFAULT else path
+def active() -> tuple | None:
+    """(database path, exact) for the current compilation, or None when tuned knobs are off."""
+    chosen = _active.get()
+    if chosen is _DEFAULT:
+        return (default_path(), False) if enabled() else None
+    return chosen
 
 
 # ---- keys ---------------------------------------------------------------------------------------
@@ -115,25 +118,81 @@ def _warn_once(key, message):
     warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
 
 
+def _is_corruption(e: sqlite3.Error) -> bool:
+    """Damage, as opposed to a busy, read-only, missing or failing file (never moved aside)."""
+    name = getattr(e, "sqlite_errorname", "")
+    if name:
+        return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or name.startswith("SQLITE_CORRUPT_")
+    text = str(e).lower()
+    return "not a database" in text or "malformed" in text or "integrity check" in text
+
+
+def _is_busy(e: sqlite3.Error) -> bool:
+    name = getattr(e, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(e).lower()
+
+
 class TuneDB:
-    """One database file. Safe across threads (one connection, a lock) and processes (SQLite's
-    locking, WAL, a busy timeout). A file SQLite cannot read is reported once, moved aside and
-    rebuilt empty."""
+    """One database file. Safe across threads (one connection, a lock), processes (SQLite's
+    locking, WAL, a busy timeout and retries) and fork (a child opens its own connection).
+
+    Only real damage (SQLite says corrupt or not a database, or its quick check fails) is
+    reported, moved aside and rebuilt, under an exclusive file lock and after checking again;
+    a busy, read-only or unreachable database raises sqlite3.Error to the caller, which falls
+    back to the default knobs (reads) or reports it (writes)."""
+
+    RETRY_S = 30.0
 
     def __init__(self, path):
         self.path = resolve(path)
         self._lock = threading.Lock()
         self._conn = None
+        self._pid = os.getpid()
+        self._inode = None
+
+    def _check_path(self):
+        if self.path.exists() and not self.path.is_file():
+            from ..errors import ArgumentError
+            raise ArgumentError(f"the autotuning database {self.path} is not a file",
+                                hint="give the path of a file (it is created if missing)")
 
     def _connect(self) -> sqlite3.Connection:
+        if self._pid != os.getpid():        # a forked child: never share the parent's handle
+            self._conn, self._lock, self._pid = None, threading.Lock(), os.getpid()
+        if self._conn is not None and self._stat() != self._inode:
+            self._conn.close()              # the file was removed or replaced meanwhile
+            self._conn = None
         if self._conn is None:
+            self._check_path()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._conn = self._open()
+                self._conn = self._retry(self._open)
             except sqlite3.DatabaseError as e:
+                if not _is_corruption(e):
+                    raise
                 self._rebuild(e)
-                self._conn = self._open()
+                self._conn = self._retry(self._open)
+            self._inode = self._stat()
         return self._conn
+
+    def _stat(self):
+        try:
+            st = os.stat(self.path)
+            return st.st_dev, st.st_ino
+        except OSError:
+            return None
+
+    def _retry(self, fn):
+        """fn(), retried with backoff while another process holds a lock it needs."""
+        deadline, wait = time.monotonic() + self.RETRY_S, 0.01
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(wait)
+                wait = min(wait * 2, 0.5)
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
@@ -154,26 +213,39 @@ class TuneDB:
         return conn
 
     def _rebuild(self, error):
-        """Move the unreadable file (and its WAL) aside, so it can be looked at, and start anew."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
-        _warn_once(f"corrupt:{self.path}", f"tessera: the autotuning database {self.path} is "
-                   f"corrupt ({error}); moved to {aside.name} and rebuilt empty")
-        cache.count("rebuilt_corrupt")
-        for suffix in ("", "-wal", "-shm"):
-            p = Path(str(self.path) + suffix)
-            if p.exists():
-                try:
-                    os.replace(p, str(aside) + suffix)
-                except OSError:
-                    p.unlink(missing_ok=True)
+        """Move the damaged file aside (to be looked at) and start anew: under an exclusive
+        lock on a sidecar file, and only if it is still damaged once the lock is held (another
+        process may have rebuilt it already)."""
+        import fcntl
+        with open(str(self.path) + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if self.path.exists():
+                    try:
+                        self._open().close()
+                        return                   # healthy now: someone else rebuilt it
+                    except sqlite3.DatabaseError as e:
+                        if not _is_corruption(e):
+                            raise
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+                _warn_once(f"corrupt:{self.path}", f"tessera: the autotuning database "
+                           f"{self.path} is corrupt ({error}); moved to {aside.name} and rebuilt "
+                           "empty")
+                cache.count("rebuilt_corrupt")
+                if self.path.exists():
+                    os.replace(self.path, aside)
+                for suffix in ("-wal", "-shm"):     # the damaged file's journal goes with it
+                    Path(str(self.path) + suffix).unlink(missing_ok=True)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _run(self, fn):
         with self._lock:
             try:
-                return fn(self._connect())
+                return self._retry(lambda: fn(self._connect()))
             except sqlite3.DatabaseError as e:
-                if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                if not _is_corruption(e):
                     raise
                 # damaged while open (another process wrote garbage): rebuild and retry once
                 if self._conn is not None:
@@ -236,14 +308,15 @@ def open_db(path=None) -> TuneDB:
 
 
 def tuned_knobs(path, signature: str, target: str) -> dict | None:
-    """The knobs recorded for a kernel of this signature on this target, machine and compiler."""
+    """The knobs recorded for a kernel of this signature on this target, machine and compiler
+    (as stored: the scheduler checks them)."""
     if not resolve(path).exists():      # nobody has tuned here: create nothing
         return None
     db = open_db(path)
     key, _ = make_key(signature, target)
     try:
         row = db.get(key)
-    except sqlite3.Error as e:      # locked for too long, unreadable: the heuristics then
+    except sqlite3.Error as e:          # locked for too long, read-only, failing: heuristics
         _warn_once(f"unreadable:{db.path}", f"tessera: cannot read the autotuning database "
                    f"{db.path} ({e}); using the default knobs")
         return None
@@ -251,3 +324,8 @@ def tuned_knobs(path, signature: str, target: str) -> dict | None:
         return None
     cache.count("tuned_hits")
     return row["knobs"]
+
+
+def warn_bad_record(path, kernel: str, why: str):
+    _warn_once(f"bad:{path}:{kernel}", f"tessera: the autotuning database {path} holds knobs "
+               f"for {kernel} that do not fit it ({why}); using the default knobs")

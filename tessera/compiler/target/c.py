@@ -24,14 +24,14 @@ class CRenderer(CStyleRenderer):
         # Each output element is computed by one thread in a fixed order: no thread count changes
         # any result. simd only on loops over independent elements (never on a reduction).
         threads = f" num_threads({k.knobs['threads']})" if k.knobs.get("threads") else ""
-        unroll = [f"#pragma GCC unroll {k.knobs['unroll']}"] if k.knobs.get("unroll") and \
-            s.kind in ("vector", "parallel+vector") else []
         if s.kind == "parallel":
             return [f"#pragma omp parallel for schedule(static){threads}"]
-        if s.kind == "parallel+vector":
-            return [f"#pragma omp parallel for simd schedule(static){threads}"] + unroll
+        if s.kind == "parallel+vector":     # (gcc takes no unroll pragma after an omp one)
+            return [f"#pragma omp parallel for simd schedule(static){threads}"]
+        if s.kind == "vector" and k.knobs.get("unroll"):
+            return ["#pragma GCC ivdep", f"#pragma GCC unroll {k.knobs['unroll']}"]
         if s.kind == "vector":
-            return ["#pragma omp simd"] + unroll
+            return ["#pragma omp simd"]
         return []
 
     def routine_source(self, key: str) -> str:
