@@ -159,17 +159,20 @@ def _gradients(trace, start, end, outputs, seeds, trees, fname):
     flat = [(leaves, td) for leaves, td in map(pytree.flatten, trees)]
     wrt = [x for leaves, _ in flat for x in leaves if _float_leaf(x)]
     cts = iter(_ad.backward(trace, start, end, outputs, seeds, wrt, fname))
-    out = []
-    for leaves, td in flat:
-        grads = []
-        for x in leaves:
-            if _float_leaf(x):
-                c = next(cts)
-                grads.append(_full_like(x, 0) if c is None else c)
-            else:
-                grads.append(None)
-        out.append(td.unflatten(grads))
-    return out
+    return [_fill(leaves, td, cts) for leaves, td in flat]
+
+
+def _fill(leaves, td, values):
+    """The tree for `leaves` holding the next of `values` at each float leaf (zeros where it is
+    None: nothing depends on that leaf) and None at the others."""
+    values, out = iter(values), []
+    for x in leaves:
+        if _float_leaf(x):
+            c = next(values)
+            out.append(_full_like(x, 0) if c is None else c)
+        else:
+            out.append(None)
+    return td.unflatten(out)
 
 
 def _as_traced(x, trace) -> Traced | None:
@@ -388,15 +391,8 @@ def _make_jvp(fn, n):
             if c is not None and t is not None:
                 outs2.append(c)
                 seeds2.append(_seed(t, x, "tangent", fname))
-        jt = iter(_ad.backward(trace, mid, stop, outs2, seeds2, us, fname))   # J t
-        tangent_out = []
-        for x in leaves:
-            if _float_leaf(x):
-                d = next(jt)
-                tangent_out.append(_full_like(x, 0) if d is None else d)
-            else:
-                tangent_out.append(None)
-        return out, td.unflatten(tangent_out)
+        jt = _ad.backward(trace, mid, stop, outs2, seeds2, us, fname)   # J t
+        return out, _fill(leaves, td, jt)
 
     return Transformed(body, fn, f"jvp_{fname}", sig, names[:n])
 

@@ -603,9 +603,8 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
                             if 0 <= j < len(vals):
                                 combo = {**member.knobs, n: vals[j]}
                                 if _freeze(combo) not in seen and \
-                                        invalid_knobs(k, {**k.knobs, **combo}) is None and \
-                                        all(_freeze(combo) != _freeze(f.knobs) for f in fresh):
-                                    fresh.append(make(combo))
+                                        invalid_knobs(k, {**k.knobs, **combo}) is None:
+                                    fresh.append(make(combo))     # make() marks it seen
                 if not fresh:
                     break
                 bar.total = len(cands) - 1
