@@ -27,6 +27,87 @@ squares against mpmath values, coefficients rounded to the working precision one
 with a refit of the rest), except ts_exp's, which are the Taylor coefficients 1/k!.
 """
 
+# ---- shared C fragments --------------------------------------------------------------------
+# exp's argument reduction and polynomial, which tanh reuses for e^(-2|x|): n = rint(v / ln2),
+# r + er = v - n ln2 (ln2 in two parts, er the rounding error of r, n ln2hi exact), and
+# c = e^(r + er) - 1 - r = r^2 P(r) + er (1 + r).  Then tanh's tail: E = 2^n (1 + q) in two
+# parts, (1 - E) / (1 + E) with one correction step from the quotient's residual.
+_WORK = {
+    "f32": {"T": "float", "fma": "fmaf", "rint": "rintf", "f": "f", "log2e": "1.44269502f",
+            "ln2hi": "-0.693145752f", "ln2lo": "-1.42860677e-06f",
+            "P": ["0.000199505521f", "0.0013933084f", "0.00833320152f", "0.0416664854f",
+                  "0.166666672f", "0.5f"]},
+    "f64": {"T": "double", "fma": "fma", "rint": "rint", "f": "", "log2e": "1.4426950408889634",
+            "ln2hi": "-0.6931471805598903", "ln2lo": "-5.497923018708371e-14",
+            "P": ["1.6059043836821613e-10", "2.08767569878681e-09", "2.505210838544172e-08",
+                  "2.755731922398589e-07", "2.7557319223985893e-06", "2.48015873015873e-05",
+                  "0.0001984126984126984", "0.001388888888888889", "0.008333333333333333",
+                  "0.041666666666666664", "0.16666666666666666", "0.5"]},
+}
+
+
+def _exp_core(s: str, v: str) -> str:
+    """C lines computing n, r, er and c from the variable v (see above)."""
+    w = _WORK[s]
+    T, fma = w["T"], w["fma"]
+    lines = [f"  {T} n = {w['rint']}({v} * {w['log2e']});",
+             f"  {T} r1 = {fma}(n, {w['ln2hi']}, {v});        /* exact */",
+             f"  {T} r = {fma}(n, {w['ln2lo']}, r1);",
+             f"  {T} er = {fma}(n, {w['ln2lo']}, r1 - r);",
+             f"  {T} p = {w['P'][0]};"]
+    lines += [f"  p = {fma}(p, r, {c});" for c in w["P"][1:]]
+    lines.append(f"  {T} c = {fma}(r * r, p, {fma}(er, r, er));")
+    return "\n".join(lines) + "\n"
+
+
+def _exp_tail(s: str) -> str:
+    """C lines from n, r, c to exp's result: 1 + r added exactly in two parts (the mantissa
+    is rounded once), then scaled by 2^n1 2^n2 (n = n1 + n2, exponent bits built directly, no
+    >> of a negative int) so that neither factor overflows; NaN kept."""
+    w = _WORK[s]
+    T, f = w["T"], w["f"]
+    bits, itype, bias, shift = ("uint32_t", "int32_t", 128, 23) if s == "f32" else \
+        ("uint64_t", "int64_t", 1024, 52)
+    return "\n".join([
+        f"  {T} hi = 1.0{f} + r;",
+        f"  {T} lo = (1.0{f} - hi) + r;                 /* 1 + r = hi + lo exactly */",
+        f"  {T} m = hi + (lo + c);",
+        f"  {itype} ni = ({itype})n;                    /* n1 = floor(n/2) = h - {bias} */",
+        f"  {bits} h = ({bits})(ni + {2 * bias}) >> 1;",
+        f"  {bits} b1 = (h - 1u) << {shift}, b2 = ({bits})(ni + {2 * bias - 1} - ({itype})h)"
+        f" << {shift};",
+        f"  {T} s1, s2;",
+        "  memcpy(&s1, &b1, sizeof s1);",
+        "  memcpy(&s2, &b2, sizeof s2);",
+        f"  {T} y = m * s1 * s2;",
+        "  return x == x ? y : x;",
+        "}"])
+
+
+def _tanh_tail(s: str, small_below: str) -> str:
+    """C lines from n, r, c (e^(-2|x|) reduced) to tanh's result, odd, NaN kept."""
+    w = _WORK[s]
+    T, fma, f = w["T"], w["fma"], w["f"]
+    bits, itype, bias, shift = ("uint32_t", "int32_t", 127, 23) if s == "f32" else \
+        ("uint64_t", "int64_t", 1023, 52)
+    one = f"1.0{f}"
+    return "\n".join([
+        f"  {T} qh = r + c, ql = c - (qh - r);        /* e^(r + er) - 1 = qh + ql */",
+        f"  {bits} b = ({bits})(({itype})n + {bias}) << {shift};",
+        f"  {T} s;",
+        "  memcpy(&s, &b, sizeof s);",
+        f"  {T} sq = s * qh;",
+        f"  {T} eh = s + sq, el = {fma}(s, ql, (s - eh) + sq);   /* E = eh + el */",
+        f"  {T} nh = {one} - eh, nl = (({one} - nh) - eh) - el;  /* 1 - E = nh + nl */",
+        f"  {T} dh = {one} + eh, dl = (({one} - dh) + eh) + el;  /* 1 + E = dh + dl */",
+        f"  {T} rc = {one} / dh;",
+        f"  {T} t0 = nh * rc;",
+        f"  {T} t = {fma}({fma}(-t0, dh, nh) + {fma}(-t0, dl, nl), rc, t0);",
+        f"  t = copysign{f}(a < {small_below} ? small : t, x);",
+        "  return x == x ? t : x;",
+        "}"])
+
+
 # ---- float32 ---------------------------------------------------------------------------------
 
 EXPF = """\
@@ -39,29 +120,7 @@ EXPF = """\
 TS_INLINE float ts_expf(float x) {
   float xc = x > -104.0f ? x : -104.0f;       /* NaN goes to -104; x is returned at the end */
   xc = xc < 89.0f ? xc : 89.0f;
-  float n = rintf(xc * 1.44269502f);
-  float r1 = fmaf(n, -0.693145752f, xc);      /* exact: ln2 rounded to 16 bits */
-  float r = fmaf(n, -1.42860677e-06f, r1);
-  float er = fmaf(n, -1.42860677e-06f, r1 - r);
-  float p = 0.000199505521f;
-  p = fmaf(p, r, 0.0013933084f);
-  p = fmaf(p, r, 0.00833320152f);
-  p = fmaf(p, r, 0.0416664854f);
-  p = fmaf(p, r, 0.166666672f);
-  p = fmaf(p, r, 0.5f);
-  float c = fmaf(r * r, p, fmaf(er, r, er));
-  float hi = 1.0f + r;
-  float lo = (1.0f - hi) + r;                 /* 1 + r = hi + lo exactly */
-  float m = hi + (lo + c);
-  int32_t ni = (int32_t)n;                    /* n1 = floor(n/2) = h - 128, n2 = n - n1 */
-  uint32_t h = (uint32_t)(ni + 256) >> 1;     /* (no >> of a negative int: not portable C) */
-  uint32_t b1 = (h - 1u) << 23, b2 = (uint32_t)(ni + 255 - (int32_t)h) << 23;
-  float s1, s2;
-  memcpy(&s1, &b1, sizeof s1);
-  memcpy(&s2, &b2, sizeof s2);
-  float y = m * s1 * s2;
-  return x == x ? y : x;
-}"""
+""" + _exp_core("f32", "xc") + _exp_tail("f32")
 
 TANHF = """\
 /* ts_tanhf(x) = tanh(x).  Max error 0.76 ulp (every float32 input, float64 reference).
@@ -75,31 +134,7 @@ TS_INLINE float ts_tanhf(float x) {
   float a2 = a * a;
   float small = fmaf(a * a2, fmaf(a2, 0.13333334f, -0.33333334f), a);
   float u = a < 10.0f ? -2.0f * a : -20.0f;   /* NaN goes to -20 as well */
-  float n = rintf(u * 1.44269502f);
-  float r1 = fmaf(n, -0.693145752f, u);       /* exact */
-  float r = fmaf(n, -1.42860677e-06f, r1);
-  float er = fmaf(n, -1.42860677e-06f, r1 - r);
-  float p = 0.000199505521f;
-  p = fmaf(p, r, 0.0013933084f);
-  p = fmaf(p, r, 0.00833320152f);
-  p = fmaf(p, r, 0.0416664854f);
-  p = fmaf(p, r, 0.166666672f);
-  p = fmaf(p, r, 0.5f);
-  float c = fmaf(r * r, p, fmaf(er, r, er));
-  float qh = r + c, ql = c - (qh - r);        /* e^(r + er) - 1 = qh + ql */
-  uint32_t b = (uint32_t)((int32_t)n + 127) << 23;
-  float s;
-  memcpy(&s, &b, sizeof s);
-  float sq = s * qh;
-  float eh = s + sq, el = fmaf(s, ql, (s - eh) + sq);   /* E = eh + el */
-  float nh = 1.0f - eh, nl = ((1.0f - nh) - eh) - el;  /* 1 - E = nh + nl */
-  float dh = 1.0f + eh, dl = ((1.0f - dh) + eh) + el;  /* 1 + E = dh + dl */
-  float rc = 1.0f / dh;
-  float t0 = nh * rc;
-  float t = fmaf(fmaf(-t0, dh, nh) + fmaf(-t0, dl, nl), rc, t0);
-  t = copysignf(a < 0.015625f ? small : t, x);
-  return x == x ? t : x;
-}"""
+""" + _exp_core("f32", "u") + _tanh_tail("f32", "0.015625f")
 
 ERFF = """\
 /* ts_erff(x) = erf(x); needs ts_expf.  Max error 0.99 ulp (every float32 input, float64
@@ -180,35 +215,7 @@ EXP = """\
 TS_INLINE double ts_exp(double x) {
   double xc = x > -746.0 ? x : -746.0;        /* NaN goes to -746 */
   xc = xc < 710.0 ? xc : 710.0;
-  double n = rint(xc * 1.4426950408889634);
-  double r1 = fma(n, -0.6931471805598903, xc);   /* exact: ln2 rounded to 42 bits */
-  double r = fma(n, -5.497923018708371e-14, r1);
-  double er = fma(n, -5.497923018708371e-14, r1 - r);
-  double p = 1.6059043836821613e-10;
-  p = fma(p, r, 2.08767569878681e-09);
-  p = fma(p, r, 2.505210838544172e-08);
-  p = fma(p, r, 2.755731922398589e-07);
-  p = fma(p, r, 2.7557319223985893e-06);
-  p = fma(p, r, 2.48015873015873e-05);
-  p = fma(p, r, 0.0001984126984126984);
-  p = fma(p, r, 0.001388888888888889);
-  p = fma(p, r, 0.008333333333333333);
-  p = fma(p, r, 0.041666666666666664);
-  p = fma(p, r, 0.16666666666666666);
-  p = fma(p, r, 0.5);
-  double c = fma(r * r, p, fma(er, r, er));
-  double hi = 1.0 + r;
-  double lo = (1.0 - hi) + r;
-  double m = hi + (lo + c);
-  int64_t ni = (int64_t)n;                    /* n1 = floor(n/2) = h - 1024 */
-  uint64_t h = (uint64_t)(ni + 2048) >> 1;
-  uint64_t b1 = (h - 1u) << 52, b2 = (uint64_t)(ni + 2047 - (int64_t)h) << 52;
-  double s1, s2;
-  memcpy(&s1, &b1, sizeof s1);
-  memcpy(&s2, &b2, sizeof s2);
-  double y = m * s1 * s2;
-  return x == x ? y : x;
-}"""
+""" + _exp_core("f64", "xc") + _exp_tail("f64")
 
 TANH = """\
 /* ts_tanh(x) = tanh(x) for double, as ts_tanhf (|x| < 2^-20: |x| - |x|^3/3; |x| clamped to
@@ -217,37 +224,7 @@ TS_INLINE double ts_tanh(double x) {
   double a = fabs(x);
   double small = fma(a * a * a, -0.3333333333333333, a);
   double u = a < 20.0 ? -2.0 * a : -40.0;
-  double n = rint(u * 1.4426950408889634);
-  double r1 = fma(n, -0.6931471805598903, u);
-  double r = fma(n, -5.497923018708371e-14, r1);
-  double er = fma(n, -5.497923018708371e-14, r1 - r);
-  double p = 1.6059043836821613e-10;
-  p = fma(p, r, 2.08767569878681e-09);
-  p = fma(p, r, 2.505210838544172e-08);
-  p = fma(p, r, 2.755731922398589e-07);
-  p = fma(p, r, 2.7557319223985893e-06);
-  p = fma(p, r, 2.48015873015873e-05);
-  p = fma(p, r, 0.0001984126984126984);
-  p = fma(p, r, 0.001388888888888889);
-  p = fma(p, r, 0.008333333333333333);
-  p = fma(p, r, 0.041666666666666664);
-  p = fma(p, r, 0.16666666666666666);
-  p = fma(p, r, 0.5);
-  double c = fma(r * r, p, fma(er, r, er));
-  double qh = r + c, ql = c - (qh - r);
-  uint64_t b = (uint64_t)((int64_t)n + 1023) << 52;
-  double s;
-  memcpy(&s, &b, sizeof s);
-  double sq = s * qh;
-  double eh = s + sq, el = fma(s, ql, (s - eh) + sq);
-  double nh = 1.0 - eh, nl = ((1.0 - nh) - eh) - el;
-  double dh = 1.0 + eh, dl = ((1.0 - dh) + eh) + el;
-  double rc = 1.0 / dh;
-  double t0 = nh * rc;
-  double t = fma(fma(-t0, dh, nh) + fma(-t0, dl, nl), rc, t0);
-  t = copysign(a < 0x1p-20 ? small : t, x);
-  return x == x ? t : x;
-}"""
+""" + _exp_core("f64", "u") + _tanh_tail("f64", "0x1p-20")
 
 ERF = """\
 /* ts_erf(x) = erf(x) for double; needs ts_exp.  As ts_erff, with P of degree 12 on |x| < 1,
