@@ -468,7 +468,15 @@ def evaluate_graph(g: Graph, arrays) -> list:
 
 
 def _inside_trace(args, kwargs) -> bool:
-    return any(isinstance(a, Traced) for a in pytree.leaves((args, kwargs)))
+    """Is any argument, or any leaf of a container argument, a traced tensor? (Arrays are
+    checked directly: this runs on every call.)"""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Traced):
+            return True
+        if isinstance(a, (dict, list, tuple)) and \
+                any(isinstance(leaf, Traced) for leaf in pytree.leaves(a)):
+            return True
+    return False
 
 
 def _is_arraylike(x) -> bool:

@@ -60,7 +60,6 @@ STATUSES = ("default", "ok", "slower", "same code", "failed to compile", "wrong 
 ALIASES = {"BM": {"contract": "tile_m", "attention": "block_q"}, "BN": {"contract": "tile_n"},
            "BK": {"contract": "tile_k"}, "vector": {"row": "lanes", "reduce": "lanes"}}
 GPU_KNOBS = ("warps", "stages")
-KNOWN = KNOB_NAMES
 REL_TOL = {4: 1e-4, 8: 1e-10, 2: 1e-2}      # numeric knobs: max |diff| / max |default|
 
 
@@ -356,11 +355,11 @@ def resolve_space(user_space: dict | None) -> tuple[dict, list]:
         if name in ALIASES:
             for strategy, knob in ALIASES[name].items():
                 out[(strategy, knob)] = list(values)
-        elif name in KNOWN:
+        elif name in KNOB_NAMES:
             out[(None, name)] = list(values)
         else:
             raise ArgumentError(f"autotune space has an unknown knob {name!r}",
-                                expected=", ".join(list(KNOWN) + list(ALIASES) + list(GPU_KNOBS)))
+                                expected=", ".join(list(KNOB_NAMES) + list(ALIASES) + list(GPU_KNOBS)))
     return out, ignored
 
 
