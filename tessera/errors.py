@@ -36,6 +36,8 @@ class TesseraError(Exception):
         self.expected = expected
         self.received = received
         self.hint = hint
+        self.partial_graph = None         # a trace that stopped here: the Graph IR built so far
+        self.failed_inputs = ()           # and the values the failing op was given
         super().__init__(self._format())
 
     def _format(self) -> str:

@@ -98,7 +98,7 @@ class Function:
                 statics[p.name] = x
                 continue
             try:
-                arr = np.asarray(x)
+                arr = x if _on_device(x) else np.asarray(x)   # a CuPy array stays on its device
             except ValueError as e:
                 raise ArgumentError(f"argument {p.name!r} is not an array: {e}",
                                     function=self.name) from None
@@ -109,7 +109,7 @@ class Function:
                 raise enrich(e, function=self.name) from None
             if p.spec is not None:
                 self._check_spec(p, arr.shape, d, bindings, origin)
-            arrays[p.name] = dt.native(arr)
+            arrays[p.name] = arr if arr is x and _on_device(x) else dt.native(arr)
         return arrays, statics, bindings
 
     def _bind_tree(self, name: str, tree, arrays: dict) -> "_TreeArg":
@@ -366,6 +366,9 @@ class Function:
 
     def _program(self, args, kwargs, target):
         arrays, statics, bindings = self._bind(args, kwargs)
+        if target == "auto":
+            from .compiler.pipeline import auto_target
+            target = auto_target(arrays.values())
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
                _static_key(statics), self.schedule.key() if self.schedule else None)
         prog = self._programs.get(key)
@@ -412,6 +415,51 @@ class Function:
             self._check_return([(result.type, result._value.node)], bindings, None,
                                _has_reduction_upto(result._value))
         return result
+
+    def symbols(self) -> list[str]:
+        """The symbolic dimension names of the annotations, in order of first appearance."""
+        out = []
+        for p in self._params:
+            for d in (p.spec.dims or ()) if p.spec is not None else ():
+                for name in ([] if isinstance(d, int) else sorted(d.atoms())):
+                    if name not in out:
+                        out.append(name)
+        return out
+
+    def example_args(self, sizes: dict | None = None, seed: int = 0) -> list:
+        """Arrays for the annotated parameters with these sizes for the symbols (`B=8, S=128`):
+        standard normal floats from a fixed seed, zeros for integers, False for bools. What the
+        notebook explorer lowers and profiles with when given only shapes."""
+        sizes = dict(sizes or {})
+        missing = [s for s in self.symbols() if s not in sizes]
+        if missing:
+            raise ArgumentError(f"{self.name} needs sizes for {', '.join(missing)}",
+                                function=self.name,
+                                hint="give every symbol, e.g. " +
+                                     ",".join(f"{s}=8" for s in self.symbols()))
+        rng = np.random.default_rng(seed)
+        args = []
+        for p in self._params:
+            if p.spec is None or p.spec.dims is None:
+                default = self._sig.parameters[p.name].default
+                if default is inspect.Parameter.empty:
+                    raise ArgumentError(f"{self.name}: parameter {p.name!r} has no Tensor[...] "
+                                        "annotation with a rank, so its shape is unknown",
+                                        function=self.name,
+                                        hint="annotate it, or call lower() with arrays")
+                args.append(default)
+                continue
+            shape = tuple(evaluate(d, sizes) for d in p.spec.dims)
+            d = p.spec.dtype or dt.float32
+            if d.is_float:
+                args.append(rng.standard_normal(shape).astype(d.np))
+            else:
+                args.append(np.zeros(shape, dtype=d.np))
+        return args
+
+    def specialize(self, sizes: dict | None = None, target: str | None = None):
+        """The Program for these symbol sizes (arrays made by `example_args`)."""
+        return self.lower(*self.example_args(sizes), target=target)
 
     def with_schedule(self, schedule) -> "Function":
         """The same function compiled with these knobs (a new Function; this one is unchanged)."""
@@ -480,7 +528,13 @@ def _inside_trace(args, kwargs) -> bool:
 
 
 def _is_arraylike(x) -> bool:
-    return isinstance(x, (np.ndarray, np.generic, list)) or hasattr(x, "__array__")
+    return isinstance(x, (np.ndarray, np.generic, list)) or hasattr(x, "__array__") or \
+        _on_device(x)
+
+
+def _on_device(x) -> bool:
+    """A GPU array (CuPy's, or anything with the CUDA array interface)."""
+    return hasattr(x, "__cuda_array_interface__")
 
 
 def _is_tree(x) -> bool:

@@ -269,6 +269,9 @@ def _apply_traced(trace: Trace, opdef, args, attrs):
             values.append(v)
         out = g.apply(opdef.name, values, attrs, loc=loc)
     except TesseraError as e:
+        if e.partial_graph is None:     # what the trace had built when this op failed: the
+            e.partial_graph = g         # notebook draws it with the failing op marked
+            e.failed_inputs = [a._value for a in args if isinstance(a, Traced)]
         raise enrich(e, function=trace.function_name, location=loc, op=opdef.name)
     return Traced(out, trace)
 
