@@ -1,0 +1,128 @@
+"""Rows (lists of dicts), DataFrames and plain HTML tables of a Schedule, a Profile and an
+autotuning result. The rows come from the objects' own aggregations; nothing is recomputed."""
+from __future__ import annotations
+
+import math
+import numbers
+from html import escape
+
+import numpy as np
+
+from ..compiler.graph_ir import format_value
+from ..errors import ArgumentError, BackendUnavailableError
+
+
+def _pandas():
+    try:
+        import pandas as pd
+    except ImportError:
+        raise BackendUnavailableError("tessera.viz tables need pandas, which is not installed",
+                                      hint="pip install pandas, or use the *_rows functions"
+                                      ) from None
+    return pd
+
+
+def knob_text(knobs: dict) -> str:
+    return ", ".join(f"{k}={format_value(v)}" for k, v in knobs.items())
+
+
+def _intensity(flops, nbytes) -> float:
+    return flops / nbytes if nbytes else math.nan
+
+
+# ---- Schedule IR ---------------------------------------------------------------------------------
+SCHEDULE_COLUMNS = ("name", "strategy", "fuses", "knobs", "tuned", "flops", "bytes", "intensity",
+                    "output")
+
+
+def _schedule(obj):
+    s = getattr(obj, "schedule_ir", obj)
+    if not hasattr(s, "kernels") or not hasattr(s, "buffers"):
+        raise ArgumentError(f"expected a Schedule or a Program, not {type(obj).__name__}")
+    return s
+
+
+def schedule_rows(schedule_or_program) -> list[dict]:
+    """One row per kernel: name, strategy, fuses (the Graph IR operators it computes), knobs
+    (text), tuned, flops, bytes, intensity (FLOPs per byte moved), output (buffer: type)."""
+    s = _schedule(schedule_or_program)
+    return [{"name": k.name, "strategy": k.strategy, "fuses": " ".join(k.fused_labels()),
+             "knobs": knob_text(k.knobs), "tuned": k.tuned, "flops": k.flops, "bytes": k.bytes,
+             "intensity": _intensity(k.flops, k.bytes),
+             "output": ", ".join(f"{b.ref()}: {b.type}" for b in k.outputs)}
+            for k in s.kernels]
+
+
+def schedule_table(schedule_or_program):
+    """schedule_rows as a pandas DataFrame."""
+    return _pandas().DataFrame(schedule_rows(schedule_or_program), columns=list(SCHEDULE_COLUMNS))
+
+
+# ---- Profile -------------------------------------------------------------------------------------
+def profile_rows(profile) -> list[dict]:
+    """The Profile's own rows (per function, shapes and kernel: median and min ms, GFLOP/s, GB/s,
+    % of the FMA peak and of the copy bandwidth, fuses, knobs) with the intensity added."""
+    return [dict(r, intensity=_intensity(r["flops"], r["bytes"])) for r in profile.rows()]
+
+
+def profile_table(profile):
+    """profile_rows as a pandas DataFrame."""
+    from ..runtime.profiler import COLUMNS
+    return _pandas().DataFrame(profile_rows(profile), columns=list(COLUMNS) + ["intensity"])
+
+
+# ---- autotuning ----------------------------------------------------------------------------------
+def autotune_rows(result) -> list[dict]:
+    """The TuneResult's rows (one per candidate: knob:<name> columns, time_ms, speedup, gflops,
+    status, best, ...) with `changed`: the knobs that differ from the default's, as text."""
+    cands = [c for kt in result.kernels for c in kt.candidates]
+    return [dict(r, changed=knob_text(c.changed) or "default")
+            for r, c in zip(result.rows(), cands)]
+
+
+def autotune_table(result):
+    """One row per candidate as a DataFrame: the TuneResult's columns (knobs without their
+    prefix) and `changed`."""
+    df = _pandas().DataFrame(autotune_rows(result))
+    df.columns = [c[5:] if c.startswith("knob:") else c for c in df.columns]
+    return df
+
+
+# ---- HTML ----------------------------------------------------------------------------------------
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def cell_text(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, numbers.Integral):
+        return str(int(v))
+    if isinstance(v, numbers.Real):
+        return "" if math.isnan(v) else f"{float(v):.4g}"
+    if isinstance(v, dict):
+        return knob_text(v)
+    return str(v)
+
+
+def html_table(rows, columns=None) -> str:
+    """A plain HTML table of dict rows: columns (default: every key, in order of appearance) as
+    headers, numbers right-aligned and floats to 4 significant digits, missing cells empty.
+    Deterministic, and the same in every pandas version (it does not use pandas)."""
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f'<th style="text-align:left">{escape(str(c))}</th>' for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c)
+            num = _is_number(v)
+            cells.append(f'<td style="text-align:{"right" if num else "left"}">'
+                         f"{escape(cell_text(v))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table class="tessera-table"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
