@@ -18,6 +18,14 @@ from .runtime.profiler import machine_peaks, profiler  # noqa: E402
 from .schedule import Schedule  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
 
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext tessera`: the %%tessera magic (tessera.lab; imported only here)."""
+    from .lab import load_ipython_extension as load
+    load(ipython)
+
+
 __all__ = [
     "op", "graph", "function", "Function", "interpret", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",

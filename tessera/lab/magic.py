@@ -1,0 +1,172 @@
+"""`%%tessera` and `%tessera`: the compiler inside the notebook."""
+from __future__ import annotations
+
+import inspect
+import types
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+from ..errors import ArgumentError, TesseraError
+from ..types import TensorSpec
+from .explorer import LEVELS, Explorer, parse_shapes
+
+TARGETS = ("cpu", "cuda", "hip", "auto")
+
+
+@magics_class
+class TesseraMagics(Magics):
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument("function", nargs="?",
+                              help="(line magic) a tessera function of the namespace to explore")
+    @magic_arguments.argument("--target", default="cpu", choices=TARGETS,
+                              help="where to lower: cpu, cuda, hip, or auto (a GPU when there is "
+                                   "one, else the CPU)")
+    @magic_arguments.argument("--shapes", default=None, metavar="B=8,S=128,D=64",
+                              help="concrete sizes for the symbolic dimensions; without them the "
+                                   "explorer shows the symbolic Graph IR")
+    @magic_arguments.argument("--show", default=",".join(LEVELS), metavar="LEVELS",
+                              help="the IR levels to show, from graph,schedule,tile,target")
+    @magic_arguments.argument("--profile", action="store_true",
+                              help="run the program on example inputs and show per-kernel times "
+                                   "and a roofline")
+    @magic_arguments.argument("--autotune", action="store_true",
+                              help="search the kernels' knobs and show the candidates")
+    @magic_arguments.argument("--budget", type=float, default=10.0, metavar="SECONDS",
+                              help="the autotuning budget (default 10 s)")
+    @magic_arguments.argument("--name", default=None,
+                              help="which function of the cell to explore (default: the last "
+                                   "one defined)")
+    @line_cell_magic
+    def tessera(self, line, cell=None):
+        """Compile the tessera functions a cell defines and explore the last one.
+
+        A plain `def` whose parameters carry Tensor[...] annotations becomes a tessera function
+        too. The functions are bound in the notebook's namespace; the explorer shows the Graph IR
+        with every edge's shape (and the fused kernels as clusters), the Schedule, Tile and
+        Target levels, and, when asked, a profile and an autotuning search. A shape error stops
+        the cell with the lines of the error, pointing at the cell's own line numbers, and the
+        graph traced so far with the failing operator marked.
+
+        As a line magic, `%tessera fn --shapes B=8` explores a function defined earlier, and a
+        bare `%tessera` prints what this machine can target.
+        """
+        args = magic_arguments.parse_argstring(self.tessera, line)
+        try:
+            sizes = parse_shapes(args.shapes)
+        except ArgumentError as e:
+            raise UsageError(f"--shapes: {e.summary}") from None
+        show = [s.strip() for s in args.show.split(",") if s.strip()]
+        bad = [s for s in show if s not in LEVELS]
+        if bad:
+            raise UsageError(f"--show: unknown level {bad[0]!r}; choose from {', '.join(LEVELS)}")
+        target = _resolve_target(args.target)
+        options = dict(target=target, show=show, profile=args.profile, autotune=args.autotune,
+                       budget_s=args.budget)
+        if cell is None:
+            return self._line(args, sizes, options)
+        if args.function:
+            raise UsageError("%%tessera takes no function name; use --name to pick one of the "
+                             "cell's functions")
+        defined = self._run_cell(cell)
+        ns = self.shell.user_ns
+        if args.name is not None:
+            if not _is_tessera_function(ns.get(args.name)):
+                raise UsageError(f"--name {args.name}: no tessera function of that name")
+            chosen = ns[args.name]
+        elif defined:
+            chosen = defined[-1]
+        else:
+            return None
+        for fn in defined:      # the others too, where the sizes name all their symbols
+            if fn is not chosen and fn.symbols() and set(fn.symbols()) <= set(sizes):
+                _explore(fn, sizes, options, build=False)
+        return _explore(chosen, sizes, options)
+
+    def _line(self, args, sizes, options):
+        if not args.function:
+            from .. import __version__
+            from ..compiler.pipeline import available_targets
+            print(f"tessera {__version__}: targets on this machine: "
+                  f"{', '.join(available_targets())}")
+            return None
+        fn = self.shell.user_ns.get(args.function)
+        if fn is None:
+            raise UsageError(f"%tessera: {args.function!r} is not defined")
+        if isinstance(fn, types.FunctionType) and _tensor_annotated(fn):
+            from ..function import function
+            fn = function(fn)
+        if not _is_tessera_function(fn) and not hasattr(fn, "schedule_ir"):
+            raise UsageError(f"%tessera: {args.function} is neither a tessera function nor a "
+                             "program")
+        return _explore(fn, sizes, options)
+
+    def _run_cell(self, cell: str) -> list:
+        """Run the cell in the user's namespace; return the tessera functions it defined, in the
+        order of their definitions, after binding annotated plain functions as tessera ones."""
+        shell = self.shell
+        # one blank line for the %%tessera line, so code line numbers are the cell's own
+        source = "\n" + cell
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=source)
+        code = shell.compile(source, filename, "exec")
+        ns = shell.user_ns
+        before = {k: id(v) for k, v in ns.items()}
+        exec(code, ns)
+        from ..function import function
+        found = []
+        for name, value in list(ns.items()):
+            if before.get(name) == id(value):
+                continue
+            if isinstance(value, types.FunctionType) and _defined_in(value, filename) and \
+                    _tensor_annotated(value):
+                value = ns[name] = function(value)
+            if _is_tessera_function(value) and _defined_in(getattr(value, "fn", None), filename):
+                found.append(value)
+        found.sort(key=lambda f: f.fn.__code__.co_firstlineno)
+        return found
+
+
+def _explore(fn, sizes, options, build=True):
+    """The explorer of fn (or, with build=False, only its compilation). The symbolic trace
+    comes first: it names the user's line of a shape error whatever the sizes."""
+    try:
+        if _is_tessera_function(fn):
+            if all(p.spec is not None and p.spec.dims is not None for p in fn._params):
+                fn.graph_ir
+            if not build:
+                fn.specialize(sizes, options["target"])
+                return None
+        return Explorer(fn, sizes, **options)
+    except TesseraError as e:
+        if e.partial_graph is not None:
+            display(Explorer(fn, sizes, error=e))
+        raise e.with_traceback(None) from None
+
+
+def _resolve_target(name: str) -> str:
+    if name != "auto":
+        return name
+    from ..compiler.pipeline import available_targets
+    runnable = available_targets()
+    return next((t for t in ("cuda", "hip") if t in runnable), "cpu")
+
+
+def _is_tessera_function(x) -> bool:
+    from ..function import Function
+    return isinstance(x, Function)
+
+
+def _defined_in(fn, filename) -> bool:
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename == filename
+
+
+def _tensor_annotated(fn) -> bool:
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, ValueError):
+        return False
+    return any(isinstance(p.annotation, TensorSpec) for p in sig.parameters.values())

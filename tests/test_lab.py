@@ -1,0 +1,168 @@
+"""The notebook extension, driven in a real IPython shell and in a real Jupyter kernel."""
+import re
+
+import numpy as np
+import pytest
+
+IPython = pytest.importorskip("IPython", reason="the lab needs IPython (the test extra has it)")
+from IPython.core.error import UsageError  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from IPython.utils.capture import capture_output  # noqa: E402
+
+import tessera as ts  # noqa: E402
+
+ATTENTION = '''
+from tessera import Tensor, op
+
+def attention(q: Tensor["B", "S", "D"], k: Tensor["B", "S", "D"], v: Tensor["B", "S", "D"]):
+    s = op.matmul(q, k.T) * 0.125
+    return op.matmul(op.softmax(s), v)
+'''
+
+
+@pytest.fixture
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "tessera")
+    yield ip
+    ip.reset()
+
+
+def run_magic(ip, line, cell):
+    with capture_output() as cap:
+        result = ip.run_cell_magic("tessera", line, cell)
+    return result, cap
+
+
+def test_cell_binds_a_compiled_function_that_matches_numpy(shell, rng):
+    explorer, _ = run_magic(shell, "--shapes B=2,S=8,D=4", ATTENTION)
+    fn = shell.user_ns["attention"]
+    assert isinstance(fn, ts.Function)              # the plain def became a tessera function
+    q, k, v = (rng.standard_normal((3, 5, 4)).astype(np.float32) for _ in range(3))
+    s = q @ k.transpose(0, 2, 1) * 0.125
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
+    assert explorer.program is not None and explorer.sizes == {"B": 2, "S": 8, "D": 4}
+
+
+def test_explorer_html_holds_every_level_and_the_shape_labels(shell):
+    explorer, _ = run_magic(shell, "--shapes B=2,S=8,D=4", ATTENTION)
+    page = explorer._repr_mimebundle_()["text/html"]
+    for title in ("Graph", "Schedule", "Tile", "Target"):
+        assert f"<b>{title}</b>" in page
+    prog = explorer.program
+    # every Graph IR value's concrete type labels an edge of the drawing
+    for n in prog.graph_ir.nodes:
+        assert str(n.out.type) in page, n.out.type
+    for k in prog.schedule_ir.kernels:                  # each kernel in the schedule table
+        assert k.name in page
+    assert "kernel k" in _text(page)                     # the Tile IR
+    assert "tessera_entry" in page                       # the C
+    # static: no addresses, no random ids, same page from a second lowering
+    assert not re.search(r"0x[0-9a-f]{6,}", page)
+    again, _ = run_magic(shell, "--shapes B=2,S=8,D=4", ATTENTION)
+    assert again._repr_mimebundle_()["text/html"] == page
+
+
+def test_without_shapes_the_graph_is_symbolic_and_asks_for_sizes(shell):
+    explorer, _ = run_magic(shell, "", ATTENTION)
+    assert explorer.program is None
+    page = explorer._repr_html_()
+    assert "f32[B,S,D]" in page and "f32[B,S,S]" in page
+    assert "--shapes B=8,S=8,D=8" in page
+    assert "symbolic" in explorer._repr_mimebundle_()["text/plain"]
+
+
+def test_show_selects_levels_and_name_picks_a_function(shell):
+    cell = ATTENTION + '''
+def scale(x: Tensor["N"]):
+    return x * 2.0
+'''
+    explorer, _ = run_magic(shell, "--shapes B=2,S=4,D=4 --show graph,tile --name attention",
+                            cell)
+    assert explorer.name == "attention"
+    assert [k for k, _ in explorer.sections] == ["graph", "tile"]
+    last, _ = run_magic(shell, "--shapes N=5", cell)        # default: the last one defined
+    assert last.name == "scale"
+
+
+def test_shape_error_names_the_cell_line_shows_the_partial_graph_and_raises(shell):
+    cell = '''from tessera import Tensor, op
+
+def bad(x: Tensor["B", "S", "D"], w: Tensor["E", "F"]):
+    y = op.exp(x)
+    return op.matmul(y, w)
+'''
+    with capture_output() as cap:
+        result = shell.run_cell("%%tessera --shapes B=2,S=3,D=4,E=5,F=6\n" + cell)
+    err = result.error_in_exec
+    assert isinstance(err, ts.ShapeError)                 # still raised: run-all stops
+    # `return op.matmul(y, w)` is line 6 of the cell (line 1 is the %%tessera line)
+    assert str(err.location) == "<cell>:6"
+    shown = cap.stdout + cap.stderr
+    assert "<cell>:6" in shown and "return op.matmul(y, w)" in shown
+    assert "Traceback" not in shown                     # a few lines, not the compiler's stack
+    page = cap.outputs[0].data["text/html"]                # the explorer of the partial graph
+    assert "f32[B,S,D]" in page and "exp" in page and "matmul" in page
+
+
+def test_bad_options_are_usage_errors(shell):
+    with pytest.raises(UsageError):
+        shell.run_cell_magic("tessera", "--target tpu", ATTENTION)
+    with pytest.raises(UsageError):
+        shell.run_cell_magic("tessera", "--shapes B=two", ATTENTION)
+    with pytest.raises(UsageError):
+        shell.run_cell_magic("tessera", "--show graph,assembly", ATTENTION)
+    assert "--shapes" in shell.find_cell_magic("tessera").__doc__     # what %%tessera? prints
+
+
+def test_line_magic_explores_a_defined_function(shell):
+    shell.run_cell(ATTENTION)
+    with capture_output():
+        explorer = shell.run_line_magic("tessera", "attention --shapes B=1,S=4,D=4 --show schedule")
+    assert [k for k, _ in explorer.sections] == ["schedule"]
+    with capture_output() as cap:
+        shell.run_line_magic("tessera", "")
+    assert "cpu" in cap.stdout
+
+
+def test_profile_and_autotune_tabs(shell):
+    explorer, _ = run_magic(shell, "--shapes N=256 --profile --autotune --budget 2", '''
+from tessera import Tensor, op
+def norm(x: Tensor["N", "N"]):
+    return op.softmax(x)
+''')
+    keys = [k for k, _ in explorer.sections]
+    assert keys[-2:] == ["profile", "autotune"]
+    assert explorer.profile.launches and explorer.tuning is not None
+    page = explorer.html()
+    assert "<svg" in page and explorer.program.schedule_ir.kernels[0].name in page
+
+
+def test_error_explorer_for_a_function_without_shapes_in_a_kernel():
+    """A real Jupyter kernel runs a notebook whose %%tessera cell has a shape error: the cell's
+    output names its line and the run stops there."""
+    nbformat = pytest.importorskip("nbformat", reason="needs nbformat (test extra)")
+    nbclient = pytest.importorskip("nbclient", reason="needs nbclient (test extra)")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext tessera"),
+                nbformat.v4.new_code_cell(
+                    "%%tessera\nfrom tessera import Tensor, op\n\n"
+                    "def f(q: Tensor['B', 'S', 'D'], k: Tensor['B', 'S', 'D']):\n"
+                    "    return op.matmul(q, k)\n"),
+                nbformat.v4.new_code_cell("print('not reached')")]
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3")
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as info:
+        client.execute()
+    outputs = nb.cells[1].outputs
+    error = next(o for o in outputs if o.output_type == "error")
+    assert error.ename == "ShapeError"
+    assert any("<cell>:5" in line for line in error.traceback)
+    html_out = [o for o in outputs if o.output_type == "display_data"]
+    assert html_out and "f32[B,S,D]" in html_out[0].data["text/html"]
+    assert not nb.cells[2].outputs and "not reached" not in str(info.value)
+
+
+def _text(page: str) -> str:
+    return re.sub(r"<[^>]+>", "", page)
