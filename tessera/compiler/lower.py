@@ -6,6 +6,8 @@ domain axis (0 where it broadcasts); adjacent axes that stay contiguous for ever
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from .. import dtypes as dt
@@ -582,12 +584,31 @@ def lower_gemm_tiles(k: Kernel):
     names = _Names()
     em = Emitter(k, names)
     grp = k.group
+    d = k.output.type.dtype
+    task = gemm_task(k, em, k.knobs["tile_m"], k.knobs["tile_n"])
+    body = task.decls + [Call(f"ts_gemm_tile_{d.short}", task.args + (Const(k.knobs["tile_k"]),),
+                              f"gemm:{d.short}")]
+    if grp.root is not grp.anchor:
+        ii, jj = names("i"), names("j")
+        epi = Loop(jj, task.nt, "vector" if k.knobs.get("simd") else "serial")
+        point = task.point(Var(ii), Var(jj))
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
+        epi.body.append(Store(k.output.name, em.out_index(point), value))
+        body.append(Loop(ii, task.mt, "serial", [epi]))
+    return [Loop(task.var, task.tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
+
+
+def gemm_task(k: Kernel, em: Emitter, tile_m: int, tile_n: int) -> SimpleNamespace:
+    """One task of a float matmul's grid of (batch, row tile, column tile) tasks: its variable
+    `var` over `tasks`, the statements `decls` that place its tile (i0, j0 and the tile's size
+    mt x nt), the routine's operands `args` (A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, K, mt, nt)
+    and `point(ii, jj)`, the Emitter's loop point of tile element (ii, jj). Shared by every
+    target (the CPU's packed routine, a GPU block's)."""
+    names = em.names
     ((A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs)), M, N, K_, batch = \
         contract_operands(k)
-    em.loops = [[a] for a in range(len(grp.domain))]
-    d = k.output.type.dtype
-    MT, NT = min(k.knobs["tile_m"], max(M, 1)), min(k.knobs["tile_n"], max(N, 1))
-    KC = k.knobs["tile_k"]
+    em.loops = [[a] for a in range(len(k.group.domain))]
+    MT, NT = min(tile_m, max(M, 1)), min(tile_n, max(N, 1))
     tm, tn = -(-M // MT), -(-N // NT)
     nb = 1
     for e in batch:
@@ -596,27 +617,22 @@ def lower_gemm_tiles(k: Kernel):
     bidx = unflatten(idx_div(Var(t), tm * tn), batch) if batch else []
     i0, j0, mt, nt = names("i0"), names("j0"), names("mt"), names("nt")
     rest = idx_mod(Var(t), tm * tn)
-    body = [Decl(i0, dt.int64, idx_mul(idx_div(rest, tn), Const(MT))),
-            Decl(j0, dt.int64, idx_mul(idx_mod(rest, tn), Const(NT))),
-            Decl(mt, dt.int64, idx_min(Const(MT), Bin("-", Const(M), Var(i0)))),
-            Decl(nt, dt.int64, idx_min(Const(NT), Bin("-", Const(N), Var(j0))))]
+    decls = [Decl(i0, dt.int64, idx_mul(idx_div(rest, tn), Const(MT))),
+             Decl(j0, dt.int64, idx_mul(idx_mod(rest, tn), Const(NT))),
+             Decl(mt, dt.int64, idx_min(Const(MT), Bin("-", Const(M), Var(i0)))),
+             Decl(nt, dt.int64, idx_min(Const(NT), Bin("-", Const(N), Var(j0))))]
     abase = idx_add(linear(bidx, a_b, a_off), idx_mul(Var(i0), Const(a_rs)))
     bbase = idx_add(linear(bidx, b_b, b_off), idx_mul(Var(j0), Const(b_cs)))
     obase = linear(bidx, contiguous(batch + [M, N])[:-2])
     cbase = idx_add(obase, idx_add(idx_mul(Var(i0), Const(N)), Var(j0)))
-    body.append(Call(f"ts_gemm_tile_{d.short}", (
-        Addr(A.name, abase), Const(a_rs), Const(a_cs), Addr(B.name, bbase), Const(b_rs),
-        Const(b_cs), Addr(k.output.name, cbase), Const(N), Const(K_), Var(mt), Var(nt),
-        Const(KC)), f"gemm:{d.short}"))
-    if grp.root is not grp.anchor:
-        ii, jj = names("i"), names("j")
-        epi = Loop(jj, Var(nt), "vector" if k.knobs.get("simd") else "serial")
-        point = {**{q: bidx[q] for q in range(len(batch))},
-                 len(batch): idx_add(Var(i0), Var(ii)), len(batch) + 1: idx_add(Var(j0), Var(jj))}
-        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
-        epi.body.append(Store(k.output.name, em.out_index(point), value))
-        body.append(Loop(ii, Var(mt), "serial", [epi]))
-    return [Loop(t, nb * tm * tn, "parallel" if k.knobs.get("parallel") else "serial", body)]
+    args = (Addr(A.name, abase), Const(a_rs), Const(a_cs), Addr(B.name, bbase), Const(b_rs),
+            Const(b_cs), Addr(k.output.name, cbase), Const(N), Const(K_), Var(mt), Var(nt))
+
+    def point(ii, jj):
+        return {**{q: bidx[q] for q in range(len(batch))},
+                len(batch): idx_add(Var(i0), ii), len(batch) + 1: idx_add(Var(j0), jj)}
+    return SimpleNamespace(var=t, tasks=nb * tm * tn, decls=decls, args=args, point=point,
+                 mt=Var(mt), nt=Var(nt), tile=(MT, NT))
 
 
 def lower_contract_loops(k: Kernel):
@@ -681,14 +697,22 @@ def batch_strides(shape, strides, batch):
 def lower_attention(k: Kernel, code):
     """One task per (batch, block of queries); the routine streams keys in blocks with an online
     softmax, so the Sq x Sk scores never exist."""
-    names = _Names()
+    d = k.output.type.dtype
+    task = attention_task(k, _Names(), k.knobs.get("block_q", 64))
+    body = task.decls + [Call(f"ts_attention_block_{d.short}", task.args, f"attention:{d.short}")]
+    return [Loop(task.var, task.tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
+
+
+def attention_task(k: Kernel, names, block_q: int) -> SimpleNamespace:
+    """One (batch, block of queries) task of attention: its variable `var` over `tasks`, the
+    statement placing it (q0) and the routine's arguments (those of ts_attention_block_*)."""
     n = k.group.anchor
     q, kk, v, mask = n.inputs
     out = list(n.out.type.shape)
     batch, Sq, Dv = out[:-2], out[-2], out[-1]
     Sk, D = kk.type.shape[-2], q.type.shape[-1]
     d = k.output.type.dtype
-    bq = min(k.knobs.get("block_q", 64), max(Sq, 1))
+    bq = min(block_q, max(Sq, 1))
     nqb = -(-Sq // bq)
     nb = 1
     for e in batch:
@@ -717,9 +741,8 @@ def lower_attention(k: Kernel, code):
     args += [Addr(k.output.name, obase), Const(Dv), Var(q0),
              idx_min(Const(bq), Bin("-", Const(Sq), Var(q0))), Const(Sk), Const(D), Const(Dv),
              Const(n.attrs["scale"], d), Const(int(n.attrs["causal"])), Const(Sk - Sq)]
-    body = [Decl(q0, dt.int64, idx_mul(idx_mod(Var(t), nqb), Const(bq))),
-            Call(f"ts_attention_block_{d.short}", tuple(args), f"attention:{d.short}")]
-    return [Loop(t, nb * nqb, "parallel" if k.knobs.get("parallel") else "serial", body)]
+    decls = [Decl(q0, dt.int64, idx_mul(idx_mod(Var(t), nqb), Const(bq)))]
+    return SimpleNamespace(var=t, tasks=nb * nqb, decls=decls, args=tuple(args), block_q=bq)
 
 
 def lower_concat(k: Kernel, code):

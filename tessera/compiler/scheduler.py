@@ -63,7 +63,7 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None
         k.flops = kernel_flops(grp)
         k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + \
             sum(x.nbytes for x in k.outputs)
-        k.knobs = default_knobs(k)
+        k.knobs = gpu_knobs(k, target) if target in GPU_TARGETS else default_knobs(k)
         record = tuned(k) if tuned is not None else None
         if record:
             k.knobs.update(record)
@@ -175,6 +175,47 @@ def gemm_tiles(c, dtype_short: str) -> dict:
         else:
             mt //= 2
     return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
+
+
+# ---- GPU knobs ----------------------------------------------------------------------------------
+GPU_TARGETS = ("cuda", "hip")
+GPU_THREADS = 256                   # threads per block of elementwise kernels
+GPU_ROW_THREADS = (256, 1024)       # a row's block: up to 256 threads, 1024 for rows of 2**16+
+GPU_WARP_MULTIPLE = 64              # blocks are whole warps on both targets (HIP's are 64 wide)
+GPU_GEMM_MIN_TILE = 16
+
+
+def gpu_knobs(k: Kernel, target: str) -> dict:
+    """Knobs of a CUDA or HIP kernel: threads per block, and the routines' tiles. A row's thread
+    count (and so its association) depends on the row's length alone, never on how many rows
+    there are or on the device."""
+    grp = k.group
+    if k.strategy == "row":
+        width = 1
+        for a in grp.reduced:
+            width *= grp.domain[a]
+        cap = GPU_ROW_THREADS[1] if width >= 1 << 16 else GPU_ROW_THREADS[0]
+        m = GPU_WARP_MULTIPLE
+        return {"threads": min(cap, max(m, -(-width // m) * m))}
+    if k.strategy == "contract" and k.output.type.dtype.is_float:
+        from .target.gpu_gemm import DEFAULT_KNOBS
+        tm, tn, tk, threads = DEFAULT_KNOBS[target][grp.anchor.inputs[0].type.dtype.short]
+        shape = grp.anchor.out.type.shape
+        # a tile no larger than the matrix needs, in powers of two, still one element or more
+        # per thread
+        while tm > GPU_GEMM_MIN_TILE and tm >= 2 * shape[-2] and tm * tn >= 2 * threads:
+            tm //= 2
+        while tn > GPU_GEMM_MIN_TILE and tn >= 2 * shape[-1] and tm * tn >= 2 * threads:
+            tn //= 2
+        return {"tile_m": tm, "tile_n": tn, "tile_k": tk, "threads": threads}
+    if k.strategy == "attention":
+        from .target.gpu_attention import DEFAULT_KNOBS
+        bq, threads = DEFAULT_KNOBS[target][grp.anchor.inputs[0].type.dtype.short]
+        sq = grp.anchor.out.type.shape[-2]
+        while bq > 16 and bq >= 2 * sq:
+            bq //= 2
+        return {"block_q": bq, "threads": threads}
+    return {"threads": GPU_THREADS}
 
 
 # ---- what the autotuner may vary --------------------------------------------------------------

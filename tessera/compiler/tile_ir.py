@@ -1,12 +1,15 @@
 """Tile IR: loop nests mapped to hardware, shared by every target.
 
-Loops carry a kind (serial, parallel, vector, parallel+vector; later block, thread, warp);
-kernels read and write buffers with explicit flat indices; elementwise and reduction arithmetic
-stays an ``OpCall`` naming its registry entry, which each renderer turns into its language.
+Loops carry a kind: on the CPU serial, parallel, vector, parallel+vector; on GPUs `grid` (one
+iteration per thread of the launch, grid-stride), `block` (one per block, block-stride) and
+`thread` (the block's threads over an extent, block-stride), plus serial. Kernels read and write
+buffers with explicit flat indices; elementwise and reduction arithmetic stays an ``OpCall``
+naming its registry entry, which each renderer turns into its language. GPU kernels add shared
+buffers, barriers and block-wide reductions, and carry a launch configuration.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 from .. import dtypes as dt
 from ..errors import IRVerificationError
@@ -136,8 +139,12 @@ class Stmt:
 class Loop(Stmt):
     var: str
     extent: object                # an int, or an index Expr (the edge tiles of a tiled loop)
-    kind: str                     # serial | parallel | vector | parallel+vector
+    kind: str                     # CPU_LOOPS or GPU_LOOPS below
     body: list = field(default_factory=list)
+
+
+CPU_LOOPS = {"serial", "parallel", "vector", "parallel+vector"}
+GPU_LOOPS = {"serial", "grid", "block", "thread"}
 
 
 @dataclass
@@ -186,6 +193,36 @@ class Call(Stmt):
 
 
 @dataclass
+class Shared(Stmt):
+    """A block's shared-memory array (GPU kernels; declared at kernel level)."""
+    name: str
+    dtype: dt.DType
+    size: int
+
+
+@dataclass
+class Barrier(Stmt):
+    """Every thread of the block waits here; the block's shared and global writes before it are
+    visible to its threads after it."""
+
+
+@dataclass
+class BlockReduce(Stmt):
+    """Declares `name`: `op`'s combine over `value` of every thread of the block, the same bits
+    in every thread. The order is fixed (a shuffle tree inside each warp, then the warps' results
+    in order through the shared array `scratch`), so the result is reproducible."""
+    name: str
+    dtype: dt.DType
+    value: Expr
+    op: str
+    compute: dt.DType            # the reduced values' dtype (picks the combine template)
+    scratch: str                 # a Shared buffer of dtype, at least block/32 + 1 long
+
+    def combine(self, acc: Expr, x: Expr) -> OpCall:
+        return OpCall(self.op, "combine", (), self.compute, self.dtype, (acc, x))
+
+
+@dataclass
 class Param:
     name: str
     dtype: dt.DType
@@ -202,11 +239,18 @@ class TileKernel:
     body: list
     knobs: dict
     origin: str = ""
+    launch: dict | None = None    # GPU kernels: {"grid": blocks, "block": threads, "shared":
+                                  # dynamic shared bytes}; None on the CPU
 
     def __str__(self):
         ps = ", ".join(f"{p.mode} {p.name}" + (f"=%{p.label}" if p.label else "")
                        + f": {p.dtype.short}{list(p.shape)}" for p in self.params)
-        lines = [f"kernel {self.name}({ps}) strategy={self.strategy} {{"]
+        head = f"kernel {self.name}({ps}) strategy={self.strategy}"
+        if self.launch is not None:
+            static = sum(s.size * s.dtype.itemsize for s in self.body if isinstance(s, Shared))
+            head += (f" launch{{grid={self.launch['grid']}, block={self.launch['block']}, "
+                     f"shared={self.launch['shared']}+{static}B static}}")
+        lines = [head + " {"]
         _print_block(self.body, lines, 1)
         lines.append("}")
         return "\n".join(lines)
@@ -217,18 +261,59 @@ class TileKernel:
             raise IRVerificationError(f"{self.name}: two parameters share a name")
         outs = {p.name for p in self.params if p.mode == "out"}
         sizes = {p.name: _numel(p.shape) for p in self.params}
+        gpu = self.launch is not None
+        shared = {}
+        if gpu:
+            self._verify_launch()
 
-        def walk(stmts, scope):
+        def walk(stmts, scope, divergent=None, top=False):
+            """divergent: the kind of the enclosing loop whose trip count differs between the
+            block's threads (grid, thread), where no barrier may stand."""
             scope = set(scope)
             for s in stmts:
+                if isinstance(s, (Shared, Barrier, BlockReduce)) and not gpu:
+                    raise IRVerificationError(f"{self.name}: {type(s).__name__} in a CPU kernel")
+                if isinstance(s, (Barrier, BlockReduce)) or \
+                        (isinstance(s, Call) and gpu):
+                    if divergent:
+                        raise IRVerificationError(
+                            f"{self.name}: {type(s).__name__.lower()} inside a {divergent} loop, "
+                            "where the block's threads diverge")
                 if isinstance(s, Loop):
+                    if s.kind not in (GPU_LOOPS if gpu else CPU_LOOPS):
+                        raise IRVerificationError(f"{self.name}: a {s.kind} loop in a "
+                                                  f"{'GPU' if gpu else 'CPU'} kernel")
                     if isinstance(s.extent, int) and s.extent < 0:
                         raise IRVerificationError(f"{self.name}: loop {s.var} has extent {s.extent}")
                     if isinstance(s.extent, Expr):
                         _check_expr(s.extent, scope, names, self.name)
                     if s.var in scope or s.var in names:
                         raise IRVerificationError(f"{self.name}: {s.var} is declared twice")
-                    walk(s.body, scope | {s.var})
+                    inner = divergent or (s.kind if s.kind in ("grid", "thread") else None)
+                    walk(s.body, scope | {s.var}, inner)
+                elif isinstance(s, Shared):
+                    if not top:
+                        raise IRVerificationError(f"{self.name}: shared {s.name} is not declared "
+                                                  "at kernel level")
+                    if s.name in names or s.size <= 0:
+                        raise IRVerificationError(f"{self.name}: bad shared buffer {s.name}")
+                    names.add(s.name)
+                    outs.add(s.name)
+                    sizes[s.name] = s.size
+                    shared[s.name] = s
+                elif isinstance(s, Barrier):
+                    pass
+                elif isinstance(s, BlockReduce):
+                    _check_expr(s.value, scope, names, self.name)
+                    scratch = shared.get(s.scratch)
+                    if scratch is None or scratch.dtype != s.dtype or \
+                            scratch.size < self.launch["block"] // 32 + 1:
+                        raise IRVerificationError(f"{self.name}: {s.name}'s scratch {s.scratch} "
+                                                  "is not a large enough shared buffer of its "
+                                                  "dtype")
+                    if s.name in scope or s.name in names:
+                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
+                    scope.add(s.name)
                 elif isinstance(s, Local):
                     if s.name in scope or s.name in names:
                         raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
@@ -261,8 +346,20 @@ class TileKernel:
                             raise IRVerificationError(f"{self.name}: {s.fn} gets unknown "
                                                       f"buffer {a.buf}")
                         _check_expr(a, scope, names, self.name)
-        walk(self.body, ())
+        walk(self.body, (), top=True)
         return self
+
+    def _verify_launch(self):
+        launch = self.launch
+        if set(launch) != {"grid", "block", "shared"} or \
+                not all(isinstance(v, int) for v in launch.values()):
+            raise IRVerificationError(f"{self.name}: launch {launch} is not "
+                                      "{grid, block, shared} in integers")
+        if not 1 <= launch["grid"] <= 2 ** 31 - 1 or not 1 <= launch["block"] <= 1024 or \
+                launch["block"] % 32 or launch["shared"] < 0:
+            raise IRVerificationError(f"{self.name}: launch grid={launch['grid']} "
+                                      f"block={launch['block']} is out of range (block: a "
+                                      "multiple of 32 up to 1024)")
 
 
 def _numel(shape) -> int:
@@ -305,6 +402,7 @@ def walk_exprs(stmts):
             continue
         roots = {Decl: lambda s: [s.init], Assign: lambda s: [s.value],
                  Store: lambda s: [s.index, s.value],
+                 BlockReduce: lambda s: [s.value, s.combine(Var("a"), Var("b"))],
                  Call: lambda s: list(s.args)}.get(type(s), lambda s: [])(s)
         stack = list(roots)
         while stack:
@@ -332,6 +430,38 @@ def _print_block(stmts, lines, depth):
             lines.append(f"{pad}local {s.name}: {s.dtype.short}[{s.size}]")
         elif isinstance(s, Call):
             lines.append(f"{pad}call {s.fn}({', '.join(map(str, s.args))})")
+        elif isinstance(s, Shared):
+            lines.append(f"{pad}shared {s.name}: {s.dtype.short}[{s.size}]")
+        elif isinstance(s, Barrier):
+            lines.append(f"{pad}barrier")
+        elif isinstance(s, BlockReduce):
+            lines.append(f"{pad}{s.name}: {s.dtype.short} = block_reduce.{s.op}({s.value}) "
+                         f"via {s.scratch}")
+
+
+def substitute(stmts, values: dict) -> list:
+    """The statements with each Var named in `values` replaced by that expression (a loop's
+    index given a new meaning); loops and bodies are copied, the input is untouched."""
+    def ex(e):
+        if isinstance(e, Var):
+            return values.get(e.name, e)
+        kids = {f.name: getattr(e, f.name) for f in fields(e)} if is_dataclass(e) else {}
+        changed = {k: ex(v) for k, v in kids.items() if isinstance(v, Expr)}
+        if isinstance(e, OpCall):
+            changed["args"] = tuple(ex(a) for a in e.args)
+        return replace(e, **changed) if changed else e
+
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            extent = ex(s.extent) if isinstance(s.extent, Expr) else s.extent
+            out.append(Loop(s.var, extent, s.kind, substitute(s.body, values)))
+        elif isinstance(s, Call):
+            out.append(replace(s, args=tuple(ex(a) for a in s.args)))
+        else:
+            out.append(replace(s, **{f.name: ex(getattr(s, f.name)) for f in fields(s)
+                                     if isinstance(getattr(s, f.name), Expr)}))
+    return out
 
 
 @dataclass

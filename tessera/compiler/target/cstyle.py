@@ -116,13 +116,18 @@ class CStyleRenderer:
     def loop_header(self, s: Loop, k: TileKernel) -> list[str]:
         return []
 
+    def loop_range(self, s: Loop) -> tuple[str, str]:
+        """A loop's first index and its step, as C (GPUs start and stride by thread)."""
+        return "0", f"++{s.var}"
+
     def stmt(self, s, k: TileKernel, depth: int, out: list):
         pad = "  " * depth
         if isinstance(s, Loop):
             out.extend(pad + line for line in self.loop_header(s, k))
             it = self.index_type
             extent = s.extent if isinstance(s.extent, int) else self.expr(s.extent)
-            out.append(f"{pad}for ({it} {s.var} = 0; {s.var} < {extent}; ++{s.var}) {{")
+            start, step = self.loop_range(s)
+            out.append(f"{pad}for ({it} {s.var} = {start}; {s.var} < {extent}; {step}) {{")
             for c in s.body:
                 self.stmt(c, k, depth + 1, out)
             out.append(pad + "}")

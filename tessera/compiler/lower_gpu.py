@@ -1,0 +1,280 @@
+"""Schedule IR → Tile IR for GPUs (CUDA, HIP): every strategy mapped onto grid, blocks and threads.
+
+The expressions come from lower.py's Emitter, as on the CPU; only the loop structure differs:
+- pointwise, copy, gather: the domain flattened, one thread per element (a grid-stride loop);
+- row: one block per row (block-stride over rows); the block's threads stride over the row,
+  each accumulating its elements in order, then a BlockReduce (a fixed shuffle tree and the
+  warps in order): reproducible bits that depend on the row's length, never on the grid. A
+  whole-tensor reduction is one row: a single block;
+- reduce (columns), argreduce: one thread per output, its reduced elements in order;
+- concat, integer matmul: the CPU's loop nests with their independent outer loops flattened
+  onto the grid;
+- float matmul: one block per (batch, row tile, column tile) task calling the GEMM routine,
+  then a barrier and the fused epilogue over the tile by the block's threads;
+- attention: one block per (batch, query block) calling the attention routine.
+No floating-point atomics anywhere; an out-of-range gather index is a plain int store of the
+kernel's code into *ts_status.
+"""
+from __future__ import annotations
+
+from .. import dtypes as dt
+from ..errors import ArgumentError, BackendUnavailableError
+from ..ops import registry as R
+from .fusion import identity_map
+from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _stashable, _store_all,
+                    attention_task, gemm_task, idx_div, read, unflatten)
+from .schedule_ir import Kernel, Schedule
+from .scheduler import GPU_TARGETS, gpu_knobs
+from .tile_ir import (Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const, Decl, Loop,
+                      OpCall, Shared, Store, TileKernel, TileProgram, Var, idx_add, idx_mul,
+                      substitute)
+
+WARP = {"cuda": 32, "hip": 64}     # lanes per warp (a wavefront of gfx90a on HIP)
+GRID_CAP = 65535 * 8               # blocks per launch at most; grid-stride loops cover the rest
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _split(flat, extents) -> list:
+    """Per-axis indices (outermost first) of a flat index below prod(extents): the outermost
+    needs no remainder (64-bit division is slow on GPUs)."""
+    if not extents:
+        return []
+    return [idx_div(flat, _prod(extents[1:])), *unflatten(flat, extents)[1:]]
+
+
+def _launch(work: int, threads: int, per_block: bool = False) -> dict:
+    """A launch for `work` iterations of a grid loop (one per thread), or of a block loop (one
+    per block) when per_block. Shared memory is static (Shared statements): none dynamic."""
+    blocks = work if per_block else -(-work // threads)
+    return {"grid": max(1, min(blocks, GRID_CAP)), "block": threads, "shared": 0}
+
+
+# ---- one thread per element ----------------------------------------------------------------------
+def gpu_pointwise(k: Kernel, code, target, knobs):
+    em = Emitter(k, _Names())
+    loops = em.plan_loops([list(range(len(k.group.domain)))])
+    extents = [em.extent(i) for i in range(len(loops))]
+    g = em.names("g")
+    body = []
+    _store_all(em, k, body, dict(enumerate(_split(Var(g), extents))))
+    n = _prod(extents)
+    return [Loop(g, n, "grid", body)], _launch(n, knobs["threads"])
+
+
+def gpu_gather(k: Kernel, code, target, knobs):
+    """out[p, q, r] = x[p, idx[q], r]: one thread per output element, each checking its index
+    (a bad one stores the kernel's code in *ts_status and reads row 0)."""
+    names = _Names()
+    x, idx = k.inputs
+    axis = k.attrs["axis"]
+    xs = list(x.type.shape)
+    P, n, Rn, Q = _prod(xs[:axis]), xs[axis], _prod(xs[axis + 1:]), idx.type.numel()
+    g, iv = names("g"), names("idx")
+    p, q, r = _split(Var(g), [P, Q, Rn])
+    src = idx_add(idx_mul(idx_add(idx_mul(p, Const(n)), Var(iv)), Const(Rn)), r)
+    body = [Decl(iv, dt.int64, Cast(dt.int64, read(idx, q))), CheckIndex(iv, n, code),
+            Store(k.output.name, Var(g), read(x, src))]
+    total = P * Q * Rn
+    return [Loop(g, total, "grid", body)], _launch(total, knobs["threads"])
+
+
+# ---- rows: one block per row ---------------------------------------------------------------------
+def gpu_row(k: Kernel, code, target, knobs):
+    """CPU row-group semantics (prologue, reductions, row scalars, the stash, the epilogue and
+    every extra store), one block per row."""
+    em = Emitter(k, _Names())
+    grp = k.group
+    red = list(grp.reduced)
+    kept = [a for a in range(len(grp.domain)) if a not in red]
+    loops = em.plan_loops([kept, red])
+    kept_loops = [i for i, axes in enumerate(loops) if axes[0] not in red]
+    red_loops = [i for i, axes in enumerate(loops) if axes[0] in red]
+    kext = [em.extent(i) for i in kept_loops]
+    rext = [em.extent(i) for i in red_loops]
+    threads = knobs["threads"]
+    if threads % WARP[target]:          # the block reduction shuffles whole warps
+        raise ArgumentError(f"{k.name}: {threads} threads per block is not a whole number of "
+                            f"{target} warps of {WARP[target]}", received=f"threads={threads}",
+                            expected=f"a multiple of {WARP[target]}")
+    r = em.names("row")
+    idx = dict(zip(kept_loops, _split(Var(r), kext)))
+    row_body, shared = [], []
+    reduced_ids = set(red)
+    reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
+    stash = _stashable(grp, reductions)
+
+    def over_row(body_of):
+        """A thread loop over the row's elements; body_of(loop body, loop point)."""
+        j = em.names("j")
+        loop = Loop(j, _prod(rext), "thread")
+        body_of(loop.body, {**idx, **dict(zip(red_loops, _split(Var(j), rext)))})
+        return loop
+
+    for n in grp.nodes:
+        m = grp.maps[n.out.id]
+        if isinstance(n.opdef.lowering, R.Reduce):
+            last = stash is not None and n is reductions[-1]
+            em.scalars[n.out.id] = _block_reduction(em, n, row_body, over_row, shared, threads,
+                                                    stash if last else None)
+            if last:
+                em.stashed.add(stash.id)
+        elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
+                not any(a in reduced_ids for a in m if a is not None):
+            em.scalars[n.out.id] = em.value(n.out, m, row_body, idx)
+    root_m = grp.maps[grp.root.out.id]
+    if any(a in reduced_ids for a in root_m if a is not None):
+        row_body.append(over_row(lambda body, point: _store_all(em, k, body, point)))
+    else:                       # one value per row: thread 0 stores it
+        j = em.names("j")
+        one = Loop(j, 1, "thread")
+        _store_all(em, k, one.body, idx)
+        row_body.append(one)
+    rows = _prod(kext)
+    return shared + [Loop(r, rows, "block", row_body)], _launch(rows, threads, per_block=True)
+
+
+def _block_reduction(em: Emitter, n, row_body, over_row, shared, threads, stash):
+    """Each thread combines its elements of the row (j = thread, thread + threads, ...) in
+    order into `acc`, then the block combines the threads' accumulators."""
+    names = em.names
+    x = n.inputs[0]
+    xm = identity_map(x.type.shape)
+    xd, od = x.type.dtype, n.out.type.dtype
+    acc = names("acc")
+    row_body.append(Decl(acc, od, OpCall(n.op, "init", (), xd, od, ())))
+
+    def accumulate(body, point):
+        v = em.value(x, xm, body, point)
+        if stash is not None:           # this thread reads the element back in the last pass
+            body.append(Store(em.k.output.name, em.out_index(point), v))
+        body.append(Assign(acc, OpCall(n.op, "combine", (), xd, od, (Var(acc), v))))
+    row_body.append(over_row(accumulate))
+    scratch, total = names("red"), names("s")
+    shared.append(Shared(scratch, od, threads // 32 + 1))
+    row_body.append(BlockReduce(total, od, Var(acc), n.op, xd, scratch))
+    return Var(total)
+
+
+# ---- one thread per output -----------------------------------------------------------------------
+def gpu_column_reduce(k: Kernel, code, target, knobs):
+    """A reduction keeping the innermost axis: adjacent threads own adjacent output columns
+    (coalesced reads), each combining its column's elements in order."""
+    em = Emitter(k, _Names())
+    grp, n = k.group, k.group.root
+    red = list(grp.reduced)
+    kept = [a for a in range(len(grp.domain)) if a not in red]
+    loops = em.plan_loops([kept, red])
+    kept_ids = [i for i, axes in enumerate(loops) if axes[0] not in red]
+    red_ids = [i for i, axes in enumerate(loops) if axes[0] in red]
+    kext = [em.extent(i) for i in kept_ids]
+    x = n.inputs[0]
+    xd, od = x.type.dtype, n.out.type.dtype
+    g, acc = em.names("g"), em.names("acc")
+    idx = dict(zip(kept_ids, _split(Var(g), kext)))
+    body = [Decl(acc, od, OpCall(n.op, "init", (), xd, od, ()))]
+    outer, inner, ridx = _loop_nest(em, red_ids, False, False)
+    target_body = body if inner is None else inner
+    v = em.value(x, identity_map(x.type.shape), target_body, {**idx, **ridx})
+    target_body.append(Assign(acc, OpCall(n.op, "combine", (), xd, od, (Var(acc), v))))
+    body += outer
+    body.append(Store(k.output.name, em.out_index(idx), Var(acc)))
+    total = _prod(kext)
+    return [Loop(g, total, "grid", body)], _launch(total, knobs["threads"])
+
+
+def gpu_from_cpu_nests(k: Kernel, code, target, knobs):
+    """argreduce, concat, integer matmul: the CPU lowering, each top-level loop nest's perfectly
+    nested outer loops (independent iterations in these lowerings) flattened onto the grid, the
+    rest serial per thread. Statements outside any loop run on one thread."""
+    stmts = LOWERINGS[k.strategy](k, code)
+    names = _Names()
+    if not all(isinstance(s, Loop) and isinstance(s.extent, int) for s in stmts):
+        g = names("gone")
+        return [Loop(g, 1, "grid", _serial(stmts))], _launch(1, knobs["threads"])
+    out, most = [], 1
+    for s in stmts:
+        nest = [s]
+        while len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], Loop) and \
+                isinstance(nest[-1].body[0].extent, int):
+            nest.append(nest[-1].body[0])
+        g = names("gflat")
+        extents = [lp.extent for lp in nest]
+        values = {lp.var: e for lp, e in zip(nest, _split(Var(g), extents))}
+        out.append(Loop(g, _prod(extents), "grid", substitute(_serial(nest[-1].body), values)))
+        most = max(most, _prod(extents))
+    return out, _launch(most, knobs["threads"])
+
+
+def _serial(stmts):
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            s = Loop(s.var, s.extent, "serial", _serial(s.body))
+        out.append(s)
+    return out
+
+
+# ---- blocks calling the hand-written routines ----------------------------------------------------
+def gpu_contract(k: Kernel, code, target, knobs):
+    if not k.output.type.dtype.is_float:
+        return gpu_from_cpu_nests(k, code, target, knobs)
+    from .target.gpu_gemm import gemm_routine
+    names = _Names()
+    em = Emitter(k, names)
+    grp = k.group
+    threads = knobs["threads"]
+    tiles = knobs["tile_m"], knobs["tile_n"], knobs["tile_k"]
+    task = gemm_task(k, em, *tiles[:2])     # (the routine gets the knobs' tile: mt <= tile_m)
+    d = grp.anchor.inputs[0].type.dtype.short
+    fn, _ = gemm_routine(target, d, *tiles, threads)
+    key = ":".join(map(str, ("gemm", d, *tiles, threads)))
+    body = task.decls + [Call(fn, task.args, key),
+                         Barrier()]         # the block's raw tile is visible to all its threads
+    if grp.root is not grp.anchor:
+        e = names("e")
+        epi = Loop(e, Bin("*", task.mt, task.nt), "thread")
+        point = task.point(Bin("/", Var(e), task.nt), Bin("%", Var(e), task.nt))
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
+        epi.body.append(Store(k.output.name, em.out_index(point), value))
+        body.append(epi)
+    return [Loop(task.var, task.tasks, "block", body)], _launch(task.tasks, threads, per_block=True)
+
+
+def gpu_attention(k: Kernel, code, target, knobs):
+    from .target.gpu_attention import attention_routine
+    threads = knobs["threads"]
+    task = attention_task(k, _Names(), knobs["block_q"])
+    d = k.output.type.dtype.short
+    fn, _ = attention_routine(target, d, knobs["block_q"], threads)   # nq <= block_q
+    body = task.decls + [Call(fn, task.args, f"attention:{d}:{knobs['block_q']}:{threads}"),
+                         Barrier()]         # the routine's shared memory is free again after it
+    return [Loop(task.var, task.tasks, "block", body)], _launch(task.tasks, threads, per_block=True)
+
+
+GPU_LOWERINGS = {"pointwise": gpu_pointwise, "copy": gpu_pointwise, "row": gpu_row,
+                 "reduce": gpu_column_reduce, "contract": gpu_contract,
+                 "argreduce": gpu_from_cpu_nests, "concat": gpu_from_cpu_nests,
+                 "gather": gpu_gather, "attention": gpu_attention}
+
+
+def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
+    """The GPU Tile IR of a schedule (knobs from build_schedule(..., target=target); a schedule
+    built for another target gets the GPU heuristics' knobs)."""
+    if target not in GPU_TARGETS:
+        raise BackendUnavailableError(f"{target!r} is not a GPU target",
+                                      expected=" or ".join(GPU_TARGETS))
+    kernels, calls = [], []
+    for code, k in enumerate(s.kernels, start=1):
+        knobs = k.knobs if s.target == target else gpu_knobs(k, target)
+        body, launch = GPU_LOWERINGS[k.strategy](k, code, target, knobs)
+        params = _params(k)
+        kernels.append(TileKernel(k.name, k.strategy, params, body, dict(knobs),
+                                  " ".join(k.fused_labels()), launch=launch))
+        calls.append((k.name, [p.name for p in params]))
+    return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role != "inline"])

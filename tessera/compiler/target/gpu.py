@@ -1,0 +1,170 @@
+"""CUDA and HIP from the GPU Tile IR: the C-style base with what differs between the languages.
+
+Every kernel is
+    extern "C" __global__ void __launch_bounds__(block) name(<params>, int* ts_status)
+with one pointer per TileKernel.params in order (`const T* __restrict__` for inputs), launched
+with TileKernel.launch's grid and block (no dynamic shared memory); a bad gather index stores
+the kernel's code in *ts_status. There is no host entry point: TileProgram.calls lists the
+launches. CUDA source includes no system header (NVRTC has none): the prelude defines the few
+names the code uses. The op helpers (tessera/ops/cmath.py) and the routines are device functions.
+"""
+from __future__ import annotations
+
+from ... import dtypes as dt
+from ..tile_ir import Barrier, BlockReduce, Load, Loop, Shared, TileKernel, TileProgram, Var
+from .cstyle import CStyleRenderer
+
+FULL_MASK = "0xffffffffu"
+
+
+class GpuRenderer(CStyleRenderer):
+    lang = ""
+    warp = 32
+    index_type = "long long"
+    restrict = "__restrict__"
+
+    def loop_range(self, s: Loop) -> tuple[str, str]:
+        v = s.var
+        if s.kind == "grid":
+            return ("(long long)blockIdx.x * blockDim.x + threadIdx.x",
+                    f"{v} += (long long)gridDim.x * blockDim.x")
+        if s.kind == "block":
+            return "blockIdx.x", f"{v} += gridDim.x"
+        if s.kind == "thread":
+            return "threadIdx.x", f"{v} += blockDim.x"
+        return super().loop_range(s)
+
+    def stmt(self, s, k: TileKernel, depth: int, out: list):
+        pad = "  " * depth
+        if isinstance(s, Shared):
+            out.append(f"{pad}__shared__ {self.ctype(s.dtype)} {s.name}[{s.size}];")
+        elif isinstance(s, Barrier):
+            out.append(f"{pad}__syncthreads();")
+        elif isinstance(s, BlockReduce):
+            out.extend(pad + line for line in self.block_reduce(s, k.launch["block"]))
+        else:
+            super().stmt(s, k, depth, out)
+
+    def block_reduce(self, s: BlockReduce, block: int) -> list[str]:
+        """A shuffle-down tree in each warp (lane i combines lane i + o, o halving), then thread 0
+        combines the warps' results in order; the result goes through scratch[warps] to every
+        thread. Fixed order: the same bits on every run. Two barriers: the scratch array is free
+        again for the next reduction once every thread has passed the second."""
+        T, w, warps = self.ctype(s.dtype), f"{s.name}_w", block // self.warp
+        lines = [f"{T} {s.name};", "{", f"  {T} {w} = {self.expr(s.value)};"]
+        o = self.warp // 2
+        while o:
+            lines += [f"  {T} {w}{o} = {self.shuffle(s.dtype, w, o)};",
+                      f"  {w} = {self.expr(s.combine(Var(w), Var(f'{w}{o}')))};"]
+            o //= 2
+        lines += [f"  if ((threadIdx.x & {self.warp - 1}) == 0) {s.scratch}[threadIdx.x / "
+                  f"{self.warp}] = {w};",
+                  "  __syncthreads();",
+                  "  if (threadIdx.x == 0) {",
+                  f"    {w} = {s.scratch}[0];",
+                  f"    for (int ts_w = 1; ts_w < {warps}; ++ts_w) "
+                  f"{w} = {self.expr(s.combine(Var(w), Load(s.scratch, Var('ts_w'))))};",
+                  f"    {s.scratch}[{warps}] = {w};",
+                  "  }",
+                  "  __syncthreads();",
+                  f"  {s.name} = {s.scratch}[{warps}];",
+                  "}"]
+        return lines
+
+    def shuffle(self, d: dt.DType, v: str, offset: int) -> str:
+        """`v` of the lane `offset` above, as C (bools travel as int)."""
+        if d.is_bool:
+            return f"(bool){self.shuffle_call(f'(int){v}', offset)}"
+        return self.shuffle_call(v, offset)
+
+    def shuffle_call(self, v: str, offset: int) -> str:
+        raise NotImplementedError
+
+    def flag_error(self, code: int) -> list[str]:
+        return [f"*ts_status = {code};"]     # every writer of one kernel writes the same code
+
+    def kernel(self, k: TileKernel) -> str:
+        params = ", ".join([self.param_decl(p) for p in k.params] + ["int* ts_status"])
+        names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
+        L = k.launch
+        lines = [f"/* {k.strategy}: {k.origin}{names} */",
+                 f"/* launch: grid {L['grid']}, block {L['block']}, "
+                 f"dynamic shared {L['shared']} */",
+                 f'extern "C" __global__ void __launch_bounds__({L["block"]}) '
+                 f"{k.name}({params}) {{"]
+        for s in k.body:
+            self.stmt(s, k, 1, lines)
+        lines.append("}")
+        return "\n".join(lines)
+
+    def routine_source(self, key: str) -> list[str]:
+        name, dtype, *sizes = key.split(":")
+        sizes = [int(x) for x in sizes]
+        if name == "gemm":
+            from .gpu_gemm import gemm_routine
+            return list(gemm_routine(self.lang, dtype, *sizes)[1])
+        if name == "attention":
+            from ...ops import cmath
+            from .gpu_attention import attention_routine
+            exp = cmath.F32["exp"] if dtype != "f64" else cmath.F64["exp"]
+            return [*exp, *attention_routine(self.lang, dtype, *sizes)[1]]
+        return super().routine_source(key)
+
+    def entry(self, program: TileProgram) -> str:
+        return ""                 # the runtime launches program.calls by kernel name
+
+    def common_prelude(self) -> list[str]:
+        return ["#define TS_INLINE static __device__ __forceinline__",
+                "#ifndef INT32_MIN",
+                "#define INT32_MIN (-2147483647 - 1)",
+                "#define INT32_MAX 2147483647",
+                "#define INT64_MIN (-9223372036854775807LL - 1)",
+                "#define INT64_MAX 9223372036854775807LL",
+                "#endif"]
+
+
+class CudaRenderer(GpuRenderer):
+    lang = "cuda"
+    warp = 32
+
+    def prelude(self) -> str:
+        return "\n".join([
+            "/* generated by tessera: CUDA C++ for NVRTC (no system headers) */",
+            "typedef int int32_t;",
+            "typedef long long int64_t;",
+            "typedef unsigned int uint32_t;",
+            "typedef unsigned long long uint64_t;",
+            "typedef unsigned short uint16_t;",
+            "typedef unsigned char uint8_t;",
+            "#define INFINITY __int_as_float(0x7f800000)",
+            "#define NAN __int_as_float(0x7fffffff)",
+            *self.common_prelude()])
+
+    def shuffle_call(self, v: str, offset: int) -> str:
+        return f"__shfl_down_sync({FULL_MASK}, {v}, {offset})"
+
+
+class HipRenderer(GpuRenderer):
+    lang = "hip"
+    warp = 64                     # gfx90a's wavefront
+
+    def prelude(self) -> str:
+        return "\n".join([
+            "/* generated by tessera: HIP C++ */",
+            "#include <hip/hip_runtime.h>",
+            "#ifndef INFINITY",
+            "#define INFINITY __builtin_huge_valf()",
+            "#define NAN __builtin_nanf(\"\")",
+            "#endif",
+            *self.common_prelude()])
+
+    def shuffle_call(self, v: str, offset: int) -> str:
+        return f"__shfl_down({v}, {offset}, {self.warp})"
+
+
+def render_cuda(program: TileProgram) -> str:
+    return CudaRenderer().render(program)
+
+
+def render_hip(program: TileProgram) -> str:
+    return HipRenderer().render(program)
