@@ -1,0 +1,460 @@
+"""Tessera programs lowered for CUDA and HIP (lower_gpu + render_cuda / render_hip), run in the
+CPU emulator of the GPU thread model (tests/gpu_emulator; warps of 32 and of 64), against NumPy:
+every GPU strategy, on shapes with 1, primes and odd sizes. Each program runs twice: as
+planned, then with its blocks and threads in reverse order on at most 3 blocks (so the grid-
+and block-stride loops go round several times). Both runs must give the same bits: a race, or a
+result that depends on the order threads arrive or on the grid, shows up as a difference."""
+import os
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+from tessera.errors import CompileError
+
+from conftest import assert_close, assert_within_dot_bound
+from gpu_emulator import run_program
+
+if shutil.which(os.environ.get("CXX") or "g++") is None:
+    pytest.skip("the CUDA emulator needs a C++20 compiler (g++)", allow_module_level=True)
+
+
+def sum_bound(x64, axis):
+    """A float32 sum's classical error bound, (n + 1) eps sum|x|, plus its final rounding."""
+    n = x64.size // np.asarray(x64.sum(axis=axis)).size
+    eps = np.finfo(np.float32).eps
+    return (n + 1) * eps * np.abs(x64).sum(axis=axis) + eps * np.abs(x64.sum(axis=axis))
+
+
+def np_attention(q, k, v, mask=None, causal=False):
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + mask
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    z = e.sum(-1, keepdims=True)
+    return (np.where(z > 0, e / np.where(z > 0, z, 1), 0) @ v).astype(np.float32)
+
+
+def qkv(rng, b, sq, sk, d, dv):
+    return tuple(rng.standard_normal((*b, s, n)).astype(np.float32)
+                 for s, n in [(sq, d), (sk, d), (sk, dv)])
+
+
+@pytest.fixture(params=["cuda", "hip"])
+def target(request):
+    return request.param
+
+
+def run_twice(prog, arrays) -> list:
+    """A GPU program's results in the emulator: run as planned, then reversed on at most 3
+    blocks, with the same bits."""
+    try:
+        first = run_program(prog, *arrays)
+    except CompileError as e:
+        if "no such instruction" in str(e):       # the assembler met PTX (mma.sync, ldmatrix)
+            pytest.skip("inline PTX (tensor-core mma.sync) cannot run in the CPU emulator")
+        raise
+    second = run_program(prog, *arrays, reverse=True, max_blocks=3)
+    for a, b in zip(first, second):
+        assert a.tobytes() == b.tobytes(), "the reversed run on 3 blocks gave other bits"
+    return first
+
+
+def emulate(target, fn, *arrays, strategies=None):
+    """fn lowered for `target` and run twice in the emulator: its result (or results).
+    `strategies`: the kernels' strategies the test means to exercise."""
+    prog = ts.function(fn).lower(*arrays, target=target)
+    if strategies is not None:
+        assert [k.strategy for k in prog.schedule_ir.kernels] == strategies
+    out = run_twice(prog, arrays)
+    return out[0] if len(out) == 1 else out
+
+
+def cpu(fn, *arrays):
+    return ts.function(fn)(*arrays)
+
+
+def with_knobs(target, fn, arrays, knobs: dict):
+    """fn lowered for `target` with `knobs` in place of its kernels' own, run twice: its
+    result."""
+    from tessera.compiler.lower_gpu import lower_schedule_gpu
+    from tessera.compiler.target.gpu import render_cuda, render_hip
+    prog = ts.function(fn).lower(*arrays, target=target)
+    for k in prog.schedule_ir.kernels:
+        k.knobs = {**k.knobs, **knobs}
+    tile = lower_schedule_gpu(prog.schedule_ir, target).verify()
+    assert all(k.launch["block"] == knobs.get("threads", k.launch["block"]) for k in tile.kernels)
+    render = render_cuda if target == "cuda" else render_hip
+    return run_twice(SimpleNamespace(graph_ir=prog.graph_ir, schedule_ir=prog.schedule_ir,
+                                     tile_ir=tile, target=target, target_code=render(tile)),
+                     arrays)[0]
+
+
+# ---- one thread per element ----------------------------------------------------------------------
+@pytest.mark.parametrize("xs,ys", [((7,), (7,)), ((33, 1), (1, 5)), ((3, 1, 129), (129,)),
+                                   ((1,), (2, 3)), ((), (4,))])
+def test_pointwise_with_broadcasting(target, xs, ys, rng):
+    x = rng.standard_normal(xs).astype(np.float32)
+    y = rng.standard_normal(ys).astype(np.float32)
+    fn = lambda x, y: op.tanh(x) * y + op.sigmoid(x - y) / (op.abs(y) + 1)   # noqa: E731
+    got = emulate(target, fn, x, y, strategies=["pointwise"])
+    assert_close(got, ts.interpret(fn, x, y), scale=5)
+    # the same helpers and the same roundings as the CPU's C: the same bits
+    assert got.tobytes() == cpu(fn, x, y).tobytes()
+
+
+UNARY = ["neg", "abs", "sqrt", "sin", "cos", "exp", "tanh", "erf", "log", "rsqrt", "sigmoid",
+         "silu", "gelu", "relu"]
+BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
+          "ge"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_elementwise_operator(target, dtype, rng):
+    """One multi-output program per dtype: every helper the registry emits compiles and runs."""
+    x = (rng.standard_normal((3, 37)) * 2).astype(dtype)
+    y = (rng.random((37,)) + 0.5).astype(dtype)
+
+    def fn(x, y):
+        ax = op.abs(x) + 0.25                   # inside the domain of sqrt, log, rsqrt, pow
+        return ([getattr(op, name)(ax if name in ("sqrt", "log", "rsqrt") else x)
+                 for name in UNARY] + [getattr(op, name)(ax, y) for name in BINARY]
+                + [op.where(x > y, x, y), op.cast(x * 100, "int32"),
+                   op.gelu(x, approximate="tanh")])
+    got = emulate(target, fn, x, y)
+    for name, g, w, c in zip(UNARY + BINARY + ["where", "cast", "gelu_tanh"], got,
+                             ts.interpret(fn, x, y), cpu(fn, x, y)):
+        if g.dtype.kind == "f":
+            assert_close(g, np.asarray(w, dtype=g.dtype), scale=20)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=name)
+        assert g.tobytes() == c.tobytes(), f"{name}: other bits than the CPU's"
+
+
+def test_counter_based_random_numbers(target):
+    fn = lambda s: op.random_uniform((5, 67), s, offset=2**31)   # noqa: E731
+    seed = np.array(12345, np.int64)
+    got = emulate(target, fn, seed)
+    np.testing.assert_array_equal(got, ts.interpret(fn, seed))
+
+
+def test_pointwise_integers_and_booleans(target, rng):
+    i = rng.integers(-100, 100, (17, 3)).astype(np.int32)
+    j = rng.integers(-100, 100, (3,)).astype(np.int64)
+    fn = lambda i, j: (op.where(i > j, i * 3, j - i), i >= 0)    # noqa: E731
+    got = emulate(target, fn, i, j)
+    want = ts.interpret(fn, i, j)
+    for g, w in zip(got, want):
+        assert_close(g, w)
+
+
+def test_pointwise_float64_transcendentals(target, rng):
+    x = rng.standard_normal((5, 67))
+    fn = lambda x: op.exp(x) + op.erf(x) * op.log(op.abs(x) + 1)  # noqa: E731
+    got = emulate(target, fn, x)
+    assert_close(got, ts.interpret(fn, x), scale=10)
+    assert got.tobytes() == cpu(fn, x).tobytes()
+
+
+@pytest.mark.parametrize("shape,perm", [((5, 7), (1, 0)), ((5, 7, 3), (2, 0, 1)),
+                                        ((1, 33, 2), (0, 2, 1))])
+def test_copy_and_transpose(target, shape, perm, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = emulate(target, lambda x: op.permute(x, perm) * 1, x)
+    np.testing.assert_array_equal(got, np.transpose(x, perm))
+    got = emulate(target, lambda x: op.permute(x, perm), x)        # a pure copy
+    np.testing.assert_array_equal(got, np.transpose(x, perm))
+
+
+def test_concat(target, rng):
+    a = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal((4, 1)).astype(np.float32)
+    c = rng.standard_normal((4, 7)).astype(np.float32)
+    got = emulate(target, lambda a, b, c: op.concat([a, b, c], axis=1), a, b, c)
+    np.testing.assert_array_equal(got, np.concatenate([a, b, c], axis=1))
+    got = emulate(target, lambda a: op.concat([a, a * 2, a], axis=0), a)
+    np.testing.assert_array_equal(got, np.concatenate([a, a * 2, a], axis=0))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_take_with_negative_indices(target, axis, rng):
+    table = rng.standard_normal((11, 6)).astype(np.float32)
+    n = table.shape[axis]
+    ids = rng.integers(-n, n, (3, 5)).astype(np.int64)
+    got = emulate(target, lambda t, i: op.take(t, i, axis=axis), table, ids, strategies=["gather"])
+    np.testing.assert_array_equal(got, np.take(table, ids, axis=axis))
+
+
+def test_take_out_of_range_is_a_runtime_fault(target, rng):
+    table = rng.standard_normal((11, 6)).astype(np.float32)
+    ids = np.array([3, -11, 11, 0], np.int32)
+    prog = ts.function(lambda t, i: op.take(t, i, axis=0) * 2).lower(table, ids, target=target)
+    with pytest.raises(ts.RuntimeFault, match="out of range"):
+        run_program(prog, table, ids)
+    ids[2] = -1
+    np.testing.assert_array_equal(run_program(prog, table, ids)[0], np.take(table, ids, 0) * 2)
+
+
+# ---- rows: one block per row ---------------------------------------------------------------------
+ROWS = [1, 7, 33, 1000]
+
+
+@pytest.mark.parametrize("n", ROWS)
+def test_softmax_and_logsumexp_rows(target, n, rng):
+    x = (rng.standard_normal((3, n)) * 3).astype(np.float32)
+    fn = lambda x: (op.softmax(x, axis=-1), op.logsumexp(x, axis=-1))   # noqa: E731
+    s, lse = emulate(target, fn, x)
+    x64 = x.astype(np.float64)
+    m = x64.max(-1, keepdims=True)
+    want_lse = np.log(np.exp(x64 - m).sum(-1, keepdims=True)) + m
+    assert_close(s, np.exp(x64 - want_lse).astype(np.float32), scale=5)
+    assert_close(lse, want_lse[:, 0].astype(np.float32), scale=5)
+
+
+@pytest.mark.parametrize("n", ROWS)
+def test_layernorm_and_rmsnorm_rows(target, n, rng):
+    x = rng.standard_normal((2, 3, n)).astype(np.float32) * 2 + 1
+    w = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    fn = lambda x, w, b: (op.layernorm(x, w, b), op.rmsnorm(x))       # noqa: E731
+    ln, rms = emulate(target, fn, x, w, b)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    sd = np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    r = np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6)
+    if n > 1:                   # one element: x - mean is a rounding error, amplified by 1/eps
+        assert_close(ln, ((x64 - mu) / sd * w + b).astype(np.float32), scale=10)
+    assert_close(rms, (x64 / r).astype(np.float32), scale=10)
+
+
+@pytest.mark.parametrize("n", ROWS)
+def test_sum_and_max_rows(target, n, rng):
+    x = rng.standard_normal((5, n)).astype(np.float32)
+    s, m = emulate(target, lambda x: (op.sum(x, axis=-1), op.max(x, axis=-1)), x)
+    x64 = x.astype(np.float64)
+    want = x64.sum(-1)
+    assert (np.abs(s - want) <= sum_bound(x64, -1)).all()
+    np.testing.assert_array_equal(m, x.max(-1))
+
+
+def test_whole_tensor_sum_is_one_block(target, rng):
+    x = rng.standard_normal((37, 29)).astype(np.float32)
+    prog = ts.function(lambda x: op.sum(x)).lower(x, target=target)
+    assert [k.launch["grid"] for k in prog.tile_ir.kernels] == [1]
+    got = emulate(target, lambda x: op.sum(x), x)
+    x64 = x.astype(np.float64)
+    assert abs(got - x64.sum()) <= sum_bound(x64, None)
+
+
+@pytest.mark.parametrize("warps", [1, 3, None])
+def test_row_thread_counts(target, warps, rng):
+    """Blocks of one warp, of a warp count not a power of two, and of the most threads."""
+    threads = 1024 if warps is None else warps * (32 if target == "cuda" else 64)
+    x = (rng.standard_normal((3, 1000)) * 3).astype(np.float32)
+    got = with_knobs(target, lambda x: op.softmax(x, axis=-1), [x], {"threads": threads})
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    assert_close(got, (e / e.sum(-1, keepdims=True)).astype(np.float32), scale=5)
+
+
+# ---- one thread per output -----------------------------------------------------------------------
+@pytest.mark.parametrize("shape,axis", [((33, 7), 0), ((4, 5, 6), (0, 2)), ((1000, 3), 0)])
+def test_column_reductions(target, shape, axis, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    s, m = emulate(target, lambda x: (op.sum(x, axis=axis), op.min(x, axis=axis)), x)
+    x64 = x.astype(np.float64)
+    want = x64.sum(axis)
+    assert (np.abs(s - want) <= sum_bound(x64, axis)).all()
+    np.testing.assert_array_equal(m, x.min(axis))
+
+
+@pytest.mark.parametrize("axis", [None, 0, -1])
+def test_argmax(target, axis, rng):
+    x = rng.integers(0, 4, (7, 13)).astype(np.float32)         # ties: the first wins
+    got = emulate(target, lambda x: op.argmax(x, axis=axis), x)
+    np.testing.assert_array_equal(got, np.argmax(x, axis=axis))
+
+
+# ---- matmul: blocks calling the GEMM routine -----------------------------------------------------
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (13, 17, 19), (130, 20, 129), (5, 0, 3)])
+def test_matmul_f32(target, m, k, n, rng):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    got = emulate(target, lambda a, b: a @ b, a, b, strategies=["contract"])
+    assert_within_dot_bound(got, a, b)
+    # one fma chain per element from k = 0, as the CPU's routine: the same bits
+    assert got.tobytes() == cpu(lambda a, b: a @ b, a, b).tobytes()
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 8, 32), (32, 64, 8, 32), (64, 32, 4, 128),
+                                   (16, 16, 16, 32), (128, 128, 8, 1024)])
+def test_matmul_tiles_do_not_change_bits(target, tiles, rng):
+    a = rng.standard_normal((70, 37)).astype(np.float32)
+    b = rng.standard_normal((37, 45)).astype(np.float32)
+    knobs = dict(zip(["tile_m", "tile_n", "tile_k", "threads"], tiles))
+    got = with_knobs(target, lambda a, b: a @ b, [a, b], knobs)
+    assert got.tobytes() == cpu(lambda a, b: a @ b, a, b).tobytes()
+
+
+def test_matmul_f64_and_transposed_operand(target, rng):
+    a = rng.standard_normal((67, 33))
+    w = rng.standard_normal((70, 33))
+    got = emulate(target, lambda a, w: a @ w.T, a, w, strategies=["contract"])
+    assert_within_dot_bound(got, a, np.ascontiguousarray(w.T))
+
+
+def test_matmul_with_fused_bias_gelu(target, rng):
+    a = rng.standard_normal((37, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 45)).astype(np.float32)
+    bias = rng.standard_normal(45).astype(np.float32)
+    fn = lambda a, w, b: op.gelu(a @ w + b)                      # noqa: E731
+    got = emulate(target, fn, a, w, bias, strategies=["contract"])
+    assert_close(got, ts.interpret(fn, a, w, bias), scale=20)
+
+
+@pytest.mark.parametrize("ashape,bshape", [((3, 20, 12), (3, 12, 9)),
+                                           ((3, 1, 20, 12), (4, 12, 9)), ((2, 5, 7), (7, 6))])
+def test_batched_and_broadcast_matmul(target, ashape, bshape, rng):
+    a = rng.standard_normal(ashape).astype(np.float32)
+    b = rng.standard_normal(bshape).astype(np.float32)
+    got = emulate(target, lambda a, b: a @ b, a, b)
+    shape = np.broadcast_shapes(ashape[:-2], bshape[:-2])
+    assert_within_dot_bound(got, np.broadcast_to(a, shape + ashape[-2:]),
+                            np.broadcast_to(b, shape + bshape[-2:]))
+
+
+def test_integer_matmul(target, rng):
+    a = rng.integers(-9, 9, (6, 11)).astype(np.int32)
+    b = rng.integers(-9, 9, (11, 5)).astype(np.int32)
+    np.testing.assert_array_equal(emulate(target, lambda a, b: a @ b, a, b), a @ b)
+
+
+# ---- attention -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("b,sq,sk,d,dv", [((), 1, 1, 1, 1), ((2,), 5, 7, 8, 3),
+                                          ((1, 2), 67, 40, 16, 16)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention(target, b, sq, sk, d, dv, causal, rng):
+    q, k, v = qkv(rng, b, sq, sk, d, dv)
+    fn = lambda q, k, v: op.attention(q, k, v, causal=causal)     # noqa: E731
+    got = emulate(target, fn, q, k, v, strategies=["attention"])
+    assert_close(got, np_attention(q, k, v, causal=causal), scale=20)
+
+
+def test_attention_wide_heads(target, rng):
+    """D beyond what stays resident in shared memory, Dv beyond one register chunk."""
+    q, k, v = qkv(rng, (2,), 9, 70, 96, 80)
+    fn = lambda q, k, v: op.attention(q, k, v, causal=True)       # noqa: E731
+    got = emulate(target, fn, q, k, v, strategies=["attention"])
+    assert_close(got, np_attention(q, k, v, causal=True), scale=20)
+
+
+@pytest.mark.parametrize("block_q,threads", [(16, 64), (32, 128), (64, 256), (32, 64)])
+def test_attention_knobs_do_not_change_bits(target, block_q, threads, rng):
+    q, k, v = qkv(rng, (1, 2), 37, 70, 16, 24)
+    fn = lambda q, k, v: op.attention(q, k, v, causal=True)       # noqa: E731
+    got = with_knobs(target, fn, [q, k, v], {"block_q": block_q, "threads": threads})
+    assert got.tobytes() == emulate(target, fn, q, k, v).tobytes()
+    assert_close(got, np_attention(q, k, v, causal=True), scale=20)
+
+
+def test_attention_with_mask(target, rng):
+    q, k, v = qkv(rng, (2,), 9, 12, 8, 8)
+    mask = np.where(rng.random((9, 12)) < 0.3, -np.inf, 0).astype(np.float32)
+    mask[4] = -np.inf                                           # a row that sees no key: 0
+    fn = lambda q, k, v, m: op.attention(q, k, v, mask=m)       # noqa: E731
+    got = emulate(target, fn, q, k, v, mask, strategies=["attention"])
+    assert_close(got, np_attention(q, k, v, mask=mask), scale=20)
+    assert np.all(got[:, 4] == 0)
+
+
+# ---- more shapes of each strategy, against the operators' NumPy references -----------------------
+def _f32(*shape):
+    return lambda rng: rng.standard_normal(shape).astype(np.float32)
+
+
+def _mask(*shape):
+    return lambda rng: np.where(rng.random(shape) < 0.3, -np.inf, 0).astype(np.float32)
+
+
+def _ints(lo, hi, *shape, dtype=np.int32):
+    return lambda rng: rng.integers(lo, hi, shape).astype(dtype)
+
+
+PROGRAMS = {
+    "softmax over a middle axis": (lambda x: op.softmax(x, axis=1), [_f32(4, 33, 5)]),
+    "row prologue and epilogue": (lambda x, b, y: op.log_softmax(x * 2 + b, axis=-1) * y,
+                                  [_f32(6, 45), _f32(45), _f32(6, 1)]),
+    "mean and var": (lambda x: (op.mean(x, axis=-1, keepdim=True), op.var(x, axis=0)),
+                     [_f32(7, 300)]),
+    "integer and boolean reductions": (lambda i: (op.sum(i, axis=1), op.max(i, axis=0),
+                                                  op.sum(i > 0, axis=1)), [_ints(-50, 50, 9, 40)]),
+    "argmin over a middle axis": (lambda x: op.argmin(x, axis=1), [_ints(0, 3, 4, 9, 5,
+                                                                        dtype=np.float32)]),
+    "many short rows": (lambda x: op.softmax(x, axis=-1), [_f32(700, 3)]),
+    "vector times matrix": (lambda a, b: (a @ b, b.T @ a), [_f32(17), _f32(17, 9)]),
+    "transposed left operand": (lambda a, b: a.T @ b, [_f32(17, 9), _f32(17, 11)]),
+    "matmul, relu and a residual": (lambda x, w, r: op.relu(x @ w) + r,
+                                    [_f32(33, 16), _f32(16, 20), _f32(33, 20)]),
+    "strided slice": (lambda x: x[:, 1:9:3] * 1, [_f32(5, 11)]),
+    "broadcast copy": (lambda x: op.broadcast_to(x, (4, 3, 5)), [_f32(3, 1)]),
+    "many blocks": (lambda x: op.exp(x) * 2, [_f32(100003)]),
+    "attention, mask broadcast over rows": (
+        lambda q, k, v, m: op.attention(q, k, v, mask=m),
+        [_f32(2, 3, 9, 8), _f32(2, 3, 12, 8), _f32(2, 3, 12, 8), _mask(1, 12)]),
+    "attention, a mask per batch": (lambda q, k, v, m: op.attention(q, k, v, mask=m),
+                                    [_f32(2, 9, 8), _f32(2, 12, 8), _f32(2, 12, 8),
+                                     _mask(2, 9, 12)]),
+    "attention, more queries than keys": (
+        lambda q, k, v: op.attention(q, k, v, causal=True, scale=0.3),
+        [_f32(13, 8), _f32(7, 8), _f32(7, 5)]),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_programs_against_references(target, name, rng):
+    fn, makers = PROGRAMS[name]
+    arrays = [make(rng) for make in makers]
+    got = emulate(target, fn, *arrays)
+    want = ts.interpret(fn, *arrays)
+    got, want = (list(got), list(want)) if isinstance(want, tuple) else ([got], [want])
+    for g, w in zip(got, want):
+        assert_close(g, np.asarray(w), scale=20)
+
+
+# ---- a program of several kernels ----------------------------------------------------------------
+def test_program_with_temporaries_consts_and_aliases(target, rng):
+    x = rng.standard_normal((6, 10)).astype(np.float32)
+    w = rng.standard_normal((10, 10)).astype(np.float32)
+    c = np.linspace(-1, 1, 10, dtype=np.float32)
+
+    def fn(x, w):
+        h = op.softmax(x @ w, axis=-1) * c
+        return h @ w.T, op.sum(h, axis=0), x, 2.0
+    got = emulate(target, fn, x, w)
+    want = ts.interpret(fn, x, w)
+    assert len(got) == 4 and len(ts.function(fn).lower(x, w, target=target).tile_ir.kernels) > 1
+    for g, want_k in zip(got, want):
+        assert_close(g, np.asarray(want_k, dtype=g.dtype), scale=20)
+
+
+def test_a_barrier_missing_from_generated_code_is_caught(target, rng):
+    """The harness itself: the last barrier of a row kernel's block reduction removed (thread 0
+    publishes the row's sum, the others read it too early), one of the two runs goes wrong."""
+    x = (rng.standard_normal((3, 1000)) * 3).astype(np.float32)
+    fn = lambda x: op.softmax(x, axis=-1)                         # noqa: E731
+    prog = ts.function(fn).lower(x, target=target)
+    cut = prog.target_code.rfind("__syncthreads();")
+    broken = SimpleNamespace(graph_ir=prog.graph_ir, schedule_ir=prog.schedule_ir,
+                             tile_ir=prog.tile_ir, target=target,
+                             target_code=prog.target_code[:cut] + prog.target_code[cut + 16:])
+    want = ts.interpret(fn, x)
+    runs = [run_program(broken, x, reverse=r)[0] for r in (False, True)]
+    assert any(not np.allclose(r, want, rtol=1e-4, equal_nan=False) for r in runs)
+    np.testing.assert_allclose(emulate(target, fn, x), want, rtol=1e-4)
