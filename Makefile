@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab setup-bench test lab bench notebooks clean
+.PHONY: setup setup-lab setup-bench test lab bench notebooks clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: setup
 
 lab: setup-lab
 	$(BIN)/jupyter lab tutorials/
+
+# For a machine with an NVIDIA GPU: CuPy, then the device tests (every operator and fused
+# strategy against NumPy, each program run twice for bitwise determinism) and the GPU
+# benchmarks, whose table lands in benchmarks/results/.
+gpu-check: setup
+	$(BIN)/python -m pip install -q -e ".[test,cuda]"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests
+	$(BIN)/python -m benchmarks.bench_gpu $(BENCH_ARGS)
 
 # Benchmarks: tessera against NumPy and whichever peers are installed (make setup-bench adds
 # PyTorch for the CPU and JAX). Ratios are printed and written to benchmarks/results/.
@@ -54,5 +62,4 @@ clean:
 
 # Re-execute the tutorials in place (after changing them or the compiler's printed forms).
 notebooks: setup
-	for nb in tutorials/*.ipynb; do \
-		$(BIN)/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
+	$(BIN)/python tests/execute_notebooks.py tutorials/*.ipynb

@@ -60,3 +60,19 @@ def rng(request):
 @pytest.fixture
 def cache_dir():
     return _CACHE
+
+
+def pytest_collection_modifyitems(config, items):
+    """nbval: notebook cells tagged `gpu` need a GPU (CuPy with a device); without one they skip,
+    with that reason, and the notebook goes on. (Here rather than in tutorials/, where a second
+    conftest module would shadow this one's helpers.)"""
+    gpu_cells = [item for item in items
+                 if "gpu" in getattr(getattr(item, "cell", None), "metadata", {}).get("tags", [])]
+    if not gpu_cells:
+        return
+    from tessera.runtime.gpu import runnable_targets
+    if runnable_targets():
+        return
+    skip = pytest.mark.skip(reason="a notebook cell tagged gpu: no GPU here (CuPy finds no device)")
+    for item in gpu_cells:
+        item.add_marker(skip)

@@ -18,31 +18,54 @@ from .passes import PRIMITIVE_RULES, canonicalize, decompose
 from .scheduler import build_schedule, checked_record, kernel_signature
 from .target.c import ENTRY, render_c
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda", "hip")
+GPU_TARGETS = ("cuda", "hip")
 
 
-class Program:
-    """A Tessera function specialised to concrete shapes, with every IR level to read."""
+class _Levels:
+    """What every program shows: the IR levels, the source, and how it prints."""
 
     def __init__(self, graph_ir: Graph, primitive_ir: Graph, schedule_ir, tile_ir, target_code,
-                 target, library, output_structure=None):
+                 target, output_structure):
         self.graph_ir = graph_ir
         self.primitive_ir = primitive_ir
         self.schedule_ir = schedule_ir
         self.tile_ir = tile_ir
         self.target_code = target_code
         self.target = target
+        self.output_structure = output_structure
+
+    @property
+    def kernels(self):
+        return self.schedule_ir.kernels
+
+    def __call__(self, *arrays):
+        out = self.run(*arrays)
+        return out[0] if self.output_structure in (None, "single") else \
+            (tuple(out) if self.output_structure == "tuple" else list(out))
+
+    def __str__(self):
+        return "\n\n".join([str(self.graph_ir), str(self.schedule_ir), str(self.tile_ir),
+                            self.target_code])
+
+    def __repr__(self):
+        return (f"<Program @{self.graph_ir.name} target={self.target}: "
+                f"{len(self.schedule_ir.kernels)} kernels>")
+
+
+class Program(_Levels):
+    """A Tessera function specialised to concrete shapes, with every IR level to read."""
+
+    def __init__(self, graph_ir: Graph, primitive_ir: Graph, schedule_ir, tile_ir, target_code,
+                 target, library, output_structure=None):
+        super().__init__(graph_ir, primitive_ir, schedule_ir, tile_ir, target_code, target,
+                         output_structure)
         self._lib = library
         self._entry = getattr(library, ENTRY)
         self._timed_entry = getattr(library, ENTRY + "_timed")
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         self._plan = self._launch_plan()
         self._arenas = threading.local()    # temporaries' memory, kept per calling thread
-        self.output_structure = output_structure
-
-    @property
-    def kernels(self):
-        return self.schedule_ir.kernels
 
     def _launch_plan(self):
         """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
@@ -83,6 +106,11 @@ class Program:
                                 f"got {len(arrays)}")
         inputs = []
         for p, a, (npd, shape) in zip(params, arrays, self._param_types):
+            if hasattr(a, "__cuda_array_interface__"):
+                raise ArgumentError(f"%{p.param_name} is a GPU array, given to a CPU program",
+                                    function=self.graph_ir.name,
+                                    hint="use target='cuda' (or 'auto'), or copy it to the "
+                                         "host with cupy.asnumpy")
             a = np.asarray(a)
             if a.shape != shape or a.dtype.kind != npd.kind or a.dtype.itemsize != npd.itemsize:
                 raise ArgumentError(f"program @{self.graph_ir.name} was specialised for "
@@ -149,18 +177,20 @@ class Program:
                              hint="use smaller shapes, or reduce inside the function so the large "
                                   "result is never materialised")
 
-    def __call__(self, *arrays):
-        out = self.run(*arrays)
-        return out[0] if self.output_structure in (None, "single") else \
-            (tuple(out) if self.output_structure == "tuple" else list(out))
 
-    def __str__(self):
-        return "\n\n".join([str(self.graph_ir), str(self.schedule_ir), str(self.tile_ir),
-                            self.target_code])
 
-    def __repr__(self):
-        return (f"<Program @{self.graph_ir.name} target={self.target}: "
-                f"{len(self.schedule_ir.kernels)} kernels>")
+class GPUProgram(_Levels):
+    """A program for CUDA or HIP. Every IR level and the source exist on any machine; running
+    (on CuPy arrays, or NumPy arrays copied to the device) needs CuPy and a device, and the
+    module is compiled on the first run."""
+
+    def __init__(self, *levels, output_structure=None):
+        super().__init__(*levels, output_structure)
+        self._module = None
+
+    def run(self, *arrays):
+        from ..runtime import gpu
+        return gpu.run(self, arrays)
 
 
 MAX_ELEMENTS = 2 ** 62      # indices are int64 in generated code; keep products far from overflow
@@ -202,13 +232,44 @@ def schedule_graph(prim: Graph, target: str, schedule=None, tuned=True):
     return build_schedule(prim, target, user=schedule, tuned=lookup).verify()
 
 
+def available_targets() -> list[str]:
+    """The targets this machine can run: cpu (with a C compiler), and cuda or hip where CuPy
+    finds a device."""
+    from ..runtime import gpu
+    from ..runtime.toolchain import find_compiler
+    out = []
+    try:
+        find_compiler()
+        out.append("cpu")
+    except BackendUnavailableError:
+        pass
+    return out + gpu.runnable_targets()
+
+
+def auto_target(arrays) -> str:
+    """target="auto": the GPU of CuPy inputs when there is one, else the CPU."""
+    if any(hasattr(a, "__cuda_array_interface__") for a in arrays):
+        from ..runtime import gpu
+        runnable = gpu.runnable_targets()
+        if runnable:
+            return runnable[0]
+    return "cpu"
+
+
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
-                  schedule=None) -> Program:
+                  schedule=None):
     if target not in TARGETS:
-        raise BackendUnavailableError(f"target {target!r} is not available yet",
-                                      expected=" or ".join(TARGETS))
+        raise BackendUnavailableError(f"target {target!r} does not exist",
+                                      expected=" or ".join(TARGETS + ("auto",)))
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)
+    if target in GPU_TARGETS:
+        from .lower_gpu import lower_schedule_gpu
+        from .target.gpu import render_cuda, render_hip
+        tile = lower_schedule_gpu(schedule, target).verify()
+        source = (render_cuda if target == "cuda" else render_hip)(tile)
+        return GPUProgram(g, prim, schedule, tile, source, target,
+                          output_structure=output_structure)
     tile = lower_schedule(schedule).verify()
     source = render_c(tile)
     from ..runtime.toolchain import build
