@@ -1,4 +1,13 @@
-"""The dtype table: names, NumPy and C equivalents, and NumPy's promotion rules."""
+"""The dtype table: names, NumPy and C equivalents, and NumPy's promotion rules.
+
+16-bit floats (float16, bfloat16) are storage types: a kernel loads their bits, widens them
+exactly to float32 (their `compute` dtype), computes every operator in float32 and rounds to
+nearest even once, when the operator's 16-bit result is made (NaN stays NaN, overflow gives
+inf). Sums, matmuls and attention accumulate in float32. So an operator's 16-bit result is
+float32 arithmetic rounded once - fused or not, on every target, and in the NumPy references
+(`ops.registry.run_reference`). bfloat16 needs the optional `ml_dtypes` package
+(`pip install tessera[bf16]`), which gives NumPy the dtype.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +30,12 @@ class DType:
     @property
     def np(self) -> np.dtype:
         if self.name == "bfloat16":
-            import ml_dtypes  # optional: gives NumPy a bfloat16
+            try:
+                import ml_dtypes  # optional: gives NumPy a bfloat16
+            except ImportError:
+                raise UnsupportedDTypeError(
+                    "bfloat16 needs the ml_dtypes package", received="bfloat16",
+                    hint="pip install ml_dtypes (the tessera[bf16] extra)") from None
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
@@ -37,6 +51,16 @@ class DType:
     def is_bool(self) -> bool:
         return self.kind == "b"
 
+    @property
+    def is_half(self) -> bool:
+        """A 16-bit float: stored in 16 bits, computed in float32."""
+        return self.kind == "f" and self.itemsize == 2
+
+    @property
+    def compute(self) -> "DType":
+        """The dtype arithmetic on values of this dtype runs in (float32 for 16-bit floats)."""
+        return _BY_NAME[self.accum] if self.is_half else self
+
     def __repr__(self) -> str:
         return f"tessera.{self.name}"
 
@@ -44,8 +68,8 @@ class DType:
         return self.short
 
 
-float16 = DType("float16", "f16", "f", 2, "uint16_t", "float32", supported=False)
-bfloat16 = DType("bfloat16", "bf16", "f", 2, "uint16_t", "float32", supported=False)
+float16 = DType("float16", "f16", "f", 2, "uint16_t", "float32")
+bfloat16 = DType("bfloat16", "bf16", "f", 2, "uint16_t", "float32")
 float32 = DType("float32", "f32", "f", 4, "float", "float32")
 float64 = DType("float64", "f64", "f", 8, "double", "float64")
 int32 = DType("int32", "i32", "i", 4, "int32_t", "int64")
@@ -103,10 +127,18 @@ def _supported_names() -> str:
 
 
 def result_type(*args) -> DType:
-    """NumPy's promotion (NEP 50: Python scalars are weak) over DTypes and Python scalars."""
-    np_args = [a.np if isinstance(a, DType) else a for a in args]
+    """NumPy's promotion (NEP 50: Python scalars are weak) over DTypes and Python scalars.
+
+    16-bit floats, in this one place: f16 with f16 is f16, bf16 with bf16 is bf16, f16 with
+    bf16 is f32 (neither holds the other), a Python scalar keeps the tensor's 16-bit dtype, and
+    otherwise bfloat16 promotes as float16 does in NumPy (with f32 -> f32, with int32 -> f64)."""
+    halves = {a for a in args if isinstance(a, DType) and a.is_half}
+    half = (float32 if len(halves) > 1 else halves.pop()) if halves else None
+    np_args = [(float16 if half.is_half else half).np if isinstance(a, DType) and a.is_half
+               else a.np if isinstance(a, DType) else a for a in args]
     try:
-        return from_numpy(np.result_type(*np_args))
+        d = from_numpy(np.result_type(*np_args))
+        return half if half is not None and d is float16 else d
     except (TypeError, ValueError) as e:
         raise DTypeError(f"these dtypes do not promote: {e}") from None
 

@@ -17,7 +17,15 @@ os.environ["TESSERA_POISON"] = "1"
 TOL = {
     np.dtype(np.float32): (2e-5, 2e-6),
     np.dtype(np.float64): (1e-12, 1e-13),
+    # 16-bit floats against float32 arithmetic rounded once: 2 ulps relative (eps: 2^-10 for
+    # f16, 2^-7 for bf16), 1 ulp of 1 absolute (inputs of unit scale; cancellation near 0)
+    np.dtype(np.float16): (2 ** -9, 2 ** -10),
 }
+try:
+    import ml_dtypes
+    TOL[np.dtype(ml_dtypes.bfloat16)] = (2 ** -6, 2 ** -7)
+except ImportError:
+    pass
 
 
 def assert_close(got, want, dtype=None, rtol=None, atol=None, scale=1.0):

@@ -10,7 +10,7 @@ def execute(path: str, gpu: bool):
     nb = nbformat.read(path, as_version=4)
     kept = [c for c in nb.cells if gpu or "gpu" not in c.metadata.get("tags", [])]
     run = nbformat.v4.new_notebook(cells=kept, metadata=nb.metadata)
-    NotebookClient(run, timeout=600, kernel_name="python3",
+    NotebookClient(run, timeout=600, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": "tutorials"}}).execute()
     nbformat.write(nb, path)        # the kept cells are the same objects, now with outputs
 

@@ -1,5 +1,5 @@
 """The GPU backends' code, checked without a GPU: every strategy and every registered operator
-(f32, f64, and int/bool where an operator takes them) lowered for CUDA and HIP, the Tile IR
+(f32, f64, f16, bf16, and int/bool where an operator takes them) lowered for CUDA and HIP, the Tile IR
 verified, and all of it compiled by NVRTC for sm_80 and sm_90 and by hipcc for gfx90a (one
 translation unit per compile). Structure: shuffles and barriers in row kernels, routine calls in
 matmuls, sane launches, no floating-point atomics, a Tile IR that prints its mapping."""
@@ -55,11 +55,13 @@ def lower(fn, arrays, target) -> TileProgram:
 
 # ---- the cases: every registered operator in every dtype it takes, and each strategy ------------
 def _variants(arrays):
-    """The example's arrays as f32, f64, i32, i64 and bool (float arrays converted)."""
+    """The example's arrays as f32, f64, f16, bf16, i32, i64 and bool (float arrays
+    converted)."""
     def conv(to):
         return [np.asarray(a).astype(to) if np.asarray(a).dtype.kind == "f" else a
                 for a in arrays]
-    return {"f32": conv(np.float32), "f64": conv(np.float64), "i32": conv(np.int32),
+    return {"f32": conv(np.float32), "f64": conv(np.float64), "f16": conv(np.float16),
+            "bf16": conv(dt.bfloat16.np), "i32": conv(np.int32),
             "i64": conv(np.int64), "bool": [np.asarray(a) > 0 if np.asarray(a).dtype.kind == "f"
                                             else a for a in arrays]}
 
@@ -86,7 +88,7 @@ def strategy_cases(rng):
         return rng.uniform(-2, 2, size=shape).astype(d)
     op = ts.op
     cases = {}
-    for d in (np.float32, np.float64):
+    for d in (np.float32, np.float64, np.float16, dt.bfloat16.np):
         s = np.dtype(d).name
         for shape in [(1, 1), (3, 1), (7, 33), (2, 3, 1000), (2, 70001)]:
             cases[f"softmax{shape}-{s}"] = (lambda x: op.softmax(x, axis=-1), [u(*shape, d=d)])
@@ -198,7 +200,7 @@ def test_cases_cover_every_operator_and_strategy(programs):
     want = {"pointwise", "copy", "row", "reduce", "argreduce", "concat", "gather", "contract"}
     assert strategies >= want | ({"attention"} if ATTENTION else set())
     kinds = {n.rsplit("-", 1)[1] for n in names}
-    assert kinds >= {"f32", "f64", "i32", "i64", "bool"}
+    assert kinds >= {"f32", "f64", "f16", "bf16", "i32", "i64", "bool"}
 
 
 @pytest.mark.parametrize("name", ["matmul-epilogue-float32", "attention-float64"])

@@ -262,11 +262,9 @@ def lower_pointwise(k: Kernel, code):
     return outer if body is not None else stmts
 
 
-def lower_row(k: Kernel, code):
-    """Reductions over the same axes with their prologue and epilogue, one row at a time: each
-    reduction is a pass over the row into `lanes` accumulators (a fixed association that does
-    not depend on threads or on how many rows there are), values that are constant along the
-    row are computed once per row, and a last pass writes the row's output."""
+def row_plan(k: Kernel):
+    """A row group's Emitter, group, reduced axes, and its loops over the kept axes (one per
+    row) and over the reduced ones (along a row), adjacent axes merged where every access allows."""
     em = Emitter(k, _Names())
     grp = k.group
     red = list(grp.reduced)
@@ -274,6 +272,15 @@ def lower_row(k: Kernel, code):
     loops = em.plan_loops([kept, red])
     kept_loops = [i for i, axes in enumerate(loops) if axes[0] not in red]
     red_loops = [i for i, axes in enumerate(loops) if axes[0] in red]
+    return em, grp, red, kept_loops, red_loops
+
+
+def lower_row(k: Kernel, code):
+    """Reductions over the same axes with their prologue and epilogue, one row at a time: each
+    reduction is a pass over the row into `lanes` accumulators (a fixed association that does
+    not depend on threads or on how many rows there are), values that are constant along the
+    row are computed once per row, and a last pass writes the row's output."""
+    em, grp, red, kept_loops, red_loops = row_plan(k)
     outer, row, idx = _loop_nest(em, kept_loops, k.knobs.get("parallel"), False)
     row_body = [] if row is None else row
     lanes = k.knobs.get("lanes", 8)
@@ -286,11 +293,12 @@ def lower_row(k: Kernel, code):
     for n in grp.nodes:
         m = grp.maps[n.out.id]
         if isinstance(n.opdef.lowering, R.Reduce) and whole:
-            em.scalars[n.out.id] = _chunked_reduction(em, n, row_body, red_loops[0], lanes,
-                                                      bool(k.knobs.get("parallel")))
+            em.scalars[n.out.id] = rounded(em, n, row_body, _chunked_reduction(
+                em, n, row_body, red_loops[0], lanes, bool(k.knobs.get("parallel"))))
         elif isinstance(n.opdef.lowering, R.Reduce):
-            em.scalars[n.out.id] = _row_reduction(em, n, row_body, idx, red_loops, lanes,
-                                                  stash=stash if n is reductions[-1] else None)
+            em.scalars[n.out.id] = rounded(em, n, row_body, _row_reduction(
+                em, n, row_body, idx, red_loops, lanes,
+                stash=stash if n is reductions[-1] else None))
             if stash is not None and n is reductions[-1]:
                 em.stashed.add(stash.id)
         elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
@@ -306,6 +314,17 @@ def lower_row(k: Kernel, code):
     else:
         _store_all(em, k, row_body, idx)
     return outer if row is not None else row_body
+
+
+def rounded(em: Emitter, n, body: list, value: Expr) -> Expr:
+    """A reduction's result in the operator's dtype: a 16-bit result, accumulated in float32,
+    is rounded once here (as the operator's reference is), before anything fused uses it."""
+    d = n.out.type.dtype
+    if not d.is_half:
+        return value
+    name = em.names("r")
+    body.append(Decl(name, d, Cast(d, value)))
+    return Var(name)
 
 
 def _store_all(em: Emitter, k: Kernel, body: list, idx):
@@ -350,7 +369,7 @@ def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes, start=Const(
     names = em.names
     x = n.inputs[0]
     xm = identity_map(x.type.shape)
-    xd, od = x.type.dtype, n.out.type.dtype
+    xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
     init = OpCall(n.op, "init", (), xd, od, ())
     if not red_loops:                      # every reduced axis has size 1 (or the row is empty)
         name = names("s")
@@ -403,7 +422,7 @@ def _chunked_reduction(em: Emitter, n, row_body, red_loop, lanes, parallel: bool
     the size only, never on the thread count, so the result does not either."""
     names = em.names
     x = n.inputs[0]
-    xd, od = x.type.dtype, n.out.type.dtype
+    xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
     total_n = em.extent(red_loop)
     size = max(WHOLE_CHUNK, -(-total_n // MAX_CHUNKS))
     full, rest = divmod(total_n, size)
@@ -442,7 +461,7 @@ def lower_column_reduce(k: Kernel, code):
     outer_ids, inner = kept_ids[:-1], kept_ids[-1]      # inner: the loop over the last axis
     x = n.inputs[0]
     xm = identity_map(x.type.shape)
-    xd, od = x.type.dtype, n.out.type.dtype
+    xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
     lanes = k.knobs.get("lanes", 8)
     width = em.extent(inner)
     jb = min(width, COLUMN_BLOCK)

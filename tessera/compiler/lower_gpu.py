@@ -22,7 +22,7 @@ from ..errors import ArgumentError, BackendUnavailableError
 from ..ops import registry as R
 from .fusion import identity_map
 from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _stashable, _store_all,
-                    attention_task, gemm_task, idx_div, read, unflatten)
+                    attention_task, gemm_task, idx_div, read, rounded, row_plan, unflatten)
 from .schedule_ir import Kernel, Schedule
 from .scheduler import GPU_TARGETS, gpu_knobs
 from .tile_ir import (Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const, Decl, Loop,
@@ -88,13 +88,7 @@ def gpu_gather(k: Kernel, code, target, knobs):
 def gpu_row(k: Kernel, code, target, knobs):
     """CPU row-group semantics (prologue, reductions, row scalars, the stash, the epilogue and
     every extra store), one block per row."""
-    em = Emitter(k, _Names())
-    grp = k.group
-    red = list(grp.reduced)
-    kept = [a for a in range(len(grp.domain)) if a not in red]
-    loops = em.plan_loops([kept, red])
-    kept_loops = [i for i, axes in enumerate(loops) if axes[0] not in red]
-    red_loops = [i for i, axes in enumerate(loops) if axes[0] in red]
+    em, grp, red, kept_loops, red_loops = row_plan(k)
     kext = [em.extent(i) for i in kept_loops]
     rext = [em.extent(i) for i in red_loops]
     threads = knobs["threads"]
@@ -120,8 +114,8 @@ def gpu_row(k: Kernel, code, target, knobs):
         m = grp.maps[n.out.id]
         if isinstance(n.opdef.lowering, R.Reduce):
             last = stash is not None and n is reductions[-1]
-            em.scalars[n.out.id] = _block_reduction(em, n, row_body, over_row, shared, threads,
-                                                    stash if last else None)
+            em.scalars[n.out.id] = rounded(em, n, row_body, _block_reduction(
+                em, n, row_body, over_row, shared, threads, stash if last else None))
             if last:
                 em.stashed.add(stash.id)
         elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
@@ -145,7 +139,7 @@ def _block_reduction(em: Emitter, n, row_body, over_row, shared, threads, stash)
     names = em.names
     x = n.inputs[0]
     xm = identity_map(x.type.shape)
-    xd, od = x.type.dtype, n.out.type.dtype
+    xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
     acc = names("acc")
     row_body.append(Decl(acc, od, OpCall(n.op, "init", (), xd, od, ())))
 
@@ -174,7 +168,7 @@ def gpu_column_reduce(k: Kernel, code, target, knobs):
     red_ids = [i for i, axes in enumerate(loops) if axes[0] in red]
     kext = [em.extent(i) for i in kept_ids]
     x = n.inputs[0]
-    xd, od = x.type.dtype, n.out.type.dtype
+    xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
     g, acc = em.names("g"), em.names("acc")
     idx = dict(zip(kept_ids, _split(Var(g), kext)))
     body = [Decl(acc, od, OpCall(n.op, "init", (), xd, od, ()))]

@@ -11,6 +11,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 16     # below this, starting threads costs more th
 PARALLEL_MIN_FLOPS = 1 << 20
 LANES = {4: 16, 8: 8}               # accumulators per row reduction, by element size: one
                                     # vector register each; fixed, so the association is too
+                                    # (16-bit floats accumulate in f32: by f32's size)
 
 
 def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None,
@@ -135,7 +136,7 @@ def default_knobs(k: Kernel) -> dict:
     if k.strategy == "contract":
         knobs = {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "simd": True}
         if k.output.type.dtype.is_float:
-            knobs.update(gemm_tiles(grp.anchor, k.output.type.dtype.short))
+            knobs.update(gemm_tiles(grp.anchor, k.output.type.dtype.compute.short))
         return knobs
     if k.strategy == "attention":
         from .target.c_attention import DEFAULT_BLOCKS, MIN_TASKS
@@ -149,10 +150,10 @@ def default_knobs(k: Kernel) -> dict:
         return {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "block_q": bq}
     if k.strategy == "row":
         return {"parallel": numel >= PARALLEL_MIN_ELEMENTS,
-                "lanes": LANES.get(k.output.type.dtype.itemsize, 8)}
+                "lanes": LANES.get(k.output.type.dtype.compute.itemsize, 8)}
     if k.strategy == "reduce":
         return {"parallel": numel >= PARALLEL_MIN_ELEMENTS,
-                "lanes": LANES.get(k.output.type.dtype.itemsize, 8)}
+                "lanes": LANES.get(k.output.type.dtype.compute.itemsize, 8)}
     if k.strategy == "argreduce":
         return {"parallel": k.output.type.numel() >= 2 and
                 k.inputs[0].type.numel() >= PARALLEL_MIN_ELEMENTS}

@@ -78,7 +78,7 @@ def _softmax_vjp(xs, y, g, a):                  # y (g - sum(g y))
 
 register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_softmax_ref),
-               decompose=_softmax_decompose, vjp=_softmax_vjp,
+               decompose=_softmax_decompose, vjp=_softmax_vjp, decompose_in_f32=True,
                doc="exp(x - max) / sum(exp(x - max)) over axis"))
 
 
@@ -101,7 +101,7 @@ def _log_softmax_vjp(xs, y, g, a):              # g - softmax(x) sum(g), softmax
 
 register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_log_softmax_ref),
-               decompose=_log_softmax_decompose, vjp=_log_softmax_vjp,
+               decompose=_log_softmax_decompose, vjp=_log_softmax_vjp, decompose_in_f32=True,
                doc="x - logsumexp(x) over axis, stably"))
 
 
@@ -140,7 +140,7 @@ def _lse_vjp(xs, y, g, a):                      # g softmax(x) = g exp(x - y)
 
 register(OpDef("logsumexp", "composite", 1, {"axis": -1, "keepdim": False}, infer=_lse_infer,
                normalize=_axis_normalize, reference=_float_ref(_lse_ref),
-               decompose=_lse_decompose, vjp=_lse_vjp,
+               decompose=_lse_decompose, vjp=_lse_vjp, decompose_in_f32=True,
                doc="log(sum(exp(x))) over axis, stably"))
 
 
@@ -169,7 +169,7 @@ def _layernorm_vjp(xs, y, g, a):
 
 register(OpDef("layernorm", "composite", 1, {"axis": -1, "eps": 1e-5}, infer=_same_shape_float,
                normalize=_axis_normalize, reference=_float_ref(_layernorm_ref),
-               decompose=_layernorm_decompose, vjp=_layernorm_vjp,
+               decompose=_layernorm_decompose, vjp=_layernorm_vjp, decompose_in_f32=True,
                doc="(x - mean) / sqrt(var + eps) over axis"))
 
 
@@ -192,5 +192,5 @@ def _rmsnorm_vjp(xs, y, g, a):
 
 register(OpDef("rmsnorm", "composite", 1, {"axis": -1, "eps": 1e-6}, infer=_same_shape_float,
                normalize=_axis_normalize, reference=_float_ref(_rmsnorm_ref),
-               decompose=_rmsnorm_decompose, vjp=_rmsnorm_vjp,
+               decompose=_rmsnorm_decompose, vjp=_rmsnorm_vjp, decompose_in_f32=True,
                doc="x / sqrt(mean(x*x) + eps) over axis"))

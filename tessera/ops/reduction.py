@@ -156,6 +156,7 @@ register(OpDef(
     reference=lambda a, t: np.mean(a[0], axis=_np_axis(t), keepdims=t["keepdim"]).astype(
         float_dtype(dt.from_numpy(a[0].dtype)).np),
     decompose=lambda b, xs, attrs: _mean_decompose(b, xs[0], attrs), vjp=_mean_vjp,
+    decompose_in_f32=True,
     doc="arithmetic mean over axis"))
 
 
@@ -187,5 +188,5 @@ register(OpDef(
     reference=lambda a, t: np.var(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   ddof=t["correction"]).astype(
         float_dtype(dt.from_numpy(a[0].dtype)).np),
-    decompose=_var_decompose, vjp=_var_vjp,
+    decompose=_var_decompose, decompose_in_f32=True, vjp=_var_vjp,
     doc="variance over axis (correction=1 for the unbiased estimate)"))

@@ -103,6 +103,10 @@ class OpDef:
     # output's broadcast shape (the autodiff pass sums it back with `sum_to`). See
     # tessera/compiler/autodiff.py.
     vjp: Callable | None = None
+    # A composite that computes (softmax, layernorm, mean, ...): on 16-bit inputs its
+    # decomposition runs in float32 and its result is rounded once, as its reference is
+    # (16-bit intermediates would round at every step).
+    decompose_in_f32: bool = False
 
     def __repr__(self):
         return f"<op {self.name}>"
@@ -114,8 +118,25 @@ REGISTRY: dict[str, OpDef] = {}
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in REGISTRY:
         raise ValueError(f"operator {opdef.name} registered twice")
+    if opdef.decompose_in_f32:
+        opdef.decompose = _half_in_f32(opdef, opdef.decompose)
     REGISTRY[opdef.name] = opdef
     return opdef
+
+
+def _half_in_f32(opdef: OpDef, decompose: Callable) -> Callable:
+    """The decomposition with 16-bit float inputs cast to float32 and the result cast back to
+    the operator's dtype (one rounding, to nearest even)."""
+    def run(b, xs, attrs):
+        types = [b.type(x) for x in xs]
+        if not any(t.dtype.is_half for t in types):
+            return decompose(b, xs, attrs)
+        out = opdef.infer(types, attrs).dtype
+        wide = [b.op("cast", x, dtype="float32") if t.dtype.is_half else x
+                for x, t in zip(xs, types)]
+        r = decompose(b, wide, attrs)
+        return r if b.type(r).dtype == out else b.op("cast", r, dtype=out.name)
+    return run
 
 
 def get(name: str) -> OpDef:
@@ -194,10 +215,19 @@ def ref_errstate():
 
 def run_reference(opdef: OpDef, arrays, attrs):
     """An operator's NumPy reference, quietly: IEEE results (inf, nan) are answers here, not
-    events to warn about."""
+    events to warn about. 16-bit float operands are widened to float32 first (exactly), so the
+    reference computes in float32 like the kernels; every caller then casts the result to the
+    operator's dtype, which rounds a 16-bit result once, to nearest even (see tessera.dtypes)."""
+    arrays = [_widen_half(a) for a in arrays]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return opdef.reference(arrays, attrs)
+
+
+def _widen_half(a):
+    if isinstance(a, np.ndarray) and a.dtype.name in ("float16", "bfloat16"):
+        return a.astype(np.float32)
+    return a
 
 
 def check_no_bool(d: dt.DType, opname: str):

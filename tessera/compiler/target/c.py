@@ -34,8 +34,14 @@ class CRenderer(CStyleRenderer):
             return ["#pragma omp simd"]
         return []
 
+    def half_helpers(self) -> list[str]:
+        return [HALF]
+
     def routine_source(self, key: str) -> str:
         name, dtype = key.split(":")
+        if dtype in HALF_DTYPES:        # the f32 routine on widened copies, rounded once
+            return [HALF, *self.routine_source(f"{name}:f32"), HALF_ROUTINES[name].replace(
+                "{S}", dtype)]
         if name == "gemm":
             from .c_gemm import gemm_source
             return gemm_source(dtype)
@@ -61,7 +67,7 @@ class CRenderer(CStyleRenderer):
             casts = []
             for p, a in zip(k.params, args):
                 const = "const " if p.mode == "in" else ""
-                casts.append(f"({const}{self.ctype(types[a])}*)b[{index[a]}]")
+                casts.append(f"({const}{self.storage_type(types[a])}*)b[{index[a]}]")
             calls.append(f"{name}({', '.join(casts)})")
         lines = [f"int {ENTRY}(void** b) {{", "  int s = 0;"]
         lines += [f"  if ((s = {c})) return s;" for c in calls]
@@ -75,6 +81,92 @@ class CRenderer(CStyleRenderer):
                       "  if (s) return s;"]
         lines += ["  return 0;", "}"]
         return "\n".join(lines)
+
+
+HALF_DTYPES = ("f16", "bf16")
+
+# 16-bit float bits <-> float32 with integer operations only (no _Float16, no F16C): widening is
+# exact; narrowing rounds to nearest even, overflows to inf, keeps subnormals, and a NaN stays
+# a quiet NaN with its sign and top payload bits. The same functions as the GPU routines'
+# (gpu_gemm.py's COMMON chunk), bit for bit.
+HALF = """\
+TS_INLINE float ts_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+TS_INLINE uint32_t ts_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+TS_INLINE float ts_bf16_to_f32(uint16_t h) { return ts_bits_f32((uint32_t)h << 16); }
+TS_INLINE uint16_t ts_f32_to_bf16(float f) {
+  const uint32_t u = ts_f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+TS_INLINE float ts_f16_to_f32(uint16_t h) {
+  const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {                  /* zero or subnormal: m * 2^-24, exact */
+    const uint32_t sh = m ? (uint32_t)__builtin_clz(m) - 21u : 0u;   /* normalise m */
+    return ts_bits_f32(m ? s | ((113u - sh) << 23) | ((m << sh) & 0x3ffu) << 13 : s);
+  }
+  return ts_bits_f32(s | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (m << 13));
+}
+TS_INLINE uint16_t ts_f32_to_f16(float f) {
+  const uint32_t u = ts_f32_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu));   /* NaN */
+  if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);      /* 65520 and up round to inf */
+  if (a < 0x38800000u) {         /* below 2^-14: a subnormal in units of 2^-24 (or zero) */
+    const uint32_t e = a >> 23;
+    if (e < 102u) return (uint16_t)s;                          /* below 2^-25: to zero */
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u, sh = 126u - e;          /* 14 .. 24 */
+    const uint32_t q = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    return (uint16_t)(s | (q + (rem > half || (rem == half && (q & 1u)))));
+  }
+  const uint32_t r = a - 0x38000000u;                       /* rebias the exponent 127 -> 15 */
+  return (uint16_t)(s | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+}"""
+
+# The routines for 16-bit operands: each task widens its operands into float32 scratch (its
+# A rows and B columns, or its queries, the keys, values and its mask block), calls the float32
+# routine (float32 accumulation, the same chains) and rounds each result once into the output.
+# Scratch comes from malloc per call: a call's arithmetic (mt*nt*K, nq*Sk*D) dwarfs it.
+HALF_ROUTINES = {"gemm": """\
+static void ts_gemm_tile_{S}(const uint16_t* A, int64_t rsa, int64_t csa, const uint16_t* B,
+                             int64_t rsb, int64_t csb, uint16_t* C, int64_t ldc, int64_t K,
+                             int64_t mt, int64_t nt, int64_t KC) {
+  float* a = (float*)malloc(sizeof(float) * (size_t)(mt * K + K * nt + mt * nt + 1));
+  if (!a) abort();
+  float *b = a + mt * K, *c = b + K * nt;
+  for (int64_t i = 0; i < mt; ++i)
+    for (int64_t k = 0; k < K; ++k) a[i * K + k] = ts_{S}_to_f32(A[i * rsa + k * csa]);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t j = 0; j < nt; ++j) b[k * nt + j] = ts_{S}_to_f32(B[k * rsb + j * csb]);
+  ts_gemm_tile_f32(a, K, 1, b, nt, 1, c, nt, K, mt, nt, KC);
+  for (int64_t i = 0; i < mt; ++i)
+    for (int64_t j = 0; j < nt; ++j) C[i * ldc + j] = ts_f32_to_{S}(c[i * nt + j]);
+  free(a);
+}""", "attention": """\
+#include <stdlib.h>
+static void ts_attention_block_{S}(
+    const uint16_t* Q, int64_t q_rs, const uint16_t* K, int64_t k_rs, const uint16_t* V,
+    int64_t v_rs, const uint16_t* M, int64_t m_rs, int64_t m_cs, uint16_t* O, int64_t o_rs,
+    int64_t q0, int64_t nq, int64_t Sk, int64_t D, int64_t Dv, float scale, int causal,
+    int64_t causal_offset) {
+  /* the block's rows renumbered from 0: causal_offset moves by q0 */
+  float* q = (float*)malloc(sizeof(float) * (size_t)(nq * D + Sk * D + Sk * Dv + nq * Dv
+                                                     + (M ? nq * Sk : 0) + 1));
+  if (!q) abort();
+  float *k = q + nq * D, *v = k + Sk * D, *o = v + Sk * Dv, *m = M ? o + nq * Dv : 0;
+  for (int64_t r = 0; r < nq; ++r)
+    for (int64_t d = 0; d < D; ++d) q[r * D + d] = ts_{S}_to_f32(Q[(q0 + r) * q_rs + d]);
+  for (int64_t j = 0; j < Sk; ++j) {
+    for (int64_t d = 0; d < D; ++d) k[j * D + d] = ts_{S}_to_f32(K[j * k_rs + d]);
+    for (int64_t d = 0; d < Dv; ++d) v[j * Dv + d] = ts_{S}_to_f32(V[j * v_rs + d]);
+  }
+  if (M)
+    for (int64_t r = 0; r < nq; ++r)
+      for (int64_t j = 0; j < Sk; ++j) m[r * Sk + j] = ts_{S}_to_f32(M[(q0 + r) * m_rs + j * m_cs]);
+  ts_attention_block_f32(q, D, k, D, v, Dv, m, Sk, 1, o, Dv, 0, nq, Sk, D, Dv, scale, causal,
+                         causal_offset + q0);
+  for (int64_t r = 0; r < nq; ++r)
+    for (int64_t d = 0; d < Dv; ++d) O[(q0 + r) * o_rs + d] = ts_f32_to_{S}(o[r * Dv + d]);
+  free(q);
+}"""}
 
 
 def render_c(program: TileProgram) -> str:

@@ -2,6 +2,16 @@
 
 Subclasses say how a loop kind is spelled (OpenMP pragmas on the CPU; grid and block indices on
 GPUs), how kernels and the entry point are declared, and what goes in the prelude.
+
+16-bit floats (see tessera.dtypes) are converted here, in one place, for every strategy: a
+kernel parameter of dtype f16/bf16 is a pointer to its 16-bit bits; every other value of that
+dtype (a Decl, a Local, a Shared element, a literal) is a float32 holding a value the 16-bit
+type represents. So a Load from a 16-bit parameter widens (exactly), a Store to one narrows
+(round to nearest even), and an expression that makes a 16-bit value (an OpCall whose result
+is 16-bit, a Cast to 16 bits, a Store into a 16-bit Local) rounds its float32 result to the
+16-bit grid: an operator's result is rounded once whether it is stored or fused. Operator
+templates and helpers see the compute dtype (float32). The conversions are the target's
+`half_fn` functions (C: `half_source`, GPU: gpu_gemm's COMMON chunk).
 """
 from __future__ import annotations
 
@@ -10,7 +20,7 @@ import math
 from ... import dtypes as dt
 from ...ops import registry as R
 from ..tile_ir import (Addr, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, Load, Local, Loop,
-                       OpCall, Select, Store, TileKernel, TileProgram, Var, walk_exprs)
+                       OpCall, Select, Shared, Store, TileKernel, TileProgram, Var, walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
@@ -27,9 +37,30 @@ class CStyleRenderer:
     index_type = "int64_t"
     restrict = "restrict"
 
+    half_prefix = "ts"             # the 16-bit conversions are <prefix>_f16_to_f32 and so on
+
     # -- literals and types ------------------------------------------------------------------------
     def ctype(self, d: dt.DType) -> str:
+        """The C type of a value of d (float for 16-bit floats)."""
+        return d.compute.c_type
+
+    def storage_type(self, d: dt.DType) -> str:
+        """The C type of an element of a kernel parameter of dtype d."""
         return d.c_type
+
+    def widen(self, d: dt.DType, bits: str) -> str:
+        return f"{self.half_prefix}_{d.short}_to_f32({bits})"
+
+    def narrow(self, d: dt.DType, value: str) -> str:
+        return f"{self.half_prefix}_f32_to_{d.short}({value})"
+
+    def round_half(self, d: dt.DType, value: str) -> str:
+        """value (a float) rounded to d's grid, still a float."""
+        return self.widen(d, self.narrow(d, value))
+
+    def half_helpers(self) -> list[str]:
+        """The chunks defining the conversions (when a program uses a 16-bit dtype)."""
+        return []
 
     def literal(self, value, d) -> str:
         if d is None:
@@ -45,13 +76,14 @@ class CStyleRenderer:
         if math.isinf(v):
             return "INFINITY" if v > 0 else "-INFINITY"
         text = repr(v)
-        return text + "f" if d.itemsize == 4 else text
+        return text + "f" if d.compute.itemsize == 4 else text
 
     @staticmethod
     def suffix(d: dt.DType) -> str:
         return "f" if d.is_float and d.itemsize == 4 else ""
 
     def subs(self, compute: dt.DType, out: dt.DType) -> dict:
+        compute = compute.compute
         lo, hi = INT_LIMITS.get(compute.short, ("0", "0"))
         return {"T": self.ctype(out), "F": self.suffix(compute), "S": compute.short,
                 "IMIN": lo, "IMAX": hi}
@@ -63,11 +95,14 @@ class CStyleRenderer:
         if isinstance(e, Const):
             return self.literal(e.value, e.dtype)
         if isinstance(e, Load):
-            return f"{e.buf}[{self.expr(e.index)}]"
+            text = f"{e.buf}[{self.expr(e.index)}]"
+            d = self._halves.get(e.buf)
+            return self.widen(d, text) if d is not None else text
         if isinstance(e, Bin):
             return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
         if isinstance(e, Cast):
-            return f"(({self.ctype(e.dtype)}){self.expr(e.e)})"
+            text = f"(({self.ctype(e.dtype)}){self.expr(e.e)})"
+            return self.round_half(e.dtype, text) if e.dtype.is_half else text
         if isinstance(e, Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, OpCall):
@@ -85,13 +120,33 @@ class CStyleRenderer:
                  "better": getattr(desc, "better", None)}[e.role]
         return table.get(kind) or table["*"]
 
-    def opcall(self, e: OpCall) -> str:
+    def opcall(self, e: OpCall, rounded: bool = True) -> str:
+        """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
+        (the caller narrows it at once)."""
         text = fill(self.template(e), **self.subs(e.compute, e.out))
         if e.role == "combine":
-            return fill(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
-        if e.role == "better":
-            return fill(text, x=self.expr(e.args[0]), best=self.expr(e.args[1]))
-        return fill(text, **{str(i): self.expr(a) for i, a in enumerate(e.args)})
+            text = fill(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
+        elif e.role == "better":
+            text = fill(text, x=self.expr(e.args[0]), best=self.expr(e.args[1]))
+        else:
+            text = fill(text, **{str(i): self.expr(a) for i, a in enumerate(e.args)})
+        return self.round_half(e.out, text) if rounded and e.out.is_half else text
+
+    def stored(self, buf: str, value) -> str:
+        """The C for storing `value` into buf: narrowed into a 16-bit parameter (its bits
+        copied when it is loaded from a parameter of the same dtype), rounded into a 16-bit
+        Local or Shared array."""
+        d = self._halves.get(buf)
+        if d is not None:
+            if isinstance(value, Load) and self._halves.get(value.buf) == d:
+                return f"{value.buf}[{self.expr(value.index)}]"
+            if isinstance(value, OpCall) and value.out == d:
+                return self.narrow(d, self.opcall(value, rounded=False))
+            return self.narrow(d, self.expr(value))
+        d = self._local_halves.get(buf)
+        if d is not None:
+            return self.round_half(d, self.expr(value))
+        return self.expr(value)
 
     def helpers(self, program: TileProgram) -> list[str]:
         """Helper functions the program's OpCalls need, each once, in first-use order."""
@@ -107,7 +162,7 @@ class CStyleRenderer:
                 if e.compute.itemsize == 8 and hasattr(chunks, "f64"):
                     chunks = chunks.f64
                 for text in ((chunks,) if isinstance(chunks, str) else chunks or ()):
-                    h = fill(text, **self.subs(e.compute, e.compute))
+                    h = fill(text, **self.subs(e.compute, e.compute.compute))
                     if h not in out:
                         out.append(h)
         return out
@@ -140,7 +195,7 @@ class CStyleRenderer:
         elif isinstance(s, Assign):
             out.append(f"{pad}{s.name} = {self.expr(s.value)};")
         elif isinstance(s, Store):
-            out.append(f"{pad}{s.buf}[{self.expr(s.index)}] = {self.expr(s.value)};")
+            out.append(f"{pad}{s.buf}[{self.expr(s.index)}] = {self.stored(s.buf, s.value)};")
         elif isinstance(s, CheckIndex):
             out.append(f"{pad}if ({s.name} < 0) {s.name} += {s.extent};")
             out.append(f"{pad}if ({s.name} < 0 || {s.name} >= {s.extent}) {{")
@@ -156,9 +211,19 @@ class CStyleRenderer:
     # -- kernels ---------------------------------------------------------------------------------
     def param_decl(self, p) -> str:
         const = "const " if p.mode == "in" else ""
-        return f"{const}{self.ctype(p.dtype)}* {self.restrict} {p.name}"
+        return f"{const}{self.storage_type(p.dtype)}* {self.restrict} {p.name}"
+
+    def begin_kernel(self, k: TileKernel):
+        """Note the kernel's 16-bit buffers: parameters hold bits, other arrays floats."""
+        self._halves = {p.name: p.dtype for p in k.params if p.dtype.is_half}
+        self._local_halves = {s.name: s.dtype for s in _statements(k.body)
+                              if isinstance(s, (Local, Shared)) and s.dtype.is_half}
+
+    _halves: dict = {}
+    _local_halves: dict = {}
 
     def kernel(self, k: TileKernel) -> str:
+        self.begin_kernel(k)
         params = ", ".join(self.param_decl(p) for p in k.params)
         names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
         lines = [f"/* {k.strategy}: {k.origin}{names} */",
@@ -193,7 +258,9 @@ class CStyleRenderer:
 
     def render(self, program: TileProgram) -> str:
         parts = [self.prelude()]
-        parts += self.helpers(program)
+        if any(p.dtype.is_half for k in program.kernels for p in k.params):
+            parts += self.half_helpers()
+        parts += [h for h in self.helpers(program) if h not in parts]
         parts += [c for c in self.routines(program) if c not in parts]   # exp: once for both
         parts += [self.kernel(k) for k in program.kernels]
         parts.append(self.entry(program))

@@ -71,6 +71,14 @@ class GpuRenderer(CStyleRenderer):
                   "}"]
         return lines
 
+    half_prefix = "tsg"
+
+    def half_helpers(self) -> list[str]:
+        """The 16-bit conversions: the GPU routines' own (gpu_gemm.py's COMMON chunk, which
+        the renderer emits once even when a routine needs it too)."""
+        from .gpu_gemm import COMMON
+        return [COMMON[self.lang]]
+
     def shuffle(self, d: dt.DType, v: str, offset: int) -> str:
         """`v` of the lane `offset` above, as C (bools travel as int)."""
         if d.is_bool:
@@ -84,6 +92,7 @@ class GpuRenderer(CStyleRenderer):
         return [f"*ts_status = {code};"]     # every writer of one kernel writes the same code
 
     def kernel(self, k: TileKernel) -> str:
+        self.begin_kernel(k)
         params = ", ".join([self.param_decl(p) for p in k.params] + ["int* ts_status"])
         names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
         L = k.launch
