@@ -128,7 +128,7 @@ class Function:
                                         "static value", function=self.name) from None
                 slots.append(("static", leaf))
                 continue
-            arr = np.asarray(leaf)
+            arr = leaf if _on_device(leaf) else np.asarray(leaf)   # CuPy leaves stay put
             try:
                 dt.from_numpy(arr.dtype)
             except DTypeError as e:
@@ -136,7 +136,7 @@ class Function:
                 raise enrich(e, function=self.name) from None
             pname = _leaf_name(name, path, taken)
             taken.add(pname)
-            arrays[pname] = dt.native(arr)
+            arrays[pname] = arr if arr is leaf and _on_device(leaf) else dt.native(arr)
             slots.append(("param", pname))
         return _TreeArg(treedef, slots)
 

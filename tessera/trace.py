@@ -63,6 +63,7 @@ def enrich(err: TesseraError, *, function=None, location=None, op=None) -> Tesse
         err.location = location
     if err.op is None and op:
         err.op = op
+    err.args = (err._format(),)         # repr() and pickling see the whole message
     return err
 
 

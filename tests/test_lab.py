@@ -1,4 +1,5 @@
 """The notebook extension, driven in a real IPython shell and in a real Jupyter kernel."""
+import importlib.util
 import re
 
 import numpy as np
@@ -166,3 +167,129 @@ def test_error_explorer_for_a_function_without_shapes_in_a_kernel():
 
 def _text(page: str) -> str:
     return re.sub(r"<[^>]+>", "", page)
+
+
+# ---- odd cells ---------------------------------------------------------------------------------
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)          # IPython's colours
+
+
+def test_functions_are_bound_as_defined_and_an_error_keeps_them(shell, rng):
+    """The cell's own later lines call the compiled function; an exception after the defs
+    leaves them bound (as a plain cell would leave its defs), and its traceback shows the
+    cell's lines, not the magic's frames."""
+    cell = '''import numpy as np
+from tessera import Tensor, op
+def double(x: Tensor["N"]):
+    return x * 2.0
+seen = type(double).__name__, double(np.arange(3, dtype=np.float32))
+raise ValueError("after the defs")
+'''
+    with capture_output() as cap:
+        result = shell.run_cell("%%tessera --shapes N=3\n" + cell)
+    assert isinstance(result.error_in_exec, ValueError)
+    kind, out = shell.user_ns["seen"]
+    assert kind == "Function" and np.array_equal(out, [0.0, 2.0, 4.0])
+    assert isinstance(shell.user_ns["double"], ts.Function)
+    x = rng.standard_normal(5).astype(np.float32)
+    np.testing.assert_array_equal(shell.user_ns["double"](x), x * 2)
+    shown = _plain(cap.stdout + cap.stderr)
+    assert "line 7" in shown and 'raise ValueError("after the defs")' in shown
+    assert "magic.py" not in shown and "_run_cell" not in shown
+
+
+def test_a_transform_defined_last_is_explored(shell, rng):
+    explorer, _ = run_magic(shell, "--shapes N=6", '''
+import tessera as ts
+from tessera import Tensor, op
+def energy(x: Tensor["N"]):
+    return op.sum(x * x)
+def other(x: Tensor["N"]):
+    return x + 1.0
+force = ts.grad(energy)
+''')
+    assert explorer.name == "grad_energy" and explorer.program is not None
+    x = rng.standard_normal(6).astype(np.float32)
+    np.testing.assert_allclose(shell.user_ns["force"](x), 2 * x, rtol=1e-6)
+
+
+def test_rebinding_and_deleting_in_the_cell_pick_the_last_live_function(shell):
+    explorer, _ = run_magic(shell, "--shapes N=4", '''
+from tessera import Tensor
+def first(x: Tensor["N"]):
+    return x * 2.0
+def second(x: Tensor["N"]):
+    return x * 3.0
+del second
+''')
+    assert explorer.name == "first" and "second" not in shell.user_ns
+
+
+def test_a_function_that_needs_arrays_gets_a_note_not_an_error(shell, rng):
+    cell = '''from tessera import Tensor
+def scale(x: Tensor["N"], alpha):
+    return x * alpha
+'''
+    explorer, _ = run_magic(shell, "--shapes N=4", cell)
+    assert explorer.program is None and "alpha" in explorer.summary()
+    page = explorer.html()
+    assert page.count("Not available: scale takes alpha") == 4       # each level
+    # beside another function, it is skipped rather than lowered from the sizes
+    main, _ = run_magic(shell, "--shapes N=4", cell + '''
+def main(x: Tensor["N"]):
+    return x + 1.0
+''')
+    assert main.name == "main" and main.program is not None
+    # its program, from example arrays, is explored by the line magic
+    x = rng.standard_normal(4).astype(np.float32)
+    shell.user_ns["prog"] = shell.user_ns["scale"].lower(x, 3.0)
+    with capture_output():
+        lowered = shell.run_line_magic("tessera", "prog --show schedule")
+    assert lowered.program is shell.user_ns["prog"]
+    np.testing.assert_allclose(lowered.program(x), x * 3.0, rtol=1e-6)
+
+
+def test_a_cell_without_tessera_functions_says_so(shell):
+    result, cap = run_magic(shell, "", "def plain(a, b):\n    return a + b\nmethod = str.upper\n")
+    assert result is None and "defines no tessera function" in cap.stdout
+    assert shell.user_ns["plain"](1, 2) == 3                    # left as it was
+
+
+def test_a_def_tessera_cannot_take_names_its_line(shell):
+    cell = 'from tessera import Tensor\n\ndef pack(*xs: Tensor["N"]):\n    return xs[0]\n'
+    with capture_output():
+        result = shell.run_cell("%%tessera\n" + cell)
+    err = result.error_in_exec
+    assert isinstance(err, ts.ArgumentError) and str(err.location) == "<cell>:4"
+
+
+def test_duplicate_sizes_are_a_usage_error(shell):
+    with pytest.raises(UsageError, match="given twice"):
+        shell.run_cell_magic("tessera", "--shapes N=3,N=4", ATTENTION)
+
+
+def test_static_html_escapes_the_users_source(shell):
+    cell = '''from tessera import Tensor, op
+def masked(x: Tensor["N"], y: Tensor["N", "M"]):
+    return op.where(x < 0, x, 0) @ y  # <script>alert(1)</script>
+'''
+    explorer, _ = run_magic(shell, "--shapes N=3,M=2", cell)
+    broken = cell.replace('y: Tensor["N", "M"]', 'y: Tensor["M", "M"]')
+    with capture_output() as cap:
+        shell.run_cell("%%tessera --shapes N=3,M=2\n" + broken)
+    page, error_page = explorer.html(), cap.outputs[0].data["text/html"]
+    assert "&lt;cell&gt;:4" in page and "<cell>" not in page      # the graph's source lines
+    assert "&lt;script&gt;" in error_page and "<script>" not in error_page + page
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
+                    reason="checks the notes shown where CuPy is missing")
+def test_other_targets_profile_and_autotune_say_why_not(shell):
+    explorer, _ = run_magic(shell, "--shapes N=4 --target cuda --profile --autotune --budget 1",
+                            "from tessera import Tensor, op\n"
+                            "def soft(x: Tensor['N', 'N']):\n    return op.softmax(x)\n")
+    assert explorer.program.target == "cuda" and 'extern "C" __global__' in \
+        explorer.program.target_code
+    notes = explorer.notes
+    assert "CuPy is not installed" in notes["profile"]
+    assert "own target (cpu), not cuda" in notes["autotune"] and explorer.tuning is None

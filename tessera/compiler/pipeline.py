@@ -52,6 +52,43 @@ class _Levels:
         return (f"<Program @{self.graph_ir.name} target={self.target}: "
                 f"{len(self.schedule_ir.kernels)} kernels>")
 
+    def _results(self, buffers: dict, xp) -> list:
+        """The outputs, in order, from a run's buffers by name (xp: NumPy or CuPy). A 0-d
+        constant becomes an array; an input, a constant or a buffer returned twice is copied,
+        so no caller's or shared array is handed out."""
+        results, seen = [], set()
+        for b in self.schedule_ir.outputs:
+            if b.role == "inline":
+                arr = xp.array(b.data)
+            else:
+                arr = buffers[b.name]
+                if b.role in ("input", "const") or b.name in seen:
+                    arr = arr.copy()
+            seen.add(b.name)
+            results.append(arr)
+        return results
+
+    def _fault(self, code: int) -> RuntimeFault:
+        """The error a kernel's status code stands for (its position + 1)."""
+        kernels = self.schedule_ir.kernels
+        if not 1 <= code <= len(kernels):
+            return RuntimeFault(f"a kernel set its status to {code}, which names no kernel",
+                                function=self.graph_ir.name)
+        k = kernels[code - 1]
+        node = k.fuses[0]
+        return RuntimeFault(f"an index is out of range in {k.name} (graph node "
+                            f"{node.origin or node.op})", function=self.graph_ir.name,
+                            location=node.loc, op=node.op,
+                            hint="indices must lie in [-n, n) for an axis of size n")
+
+    def _no_memory(self, b):
+        node = next(k.fuses[0] for k in self.schedule_ir.kernels if b in k.outputs)
+        return ResourceError(f"cannot allocate {b.nbytes / 2**30:.1f} GiB for {b.name}, the "
+                             f"result of {node.origin or node.op}", function=self.graph_ir.name,
+                             location=node.loc, op=node.op, received=str(b.type),
+                             hint="use smaller shapes, or reduce inside the function so the large "
+                                  "result is never materialised")
+
 
 class Program(_Levels):
     """A Tessera function specialised to concrete shapes, with every IR level to read."""
@@ -150,32 +187,8 @@ class Program(_Levels):
             if not status:
                 recorder.record(self, list(seconds)[:len(self.schedule_ir.kernels)])
         if status:
-            k = self.schedule_ir.kernels[status - 1]
-            node = k.fuses[0]
-            raise RuntimeFault(f"an index is out of range in {k.name} (graph node "
-                               f"{node.origin or node.op})",
-                               function=self.graph_ir.name, location=node.loc, op=node.op,
-                               hint="indices must lie in [-n, n) for an axis of size n")
-        by_name = {b.name: arr for b, arr in zip(self.tile_ir.buffers, table)}
-        results, seen = [], set()
-        for b in self.schedule_ir.outputs:
-            if b.role == "inline":
-                arr = np.array(b.data)
-            else:
-                arr = by_name[b.name]
-                if b.role in ("input", "const") or b.name in seen:
-                    arr = np.array(arr, copy=True)
-            seen.add(b.name)
-            results.append(arr)
-        return results
-
-    def _no_memory(self, b):
-        node = next(k.fuses[0] for k in self.schedule_ir.kernels if b in k.outputs)
-        return ResourceError(f"cannot allocate {b.nbytes / 2**30:.1f} GiB for {b.name}, the "
-                             f"result of {node.origin or node.op}", function=self.graph_ir.name,
-                             location=node.loc, op=node.op, received=str(b.type),
-                             hint="use smaller shapes, or reduce inside the function so the large "
-                                  "result is never materialised")
+            raise self._fault(status)
+        return self._results({b.name: arr for b, arr in zip(self.tile_ir.buffers, table)}, np)
 
 
 

@@ -30,8 +30,17 @@ def parse_shapes(text: str | None) -> dict:
         if m is None:
             raise ArgumentError(f"cannot read the size {item.strip()!r}",
                                 expected="NAME=INT items separated by commas, e.g. B=8,S=128,D=64")
+        if m.group(1) in sizes:
+            raise ArgumentError(f"the size of {m.group(1)} is given twice")
         sizes[m.group(1)] = int(m.group(2))
     return sizes
+
+
+def needs_arrays(fn) -> list:
+    """The parameters of a tessera function that sizes alone cannot make arguments for: no
+    Tensor[...] annotation with a rank, and no default."""
+    return [p.name for p in fn._params if (p.spec is None or p.spec.dims is None) and
+            fn._sig.parameters[p.name].default is fn._sig.parameters[p.name].empty]
 
 
 def explore(subject, shapes=None, *, target: str = "cpu", show=LEVELS, profile: bool = False,
@@ -56,7 +65,13 @@ class Explorer:
         self.profile = self.tuning = None
         self.notes: dict[str, str] = {}          # a section that could not be computed: why
         fn = self.function
-        if error is None and fn is not None and (self.sizes or not fn.symbols()):
+        missing = needs_arrays(fn) if fn is not None and error is None else []
+        if missing:         # a view of every level needs example arrays; say so in each section
+            self.notes = dict.fromkeys(["graph", *self.show], (
+                f"{fn.name} takes {', '.join(missing)} without a Tensor[...] annotation, so "
+                f"sizes alone cannot lower it: explore a program instead, prog = "
+                f"{fn.name}.lower(*arrays), then %tessera prog"))
+        elif error is None and fn is not None and (self.sizes or not fn.symbols()):
             self.program = fn.specialize(self.sizes, target)
         if self.program is not None and profile:
             self._profile(runs)
@@ -99,6 +114,10 @@ class Explorer:
 
     def _autotune(self, budget_s):
         from ..autotune import autotune
+        if self.function is not None and self.function.target != self.program.target:
+            self.notes["autotune"] = (f"the autotuner searches {self.function.name}'s own target "
+                                      f"({self.function.target}), not {self.program.target}")
+            return
         try:
             self.tuning = autotune(self.function, *self._args(), budget_s=budget_s,
                                    progress=False)
@@ -153,6 +172,8 @@ class Explorer:
         head = f"Explorer @{self.name}" + (f" [{where}]" if where else "")
         if self.error is not None:
             return f"{head}: stopped by {type(self.error).__name__} (Graph so far)"
+        if "graph" in self.notes:
+            return f"{head}: {self.notes['graph']}"
         if self.program is None:
             return f"{head}: symbolic Graph IR (give shapes to lower it)"
         n = len(self.program.schedule_ir.kernels)
@@ -183,7 +204,8 @@ class Explorer:
         tabs = w.Tab(children=[w.HTML(body) for _, body in self.sections])
         for i, (key, _) in enumerate(self.sections):
             tabs.set_title(i, TITLES[key])
-        if self.program is not None or self.function is None or self.error is not None:
+        if self.program is not None or self.function is None or self.error is not None or \
+                "graph" in self.notes:
             return tabs
         box = w.Text(placeholder=",".join(f"{s}=8" for s in self.function.symbols()),
                      description="shapes", continuous_update=False)

@@ -1,6 +1,7 @@
 """`%%tessera` and `%tessera`: the compiler inside the notebook."""
 from __future__ import annotations
 
+import ast
 import inspect
 import types
 
@@ -11,7 +12,7 @@ from IPython.display import display
 
 from ..errors import ArgumentError, TesseraError
 from ..types import TensorSpec
-from .explorer import LEVELS, Explorer, parse_shapes
+from .explorer import LEVELS, Explorer, needs_arrays, parse_shapes
 
 TARGETS = ("cpu", "cuda", "hip", "auto")
 
@@ -54,6 +55,7 @@ class TesseraMagics(Magics):
         As a line magic, `%tessera fn --shapes B=8` explores a function defined earlier, and a
         bare `%tessera` prints what this machine can target.
         """
+        __tracebackhide__ = True    # an error in the cell shows the cell's frames, not ours
         args = magic_arguments.parse_argstring(self.tessera, line)
         try:
             sizes = parse_shapes(args.shapes)
@@ -74,15 +76,18 @@ class TesseraMagics(Magics):
         defined = self._run_cell(cell)
         ns = self.shell.user_ns
         if args.name is not None:
-            if not _is_tessera_function(ns.get(args.name)):
+            chosen = _as_tessera_function(ns.get(args.name))
+            if chosen is None:
                 raise UsageError(f"--name {args.name}: no tessera function of that name")
-            chosen = ns[args.name]
         elif defined:
             chosen = defined[-1]
         else:
+            print("%%tessera: the cell defines no tessera function (a def whose parameters "
+                  "carry Tensor[...] annotations, or one made with tessera.function)")
             return None
-        for fn in defined:      # the others too, where the sizes name all their symbols
-            if fn is not chosen and fn.symbols() and set(fn.symbols()) <= set(sizes):
+        for fn in defined:      # the others too, where the sizes are all they need
+            if fn is not chosen and fn.symbols() and set(fn.symbols()) <= set(sizes) and \
+                    not needs_arrays(fn):
                 _explore(fn, sizes, options, build=False)
         return _explore(chosen, sizes, options)
 
@@ -96,37 +101,40 @@ class TesseraMagics(Magics):
         fn = self.shell.user_ns.get(args.function)
         if fn is None:
             raise UsageError(f"%tessera: {args.function!r} is not defined")
-        if isinstance(fn, types.FunctionType) and _tensor_annotated(fn):
-            from ..function import function
-            fn = function(fn)
+        fn = _as_tessera_function(fn) or fn
         if not _is_tessera_function(fn) and not hasattr(fn, "schedule_ir"):
             raise UsageError(f"%tessera: {args.function} is neither a tessera function nor a "
                              "program")
         return _explore(fn, sizes, options)
 
     def _run_cell(self, cell: str) -> list:
-        """Run the cell in the user's namespace; return the tessera functions it defined, in the
-        order of their definitions, after binding annotated plain functions as tessera ones."""
+        """Run the cell in the user's namespace a statement at a time, as IPython does, binding
+        each annotated plain function as a tessera one as soon as its `def` has run (so the
+        cell's own later lines call the compiled function, and an error leaves every function
+        defined before it bound). Returns the tessera functions the cell defined, in order."""
+        __tracebackhide__ = True
         shell = self.shell
         # one blank line for the %%tessera line, so code line numbers are the cell's own
         source = "\n" + cell
         filename = shell.compile.cache(source, shell.execution_count, raw_code=source)
-        code = shell.compile(source, filename, "exec")
+        tree = shell.compile.ast_parse(source, filename)
         ns = shell.user_ns
-        before = {k: id(v) for k, v in ns.items()}
-        exec(code, ns)
-        from ..function import function
-        found = []
-        for name, value in list(ns.items()):
-            if before.get(name) == id(value):
-                continue
-            if isinstance(value, types.FunctionType) and _defined_in(value, filename) and \
-                    _tensor_annotated(value):
-                value = ns[name] = function(value)
-            if _is_tessera_function(value) and _defined_in(getattr(value, "fn", None), filename):
-                found.append(value)
-        found.sort(key=lambda f: f.fn.__code__.co_firstlineno)
-        return found
+        found = {}
+        for node in tree.body:
+            before = dict(ns)
+            exec(shell.compile(ast.Module([node], type_ignores=[]), filename, "exec"), ns)
+            for name in [n for n in found if n not in ns]:      # deleted
+                del found[name]
+            for name, value in list(ns.items()):
+                if before.get(name, before) is value:
+                    continue
+                found.pop(name, None)           # rebound: now last, or gone
+                if isinstance(value, types.FunctionType) and _defined_in(value, filename) and \
+                        _tensor_annotated(value):
+                    value = ns[name] = _bind(value)
+                if _is_tessera_function(value) and _defined_in(_root(value), filename):
+                    found[name] = value
+        return list(found.values())
 
 
 def _explore(fn, sizes, options, build=True):
@@ -152,6 +160,31 @@ def _resolve_target(name: str) -> str:
     from ..compiler.pipeline import available_targets
     runnable = available_targets()
     return next((t for t in ("cuda", "hip") if t in runnable), "cpu")
+
+
+def _bind(fn):
+    """A plain annotated function as a tessera function; an error names its `def` line."""
+    from ..function import Function, _def_location
+    try:
+        return Function(fn)
+    except TesseraError as e:
+        if e.location is None:
+            e.location = _def_location(fn)
+        raise e.with_traceback(None) from None
+
+
+def _as_tessera_function(x):
+    """x as a tessera function (a plain def with Tensor annotations becomes one), or None."""
+    if isinstance(x, types.FunctionType) and _tensor_annotated(x):
+        return _bind(x)
+    return x if _is_tessera_function(x) else None
+
+
+def _root(fn):
+    """The Python function a tessera function (or a transform of one, ts.grad(f)) traces."""
+    while getattr(fn, "transformed", None) is not None:
+        fn = fn.transformed
+    return getattr(fn, "fn", fn)
 
 
 def _is_tessera_function(x) -> bool:

@@ -2,34 +2,54 @@
 
 CUDA: the source is compiled by NVRTC for the device's architecture, the PTX is kept in the
 kernel cache (the architecture, NVRTC's version and the options are in its key; written under
-a temporary name and renamed), loaded as a `cupy.RawModule` and launched on CuPy arrays. HIP:
-the same source path through the ROCm build of CuPy, which compiles with hipRTC and keeps its own
-cache. Every kernel has the signature the GPU renderers emit: one pointer per parameter, then
-`int* ts_status`, launched on a 1-D grid.
+a temporary name and renamed), loaded as a `cupy.RawModule` and launched on CuPy arrays. Where
+the driver cannot load that PTX (it is older than our NVRTC), or our NVRTC is missing, CuPy's
+own NVRTC compiles the source. HIP: the same source path through the ROCm build of CuPy, which
+compiles with hipRTC and keeps its own cache. Every kernel has the signature the GPU renderers
+emit: one pointer per parameter, then `int* ts_status`, launched on a 1-D grid.
 
-Each launch is timed with CUDA events when a profiler is open. Results are CuPy arrays.
+Inputs are checked before anything is copied to the device; NumPy inputs are copied, CuPy
+inputs used in place (a copy only when not C-contiguous or on another device). Each launch is
+timed with CUDA events when a profiler is open. Results are CuPy arrays on the current device.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
+import tempfile
+import threading
+import warnings
+from pathlib import Path
 
 import numpy as np
 
-from ..errors import ArgumentError, BackendUnavailableError, RuntimeFault
+from .. import dtypes as dt
+from ..errors import ArgumentError, BackendUnavailableError, ResourceError
 from ..types import type_of_array
-from . import profiler
+from . import cache, profiler
 from .gpu_toolchain import NVRTC_OPTIONS
+
+# clang compiles HIP with -ffp-contract=fast by default: a*b+c would become an FMA, against the
+# numerics contract (hipcc's compile check in CI passes the same flag)
+HIP_OPTIONS = ("-std=c++17", "-ffp-contract=off")
+WARP_SIZE = {"cuda": 32, "hip": 64}     # what the renderers' shuffle trees are written for
+_load_lock = threading.Lock()           # one compile per program, whatever the threads
 
 
 def _cupy():
     try:
         import cupy
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != "cupy":
+            raise BackendUnavailableError(f"CuPy cannot be imported: {e}") from None
         raise BackendUnavailableError(
             "CuPy is not installed, so GPU programs cannot run here",
             hint="pip install 'tessera[cuda]' on a machine with an NVIDIA GPU (fn.lower(..., "
                  "target='cuda') still shows every IR level and the source)") from None
+    except Exception as e:      # a CuPy built for another CUDA, a missing shared library
+        raise BackendUnavailableError(f"CuPy cannot be imported: {e}") from None
     return cupy
 
 
@@ -59,41 +79,143 @@ def _require(target: str):
     return cupy
 
 
+def _properties(cupy) -> dict:
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+
+
 def device_arch(cupy) -> str:
     if cupy.cuda.runtime.is_hip:
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-        return props["gcnArchName"].decode() if isinstance(props["gcnArchName"], bytes) \
-            else str(props["gcnArchName"])
+        name = _properties(cupy)["gcnArchName"]
+        return name.decode() if isinstance(name, bytes) else str(name)
     return "sm_" + cupy.cuda.Device().compute_capability
 
 
+def ptx_path(source: str, arch: str) -> Path:
+    """Where the PTX of `source` for `arch` lives: the kernel cache, keyed by everything that
+    changes the PTX (or a directory of this process's own under TESSERA_NO_CACHE=1)."""
+    from .. import __version__
+    from .gpu_toolchain import nvrtc_version
+    key = hashlib.sha256("\0".join([source, arch, nvrtc_version(), *NVRTC_OPTIONS,
+                                    str(cache.SCHEMA_VERSION), __version__]).encode())
+    root = cache.cache_dir() / "kernels" if cache.cache_enabled() else _private_dir()
+    return root / f"cuda-{arch}-{key.hexdigest()[:32]}.ptx"
+
+
+_private = []
+
+
+def _private_dir() -> Path:
+    """A directory for this process's PTX, removed at exit. (CuPy loads a module from its path
+    again on each further device, so the file must outlive the load.)"""
+    if not _private:
+        _private.append(Path(tempfile.mkdtemp(prefix="tessera-ptx-")))
+        atexit.register(shutil.rmtree, _private[0], ignore_errors=True)
+    return _private[0]
+
+
+def _compile_ptx(source: str, arch: str, name: str) -> Path:
+    from .gpu_toolchain import nvrtc_compile
+    path = ptx_path(source, arch)
+    ptx = nvrtc_compile(source, arch=arch, name=name, options=NVRTC_OPTIONS)
+    cache.count("compiles")
+    try:
+        cache.atomic_write(path, ptx)
+    except OSError as e:        # a read-only cache: this process's own directory instead
+        warnings.warn(f"tessera: the kernel cache {path.parent} cannot be used ({e}); "
+                      "keeping PTX in a temporary directory", stacklevel=3)
+        path = _private_dir() / path.name
+        cache.atomic_write(path, ptx)
+    return path
+
+
+def _functions(module, names) -> tuple:
+    # CuPy loads (or compiles) a module lazily: get_function is where a driver error surfaces
+    return module, {n: module.get_function(n) for n in names}
+
+
+def _cuda_module(program, cupy, names) -> tuple:
+    source, name = program.target_code, program.graph_ir.name
+    try:
+        arch = device_arch(cupy)
+        path = ptx_path(source, arch)
+        fresh = not path.exists()
+        if fresh:
+            path = _compile_ptx(source, arch, name)
+        else:
+            cache.count("disk_hits")
+    except BackendUnavailableError:         # no NVRTC of ours: CuPy's compiles the source
+        return _functions(cupy.RawModule(code=source, options=NVRTC_OPTIONS), names)
+    for _ in range(2):
+        try:
+            return _functions(cupy.RawModule(path=str(path)), names)
+        except cupy.cuda.driver.CUDADriverError as e:
+            error = e
+            if fresh:
+                break
+            # a cached file the driver refuses: damaged, or from a newer NVRTC; compile it anew
+            cache.count("rebuilt_corrupt")
+            path.unlink(missing_ok=True)
+            path, fresh = _compile_ptx(source, arch, name), True
+    warnings.warn(f"tessera: the GPU driver cannot load PTX from NVRTC ({error}); compiling "
+                  "with CuPy's NVRTC instead", stacklevel=3)
+    return _functions(cupy.RawModule(code=source, options=NVRTC_OPTIONS), names)
+
+
 def load_module(program, cupy):
-    """The program's RawModule, compiled on first use (CUDA: NVRTC into the kernel cache)."""
+    """(RawModule, {kernel name: RawKernel}) of the program, compiled on first use."""
     if program._module is not None:
         return program._module
-    source = program.target_code
-    if program.target == "hip":
-        module = cupy.RawModule(code=source, options=("-std=c++17",))
-    else:
-        from . import cache
-        from .gpu_toolchain import nvrtc_compile, nvrtc_version
-        arch = device_arch(cupy)
-        from .. import __version__
-        key = hashlib.sha256("\0".join([source, arch, nvrtc_version(), *NVRTC_OPTIONS,
-                                        str(cache.SCHEMA_VERSION), __version__]).encode())
-        path = cache.cache_dir() / "kernels" / f"{program.target}-{arch}-{key.hexdigest()[:32]}.ptx"
-        if not path.exists() or not cache.cache_enabled():
-            ptx = nvrtc_compile(source, arch=arch, name=program.graph_ir.name,
-                                options=NVRTC_OPTIONS)
-            cache.atomic_write(path, ptx)
-        try:
-            module = cupy.RawModule(path=str(path))
-        except cupy.cuda.driver.CUDADriverError:
-            # a driver older than our NVRTC's PTX: let CuPy compile with its own NVRTC
-            module = cupy.RawModule(code=source, options=NVRTC_OPTIONS)
-    program._module = (module, {k.name: module.get_function(k.name)
-                                for k in program.tile_ir.kernels})
+    names = [k.name for k in program.tile_ir.kernels]
+    if not names:                       # every result is an input or a constant
+        return None, {}
+    with _load_lock:
+        if program._module is None:
+            warp = _properties(cupy).get("warpSize", WARP_SIZE[program.target])
+            if warp != WARP_SIZE[program.target]:
+                raise BackendUnavailableError(
+                    f"this GPU runs warps of {warp} threads; tessera's {program.target} kernels "
+                    f"are written for {WARP_SIZE[program.target]}",
+                    hint="the HIP kernels need 64-wide wavefronts: a CDNA GPU (gfx90a, gfx942)")
+            if program.target == "hip":
+                program._module = _functions(cupy.RawModule(code=program.target_code,
+                                                            options=HIP_OPTIONS), names)
+            else:
+                program._module = _cuda_module(program, cupy, names)
     return program._module
+
+
+def _checked(cupy, program, p, a):
+    """One argument checked against its parameter (nothing is copied yet)."""
+    if not hasattr(a, "__cuda_array_interface__"):
+        a = dt.native(np.asarray(a))
+    elif not isinstance(getattr(a, "dtype", None), np.dtype):
+        a = cupy.asarray(a)             # PyTorch's or Numba's device array: a view, no copy
+    if tuple(a.shape) != tuple(p.type.shape) or a.dtype != p.type.dtype.np:
+        raise ArgumentError(f"program @{program.graph_ir.name} was specialised for "
+                            f"%{p.param_name}: {p.type}", expected=str(p.type),
+                            received=str(type_of_array(a)),
+                            hint="call the tessera function instead: it specialises anew")
+    return a
+
+
+def _to_device(cupy, program, p, a):
+    """On the current device, C-contiguous (another device's array is copied here)."""
+    try:
+        return cupy.ascontiguousarray(cupy.asarray(a))
+    except cupy.cuda.memory.OutOfMemoryError:
+        raise ResourceError(f"cannot copy %{p.param_name} ({a.nbytes / 2**30:.2f} GiB) to the "
+                            "GPU: its memory is full", function=program.graph_ir.name,
+                            received=str(p.type)) from None
+
+
+def _device_consts(program, cupy) -> dict:
+    """The program's constant tensors on the current device (copied once per device)."""
+    per_device = program.__dict__.setdefault("_device_consts", {})
+    device = cupy.cuda.Device().id
+    if device not in per_device:
+        per_device[device] = {b.name: cupy.asarray(b.data) for b in program.tile_ir.buffers
+                              if b.role == "const"}
+    return per_device[device]
 
 
 def run(program, arrays) -> list:
@@ -102,21 +224,10 @@ def run(program, arrays) -> list:
     if len(arrays) != len(params):
         raise ArgumentError(f"program @{program.graph_ir.name} takes {len(params)} arrays, "
                             f"got {len(arrays)}")
-    inputs = []
-    for p, a in zip(params, arrays):
-        a = cupy.asarray(a)             # NumPy inputs are copied to the device
-        want = p.type.dtype.np
-        if a.shape != tuple(p.type.shape) or a.dtype != want:
-            raise ArgumentError(f"program @{program.graph_ir.name} was specialised for "
-                                f"%{p.param_name}: {p.type}", expected=str(p.type),
-                                received=str(type_of_array(a)),
-                                hint="call the tessera function instead: it specialises anew")
-        inputs.append(cupy.ascontiguousarray(a))
+    checked = [_checked(cupy, program, p, a) for p, a in zip(params, arrays)]
+    inputs = [_to_device(cupy, program, p, a) for p, a in zip(params, checked)]
     _, functions = load_module(program, cupy)
-    consts = getattr(program, "_device_consts", None)
-    if consts is None:
-        consts = program._device_consts = {b.name: cupy.asarray(b.data)
-                                           for b in program.tile_ir.buffers if b.role == "const"}
+    consts = _device_consts(program, cupy)
     poison = os.environ.get("TESSERA_POISON") == "1"
     table = {}
     for b in program.tile_ir.buffers:
@@ -126,7 +237,10 @@ def run(program, arrays) -> list:
             table[b.name] = consts[b.name]
         else:
             d = b.type.dtype
-            arr = cupy.empty(tuple(b.type.shape), dtype=d.np)
+            try:
+                arr = cupy.empty(tuple(b.type.shape), dtype=d.np)
+            except cupy.cuda.memory.OutOfMemoryError:
+                raise program._no_memory(b) from None
             if poison:
                 arr.fill(np.nan if d.is_float else (True if d.is_bool else -987654321))
             table[b.name] = arr
@@ -135,35 +249,19 @@ def run(program, arrays) -> list:
     recorder = profiler.current()
     events = []
     for name, args in program.tile_ir.calls:
-        k = kernels[name]
-        launch = k.launch
+        launch = kernels[name].launch       # grid >= 1 always: an empty tensor loops 0 times
         if recorder is not None:
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record()
         functions[name]((launch["grid"],), (launch["block"],),
                         tuple(table[a] for a in args) + (status,),
-                        shared_mem=launch.get("shared", 0))
+                        shared_mem=launch["shared"])
         if recorder is not None:
             end.record()
             events.append((start, end))
-    code = int(status.get()[0])         # synchronises
+    code = int(status.get()[0])         # waits for the kernels (and so for the events)
     if code:
-        k = program.schedule_ir.kernels[code - 1]
-        node = k.fuses[0]
-        raise RuntimeFault(f"an index is out of range in {k.name} (graph node "
-                           f"{node.origin or node.op})", function=program.graph_ir.name,
-                           location=node.loc, op=node.op,
-                           hint="indices must lie in [-n, n) for an axis of size n")
-    if recorder is not None:
+        raise program._fault(code)
+    if recorder is not None:            # milliseconds between events, in kernel order
         recorder.record(program, [cupy.cuda.get_elapsed_time(s, e) / 1e3 for s, e in events])
-    results, seen = [], set()
-    for b in program.schedule_ir.outputs:
-        if b.role == "inline":
-            arr = cupy.asarray(b.data)
-        else:
-            arr = table[b.name]
-            if b.role in ("input", "const") or b.name in seen:
-                arr = arr.copy()
-        seen.add(b.name)
-        results.append(arr)
-    return results
+    return program._results(table, cupy)
