@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 from . import dtypes, errors, op  # noqa: E402
 from . import graph  # noqa: E402
 from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
-from .errors import (ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
+from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
                      CompilerNotFoundError, DifferentiationError, DTypeError,
                      GradientCheckError, IRVerificationError, RankError, ResourceError,
                      RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
@@ -32,6 +32,7 @@ __all__ = [
     "DifferentiationError", "GradientCheckError",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
+    "AnnotationError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
     "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
     "autotune", "kernel",

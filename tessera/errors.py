@@ -96,6 +96,11 @@ class ArgumentError(TesseraError):
     """Wrong number or kind of arguments to a Tessera function or operator."""
 
 
+class AnnotationError(ArgumentError, TypeError):
+    """A Tensor[...] annotation that cannot be read: a dimension that is neither a name nor a
+    size (still a TypeError, as Python's own annotation errors are)."""
+
+
 class TracingError(TesseraError):
     """A traced tensor used where a concrete value is needed (if, float(), np.* functions)."""
 

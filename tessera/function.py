@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import linecache
+import os
 import re
 
 import numpy as np
@@ -27,7 +28,7 @@ import numpy as np
 from . import dtypes as dt
 from . import pytree
 from .compiler.graph_ir import Graph, SourceLocation
-from .errors import (ArgumentError, DTypeError, RankError, RuntimeFault, ShapeError,
+from .errors import (_PKG_DIR, ArgumentError, DTypeError, RankError, RuntimeFault, ShapeError,
                      SymbolicValueError, SymbolMismatchError, TesseraError)
 from .ops.registry import run_reference
 from .runtime import cache
@@ -204,7 +205,9 @@ class Function:
             try:
                 result = self.fn(**call_args)
             except TesseraError as e:
-                raise enrich(e, function=self.name)
+                if e.partial_graph is None:     # raised outside an op (`range(S)`, an `if`)
+                    e.partial_graph = g
+                raise enrich(e, function=self.name, location=_raising_user_line(e))
             structure, tree = "single", None
             items = [result]
             if _is_nested(result) or (result is None and self._may_return_none):
@@ -479,6 +482,20 @@ class Function:
             return g.output_tree.unflatten(out)
         return out[0] if g.output_structure == "single" else (
             tuple(out) if g.output_structure == "tuple" else out)
+
+
+def _raising_user_line(e: BaseException):
+    """Where in the user's code an exception raised inside the library came from: the
+    innermost frame of its traceback outside the tessera package."""
+    loc, tb = None, e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not os.path.abspath(code.co_filename).startswith(_PKG_DIR):
+            text = linecache.getline(code.co_filename, tb.tb_lineno,
+                                     tb.tb_frame.f_globals).strip()
+            loc = SourceLocation(code.co_filename, tb.tb_lineno, text, code.co_name)
+        tb = tb.tb_next
+    return loc
 
 
 def _def_location(fn):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import dtypes as dt
+from .errors import AnnotationError
 from .shapes import dim, fmt_shape, is_static
 
 
@@ -72,9 +73,13 @@ class _TensorMeta(type):
             dtype, items = items[-1], items[:-1]
         for it in items:
             if isinstance(it, dt.DType) or not isinstance(it, (str, int)) or isinstance(it, bool) \
-                    or (isinstance(it, int) and it < 0):
-                raise TypeError(f"Tensor[...] takes dimension names or sizes >= 0, then an "
-                                f"optional dtype last; got {it!r}")
+                    or (isinstance(it, int) and it < 0) or \
+                    (isinstance(it, str) and not it.isidentifier()):
+                raise AnnotationError(
+                    f"Tensor[...] takes dimension names or sizes >= 0, then an optional dtype "
+                    f"last; got {it!r}", received=repr(it),
+                    hint="a dimension is one name (\"B\"); sizes computed from names (B*S) come "
+                         "out of reshape and concat inside the function")
         return TensorSpec(items, dtype)
 
     def __repr__(cls):

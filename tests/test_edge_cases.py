@@ -210,6 +210,24 @@ def test_bad_eager_and_argument_inputs():
         ts.function(lambda x: x + 1)([[1, 2], [3]])
     with pytest.raises(TypeError, match=">= 0"):
         Tensor[-1]
+    with pytest.raises(ts.AnnotationError, match="'B\\*S'") as e:   # a TesseraError, with a hint
+        Tensor["B*S", "D"]
+    assert isinstance(e.value, TypeError) and "reshape" in e.value.hint
+
+
+def test_python_code_needing_a_symbol_names_the_users_line():
+    @ts.function
+    def sum_steps(x: Tensor["S"]):
+        acc = x[0]
+        for i in range(x.shape[0]):
+            acc = acc + x[i]
+        return acc
+    with pytest.raises(ts.SymbolicValueError) as e:
+        sum_steps.graph_ir
+    assert e.value.location.text == "for i in range(x.shape[0]):"
+    assert e.value.partial_graph is not None and "sum_steps" in str(e.value)
+    x = np.arange(5, dtype=np.float32)
+    np.testing.assert_allclose(sum_steps(x), x[0] + x.sum())     # concrete sizes still work
 
 
 def test_integer_pow_with_negative_exponents_agrees_everywhere():
@@ -322,5 +340,5 @@ def test_misuse_of_traced_tensors_is_a_tracing_error():
     with pytest.raises(ts.ShapeError, match="out of range"):
         ts.function(lambda x: x[5])(x)
     with pytest.raises(ts.UnsupportedDTypeError) as e:
-        ts.function(lambda x: x.astype(np.float16))(x)
+        ts.function(lambda x: x.astype(np.uint8))(x)
     assert "test_edge_cases.py:" in str(e.value)
