@@ -7,6 +7,11 @@ inf). Sums, matmuls and attention accumulate in float32. So an operator's 16-bit
 float32 arithmetic rounded once - fused or not, on every target, and in the NumPy references
 (`ops.registry.run_reference`). bfloat16 needs the optional `ml_dtypes` package
 (`pip install tessera[bf16]`), which gives NumPy the dtype.
+
+Casts match NumPy: float64 -> float16 rounds the double once (through float32 rounded to odd),
+float64 or int64 -> bfloat16 rounds through float32 as ml_dtypes does (twice: a double just off
+a bfloat16 tie can land on the other neighbour). Copies (transpose, slice, take, concat)
+keep a 16-bit value's bits; arithmetic (neg and abs included) quiets a signalling NaN.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import dtypes as dt
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DTypeError
 from ..ops import registry as R
 from .fusion import identity_map, map_from, squeezes_only
 from .schedule_ir import Kernel, Schedule
@@ -718,7 +718,8 @@ def lower_attention(k: Kernel, code):
     softmax, so the Sq x Sk scores never exist."""
     d = k.output.type.dtype
     task = attention_task(k, _Names(), k.knobs.get("block_q", 64))
-    body = task.decls + [Call(f"ts_attention_block_{d.short}", task.args, f"attention:{d.short}")]
+    body = task.decls + [Call(f"ts_attention_block_{d.short}", task.args, f"attention:{d.short}",
+                              code if d.is_half else 0)]     # 16-bit: widened scratch (c.py)
     return [Loop(task.var, task.tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
 
 
@@ -752,6 +753,11 @@ def attention_task(k: Kernel, names, block_q: int) -> SimpleNamespace:
                                 hint="pass a mask with 0 where a key is kept")
     else:
         b, off, st = operand(k, mask)
+        if b.type.dtype != d:       # the routines read the mask as d: other bits would be garbage
+            raise DTypeError(f"attention's mask is {b.type.dtype.name}, but q, k and v compute in "
+                             f"{d.name}", location=n.loc, op="attention",
+                             received=b.type.dtype.name, expected=d.name,
+                             hint=f"op.cast(mask, dtype='{d.name}')")
         full = list(mask.type.shape)
         pad = len(out) - len(full)
         st = [0] * pad + [0 if full[i] == 1 else st[i] for i in range(len(full))]

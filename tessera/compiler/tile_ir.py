@@ -186,10 +186,13 @@ class CheckIndex(Stmt):
 @dataclass
 class Call(Stmt):
     """A call of a hand-written routine of the target (the GEMM tile, the attention block);
-    `routine` names its source, which the renderer emits once."""
+    `routine` names its source, which the renderer emits once. With a `fail_code`, the routine
+    returns nonzero when it cannot get its scratch memory, and the kernel then reports
+    -fail_code (the kernel's code, negated: out of memory, not a bad index)."""
     fn: str
     args: tuple
     routine: str
+    fail_code: int = 0
 
 
 @dataclass

@@ -119,18 +119,37 @@ TS_INLINE uint16_t ts_f32_to_f16(float f) {
   }
   const uint32_t r = a - 0x38000000u;                       /* rebias the exponent 127 -> 15 */
   return (uint16_t)(s | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+}
+/* double -> float rounded to odd (inexact: the odd one of the two neighbours), so rounding that
+   to float16 is the double's own correct rounding (float keeps 13 more bits than float16) */
+TS_INLINE float ts_f64_to_f32_odd(double d) {
+  const float f = (float)d;
+  const uint32_t u = ts_f32_bits(f);
+  if ((double)f == d || d != d || (u & 1u)) return f;
+  return ts_bits_f32(fabs(d) > fabs((double)f) ? u + 1u : u - 1u);
 }"""
 
 # The routines for 16-bit operands: each task widens its operands into float32 scratch (its
 # A rows and B columns, or its queries, the keys, values and its mask block), calls the float32
 # routine (float32 accumulation, the same chains) and rounds each result once into the output.
-# Scratch comes from malloc per call: a call's arithmetic (mt*nt*K, nq*Sk*D) dwarfs it.
+# Scratch comes from malloc per call: a call's arithmetic (mt*nt*K, nq*Sk*D) dwarfs it. Never
+# abort() in the user's process: without scratch the GEMM computes the same chains straight
+# from the 16-bit operands; attention returns 1 and its kernel reports out of memory.
 HALF_ROUTINES = {"gemm": """\
 static void ts_gemm_tile_{S}(const uint16_t* A, int64_t rsa, int64_t csa, const uint16_t* B,
                              int64_t rsb, int64_t csb, uint16_t* C, int64_t ldc, int64_t K,
                              int64_t mt, int64_t nt, int64_t KC) {
   float* a = (float*)malloc(sizeof(float) * (size_t)(mt * K + K * nt + mt * nt + 1));
-  if (!a) abort();
+  if (!a) {          /* no scratch: the routine's own chains, fma in k order from 0, unpacked */
+    for (int64_t i = 0; i < mt; ++i)
+      for (int64_t j = 0; j < nt; ++j) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k)
+          acc = fmaf(ts_{S}_to_f32(A[i * rsa + k * csa]), ts_{S}_to_f32(B[k * rsb + j * csb]), acc);
+        C[i * ldc + j] = ts_f32_to_{S}(acc);
+      }
+    return;
+  }
   float *b = a + mt * K, *c = b + K * nt;
   for (int64_t i = 0; i < mt; ++i)
     for (int64_t k = 0; k < K; ++k) a[i * K + k] = ts_{S}_to_f32(A[i * rsa + k * csa]);
@@ -142,7 +161,7 @@ static void ts_gemm_tile_{S}(const uint16_t* A, int64_t rsa, int64_t csa, const 
   free(a);
 }""", "attention": """\
 #include <stdlib.h>
-static void ts_attention_block_{S}(
+static int ts_attention_block_{S}(
     const uint16_t* Q, int64_t q_rs, const uint16_t* K, int64_t k_rs, const uint16_t* V,
     int64_t v_rs, const uint16_t* M, int64_t m_rs, int64_t m_cs, uint16_t* O, int64_t o_rs,
     int64_t q0, int64_t nq, int64_t Sk, int64_t D, int64_t Dv, float scale, int causal,
@@ -150,7 +169,7 @@ static void ts_attention_block_{S}(
   /* the block's rows renumbered from 0: causal_offset moves by q0 */
   float* q = (float*)malloc(sizeof(float) * (size_t)(nq * D + Sk * D + Sk * Dv + nq * Dv
                                                      + (M ? nq * Sk : 0) + 1));
-  if (!q) abort();
+  if (!q) return 1;                 /* the kernel reports it (Call.fail_code) */
   float *k = q + nq * D, *v = k + Sk * D, *o = v + Sk * Dv, *m = M ? o + nq * Dv : 0;
   for (int64_t r = 0; r < nq; ++r)
     for (int64_t d = 0; d < D; ++d) q[r * D + d] = ts_{S}_to_f32(Q[(q0 + r) * q_rs + d]);
@@ -166,6 +185,7 @@ static void ts_attention_block_{S}(
   for (int64_t r = 0; r < nq; ++r)
     for (int64_t d = 0; d < Dv; ++d) O[(q0 + r) * o_rs + d] = ts_f32_to_{S}(o[r * Dv + d]);
   free(q);
+  return 0;
 }"""}
 
 

@@ -11,7 +11,9 @@ type represents. So a Load from a 16-bit parameter widens (exactly), a Store to 
 is 16-bit, a Cast to 16 bits, a Store into a 16-bit Local) rounds its float32 result to the
 16-bit grid: an operator's result is rounded once whether it is stored or fused. Operator
 templates and helpers see the compute dtype (float32). The conversions are the target's
-`half_fn` functions (C: `half_source`, GPU: gpu_gemm's COMMON chunk).
+`half_helpers` (C: c.py's HALF, GPU: gpu_gemm's COMMON chunk), emitted whenever a kernel
+converts (a 16-bit value may live only inside a fused kernel, with no 16-bit parameter).
+float64 -> float16 goes through float32 rounded to odd, so it rounds once, as NumPy does.
 """
 from __future__ import annotations
 
@@ -49,9 +51,11 @@ class CStyleRenderer:
         return d.c_type
 
     def widen(self, d: dt.DType, bits: str) -> str:
+        self._uses_half = True
         return f"{self.half_prefix}_{d.short}_to_f32({bits})"
 
     def narrow(self, d: dt.DType, value: str) -> str:
+        self._uses_half = True
         return f"{self.half_prefix}_f32_to_{d.short}({value})"
 
     def round_half(self, d: dt.DType, value: str) -> str:
@@ -124,6 +128,11 @@ class CStyleRenderer:
         """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
         (the caller narrows it at once)."""
         text = fill(self.template(e), **self.subs(e.compute, e.out))
+        if e.op == "cast" and e.out == dt.float16 and e.compute == dt.float64:
+            # float32 rounded to odd, then once to 16 bits: the double's own rounding (NumPy's).
+            # bfloat16 keeps ml_dtypes' two roundings (through float32), as its reference does.
+            text = f"{self.half_prefix}_f64_to_f32_odd({{0}})"
+            self._uses_half = True
         if e.role == "combine":
             text = fill(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
         elif e.role == "better":
@@ -138,6 +147,8 @@ class CStyleRenderer:
         Local or Shared array."""
         d = self._halves.get(buf)
         if d is not None:
+            if isinstance(value, Cast) and value.dtype == d:     # a copy (concat): its bits
+                value = value.e
             if isinstance(value, Load) and self._halves.get(value.buf) == d:
                 return f"{value.buf}[{self.expr(value.index)}]"
             if isinstance(value, OpCall) and value.out == d:
@@ -191,7 +202,13 @@ class CStyleRenderer:
         elif isinstance(s, Local):
             out.append(f"{pad}{self.ctype(s.dtype)} {s.name}[{s.size}];")
         elif isinstance(s, Call):
-            out.append(f"{pad}{s.fn}({', '.join(self.expr(a) for a in s.args)});")
+            call = f"{s.fn}({', '.join(self.expr(a) for a in s.args)})"
+            if s.fail_code:
+                out.append(f"{pad}if ({call}) {{")
+                out.extend(pad + "  " + line for line in self.flag_error(-s.fail_code))
+                out.append(pad + "}")
+            else:
+                out.append(f"{pad}{call};")
         elif isinstance(s, Assign):
             out.append(f"{pad}{s.name} = {self.expr(s.value)};")
         elif isinstance(s, Store):
@@ -221,6 +238,7 @@ class CStyleRenderer:
 
     _halves: dict = {}
     _local_halves: dict = {}
+    _uses_half = False              # set by any conversion the kernels render
 
     def kernel(self, k: TileKernel) -> str:
         self.begin_kernel(k)
@@ -257,12 +275,14 @@ class CStyleRenderer:
         raise NotImplementedError(f"this target has no routine {key}")
 
     def render(self, program: TileProgram) -> str:
+        self._uses_half = False
+        kernels = [self.kernel(k) for k in program.kernels]
         parts = [self.prelude()]
-        if any(p.dtype.is_half for k in program.kernels for p in k.params):
+        if self._uses_half:
             parts += self.half_helpers()
         parts += [h for h in self.helpers(program) if h not in parts]
         parts += [c for c in self.routines(program) if c not in parts]   # exp: once for both
-        parts += [self.kernel(k) for k in program.kernels]
+        parts += kernels
         parts.append(self.entry(program))
         return "\n\n".join(p for p in parts if p) + "\n"
 

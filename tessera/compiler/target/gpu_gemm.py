@@ -153,6 +153,13 @@ static __device__ __forceinline__ tsg_u16 tsg_f32_to_f16(float f) {
   const unsigned r = a - 0x38000000u;               /* rebias the exponent (127 -> 15) */
   return (tsg_u16)(s | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
 }
+/* double -> float rounded to odd: then rounding to f16 equals rounding the double once */
+static __device__ __forceinline__ float tsg_f64_to_f32_odd(double d) {
+  const float f = (float)d;
+  const unsigned u = __float_as_uint(f);
+  if ((double)f == d || d != d || (u & 1u)) return f;
+  return __uint_as_float(fabs(d) > fabs((double)f) ? u + 1u : u - 1u);
+}
 
 /* Storage type S, arithmetic type R and the conversions, per dtype code
    (0 f32, 1 f64, 2 f16, 3 bf16). */
