@@ -71,6 +71,11 @@ class _Levels:
     def _fault(self, code: int) -> RuntimeFault:
         """The error a kernel's status code stands for (its position + 1)."""
         kernels = self.schedule_ir.kernels
+        if 1 <= -code <= len(kernels):     # a routine found no scratch memory
+            k = kernels[-code - 1]
+            return ResourceError(f"{k.name} could not allocate its scratch memory",
+                                 function=self.graph_ir.name, location=k.fuses[0].loc,
+                                 op=k.fuses[0].op, hint="free memory, or use smaller shapes")
         if not 1 <= code <= len(kernels):
             return RuntimeFault(f"a kernel set its status to {code}, which names no kernel",
                                 function=self.graph_ir.name)

@@ -51,6 +51,16 @@ def _infer(ts, a):
     return TensorType(d, batch + (q.shape[-2], v.shape[-1]))
 
 
+def _dtypes(ds, attrs):
+    """q, k, v and the mask all in q, k and v's promoted dtype: the kernels read one type."""
+    d = dt.result_type(*ds[:3])
+    mask = ds[3]
+    if isinstance(mask, dt.DType) and mask.is_bool:
+        raise DTypeError("attention's mask is additive (0 to keep, -inf to drop), not bool",
+                         hint="op.where(keep, 0.0, -np.inf)")
+    return [d, d, d, d], d
+
+
 def _normalize(ts, a):
     scale = a["scale"]
     if scale is None:
@@ -115,6 +125,7 @@ def _vjp(xs, y, g, a):
 
 
 register(OpDef("attention", "attention", 4, {"scale": None, "causal": False}, infer=_infer,
+               dtype_rule=_dtypes,
                normalize=_normalize, reference=_reference, lowering=Attention(), vjp=_vjp,
                doc="softmax(scale * q @ k^T + mask, causal) @ v without materialising the "
                    "scores; scale defaults to 1/sqrt(D)"))

@@ -23,7 +23,8 @@ from . import cache
 # ((double)(float)x becomes x in a short unrolled loop); loops still vectorize, and the
 # hand-vectorized routines use intrinsics, so no kernel measured slower without it.
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
-          "-fno-trapping-math", "-ffp-contract=off", "-fno-tree-slp-vectorize", "-std=c11")
+          "-fno-trapping-math", "-ffp-contract=off", "-fno-tree-slp-vectorize", "-std=c11",
+          "-Werror=implicit-function-declaration")   # a missing helper fails here, not at load
 COMPILE_TIMEOUT_S = 300
 
 
