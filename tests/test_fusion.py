@@ -117,6 +117,31 @@ def test_matmul_epilogue_is_fused(rng, shape):
     assert_close(ts.function(fn)(a, w, bias), want.astype(np.float32), scale=50)
 
 
+def test_an_expensive_producer_stays_in_the_matmul_epilogue_not_a_multi_pass_row(rng):
+    """layernorm then softmax pass over a row four times, and a row kernel's prologue runs on
+    every pass: the gelu (an erf polynomial) goes to the matmul's epilogue instead, computed
+    once; a cheap bias add, or a row kernel with one pass, still takes its producers."""
+    x = rng.standard_normal((33, 20)).astype(np.float32)
+    w = rng.standard_normal((20, 48)).astype(np.float32) * np.float32(0.3)
+    b = rng.standard_normal(48).astype(np.float32)
+
+    def block(x, w, b):
+        return op.softmax(op.layernorm(op.gelu(x @ w) + b), axis=-1)
+    ks = kernels(block, x, w, b)
+    assert [k.strategy for k in ks] == ["contract", "row"]
+    assert "%1:gelu" in ks[0].fused_labels() and "%2:add" in ks[1].fused_labels()
+    from math import erf
+    h = x.astype(np.float64) @ w.astype(np.float64)
+    h = 0.5 * h * (1 + np.vectorize(erf)(h / np.sqrt(2))) + b
+    h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    assert_close(ts.function(block)(x, w, b), np_softmax(h).astype(np.float32), scale=50)
+    # one pass (a sum), or no matmul to take it: the row kernel keeps the gelu
+    assert strategies(lambda x, w: op.sum(op.gelu(x @ w), axis=-1), x, w) == ["contract", "row"]
+    assert "gelu" in " ".join(kernels(lambda x, w: op.sum(op.gelu(x @ w), axis=-1), x, w)[1]
+                              .fused_labels())
+    assert strategies(lambda x: op.softmax(op.gelu(x), axis=-1), x) == ["row"]
+
+
 def test_matmul_with_residual_and_transposed_weight(rng):
     x = rng.standard_normal((31, 40)).astype(np.float32)
     w = rng.standard_normal((24, 40)).astype(np.float32)

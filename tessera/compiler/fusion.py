@@ -11,6 +11,11 @@ elsewhere, and when the group can compute it in place instead of reading it from
 - contract: a matmul with its elementwise epilogue (scale, bias, activation, residual);
 - copy/concat/gather/argreduce: alone.
 
+A row kernel evaluates its prologue once per pass over the row (layernorm then softmax: four
+passes). An expensive producer (a transcendental such as gelu's erf) that a matmul could take as
+its epilogue stays out of such a row kernel: the matmul computes it once, while its tile is in
+cache, and the row kernel reads the result.
+
 Every value in a group carries an axis map: for each of its axes, the domain axis it walks
 (None where it is broadcast or has size 1). Values outside the group are read from memory;
 views (transpose, slice, broadcast, reshape) of such values are read in place, never copied.
@@ -24,6 +29,8 @@ from ..ops import registry as R
 from .graph_ir import Graph, Node
 
 LEAF = "leaf"       # map_from's answer for a user that reads its input from memory
+EXPENSIVE_FLOPS = 8  # an elementwise op this costly (exp, erf, tanh polynomials) is not
+                     # worth evaluating again on every pass of a row kernel
 
 
 @dataclass(eq=False)
@@ -187,6 +194,9 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     (m,) = maps
     desc = lowering_of(p)
     if isinstance(desc, R.Elementwise):
+        if grp.kind == "row" and desc.flops >= EXPENSIVE_FLOPS and _row_passes(grp) > 1 and \
+                _ends_an_epilogue(p, users):
+            return False     # the matmul's epilogue computes it once instead
         grp.maps[p.out.id] = m
         return True
     if isinstance(desc, R.View):
@@ -198,6 +208,33 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
         return _absorb_reduce(grp, p, m)
     if isinstance(desc, R.Contract) and grp.kind == "pointwise":
         return _absorb_contract(grp, p, m)
+    return False
+
+
+def _row_passes(grp: Group) -> int:
+    """How many times a row group's prologue runs per element: once per reduction, and once
+    more for the output when the root spans the reduced axes."""
+    reductions = sum(1 for n in grp.nodes if is_reduce(n))
+    root_map = grp.maps[grp.root.out.id]
+    return reductions + any(a in grp.reduced for a in root_map if a is not None)
+
+
+def _ends_an_epilogue(p: Node, users) -> bool:
+    """Could p end a matmul's epilogue: a chain of single-use elementwise nodes back to a float
+    contraction of p's shape and dtype (what _absorb_contract will take)?"""
+    stack = [p]
+    while stack:
+        n = stack.pop()
+        for v in n.inputs:
+            u = v.node
+            if u is None or u.op == "const" or len(users.get(v.id, [])) != 1:
+                continue
+            if isinstance(lowering_of(u), R.Contract):
+                if tuple(u.out.type.shape) == tuple(p.out.type.shape) and \
+                        u.out.type.dtype == p.out.type.dtype and u.out.type.dtype.is_float:
+                    return True
+            elif is_elementwise(u):
+                stack.append(u)
     return False
 
 
