@@ -38,6 +38,7 @@ class Schedule:
     vector_width: accumulators per row reduction (this changes the association of sums, so
         results differ in the last bits from the default; still deterministic).
     parallel: False runs every kernel on one thread.
+    fusion: False gives every operator its own kernel (to compare with what fusion saves).
     warps, stages, swizzle: GPU knobs, kept for the GPU targets.
     """
     name: str = "schedule"
@@ -47,6 +48,7 @@ class Schedule:
     vector_width: int | None = None
     swizzle: str | None = None
     parallel: bool | None = None
+    fusion: bool | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -71,6 +73,9 @@ class Schedule:
 
     def with_parallel(self, parallel: bool) -> "Schedule":
         return dataclasses.replace(self, parallel=parallel)
+
+    def with_fusion(self, fusion: bool) -> "Schedule":
+        return dataclasses.replace(self, fusion=fusion)
 
     # -- applying --------------------------------------------------------------------------------
     def knobs_for(self, strategy: str) -> dict:

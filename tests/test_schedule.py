@@ -61,3 +61,17 @@ def test_matmul_tile_shape_sets_the_tiles(rng):
     assert got.tobytes() == ts.function(lambda a, b: a @ b)(a, b).tobytes()
     with pytest.raises(ts.ShapeError, match="tile_shape"):
         ts.function(lambda a, b: op.matmul(a, b, tile_shape=(0, 4)))(a, b)
+
+
+def test_fusion_can_be_turned_off_without_changing_a_bit(rng):
+    """Schedule(fusion=False): one kernel per primitive operator, for comparisons; every result
+    keeps its bits (each operator rounds its own result either way)."""
+    x = rng.standard_normal((37, 101)).astype(np.float32)
+    w = rng.standard_normal((101, 64)).astype(np.float32)
+    f = ts.function(lambda x, w: op.softmax(op.layernorm(op.gelu(x) * 2.0) @ w, axis=-1))
+    unfused = f.with_schedule(ts.Schedule(fusion=False))
+    fused_n, unfused_n = len(f.lower(x, w).kernels), len(unfused.lower(x, w).kernels)
+    assert unfused_n > fused_n + 5
+    assert f(x, w).tobytes() == unfused(x, w).tobytes()
+    assert "fusion=False" in str(ts.Schedule(fusion=False))
+    assert ts.Schedule(fusion=False).key() != ts.Schedule().key()      # a separate program

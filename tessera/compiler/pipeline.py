@@ -235,8 +235,9 @@ def schedule_graph(prim: Graph, target: str, schedule=None, tuned=True):
     """Schedule IR with knobs from the heuristics, the autotuning database (unless tuned=False or
     TESSERA_AUTOTUNE=0) and the user's Schedule."""
     db = tunedb.active() if tuned else None
+    fusion = schedule is None or schedule.fusion is not False
     if db is None:
-        return build_schedule(prim, target, user=schedule).verify()
+        return build_schedule(prim, target, fusion=fusion, user=schedule).verify()
     path, exact = db
 
     def lookup(k):
@@ -247,7 +248,7 @@ def schedule_graph(prim: Graph, target: str, schedule=None, tuned=True):
         if why:
             tunedb.warn_bad_record(path, k.name, why)
         return knobs
-    return build_schedule(prim, target, user=schedule, tuned=lookup).verify()
+    return build_schedule(prim, target, fusion=fusion, user=schedule, tuned=lookup).verify()
 
 
 def available_targets() -> list[str]:
