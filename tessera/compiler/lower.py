@@ -284,28 +284,17 @@ def lower_row(k: Kernel, code):
     outer, row, idx = _loop_nest(em, kept_loops, k.knobs.get("parallel"), False)
     row_body = [] if row is None else row
     lanes = k.knobs.get("lanes", 8)
-    reduced_ids = set(red)
     reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
-    stash = _stashable(grp, reductions)
     # the chunked association depends on the size alone: `parallel` only says who runs chunks
     whole = not kept_loops and len(red_loops) == 1 and len(reductions) == 1 and \
         em.extent(red_loops[0]) >= 2 * WHOLE_CHUNK
-    for n in grp.nodes:
-        m = grp.maps[n.out.id]
-        if isinstance(n.opdef.lowering, R.Reduce) and whole:
-            em.scalars[n.out.id] = rounded(em, n, row_body, _chunked_reduction(
-                em, n, row_body, red_loops[0], lanes, bool(k.knobs.get("parallel"))))
-        elif isinstance(n.opdef.lowering, R.Reduce):
-            em.scalars[n.out.id] = rounded(em, n, row_body, _row_reduction(
-                em, n, row_body, idx, red_loops, lanes,
-                stash=stash if n is reductions[-1] else None))
-            if stash is not None and n is reductions[-1]:
-                em.stashed.add(stash.id)
-        elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
-                not any(a in reduced_ids for a in m if a is not None):
-            em.scalars[n.out.id] = em.value(n.out, m, row_body, idx)
-    root_m = grp.maps[grp.root.out.id]
-    if any(a in reduced_ids for a in root_m if a is not None):
+
+    def reduce(n, stash):
+        if whole:
+            return _chunked_reduction(em, n, row_body, red_loops[0], lanes,
+                                      bool(k.knobs.get("parallel")))
+        return _row_reduction(em, n, row_body, idx, red_loops, lanes, stash=stash)
+    if row_values(em, k, row_body, idx, reduce, stash=not whole):
         inner_outer, inner, ridx = _loop_nest(em, red_loops, False, True)
         body = inner if inner is not None else row_body
         full = {**idx, **ridx}
@@ -314,6 +303,29 @@ def lower_row(k: Kernel, code):
     else:
         _store_all(em, k, row_body, idx)
     return outer if row is not None else row_body
+
+
+def row_values(em: Emitter, k: Kernel, row_body: list, idx, reduce, stash: bool = True) -> bool:
+    """A row group's values that are one per row, in the group's order: each reduction through
+    `reduce(node, stash)` (its result rounded to its dtype), every elementwise value constant
+    along the row computed once. With `stash`, the last reduction parks its input in the output
+    row (see _stashable) when that saves recomputing it. Returns whether the root spans the row,
+    so that a last pass over the row writes the output."""
+    grp = k.group
+    reduced = set(grp.reduced)
+    reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
+    stashed = _stashable(grp, reductions) if stash else None
+    for n in grp.nodes:
+        m = grp.maps[n.out.id]
+        if isinstance(n.opdef.lowering, R.Reduce):
+            last = stashed is not None and n is reductions[-1]
+            em.scalars[n.out.id] = rounded(em, n, row_body, reduce(n, stashed if last else None))
+            if last:
+                em.stashed.add(stashed.id)
+        elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
+                not any(a in reduced for a in m if a is not None):
+            em.scalars[n.out.id] = em.value(n.out, m, row_body, idx)
+    return any(a in reduced for a in grp.maps[grp.root.out.id] if a is not None)
 
 
 def rounded(em: Emitter, n, body: list, value: Expr) -> Expr:

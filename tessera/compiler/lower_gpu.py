@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError
-from ..ops import registry as R
 from .fusion import identity_map
-from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _stashable, _store_all,
-                    attention_task, gemm_task, idx_div, read, rounded, row_plan, unflatten)
+from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _store_all, attention_task,
+                    gemm_task, idx_div, read, row_plan, row_values, unflatten)
 from .schedule_ir import Kernel, Schedule
 from .scheduler import GPU_TARGETS, gpu_knobs
 from .tile_ir import (Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const, Decl, Loop,
@@ -99,9 +98,6 @@ def gpu_row(k: Kernel, code, target, knobs):
     r = em.names("row")
     idx = dict(zip(kept_loops, _split(Var(r), kext)))
     row_body, shared = [], []
-    reduced_ids = set(red)
-    reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
-    stash = _stashable(grp, reductions)
 
     def over_row(body_of):
         """A thread loop over the row's elements; body_of(loop body, loop point)."""
@@ -110,19 +106,9 @@ def gpu_row(k: Kernel, code, target, knobs):
         body_of(loop.body, {**idx, **dict(zip(red_loops, _split(Var(j), rext)))})
         return loop
 
-    for n in grp.nodes:
-        m = grp.maps[n.out.id]
-        if isinstance(n.opdef.lowering, R.Reduce):
-            last = stash is not None and n is reductions[-1]
-            em.scalars[n.out.id] = rounded(em, n, row_body, _block_reduction(
-                em, n, row_body, over_row, shared, threads, stash if last else None))
-            if last:
-                em.stashed.add(stash.id)
-        elif n is not grp.root and isinstance(n.opdef.lowering, R.Elementwise) and \
-                not any(a in reduced_ids for a in m if a is not None):
-            em.scalars[n.out.id] = em.value(n.out, m, row_body, idx)
-    root_m = grp.maps[grp.root.out.id]
-    if any(a in reduced_ids for a in root_m if a is not None):
+    def reduce(n, stash):
+        return _block_reduction(em, n, row_body, over_row, shared, threads, stash)
+    if row_values(em, k, row_body, idx, reduce):
         row_body.append(over_row(lambda body, point: _store_all(em, k, body, point)))
     else:                       # one value per row: thread 0 stores it
         j = em.names("j")
