@@ -57,6 +57,24 @@ def assert_within_dot_bound(got, a, b):
     assert (err <= bound).all(), f"max err {err.max()} over bound {bound[err > bound].min()}"
 
 
+def attention_reference(q, k, v, mask=None, causal=False, scale=None):
+    """float64 softmax(scale * q k^T + mask) v, the reference of every attention test: the mask
+    read in q's dtype (as the kernels read it), a bottom-right causal horizon, and 0 for a row
+    that sees no key (every key masked, or none at all)."""
+    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = q64 @ np.swapaxes(k64, -1, -2) * np.float64(scale)
+    if mask is not None:
+        s = s + np.asarray(mask, q.dtype).astype(np.float64)
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
+    m = s.max(-1, keepdims=True) if s.shape[-1] else np.zeros(s.shape[:-1] + (1,))
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    z = e.sum(-1, keepdims=True)
+    return np.where(z > 0, e / np.where(z > 0, z, 1), 0) @ v64
+
+
 @pytest.fixture
 def rng(request):
     # fresh inputs every run; the seed is printed on failure so a case can be replayed

@@ -13,6 +13,8 @@ import pytest
 from tessera.compiler.target import c_attention as A
 from tessera.runtime.toolchain import CFLAGS, find_compiler
 
+from conftest import attention_reference as reference
+
 PRELUDE = """\
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -166,22 +168,6 @@ def attend_rows(lib, q, k, v, o, q0, nq, mask=None, causal=False, scale=None):
     st = lambda a: a.strides[0] // a.itemsize  # noqa: E731
     f(q.ctypes.data, st(q), k.ctypes.data, st(k), v.ctypes.data, st(v), mp, mrs, mcs,
       o.ctypes.data, st(o), q0, nq, Sk, D, Dv, scale, int(causal), Sk - Sq)
-
-
-def reference(q, k, v, mask=None, causal=False, scale=None):
-    """float64 softmax(scale * q k^T + mask) v; bottom-right causal; a row seeing no key is 0."""
-    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
-    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = q64 @ np.swapaxes(k64, -1, -2) * np.float64(scale)
-    if mask is not None:
-        s = s + np.asarray(mask, q.dtype).astype(np.float64)
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
-    m = s.max(-1, keepdims=True) if s.shape[-1] else np.zeros(s.shape[:-1] + (1,))
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    z = e.sum(-1, keepdims=True)
-    return np.where(z > 0, e / np.where(z > 0, z, 1), 0) @ v64
 
 
 def check(got, want, v):

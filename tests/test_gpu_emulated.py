@@ -15,7 +15,7 @@ import tessera as ts
 from tessera import op
 from tessera.errors import CompileError
 
-from conftest import assert_close, assert_within_dot_bound
+from conftest import assert_close, assert_within_dot_bound, attention_reference
 from gpu_emulator import run_program
 
 if shutil.which(os.environ.get("CXX") or "g++") is None:
@@ -27,19 +27,6 @@ def sum_bound(x64, axis):
     n = x64.size // np.asarray(x64.sum(axis=axis)).size
     eps = np.finfo(np.float32).eps
     return (n + 1) * eps * np.abs(x64).sum(axis=axis) + eps * np.abs(x64.sum(axis=axis))
-
-
-def np_attention(q, k, v, mask=None, causal=False):
-    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
-    if mask is not None:
-        s = s + mask
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    z = e.sum(-1, keepdims=True)
-    return (np.where(z > 0, e / np.where(z > 0, z, 1), 0) @ v).astype(np.float32)
 
 
 def qkv(rng, b, sq, sk, d, dv):
@@ -344,7 +331,7 @@ def test_attention(target, b, sq, sk, d, dv, causal, rng):
     q, k, v = qkv(rng, b, sq, sk, d, dv)
     fn = lambda q, k, v: op.attention(q, k, v, causal=causal)     # noqa: E731
     got = emulate(target, fn, q, k, v, strategies=["attention"])
-    assert_close(got, np_attention(q, k, v, causal=causal), scale=20)
+    assert_close(got, attention_reference(q, k, v, causal=causal).astype(np.float32), scale=20)
 
 
 def test_attention_wide_heads(target, rng):
@@ -352,7 +339,7 @@ def test_attention_wide_heads(target, rng):
     q, k, v = qkv(rng, (2,), 9, 70, 96, 80)
     fn = lambda q, k, v: op.attention(q, k, v, causal=True)       # noqa: E731
     got = emulate(target, fn, q, k, v, strategies=["attention"])
-    assert_close(got, np_attention(q, k, v, causal=True), scale=20)
+    assert_close(got, attention_reference(q, k, v, causal=True).astype(np.float32), scale=20)
 
 
 @pytest.mark.parametrize("block_q,threads", [(16, 64), (32, 128), (64, 256), (32, 64)])
@@ -361,7 +348,7 @@ def test_attention_knobs_do_not_change_bits(target, block_q, threads, rng):
     fn = lambda q, k, v: op.attention(q, k, v, causal=True)       # noqa: E731
     got = with_knobs(target, fn, [q, k, v], {"block_q": block_q, "threads": threads})
     assert got.tobytes() == emulate(target, fn, q, k, v).tobytes()
-    assert_close(got, np_attention(q, k, v, causal=True), scale=20)
+    assert_close(got, attention_reference(q, k, v, causal=True).astype(np.float32), scale=20)
 
 
 def test_attention_with_mask(target, rng):
@@ -370,7 +357,7 @@ def test_attention_with_mask(target, rng):
     mask[4] = -np.inf                                           # a row that sees no key: 0
     fn = lambda q, k, v, m: op.attention(q, k, v, mask=m)       # noqa: E731
     got = emulate(target, fn, q, k, v, mask, strategies=["attention"])
-    assert_close(got, np_attention(q, k, v, mask=mask), scale=20)
+    assert_close(got, attention_reference(q, k, v, mask=mask).astype(np.float32), scale=20)
     assert np.all(got[:, 4] == 0)
 
 

@@ -27,7 +27,7 @@ from tessera.ops import cmath
 from tessera.runtime import gpu_toolchain as tc
 from tessera.runtime.toolchain import CFLAGS, find_compiler
 
-from conftest import assert_within_dot_bound
+from conftest import assert_within_dot_bound, attention_reference
 
 CUDA_PRELUDE = """\
 typedef int int32_t;
@@ -419,20 +419,6 @@ def test_simt_16bit_gemm_the_hip_path(emu, rng, dtype):
 
 
 # ---- attention ---------------------------------------------------------------------------------
-def attention_reference(q, k, v, mask, causal, scale):
-    """float64 softmax(scale q k^T + mask) v, bottom-right causal, zeros for a row seeing no key."""
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if mask is not None:
-        s = s + mask
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
-    m = s.max(-1, keepdims=True) if s.shape[-1] else np.zeros(s.shape[:-1] + (1,))
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    z = e.sum(-1, keepdims=True)
-    return np.where(z > 0, e / np.where(z > 0, z, 1), 0) @ v
-
-
 @pytest.fixture(scope="module")
 def cpu_attention(tmp_path_factory):
     """The CPU routine built with the GPU's key block, driven over [B, H] with OpenMP."""

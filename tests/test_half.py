@@ -12,9 +12,9 @@ import pytest
 import tessera as ts
 from tessera import dtypes as dt
 from tessera import op, ops
-from tessera.errors import DTypeError, TesseraError
+from tessera.errors import DTypeError
 
-from conftest import TOL
+from conftest import TOL, attention_reference
 from test_registry import EXAMPLES, _normal
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (the bf16 extra)")
@@ -150,15 +150,6 @@ def _emulator():
     return gpu_emulator
 
 
-def _np_attention(q, k, v, causal=False):
-    s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / np.sqrt(q.shape[-1])
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = np.where(np.tril(np.ones((sq, sk), bool), k=sk - sq), s, -np.inf)
-    e = np.exp(s - s.max(-1, keepdims=True))
-    return ((e / e.sum(-1, keepdims=True)) @ v.astype(np.float64)).astype(np.float32)
-
-
 def _sum(x):
     return x.astype(np.float32).sum(-1)
 
@@ -184,10 +175,11 @@ GPU_CASES = {   # name: (function, shapes, float32 NumPy reference, scale of the
     "column-max": (lambda x: op.max(x, axis=0), [(33, 17)],
                    lambda x: x.astype(np.float32).max(0), 1),
     "attention": (lambda q, k, v: op.attention(q, k, v), [(2, 70, 64), (2, 33, 64), (2, 33, 64)],
-                  _np_attention, 2),
+                  lambda q, k, v: attention_reference(q, k, v).astype(np.float32), 2),
     "attention-causal": (lambda q, k, v: op.attention(q, k, v, causal=True),
                          [(1, 48, 32), (1, 48, 32), (1, 48, 32)],
-                         lambda q, k, v: _np_attention(q, k, v, causal=True), 2),
+                         lambda q, k, v: attention_reference(q, k, v, causal=True)
+                         .astype(np.float32), 2),
 }
 
 
