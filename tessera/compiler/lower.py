@@ -262,17 +262,16 @@ def lower_pointwise(k: Kernel, code):
     return outer if body is not None else stmts
 
 
-def row_plan(k: Kernel):
-    """A row group's Emitter, group, reduced axes, and its loops over the kept axes (one per
-    row) and over the reduced ones (along a row), adjacent axes merged where every access allows."""
+def reduction_plan(k: Kernel):
+    """A reduction group's Emitter and its loops (by number) over the kept axes and over the
+    reduced ones, adjacent axes merged where every access allows."""
     em = Emitter(k, _Names())
-    grp = k.group
-    red = list(grp.reduced)
-    kept = [a for a in range(len(grp.domain)) if a not in red]
+    red = list(k.group.reduced)
+    kept = [a for a in range(len(k.group.domain)) if a not in red]
     loops = em.plan_loops([kept, red])
     kept_loops = [i for i, axes in enumerate(loops) if axes[0] not in red]
     red_loops = [i for i, axes in enumerate(loops) if axes[0] in red]
-    return em, grp, red, kept_loops, red_loops
+    return em, kept_loops, red_loops
 
 
 def lower_row(k: Kernel, code):
@@ -280,7 +279,8 @@ def lower_row(k: Kernel, code):
     reduction is a pass over the row into `lanes` accumulators (a fixed association that does
     not depend on threads or on how many rows there are), values that are constant along the
     row are computed once per row, and a last pass writes the row's output."""
-    em, grp, red, kept_loops, red_loops = row_plan(k)
+    em, kept_loops, red_loops = reduction_plan(k)
+    grp = k.group
     outer, row, idx = _loop_nest(em, kept_loops, k.knobs.get("parallel"), False)
     row_body = [] if row is None else row
     lanes = k.knobs.get("lanes", 8)
@@ -462,14 +462,9 @@ def lower_column_reduce(k: Kernel, code):
     so the inner loop reads memory in order and vectorises. Each column combines its inputs
     into `lanes` accumulators exactly as a row reduction does (element r into lane r % lanes),
     so a column gives the same bits alone as inside a wider tensor."""
-    em = Emitter(k, _Names())
+    em, kept_ids, red_ids = reduction_plan(k)
     names = em.names
-    grp, n = k.group, k.group.root
-    red = list(grp.reduced)
-    kept = [a for a in range(len(grp.domain)) if a not in red]
-    loops = em.plan_loops([kept, red])
-    kept_ids = [i for i, axes in enumerate(loops) if axes[0] not in red]
-    red_ids = [i for i, axes in enumerate(loops) if axes[0] in red]
+    n = k.group.root
     outer_ids, inner = kept_ids[:-1], kept_ids[-1]      # inner: the loop over the last axis
     x = n.inputs[0]
     xm = identity_map(x.type.shape)

@@ -21,7 +21,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError
 from .fusion import identity_map
 from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _store_all, attention_task,
-                    gemm_task, idx_div, read, row_plan, row_values, unflatten)
+                    gemm_task, idx_div, read, reduction_plan, row_values, unflatten)
 from .schedule_ir import Kernel, Schedule
 from .scheduler import GPU_TARGETS, gpu_knobs
 from .tile_ir import (Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const, Decl, Loop,
@@ -87,7 +87,7 @@ def gpu_gather(k: Kernel, code, target, knobs):
 def gpu_row(k: Kernel, code, target, knobs):
     """CPU row-group semantics (prologue, reductions, row scalars, the stash, the epilogue and
     every extra store), one block per row."""
-    em, grp, red, kept_loops, red_loops = row_plan(k)
+    em, kept_loops, red_loops = reduction_plan(k)
     kext = [em.extent(i) for i in kept_loops]
     rext = [em.extent(i) for i in red_loops]
     threads = knobs["threads"]
@@ -145,13 +145,8 @@ def _block_reduction(em: Emitter, n, row_body, over_row, shared, threads, stash)
 def gpu_column_reduce(k: Kernel, code, target, knobs):
     """A reduction keeping the innermost axis: adjacent threads own adjacent output columns
     (coalesced reads), each combining its column's elements in order."""
-    em = Emitter(k, _Names())
-    grp, n = k.group, k.group.root
-    red = list(grp.reduced)
-    kept = [a for a in range(len(grp.domain)) if a not in red]
-    loops = em.plan_loops([kept, red])
-    kept_ids = [i for i, axes in enumerate(loops) if axes[0] not in red]
-    red_ids = [i for i, axes in enumerate(loops) if axes[0] in red]
+    em, kept_ids, red_ids = reduction_plan(k)
+    n = k.group.root
     kext = [em.extent(i) for i in kept_ids]
     x = n.inputs[0]
     xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
