@@ -88,6 +88,13 @@ _EXP = {   # the dtype's exp for the template (an explicit specialisation: decla
 _EXP_DECL = """\
 /* ts_expf / ts_exp for the attention routines: specialised per dtype, after them */
 template <typename R> __device__ R tsa_exp(R x);
+/* The keys rows q0 .. q0+nq-1 may see: past the last row's causal horizon all are masked. */
+static __device__ __forceinline__ long long tsa_key_end(long long q0, long long nq,
+                                                        long long Sk, int causal, long long off) {
+  if (!causal) return Sk;
+  const long long h = q0 + nq + off;
+  return h < Sk ? (h > 0 ? h : 0) : Sk;
+}
 """
 
 _ATTENTION = r"""
@@ -149,11 +156,7 @@ __device__ __forceinline__ void tsa_attention(
   const R ninf = tsg_dt<DT>::ninf();
   const S* Qb = Q + q0 * q_rs;
   S* Ob = O + q0 * o_rs;
-  long long kend = Sk;                 /* keys past the last row's causal horizon: all masked */
-  if (causal) {
-    const long long h = q0 + nq + off;
-    kend = h < Sk ? (h > 0 ? h : 0) : Sk;
-  }
+  const long long kend = tsa_key_end(q0, nq, Sk, causal, off);
   __syncthreads();                     /* the previous call's last reads are done */
   if (kend <= 0) {                     /* no row sees a key */
     for (long long e = tid; e < nq * Dv; e += NT)
@@ -345,11 +348,7 @@ __device__ __forceinline__ void tsa_attention_mma(
   const float ninf = __uint_as_float(0xff800000u);
   const tsg_u16* Qb = Q + q0 * q_rs;
   tsg_u16* Ob = O + q0 * o_rs;
-  long long kend = Sk;                 /* keys past the last row's causal horizon: all masked */
-  if (causal) {
-    const long long h = q0 + nq + off;
-    kend = h < Sk ? (h > 0 ? h : 0) : Sk;
-  }
+  const long long kend = tsa_key_end(q0, nq, Sk, causal, off);
   __syncthreads();                     /* the previous call's last reads are done */
   if (kend <= 0) {                     /* no row sees a key */
     for (long long e = threadIdx.x; e < nq * Dv; e += NT) Ob[e / Dv * o_rs + e % Dv] = 0;
