@@ -34,7 +34,7 @@ from .ops.registry import run_reference
 from .runtime import cache
 from .schedule import Schedule
 from .shapes import Sym, evaluate, fmt_shape, same
-from .trace import Trace, Traced, enrich, tracing
+from .trace import Trace, Traced, enrich, frame_location, tracing
 from .types import TensorType, spec_of, type_of_array
 
 
@@ -489,11 +489,8 @@ def _raising_user_line(e: BaseException):
     innermost frame of its traceback outside the tessera package."""
     loc, tb = None, e.__traceback__
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if not os.path.abspath(code.co_filename).startswith(_PKG_DIR):
-            text = linecache.getline(code.co_filename, tb.tb_lineno,
-                                     tb.tb_frame.f_globals).strip()
-            loc = SourceLocation(code.co_filename, tb.tb_lineno, text, code.co_name)
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PKG_DIR):
+            loc = frame_location(tb.tb_frame, tb.tb_lineno)
         tb = tb.tb_next
     return loc
 

@@ -26,11 +26,14 @@ _state = threading.local()
 def user_location() -> SourceLocation | None:
     """Where the user wrote the op: the innermost frame outside the tessera package."""
     f, _ = first_user_frame()
-    if f is None:
-        return None
-    fn = f.f_code.co_filename
-    text = linecache.getline(fn, f.f_lineno, f.f_globals).strip()
-    return SourceLocation(fn, f.f_lineno, text, f.f_code.co_name)
+    return None if f is None else frame_location(f, f.f_lineno)
+
+
+def frame_location(frame, lineno: int) -> SourceLocation:
+    """Line `lineno` of the code a frame runs, with its text."""
+    fn = frame.f_code.co_filename
+    text = linecache.getline(fn, lineno, frame.f_globals).strip()
+    return SourceLocation(fn, lineno, text, frame.f_code.co_name)
 
 
 class Trace:
