@@ -242,7 +242,7 @@ def test_laplacian_closed_form_and_batched_mlp(rng):
 def test_value_and_grad_and_aux(rng):
     x, w1, b1, w2 = U(rng, 2, 3), U(rng, 3, 4), U(rng, 4), U(rng, 4, 2)
     value, grads = ts.value_and_grad(mlp, argnums=(1, 3))(x, w1, b1, w2)
-    np.testing.assert_allclose(value, np.sum(np.tanh(x @ w1 + b1) @ w2), rtol=1e-13)
+    np.testing.assert_allclose(value, np.sum(np.tanh(x @ w1 + b1) @ w2), rtol=1e-13, atol=1e-13)
     t = 1 - np.tanh(x @ w1 + b1) ** 2
     np.testing.assert_allclose(grads[0], x.T @ (t * w2.sum(1)), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(grads[1], np.tanh(x @ w1 + b1).sum(0)[:, None] * np.ones((4, 2)),
@@ -316,7 +316,7 @@ def test_broadcast_gradients_come_back_in_the_input_shape(rng):
     a, b, c = U(rng, 4, 3), U(rng, 1, 3), U(rng)
     ga, gb, gc = ts.grad(lambda a, b, c: op.sum(a * b + c), argnums=(0, 1, 2))(a, b, c)
     assert ga.shape == (4, 3) and gb.shape == (1, 3) and gc.shape == ()
-    np.testing.assert_allclose(gb, a.sum(0, keepdims=True), rtol=1e-13)
+    np.testing.assert_allclose(gb, a.sum(0, keepdims=True), rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(gc, 12.0)
 
 
@@ -351,6 +351,7 @@ def make_tree(rng):
 
 
 def test_gradients_of_nested_dict_and_list_parameters(rng):
+    # sums of signed terms can cancel to near 0, where a purely relative tolerance is meaningless
     params, x = make_tree(rng), U(rng, 5, 3)
     g = ts.grad(loss_tree)(params, x)
     assert set(g) == {"layers", "scale"} and g["scale"] is None   # a static number: no gradient
@@ -358,10 +359,10 @@ def test_gradients_of_nested_dict_and_list_parameters(rng):
     w1, b1, w2 = params["layers"][0]["w"], params["layers"][0]["b"], params["layers"][1]["w"]
     h = np.tanh(x @ w1 + b1)
     dout = 0.5 * 2 * (h @ w2) / (5 * 2)
-    np.testing.assert_allclose(g["layers"][1]["w"], h.T @ dout, rtol=1e-12)
+    np.testing.assert_allclose(g["layers"][1]["w"], h.T @ dout, rtol=1e-12, atol=1e-13)
     dpre = (dout @ w2.T) * (1 - h ** 2)
-    np.testing.assert_allclose(g["layers"][0]["w"], x.T @ dpre, rtol=1e-12)
-    np.testing.assert_allclose(g["layers"][0]["b"], dpre.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(g["layers"][0]["w"], x.T @ dpre, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(g["layers"][0]["b"], dpre.sum(0), rtol=1e-12, atol=1e-13)
     assert ts.check_grad(loss_tree, params, x) < 1e-6
 
 

@@ -48,11 +48,11 @@ def test_a_function_takes_and_returns_dicts(rng):
     x = rng.standard_normal((2, 3))
     f = ts.function(affine)
     out = f(params, x)
-    np.testing.assert_allclose(out["y"], x @ params["w"] + params["b"], rtol=1e-13)
+    np.testing.assert_allclose(out["y"], x @ params["w"] + params["b"], rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(out["norm"], np.sum(params["w"] ** 2), rtol=1e-13)
     interp = f.interpret(params, x)
     assert set(interp) == {"y", "norm"}
-    np.testing.assert_allclose(interp["y"], out["y"], rtol=1e-13)
+    np.testing.assert_allclose(interp["y"], out["y"], rtol=1e-13, atol=1e-13)
     names = [p.param_name for p in f.lower(params, x).graph_ir.params]
     assert names == ["params_w", "params_b", "x"]
 
@@ -98,7 +98,7 @@ def test_a_pytree_passes_through_an_inlined_call(rng):
         return inner(params, x)["y"] * 2.0
     params = {"w": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
     x = rng.standard_normal((2, 3))
-    np.testing.assert_allclose(outer(params, x), 2 * (x @ params["w"] + params["b"]), rtol=1e-13)
+    np.testing.assert_allclose(outer(params, x), 2 * (x @ params["w"] + params["b"]), rtol=1e-13, atol=1e-13)
 
 
 def test_tuples_of_results_with_nested_containers(rng):
