@@ -405,7 +405,8 @@ def test_parallel_never_changes_bits(rng):
     a = ts.function(lambda x: op.sum(x))(x)
     b = ts.function(lambda x: op.sum(x), schedule=ts.Schedule(parallel=False))(x)
     assert a.tobytes() == b.tobytes()
-    np.testing.assert_allclose(a, x.astype(np.float64).sum(), rtol=1e-5)
+    np.testing.assert_allclose(a, x.astype(np.float64).sum(), rtol=1e-5,
+                               atol=1e-6 * np.abs(x).sum())     # the sum may cancel to near 0
 
 
 def test_compare_with_infinities():

@@ -546,6 +546,7 @@ def test_a_constant_result_is_a_copy_and_inline_scalars_come_back(fake, rng):
     shifted, const, total = f(x)
     np.testing.assert_array_equal(shifted.get(), x + CONSTANT)
     assert np.array_equal(const.get(), CONSTANT) and total.shape == ()
-    np.testing.assert_allclose(total.get(), 3.0 * x.astype(np.float64).sum(), rtol=1e-6)
+    np.testing.assert_allclose(total.get(), 3.0 * x.astype(np.float64).sum(), rtol=1e-6,
+                               atol=1e-6)
     const.fill(-1.0)                                  # the caller's copy, not the program's
     assert np.array_equal(f(x)[1].get(), CONSTANT)

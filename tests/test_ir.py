@@ -191,7 +191,8 @@ def test_numpy_arrays_and_scalars_meet_traced_tensors(rng):
 def test_iterating_a_traced_tensor(rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     f = ts.function(lambda x: sum(row * i for i, row in enumerate(x)))
-    np.testing.assert_allclose(f(x), sum(r * i for i, r in enumerate(x)), rtol=1e-6)
+    np.testing.assert_allclose(f(x), sum(r * i for i, r in enumerate(x)), rtol=1e-6,
+                               atol=1e-6)
 
     @ts.function
     def g(x: Tensor["N", "D"]):
