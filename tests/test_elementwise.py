@@ -123,6 +123,17 @@ def test_where_and_cast(rng):
     assert_close(h(x), (x > 0).astype(np.float32) + x.astype(np.float32))
 
 
+@pytest.mark.parametrize("to", ["float32", "float64"])
+@pytest.mark.parametrize("via", ["int32", "int64"])
+def test_a_float_through_an_integer_truncates_to_plus_zero(to, via, rng):
+    """-0.5 -> 0 -> +0.0, as NumPy: gcc's -fno-trapping-math made (float)(int)x a sign-keeping
+    truncation (-0.0), which flips the sign of 1 / y."""
+    x = np.concatenate([[-0.5, -0.25, -0.99, 0.5, -1.5, 2.5], rng.uniform(-3, 3, 58)])
+    x = x.astype(np.float32)
+    f = ts.function(lambda x: op.cast(op.cast(x, via), to))
+    assert f(x).tobytes() == x.astype(via).astype(to).tobytes()
+
+
 @pytest.mark.parametrize("pair,want", [
     ((np.float32, np.float64), np.float64), ((np.int32, np.float32), np.float64),
     ((np.int32, np.int64), np.int64), ((np.bool_, np.int32), np.int32),
