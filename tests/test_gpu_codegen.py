@@ -111,6 +111,9 @@ def strategy_cases(rng):
         cases[f"take-{s}"] = (lambda x, i: op.take(x, i, axis=1),
                               [u(3, 7, 5, d=d), rng.integers(-7, 7, size=(2, 3))])
         cases[f"rank0-{s}"] = (lambda x: op.exp(x), [np.asarray(0.5, dtype=d)])
+        # rows of a multiple of 8: the pointwise vector path (vload/vstore), two outputs
+        cases[f"vector-pointwise-{s}"] = (lambda x, y: (op.gelu(x * y) + 1, x > y),
+                                          [u(3, 64, d=d), u(64, d=d)])
         if GEMM:
             cases[f"matmul-epilogue-{s}"] = (lambda a, b, c: op.relu(a @ b + c),
                                              [u(2, 33, 20, d=d), u(20, 45, d=d), u(45, d=d)])
@@ -120,6 +123,9 @@ def strategy_cases(rng):
         if ATTENTION:
             cases[f"attention-{s}"] = (lambda q, k, v: op.attention(q, k, v),
                                        [u(2, 70, 64, d=d), u(2, 33, 64, d=d), u(2, 33, 64, d=d)])
+    cases["vector-pointwise-int"] = (lambda i, j: (i * 3 - j, op.cast(i, "int64") + j),
+                                     [rng.integers(-9, 9, size=(5, 16), dtype=np.int32),
+                                      rng.integers(-9, 9, size=(16,))])
     cases["matmul-int"] = (lambda a, b: a @ b, [rng.integers(-5, 5, size=(3, 4, 5)),
                                                 rng.integers(-5, 5, size=(5, 6))])
     return cases
@@ -222,6 +228,7 @@ def walk(stmts):
     for s in stmts:
         yield s
         yield from walk(getattr(s, "body", []))
+        yield from walk(getattr(s, "orelse", []))
 
 
 # ---- structure -----------------------------------------------------------------------------------

@@ -121,6 +121,7 @@ class Emitter:
         self.scalars: dict[int, Expr] = {}
         self.stashed: set = set()      # values a row kernel parked in its output row
         self.memo: dict = {}
+        self.loads: dict = {}          # Load -> the expression standing for it (vector lanes)
 
     # -- where values live -------------------------------------------------------------------------
     def leaf(self, v, m):
@@ -144,21 +145,25 @@ class Emitter:
                 S[a] += s
         return S
 
-    def accesses(self, v, m, out=None):
-        """Every (offset, strides) the group reads, for choosing which axes can merge."""
+    def reads(self, v, m, out=None):
+        """Every (buffer, offset, strides per domain axis) the group reads to compute v."""
         out = [] if out is None else out
         if v.id in self.scalars or self._inline_const(v):
             return out
         lf = self.leaf(v, m)
         if lf is not None:
-            out.append(lf[2])
+            out.append(lf)
             return out
         n = v.node
         if isinstance(n.opdef.lowering, R.Reduce):
-            return self.accesses(n.inputs[0], identity_map(n.inputs[0].type.shape), out)
+            return self.reads(n.inputs[0], identity_map(n.inputs[0].type.shape), out)
         for u in n.inputs:
-            self.accesses(u, map_from(n, m, u), out)
+            self.reads(u, map_from(n, m, u), out)
         return out
+
+    def accesses(self, v, m):
+        """Every strides list the group reads with, for choosing which axes can merge."""
+        return [S for _, _, S in self.reads(v, m)]
 
     def _inline_const(self, v):
         return v.id not in self.inside and self.k.reads[v.id].role == "inline"
@@ -169,13 +174,15 @@ class Emitter:
         if v.id in self.scalars:
             return self.scalars[v.id]
         if v.id in self.stashed:
-            return Load(self.k.output.name, self.out_index(idx))
+            load = Load(self.k.output.name, self.out_index(idx))
+            return self.loads.get(load, load)
         if self._inline_const(v):
             return read(self.k.reads[v.id], None)
         lf = self.leaf(v, m)
         if lf is not None:
             b, offset, S = lf
-            return Load(b.name, self.index(S, idx, offset))
+            load = Load(b.name, self.index(S, idx, offset))
+            return self.loads.get(load, load)
         n = v.node
         if isinstance(n.opdef.lowering, R.View):          # a reshape that only renames axes
             u = n.inputs[0]

@@ -2,10 +2,12 @@
 
 The expressions come from lower.py's Emitter, as on the CPU; only the loop structure differs:
 - pointwise, copy, gather: the domain flattened, one thread per element (a grid-stride loop);
+  pointwise and copy take 16 bytes per thread through vector accesses where the layout allows;
 - row: one block per row (block-stride over rows); the block's threads stride over the row,
   each accumulating its elements in order, then a BlockReduce (a fixed shuffle tree and the
   warps in order): reproducible bits that depend on the row's length, never on the grid. A
-  whole-tensor reduction is one row: a single block;
+  short enough row stays in registers between passes. A whole-tensor reduction is one row:
+  a single block;
 - reduce (columns), argreduce: one thread per output, its reduced elements in order;
 - concat, integer matmul: the CPU's loop nests with their independent outer loops flattened
   onto the grid;
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError
+from ..ops import registry as R
 from .fusion import identity_map
-from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _store_all, attention_task,
-                    gemm_task, idx_div, read, reduction_plan, row_values, unflatten)
+from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _stashable, _store_all,
+                    attention_task, contiguous, gemm_task, idx_div, read, reduction_plan,
+                    row_values, unflatten)
 from .schedule_ir import Kernel, Schedule
 from .scheduler import GPU_TARGETS, gpu_knobs
-from .tile_ir import (Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const, Decl, Loop,
-                      OpCall, Shared, Store, TileKernel, TileProgram, Var, idx_add, idx_mul,
-                      substitute)
+from .tile_ir import (Aligned, Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const,
+                      Decl, If, Load, Local, Loop, OpCall, Shared, Store, ThreadIndex, TileKernel,
+                      TileProgram, Var, VecLoad, VecStore, idx_add, idx_mul, substitute)
 
 WARP = {"cuda": 32, "hip": 64}     # lanes per warp (a wavefront of gfx90a on HIP)
 GRID_CAP = 65535 * 8               # blocks per launch at most; grid-stride loops cover the rest
@@ -54,8 +58,17 @@ def _launch(work: int, threads: int, per_block: bool = False) -> dict:
     return {"grid": max(1, min(blocks, GRID_CAP)), "block": threads, "shared": 0}
 
 
-# ---- one thread per element ----------------------------------------------------------------------
+# ---- one thread per element, or per vector of elements --------------------------------------------
+VECTOR_BYTES = 16                  # the widest load a thread issues (ld.global.v4.f32)
+MAX_LANES = 8
+
+
 def gpu_pointwise(k: Kernel, code, target, knobs):
+    """One thread per element; where the innermost axis allows, one thread per `lanes`
+    consecutive elements instead, each contiguous input read and each output written in one
+    16-byte access. The vector path runs when every such buffer is aligned (a caller's view may
+    not be); otherwise the scalar loop does the same work. Both compute every element alike:
+    the same bits either way."""
     em = Emitter(k, _Names())
     loops = em.plan_loops([list(range(len(k.group.domain)))])
     extents = [em.extent(i) for i in range(len(loops))]
@@ -63,7 +76,65 @@ def gpu_pointwise(k: Kernel, code, target, knobs):
     body = []
     _store_all(em, k, body, dict(enumerate(_split(Var(g), extents))))
     n = _prod(extents)
-    return [Loop(g, n, "grid", body)], _launch(n, knobs["threads"])
+    scalar = Loop(g, n, "grid", body)
+    vector = _vector_pointwise(em, k, extents)
+    if vector is None:
+        return [scalar], _launch(n, knobs["threads"])
+    aligned, loop, lanes = vector
+    return [If(aligned, [loop], [scalar])], _launch(n // lanes, knobs["threads"])
+
+
+def _vector_pointwise(em: Emitter, k: Kernel, extents):
+    """(alignment condition, grid loop, lanes) of the vector path, or None where the output's
+    innermost axis is not contiguous or not a multiple of the lanes."""
+    grp = k.group
+    if not extents or 0 in extents:
+        return None
+    last = len(extents) - 1
+
+    def contiguous_by(S, offset, lanes):
+        """Lane l of a lane group is element index + l, and every group starts aligned."""
+        steps = [S[axes[-1]] for axes in em.loops]
+        return steps[last] == 1 and offset % lanes == 0 and \
+            all(s % lanes == 0 for s in steps[:last])
+    stored = [(grp.root.out, k.output)] + k.stores
+    reads = [r for v, _ in stored for r in em.reads(v, grp.maps[v.id])]
+    wide = [b for b, offset, S in reads if contiguous_by(S, offset, 1)] + [b for _, b in stored]
+    lanes = min(MAX_LANES, VECTOR_BYTES // max(b.type.dtype.itemsize for b in wide))
+    out_S = em._spread(grp.maps[grp.root.out.id], contiguous(grp.root.out.type.shape))
+    if lanes < 2 or extents[last] % lanes or not contiguous_by(out_S, 0, lanes):
+        return None
+    names = em.names
+    gv = names("gv")
+    idx = dict(enumerate(_split(Var(gv), extents[:last] + [extents[last] // lanes])))
+    idx[last] = idx_mul(idx[last], Const(lanes))
+
+    def lane_point(lane):
+        return {**idx, last: idx_add(idx[last], Const(lane))}
+    body, loaded, aligned = [], {}, []
+    for b, offset, S in reads:
+        if not contiguous_by(S, offset, lanes) or (b.name, offset, tuple(S)) in loaded:
+            continue
+        name = names("vl")
+        loaded[b.name, offset, tuple(S)] = name
+        body.append(VecLoad(name, b.type.dtype, b.name, em.index(S, idx, offset), lanes))
+        for lane in range(lanes):
+            em.loads[Load(b.name, em.index(S, lane_point(lane), offset))] = Load(name, Const(lane))
+        aligned.append(Aligned(b.name, lanes * b.type.dtype.itemsize))
+    values = {b.name: [] for _, b in stored}
+    for lane in range(lanes):
+        em.memo.clear()                 # a lane's values are its own
+        for v, b in stored:
+            values[b.name].append(em.value(v, grp.maps[v.id], body, lane_point(lane)))
+    em.loads.clear()
+    for _, b in stored:
+        body.append(VecStore(b.name, em.out_index(idx), tuple(values[b.name])))
+        aligned.append(Aligned(b.name, lanes * b.type.dtype.itemsize))
+    conds = list(dict.fromkeys(aligned))
+    cond = conds[0]
+    for a in conds[1:]:
+        cond = Bin("&&", cond, a)
+    return cond, Loop(gv, _prod(extents) // lanes, "grid", body), lanes
 
 
 def gpu_gather(k: Kernel, code, target, knobs):
@@ -84,9 +155,18 @@ def gpu_gather(k: Kernel, code, target, knobs):
 
 
 # ---- rows: one block per row ---------------------------------------------------------------------
+ROW_RESIDENT = 32      # a row of up to threads * 32 elements stays in registers: read once
+ROW_REGISTERS = 64     # 32-bit registers per thread for a resident row's arrays
+
+
 def gpu_row(k: Kernel, code, target, knobs):
     """CPU row-group semantics (prologue, reductions, row scalars, the stash, the epilogue and
-    every extra store), one block per row."""
+    every extra store), one block per row. Thread t takes the row's elements t, t + threads,
+    t + 2 threads, ... in every pass. Where the row fits (ROW_RESIDENT per thread), each thread
+    first loads its elements of the inputs the row reads into registers (within a budget), and
+    the stash lives in registers too: the passes read no memory, and a softmax row costs one
+    read and one write.
+    Either way the same elements meet in the same order: the same bits."""
     em, kept_loops, red_loops = reduction_plan(k)
     kext = [em.extent(i) for i in kept_loops]
     rext = [em.extent(i) for i in red_loops]
@@ -98,30 +178,85 @@ def gpu_row(k: Kernel, code, target, knobs):
     r = em.names("row")
     idx = dict(zip(kept_loops, _split(Var(r), kext)))
     row_body, shared = [], []
+    width = _prod(rext)
+    per_thread = -(-width // threads)
+    grp = k.group
+    passes = sum(isinstance(n.opdef.lowering, R.Reduce) for n in grp.nodes) + \
+        any(a in grp.reduced for a in grp.maps[grp.root.out.id] if a is not None)
+    resident = 1 < per_thread <= ROW_RESIDENT and passes > 1     # (one pass reads once anyway)
+    t, j = em.names("it"), em.names("j")
+
+    def point_of(jv):
+        return {**idx, **dict(zip(red_loops, _split(jv, rext)))}
 
     def over_row(body_of):
-        """A thread loop over the row's elements; body_of(loop body, loop point)."""
-        j = em.names("j")
-        loop = Loop(j, _prod(rext), "thread")
-        body_of(loop.body, {**idx, **dict(zip(red_loops, _split(Var(j), rext)))})
-        return loop
+        """A pass over the row's elements; body_of(loop body, loop point). Resident: the same
+        loop variables in every pass, so that every pass reads the registers alike."""
+        if not resident:
+            jj = em.names("j")
+            loop = Loop(jj, width, "thread")
+            body_of(loop.body, point_of(Var(jj)))
+            return loop
+        inside = []
+        body_of(inside, point_of(Var(j)))
+        return Loop(t, per_thread, "unroll", [
+            Decl(j, dt.int64, idx_add(ThreadIndex(), idx_mul(Var(t), Const(threads)))),
+            If(Bin("<", Var(j), Const(width)), inside)])
+    if resident:
+        _keep_row_in_registers(em, k, row_body, over_row, point_of(Var(j)), kept_loops,
+                               red_loops, Var(t), per_thread)
 
     def reduce(n, stash):
         return _block_reduction(em, n, row_body, over_row, shared, threads, stash)
     if row_values(em, k, row_body, idx, reduce):
         row_body.append(over_row(lambda body, point: _store_all(em, k, body, point)))
     else:                       # one value per row: thread 0 stores it
-        j = em.names("j")
-        one = Loop(j, 1, "thread")
+        one = Loop(em.names("j"), 1, "thread")
         _store_all(em, k, one.body, idx)
         row_body.append(one)
     rows = _prod(kext)
     return shared + [Loop(r, rows, "block", row_body)], _launch(rows, threads, per_block=True)
 
 
+def _keep_row_in_registers(em: Emitter, k: Kernel, row_body, over_row, point, kept_loops,
+                           red_loops, lane, size):
+    """Register arrays for a resident row, one per input element stream that moves along the
+    row, within ROW_REGISTERS per thread: the streams that also move from row to row first (a
+    weight every row shares stays in L1 anyway), then the stash, then the others. A first
+    pass fills them, and from then on they stand for those loads; whatever does not fit is
+    read again from memory, as it is without registers."""
+    grp = k.group
+    streams = {}
+    for v in [grp.root.out] + [v for v, _ in k.stores]:
+        for b, offset, S in em.reads(v, grp.maps[v.id]):
+            if any(S[em.loops[i][-1]] for i in red_loops):
+                load = Load(b.name, em.index(S, point, offset))
+                shared_by_rows = kept_loops and not any(S[em.loops[i][-1]] for i in kept_loops)
+                streams.setdefault(load, (2 if shared_by_rows else 0, b.type.dtype.compute))
+    reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
+    if _stashable(grp, reductions) is not None:
+        stash = Load(k.output.name, em.out_index(point))
+        streams[stash] = (1, k.output.type.dtype.compute)
+    budget, kept = ROW_REGISTERS, {}
+    for load, (_, d) in sorted(streams.items(), key=lambda item: item[1][0]):   # stable
+        cost = size * max(1, d.itemsize // 4)
+        if cost <= budget:
+            budget -= cost
+            kept[load] = Local(em.names("reg"), d, size)
+    row_body += kept.values()
+    fill = [(load, reg) for load, reg in kept.items() if load.buf != k.output.name]
+    if fill:
+        row_body.append(over_row(lambda body, _: body.extend(
+            Store(reg.name, lane, load) for load, reg in fill)))
+    for load, reg in kept.items():
+        em.loads[load] = Load(reg.name, lane)
+
+
 def _block_reduction(em: Emitter, n, row_body, over_row, shared, threads, stash):
     """Each thread combines its elements of the row (j = thread, thread + threads, ...) in
-    order into `acc`, then the block combines the threads' accumulators."""
+    order into `acc`, then the block combines the threads' accumulators. With a stash, each
+    element is parked in the output row (or the register standing for it) for the last
+    pass."""
     names = em.names
     x = n.inputs[0]
     xm = identity_map(x.type.shape)
@@ -132,7 +267,9 @@ def _block_reduction(em: Emitter, n, row_body, over_row, shared, threads, stash)
     def accumulate(body, point):
         v = em.value(x, xm, body, point)
         if stash is not None:           # this thread reads the element back in the last pass
-            body.append(Store(em.k.output.name, em.out_index(point), v))
+            where = Load(em.k.output.name, em.out_index(point))
+            where = em.loads.get(where, where)
+            body.append(Store(where.buf, where.index, v))
         body.append(Assign(acc, OpCall(n.op, "combine", (), xd, od, (Var(acc), v))))
     row_body.append(over_row(accumulate))
     scratch, total = names("red"), names("s")

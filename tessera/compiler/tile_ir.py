@@ -102,6 +102,25 @@ class Addr(Expr):
         return "null" if self.buf is None else f"&{self.buf}[{self.index}]"
 
 
+@dataclass(frozen=True)
+class ThreadIndex(Expr):
+    """The thread's index in its block (GPU kernels)."""
+
+    def __str__(self):
+        return "thread"
+
+
+@dataclass(frozen=True)
+class Aligned(Expr):
+    """True when buffer `buf`'s address is a multiple of `bytes` (a GPU kernel's vector path
+    needs it; a caller's array may be a view at any element offset)."""
+    buf: str
+    bytes: int
+
+    def __str__(self):
+        return f"aligned({self.buf}, {self.bytes})"
+
+
 def idx_add(a, b):
     if isinstance(a, Const) and a.value == 0:
         return b
@@ -144,7 +163,8 @@ class Loop(Stmt):
 
 
 CPU_LOOPS = {"serial", "parallel", "vector", "parallel+vector"}
-GPU_LOOPS = {"serial", "grid", "block", "thread"}
+GPU_LOOPS = {"serial", "unroll", "grid", "block", "thread"}   # unroll: a constant trip count,
+                                                              # fully unrolled (register arrays)
 
 
 @dataclass
@@ -173,6 +193,35 @@ class Store(Stmt):
     buf: str
     index: Expr
     value: Expr
+
+
+@dataclass
+class VecLoad(Stmt):
+    """Declares `name`, `lanes` consecutive elements buf[index], buf[index + 1], ... read in
+    one access (index a multiple of lanes, buf aligned to the whole access); lane l is read as
+    Load(name, Const(l)). The elements keep the parameter's storage (16-bit floats as bits)."""
+    name: str
+    dtype: dt.DType
+    buf: str
+    index: Expr
+    lanes: int
+
+
+@dataclass
+class VecStore(Stmt):
+    """buf[index + l] = values[l] for every lane l, written in one access (aligned as VecLoad)."""
+    buf: str
+    index: Expr
+    values: tuple
+
+
+@dataclass
+class If(Stmt):
+    """`body` where cond holds, else `orelse`: a choice the same for every thread of a launch
+    (a GPU kernel's aligned vector path and its scalar fallback)."""
+    cond: Expr
+    body: list
+    orelse: list = field(default_factory=list)
 
 
 @dataclass
@@ -280,7 +329,7 @@ class TileKernel:
                         (isinstance(s, Call) and gpu):
                     if divergent:
                         raise IRVerificationError(
-                            f"{self.name}: {type(s).__name__.lower()} inside a {divergent} loop, "
+                            f"{self.name}: {type(s).__name__.lower()} inside a {divergent}, "
                             "where the block's threads diverge")
                 if isinstance(s, Loop):
                     if s.kind not in (GPU_LOOPS if gpu else CPU_LOOPS):
@@ -292,7 +341,7 @@ class TileKernel:
                         _check_expr(s.extent, scope, names, self.name)
                     if s.var in scope or s.var in names:
                         raise IRVerificationError(f"{self.name}: {s.var} is declared twice")
-                    inner = divergent or (s.kind if s.kind in ("grid", "thread") else None)
+                    inner = divergent or (f"{s.kind} loop" if s.kind in ("grid", "thread") else None)
                     walk(s.body, scope | {s.var}, inner)
                 elif isinstance(s, Shared):
                     if not top:
@@ -340,6 +389,25 @@ class TileKernel:
                                                   f"(index {s.index.value})")
                     _check_expr(s.index, scope, names, self.name)
                     _check_expr(s.value, scope, names, self.name)
+                elif isinstance(s, If):       # (a barrier under a condition may deadlock)
+                    _check_expr(s.cond, scope, names, self.name)
+                    walk(s.body, scope, divergent or "condition")
+                    walk(s.orelse, scope, divergent or "condition")
+                elif isinstance(s, VecLoad):
+                    if not gpu or s.buf not in sizes or s.lanes < 1:
+                        raise IRVerificationError(f"{self.name}: bad vector load {s.name} of "
+                                                  f"{s.buf}")
+                    _check_expr(s.index, scope, names, self.name)
+                    if s.name in scope or s.name in names:
+                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
+                    names.add(s.name)
+                    sizes[s.name] = s.lanes
+                elif isinstance(s, VecStore):
+                    if not gpu or s.buf not in outs:
+                        raise IRVerificationError(f"{self.name}: vector store to {s.buf}, not an "
+                                                  "output")
+                    for e in (s.index, *s.values):
+                        _check_expr(e, scope, names, self.name)
                 elif isinstance(s, CheckIndex):
                     if s.name not in scope:
                         raise IRVerificationError(f"{self.name}: checks undeclared {s.name}")
@@ -375,7 +443,7 @@ def _numel(shape) -> int:
 def _check_expr(e, scope, bufs, kname):
     if isinstance(e, Var) and e.name not in scope:
         raise IRVerificationError(f"{kname}: uses {e.name} outside its scope")
-    if isinstance(e, Load) and e.buf not in bufs:
+    if isinstance(e, (Load, Aligned)) and e.buf not in bufs:
         raise IRVerificationError(f"{kname}: loads from unknown buffer {e.buf}")
     for child in _children(e):
         _check_expr(child, scope, bufs, kname)
@@ -404,7 +472,8 @@ def walk_exprs(stmts):
             yield from walk_exprs(s.body)
             continue
         roots = {Decl: lambda s: [s.init], Assign: lambda s: [s.value],
-                 Store: lambda s: [s.index, s.value],
+                 Store: lambda s: [s.index, s.value], VecLoad: lambda s: [s.index],
+                 VecStore: lambda s: [s.index, *s.values], If: lambda s: [s.cond],
                  BlockReduce: lambda s: [s.value, s.combine(Var("a"), Var("b"))],
                  Call: lambda s: list(s.args)}.get(type(s), lambda s: [])(s)
         stack = list(roots)
@@ -412,6 +481,9 @@ def walk_exprs(stmts):
             e = stack.pop()
             yield e
             stack.extend(_children(e))
+        if isinstance(s, If):
+            yield from walk_exprs(s.body)
+            yield from walk_exprs(s.orelse)
 
 
 def _print_block(stmts, lines, depth):
@@ -427,6 +499,18 @@ def _print_block(stmts, lines, depth):
             lines.append(f"{pad}{s.name} = {s.value}")
         elif isinstance(s, Store):
             lines.append(f"{pad}{s.buf}[{s.index}] = {s.value}")
+        elif isinstance(s, If):
+            lines.append(f"{pad}if {s.cond} {{")
+            _print_block(s.body, lines, depth + 1)
+            if s.orelse:
+                lines.append(f"{pad}}} else {{")
+                _print_block(s.orelse, lines, depth + 1)
+            lines.append(f"{pad}}}")
+        elif isinstance(s, VecLoad):
+            lines.append(f"{pad}{s.name}: {s.dtype.short}x{s.lanes} = vload {s.buf}[{s.index}]")
+        elif isinstance(s, VecStore):
+            lines.append(f"{pad}vstore {s.buf}[{s.index}] = "
+                         f"({', '.join(map(str, s.values))})")
         elif isinstance(s, CheckIndex):
             lines.append(f"{pad}check {s.name} in 0..{s.extent} else error {s.code}")
         elif isinstance(s, Local):
@@ -461,6 +545,10 @@ def substitute(stmts, values: dict) -> list:
             out.append(Loop(s.var, extent, s.kind, substitute(s.body, values)))
         elif isinstance(s, Call):
             out.append(replace(s, args=tuple(ex(a) for a in s.args)))
+        elif isinstance(s, If):
+            out.append(If(ex(s.cond), substitute(s.body, values), substitute(s.orelse, values)))
+        elif isinstance(s, VecStore):
+            out.append(VecStore(s.buf, ex(s.index), tuple(ex(v) for v in s.values)))
         else:
             out.append(replace(s, **{f.name: ex(getattr(s, f.name)) for f in fields(s)
                                      if isinstance(getattr(s, f.name), Expr)}))

@@ -32,9 +32,12 @@ HEADER = Path(__file__).with_name("cuda_emu.h")
 # (shared arrays in template routines) become plain symbols of the module, not process-wide
 # unique ones. -fstack-clash-protection: a large local array touches its stack pages in order,
 # so an overflow hits the fiber's guard page. -ffp-contract=off: as NVRTC with --fmad=false.
+# -fsanitize=alignment as a trap: an access through a misaligned pointer (a 16-byte vector load
+# of a float at an odd offset) is a fault, as a GPU's "misaligned address" is; x86 would allow it.
 KERNEL_FLAGS = ("-DTSG_PORTABLE_MMA", "-std=c++20", "-O1", "-fPIC", "-shared",
                 "-fvisibility=hidden", "-fno-weak", "-ffp-contract=off", "-fno-strict-aliasing",
-                "-fstack-clash-protection", "-w")
+                "-fstack-clash-protection", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error",
+                "-w")
 RUNTIME_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-DTSEMU_RUNTIME")
 TIME_LIMIT_S = 120.0              # per launch: an endless loop fails instead of hanging CI
 MAX_DYNAMIC_SHARED = 227 << 10    # per block on an H100 (after an opt-in)

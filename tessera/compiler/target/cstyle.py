@@ -21,8 +21,9 @@ import math
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..tile_ir import (Addr, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, Load, Local, Loop,
-                       OpCall, Select, Shared, Store, TileKernel, TileProgram, Var, walk_exprs)
+from ..tile_ir import (Addr, Aligned, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, If, Load,
+                       Local, Loop, OpCall, Select, Shared, Store, TileKernel, TileProgram, Var,
+                       walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
@@ -113,6 +114,8 @@ class CStyleRenderer:
             return self.opcall(e)
         if isinstance(e, Addr):
             return "0" if e.buf is None else f"({e.buf} + {self.expr(e.index)})"
+        if isinstance(e, Aligned):
+            return f"((((unsigned long long){e.buf}) & {e.bytes - 1}u) == 0)"
         raise TypeError(f"cannot render {e!r}")
 
     def template(self, e: OpCall) -> str:
@@ -196,6 +199,15 @@ class CStyleRenderer:
             out.append(f"{pad}for ({it} {s.var} = {start}; {s.var} < {extent}; {step}) {{")
             for c in s.body:
                 self.stmt(c, k, depth + 1, out)
+            out.append(pad + "}")
+        elif isinstance(s, If):
+            out.append(f"{pad}if ({self.expr(s.cond)}) {{")
+            for c in s.body:
+                self.stmt(c, k, depth + 1, out)
+            if s.orelse:
+                out.append(pad + "} else {")
+                for c in s.orelse:
+                    self.stmt(c, k, depth + 1, out)
             out.append(pad + "}")
         elif isinstance(s, Decl):
             out.append(f"{pad}{self.ctype(s.dtype)} {s.name} = {self.expr(s.init)};")
@@ -295,3 +307,6 @@ def _statements(stmts):
         yield s
         if isinstance(s, Loop):
             yield from _statements(s.body)
+        elif isinstance(s, If):
+            yield from _statements(s.body)
+            yield from _statements(s.orelse)

@@ -11,8 +11,9 @@ names the code uses. The op helpers (tessera/ops/cmath.py) and the routines are 
 from __future__ import annotations
 
 from ... import dtypes as dt
-from ..tile_ir import Barrier, BlockReduce, Load, Loop, Shared, TileKernel, TileProgram, Var
-from .cstyle import CStyleRenderer
+from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, TileKernel,
+                       TileProgram, Var, VecLoad, VecStore)
+from .cstyle import CStyleRenderer, _statements
 
 FULL_MASK = "0xffffffffu"
 
@@ -34,6 +35,12 @@ class GpuRenderer(CStyleRenderer):
             return "threadIdx.x", f"{v} += blockDim.x"
         return super().loop_range(s)
 
+    def loop_header(self, s: Loop, k: TileKernel) -> list[str]:
+        return ["#pragma unroll"] if s.kind == "unroll" else []
+
+    def expr(self, e) -> str:
+        return "(long long)threadIdx.x" if isinstance(e, ThreadIndex) else super().expr(e)
+
     def stmt(self, s, k: TileKernel, depth: int, out: list):
         pad = "  " * depth
         if isinstance(s, Shared):
@@ -42,8 +49,29 @@ class GpuRenderer(CStyleRenderer):
             out.append(f"{pad}__syncthreads();")
         elif isinstance(s, BlockReduce):
             out.extend(pad + line for line in self.block_reduce(s, k.launch["block"]))
+        elif isinstance(s, VecLoad):
+            v = self.vector_type(s.dtype, s.lanes)
+            out.append(f"{pad}{v} {s.name} = *(const {v}*)({s.buf} + {self.expr(s.index)});")
+        elif isinstance(s, VecStore):
+            v = self.vector_type(self._dtypes[s.buf], len(s.values))
+            out.append(f"{pad}{{")
+            out.append(f"{pad}  {v} ts_v;")
+            out.extend(f"{pad}  ts_v[{lane}] = {self.stored(s.buf, value)};"
+                       for lane, value in enumerate(s.values))
+            out.append(f"{pad}  *({v}*)({s.buf} + {self.expr(s.index)}) = ts_v;")
+            out.append(f"{pad}}}")
         else:
             super().stmt(s, k, depth, out)
+
+    def vector_type(self, d: dt.DType, lanes: int) -> str:
+        return f"ts_vec<{self.storage_type(d)}, {lanes}>"
+
+    def begin_kernel(self, k: TileKernel):
+        """Vector-loaded elements keep their parameter's storage: 16-bit floats as bits."""
+        super().begin_kernel(k)
+        self._dtypes = {p.name: p.dtype for p in k.params}
+        self._halves = {**self._halves, **{s.name: s.dtype for s in _statements(k.body)
+                                           if isinstance(s, VecLoad) and s.dtype.is_half}}
 
     def block_reduce(self, s: BlockReduce, block: int) -> list[str]:
         """A shuffle-down tree in each warp (lane i combines lane i + o, o halving), then thread 0
@@ -124,6 +152,12 @@ class GpuRenderer(CStyleRenderer):
 
     def common_prelude(self) -> list[str]:
         return ["#define TS_INLINE static __device__ __forceinline__",
+                "/* N elements moved in one aligned access (pointwise kernels' vector path) */",
+                "template <typename T, int N> struct alignas(sizeof(T) * N) ts_vec {",
+                "  T v[N];",
+                "  __device__ __forceinline__ T& operator[](int i) { return v[i]; }",
+                "  __device__ __forceinline__ const T& operator[](int i) const { return v[i]; }",
+                "};",
                 "#ifndef INT32_MIN",
                 "#define INT32_MIN (-2147483647 - 1)",
                 "#define INT32_MAX 2147483647",
