@@ -361,6 +361,20 @@ def test_attention_with_mask(target, rng):
     assert np.all(got[:, 4] == 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_gives_the_cpu_bits(target, dtype, causal, rng):
+    """The CPU and GPU routines share the online softmax's key block (64) and the order of
+    every sum, so f32 and f64 attention gives the same bits on both (the SIMT routine)."""
+    q, k, v = (a.astype(dtype) for a in qkv(rng, (2, 3), 130, 97, 64, 40))
+    mask = rng.standard_normal((130, 97)).astype(dtype)
+    fn = lambda q, k, v, m: op.attention(q, k, v, mask=m, causal=causal)   # noqa: E731
+    got = emulate(target, fn, q, k, v, mask, strategies=["attention"])
+    assert got.tobytes() == cpu(fn, q, k, v, mask).tobytes()
+    assert_close(got, attention_reference(q, k, v, mask=mask, causal=causal).astype(dtype),
+                 scale=20)
+
+
 # ---- more shapes of each strategy, against the operators' NumPy references -----------------------
 def _f32(*shape):
     return lambda rng: rng.standard_normal(shape).astype(np.float32)

@@ -71,10 +71,12 @@ from __future__ import annotations
 
 # Tuned on the 2-core AMD EPYC (AVX-512) for B=8, H=8, S=1024, D=64 f32, causal and not:
 # block_q 64..192 and block_k 64..256 are all within ~2% of each other (block_k 32 is ~8% slower,
-# block_q 256 with block_k 64 ~8%); 64/128 keeps the stack at 64 KiB and gives B*H*Sq/64 tasks.
+# block_q 256 with block_k 64 ~8%); 64/64 gives B*H*Sq/64 tasks.
 # block_q is both the caller's task size and the routine's internal chunk of query rows;
-# block_k is the key block of the online softmax (it fixes the rounding of the results).
-DEFAULT_BLOCKS = {"block_q": 64, "block_k": 128}
+# block_k is the key block of the online softmax (it fixes the rounding of the results): 64,
+# the GPU routines' (gpu_attention.BLOCK_K), so f32 and f64 attention give the same bits on the
+# CPU and on a GPU.
+DEFAULT_BLOCKS = {"block_q": 64, "block_k": 64}
 MIN_TASKS = 8                  # the scheduler halves block_q until a problem has this many tasks
 MAX_STACK_BYTES = 512 << 10     # the routine's scratch lives on the (OpenMP thread's) stack
 _DC = {"f32": 128, "f64": 128}   # head dimensions per packed query slice (Q packed once if D <= DC)
