@@ -310,3 +310,25 @@ def test_empty_tensors_take_the_vector_kernel_harmlessly(target, shape):
     prog = ts.function(lambda x, y: x + y).lower(x, y, target=target)
     (got,) = run_program(prog, x, y)
     assert got.shape == shape
+
+
+# ---- what NVRTC makes of them --------------------------------------------------------------------
+def test_the_ptx_has_vector_accesses_and_no_local_memory():
+    """NVRTC's PTX for sm_90: the pointwise kernel's 16-byte accesses are v4 loads and stores;
+    a resident row's register arrays stay registers (fully unrolled: no .local stack), with one
+    load per element of the thread's row."""
+    from tessera.errors import BackendUnavailableError
+    from tessera.runtime import gpu_toolchain as tc
+    try:
+        tc.nvrtc_library()
+    except BackendUnavailableError as e:
+        pytest.skip(f"NVRTC is not installed: {e.summary}")
+    x = np.zeros((4, 256 * lower_gpu.ROW_RESIDENT), np.float32)
+    gelu = ts.function(lambda x, b: op.gelu(x + b)).lower(x, x[0], target="cuda")
+    ptx = tc.nvrtc_compile(gelu.target_code, arch="sm_90").decode()
+    assert len(re.findall(r"ld\.global(?:\.nc)?\.v4\.f32", ptx)) == 2       # x and b
+    assert len(re.findall(r"st\.global\.v4\.f32", ptx)) == 1
+    softmax = ts.function(lambda x: op.softmax(x, axis=-1)).lower(x, target="cuda")
+    ptx = tc.nvrtc_compile(softmax.target_code, arch="sm_90").decode()
+    assert ".local" not in ptx
+    assert len(re.findall(r"ld\.global(?:\.nc)?\.f32", ptx)) == lower_gpu.ROW_RESIDENT
