@@ -178,17 +178,22 @@ LOGF = """\
    f = m - 1 is exact, ln m = f + f^2 P(f) with P of degree 8, ln x = k ln2 + ln m with ln2
    in two parts.  log(+-0) = -inf, log(x < 0) = NaN, log(+inf) = +inf. */
 TS_INLINE float ts_logf(float x) {
-  int tiny = x < 1.17549435e-38f;
-  float xs = tiny ? x * 8388608.0f : x;
+  /* no selects between float values, no && : gcc makes those branches, and a loop with a
+     branch does not vectorise without -fno-trapping-math. Integer arithmetic and bit masks. */
+  uint32_t tiny = x < 1.17549435e-38f;
+  uint32_t scb = 0x3f800000u + tiny * (0x4b000000u - 0x3f800000u);   /* the scale: 1 or 2^23 */
+  float scale;
+  memcpy(&scale, &scb, sizeof scale);
+  float xs = x * scale;
   uint32_t ix;
   memcpy(&ix, &xs, sizeof ix);
-  int32_t k = (int32_t)((ix >> 23) & 255u) - (tiny ? 150 : 127);
+  int32_t k = (int32_t)((ix >> 23) & 255u) - 127 - 23 * (int32_t)tiny;
   uint32_t im = (ix & 0x007fffffu) | 0x3f800000u;
+  uint32_t big = im > 0x3fb504f3u;                     /* m > 1.41421354f */
+  im -= big << 23;                                     /* m / 2, exactly */
+  k += (int32_t)big;
   float m;
   memcpy(&m, &im, sizeof m);
-  int big = m > 1.41421354f;
-  m = big ? 0.5f * m : m;
-  k = big ? k + 1 : k;
   float f = m - 1.0f;
   float p = -0.0762458667f;
   p = fmaf(p, f, 0.129145861f);
@@ -202,8 +207,16 @@ TS_INLINE float ts_logf(float x) {
   float kf = (float)k;
   float y = fmaf(f * f, p, fmaf(kf, 1.42860677e-06f, f));
   y = fmaf(kf, 0.693145752f, y);
-  y = x > 0.0f ? y : (x == 0.0f ? -INFINITY : NAN);
-  return x < INFINITY ? y : x;                /* +inf and NaN */
+  /* x > 0 finite: y; x = +-0: -inf; x < 0: NaN; +inf and NaN: x */
+  uint32_t fin = -(uint32_t)(x < INFINITY), zero = -(uint32_t)(x == 0.0f);
+  uint32_t ok = -(uint32_t)(x > 0.0f) & fin, xb, yb;
+  memcpy(&xb, &x, sizeof xb);
+  memcpy(&yb, &y, sizeof yb);
+  uint32_t special = (0x7fc00000u & fin) | (xb & ~fin);
+  special = (0xff800000u & zero) | (special & ~zero);
+  yb = (yb & ok) | (special & ~ok);
+  memcpy(&y, &yb, sizeof y);
+  return y;
 }"""
 
 # ---- float64: the same algorithms with more terms ----------------------------------------------
