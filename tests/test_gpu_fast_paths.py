@@ -254,7 +254,8 @@ def test_three_extra_stores_of_three_dtypes_match_the_scalar_path(target, rng, m
         y = op.cast(x * 3 + w, "float16")
         z = op.cast(op.cast(y, "float32") - x, "float64")
         return z, y, op.cast(z, "int32")
-    x, w = rng.standard_normal((3, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    w = rng.standard_normal(16).astype(np.float32)
     prog = ts.function(fn).lower(x, w, target=target)
     (k,) = prog.tile_ir.kernels
     assert len(prog.schedule_ir.kernels[0].stores) == 2 and "vstore" in str(k)

@@ -98,7 +98,8 @@ def test_a_pytree_passes_through_an_inlined_call(rng):
         return inner(params, x)["y"] * 2.0
     params = {"w": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
     x = rng.standard_normal((2, 3))
-    np.testing.assert_allclose(outer(params, x), 2 * (x @ params["w"] + params["b"]), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(outer(params, x), 2 * (x @ params["w"] + params["b"]), rtol=1e-13,
+                               atol=1e-13)
 
 
 def test_tuples_of_results_with_nested_containers(rng):

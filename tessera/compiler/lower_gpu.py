@@ -58,7 +58,7 @@ def _launch(work: int, threads: int, per_block: bool = False) -> dict:
     return {"grid": max(1, min(blocks, GRID_CAP)), "block": threads, "shared": 0}
 
 
-# ---- one thread per element, or per vector of elements --------------------------------------------
+# ---- one thread per element, or per vector of elements -----------------------------------------
 VECTOR_BYTES = 16                  # the widest load a thread issues (ld.global.v4.f32)
 MAX_LANES = 8
 

@@ -341,7 +341,8 @@ class TileKernel:
                         _check_expr(s.extent, scope, names, self.name)
                     if s.var in scope or s.var in names:
                         raise IRVerificationError(f"{self.name}: {s.var} is declared twice")
-                    inner = divergent or (f"{s.kind} loop" if s.kind in ("grid", "thread") else None)
+                    inner = divergent or \
+                        (f"{s.kind} loop" if s.kind in ("grid", "thread") else None)
                     walk(s.body, scope | {s.var}, inner)
                 elif isinstance(s, Shared):
                     if not top:

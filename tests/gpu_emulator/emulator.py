@@ -36,8 +36,8 @@ HEADER = Path(__file__).with_name("cuda_emu.h")
 # of a float at an odd offset) is a fault, as a GPU's "misaligned address" is; x86 would allow it.
 KERNEL_FLAGS = ("-DTSG_PORTABLE_MMA", "-std=c++20", "-O1", "-fPIC", "-shared",
                 "-fvisibility=hidden", "-fno-weak", "-ffp-contract=off", "-fno-strict-aliasing",
-                "-fstack-clash-protection", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error",
-                "-w")
+                "-fstack-clash-protection", "-fsanitize=alignment",
+                "-fsanitize-undefined-trap-on-error", "-w")
 RUNTIME_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-DTSEMU_RUNTIME")
 TIME_LIMIT_S = 120.0              # per launch: an endless loop fails instead of hanging CI
 MAX_DYNAMIC_SHARED = 227 << 10    # per block on an H100 (after an opt-in)

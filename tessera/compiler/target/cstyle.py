@@ -245,7 +245,7 @@ class CStyleRenderer:
     def begin_kernel(self, k: TileKernel):
         """Note the kernel's 16-bit buffers: parameters hold bits, other arrays floats."""
         self._halves = {p.name: p.dtype for p in k.params if p.dtype.is_half}
-        self._local_halves = {s.name: s.dtype for s in _statements(k.body)
+        self._local_halves = {s.name: s.dtype for s in all_statements(k.body)
                               if isinstance(s, (Local, Shared)) and s.dtype.is_half}
 
     _halves: dict = {}
@@ -273,7 +273,7 @@ class CStyleRenderer:
         """The hand-written routines the program's Calls need, each once."""
         keys = []
         for k in program.kernels:
-            for s in _statements(k.body):
+            for s in all_statements(k.body):
                 if isinstance(s, Call) and s.routine not in keys:
                     keys.append(s.routine)
         out = []
@@ -302,11 +302,12 @@ class CStyleRenderer:
         raise NotImplementedError
 
 
-def _statements(stmts):
+def all_statements(stmts):
+    """Every statement, nested ones included, in order."""
     for s in stmts:
         yield s
         if isinstance(s, Loop):
-            yield from _statements(s.body)
+            yield from all_statements(s.body)
         elif isinstance(s, If):
-            yield from _statements(s.body)
-            yield from _statements(s.orelse)
+            yield from all_statements(s.body)
+            yield from all_statements(s.orelse)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ... import dtypes as dt
 from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, TileKernel,
                        TileProgram, Var, VecLoad, VecStore)
-from .cstyle import CStyleRenderer, _statements
+from .cstyle import CStyleRenderer, all_statements
 
 FULL_MASK = "0xffffffffu"
 
@@ -70,7 +70,7 @@ class GpuRenderer(CStyleRenderer):
         """Vector-loaded elements keep their parameter's storage: 16-bit floats as bits."""
         super().begin_kernel(k)
         self._dtypes = {p.name: p.dtype for p in k.params}
-        self._halves = {**self._halves, **{s.name: s.dtype for s in _statements(k.body)
+        self._halves = {**self._halves, **{s.name: s.dtype for s in all_statements(k.body)
                                            if isinstance(s, VecLoad) and s.dtype.is_half}}
 
     def block_reduce(self, s: BlockReduce, block: int) -> list[str]:
