@@ -57,7 +57,7 @@ def run_shifted(prog, arrays, shift: int):
         elif b.role == "const":
             view[...] = np.asarray(b.data, dtype=d)
         table[b.name] = view
-    status = device_empty((1,), np.int32, fill=0)
+    status = device_empty((1 + prog.tile_ir.workspace,), np.int32, fill=0)
     kernels = {k.name: k for k in prog.tile_ir.kernels}
     for name, bufs in prog.tile_ir.calls:
         cfg = kernels[name].launch
@@ -333,3 +333,51 @@ def test_the_ptx_has_vector_accesses_and_no_local_memory():
     ptx = tc.nvrtc_compile(softmax.target_code, arch="sm_90").decode()
     assert ".local" not in ptx
     assert len(re.findall(r"ld\.global(?:\.nc)?\.f32", ptx)) == lower_gpu.ROW_RESIDENT
+
+
+# ---- two-stage whole-tensor reductions -----------------------------------------------------------
+@pytest.mark.parametrize("d,name", [(d, name) for d in (np.float32, np.float64, np.float16)
+                                    for name in ("sum", "max", "mean")]
+                         + [(np.int32, "sum"), (np.int32, "max")])
+def test_a_big_reduction_to_one_value_takes_many_blocks(target, d, name, rng):
+    """70001 elements: several blocks each reduce a chunk fixed by the size, and the block with
+    the last ticket reduces their partials in order: the same bits with 1, 3 or all blocks,
+    in either order, within the sum's error bound of NumPy's float64 result."""
+    x = rng.standard_normal(70001) * 4
+    x = x.astype(d)
+    fn = {"sum": lambda x: op.sum(x), "max": lambda x: op.max(x),
+          "mean": lambda x: op.mean(x * 2)}[name]
+    prog = ts.function(fn).lower(x, target=target)
+    (k,) = prog.tile_ir.kernels
+    assert k.launch["grid"] > 1 and "block_ticket" in str(prog.tile_ir)
+    assert prog.tile_ir.workspace == k.launch["workspace"] > k.launch["grid"]
+    got = run_program(prog, x)
+    for blocks in (1, 3):
+        same_bits(got, run_program(prog, x, reverse=True, max_blocks=blocks))
+    x64 = x.astype(np.float64)
+    want = {"sum": x64.sum(), "max": x64.max(), "mean": (x64 * 2).mean()}[name]
+    if np.dtype(d).kind == "i" or name == "max":
+        assert got[0] == np.asarray(want).astype(got[0].dtype)
+    else:
+        eps = np.finfo(np.float32 if d == np.float16 else d).eps
+        scale = 2 / x.size if name == "mean" else 1
+        bound = 2 * x.size * eps * np.abs(x64).sum() * scale + \
+            np.finfo(got[0].dtype).eps * abs(want)
+        assert abs(float(got[0]) - want) <= bound
+
+
+def test_two_big_reductions_have_their_own_workspace(target, rng):
+    """An f32 sum whose counter and partials are an odd number of ints (padded), then an f64
+    max: each kernel its own counter and partials, the f64 ones 8-byte aligned."""
+    x = rng.standard_normal(3 * 16384 + 5).astype(np.float32)
+    y = rng.standard_normal(70001)
+    prog = ts.function(lambda x, y: (op.sum(x), op.max(y))).lower(x, y, target=target)
+    grids = [k.launch["grid"] for k in prog.tile_ir.kernels]
+    assert len(grids) == 2 and (1 + grids[0]) % 2 == 1 and all(g > 1 for g in grids)
+    bases = prog.tile_ir.workspace_bases()
+    assert all((1 + b + 1) % 2 == 0 for b in bases.values())     # partials at 8-byte addresses
+    s, m = run_program(prog, x, y)
+    same_bits([s, m], run_program(prog, x, y, reverse=True, max_blocks=2))
+    assert m == y.max()
+    np.testing.assert_allclose(s, x.astype(np.float64).sum(), rtol=1e-5,
+                               atol=1e-6 * np.abs(x).sum())

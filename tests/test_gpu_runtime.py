@@ -550,3 +550,19 @@ def test_a_constant_result_is_a_copy_and_inline_scalars_come_back(fake, rng):
                                atol=1e-6)
     const.fill(-1.0)                                  # the caller's copy, not the program's
     assert np.array_equal(f(x)[1].get(), CONSTANT)
+
+
+@needs_nvrtc
+@needs_gxx
+def test_a_two_stage_sum_gets_a_zeroed_workspace_every_run(fake, rng):
+    """A big sum is several blocks and a ticket counter in the workspace after the status
+    word: the runtime zeroes it for every run, so the second run sums again (a counter left
+    at its end would make no block the last one)."""
+    x = rng.standard_normal(70001).astype(np.float32)
+    f = on_gpu(fake, lambda x: op.sum(x), x)
+    prog = f.lower(x)
+    assert prog.tile_ir.workspace > 0 and prog.tile_ir.kernels[0].launch["grid"] > 1
+    first, second = f(x).get(), f(x).get()
+    assert first.tobytes() == second.tobytes()
+    np.testing.assert_allclose(first, x.astype(np.float64).sum(), rtol=1e-5,
+                               atol=1e-6 * np.abs(x).sum())

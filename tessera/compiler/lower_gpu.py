@@ -7,7 +7,7 @@ The expressions come from lower.py's Emitter, as on the CPU; only the loop struc
   each accumulating its elements in order, then a BlockReduce (a fixed shuffle tree and the
   warps in order): reproducible bits that depend on the row's length, never on the grid. A
   short enough row stays in registers between passes. A whole-tensor reduction is one row:
-  a single block;
+  a single block, or for a big one to a single value, many blocks and a last-ticket block;
 - reduce (columns), argreduce: one thread per output, its reduced elements in order;
 - concat, integer matmul: the CPU's loop nests with their independent outer loops flattened
   onto the grid;
@@ -24,13 +24,14 @@ from ..errors import ArgumentError, BackendUnavailableError
 from ..ops import registry as R
 from .fusion import identity_map
 from .lower import (LOWERINGS, Emitter, _Names, _params, _loop_nest, _stashable, _store_all,
-                    attention_task, contiguous, gemm_task, idx_div, read, reduction_plan,
-                    row_values, unflatten)
+                    attention_task, contiguous, gemm_task, idx_div, idx_min, read,
+                    reduction_plan, row_values, unflatten)
 from .schedule_ir import Kernel, Schedule
 from .scheduler import GPU_TARGETS, gpu_knobs
 from .tile_ir import (Aligned, Assign, Barrier, Bin, BlockReduce, Call, Cast, CheckIndex, Const,
-                      Decl, If, Load, Local, Loop, OpCall, Shared, Store, ThreadIndex, TileKernel,
-                      TileProgram, Var, VecLoad, VecStore, idx_add, idx_mul, substitute)
+                      Decl, If, Load, Local, Loop, OpCall, Shared, Store, ThreadIndex, Ticket,
+                      TileKernel, TileProgram, Var, VecLoad, VecStore, Workspace, idx_add, idx_mul,
+                      substitute)
 
 WARP = {"cuda": 32, "hip": 64}     # lanes per warp (a wavefront of gfx90a on HIP)
 GRID_CAP = 65535 * 8               # blocks per launch at most; grid-stride loops cover the rest
@@ -206,6 +207,11 @@ def gpu_row(k: Kernel, code, target, knobs):
         _keep_row_in_registers(em, k, row_body, over_row, point_of(Var(j)), kept_loops,
                                red_loops, Var(t), per_thread)
 
+    rows = _prod(kext)
+    chunks = min(WHOLE_CHUNKS, width // (threads * WHOLE_PER_THREAD))
+    if rows == 1 and passes == 1 and chunks > 1:       # one value from a big tensor
+        return _two_stage_reduction(em, k, point_of, width, chunks, threads)
+
     def reduce(n, stash):
         return _block_reduction(em, n, row_body, over_row, shared, threads, stash)
     if row_values(em, k, row_body, idx, reduce):
@@ -214,8 +220,65 @@ def gpu_row(k: Kernel, code, target, knobs):
         one = Loop(em.names("j"), 1, "thread")
         _store_all(em, k, one.body, idx)
         row_body.append(one)
-    rows = _prod(kext)
     return shared + [Loop(r, rows, "block", row_body)], _launch(rows, threads, per_block=True)
+
+
+WHOLE_CHUNKS = 1024        # blocks of a whole-tensor reduction at most (the partials' count)
+WHOLE_PER_THREAD = 16      # elements per thread of a chunk, at least
+
+
+def _two_stage_reduction(em: Emitter, k: Kernel, point_of, width, chunks, threads):
+    """One value from `width` elements (a sum, a max, a mean: one reduction, then scalar
+    arithmetic), over `chunks` blocks. Block c reduces elements [c*C, (c+1)*C) in the row
+    kernels' order and writes its partial to the workspace; the block that takes the last
+    ticket (an integer atomic) reduces the partials in order, 0 to chunks-1, and stores the
+    result. The chunks depend on the size alone: the same bits whichever block ends last, and
+    with any number of blocks (a block-stride loop over chunks)."""
+    names = em.names
+    (n,) = [n for n in k.group.nodes if isinstance(n.opdef.lowering, R.Reduce)]
+    x = n.inputs[0]
+    xd, od = x.type.dtype, n.out.type.dtype.compute
+    size = -(-width // chunks)
+    c, part, scratch, ticket = names("chunk"), names("part"), names("red"), names("ticket")
+    head = [Shared(scratch, od, threads // 32 + 1),
+            Workspace(part, od, 1, chunks)]           # int 0: the ticket counter
+    body = []
+
+    def combine(acc, v):
+        return Assign(acc, OpCall(n.op, "combine", (), xd, od, (Var(acc), v)))
+
+    def block_total(values, extent, body):
+        """Decl acc; a thread loop over extent adding values(j); the block's total."""
+        acc, jj, total = names("acc"), names("j"), names("s")
+        body.append(Decl(acc, od, OpCall(n.op, "init", (), xd, od, ())))
+        loop = Loop(jj, extent, "thread")
+        loop.body.append(combine(acc, values(Var(jj), loop.body)))
+        body += [loop, BlockReduce(total, od, Var(acc), n.op, xd, scratch)]
+        return Var(total)
+
+    def reduce(node, stash):
+        start = idx_mul(Var(c), Const(size))
+        partial = block_total(
+            lambda jj, b: em.value(x, identity_map(x.type.shape), b, point_of(idx_add(start, jj))),
+            idx_min(Const(size), Bin("-", Const(width), start)), body)
+        body.append(Loop(names("j"), 1, "thread", [Store(part, Var(c), partial)]))
+        body.append(Ticket(ticket, 0))
+        result = names("total")
+        body.append(Decl(result, od, OpCall(n.op, "init", (), xd, od, ())))
+        last = If(Bin("==", Var(ticket), Const(chunks - 1)), [], uniform=True)
+        total = block_total(lambda jj, b: Load(part, jj), chunks, last.body)
+        last.body.append(Assign(result, total))
+        body.append(last)
+        return Var(result)
+    row_values(em, k, body, {}, reduce)
+    store = Loop(names("j"), 1, "thread")             # the last block's thread 0
+    _store_all(em, k, store.body, {})
+    body.append(If(Bin("==", Var(ticket), Const(chunks - 1)), [store], uniform=True))
+    # the workspace starts after the status word: at 4 bytes past an aligned address, so with an
+    # even count of ints per kernel every kernel's partials (int 1) are 8-byte aligned
+    ints = 1 + chunks * max(1, od.itemsize // 4)
+    launch = {**_launch(chunks, threads, per_block=True), "workspace": ints + ints % 2}
+    return head + [Loop(c, chunks, "block", body)], launch
 
 
 def _keep_row_in_registers(em: Emitter, k: Kernel, row_body, over_row, point, kept_loops,

@@ -217,11 +217,33 @@ class VecStore(Stmt):
 
 @dataclass
 class If(Stmt):
-    """`body` where cond holds, else `orelse`: a choice the same for every thread of a launch
-    (a GPU kernel's aligned vector path and its scalar fallback)."""
+    """`body` where cond holds, else `orelse`. `uniform`: cond is the same in every thread of
+    the block, so the bodies may hold barriers and block reductions (a block's ticket)."""
     cond: Expr
     body: list
     orelse: list = field(default_factory=list)
+    uniform: bool = False
+
+
+@dataclass
+class Workspace(Stmt):
+    """Declares buffer `name`: `size` elements of dtype at int `offset` of the launch's
+    workspace, which the runtime zeroes before every run (the ints after the status word).
+    Blocks write it and other blocks read it, so it is volatile (no stale cached copies)."""
+    name: str
+    dtype: dt.DType
+    offset: int
+    size: int
+
+
+@dataclass
+class Ticket(Stmt):
+    """Declares int `name` in every thread of the block: how many blocks took a ticket of the
+    workspace counter at int `counter` before this one (after a fence: what the block wrote
+    before is visible to whoever takes a later ticket). An integer atomic: the one who gets the
+    last ticket knows every other block is done."""
+    name: str
+    counter: int
 
 
 @dataclass
@@ -325,7 +347,7 @@ class TileKernel:
             for s in stmts:
                 if isinstance(s, (Shared, Barrier, BlockReduce)) and not gpu:
                     raise IRVerificationError(f"{self.name}: {type(s).__name__} in a CPU kernel")
-                if isinstance(s, (Barrier, BlockReduce)) or \
+                if isinstance(s, (Barrier, BlockReduce, Ticket)) or \
                         (isinstance(s, Call) and gpu):
                     if divergent:
                         raise IRVerificationError(
@@ -392,8 +414,24 @@ class TileKernel:
                     _check_expr(s.value, scope, names, self.name)
                 elif isinstance(s, If):       # (a barrier under a condition may deadlock)
                     _check_expr(s.cond, scope, names, self.name)
-                    walk(s.body, scope, divergent or "condition")
-                    walk(s.orelse, scope, divergent or "condition")
+                    inner = divergent if s.uniform else divergent or "condition"
+                    walk(s.body, scope, inner)
+                    walk(s.orelse, scope, inner)
+                elif isinstance(s, Workspace):
+                    if not gpu or s.name in scope or s.name in names or s.size <= 0 or \
+                            s.offset + s.size * s.dtype.itemsize // 4 > \
+                            self.launch.get("workspace", 0):
+                        raise IRVerificationError(f"{self.name}: bad workspace {s.name}")
+                    names.add(s.name)
+                    outs.add(s.name)
+                    sizes[s.name] = s.size
+                elif isinstance(s, Ticket):
+                    if not 0 <= s.counter < self.launch.get("workspace", 0):
+                        raise IRVerificationError(f"{self.name}: ticket counter {s.counter} is "
+                                                  "outside the workspace")
+                    if s.name in scope or s.name in names:
+                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
+                    scope.add(s.name)
                 elif isinstance(s, VecLoad):
                     if not gpu or s.buf not in sizes or s.lanes < 1:
                         raise IRVerificationError(f"{self.name}: bad vector load {s.name} of "
@@ -423,10 +461,12 @@ class TileKernel:
 
     def _verify_launch(self):
         launch = self.launch
-        if set(launch) != {"grid", "block", "shared"} or \
-                not all(isinstance(v, int) for v in launch.values()):
+        if not {"grid", "block", "shared"} <= set(launch) <= {"grid", "block", "shared",
+                                                               "workspace"} or \
+                not all(isinstance(v, int) for v in launch.values()) or \
+                launch.get("workspace", 0) < 0:
             raise IRVerificationError(f"{self.name}: launch {launch} is not "
-                                      "{grid, block, shared} in integers")
+                                      "{grid, block, shared[, workspace]} in integers")
         if not 1 <= launch["grid"] <= 2 ** 31 - 1 or not 1 <= launch["block"] <= 1024 or \
                 launch["block"] % 32 or launch["shared"] < 0:
             raise IRVerificationError(f"{self.name}: launch grid={launch['grid']} "
@@ -500,6 +540,10 @@ def _print_block(stmts, lines, depth):
             lines.append(f"{pad}{s.name} = {s.value}")
         elif isinstance(s, Store):
             lines.append(f"{pad}{s.buf}[{s.index}] = {s.value}")
+        elif isinstance(s, Workspace):
+            lines.append(f"{pad}workspace {s.name}: {s.dtype.short}[{s.size}] at +{s.offset}")
+        elif isinstance(s, Ticket):
+            lines.append(f"{pad}{s.name}: i32 = block_ticket(workspace[{s.counter}])")
         elif isinstance(s, If):
             lines.append(f"{pad}if {s.cond} {{")
             _print_block(s.body, lines, depth + 1)
@@ -547,7 +591,8 @@ def substitute(stmts, values: dict) -> list:
         elif isinstance(s, Call):
             out.append(replace(s, args=tuple(ex(a) for a in s.args)))
         elif isinstance(s, If):
-            out.append(If(ex(s.cond), substitute(s.body, values), substitute(s.orelse, values)))
+            out.append(If(ex(s.cond), substitute(s.body, values), substitute(s.orelse, values),
+                          s.uniform))
         elif isinstance(s, VecStore):
             out.append(VecStore(s.buf, ex(s.index), tuple(ex(v) for v in s.values)))
         else:
@@ -565,6 +610,20 @@ class TileProgram:
 
     def __str__(self):
         return "\n\n".join(str(k) for k in self.kernels) or f"// {self.name}: no kernels"
+
+    def workspace_bases(self) -> dict:
+        """GPU kernels' workspaces lie one after another, in kernel order, after the status
+        word: kernel name -> its first int."""
+        bases, n = {}, 0
+        for k in self.kernels:
+            bases[k.name] = n
+            n += (k.launch or {}).get("workspace", 0)
+        return bases
+
+    @property
+    def workspace(self) -> int:
+        """Ints of zeroed workspace the runtime allocates after the status word."""
+        return sum((k.launch or {}).get("workspace", 0) for k in self.kernels)
 
     def verify(self):
         known = {b.name: b for b in self.buffers}

@@ -244,7 +244,7 @@ def run(program, arrays) -> list:
             if poison:
                 arr.fill(np.nan if d.is_float else (True if d.is_bool else -987654321))
             table[b.name] = arr
-    status = cupy.zeros(1, dtype=cupy.int32)
+    status = cupy.zeros(1 + program.tile_ir.workspace, dtype=cupy.int32)   # + workspace
     kernels = {k.name: k for k in program.tile_ir.kernels}
     recorder = profiler.current()
     events = []

@@ -359,7 +359,7 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
             table[b.name] = to_device(np.asarray(b.data, dtype=npd))
         else:
             table[b.name] = device_empty(tuple(b.type.shape), npd, fill=_poison(npd))
-    status = device_empty((1,), np.int32, fill=0)
+    status = device_empty((1 + program.tile_ir.workspace,), np.int32, fill=0)   # + workspace
     kernels = {k.name: k for k in program.tile_ir.kernels}
     for name, bufs in program.tile_ir.calls:
         cfg = kernels[name].launch

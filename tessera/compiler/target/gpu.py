@@ -4,15 +4,17 @@ Every kernel is
     extern "C" __global__ void __launch_bounds__(block) name(<params>, int* ts_status)
 with one pointer per TileKernel.params in order (`const T* __restrict__` for inputs), launched
 with TileKernel.launch's grid and block (no dynamic shared memory); a bad gather index stores
-the kernel's code in *ts_status. There is no host entry point: TileProgram.calls lists the
-launches. CUDA source includes no system header (NVRTC has none): the prelude defines the few
-names the code uses. The op helpers (tessera/ops/cmath.py) and the routines are device functions.
+the kernel's code in *ts_status, and the ints after it are the program's workspace (zeroed by
+the runtime before each run: TileProgram.workspace). There is no host entry point:
+TileProgram.calls lists the launches. CUDA source includes no system header (NVRTC has none):
+the prelude defines the few names the code uses. The op helpers (tessera/ops/cmath.py) and the
+routines are device functions.
 """
 from __future__ import annotations
 
 from ... import dtypes as dt
-from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, TileKernel,
-                       TileProgram, Var, VecLoad, VecStore)
+from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, Ticket, TileKernel,
+                       TileProgram, Var, VecLoad, VecStore, Workspace)
 from .cstyle import CStyleRenderer, all_statements
 
 FULL_MASK = "0xffffffffu"
@@ -49,6 +51,21 @@ class GpuRenderer(CStyleRenderer):
             out.append(f"{pad}__syncthreads();")
         elif isinstance(s, BlockReduce):
             out.extend(pad + line for line in self.block_reduce(s, k.launch["block"]))
+        elif isinstance(s, Workspace):
+            T = self.storage_type(s.dtype)
+            out.append(f"{pad}volatile {T}* {s.name} = (volatile {T}*)"
+                       f"(ts_status + {1 + self._work_base + s.offset});")
+        elif isinstance(s, Ticket):
+            out += [f"{pad}int {s.name};",
+                    f"{pad}{{",
+                    f"{pad}  __shared__ int {s.name}_s;",
+                    f"{pad}  __threadfence();      /* this block's writes, before its ticket */",
+                    f"{pad}  if (threadIdx.x == 0) {s.name}_s = "
+                    f"atomicAdd(ts_status + {1 + self._work_base + s.counter}, 1);",
+                    f"{pad}  __syncthreads();",
+                    f"{pad}  {s.name} = {s.name}_s;",
+                    f"{pad}  __syncthreads();          /* {s.name}_s is free again */",
+                    f"{pad}}}"]
         elif isinstance(s, VecLoad):
             v = self.vector_type(s.dtype, s.lanes)
             out.append(f"{pad}{v} {s.name} = *(const {v}*)({s.buf} + {self.expr(s.index)});")
@@ -100,6 +117,8 @@ class GpuRenderer(CStyleRenderer):
         return lines
 
     half_prefix = "tsg"
+    _work_bases: dict = {}         # kernel -> its workspace's first int (set by render)
+    _work_base = 0
 
     def half_helpers(self) -> list[str]:
         """The 16-bit conversions: the GPU routines' own (gpu_gemm.py's COMMON chunk, which
@@ -119,8 +138,13 @@ class GpuRenderer(CStyleRenderer):
     def flag_error(self, code: int) -> list[str]:
         return [f"*ts_status = {code};"]     # every writer of one kernel writes the same code
 
+    def render(self, program: TileProgram) -> str:
+        self._work_bases = program.workspace_bases()
+        return super().render(program)
+
     def kernel(self, k: TileKernel) -> str:
         self.begin_kernel(k)
+        self._work_base = self._work_bases.get(k.name, 0)
         params = ", ".join([self.param_decl(p) for p in k.params] + ["int* ts_status"])
         names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
         L = k.launch
