@@ -57,6 +57,26 @@ def assert_within_dot_bound(got, a, b):
     assert (err <= bound).all(), f"max err {err.max()} over bound {bound[err > bound].min()}"
 
 
+def nvrtc_or_skip():
+    """Skip the calling test, saying why, where the NVRTC library is not installed."""
+    from tessera.errors import BackendUnavailableError
+    from tessera.runtime import gpu_toolchain as tc
+    try:
+        tc.nvrtc_library()
+    except BackendUnavailableError as e:
+        pytest.skip(f"NVRTC is not installed: {e.summary}")
+
+
+def hipcc_or_skip():
+    """Skip the calling test, saying why, where hipcc is not installed."""
+    from tessera.errors import BackendUnavailableError
+    from tessera.runtime import gpu_toolchain as tc
+    try:
+        tc.find_hipcc()
+    except BackendUnavailableError as e:
+        pytest.skip(f"hipcc is not installed: {e.summary}")
+
+
 def attention_reference(q, k, v, mask=None, causal=False, scale=None):
     """float64 softmax(scale * q k^T + mask) v, the reference of every attention test: the mask
     read in q's dtype (as the kernels read it), a bottom-right causal horizon, and 0 for a row

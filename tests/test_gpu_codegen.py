@@ -26,6 +26,7 @@ from tessera.runtime import gpu_toolchain as tc
 from tessera.trace import Trace, Traced, apply, tracing
 from tessera.types import type_of_array
 
+from conftest import hipcc_or_skip, nvrtc_or_skip
 from test_registry import EXAMPLES
 
 # the hand-written routines (another engineer's files): their cases join once they exist
@@ -159,24 +160,10 @@ def _which_fails(progs, target, compile_):
     return "only the batch fails"
 
 
-def _nvrtc():
-    try:
-        tc.nvrtc_library()
-    except BackendUnavailableError as e:
-        pytest.skip(f"NVRTC is not installed: {e.summary}")
-
-
-def _hipcc():
-    try:
-        tc.find_hipcc()
-    except BackendUnavailableError as e:
-        pytest.skip(f"hipcc is not installed: {e.summary}")
-
-
 # ---- compile checks ------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_cuda_kernel_compiles_with_nvrtc(programs, arch):
-    _nvrtc()
+    nvrtc_or_skip()
     progs = programs["cuda"]
     try:
         ptx = tc.nvrtc_compile(one_unit(progs, "cuda"), arch=arch, name="batch.cu")
@@ -187,7 +174,7 @@ def test_every_cuda_kernel_compiles_with_nvrtc(programs, arch):
 
 
 def test_every_hip_kernel_compiles_with_hipcc(programs):
-    _hipcc()
+    hipcc_or_skip()
     progs = programs["hip"]
     try:
         code = tc.hip_compile_check(one_unit(progs, "hip"), arch="gfx90a")
@@ -333,11 +320,11 @@ def test_verify_rejects_misplaced_gpu_statements():
 # ---- the toolchain's errors ----------------------------------------------------------------------
 def test_compilers_report_bad_code_with_log_and_source():
     bad = 'extern "C" __global__ void k(int* ts_status) { undefined_thing(); }'
-    _nvrtc()
+    nvrtc_or_skip()
     with pytest.raises(CompileError, match="undefined_thing") as e:
         tc.nvrtc_compile(bad)
     assert "sm_80" in str(e.value) and "    1 extern" in str(e.value)
-    _hipcc()
+    hipcc_or_skip()
     with pytest.raises(CompileError, match="undefined_thing"):
         tc.hip_compile_check("#include <hip/hip_runtime.h>\n" + bad)
 

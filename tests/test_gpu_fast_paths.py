@@ -20,7 +20,7 @@ from tessera import op
 from tessera.compiler import lower_gpu
 from tessera.compiler.tile_ir import If, Load, Loop, VecLoad, VecStore, walk_exprs
 
-from conftest import assert_close
+from conftest import assert_close, nvrtc_or_skip
 from gpu_emulator import KernelFault, compile_source, device_empty, launch, run_program
 
 if shutil.which(os.environ.get("CXX") or "g++") is None:
@@ -318,12 +318,8 @@ def test_the_ptx_has_vector_accesses_and_no_local_memory():
     """NVRTC's PTX for sm_90: the pointwise kernel's 16-byte accesses are v4 loads and stores;
     a resident row's register arrays stay registers (fully unrolled: no .local stack), with one
     load per element of the thread's row."""
-    from tessera.errors import BackendUnavailableError
     from tessera.runtime import gpu_toolchain as tc
-    try:
-        tc.nvrtc_library()
-    except BackendUnavailableError as e:
-        pytest.skip(f"NVRTC is not installed: {e.summary}")
+    nvrtc_or_skip()
     x = np.zeros((4, 256 * lower_gpu.ROW_RESIDENT), np.float32)
     gelu = ts.function(lambda x, b: op.gelu(x + b)).lower(x, x[0], target="cuda")
     ptx = tc.nvrtc_compile(gelu.target_code, arch="sm_90").decode()

@@ -22,12 +22,12 @@ import tessera as ts
 from tessera.compiler.target import c_attention
 from tessera.compiler.target import gpu_attention as GA
 from tessera.compiler.target import gpu_gemm as GG
-from tessera.errors import ArgumentError, BackendUnavailableError, UnsupportedDTypeError
+from tessera.errors import ArgumentError, UnsupportedDTypeError
 from tessera.ops import cmath
 from tessera.runtime import gpu_toolchain as tc
 from tessera.runtime.toolchain import CFLAGS, find_compiler
 
-from conftest import assert_within_dot_bound, attention_reference
+from conftest import assert_within_dot_bound, attention_reference, hipcc_or_skip, nvrtc_or_skip
 
 CUDA_PRELUDE = """\
 typedef int int32_t;
@@ -128,16 +128,9 @@ def all_routines(lang):
     return unit(lang, pieces) + "\n".join(kernels)
 
 
-def _nvrtc_or_skip():
-    try:
-        tc.nvrtc_library()
-    except BackendUnavailableError as e:
-        pytest.skip(f"NVRTC is not installed: {e.summary}")
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_routine_compiles_with_nvrtc(arch):
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     ptx = tc.nvrtc_compile(all_routines("cuda"), arch).decode()
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
@@ -146,10 +139,7 @@ def test_every_routine_compiles_with_nvrtc(arch):
 
 
 def test_every_routine_compiles_with_hipcc():
-    try:
-        tc.find_hipcc()
-    except BackendUnavailableError as e:
-        pytest.skip(f"hipcc is not installed: {e.summary}")
+    hipcc_or_skip()
     assert len(tc.hip_compile_check(all_routines("hip"), "gfx90a")) > 0
 
 

@@ -22,6 +22,27 @@ TARGETS = ("cpu", "cuda", "hip")
 GPU_TARGETS = ("cuda", "hip")
 
 
+def status_error(program, code: int) -> RuntimeFault:
+    """The error a kernel's nonzero status code stands for: its position + 1 (a bad index),
+    negated (a routine without scratch memory). `program`: anything with graph_ir and
+    schedule_ir (the GPU emulator's runs use it too)."""
+    kernels = program.schedule_ir.kernels
+    if 1 <= -code <= len(kernels):     # a routine found no scratch memory
+        k = kernels[-code - 1]
+        return ResourceError(f"{k.name} could not allocate its scratch memory",
+                             function=program.graph_ir.name, location=k.fuses[0].loc,
+                             op=k.fuses[0].op, hint="free memory, or use smaller shapes")
+    if not 1 <= code <= len(kernels):
+        return RuntimeFault(f"a kernel set its status to {code}, which names no kernel",
+                            function=program.graph_ir.name)
+    k = kernels[code - 1]
+    node = k.fuses[0]
+    return RuntimeFault(f"an index is out of range in {k.name} (graph node "
+                        f"{node.origin or node.op})", function=program.graph_ir.name,
+                        location=node.loc, op=node.op,
+                        hint="indices must lie in [-n, n) for an axis of size n")
+
+
 class _Levels:
     """What every program shows: the IR levels, the source, and how it prints."""
 
@@ -69,22 +90,7 @@ class _Levels:
         return results
 
     def _fault(self, code: int) -> RuntimeFault:
-        """The error a kernel's status code stands for (its position + 1)."""
-        kernels = self.schedule_ir.kernels
-        if 1 <= -code <= len(kernels):     # a routine found no scratch memory
-            k = kernels[-code - 1]
-            return ResourceError(f"{k.name} could not allocate its scratch memory",
-                                 function=self.graph_ir.name, location=k.fuses[0].loc,
-                                 op=k.fuses[0].op, hint="free memory, or use smaller shapes")
-        if not 1 <= code <= len(kernels):
-            return RuntimeFault(f"a kernel set its status to {code}, which names no kernel",
-                                function=self.graph_ir.name)
-        k = kernels[code - 1]
-        node = k.fuses[0]
-        return RuntimeFault(f"an index is out of range in {k.name} (graph node "
-                            f"{node.origin or node.op})", function=self.graph_ir.name,
-                            location=node.loc, op=node.op,
-                            hint="indices must lie in [-n, n) for an axis of size n")
+        return status_error(self, code)
 
     def _no_memory(self, b):
         node = next(k.fuses[0] for k in self.schedule_ir.kernels if b in k.outputs)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.errors import (ArgumentError, CompileError, CompilerNotFoundError, RuntimeFault,
+from tessera.compiler.pipeline import status_error
+from tessera.errors import (ArgumentError, CompileError, CompilerNotFoundError,
                             TesseraError)
 
 HEADER = Path(__file__).with_name("cuda_emu.h")
@@ -367,20 +368,8 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
         launch(module, name, grid, cfg["block"], [table[n] for n in bufs] + [status],
                cfg.get("shared", 0), reverse=reverse, time_limit=time_limit)
         if status[0]:
-            raise _index_fault(program, int(status[0]), name)
+            raise status_error(program, int(status[0]))
     results = []
     for b in program.schedule_ir.outputs:
         results.append(np.array(b.data) if b.role == "inline" else np.array(table[b.name]))
     return results
-
-
-def _index_fault(program, code: int, launched: str) -> RuntimeFault:
-    kernels = program.schedule_ir.kernels
-    if not 1 <= code <= len(kernels):
-        return RuntimeFault(f"{launched} set ts_status to {code}, which names no kernel")
-    k = kernels[code - 1]
-    node = k.fuses[0]
-    return RuntimeFault(f"an index is out of range in {k.name} (graph node "
-                        f"{node.origin or node.op})", function=program.graph_ir.name,
-                        location=node.loc, op=node.op,
-                        hint="indices must lie in [-n, n) for an axis of size n")
