@@ -369,9 +369,8 @@ class Function:
 
     def _program(self, args, kwargs, target):
         arrays, statics, bindings = self._bind(args, kwargs)
-        if target == "auto":
-            from .compiler.pipeline import auto_target
-            target = auto_target(arrays.values())
+        from .compiler.pipeline import resolve_target
+        target = resolve_target(target, arrays.values())     # "cpu" -> "cpu:<ISA level>"
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
                _static_key(statics), self.schedule.key() if self.schedule else None)
         prog = self._programs.get(key)

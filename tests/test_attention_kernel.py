@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from tessera.compiler.target import c_attention as A
-from tessera.runtime.toolchain import CFLAGS, find_compiler
+from tessera.ops import cmath
+from tessera.runtime import isa
+from tessera.runtime.toolchain import find_compiler, flags
 
 from conftest import attention_reference as reference
 
@@ -25,51 +27,24 @@ PRELUDE = """\
 #define TS_INLINE static inline
 #endif
 """
-# stand-ins, used only when tessera.ops.cmath does not (yet) define the functions
-FALLBACK_EXPF = "static inline float ts_expf(float x) { return expf(x); }"
-FALLBACK_EXP = "static inline double ts_exp(double x) { return exp(x); }"
-
-
-def _chunk_defining(pattern, fallback):
-    """The C chunk of tessera.ops.cmath that defines a function, or the stand-in."""
-    try:
-        from tessera.ops import cmath
-    except ImportError:
-        return fallback
-    seen = []
-
-    def walk(x):
-        if isinstance(x, str):
-            seen.append(x)
-        elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-    for name, value in vars(cmath).items():
-        if not name.startswith("__"):
-            walk(value)
-    for text in seen:
-        if re.search(pattern, text):
-            return text
-    return fallback
 
 
 def _source():
-    expf = _chunk_defining(r"\bfloat\s+ts_expf\s*\(\s*float[^;]*\{", FALLBACK_EXPF)
-    exp = _chunk_defining(r"\bdouble\s+ts_exp\s*\(\s*double[^;]*\{", FALLBACK_EXP)
-    parts = [PRELUDE, expf, exp]
+    parts = [PRELUDE, *cmath.F32["exp"], *cmath.F64["exp"]]   # the routine needs ts_exp{f,}
     for dt in ("f32", "f64"):
         parts += [A.attention_source(dt), A.driver_source(dt)]
     return "\n".join(parts)
 
 
-def _compile(tmp, name, source, extra=()):
+def _compile(tmp, name, source, extra=(), level=None):
+    """Built with tessera's flags for ISA `level` (default: this machine's level, the one
+    tessera compiles for)."""
     c = tmp / f"{name}.c"
     so = tmp / f"{name}.so"
     c.write_text(source)
-    r = subprocess.run([find_compiler(), *CFLAGS, *extra, str(c), "-o", str(so), "-lm"],
+    cc = find_compiler()
+    r = subprocess.run([cc, *flags(cc, level or isa.host_level()), *extra, str(c), "-o", str(so),
+                        "-lm"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return ctypes.CDLL(str(so))
@@ -90,21 +65,11 @@ def lib_portable(tmpdir_mod):
     return _compile(tmpdir_mod, "attn_portable", _source(), ["-DTS_ATTENTION_PORTABLE"])
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f
-                         if line.startswith("flags")), [])
-    except OSError:
-        return []
-
-
 @pytest.fixture(scope="module")
 def lib_avx2(tmpdir_mod):
-    flags = _cpu_flags()
-    if not {"avx2", "fma"} <= set(flags):
-        pytest.skip("the AVX2 path needs a CPU with AVX2 and FMA")
-    return _compile(tmpdir_mod, "attn_avx2", _source(), ["-mno-avx512f", "-mavx2", "-mfma"])
+    if not isa.runs_here("x86-64-v3"):
+        pytest.skip("the AVX2 path (x86-64-v3) needs a CPU with AVX2 and FMA")
+    return _compile(tmpdir_mod, "attn_avx2", _source(), level="x86-64-v3")
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -359,8 +324,7 @@ def test_isa_paths_bitwise_equal(request, lib, rng, dtype, path):
 
 @pytest.mark.parametrize("block_q,block_k", [(1, 1), (16, 16), (5, 33), (100, 7), (256, 256)])
 def test_other_block_sizes(tmpdir_mod, rng, block_q, block_k):
-    expf = _chunk_defining(r"\bfloat\s+ts_expf\s*\(\s*float[^;]*\{", FALLBACK_EXPF)
-    src = "\n".join([PRELUDE, expf, A.attention_source("f32", block_q, block_k),
+    src = "\n".join([PRELUDE, *cmath.F32["exp"], A.attention_source("f32", block_q, block_k),
                      A.driver_source("f32")])
     lib = _compile(tmpdir_mod, f"attn_{block_q}_{block_k}", src)
     q, k, v = qkv(rng, 1, 2, 70, 83, 20, 36)
@@ -389,9 +353,10 @@ def test_source_contract():
 
 
 def test_compiles_without_avx512(tmpdir_mod):
-    # the portable fallback is what a machine without AVX-512 gets from -march=native
-    r = subprocess.run([find_compiler(), *[f for f in CFLAGS if f != "-march=native"],
-                        "-march=x86-64-v2", "-x", "c", "-", "-o", str(tmpdir_mod / "v2.so")],
+    # the portable fallback is what the x86-64-v2 level (no AVX) compiles
+    cc = find_compiler()
+    r = subprocess.run([cc, *flags(cc, "x86-64-v2"), "-x", "c", "-", "-o",
+                        str(tmpdir_mod / "v2.so")],
                        input=_source(), capture_output=True, text=True)
     if r.returncode != 0 and "x86-64-v2" in r.stderr:
         pytest.skip("the compiler does not know -march=x86-64-v2")

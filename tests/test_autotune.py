@@ -111,7 +111,7 @@ def test_record_read_in_another_process(rng, db, tmp_path):
         prog = ts.function(mm).lower(a, b)
         k = prog.kernels[0]
         if MODE == "write":
-            key, parts = tunedb.make_key(kernel_signature(k), "cpu")
+            key, parts = tunedb.make_key(kernel_signature(k), prog.target)   # "cpu:<ISA level>"
             tunedb.open_db(None).put(key, parts, kernel=k.name, strategy=k.strategy,
                                      knobs={"tile_m": 12, "tile_n": 32, "parallel": False},
                                      default_knobs={}, best_s=1.0, default_s=2.0, measurements=[])
@@ -236,8 +236,9 @@ def test_tuned_program_is_deterministic_across_threads(rng, db, tmp_path):
         from test_autotune import mm_bias
         d = np.load({str(tmp_path / 'in.npz')!r})
         f = ts.function(mm_bias)
-        k = f.lower(d["a"], d["b"], d["c"]).kernels[0]
-        key, parts = tunedb.make_key(kernel_signature(k), "cpu")
+        prog = f.lower(d["a"], d["b"], d["c"])
+        k = prog.kernels[0]
+        key, parts = tunedb.make_key(kernel_signature(k), prog.target)
         tunedb.open_db(None).put(key, parts, kernel=k.name, strategy=k.strategy,
                                  knobs=json.loads({knobs!r}), default_knobs={{}}, best_s=1.0,
                                  default_s=1.0, measurements=[])
@@ -441,8 +442,9 @@ def test_exact_ignores_recorded_lanes(rng, tmp_path):
     path = tmp_path / "exact.sqlite"
     x = rng.standard_normal((64, 333), dtype=np.float32)
     fn = lambda x: op.sum(x * x, axis=-1)                   # noqa: E731
-    k = ts.function(fn).lower(x).kernels[0]
-    key, parts = tunedb.make_key(kernel_signature(k), "cpu")
+    prog = ts.function(fn).lower(x)
+    k = prog.kernels[0]
+    key, parts = tunedb.make_key(kernel_signature(k), prog.target)
     tunedb.open_db(path).put(key, parts, kernel=k.name, strategy=k.strategy,
                              knobs={"lanes": 4, "parallel": k.knobs["parallel"]},
                              default_knobs={}, best_s=1.0, default_s=1.0, measurements=[])
@@ -458,8 +460,9 @@ def test_bad_records_and_bad_paths(rng, tmp_path):
     path = tmp_path / "bad.sqlite"
     x = rng.standard_normal((8, 50), dtype=np.float32)
     fn = lambda x: op.sum(x, axis=-1)                       # noqa: E731
-    k = ts.function(fn).lower(x).kernels[0]
-    key, parts = tunedb.make_key(kernel_signature(k), "cpu")
+    prog = ts.function(fn).lower(x)
+    k = prog.kernels[0]
+    key, parts = tunedb.make_key(kernel_signature(k), prog.target)
     for record in ({"lanes": 0}, {"lanes": "8"}, {"lanes": 100000}, {"warp_size": 3}):
         tunedb.open_db(path).put(key, parts, kernel=k.name, strategy=k.strategy, knobs=record,
                                  default_knobs={}, best_s=1.0, default_s=1.0, measurements=[])

@@ -117,13 +117,14 @@ def test_atomic_write_leaves_old_or_new(tmp_path):
 def test_cache_key_covers_source_flags_and_cpu():
     from tessera.runtime import toolchain
     cc = toolchain.find_compiler()
-    a = toolchain.artifact_key("int x;", cc)
-    assert a == toolchain.artifact_key("int x;", cc)
-    assert a != toolchain.artifact_key("int y;", cc)
+    a = toolchain.artifact_key("int x;", cc, "x86-64-v3")
+    assert a == toolchain.artifact_key("int x;", cc, "x86-64-v3")
+    assert a != toolchain.artifact_key("int y;", cc, "x86-64-v3")
+    assert a != toolchain.artifact_key("int x;", cc, "x86-64-v4")
     old = toolchain.CFLAGS
     try:
         toolchain.CFLAGS = old + ("-DX",)
-        assert a != toolchain.artifact_key("int x;", cc)
+        assert a != toolchain.artifact_key("int x;", cc, "x86-64-v3")
     finally:
         toolchain.CFLAGS = old
     assert "-ffast-math" not in toolchain.CFLAGS and "-ffp-contract=off" in toolchain.CFLAGS

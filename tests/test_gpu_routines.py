@@ -25,7 +25,8 @@ from tessera.compiler.target import gpu_gemm as GG
 from tessera.errors import ArgumentError, UnsupportedDTypeError
 from tessera.ops import cmath
 from tessera.runtime import gpu_toolchain as tc
-from tessera.runtime.toolchain import CFLAGS, find_compiler
+from tessera.runtime import isa
+from tessera.runtime.toolchain import find_compiler, flags
 
 from conftest import assert_within_dot_bound, attention_reference, hipcc_or_skip, nvrtc_or_skip
 
@@ -419,7 +420,9 @@ def cpu_attention(tmp_path_factory):
                   c_attention.driver_source(dt)]
     d = tmp_path_factory.mktemp("cpu_attention")
     (d / "a.c").write_text("\n".join(parts))
-    r = subprocess.run([find_compiler(), *CFLAGS, str(d / "a.c"), "-o", str(d / "a.so"), "-lm"],
+    cc = find_compiler()
+    r = subprocess.run([cc, *flags(cc, isa.host_level()), str(d / "a.c"), "-o", str(d / "a.so"),
+                        "-lm"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     lib = ctypes.CDLL(str(d / "a.so"))

@@ -200,11 +200,13 @@ def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
 
 
 def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
+    from ..runtime.isa import level_of
     from ..runtime.toolchain import build
     s = single_kernel(schedule, k, knobs)
     tile = lower_schedule(s).verify()
-    source = render_c(tile)
-    return tile, build(source, s.name), source
+    level = level_of(schedule.target).name
+    source = render_c(tile, level)
+    return tile, build(source, s.name, level), source
 
 
 class KernelRunner:

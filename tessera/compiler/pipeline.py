@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import (ArgumentError, BackendUnavailableError, ResourceError, RuntimeFault,
                       ShapeError)
-from ..runtime import profiler, tunedb
+from ..runtime import isa, profiler, tunedb
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
@@ -114,6 +114,8 @@ class Program(_Levels):
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         self._plan = self._launch_plan()
         self._arenas = threading.local()    # temporaries' memory, kept per calling thread
+        self.level = isa.level_of(target).name
+        self._runs_here = isa.runs_here(self.level)
 
     def _launch_plan(self):
         """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
@@ -148,6 +150,13 @@ class Program(_Levels):
 
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
+        if not self._runs_here:
+            raise BackendUnavailableError(
+                f"program @{self.graph_ir.name} was built for {isa.describe(self.level)}, which "
+                f"this CPU cannot run (it runs {isa.describe(isa.host_level())})",
+                function=self.graph_ir.name,
+                hint="its IR levels and C source are all there to read; to run, use target="
+                     f"'cpu:{isa.host_level()}' or a level below it")
         params = self.graph_ir.params
         if len(arrays) != len(params):
             raise ArgumentError(f"program @{self.graph_ir.name} takes {len(params)} arrays, "
@@ -281,11 +290,21 @@ def auto_target(arrays) -> str:
     return "cpu"
 
 
+def resolve_target(target: str, arrays=()) -> str:
+    """The canonical target: "auto" chosen from the arrays, "cpu" -> "cpu:<ISA level>"."""
+    if target == "auto":
+        target = auto_target(arrays)
+    if not isinstance(target, str) or target.split(":")[0] not in TARGETS \
+            or (":" in target and not isa.is_cpu(target)):
+        raise BackendUnavailableError(f"target {target!r} does not exist",
+                                      expected=" or ".join(TARGETS + ("cpu:LEVEL", "auto")),
+                                      hint="CPU levels: " + ", ".join(isa.LEVELS))
+    return isa.resolve(target)
+
+
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
                   schedule=None):
-    if target not in TARGETS:
-        raise BackendUnavailableError(f"target {target!r} does not exist",
-                                      expected=" or ".join(TARGETS + ("auto",)))
+    target = resolve_target(target)
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)
     if target in GPU_TARGETS:
@@ -295,8 +314,9 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
         source = (render_cuda if target == "cuda" else render_hip)(tile)
         return GPUProgram(g, prim, schedule, tile, source, target,
                           output_structure=output_structure)
+    level = isa.level_of(target).name
     tile = lower_schedule(schedule).verify()
-    source = render_c(tile)
+    source = render_c(tile, level)
     from ..runtime.toolchain import build
-    lib = build(source, graph.name)
+    lib = build(source, graph.name, level)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)

@@ -114,7 +114,9 @@ class Explorer:
 
     def _autotune(self, budget_s):
         from ..autotune import autotune
-        if self.function is not None and self.function.target != self.program.target:
+        from ..compiler.pipeline import resolve_target
+        if self.function is not None and \
+                resolve_target(self.function.target) != self.program.target:
             self.notes["autotune"] = (f"the autotuner searches {self.function.name}'s own target "
                                       f"({self.function.target}), not {self.program.target}")
             return
@@ -140,7 +142,8 @@ class Explorer:
         if key == "tile":
             return self._code(prog.tile_ir, "ir")
         if key == "target":
-            return self._code(prog.target_code, {"cpu": "c"}.get(prog.target, prog.target))
+            return self._code(prog.target_code,
+                              "c" if prog.target.startswith("cpu") else prog.target)
         if key == "profile":
             figs = [viz.profile_figure(self.profile), viz.roofline_figure(self.profile)]
             return viz.html_table(viz.profile_rows(self.profile)) + "".join(

@@ -14,7 +14,6 @@ from ..errors import ArgumentError, TesseraError
 from ..types import TensorSpec
 from .explorer import LEVELS, Explorer, needs_arrays, parse_shapes
 
-TARGETS = ("cpu", "cuda", "hip", "auto")
 
 
 @magics_class
@@ -23,9 +22,10 @@ class TesseraMagics(Magics):
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("function", nargs="?",
                               help="(line magic) a tessera function of the namespace to explore")
-    @magic_arguments.argument("--target", default="cpu", choices=TARGETS,
-                              help="where to lower: cpu, cuda, hip, or auto (a GPU when there is "
-                                   "one, else the CPU)")
+    @magic_arguments.argument("--target", default="cpu",
+                              help="where to lower: cpu, cpu:LEVEL (an ISA level such as "
+                                   "x86-64-v3), cuda, hip, or auto (a GPU when there is one, "
+                                   "else the CPU)")
     @magic_arguments.argument("--shapes", default=None, metavar="B=8,S=128,D=64",
                               help="concrete sizes for the symbolic dimensions; without them the "
                                    "explorer shows the symbolic Graph IR")
@@ -156,6 +156,11 @@ def _explore(fn, sizes, options, build=True):
 
 def _resolve_target(name: str) -> str:
     if name != "auto":
+        from ..compiler.pipeline import resolve_target
+        try:
+            resolve_target(name)            # checked here; resolved again at each lowering
+        except TesseraError as e:
+            raise UsageError(f"--target: {e.summary}; {e.hint}") from None
         return name
     from ..compiler.pipeline import available_targets
     runnable = available_targets()

@@ -1,7 +1,7 @@
 """Our own transcendentals as C source text: one chunk per function, emitted once per program.
 
 Why: libm calls stop gcc from vectorising a `#pragma omp simd` loop, and libm differs between
-targets. These functions are branch-free (selects that gcc if-converts), portable C (no
+targets. These functions are branch-free (selects through bit masks), portable C (no
 intrinsics: the same text is meant for CUDA/HIP), `TS_INLINE` (static inline), with every FMA
 written as fmaf/fma (we compile with -ffp-contract=off) and bit tricks through memcpy. They are
 pure per-element arithmetic on correctly rounded IEEE operations (+ - * /, fma, rint), so a
@@ -28,16 +28,50 @@ with a refit of the rest), except ts_exp's, which are the Taylor coefficients 1/
 """
 
 # ---- shared C fragments --------------------------------------------------------------------
+# c ? a : b between float values, through bit masks. gcc turns a float select inside a loop
+# into a branch, and without -fno-trapping-math (which we cannot use, see the README) a loop
+# with a branch vectorises only with AVX-512's masked instructions: on AVX2 and NEON it stays
+# scalar. A mask select is the same value bit for bit, and vectorises on every ISA.
+SELF = """\
+/* ts_self(c, a, b) = c ? a : b for float, without a branch (c is 0 or 1) */
+TS_INLINE float ts_self(uint32_t c, float a, float b) {
+  uint32_t m = -c, ua, ub;
+  memcpy(&ua, &a, sizeof ua);
+  memcpy(&ub, &b, sizeof ub);
+  ua = (ua & m) | (ub & ~m);
+  memcpy(&a, &ua, sizeof a);
+  return a;
+}"""
+
+SEL = """\
+/* ts_sel(c, a, b) = c ? a : b for double, without a branch (c is 0 or 1) */
+TS_INLINE double ts_sel(uint64_t c, double a, double b) {
+  uint64_t m = -c, ua, ub;
+  memcpy(&ua, &a, sizeof ua);
+  memcpy(&ub, &b, sizeof ub);
+  ua = (ua & m) | (ub & ~m);
+  memcpy(&a, &ua, sizeof a);
+  return a;
+}
+/* ts_int_of(v) = (int64_t)v for an integral v with |v| < 2^51, by integer arithmetic on the
+   bits of v + 1.5 * 2^52 (exact); AVX2 has no vector double -> int64 conversion */
+TS_INLINE int64_t ts_int_of(double v) {
+  double t = v + 6755399441055744.0;
+  uint64_t b;
+  memcpy(&b, &t, sizeof b);
+  return (int64_t)(b - 0x4338000000000000u);
+}"""
+
 # exp's argument reduction and polynomial, which tanh reuses for e^(-2|x|): n = rint(v / ln2),
 # r + er = v - n ln2 (ln2 in two parts, er the rounding error of r, n ln2hi exact), and
 # c = e^(r + er) - 1 - r = r^2 P(r) + er (1 + r).  Then tanh's tail: E = 2^n (1 + q) in two
 # parts, (1 - E) / (1 + E) with one correction step from the quotient's residual.
 _WORK = {
-    "f32": {"T": "float", "fma": "fmaf", "rint": "rintf", "f": "f", "log2e": "1.44269502f",
+    "f32": {"T": "float", "fma": "fmaf", "rint": "rintf", "f": "f", "sel": "ts_self", "log2e": "1.44269502f",
             "ln2hi": "-0.693145752f", "ln2lo": "-1.42860677e-06f",
             "P": ["0.000199505521f", "0.0013933084f", "0.00833320152f", "0.0416664854f",
                   "0.166666672f", "0.5f"]},
-    "f64": {"T": "double", "fma": "fma", "rint": "rint", "f": "", "log2e": "1.4426950408889634",
+    "f64": {"T": "double", "fma": "fma", "rint": "rint", "f": "", "sel": "ts_sel", "log2e": "1.4426950408889634",
             "ln2hi": "-0.6931471805598903", "ln2lo": "-5.497923018708371e-14",
             "P": ["1.6059043836821613e-10", "2.08767569878681e-09", "2.505210838544172e-08",
                   "2.755731922398589e-07", "2.7557319223985893e-06", "2.48015873015873e-05",
@@ -60,6 +94,15 @@ def _exp_core(s: str, v: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _to_int(s: str, v: str) -> str:
+    """C for the integer value of v, an integral float of magnitude below 2^22. For double it
+    is read from the bits of v + 1.5 * 2^52 (exact): AVX2 has no double -> int64 conversion, so
+    a plain (int64_t) cast keeps the whole loop scalar there. For float the cast vectorises."""
+    if s == "f32":
+        return f"(int32_t){v}"
+    return f"ts_int_of({v})"
+
+
 def _exp_tail(s: str) -> str:
     """C lines from n, r, c to exp's result: 1 + r added exactly in two parts (the mantissa
     is rounded once), then scaled by 2^n1 2^n2 (n = n1 + n2, exponent bits built directly, no
@@ -72,7 +115,7 @@ def _exp_tail(s: str) -> str:
         f"  {T} hi = 1.0{f} + r;",
         f"  {T} lo = (1.0{f} - hi) + r;                 /* 1 + r = hi + lo exactly */",
         f"  {T} m = hi + (lo + c);",
-        f"  {itype} ni = ({itype})n;                    /* n1 = floor(n/2) = h - {bias} */",
+        f"  {itype} ni = {_to_int(s, 'n')};                    /* n1 = floor(n/2) = h - {bias} */",
         f"  {bits} h = ({bits})(ni + {2 * bias}) >> 1;",
         f"  {bits} b1 = (h - 1u) << {shift}, b2 = ({bits})(ni + {2 * bias - 1} - ({itype})h)"
         f" << {shift};",
@@ -80,7 +123,7 @@ def _exp_tail(s: str) -> str:
         "  memcpy(&s1, &b1, sizeof s1);",
         "  memcpy(&s2, &b2, sizeof s2);",
         f"  {T} y = m * s1 * s2;",
-        "  return x == x ? y : x;",
+        f"  return {w['sel']}(x == x, y, x);",
         "}"])
 
 
@@ -93,7 +136,7 @@ def _tanh_tail(s: str, small_below: str) -> str:
     one = f"1.0{f}"
     return "\n".join([
         f"  {T} qh = r + c, ql = c - (qh - r);        /* e^(r + er) - 1 = qh + ql */",
-        f"  {bits} b = ({bits})(({itype})n + {bias}) << {shift};",
+        f"  {bits} b = ({bits})({_to_int(s, 'n')} + {bias}) << {shift};",
         f"  {T} s;",
         "  memcpy(&s, &b, sizeof s);",
         f"  {T} sq = s * qh;",
@@ -103,8 +146,8 @@ def _tanh_tail(s: str, small_below: str) -> str:
         f"  {T} rc = {one} / dh;",
         f"  {T} t0 = nh * rc;",
         f"  {T} t = {fma}({fma}(-t0, dh, nh) + {fma}(-t0, dl, nl), rc, t0);",
-        f"  t = copysign{f}(a < {small_below} ? small : t, x);",
-        "  return x == x ? t : x;",
+        f"  t = copysign{f}({w['sel']}(a < {small_below}, small, t), x);",
+        f"  return {w['sel']}(x == x, t, x);",
         "}"])
 
 
@@ -118,8 +161,8 @@ EXPF = """\
    bits built directly) so neither factor overflows.  Subnormal results are gradual (rounded
    twice: 0.76 ulp of the subnormal spacing); x < -104 gives +0, x > 89 gives +inf. */
 TS_INLINE float ts_expf(float x) {
-  float xc = x > -104.0f ? x : -104.0f;       /* NaN goes to -104; x is returned at the end */
-  xc = xc < 89.0f ? xc : 89.0f;
+  float xc = ts_self(x > -104.0f, x, -104.0f);     /* NaN goes to -104; x is returned at the end */
+  xc = ts_self(xc < 89.0f, xc, 89.0f);
 """ + _exp_core("f32", "xc") + _exp_tail("f32")
 
 TANHF = """\
@@ -133,7 +176,7 @@ TS_INLINE float ts_tanhf(float x) {
   float a = fabsf(x);
   float a2 = a * a;
   float small = fmaf(a * a2, fmaf(a2, 0.13333334f, -0.33333334f), a);
-  float u = a < 10.0f ? -2.0f * a : -20.0f;   /* NaN goes to -20 as well */
+  float u = ts_self(a < 10.0f, -2.0f * a, -20.0f);   /* NaN goes to -20 as well */
 """ + _exp_core("f32", "u") + _tanh_tail("f32", "0.015625f")
 
 ERFF = """\
@@ -154,7 +197,7 @@ TS_INLINE float ts_erff(float x) {
   p = fmaf(p, x2, -0.37612626f);
   p = fmaf(p, x2, 0.128379166f);
   float small = fmaf(x, p, x);
-  float ac = a < 4.0f ? a : 4.0f;             /* NaN goes to 4 as well */
+  float ac = ts_self(a < 4.0f, a, 4.0f);           /* NaN goes to 4 as well */
   float v = ac - 2.5f;                        /* exact */
   float q = 0.000107027117f;
   q = fmaf(q, v, 0.000225925367f);
@@ -168,8 +211,8 @@ TS_INLINE float ts_erff(float x) {
   float h = ac * ac;
   float l = fmaf(ac, ac, -h);
   float big = copysignf(fmaf(-ts_expf(-h), fmaf(-l, q, q), 1.0f), x);
-  float y = a < 1.0f ? small : big;
-  return x == x ? y : x;
+  float y = ts_self(a < 1.0f, small, big);
+  return ts_self(x == x, y, x);
 }"""
 
 LOGF = """\
@@ -226,8 +269,8 @@ EXP = """\
    truncation 4e-18).  Max error 0.63 ulp (10^8 inputs, long double reference).  Subnormal
    results gradual (0.77 ulp of the subnormal spacing); x < -746 gives +0, x > 710 gives +inf. */
 TS_INLINE double ts_exp(double x) {
-  double xc = x > -746.0 ? x : -746.0;        /* NaN goes to -746 */
-  xc = xc < 710.0 ? xc : 710.0;
+  double xc = ts_sel(x > -746.0, x, -746.0);      /* NaN goes to -746 */
+  xc = ts_sel(xc < 710.0, xc, 710.0);
 """ + _exp_core("f64", "xc") + _exp_tail("f64")
 
 TANH = """\
@@ -236,7 +279,7 @@ TANH = """\
 TS_INLINE double ts_tanh(double x) {
   double a = fabs(x);
   double small = fma(a * a * a, -0.3333333333333333, a);
-  double u = a < 20.0 ? -2.0 * a : -40.0;
+  double u = ts_sel(a < 20.0, -2.0 * a, -40.0);
 """ + _exp_core("f64", "u") + _tanh_tail("f64", "0x1p-20")
 
 ERF = """\
@@ -261,7 +304,7 @@ TS_INLINE double ts_erf(double x) {
   p = fma(p, x2, -0.3761263890318344);
   p = fma(p, x2, 0.12837916709551256);
   double small = fma(x, p, x);
-  double ac = a < 6.0 ? a : 6.0;
+  double ac = ts_sel(a < 6.0, a, 6.0);
   double hh = 0.5 * ac, d = 1.0 + hh, bb = d - hh;
   double dl = (1.0 - bb) + (hh - (d - bb));       /* 1 + ac/2 = d + dl exactly */
   double t = 1.0 / d;                             /* 1 / (d + dl) = t + e t, e below */
@@ -283,8 +326,8 @@ TS_INLINE double ts_erf(double x) {
   double h = ac * ac;
   double l = fma(ac, ac, -h);
   double big = copysign(fma(-ts_exp(-h), fma(-l, q, q), 1.0), x);
-  double y = a < 1.0 ? small : big;
-  return x == x ? y : x;
+  double y = ts_sel(a < 1.0, small, big);
+  return ts_sel(x == x, y, x);
 }"""
 
 LOG64 = """\
@@ -294,5 +337,5 @@ TS_INLINE double ts_log(double x) { return log(x); }"""
 
 # The chunks an operator needs, in order, dependencies first. A chunk shared by several
 # operators is the same string object everywhere, and the renderer emits each chunk once.
-F32 = {"exp": (EXPF,), "tanh": (TANHF,), "erf": (EXPF, ERFF), "log": (LOGF,)}
-F64 = {"exp": (EXP,), "tanh": (TANH,), "erf": (EXP, ERF), "log": (LOG64,)}
+F32 = {"exp": (SELF, EXPF), "tanh": (SELF, TANHF), "erf": (SELF, EXPF, ERFF), "log": (LOGF,)}
+F64 = {"exp": (SEL, EXP), "tanh": (SEL, TANH), "erf": (SEL, EXP, ERF), "log": (LOG64,)}

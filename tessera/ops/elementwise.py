@@ -199,8 +199,11 @@ with np.errstate(all="ignore"):
         elementwise(_name, 2, compare, {"*": "({0} %s {1})" % _sym},
                     (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b")
         REGISTRY[_name].differentiable = False     # a bool result carries no gradient
-    elementwise("where", 3, where_rule, {"*": "({0} ? {1} : {2})"},
-                lambda a, t: np.where(a[0], a[1], a[2]), doc="cond ? a : b")
+    # floats select through bit masks (cmath.SELF): a float ternary stays a branch, and a
+    # loop with a branch does not vectorise on AVX2 or NEON
+    elementwise("where", 3, where_rule, {"f": "ts_sel{F}({0}, {1}, {2})", "*": "({0} ? {1} : {2})"},
+                lambda a, t: np.where(a[0], a[1], a[2]),
+                helpers={"f": _ByDType((cmath.SELF,), (cmath.SEL,))}, doc="cond ? a : b")
     elementwise("cast", 1, cast_rule, {"*": "(({T}){0})"},
                 lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
                 doc="convert to another dtype")

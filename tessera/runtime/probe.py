@@ -115,8 +115,9 @@ _warned: set[str] = set()
 
 
 def _library():
+    from .isa import host_level
     from .toolchain import build
-    lib = build(_SOURCE, "machine probe")
+    lib = build(_SOURCE, "machine probe", host_level())   # the machine's own roof
     lib.tessera_probe_threads.restype = ctypes.c_int
     lib.tessera_probe_threads.argtypes = []
     lib.tessera_probe_chains.restype = ctypes.c_int

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import CompileError, CompilerNotFoundError, first_user_frame
-from . import cache
+from . import cache, isa
 
 # DESIGN.md's numerics contract: never -ffast-math (it sets FTZ/DAZ for the whole process);
 # no FMA contraction unless written explicitly.
@@ -25,9 +25,12 @@ from . import cache
 # No -fno-trapping-math: with it gcc 12 folds (float)(int)x into a truncation that keeps the
 # sign, so cast(cast(-0.5, int32), float32) gave -0.0 (NumPy: +0.0); gelu measured ~3% slower
 # without it, the other kernels within noise.
-CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
-          "-ffp-contract=off", "-fno-tree-slp-vectorize", "-std=c11",
+# The ISA comes from the target's level (runtime/isa.py), never -march=native. These are gcc's
+# spellings; flags() translates for clang and drops -fopenmp where the compiler has no OpenMP.
+CFLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-ffp-contract=off",
+          "-fno-tree-slp-vectorize", "-std=c11",
           "-Werror=implicit-function-declaration")   # a missing helper fails here, not at load
+CLANG_SPELLING = {"-fno-tree-slp-vectorize": "-fno-slp-vectorize"}
 COMPILE_TIMEOUT_S = 300
 
 
@@ -50,9 +53,43 @@ def compiler_version(path: str) -> str:
     return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else path
 
 
+def is_clang(cc: str) -> bool:
+    return "clang" in compiler_version(cc).lower()
+
+
+@functools.lru_cache(maxsize=None)
+def has_openmp(cc: str) -> bool:
+    """Whether `cc -fopenmp` builds a shared object (Apple's clang, and clang without libomp,
+    cannot). Without it kernels run on one thread: the pragmas are ignored, the bits the same."""
+    with tempfile.TemporaryDirectory(prefix="tessera-omp-") as d:
+        src = Path(d) / "omp.c"
+        src.write_text("#include <omp.h>\nint tessera_omp_probe(void) "
+                       "{ return omp_get_max_threads(); }\n")
+        try:
+            r = subprocess.run([cc, "-fopenmp", "-fPIC", "-shared", "-o", str(Path(d) / "omp.so"),
+                                str(src)], capture_output=True, timeout=COMPILE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return r.returncode == 0
+
+
+def flags(cc: str, level: str) -> tuple[str, ...]:
+    """The command-line flags for compiling a program for ISA `level` with the compiler `cc`."""
+    out = list(isa.march_flags(level))
+    clang = is_clang(cc)
+    for f in CFLAGS:
+        if f == "-fopenmp" and not has_openmp(cc):
+            _warn_once(f"no-openmp:{cc}", f"tessera: {cc} has no OpenMP (-fopenmp fails), so "
+                       "CPU kernels run on one thread; install libomp (clang) or gcc for all "
+                       "cores. Results are the same bits either way.")
+            continue
+        out.append(CLANG_SPELLING.get(f, f) if clang else f)
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_fingerprint() -> str:
-    """What -march=native depends on: the machine, the CPU model and its feature flags."""
+    """The machine, the CPU model and its feature flags (what tuning and peaks depend on)."""
     parts = [platform.machine()]
     try:
         with open("/proc/cpuinfo") as f:
@@ -66,10 +103,11 @@ def cpu_fingerprint() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def artifact_key(source: str, cc: str) -> str:
+def artifact_key(source: str, cc: str, level: str) -> str:
     h = hashlib.sha256()
     for part in (f"schema={cache.SCHEMA_VERSION}", f"tessera={__version__}", cc,
-                 compiler_version(cc), " ".join(CFLAGS), cpu_fingerprint(), source):
+                 compiler_version(cc), f"isa={level}", " ".join(flags(cc, level)),
+                 cpu_fingerprint(), source):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -82,36 +120,38 @@ _building_guard = threading.Lock()
 _warned: set[str] = set()
 
 
-def build(source: str, name: str = "program") -> ctypes.CDLL:
-    """Compile C source to a shared object (or take it from the cache) and load it.
+def build(source: str, name: str = "program", level: str | None = None) -> ctypes.CDLL:
+    """Compile C source for ISA `level` (default: isa.default_level()) to a shared object (or
+    take it from the cache) and load it.
 
     `name` only labels messages: files are named by the content hash."""
     cc = find_compiler()
-    key = artifact_key(source, cc)
+    level = level or isa.default_level()
+    key = artifact_key(source, cc, level)
     with _building_guard:
         lock = _building.setdefault(key, threading.Lock())
     with lock:                      # threads asking for one program build it once
         if key not in _loaded:
-            _loaded[key] = _build_unlocked(cc, source, name, key)
+            _loaded[key] = _build_unlocked(cc, source, name, key, flags(cc, level))
         return _loaded[key]
 
 
-def _build_unlocked(cc, source, name, key) -> ctypes.CDLL:
+def _build_unlocked(cc, source, name, key, cflags) -> ctypes.CDLL:
     if cache.cache_enabled():
         kernels = cache.cache_dir() / "kernels"
         try:
-            return _load_or_build(cc, source, kernels / key[:2] / f"{key}.so", name, key)
+            return _load_or_build(cc, source, kernels / key[:2] / f"{key}.so", name, key, cflags)
         except OSError as e:
             _warn_once(f"unwritable:{kernels}", f"tessera: the kernel cache {kernels} cannot be "
                        f"used ({e.strerror or e}); compiling into a temporary directory instead "
                        "(set TESSERA_CACHE_DIR to a writable place)")
-    return _build_in_tempdir(cc, source, name, key)
+    return _build_in_tempdir(cc, source, name, key, cflags)
 
 
-def _build_in_tempdir(cc, source, name, key) -> ctypes.CDLL:
+def _build_in_tempdir(cc, source, name, key, cflags) -> ctypes.CDLL:
     tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
     so = tmpdir / "program.so"
-    _compile(cc, source, so, tmpdir / "program.c", name)   # on failure the source stays there
+    _compile(cc, cflags, source, so, tmpdir / "program.c", name)   # on failure the source stays
     lib = _open(so)
     shutil.rmtree(tmpdir, ignore_errors=True)  # the mapping outlives the files
     return lib
@@ -121,7 +161,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
+def _load_or_build(cc, source, so: Path, name: str, key: str, cflags) -> ctypes.CDLL:
     """The cached shared object, checked against its recorded digest before it is mapped (a
     damaged file would crash the process inside dlopen); rebuilt when missing or damaged."""
     digest = so.with_suffix(".sha256")
@@ -145,7 +185,7 @@ def _load_or_build(cc, source, so: Path, name: str, key: str) -> ctypes.CDLL:
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=".tmp-", suffix=".so")
     os.close(fd)
     try:
-        _compile(cc, source, Path(tmp), so.with_suffix(".c"), name)
+        _compile(cc, cflags, source, Path(tmp), so.with_suffix(".c"), name)
         os.replace(tmp, so)
     finally:
         if os.path.exists(tmp):
@@ -183,9 +223,9 @@ def _warn_once(key: str, message: str):
     warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
 
 
-def _compile(cc: str, source: str, out: Path, src_path: Path, name: str):
+def _compile(cc: str, cflags, source: str, out: Path, src_path: Path, name: str):
     cache.atomic_write(src_path, source.encode())
-    cmd = [cc, *CFLAGS, "-o", str(out), str(src_path), "-lm"]
+    cmd = [cc, *cflags, "-o", str(out), str(src_path), "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except FileNotFoundError:

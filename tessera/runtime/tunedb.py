@@ -92,6 +92,7 @@ def hardware_fingerprint() -> str:
 
 def compiler_fingerprint() -> str:
     from .toolchain import CFLAGS, compiler_version, find_compiler
+    # the ISA level is in the key's target ("cpu:x86-64-v3")
     text = f"{compiler_version(find_compiler())}|{' '.join(CFLAGS)}|tessera={__version__}" \
            f"|cache={cache.SCHEMA_VERSION}|db={DB_SCHEMA}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,127 @@
+"""The CPU target's instruction-set level: the one this machine runs, and the one a program is
+built for.
+
+A CPU program is compiled for a named ISA level, never for `-march=native`: what a level means
+does not depend on the machine that compiles, so AVX2 code can be built (and, on a machine that
+runs it, measured) on an AVX-512 machine, and a test names the level it is about. The level is
+the host's by default; `TESSERA_CPU_TARGET=x86-64-v3` or `target="cpu:x86-64-v3"` chooses another.
+It is printed in the Schedule IR and the generated C and is part of the kernel cache's key and
+the autotuning database's.
+
+The numerics contract holds across levels: every kernel gives the same bits at every level (the
+same operations in the same order; FMAs are written, never contracted).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass
+
+from ..errors import BackendUnavailableError
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    arch: str                   # "x86_64", "aarch64", or "any"
+    march: tuple[str, ...]      # the compiler flags that select it
+    needs: frozenset            # the /proc/cpuinfo flags (x86) or Features (ARM) it needs
+    rank: int                   # within one arch, a higher rank runs everything a lower one does
+    about: str
+
+
+_X86_V2 = frozenset("cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3".split())
+_X86_V3 = _X86_V2 | frozenset("avx avx2 bmi1 bmi2 f16c fma abm movbe xsave".split())
+_X86_V4 = _X86_V3 | frozenset("avx512f avx512bw avx512cd avx512dq avx512vl".split())
+
+LEVELS = {lv.name: lv for lv in [
+    Level("generic", "any", (), frozenset(), 0, "the C compiler's default for this machine"),
+    Level("x86-64-v2", "x86_64", ("-march=x86-64-v2",), _X86_V2, 1, "SSE4.2"),
+    Level("x86-64-v3", "x86_64", ("-march=x86-64-v3",), _X86_V3, 2, "AVX2 + FMA"),
+    Level("x86-64-v4", "x86_64", ("-march=x86-64-v4",), _X86_V4, 3, "AVX-512"),
+    Level("armv8-a", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), 1, "NEON"),
+    Level("armv8.2-a+sve", "aarch64", ("-march=armv8.2-a+sve",), frozenset({"asimd", "sve"}), 2,
+          "NEON + SVE"),
+]}
+
+ENV = "TESSERA_CPU_TARGET"
+
+
+def _arch() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_features() -> frozenset:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    # No /proc/cpuinfo (macOS): every 64-bit ARM core has NEON; an x86 one stays generic.
+    return frozenset({"asimd"}) if _arch() == "aarch64" else frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def host_level() -> str:
+    """The highest level this machine runs. SVE is never chosen by itself: NEON code is as fast
+    for our kernels on the cores that have both, and SVE stays an explicit choice."""
+    arch, features = _arch(), _host_features()
+    best = "generic"
+    for lv in LEVELS.values():
+        if lv.arch == arch and lv.needs <= features and "sve" not in lv.needs \
+                and lv.rank > LEVELS[best].rank:
+            best = lv.name
+    return best
+
+
+def check_level(name: str, where: str = "the CPU target") -> str:
+    if name not in LEVELS:
+        raise BackendUnavailableError(f"{where} names the unknown ISA level {name!r}",
+                                      expected=" or ".join(LEVELS),
+                                      hint="for example target='cpu:x86-64-v3' (AVX2 + FMA)")
+    return name
+
+
+def default_level() -> str:
+    """$TESSERA_CPU_TARGET when set (read at each compile), else the host's level."""
+    env = os.environ.get(ENV, "").strip()
+    return check_level(env, f"${ENV}") if env else host_level()
+
+
+def resolve(target: str) -> str:
+    """A CPU target in its canonical form: "cpu" -> "cpu:<default level>", "cpu:LEVEL" checked.
+    Other targets (cuda, hip) are returned as they are."""
+    if target == "cpu":
+        return f"cpu:{default_level()}"
+    if target.startswith("cpu:"):
+        return f"cpu:{check_level(target[4:], f'target {target!r}')}"
+    return target
+
+
+def is_cpu(target: str) -> bool:
+    return target == "cpu" or target.startswith("cpu:")
+
+
+def level_of(target: str) -> Level:
+    """The Level of a CPU target ("cpu" means the default level)."""
+    return LEVELS[resolve(target)[4:]]
+
+
+def runs_here(name: str) -> bool:
+    lv = LEVELS[name]
+    if lv.arch == "any":
+        return True
+    return lv.arch == _arch() and lv.needs <= _host_features()
+
+
+def march_flags(name: str) -> tuple[str, ...]:
+    return LEVELS[name].march
+
+
+def describe(name: str) -> str:
+    return f"{name} ({LEVELS[name].about})"
