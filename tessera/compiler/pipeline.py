@@ -108,9 +108,9 @@ class Program(_Levels):
                  target, library, output_structure=None):
         super().__init__(graph_ir, primitive_ir, schedule_ir, tile_ir, target_code, target,
                          output_structure)
-        self._lib = library
-        self._entry = getattr(library, ENTRY)
-        self._timed_entry = getattr(library, ENTRY + "_timed")
+        self._lib = library             # None: built for another architecture, not built here
+        self._entry = getattr(library, ENTRY, None)
+        self._timed_entry = getattr(library, ENTRY + "_timed", None)
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         self._plan = self._launch_plan()
         self._arenas = threading.local()    # temporaries' memory, kept per calling thread
@@ -151,8 +151,10 @@ class Program(_Levels):
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
         if not self._runs_here:
+            built = "built" if self._lib is not None else "lowered (not compiled: another " \
+                                                          "architecture)"
             raise BackendUnavailableError(
-                f"program @{self.graph_ir.name} was built for {isa.describe(self.level)}, which "
+                f"program @{self.graph_ir.name} was {built} for {isa.describe(self.level)}, which "
                 f"this CPU cannot run (it runs {isa.describe(isa.host_level())})",
                 function=self.graph_ir.name,
                 hint="its IR levels and C source are all there to read; to run, use target="
@@ -318,5 +320,7 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     tile = lower_schedule(schedule).verify()
     source = render_c(tile, level)
     from ..runtime.toolchain import build
-    lib = build(source, graph.name, level)
+    # a level of another architecture (armv8-a on x86) is lowered to C, to read or to
+    # cross-compile, but not built: the system compiler targets this machine's architecture
+    lib = build(source, graph.name, level) if isa.same_arch(level) else None
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)

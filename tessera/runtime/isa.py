@@ -119,6 +119,12 @@ def runs_here(name: str) -> bool:
     return lv.arch == _arch() and lv.needs <= _host_features()
 
 
+def same_arch(name: str) -> bool:
+    """Whether code for this level is for this machine's architecture (so its compiler builds
+    it, whether or not this CPU has every feature)."""
+    return LEVELS[name].arch in ("any", _arch())
+
+
 def march_flags(name: str) -> tuple[str, ...]:
     return LEVELS[name].march
 
