@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab setup-bench test lab bench notebooks clean gpu-check
+.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,14 @@ setup-lab: $(VENV)/.lab-stamp
 test: setup
 	$(BIN)/python -m pytest -q tests tutorials --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+# The same kernels built by clang instead of gcc (CI installs Debian's clang and libomp-dev): the
+# operator, reduction, GEMM and attention tests. Without OpenMP, clang's kernels run on one
+# thread, with one warning (Apple's clang).
+CLANG ?= clang
+test-clang: setup
+	CC=$(CLANG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_elementwise.py \
+		tests/test_reductions.py tests/test_gemm.py tests/test_attention.py tests/test_isa.py
 
 lab: setup-lab
 	$(BIN)/jupyter lab tutorials/

@@ -1,6 +1,7 @@
 """The CPU target's ISA level: named, chosen by the user or the environment, printed in the IR,
 part of the cache keys; and every level gives the same bits (the numerics contract)."""
 import platform
+import shutil
 
 import numpy as np
 import pytest
@@ -128,3 +129,35 @@ def test_the_openmp_probe_and_flags(monkeypatch):
     assert ("-fopenmp" in fl) == toolchain.has_openmp(cc)
     if X86:
         assert toolchain.flags(cc, "x86-64-v3")[0] == "-march=x86-64-v3"
+
+
+CLANG = shutil.which("clang")
+
+
+@pytest.mark.skipif(CLANG is None, reason="clang is not installed (.ci/run installs Debian's)")
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_clang_gives_gccs_bits(rng, monkeypatch, dt):
+    cases = _cases(rng, dt)
+    monkeypatch.setenv("CC", "gcc")
+    want = {name: ts.function(fn)(*args) for name, (fn, args) in cases.items()}
+    monkeypatch.setenv("CC", CLANG)
+    assert toolchain.is_clang(toolchain.find_compiler())
+    for name, (fn, args) in cases.items():
+        got = ts.function(fn)(*args)
+        for a, b in zip(*(list(r) if isinstance(r, tuple) else [r] for r in (got, want[name]))):
+            assert a.tobytes() == b.tobytes(), f"{name}: clang's bits differ from gcc's"
+
+
+def test_a_compiler_without_openmp_warns_once_and_runs_on_one_thread(rng, monkeypatch):
+    cc = toolchain.find_compiler()
+    monkeypatch.setattr(toolchain, "has_openmp", lambda cc: False)
+    monkeypatch.setattr(toolchain, "_warned", set())
+    x = rng.standard_normal((300, 257)).astype(np.float32)
+    fn = lambda x: op.softmax(x) + op.gelu(x)        # noqa: E731
+    with pytest.warns(RuntimeWarning, match="has no OpenMP.*one thread") as record:
+        got = ts.function(fn)(x)
+        ts.function(lambda x: x * 3)(x)                 # a second program: no second warning
+    assert len([w for w in record if "OpenMP" in str(w.message)]) == 1
+    assert "-fopenmp" not in toolchain.flags(cc, "generic")
+    monkeypatch.undo()
+    assert got.tobytes() == ts.function(fn)(x).tobytes()
