@@ -124,7 +124,7 @@ def _autotune(f: Function, args, kwargs, settings, space, cache, kernels) -> Tun
         result.default_s, result.tuned_s = _time_pair(default_prog, tuned_prog,
                                                       list(arrays.values()), settings.repeats)
     result.program = tuned_prog
-    f._programs.clear()     # its next call compiles anew and reads the database
+    f.forget_programs()     # its next call compiles anew and reads the database
     return result
 
 
