@@ -640,6 +640,9 @@ def machine(peers: dict) -> dict:
         pass
     info["load_at_start"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     info["cc"] = (_run(os.environ.get("CC", "cc"), "--version").splitlines() or ["?"])[0]
+    from tessera.runtime import isa
+    info["isa_level"] = isa.default_level()             # what tessera's CPU code is built for
+    info["host_isa_level"] = isa.host_level()
     # tessera
     info["tessera"] = getattr(ts, "__version__", "?")
     info["tessera_rev"] = _run("git", "rev-parse", "HEAD").strip() or "unknown"
@@ -706,8 +709,12 @@ def _cell(row: dict, name: str, width: int) -> str:
 
 def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None:
     p = lambda *a: print(*a, file=out)                      # noqa: E731
+    level = info.get("isa_level", "?")
+    built = f"tessera built for {level}" + (
+        f" (this CPU runs {info['host_isa_level']})" if info.get("host_isa_level") != level
+        else "")
     p(f"\n{info['cpu']}, {info['cores']} cores ({', '.join(info.get('simd', []))}); "
-      f"{peaks_text}")
+      f"{built}; {peaks_text}")
     p(f"numpy {info['numpy']} ({info['numpy_blas']}); torch {info['torch']}; jax {info['jax']}; "
       f"tessera {info['tessera_rev'][:10]}"
       + (f" + {len(info['tessera_uncommitted'])} uncommitted files"

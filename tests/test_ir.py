@@ -6,6 +6,7 @@ import tessera as ts
 from tessera import Tensor, op
 from tessera.compiler.graph_ir import Graph
 from tessera.compiler.tile_ir import Const, Decl, Loop, Param, Store, TileKernel, Var
+from tessera.runtime import isa
 from tessera.types import TensorType
 
 from conftest import assert_within_dot_bound
@@ -50,7 +51,8 @@ def test_lowered_program_has_every_level(rng):
     prog = layer_norm.lower(x)
     assert "graph @layer_norm [B=4, S=16, D=32](%x: f32[4,16,32])" in str(prog.graph_ir)
     sched = prog.schedule_ir
-    assert str(sched).startswith("schedule @layer_norm [B=4, S=16, D=32] target=cpu {")
+    assert str(sched).startswith(
+        f"schedule @layer_norm [B=4, S=16, D=32] target=cpu:{isa.default_level()} {{")
     assert [k.strategy for k in sched.kernels] == ["row"]     # the whole layernorm is one kernel
     for k in sched.kernels:
         assert k.fuses and k.knobs is not None and k.bytes > 0
