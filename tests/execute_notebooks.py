@@ -12,7 +12,22 @@ def execute(path: str, gpu: bool):
     run = nbformat.v4.new_notebook(cells=kept, metadata=nb.metadata)
     NotebookClient(run, timeout=600, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": "tutorials"}}).execute()
+    _drop_widget_state(nb)
     nbformat.write(nb, path)        # the kept cells are the same objects, now with outputs
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _drop_widget_state(nb):
+    """A saved notebook keeps each explorer's static HTML, not the live widget: its view and
+    state carry random model ids (nbval skips them; git would not)."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET in data and len(data) > 1:
+                del data[WIDGET]
 
 
 if __name__ == "__main__":
