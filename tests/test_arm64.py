@@ -63,9 +63,12 @@ def run_on_arm(prog, arrays, tmp_path):
     d = tmp_path
     (d / "program.c").write_text(prog.target_code)
     (d / "driver.c").write_text(driver_source(prog))
+    for file, text in prog.routine_sources.items():         # the GEMM and attention routines
+        (d / file).write_text(text)
     flags = [f for f in toolchain.flags(CROSS, LEVEL) if f != "-shared"]
-    r = subprocess.run([CROSS, *flags, str(d / "program.c"), str(d / "driver.c"), "-o",
-                        str(d / "run"), "-lm"], capture_output=True, text=True)
+    r = subprocess.run([CROSS, *flags, str(d / "program.c"), str(d / "driver.c"),
+                        *[str(d / f) for f in prog.routine_sources], "-o", str(d / "run"), "-lm"],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     for i, b in enumerate(prog.tile_ir.buffers):
         if b.role == "input":

@@ -191,3 +191,49 @@ def test_threads_build_each_program_once(tmp_path, monkeypatch):
         t.join()
     assert not errors
     assert ts.cache_stats()["compiles"] == 3
+
+
+ROUTINES = textwrap.dedent("""
+    import numpy as np, tessera as ts
+    from tessera import op
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((40, 30), np.float32), rng.standard_normal((30, 20), np.float32)
+    q = rng.standard_normal((2, 9, 8), np.float32)
+    before = ts.cache_stats()["compiles"]
+    for f in (lambda a, b: a @ b, lambda a, b: op.relu(a @ b + 1), lambda a, b: a @ b * 2):
+        assert np.allclose(ts.function(f)(a, b), f(a, b), atol=1e-4)
+    att = ts.function(lambda q: op.attention(q, q, q))(q)
+    print("compiles", ts.cache_stats()["compiles"] - before)
+""")
+
+
+def test_routines_compile_once_into_libraries_programs_link_against(tmp_path):
+    # three GEMM programs and one attention program: two routine libraries, four programs
+    r = subprocess.run([sys.executable, "-c", ROUTINES], capture_output=True, text=True,
+                       env=dict(os.environ, TESSERA_CACHE_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["compiles", "6"]
+    libraries = [p for p in (tmp_path / "kernels").rglob("*.c")
+                 if "the routine library" in p.read_text()]
+    assert len(libraries) == 2
+    # a new process compiles nothing; without the cache the libraries live in a temporary
+    # directory for the process and are removed with it
+    r = subprocess.run([sys.executable, "-c", ROUTINES], capture_output=True, text=True,
+                       env=dict(os.environ, TESSERA_CACHE_DIR=str(tmp_path)))
+    assert r.stdout.split() == ["compiles", "0"], r.stderr
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run([sys.executable, "-c", ROUTINES], capture_output=True, text=True,
+                       env=dict(os.environ, TESSERA_NO_CACHE="1", TMPDIR=str(tmp)))
+    assert r.stdout.split() == ["compiles", "6"], r.stderr
+    assert not list(tmp.iterdir())
+
+
+def test_a_program_declares_its_routines_and_carries_their_sources(rng):
+    a = rng.standard_normal((12, 9)).astype(np.float32)
+    prog = ts.function(lambda a: a @ a.T).lower(a)
+    assert "void ts_gemm_tile_f32(" in prog.target_code          # declared ...
+    assert "ts_micro_f32" not in prog.target_code                 # ... not defined
+    (name, source), = prog.routine_sources.items()
+    assert name == "routine_gemm_f32.c" and "\nvoid ts_gemm_tile_f32(" in source
+    assert "static void ts_micro_f32(" in source

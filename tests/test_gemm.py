@@ -59,8 +59,11 @@ def test_narrower_instruction_sets_give_the_same_bits(rng, tmp_path, level):
     prog = ts.function(lambda a, b: a @ b).lower(a, b)
     src = tmp_path / "p.c"
     src.write_text(prog.target_code)
+    for file, text in prog.routine_sources.items():      # the GEMM routine's library
+        (tmp_path / file).write_text(text)
     so = tmp_path / "p.so"
-    out = subprocess.run(["gcc", *flags("gcc", level), "-o", str(so), str(src), "-lm"],
+    out = subprocess.run(["gcc", *flags("gcc", level), "-o", str(so), str(src),
+                          *[str(tmp_path / f) for f in prog.routine_sources], "-lm"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     lib = ctypes.CDLL(str(so))

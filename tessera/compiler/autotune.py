@@ -51,7 +51,7 @@ from .lower import lower_schedule
 from .schedule_ir import Buffer, Kernel, Schedule
 from .scheduler import (KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs, kernel_signature,
                         knob_space)
-from .target.c import render_c
+from .target.c import build_program
 
 STRATEGIES = ("grid", "random", "beam")
 STATUSES = ("default", "ok", "slower", "same code", "failed to compile", "wrong result",
@@ -201,12 +201,10 @@ def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
 
 def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
     from ..runtime.isa import level_of
-    from ..runtime.toolchain import build
     s = single_kernel(schedule, k, knobs)
     tile = lower_schedule(s).verify()
-    level = level_of(schedule.target).name
-    source = render_c(tile, level)
-    return tile, build(source, s.name, level), source
+    source, lib = build_program(tile, s.name, level_of(schedule.target).name)
+    return tile, lib, source
 
 
 class KernelRunner:

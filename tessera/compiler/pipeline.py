@@ -16,7 +16,7 @@ from .graph_ir import Graph
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose
 from .scheduler import build_schedule, checked_record, kernel_signature
-from .target.c import ENTRY, render_c
+from .target.c import ENTRY, build_program
 
 TARGETS = ("cpu", "cuda", "hip")
 GPU_TARGETS = ("cuda", "hip")
@@ -127,6 +127,15 @@ class Program(_Levels):
         self._runs_here = isa.runs_here(self.level)
         self._table_type = ctypes.c_void_p * max(1, len(self.tile_ir.buffers))
         self._poison = os.environ.get("TESSERA_POISON") == "1"     # read once, when built
+
+    @property
+    def routine_sources(self) -> dict:
+        """The C of the routine libraries this program is linked against, by file name
+        ("routine_gemm_f32.c"): with `target_code`, what a build of the program elsewhere (a
+        cross-compiler) compiles, each file a translation unit of its own."""
+        from .target.c import routine_keys, routine_library_source
+        return {f"routine_{key.replace(':', '_')}.c": routine_library_source(key)
+                for key in routine_keys(self.tile_ir)}
 
     def _launch_plan(self):
         """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
@@ -334,11 +343,8 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
         source = (render_cuda if target == "cuda" else render_hip)(tile)
         return GPUProgram(g, prim, schedule, tile, source, target,
                           output_structure=output_structure)
-    level = isa.level_of(target).name
     tile = lower_schedule(schedule).verify()
-    source = render_c(tile, level)
-    from ..runtime.toolchain import build
     # a level of another architecture (armv8-a on x86) is lowered to C, to read or to
     # cross-compile, but not built: the system compiler targets this machine's architecture
-    lib = build(source, graph.name, level) if isa.same_arch(level) else None
+    source, lib = build_program(tile, graph.name, isa.level_of(target).name)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)

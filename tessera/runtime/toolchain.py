@@ -1,6 +1,7 @@
 """The system C compiler: found, fingerprinted, and run into the kernel cache."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -103,11 +104,11 @@ def cpu_fingerprint() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def artifact_key(source: str, cc: str, level: str) -> str:
+def artifact_key(source: str, cc: str, level: str, link=()) -> str:
     h = hashlib.sha256()
     for part in (f"schema={cache.SCHEMA_VERSION}", f"tessera={__version__}", cc,
                  compiler_version(cc), f"isa={level}", " ".join(flags(cc, level)),
-                 cpu_fingerprint(), source):
+                 cpu_fingerprint(), " ".join(str(p) for p in link), source):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -120,48 +121,75 @@ _building_guard = threading.Lock()
 _warned: set[str] = set()
 
 
-def build(source: str, name: str = "program", level: str | None = None) -> ctypes.CDLL:
+def build(source: str, name: str = "program", level: str | None = None,
+          link=()) -> ctypes.CDLL:
     """Compile C source for ISA `level` (default: isa.default_level()) to a shared object (or
-    take it from the cache) and load it.
+    take it from the cache) and load it. `link`: shared objects it is linked against (their
+    absolute paths are recorded in it, so the loader maps them with it).
 
     `name` only labels messages: files are named by the content hash."""
     cc = find_compiler()
     level = level or isa.default_level()
-    key = artifact_key(source, cc, level)
+    key = artifact_key(source, cc, level, link)
     with _building_guard:
         lock = _building.setdefault(key, threading.Lock())
     with lock:                      # threads asking for one program build it once
         if key not in _loaded:
-            _loaded[key] = _build_unlocked(cc, source, name, key, flags(cc, level))
+            _loaded[key] = _build_unlocked(cc, source, name, key, flags(cc, level), tuple(link))[0]
         return _loaded[key]
 
 
-def _build_unlocked(cc, source, name, key, cflags) -> ctypes.CDLL:
+_libraries: dict[str, Path] = {}
+
+
+def build_library(source: str, name: str, level: str) -> Path:
+    """A shared object that programs link against (the routine library): compiled once per
+    source, compiler and ISA level (or taken from the cache), loaded, and its path returned.
+    Without a usable cache it lives in a temporary directory until the process exits."""
+    cc = find_compiler()
+    key = artifact_key(source, cc, level)
+    with _building_guard:
+        lock = _building.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _libraries:
+            lib, path = _build_unlocked(cc, source, name, key, flags(cc, level), (), library=True)
+            _loaded[key] = lib              # kept mapped: programs find it by its path
+            _libraries[key] = path
+        return _libraries[key]
+
+
+def _build_unlocked(cc, source, name, key, cflags, link, library=False):
+    """(the loaded object, its path)."""
     if cache.cache_enabled():
         kernels = cache.cache_dir() / "kernels"
         try:
-            return _load_or_build(cc, source, kernels / key[:2] / f"{key}.so", name, key, cflags)
+            so = kernels / key[:2] / f"{key}.so"
+            return _load_or_build(cc, source, so, name, key, cflags, link, library), so
         except OSError as e:
             _warn_once(f"unwritable:{kernels}", f"tessera: the kernel cache {kernels} cannot be "
                        f"used ({e.strerror or e}); compiling into a temporary directory instead "
                        "(set TESSERA_CACHE_DIR to a writable place)")
-    return _build_in_tempdir(cc, source, name, key, cflags)
+    return _build_in_tempdir(cc, source, name, key, cflags, link, library)
 
 
-def _build_in_tempdir(cc, source, name, key, cflags) -> ctypes.CDLL:
+def _build_in_tempdir(cc, source, name, key, cflags, link, library):
     tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
-    so = tmpdir / "program.so"
-    _compile(cc, cflags, source, so, tmpdir / "program.c", name)   # on failure the source stays
-    lib = _open(so)
-    shutil.rmtree(tmpdir, ignore_errors=True)  # the mapping outlives the files
-    return lib
+    so = tmpdir / ("library.so" if library else "program.so")
+    _compile(cc, cflags, source, so, tmpdir / "program.c", name, link)  # on failure: kept
+    lib = _open(so, entry=not library)
+    if library:                     # programs built later link against it by this path
+        atexit.register(shutil.rmtree, tmpdir, ignore_errors=True)
+    else:
+        shutil.rmtree(tmpdir, ignore_errors=True)  # the mapping outlives the files
+    return lib, so
 
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _load_or_build(cc, source, so: Path, name: str, key: str, cflags) -> ctypes.CDLL:
+def _load_or_build(cc, source, so: Path, name: str, key: str, cflags, link=(),
+                   library=False) -> ctypes.CDLL:
     """The cached shared object, checked against its recorded digest before it is mapped (a
     damaged file would crash the process inside dlopen); rebuilt when missing or damaged."""
     digest = so.with_suffix(".sha256")
@@ -172,7 +200,7 @@ def _load_or_build(cc, source, so: Path, name: str, key: str, cflags) -> ctypes.
             if not digest.exists() or digest.read_text().strip() != _digest(so):
                 reason = "its digest does not match"
             else:
-                lib = _open(so)
+                lib = _open(so, entry=not library)
                 cache.count("disk_hits")
                 return lib
         except (OSError, AttributeError) as e:
@@ -185,7 +213,7 @@ def _load_or_build(cc, source, so: Path, name: str, key: str, cflags) -> ctypes.
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=".tmp-", suffix=".so")
     os.close(fd)
     try:
-        _compile(cc, cflags, source, Path(tmp), so.with_suffix(".c"), name)
+        _compile(cc, cflags, source, Path(tmp), so.with_suffix(".c"), name, link)
         os.replace(tmp, so)
     finally:
         if os.path.exists(tmp):
@@ -197,10 +225,10 @@ def _load_or_build(cc, source, so: Path, name: str, key: str, cflags) -> ctypes.
         alias = so.with_name(f".{so.stem}.{os.getpid()}.so")
         os.link(so, alias)
         try:
-            return _open(alias)
+            return _open(alias, entry=not library)
         finally:
             alias.unlink()
-    return _open(so)
+    return _open(so, entry=not library)
 
 
 # After a parallel region libgomp's workers spin GOMP_SPINCOUNT times, then sleep; waking a
@@ -217,10 +245,12 @@ def _openmp_defaults():
         os.environ["GOMP_SPINCOUNT"] = SPINCOUNT
 
 
-def _open(so: Path) -> ctypes.CDLL:
+def _open(so: Path, entry: bool = True) -> ctypes.CDLL:
     """Load a shared object and type its entry point (AttributeError if it has none)."""
     _openmp_defaults()
     lib = ctypes.CDLL(str(so))
+    if not entry:
+        return lib
     entry = getattr(lib, ENTRY)
     entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     entry.restype = ctypes.c_int
@@ -238,9 +268,9 @@ def _warn_once(key: str, message: str):
     warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
 
 
-def _compile(cc: str, cflags, source: str, out: Path, src_path: Path, name: str):
+def _compile(cc: str, cflags, source: str, out: Path, src_path: Path, name: str, link=()):
     cache.atomic_write(src_path, source.encode())
-    cmd = [cc, *cflags, "-o", str(out), str(src_path), "-lm"]
+    cmd = [cc, *cflags, "-o", str(out), str(src_path), *[str(p) for p in link], "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except FileNotFoundError:
