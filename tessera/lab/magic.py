@@ -15,7 +15,6 @@ from ..types import TensorSpec
 from .explorer import LEVELS, Explorer, needs_arrays, parse_shapes
 
 
-
 @magics_class
 class TesseraMagics(Magics):
 

@@ -150,8 +150,8 @@ def build_library(source: str, name: str, level: str) -> Path:
     key = artifact_key(source, cc, level)
     with _building_guard:
         lock = _building.setdefault(key, threading.Lock())
-    with lock:
-        if key not in _libraries:
+    with lock:       # (a cache directory removed since: programs must link to a real file)
+        if key not in _libraries or not _libraries[key].exists():
             lib, path = _build_unlocked(cc, source, name, key, flags(cc, level), (), library=True)
             _loaded[key] = lib              # kept mapped: programs find it by its path
             _libraries[key] = path
