@@ -32,27 +32,21 @@ with a refit of the rest), except ts_exp's, which are the Taylor coefficients 1/
 # into a branch, and without -fno-trapping-math (which we cannot use, see the README) a loop
 # with a branch vectorises only with AVX-512's masked instructions: on AVX2 and NEON it stays
 # scalar. A mask select is the same value bit for bit, and vectorises on every ISA.
-SELF = """\
-/* ts_self(c, a, b) = c ? a : b for float, without a branch (c is 0 or 1) */
-TS_INLINE float ts_self(uint32_t c, float a, float b) {
-  uint32_t m = -c, ua, ub;
+def _select(name: str, T: str, U: str) -> str:
+    return f"""\
+/* {name}(c, a, b) = c ? a : b for {T}, without a branch (c is 0 or 1) */
+TS_INLINE {T} {name}({U} c, {T} a, {T} b) {{
+  {U} m = -c, ua, ub;
   memcpy(&ua, &a, sizeof ua);
   memcpy(&ub, &b, sizeof ub);
   ua = (ua & m) | (ub & ~m);
   memcpy(&a, &ua, sizeof a);
   return a;
-}"""
+}}"""
 
-SEL = """\
-/* ts_sel(c, a, b) = c ? a : b for double, without a branch (c is 0 or 1) */
-TS_INLINE double ts_sel(uint64_t c, double a, double b) {
-  uint64_t m = -c, ua, ub;
-  memcpy(&ua, &a, sizeof ua);
-  memcpy(&ub, &b, sizeof ub);
-  ua = (ua & m) | (ub & ~m);
-  memcpy(&a, &ua, sizeof a);
-  return a;
-}
+
+SELF = _select("ts_self", "float", "uint32_t")
+SEL = _select("ts_sel", "double", "uint64_t") + """
 /* ts_int_of(v) = (int64_t)v for an integral v with |v| < 2^51, by integer arithmetic on the
    bits of v + 1.5 * 2^52 (exact); AVX2 has no vector double -> int64 conversion */
 TS_INLINE int64_t ts_int_of(double v) {
