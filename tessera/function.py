@@ -431,7 +431,7 @@ class Function:
         if not isinstance(prog, Program) or not prog._runs_here or len(arrays) != len(args) \
                 or len(self._fast) >= _FAST_ENTRIES:
             return
-        for (name, arr), a, (npd, _) in zip(arrays.items(), args, prog._param_types):
+        for arr, a, (npd, _) in zip(arrays.values(), args, prog._param_types):
             if arr is not a or a.dtype != npd:
                 return
         execute, tree, structure = prog._execute, prog.output_tree, prog.output_structure

@@ -16,7 +16,8 @@ from .graph_ir import Graph
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose
 from .scheduler import build_schedule, checked_record, kernel_signature
-from .target.c import ENTRY, build_program
+from .target.c import ENTRY, build_program, routine_library_source
+from .target.cstyle import routine_keys
 
 TARGETS = ("cpu", "cuda", "hip")
 GPU_TARGETS = ("cuda", "hip")
@@ -133,7 +134,6 @@ class Program(_Levels):
         """The C of the routine libraries this program is linked against, by file name
         ("routine_gemm_f32.c"): with `target_code`, what a build of the program elsewhere (a
         cross-compiler) compiles, each file a translation unit of its own."""
-        from .target.c import routine_keys, routine_library_source
         return {f"routine_{key.replace(':', '_')}.c": routine_library_source(key)
                 for key in routine_keys(self.tile_ir)}
 
@@ -323,8 +323,7 @@ def resolve_target(target: str, arrays=()) -> str:
     """The canonical target: "auto" chosen from the arrays, "cpu" -> "cpu:<ISA level>"."""
     if target == "auto":
         target = auto_target(arrays)
-    if not isinstance(target, str) or target.split(":")[0] not in TARGETS \
-            or (":" in target and not isa.is_cpu(target)):
+    if not isinstance(target, str) or not (target in GPU_TARGETS or isa.is_cpu(target)):
         raise BackendUnavailableError(f"target {target!r} does not exist",
                                       expected=" or ".join(TARGETS + ("cpu:LEVEL", "auto")),
                                       hint="CPU levels: " + ", ".join(isa.LEVELS))

@@ -142,8 +142,8 @@ class Explorer:
         if key == "tile":
             return self._code(prog.tile_ir, "ir")
         if key == "target":
-            return self._code(prog.target_code,
-                              "c" if prog.target.startswith("cpu") else prog.target)
+            from ..runtime.isa import is_cpu
+            return self._code(prog.target_code, "c" if is_cpu(prog.target) else prog.target)
         if key == "profile":
             figs = [viz.profile_figure(self.profile), viz.roofline_figure(self.profile)]
             return viz.html_table(viz.profile_rows(self.profile)) + "".join(

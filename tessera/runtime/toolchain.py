@@ -131,12 +131,15 @@ def build(source: str, name: str = "program", level: str | None = None,
     cc = find_compiler()
     level = level or isa.default_level()
     key = artifact_key(source, cc, level, link)
-    with _building_guard:
-        lock = _building.setdefault(key, threading.Lock())
-    with lock:                      # threads asking for one program build it once
+    with _lock_for(key):            # threads asking for one program build it once
         if key not in _loaded:
             _loaded[key] = _build_unlocked(cc, source, name, key, flags(cc, level), tuple(link))[0]
         return _loaded[key]
+
+
+def _lock_for(key: str) -> threading.Lock:
+    with _building_guard:
+        return _building.setdefault(key, threading.Lock())
 
 
 _libraries: dict[str, Path] = {}
@@ -148,9 +151,7 @@ def build_library(source: str, name: str, level: str) -> Path:
     Without a usable cache it lives in a temporary directory until the process exits."""
     cc = find_compiler()
     key = artifact_key(source, cc, level)
-    with _building_guard:
-        lock = _building.setdefault(key, threading.Lock())
-    with lock:       # (a cache directory removed since: programs must link to a real file)
+    with _lock_for(key):    # (a cache directory removed since: programs must link to a real file)
         if key not in _libraries or not _libraries[key].exists():
             lib, path = _build_unlocked(cc, source, name, key, flags(cc, level), (), library=True)
             _loaded[key] = lib              # kept mapped: programs find it by its path

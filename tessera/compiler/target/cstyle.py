@@ -271,13 +271,8 @@ class CStyleRenderer:
 
     def routines(self, program: TileProgram) -> list[str]:
         """The hand-written routines the program's Calls need, each once."""
-        keys = []
-        for k in program.kernels:
-            for s in all_statements(k.body):
-                if isinstance(s, Call) and s.routine not in keys:
-                    keys.append(s.routine)
         out = []
-        for key in keys:
+        for key in routine_keys(program):
             for chunk in self.routine_source(key):       # shared chunks (ISA macros) once
                 if chunk not in out:
                     out.append(chunk)
@@ -300,6 +295,16 @@ class CStyleRenderer:
 
     def entry(self, program: TileProgram) -> str:
         raise NotImplementedError
+
+
+def routine_keys(program: TileProgram) -> list[str]:
+    """The routines ("gemm:f32") the program's kernels call, in order of first use."""
+    keys = []
+    for k in program.kernels:
+        for s in all_statements(k.body):
+            if isinstance(s, Call) and s.routine not in keys:
+                keys.append(s.routine)
+    return keys
 
 
 def all_statements(stmts):
