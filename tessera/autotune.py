@@ -13,6 +13,7 @@ import statistics
 import time
 import weakref
 
+from .compiler import strategies
 from .compiler.autotune import (STRATEGIES, Settings, TuneResult, kernel_space, resolve_space,
                                 program_threads)
 from .errors import ArgumentError, TesseraError
@@ -54,10 +55,9 @@ def _fixed_knobs(f: Function, schedule) -> dict:
     """Per kernel, the knobs the user set (a Schedule, an op's tile_shape): never searched."""
     out = {}
     for k in schedule.kernels:
-        fixed = set(f.schedule.knobs_for(k.strategy)) if f.schedule is not None else set()
-        if k.group.anchor is not None and k.group.anchor.attrs.get("tile_shape"):
-            fixed |= {"tile_m", "tile_n", "tile_k"}
-        out[k.name] = fixed
+        strategy = strategies.of(k)
+        fixed = set(strategy.user_knobs(f.schedule)) if f.schedule is not None else set()
+        out[k.name] = fixed | set(strategy.op_knobs(k.group))
     return out
 
 

@@ -79,20 +79,10 @@ class Schedule:
 
     # -- applying --------------------------------------------------------------------------------
     def knobs_for(self, strategy: str) -> dict:
-        """The knob overrides this schedule gives a kernel of the given strategy."""
-        out = {}
-        if self.parallel is not None:
-            out["parallel"] = bool(self.parallel)
-        if self.block is not None:
-            if strategy == "contract":
-                out["tile_m"], out["tile_n"] = self.block[:2]
-                if len(self.block) == 3:
-                    out["tile_k"] = self.block[2]
-            elif strategy == "attention":
-                out["block_q"] = self.block[0]
-        if self.vector_width is not None and strategy in ("row", "reduce"):
-            out["lanes"] = self.vector_width
-        return out
+        """The knob overrides this schedule gives a kernel of the given strategy (each strategy
+        says which of the schedule's fields set which of its knobs)."""
+        from .compiler import strategies
+        return strategies.get(strategy).user_knobs(self)
 
     def key(self) -> tuple:
         return tuple(sorted((k, json.dumps(v, sort_keys=True))

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tessera.compiler.target import c_attention as A
+from tessera.compiler.strategies.routines import c_attention as A
 from tessera.ops import cmath
 from tessera.runtime import isa
 from tessera.runtime.toolchain import find_compiler, flags

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import tessera as ts  # noqa: E402
 from tessera.compiler.lower import lower_schedule  # noqa: E402
-from tessera.compiler.lower_gpu import lower_schedule_gpu  # noqa: E402
+from tessera.compiler.lower import lower_schedule_gpu  # noqa: E402
 from tessera.compiler.pipeline import prepare  # noqa: E402
 from tessera.compiler.scheduler import build_schedule, invalid_knobs, knob_space  # noqa: E402
 from tessera.compiler.target.c import render_c, routine_library_source  # noqa: E402

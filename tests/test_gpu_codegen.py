@@ -14,7 +14,8 @@ import tessera as ts
 from tessera import dtypes as dt
 from tessera import ops
 from tessera.compiler.graph_ir import Graph
-from tessera.compiler.lower_gpu import WARP, lower_schedule_gpu
+from tessera.compiler.emit import WARP
+from tessera.compiler.lower import lower_schedule_gpu
 from tessera.compiler.pipeline import prepare
 from tessera.compiler.scheduler import build_schedule
 from tessera.compiler.target.gpu import render_cuda, render_hip
@@ -30,7 +31,7 @@ from conftest import hipcc_or_skip, nvrtc_or_skip
 from test_registry import EXAMPLES
 
 # the hand-written routines (another engineer's files): their cases join once they exist
-GEMM, ATTENTION = (importlib.util.find_spec(f"tessera.compiler.target.{m}") is not None
+GEMM, ATTENTION = (importlib.util.find_spec(f"tessera.compiler.strategies.routines.{m}") is not None
                    for m in ("gpu_gemm", "gpu_attention"))
 RENDER = {"cuda": render_cuda, "hip": render_hip}
 

@@ -1,4 +1,4 @@
-"""Tessera programs lowered for CUDA and HIP (lower_gpu + render_cuda / render_hip), run in the
+"""Tessera programs lowered for CUDA and HIP (lower_schedule_gpu + render_cuda / render_hip), run in the
 CPU emulator of the GPU thread model (tests/gpu_emulator; warps of 32 and of 64), against NumPy:
 every GPU strategy, on shapes with 1, primes and odd sizes. Each program runs twice: as
 planned, then with its blocks and threads in reverse order on at most 3 blocks (so the grid-
@@ -71,7 +71,7 @@ def cpu(fn, *arrays):
 def with_knobs(target, fn, arrays, knobs: dict):
     """fn lowered for `target` with `knobs` in place of its kernels' own, run twice: its
     result."""
-    from tessera.compiler.lower_gpu import lower_schedule_gpu
+    from tessera.compiler.lower import lower_schedule_gpu
     from tessera.compiler.target.gpu import render_cuda, render_hip
     prog = ts.function(fn).lower(*arrays, target=target)
     for k in prog.schedule_ir.kernels:

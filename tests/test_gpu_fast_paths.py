@@ -1,10 +1,10 @@
 """The GPU kernels' fast paths, in the CPU emulator of the GPU thread model against NumPy:
 
-- pointwise vector path (lower_gpu.gpu_pointwise): where a row is a multiple of the lanes, a
+- pointwise vector path (strategies/pointwise.py): where a row is a multiple of the lanes, a
   thread reads each contiguous input and writes each output `lanes` elements at a time (16
   bytes), when every such buffer is aligned; a caller's view at an odd element offset takes the
   scalar loop (the emulator traps misaligned accesses, as a GPU faults on them);
-- resident rows (lower_gpu.gpu_row): a row of up to ROW_RESIDENT elements per thread is read
+- resident rows (strategies/row.py): a row of up to ROW_RESIDENT elements per thread is read
   into registers once, and every pass (max, sum, the output) works from there.
 Each must give the bits of the path it replaces."""
 import os
@@ -17,7 +17,8 @@ import pytest
 import tessera as ts
 from tessera import dtypes as dt
 from tessera import op
-from tessera.compiler import lower_gpu
+from tessera.compiler.strategies import pointwise as pointwise_strategy
+from tessera.compiler.strategies import row as row_strategy
 from tessera.compiler.tile_ir import If, Load, Loop, VecLoad, VecStore, walk_exprs
 
 from conftest import assert_close, nvrtc_or_skip
@@ -171,7 +172,7 @@ def test_resident_rows_read_once_and_give_the_bits_of_the_passes(target, name, d
     assert input_loads(prog) == len(prog.tile_ir.kernels)      # one load of x per kernel
     got = run_program(prog, x)
     again = run_program(prog, x, reverse=True, max_blocks=2)
-    monkeypatch.setattr(lower_gpu, "ROW_RESIDENT", 0)          # every pass reads memory
+    monkeypatch.setattr(row_strategy, "ROW_RESIDENT", 0)          # every pass reads memory
     passes = ts.function(fn).lower(x, target=target)
     assert "for.unroll" not in str(passes.tile_ir) and input_loads(passes) > input_loads(prog)
     want = run_program(passes, x)
@@ -183,7 +184,7 @@ def test_resident_rows_read_once_and_give_the_bits_of_the_passes(target, name, d
 
 def test_rows_longer_than_the_registers_hold_take_the_passes(target, rng):
     threads = 256
-    x = rng.standard_normal((2, threads * lower_gpu.ROW_RESIDENT + 1)).astype(np.float32)
+    x = rng.standard_normal((2, threads * row_strategy.ROW_RESIDENT + 1)).astype(np.float32)
     prog = ts.function(lambda x: op.softmax(x, axis=-1)).lower(x, target=target)
     assert prog.tile_ir.kernels[0].launch["block"] == threads
     assert "for.unroll" not in str(prog.tile_ir) and "for.thread" in str(prog.tile_ir)
@@ -196,15 +197,15 @@ def test_registers_go_to_the_row_streams_first_within_the_budget(target, rng, mo
     """A layernorm with weight and bias over rows of 32 elements per thread: x (read by every
     pass) takes the registers first, the weight what is left; the bias is read from memory in
     the last pass. The bits of the passes all the same."""
-    width = 256 * lower_gpu.ROW_RESIDENT
+    width = 256 * row_strategy.ROW_RESIDENT
     x = rng.standard_normal((2, width)).astype(np.float32)
     w, b = (rng.standard_normal(width).astype(np.float32) for _ in range(2))
     fn = lambda x, w, b: op.layernorm(x, axis=-1) * w + b          # noqa: E731
     prog = ts.function(fn).lower(x, w, b, target=target)
     text = str(prog.tile_ir)
-    assert text.count("local reg") == lower_gpu.ROW_REGISTERS // lower_gpu.ROW_RESIDENT
+    assert text.count("local reg") == row_strategy.ROW_REGISTERS // row_strategy.ROW_RESIDENT
     (got,) = run_program(prog, x, w, b, max_blocks=1)
-    monkeypatch.setattr(lower_gpu, "ROW_RESIDENT", 0)
+    monkeypatch.setattr(row_strategy, "ROW_RESIDENT", 0)
     (want,) = run_program(ts.function(fn).lower(x, w, b, target=target), x, w, b, max_blocks=1)
     assert got.tobytes() == want.tobytes()
     x64 = x.astype(np.float64)
@@ -260,7 +261,7 @@ def test_three_extra_stores_of_three_dtypes_match_the_scalar_path(target, rng, m
     (k,) = prog.tile_ir.kernels
     assert len(prog.schedule_ir.kernels[0].stores) == 2 and "vstore" in str(k)
     got = run_program(prog, x, w)
-    monkeypatch.setattr(lower_gpu, "MAX_LANES", 1)
+    monkeypatch.setattr(pointwise_strategy, "MAX_LANES", 1)
     scalar = ts.function(fn).lower(x, w, target=target)
     assert "vstore" not in str(scalar.tile_ir)
     same_bits(got, run_program(scalar, x, w))
@@ -285,7 +286,7 @@ def test_row_with_an_extra_store_and_a_register_stash(target, d, rng, monkeypatc
     assert str(prog.tile_ir).count("local reg") == 2 and "for.unroll" in str(prog.tile_ir)
     got = run_program(prog, x)
     same_bits(got, run_program(prog, x, reverse=True, max_blocks=1))
-    monkeypatch.setattr(lower_gpu, "ROW_RESIDENT", 0)
+    monkeypatch.setattr(row_strategy, "ROW_RESIDENT", 0)
     passes = ts.function(fn).lower(x, target=target)
     assert "for.unroll" not in str(passes.tile_ir)
     same_bits(got, run_program(passes, x))
@@ -300,7 +301,7 @@ def test_integer_rows_with_a_stash(target, width, rng, monkeypatch):
     assert "for.unroll" in str(prog.tile_ir)
     got = run_program(prog, x)
     np.testing.assert_array_equal(got[0], x * 3 - (x * 3).sum(-1, keepdims=True))
-    monkeypatch.setattr(lower_gpu, "ROW_RESIDENT", 0)
+    monkeypatch.setattr(row_strategy, "ROW_RESIDENT", 0)
     same_bits(got, run_program(ts.function(fn).lower(x, target=target), x))
 
 
@@ -320,7 +321,7 @@ def test_the_ptx_has_vector_accesses_and_no_local_memory():
     load per element of the thread's row."""
     from tessera.runtime import gpu_toolchain as tc
     nvrtc_or_skip()
-    x = np.zeros((4, 256 * lower_gpu.ROW_RESIDENT), np.float32)
+    x = np.zeros((4, 256 * row_strategy.ROW_RESIDENT), np.float32)
     gelu = ts.function(lambda x, b: op.gelu(x + b)).lower(x, x[0], target="cuda")
     ptx = tc.nvrtc_compile(gelu.target_code, arch="sm_90").decode()
     assert len(re.findall(r"ld\.global(?:\.nc)?\.v4\.f32", ptx)) == 2       # x and b
@@ -328,7 +329,7 @@ def test_the_ptx_has_vector_accesses_and_no_local_memory():
     softmax = ts.function(lambda x: op.softmax(x, axis=-1)).lower(x, target="cuda")
     ptx = tc.nvrtc_compile(softmax.target_code, arch="sm_90").decode()
     assert ".local" not in ptx
-    assert len(re.findall(r"ld\.global(?:\.nc)?\.f32", ptx)) == lower_gpu.ROW_RESIDENT
+    assert len(re.findall(r"ld\.global(?:\.nc)?\.f32", ptx)) == row_strategy.ROW_RESIDENT
 
 
 # ---- two-stage whole-tensor reductions -----------------------------------------------------------

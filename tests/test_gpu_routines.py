@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.compiler.target import c_attention
-from tessera.compiler.target import gpu_attention as GA
-from tessera.compiler.target import gpu_gemm as GG
+from tessera.compiler.strategies.routines import c_attention
+from tessera.compiler.strategies.routines import gpu_attention as GA
+from tessera.compiler.strategies.routines import gpu_gemm as GG
 from tessera.errors import ArgumentError, UnsupportedDTypeError
 from tessera.ops import cmath
 from tessera.runtime import gpu_toolchain as tc

@@ -49,16 +49,14 @@ from ..errors import ArgumentError, RuntimeFault, TesseraError
 from ..runtime import tunedb
 from .lower import lower_schedule
 from .schedule_ir import Buffer, Kernel, Schedule
-from .scheduler import (KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs, kernel_signature,
-                        knob_space)
+from .scheduler import (ALIASES, KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs,
+                        kernel_signature, knob_space)
 from .target.c import build_program
 
 STRATEGIES = ("grid", "random", "beam")
 STATUSES = ("default", "ok", "slower", "same code", "failed to compile", "wrong result",
             "timed out")
-# The seeds' names (Triton's) for our knobs, by strategy; GPU-only knobs are kept for later.
-ALIASES = {"BM": {"contract": "tile_m", "attention": "block_q"}, "BN": {"contract": "tile_n"},
-           "BK": {"contract": "tile_k"}, "vector": {"row": "lanes", "reduce": "lanes"}}
+# GPU-only knobs, accepted and reported unused on the CPU
 GPU_KNOBS = ("warps", "stages")
 REL_TOL = {4: 1e-4, 8: 1e-10, 2: 1e-2}      # numeric knobs: max |diff| / max |default|
 

@@ -20,7 +20,6 @@ from .target.c import ENTRY, build_program, routine_library_source
 from .target.cstyle import routine_keys
 
 TARGETS = ("cpu", "cuda", "hip")
-GPU_TARGETS = ("cuda", "hip")
 
 
 def status_error(program, code: int) -> RuntimeFault:
@@ -323,7 +322,7 @@ def resolve_target(target: str, arrays=()) -> str:
     """The canonical target: "auto" chosen from the arrays, "cpu" -> "cpu:<ISA level>"."""
     if target == "auto":
         target = auto_target(arrays)
-    if not isinstance(target, str) or not (target in GPU_TARGETS or isa.is_cpu(target)):
+    if not isinstance(target, str) or not (isa.is_gpu(target) or isa.is_cpu(target)):
         raise BackendUnavailableError(f"target {target!r} does not exist",
                                       expected=" or ".join(TARGETS + ("cpu:LEVEL", "auto")),
                                       hint="CPU levels: " + ", ".join(isa.LEVELS))
@@ -335,8 +334,8 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     target = resolve_target(target)
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)
-    if target in GPU_TARGETS:
-        from .lower_gpu import lower_schedule_gpu
+    if isa.is_gpu(target):
+        from .lower import lower_schedule_gpu
         from .target.gpu import render_cuda, render_hip
         tile = lower_schedule_gpu(schedule, target).verify()
         source = (render_cuda if target == "cuda" else render_hip)(tile)

@@ -119,7 +119,8 @@ register(OpDef(
     normalize=lambda ts, a: {"shape": list(resolve_reshape(ts[0], a["shape"]))},
     infer=lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
     reference=lambda xs, a: np.reshape(xs[0], [int(d) for d in a["shape"]]),
-    lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape))), vjp=_reshape_back,
+    lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape)), reshape=True),
+    vjp=_reshape_back,
     doc="same elements, new shape; one dimension may be -1"))
 
 

@@ -63,6 +63,8 @@ class Contract:
 class View:
     """out[idx] = in[offset + sum_k idx_k * strides[k]] (transpose, slice, broadcast, reshape)."""
     strides: Callable           # (in_type, out_type, attrs) -> (offset, strides) in elements
+    reshape: bool = False       # the same elements in the same order under another shape: a
+                                # contiguous buffer's reshape moves nothing
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,15 @@ def resolve(target: str) -> str:
     return target
 
 
+GPU_TARGETS = ("cuda", "hip")     # the other targets: no ISA level, one kind of device each
+
+
 def is_cpu(target: str) -> bool:
     return target == "cpu" or target.startswith("cpu:")
+
+
+def is_gpu(target: str) -> bool:
+    return target in GPU_TARGETS
 
 
 def level_of(target: str) -> Level:

@@ -7,6 +7,7 @@ import re
 
 from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
+from ..strategies import routine_owner
 from ..tile_ir import Loop, TileKernel, TileProgram
 from .cstyle import CStyleRenderer, routine_keys
 
@@ -49,20 +50,13 @@ class CRenderer(CStyleRenderer):
         keys = routine_keys(program)
         return [routine_declarations(keys)] if keys else []
 
-    def routine_source(self, key: str) -> str:
+    def routine_source(self, key: str) -> list[str]:
         name, dtype = key.split(":")
+        owner = routine_owner(name)
         if dtype in HALF_DTYPES:        # the f32 routine on widened copies, rounded once
-            return [HALF, *self.routine_source(f"{name}:f32"), HALF_ROUTINES[name].replace(
-                "{S}", dtype)]
-        if name == "gemm":
-            from .c_gemm import gemm_source
-            return gemm_source(dtype)
-        if name == "attention":
-            from ...ops import cmath
-            from .c_attention import attention_source
-            exp = cmath.F32["exp"] if dtype == "f32" else cmath.F64["exp"]
-            return [*exp, attention_source(dtype)]
-        return super().routine_source(key)
+            return [HALF, *self.routine_source(f"{name}:f32"),
+                    owner.c_half_routine(name).replace("{S}", dtype)]
+        return owner.c_routine(name, dtype)
 
     def flag_error(self, code: int):
         return ["#pragma omp atomic write", f"ts_status = {code};"]
@@ -141,66 +135,6 @@ TS_INLINE float ts_f64_to_f32_odd(double d) {
   return ts_bits_f32(fabs(d) > fabs((double)f) ? u + 1u : u - 1u);
 }"""
 
-# The routines for 16-bit operands: each task widens its operands into float32 scratch (its
-# A rows and B columns, or its queries, the keys, values and its mask block), calls the float32
-# routine (float32 accumulation, the same chains) and rounds each result once into the output.
-# Scratch comes from malloc per call: a call's arithmetic (mt*nt*K, nq*Sk*D) dwarfs it. Never
-# abort() in the user's process: without scratch the GEMM computes the same chains straight
-# from the 16-bit operands; attention returns 1 and its kernel reports out of memory.
-HALF_ROUTINES = {"gemm": """\
-static void ts_gemm_tile_{S}(const uint16_t* A, int64_t rsa, int64_t csa, const uint16_t* B,
-                             int64_t rsb, int64_t csb, uint16_t* C, int64_t ldc, int64_t K,
-                             int64_t mt, int64_t nt, int64_t KC) {
-  float* a = (float*)malloc(sizeof(float) * (size_t)(mt * K + K * nt + mt * nt + 1));
-  if (!a) {          /* no scratch: the routine's own chains, fma in k order from 0, unpacked */
-    for (int64_t i = 0; i < mt; ++i)
-      for (int64_t j = 0; j < nt; ++j) {
-        float acc = 0.0f;
-        for (int64_t k = 0; k < K; ++k)
-          acc = fmaf(ts_{S}_to_f32(A[i * rsa + k * csa]), ts_{S}_to_f32(B[k * rsb + j * csb]), acc);
-        C[i * ldc + j] = ts_f32_to_{S}(acc);
-      }
-    return;
-  }
-  float *b = a + mt * K, *c = b + K * nt;
-  for (int64_t i = 0; i < mt; ++i)
-    for (int64_t k = 0; k < K; ++k) a[i * K + k] = ts_{S}_to_f32(A[i * rsa + k * csa]);
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t j = 0; j < nt; ++j) b[k * nt + j] = ts_{S}_to_f32(B[k * rsb + j * csb]);
-  ts_gemm_tile_f32(a, K, 1, b, nt, 1, c, nt, K, mt, nt, KC);
-  for (int64_t i = 0; i < mt; ++i)
-    for (int64_t j = 0; j < nt; ++j) C[i * ldc + j] = ts_f32_to_{S}(c[i * nt + j]);
-  free(a);
-}""", "attention": """\
-#include <stdlib.h>
-static int ts_attention_block_{S}(
-    const uint16_t* Q, int64_t q_rs, const uint16_t* K, int64_t k_rs, const uint16_t* V,
-    int64_t v_rs, const uint16_t* M, int64_t m_rs, int64_t m_cs, uint16_t* O, int64_t o_rs,
-    int64_t q0, int64_t nq, int64_t Sk, int64_t D, int64_t Dv, float scale, int causal,
-    int64_t causal_offset) {
-  /* the block's rows renumbered from 0: causal_offset moves by q0 */
-  float* q = (float*)malloc(sizeof(float) * (size_t)(nq * D + Sk * D + Sk * Dv + nq * Dv
-                                                     + (M ? nq * Sk : 0) + 1));
-  if (!q) return 1;                 /* the kernel reports it (Call.fail_code) */
-  float *k = q + nq * D, *v = k + Sk * D, *o = v + Sk * Dv, *m = M ? o + nq * Dv : 0;
-  for (int64_t r = 0; r < nq; ++r)
-    for (int64_t d = 0; d < D; ++d) q[r * D + d] = ts_{S}_to_f32(Q[(q0 + r) * q_rs + d]);
-  for (int64_t j = 0; j < Sk; ++j) {
-    for (int64_t d = 0; d < D; ++d) k[j * D + d] = ts_{S}_to_f32(K[j * k_rs + d]);
-    for (int64_t d = 0; d < Dv; ++d) v[j * Dv + d] = ts_{S}_to_f32(V[j * v_rs + d]);
-  }
-  if (M)
-    for (int64_t r = 0; r < nq; ++r)
-      for (int64_t j = 0; j < Sk; ++j) m[r * Sk + j] = ts_{S}_to_f32(M[(q0 + r) * m_rs + j * m_cs]);
-  ts_attention_block_f32(q, D, k, D, v, Dv, m, Sk, 1, o, Dv, 0, nq, Sk, D, Dv, scale, causal,
-                         causal_offset + q0);
-  for (int64_t r = 0; r < nq; ++r)
-    for (int64_t d = 0; d < Dv; ++d) O[(q0 + r) * o_rs + d] = ts_f32_to_{S}(o[r * Dv + d]);
-  free(q);
-  return 0;
-}"""}
-
-
 def render_c(program: TileProgram, level: str | None = None) -> str:
     """The C source of a tile program; `level` (an ISA level) is named in its first line."""
     return CRenderer(level).render(program)
@@ -212,8 +146,6 @@ def render_c(program: TileProgram, level: str | None = None) -> str:
 # each (routine, dtype) is compiled once per ISA level and compiler into a shared object of its
 # own, and a program declares the routines it calls and is linked against their libraries. The
 # routines take every size and stride as an argument, so nothing is lost by compiling apart.
-ROUTINE_FUNCTIONS = {"gemm": "ts_gemm_tile_{S}", "attention": "ts_attention_block_{S}"}
-_DEFINITION = re.compile(r"static (\w+) (ts_(?:gemm_tile|attention_block)_\w+)\(([^)]*)\)\s*\{")
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,9 +158,9 @@ def _routine_library(key: str) -> tuple[str, str]:
     parts = [f"/* generated by tessera: the routine library {key} */",
              r.prelude().split("\n", 1)[1]]
     parts += [c for c in r.routine_source(key) if c not in parts]
-    fn = ROUTINE_FUNCTIONS[name].replace("{S}", dtype)
+    fn = routine_owner(name).routines[name].replace("{S}", dtype)
     text = "\n\n".join(parts)
-    m = next(m for m in _DEFINITION.finditer(text) if m[2] == fn)
+    m = re.search(rf"static (\w+) ({fn})\(([^)]*)\)\s*\{{", text)
     source = f"{text[:m.start()]}{m[1]} {fn}({m[3]}) {{{text[m.end():]}\n"
     return source, f"{m[1]} {fn}({m[3]});"
 

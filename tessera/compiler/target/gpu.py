@@ -15,6 +15,7 @@ from __future__ import annotations
 from ... import dtypes as dt
 from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, Ticket, TileKernel,
                        TileProgram, Var, VecLoad, VecStore, Workspace)
+from ..strategies import routine_owner
 from .cstyle import CStyleRenderer, all_statements
 
 FULL_MASK = "0xffffffffu"
@@ -123,7 +124,7 @@ class GpuRenderer(CStyleRenderer):
     def half_helpers(self) -> list[str]:
         """The 16-bit conversions: the GPU routines' own (gpu_gemm.py's COMMON chunk, which
         the renderer emits once even when a routine needs it too)."""
-        from .gpu_gemm import COMMON
+        from ..strategies.routines.gpu_gemm import COMMON
         return [COMMON[self.lang]]
 
     def shuffle(self, d: dt.DType, v: str, offset: int) -> str:
@@ -160,16 +161,7 @@ class GpuRenderer(CStyleRenderer):
 
     def routine_source(self, key: str) -> list[str]:
         name, dtype, *sizes = key.split(":")
-        sizes = [int(x) for x in sizes]
-        if name == "gemm":
-            from .gpu_gemm import gemm_routine
-            return list(gemm_routine(self.lang, dtype, *sizes)[1])
-        if name == "attention":
-            from ...ops import cmath
-            from .gpu_attention import attention_routine
-            exp = cmath.F32["exp"] if dtype != "f64" else cmath.F64["exp"]
-            return [*exp, *attention_routine(self.lang, dtype, *sizes)[1]]
-        return super().routine_source(key)
+        return routine_owner(name).gpu_routine(self.lang, name, dtype, [int(x) for x in sizes])
 
     def entry(self, program: TileProgram) -> str:
         return ""                 # the runtime launches program.calls by kernel name

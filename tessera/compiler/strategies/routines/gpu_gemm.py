@@ -68,7 +68,7 @@ C must not overlap A or B.
 """
 from __future__ import annotations
 
-from ...errors import ArgumentError, UnsupportedDTypeError
+from ....errors import ArgumentError, UnsupportedDTypeError
 
 LANGS = ("cuda", "hip")
 DTYPES = ("f32", "f64", "f16", "bf16")

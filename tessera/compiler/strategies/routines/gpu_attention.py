@@ -65,7 +65,7 @@ fractions of peak are estimates from the instruction mix, to be measured on a le
 """
 from __future__ import annotations
 
-from ...errors import UnsupportedDTypeError
+from ....errors import UnsupportedDTypeError
 from .gpu_gemm import (COMMON, DT_CODE, MMA_OPS, SMEM_LIMIT, STORAGE, check_lang_dtype,
                        knob_error, register_tile)
 
