@@ -1,7 +1,7 @@
 """The generated sources, held still: for every case of the GPU code-generation corpus (every
 registered operator in every dtype it takes, and each strategy's shapes), the C of the CPU
-program, the CUDA and HIP programs, every CPU routine library, each kernel's knobs and its
-autotuning space, and the user-schedule path. Their SHA-256 digests are recorded in
+program, the CUDA and HIP programs, their printed Schedule IR and Tile IR, every CPU routine
+library, each kernel's knobs and its autotuning space, and the user-schedule path. Their SHA-256 digests are recorded in
 generated_sources.json beside this file.
 
 A refactor of the compiler must leave every digest alone. A change that means to alter the
@@ -62,11 +62,16 @@ def texts():
     for name, (fn, args) in sorted(cases.items()):
         _, prim = prepare(graph(fn, args))
         cpu = build_schedule(prim, f"cpu:{LEVEL}").verify()
-        out[f"{name}/c"] = render_c(lower_schedule(cpu).verify(), LEVEL)
+        tile = lower_schedule(cpu).verify()
+        out[f"{name}/c"] = render_c(tile, LEVEL)
+        out[f"{name}/tile-ir"] = str(tile)
+        out[f"{name}/schedule-ir"] = str(cpu)
         out[f"{name}/cpu-knobs"] = _knobs_text(cpu)
         for target, render in (("cuda", render_cuda), ("hip", render_hip)):
             s = build_schedule(prim, target).verify()
-            out[f"{name}/{target}"] = render(lower_schedule_gpu(s, target).verify())
+            tile = lower_schedule_gpu(s, target).verify()
+            out[f"{name}/{target}"] = render(tile)
+            out[f"{name}/{target}-tile-ir"] = str(tile)
             out[f"{name}/{target}-knobs"] = _knobs_text(s)
         if name.startswith(("matmul-epilogue", "attention-", "softmax(7, 33)", "column-sum")):
             for i, user in enumerate(SCHEDULES):
