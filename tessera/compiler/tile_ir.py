@@ -9,7 +9,7 @@ buffers, barriers and block-wide reductions, and carry a launch configuration.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .. import dtypes as dt
 from ..errors import IRVerificationError
@@ -18,7 +18,7 @@ from .graph_ir import format_attrs, format_value
 
 # ---- expressions ---------------------------------------------------------------------------------
 class Expr:
-    pass
+    children = ()       # the fields holding sub-expressions (a tuple field: each element)
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class Const(Expr):
 
 @dataclass(frozen=True)
 class Load(Expr):
+    children = ("index",)
     buf: str
     index: Expr
 
@@ -49,6 +50,7 @@ class Load(Expr):
 
 @dataclass(frozen=True)
 class Bin(Expr):
+    children = ("a", "b")
     op: str
     a: Expr
     b: Expr
@@ -59,6 +61,7 @@ class Bin(Expr):
 
 @dataclass(frozen=True)
 class Cast(Expr):
+    children = ("e",)
     dtype: dt.DType
     e: Expr
 
@@ -68,6 +71,7 @@ class Cast(Expr):
 
 @dataclass(frozen=True)
 class Select(Expr):
+    children = ("cond", "a", "b")
     cond: Expr
     a: Expr
     b: Expr
@@ -79,6 +83,7 @@ class Select(Expr):
 @dataclass(frozen=True)
 class OpCall(Expr):
     """Arithmetic from a registry entry: role 'elem', 'combine' (acc, x) or 'better' (x, best)."""
+    children = ("args",)
     op: str
     role: str
     attrs: tuple                  # sorted (name, value) pairs
@@ -95,6 +100,7 @@ class OpCall(Expr):
 @dataclass(frozen=True)
 class Addr(Expr):
     """A pointer to buf[index] (an argument of a Call); buf None is the null pointer."""
+    children = ("index",)
     buf: str | None
     index: Expr = None
 
@@ -151,15 +157,50 @@ def linear(vars_, strides, offset=0) -> Expr:
 
 # ---- statements ----------------------------------------------------------------------------------
 class Stmt:
-    pass
+    """A statement declares its parts once: the fields holding expressions (`exprs`) and those
+    holding statement lists (`blocks`); walking, substitution and printing read these."""
+    exprs = ()
+    blocks = ()
+
+    def expressions(self) -> list:
+        return _fields(self, self.exprs)
+
+    def head(self) -> str:
+        """How the statement prints (its first line, for one with blocks)."""
+        raise NotImplementedError
+
+    def lines(self, depth: int) -> list:
+        pad = "  " * depth
+        if not self.blocks:
+            return [pad + self.head()]
+        out = [f"{pad}{self.head()} {{"]
+        for name in self.blocks:
+            out += _printed(getattr(self, name), depth + 1)
+        return out + [pad + "}"]
+
+
+def _fields(node, names) -> list:
+    out = []
+    for name in names:
+        v = getattr(node, name)
+        if isinstance(v, tuple):
+            out += [x for x in v if isinstance(x, Expr)]
+        elif isinstance(v, Expr):
+            out.append(v)
+    return out
 
 
 @dataclass
 class Loop(Stmt):
+    exprs = ("extent",)
+    blocks = ("body",)
     var: str
     extent: object                # an int, or an index Expr (the edge tiles of a tiled loop)
     kind: str                     # CPU_LOOPS or GPU_LOOPS below
     body: list = field(default_factory=list)
+
+    def head(self) -> str:
+        return f"for.{self.kind} {self.var} in 0..{self.extent}"
 
 
 CPU_LOOPS = {"serial", "parallel", "vector", "parallel+vector"}
@@ -174,25 +215,40 @@ class Local(Stmt):
     dtype: dt.DType
     size: int
 
+    def head(self) -> str:
+        return f"local {self.name}: {self.dtype.short}[{self.size}]"
+
 
 @dataclass
 class Decl(Stmt):
+    exprs = ("init",)
     name: str
     dtype: dt.DType
     init: Expr
 
+    def head(self) -> str:
+        return f"{self.name}: {self.dtype.short} = {self.init}"
+
 
 @dataclass
 class Assign(Stmt):
+    exprs = ("value",)
     name: str
     value: Expr
+
+    def head(self) -> str:
+        return f"{self.name} = {self.value}"
 
 
 @dataclass
 class Store(Stmt):
+    exprs = ("index", "value")
     buf: str
     index: Expr
     value: Expr
+
+    def head(self) -> str:
+        return f"{self.buf}[{self.index}] = {self.value}"
 
 
 @dataclass
@@ -200,29 +256,49 @@ class VecLoad(Stmt):
     """Declares `name`, `lanes` consecutive elements buf[index], buf[index + 1], ... read in
     one access (index a multiple of lanes, buf aligned to the whole access); lane l is read as
     Load(name, Const(l)). The elements keep the parameter's storage (16-bit floats as bits)."""
+    exprs = ("index",)
     name: str
     dtype: dt.DType
     buf: str
     index: Expr
     lanes: int
 
+    def head(self) -> str:
+        return f"{self.name}: {self.dtype.short}x{self.lanes} = vload {self.buf}[{self.index}]"
+
 
 @dataclass
 class VecStore(Stmt):
     """buf[index + l] = values[l] for every lane l, written in one access (aligned as VecLoad)."""
+    exprs = ("index", "values")
     buf: str
     index: Expr
     values: tuple
+
+    def head(self) -> str:
+        return f"vstore {self.buf}[{self.index}] = ({', '.join(map(str, self.values))})"
 
 
 @dataclass
 class If(Stmt):
     """`body` where cond holds, else `orelse`. `uniform`: cond is the same in every thread of
     the block, so the bodies may hold barriers and block reductions (a block's ticket)."""
+    exprs = ("cond",)
+    blocks = ("body", "orelse")
     cond: Expr
     body: list
     orelse: list = field(default_factory=list)
     uniform: bool = False
+
+    def head(self) -> str:
+        return f"if {self.cond}"
+
+    def lines(self, depth: int) -> list:
+        pad = "  " * depth
+        out = [f"{pad}if {self.cond} {{", *_printed(self.body, depth + 1)]
+        if self.orelse:
+            out += [f"{pad}}} else {{", *_printed(self.orelse, depth + 1)]
+        return out + [pad + "}"]
 
 
 @dataclass
@@ -235,6 +311,9 @@ class Workspace(Stmt):
     offset: int
     size: int
 
+    def head(self) -> str:
+        return f"workspace {self.name}: {self.dtype.short}[{self.size}] at +{self.offset}"
+
 
 @dataclass
 class Ticket(Stmt):
@@ -245,6 +324,9 @@ class Ticket(Stmt):
     name: str
     counter: int
 
+    def head(self) -> str:
+        return f"{self.name}: i32 = block_ticket(workspace[{self.counter}])"
+
 
 @dataclass
 class CheckIndex(Stmt):
@@ -253,6 +335,9 @@ class CheckIndex(Stmt):
     extent: int
     code: int
 
+    def head(self) -> str:
+        return f"check {self.name} in 0..{self.extent} else error {self.code}"
+
 
 @dataclass
 class Call(Stmt):
@@ -260,10 +345,14 @@ class Call(Stmt):
     `routine` names its source, which the renderer emits once. With a `fail_code`, the routine
     returns nonzero when it cannot get its scratch memory, and the kernel then reports
     -fail_code (the kernel's code, negated: out of memory, not a bad index)."""
+    exprs = ("args",)
     fn: str
     args: tuple
     routine: str
     fail_code: int = 0
+
+    def head(self) -> str:
+        return f"call {self.fn}({', '.join(map(str, self.args))})"
 
 
 @dataclass
@@ -273,11 +362,17 @@ class Shared(Stmt):
     dtype: dt.DType
     size: int
 
+    def head(self) -> str:
+        return f"shared {self.name}: {self.dtype.short}[{self.size}]"
+
 
 @dataclass
 class Barrier(Stmt):
     """Every thread of the block waits here; the block's shared and global writes before it are
     visible to its threads after it."""
+
+    def head(self) -> str:
+        return "barrier"
 
 
 @dataclass
@@ -285,6 +380,7 @@ class BlockReduce(Stmt):
     """Declares `name`: `op`'s combine over `value` of every thread of the block, the same bits
     in every thread. The order is fixed (a shuffle tree inside each warp, then the warps' results
     in order through the shared array `scratch`), so the result is reproducible."""
+    exprs = ("value",)
     name: str
     dtype: dt.DType
     value: Expr
@@ -294,6 +390,13 @@ class BlockReduce(Stmt):
 
     def combine(self, acc: Expr, x: Expr) -> OpCall:
         return OpCall(self.op, "combine", (), self.compute, self.dtype, (acc, x))
+
+    def expressions(self) -> list:      # the combine too: its template's helpers are needed
+        return [self.value, self.combine(Var("a"), Var("b"))]
+
+    def head(self) -> str:
+        return (f"{self.name}: {self.dtype.short} = block_reduce.{self.op}({self.value}) "
+                f"via {self.scratch}")
 
 
 @dataclass
@@ -324,10 +427,7 @@ class TileKernel:
             static = sum(s.size * s.dtype.itemsize for s in self.body if isinstance(s, Shared))
             head += (f" launch{{grid={self.launch['grid']}, block={self.launch['block']}, "
                      f"shared={self.launch['shared']}+{static}B static}}")
-        lines = [head + " {"]
-        _print_block(self.body, lines, 1)
-        lines.append("}")
-        return "\n".join(lines)
+        return "\n".join([head + " {", *_printed(self.body, 1), "}"])
 
     def verify(self):
         names = {p.name for p in self.params}
@@ -490,85 +590,32 @@ def _check_expr(e, scope, bufs, kname):
         _check_expr(child, scope, bufs, kname)
 
 
-def _children(e):
-    if isinstance(e, Load):
-        return [e.index]
-    if isinstance(e, Bin):
-        return [e.a, e.b]
-    if isinstance(e, Cast):
-        return [e.e]
-    if isinstance(e, Select):
-        return [e.cond, e.a, e.b]
-    if isinstance(e, OpCall):
-        return list(e.args)
-    if isinstance(e, Addr):
-        return [] if e.index is None else [e.index]
-    return []
+def _children(e) -> list:
+    return _fields(e, type(e).children)
 
 
 def walk_exprs(stmts):
     """Every expression in a statement list, depth first."""
     for s in stmts:
-        if isinstance(s, Loop):
-            yield from walk_exprs(s.body)
-            continue
-        roots = {Decl: lambda s: [s.init], Assign: lambda s: [s.value],
-                 Store: lambda s: [s.index, s.value], VecLoad: lambda s: [s.index],
-                 VecStore: lambda s: [s.index, *s.values], If: lambda s: [s.cond],
-                 BlockReduce: lambda s: [s.value, s.combine(Var("a"), Var("b"))],
-                 Call: lambda s: list(s.args)}.get(type(s), lambda s: [])(s)
-        stack = list(roots)
+        stack = list(s.expressions())
         while stack:
             e = stack.pop()
             yield e
             stack.extend(_children(e))
-        if isinstance(s, If):
-            yield from walk_exprs(s.body)
-            yield from walk_exprs(s.orelse)
+        for name in s.blocks:
+            yield from walk_exprs(getattr(s, name))
 
 
-def _print_block(stmts, lines, depth):
-    pad = "  " * depth
+def all_statements(stmts):
+    """Every statement, nested ones included, in order."""
     for s in stmts:
-        if isinstance(s, Loop):
-            lines.append(f"{pad}for.{s.kind} {s.var} in 0..{s.extent} {{")
-            _print_block(s.body, lines, depth + 1)
-            lines.append(f"{pad}}}")
-        elif isinstance(s, Decl):
-            lines.append(f"{pad}{s.name}: {s.dtype.short} = {s.init}")
-        elif isinstance(s, Assign):
-            lines.append(f"{pad}{s.name} = {s.value}")
-        elif isinstance(s, Store):
-            lines.append(f"{pad}{s.buf}[{s.index}] = {s.value}")
-        elif isinstance(s, Workspace):
-            lines.append(f"{pad}workspace {s.name}: {s.dtype.short}[{s.size}] at +{s.offset}")
-        elif isinstance(s, Ticket):
-            lines.append(f"{pad}{s.name}: i32 = block_ticket(workspace[{s.counter}])")
-        elif isinstance(s, If):
-            lines.append(f"{pad}if {s.cond} {{")
-            _print_block(s.body, lines, depth + 1)
-            if s.orelse:
-                lines.append(f"{pad}}} else {{")
-                _print_block(s.orelse, lines, depth + 1)
-            lines.append(f"{pad}}}")
-        elif isinstance(s, VecLoad):
-            lines.append(f"{pad}{s.name}: {s.dtype.short}x{s.lanes} = vload {s.buf}[{s.index}]")
-        elif isinstance(s, VecStore):
-            lines.append(f"{pad}vstore {s.buf}[{s.index}] = "
-                         f"({', '.join(map(str, s.values))})")
-        elif isinstance(s, CheckIndex):
-            lines.append(f"{pad}check {s.name} in 0..{s.extent} else error {s.code}")
-        elif isinstance(s, Local):
-            lines.append(f"{pad}local {s.name}: {s.dtype.short}[{s.size}]")
-        elif isinstance(s, Call):
-            lines.append(f"{pad}call {s.fn}({', '.join(map(str, s.args))})")
-        elif isinstance(s, Shared):
-            lines.append(f"{pad}shared {s.name}: {s.dtype.short}[{s.size}]")
-        elif isinstance(s, Barrier):
-            lines.append(f"{pad}barrier")
-        elif isinstance(s, BlockReduce):
-            lines.append(f"{pad}{s.name}: {s.dtype.short} = block_reduce.{s.op}({s.value}) "
-                         f"via {s.scratch}")
+        yield s
+        for name in s.blocks:
+            yield from all_statements(getattr(s, name))
+
+
+def _printed(stmts, depth) -> list:
+    return [line for s in stmts for line in s.lines(depth)]
 
 
 def substitute(stmts, values: dict) -> list:
@@ -577,27 +624,23 @@ def substitute(stmts, values: dict) -> list:
     def ex(e):
         if isinstance(e, Var):
             return values.get(e.name, e)
-        kids = {f.name: getattr(e, f.name) for f in fields(e)} if is_dataclass(e) else {}
-        changed = {k: ex(v) for k, v in kids.items() if isinstance(v, Expr)}
-        if isinstance(e, OpCall):
-            changed["args"] = tuple(ex(a) for a in e.args)
+        changed = _replaced(e, type(e).children, ex)
         return replace(e, **changed) if changed else e
 
-    out = []
-    for s in stmts:
-        if isinstance(s, Loop):
-            extent = ex(s.extent) if isinstance(s.extent, Expr) else s.extent
-            out.append(Loop(s.var, extent, s.kind, substitute(s.body, values)))
-        elif isinstance(s, Call):
-            out.append(replace(s, args=tuple(ex(a) for a in s.args)))
-        elif isinstance(s, If):
-            out.append(If(ex(s.cond), substitute(s.body, values), substitute(s.orelse, values),
-                          s.uniform))
-        elif isinstance(s, VecStore):
-            out.append(VecStore(s.buf, ex(s.index), tuple(ex(v) for v in s.values)))
-        else:
-            out.append(replace(s, **{f.name: ex(getattr(s, f.name)) for f in fields(s)
-                                     if isinstance(getattr(s, f.name), Expr)}))
+    return [replace(s, **_replaced(s, s.exprs, ex),
+                    **{name: substitute(getattr(s, name), values) for name in s.blocks})
+            for s in stmts]
+
+
+def _replaced(node, names, ex) -> dict:
+    """{field: new value} for the expression fields `names` of node, each expression mapped."""
+    out = {}
+    for name in names:
+        v = getattr(node, name)
+        if isinstance(v, tuple):
+            out[name] = tuple(ex(x) if isinstance(x, Expr) else x for x in v)
+        elif isinstance(v, Expr):
+            out[name] = ex(v)
     return out
 
 

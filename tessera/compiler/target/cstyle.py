@@ -23,7 +23,7 @@ from ... import dtypes as dt
 from ...ops import registry as R
 from ..tile_ir import (Addr, Aligned, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, If, Load,
                        Local, Loop, OpCall, Select, Shared, Store, TileKernel, TileProgram, Var,
-                       walk_exprs)
+                       all_statements, walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
@@ -305,14 +305,3 @@ def routine_keys(program: TileProgram) -> list[str]:
             if isinstance(s, Call) and s.routine not in keys:
                 keys.append(s.routine)
     return keys
-
-
-def all_statements(stmts):
-    """Every statement, nested ones included, in order."""
-    for s in stmts:
-        yield s
-        if isinstance(s, Loop):
-            yield from all_statements(s.body)
-        elif isinstance(s, If):
-            yield from all_statements(s.body)
-            yield from all_statements(s.orelse)

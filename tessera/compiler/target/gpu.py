@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from ... import dtypes as dt
 from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, Ticket, TileKernel,
-                       TileProgram, Var, VecLoad, VecStore, Workspace)
+                       TileProgram, Var, VecLoad, VecStore, Workspace, all_statements)
 from ..strategies import routine_owner
-from .cstyle import CStyleRenderer, all_statements
+from .cstyle import CStyleRenderer
 
 FULL_MASK = "0xffffffffu"
 
