@@ -1,5 +1,5 @@
 """Tessera: a notebook-first deep-learning compiler. The public surface; no logic lives here."""
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 from . import dtypes, errors, op  # noqa: E402
 from . import graph  # noqa: E402

@@ -1,7 +1,8 @@
 """The generated sources, held still: for every case of the GPU code-generation corpus (every
 registered operator in every dtype it takes, and each strategy's shapes), the C of the CPU
 program, the CUDA and HIP programs, their printed Schedule IR and Tile IR, every CPU routine
-library, each kernel's knobs and its autotuning space, and the user-schedule path. Their SHA-256 digests are recorded in
+library, each kernel's knobs and its autotuning space, the user-schedule path, and the
+gradient of every differentiable operator (its Graph IR and CUDA). Their SHA-256 digests are recorded in
 generated_sources.json beside this file.
 
 A refactor of the compiler must leave every digest alone. A change that means to alter the
@@ -15,6 +16,7 @@ The case data is fresh and random, but no source depends on it: only on shapes, 
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import tessera as ts  # noqa: E402
+from tessera import ops  # noqa: E402
 from tessera.compiler.lower import lower_schedule  # noqa: E402
 from tessera.compiler.lower import lower_schedule_gpu  # noqa: E402
 from tessera.compiler.pipeline import prepare  # noqa: E402
@@ -32,6 +35,7 @@ from tessera.compiler.target.c import render_c, routine_library_source  # noqa: 
 from tessera.compiler.target.gpu import render_cuda, render_hip  # noqa: E402
 
 from test_gpu_codegen import graph, registry_cases, strategy_cases  # noqa: E402
+from test_registry import EXAMPLES  # noqa: E402
 
 RECORD = Path(__file__).with_name("generated_sources.json")
 LEVEL = "x86-64-v3"
@@ -79,6 +83,34 @@ def texts():
                 out[f"{name}/schedule{i}"] = render_c(lower_schedule(s).verify(), LEVEL)
     for key in ROUTINES:
         out[f"routine/{key}"] = routine_library_source(key)
+    out.update(gradient_texts(rng))
+    return out
+
+
+def gradient_texts(rng) -> dict:
+    """The gradient of every differentiable operator's example (summed to a scalar, with
+    respect to every float argument): its Graph IR and its CUDA (lowered, not compiled)."""
+    out = {}
+    for name in sorted(ops.REGISTRY):
+        make, attrs = EXAMPLES[name]
+        opdef = ops.get(name)
+        if not opdef.differentiable or opdef.nin == -1:
+            continue
+        args = [np.asarray(a) for a in make(rng)]
+        floats = tuple(i for i, a in enumerate(args) if a.dtype.kind == "f")
+        if not floats:
+            continue
+        params = ", ".join(f"x{i}" for i in range(len(args)))
+        f = eval(f"lambda {params}: ts.op.sum(apply({params}))",
+                 {"ts": ts, "apply": lambda *xs: ts.trace.apply(name, *xs, **attrs)})
+        try:
+            prog = ts.grad(ts.function(f), argnums=floats).lower(*args, target="cuda")
+        except ts.DifferentiationError:
+            continue                # an integer result (argmax, comparisons): no gradient
+        # (each node names the line it came from: this file's lines move as it is edited)
+        out[f"grad-{name}/graph-ir"] = re.sub(rf"{Path(__file__).name}:\d+", "here",
+                                              str(prog.graph_ir))
+        out[f"grad-{name}/cuda"] = prog.target_code
     return out
 
 

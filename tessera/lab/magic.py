@@ -92,7 +92,7 @@ class TesseraMagics(Magics):
 
     def _line(self, args, sizes, options):
         if not args.function:
-            from .. import __version__
+            from ..version import __version__
             from ..compiler.pipeline import available_targets
             print(f"tessera {__version__}: targets on this machine: "
                   f"{', '.join(available_targets())}")

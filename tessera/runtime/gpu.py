@@ -93,7 +93,7 @@ def device_arch(cupy) -> str:
 def ptx_path(source: str, arch: str) -> Path:
     """Where the PTX of `source` for `arch` lives: the kernel cache, keyed by everything that
     changes the PTX (or a directory of this process's own under TESSERA_NO_CACHE=1)."""
-    from .. import __version__
+    from ..version import __version__
     from .gpu_toolchain import nvrtc_version
     key = hashlib.sha256("\0".join([source, arch, nvrtc_version(), *NVRTC_OPTIONS,
                                     str(cache.SCHEMA_VERSION), __version__]).encode())

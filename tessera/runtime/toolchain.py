@@ -14,7 +14,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 from ..errors import CompileError, CompilerNotFoundError, first_user_frame
 from . import cache, isa
 

@@ -23,7 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 from ..errors import first_user_frame
 from . import cache
 

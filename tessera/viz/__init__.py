@@ -15,7 +15,8 @@ imported by the functions that need them. Every HTML and SVG text is the same fo
 from .code import highlight_html
 from .figures import autotune_figure, figure_png, figure_svg, profile_figure, roofline_figure
 from .graph import graph_dot
-from .svg import graph_svg, save_svg
+from .save import save_svg
+from .svg import graph_svg
 from .tables import (autotune_rows, autotune_table, html_table, profile_rows, profile_table,
                      schedule_rows, schedule_table)
 

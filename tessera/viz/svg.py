@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import warnings
 from html import escape
-from pathlib import Path
 
 from ..errors import ArgumentError, BackendUnavailableError
 from .graph import FILL, RED, Drawing, drawing, to_dot
@@ -64,20 +63,6 @@ def graph_svg(obj, *, layout: str | None = None, timeout: float = DOT_TIMEOUT_S,
     warnings.warn(f"tessera.viz: dot failed ({why}); drawing with the built-in layout",
                   RuntimeWarning, stacklevel=2)
     return layout_svg(d)
-
-
-def save_svg(obj, path, **kw) -> Path:
-    """Write graph_svg(obj, **kw) to path (a matplotlib Figure: figure_svg(obj)), atomically:
-    a reader sees the old file or the new one, never a part. Returns the path."""
-    from ..runtime.cache import atomic_write
-    if hasattr(obj, "savefig"):
-        from .figures import figure_svg
-        text = figure_svg(obj)
-    else:
-        text = graph_svg(obj, **kw)
-    path = Path(path)
-    atomic_write(path, text.encode())
-    return path
 
 
 # ---- the built-in layout -------------------------------------------------------------------------
