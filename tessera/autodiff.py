@@ -38,7 +38,7 @@ from .compiler import autodiff as _ad
 from .errors import ArgumentError, DifferentiationError, GradientCheckError
 from .function import Function, _def_location, _TreeArg, evaluate_graph
 from .shapes import same
-from .trace import Traced, apply, current_trace
+from .trace import Traced, apply, current_trace, user_location
 from .types import type_of_array
 
 __all__ = ["grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad"]
@@ -153,12 +153,20 @@ def _float_leaf(x) -> bool:
     return isinstance(x, Traced) and x.dtype.is_float
 
 
+def _backward(trace, start, end, outputs, seeds, wrt, fname) -> list:
+    """compiler.autodiff.backward on this trace's graph: Traced in, Traced (or None) out."""
+    cts = _ad.backward(trace.graph, start, end, [o._value for o in outputs],
+                       [None if s is None else s._value for s in seeds],
+                       [w._value for w in wrt], fname, loc=user_location())
+    return [None if c is None else Traced(c, trace) for c in cts]
+
+
 def _gradients(trace, start, end, outputs, seeds, trees, fname):
     """Cotangents of every float leaf of ``trees`` (pytrees of Traced), as trees of the same
     structure (None where a leaf has no gradient)."""
     flat = [(leaves, td) for leaves, td in map(pytree.flatten, trees)]
     wrt = [x for leaves, _ in flat for x in leaves if _float_leaf(x)]
-    cts = iter(_ad.backward(trace, start, end, outputs, seeds, wrt, fname))
+    cts = iter(_backward(trace, start, end, outputs, seeds, wrt, fname))
     return [_fill(leaves, td, cts) for leaves, td in flat]
 
 
@@ -379,7 +387,7 @@ def _make_jvp(fn, n):
         us = [_full_like(x, 0) for x in outs]          # any point: the vjp map is linear in u
         mid = len(g.nodes)
         wrt = [x for p in primals for x in pytree.leaves(p) if _float_leaf(x)]
-        cts = _ad.backward(trace, start, end, outs, us, wrt, fname)          # J^T u
+        cts = _backward(trace, start, end, outs, us, wrt, fname)          # J^T u
         stop = len(g.nodes)
         pairs = []                                      # (primal leaf, its tangent), as wrt
         for k, p in enumerate(primals):
@@ -391,7 +399,7 @@ def _make_jvp(fn, n):
             if c is not None and t is not None:
                 outs2.append(c)
                 seeds2.append(_seed(t, x, "tangent", fname))
-        jt = _ad.backward(trace, mid, stop, outs2, seeds2, us, fname)   # J t
+        jt = _backward(trace, mid, stop, outs2, seeds2, us, fname)   # J t
         return out, _fill(leaves, td, jt)
 
     return Transformed(body, fn, f"jvp_{fname}", sig, names[:n])

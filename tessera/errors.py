@@ -136,3 +136,15 @@ class DifferentiationError(TesseraError):
 
 class GradientCheckError(TesseraError, AssertionError):
     """``tessera.check_grad`` found a gradient that disagrees with finite differences."""
+
+
+def enrich(err: TesseraError, *, function=None, location=None, op=None) -> TesseraError:
+    """The error with what it did not know yet filled in: the function, the line, the operator."""
+    if err.function is None and function:
+        err.function = function
+    if err.location is None and location is not None:
+        err.location = location
+    if err.op is None and op:
+        err.op = op
+    err.args = (err._format(),)         # repr() and pickling see the whole message
+    return err

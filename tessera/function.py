@@ -29,13 +29,13 @@ from . import dtypes as dt
 from . import pytree
 from .compiler.graph_ir import Graph, SourceLocation
 from .errors import (_PKG_DIR, ArgumentError, DTypeError, RankError, RuntimeFault, ShapeError,
-                     SymbolicValueError, SymbolMismatchError, TesseraError)
+                     SymbolicValueError, SymbolMismatchError, TesseraError, enrich)
 from .ops.registry import run_reference
 from .runtime import cache
 from .runtime.isa import ENV as CPU_TARGET_ENV
 from .schedule import Schedule
 from .shapes import Sym, evaluate, fmt_shape, same
-from .trace import Trace, Traced, enrich, frame_location, tracing
+from .trace import Trace, Traced, frame_location, tracing
 from .types import TensorType, spec_of, type_of_array
 
 

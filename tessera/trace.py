@@ -15,9 +15,9 @@ import numpy as np
 from . import dtypes as dt
 from . import ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
-from .ops.registry import run_reference
+from .ops.registry import is_scalar, operand_dtypes, run_reference
 from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
-                     TesseraError, TracingError, first_user_frame)
+                     TesseraError, TracingError, enrich, first_user_frame)
 from .types import TensorType, type_of_array
 
 _state = threading.local()
@@ -57,21 +57,6 @@ def tracing(trace: Trace):
         yield trace
     finally:
         stack.pop()
-
-
-def enrich(err: TesseraError, *, function=None, location=None, op=None) -> TesseraError:
-    if err.function is None and function:
-        err.function = function
-    if err.location is None and location is not None:
-        err.location = location
-    if err.op is None and op:
-        err.op = op
-    err.args = (err._format(),)         # repr() and pickling see the whole message
-    return err
-
-
-def is_scalar(x) -> bool:
-    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
 class Traced:
@@ -241,14 +226,6 @@ def apply(name: str, *args, **attrs):
     return _apply_eager(opdef, flat, attrs)
 
 
-def _operand_dtypes(opdef, items, attrs):
-    """Resolve promotion: what dtype each operand is converted to before the op."""
-    if opdef.dtype_rule is None:
-        return None
-    operand, _ = opdef.dtype_rule(items, {**opdef.attrs, **attrs, "_op": opdef.name})
-    return operand
-
-
 def _apply_traced(trace: Trace, opdef, args, attrs):
     loc = user_location()
     g = trace.graph
@@ -261,7 +238,7 @@ def _apply_traced(trace: Trace, opdef, args, attrs):
                 items.append(a)
             else:
                 items.append(g.const(_as_array(a), loc=loc))
-        want = _operand_dtypes(opdef, [v.type.dtype if isinstance(v, Value) else v for v in items],
+        want = operand_dtypes(opdef, [v.type.dtype if isinstance(v, Value) else v for v in items],
                                attrs)
         values = []
         for k, v in enumerate(items):
@@ -292,7 +269,7 @@ def _as_array(a) -> np.ndarray:
 def _apply_eager(opdef, args, attrs):
     try:
         items = [a if is_scalar(a) else _as_array(a) for a in args]
-        want = _operand_dtypes(opdef, [dt.from_numpy(x.dtype) if isinstance(x, np.ndarray) else x
+        want = operand_dtypes(opdef, [dt.from_numpy(x.dtype) if isinstance(x, np.ndarray) else x
                                        for x in items], attrs)
         arrays = []
         for k, x in enumerate(items):

@@ -1,11 +1,12 @@
 """Reverse-mode automatic differentiation as a Graph IR transform.
 
-``backward`` differentiates the nodes that one call added to a graph being traced: it walks
-them from the outputs back to the arguments, calls each operator's adjoint rule (the ``vjp`` of
-its registry entry), and accumulates the cotangents. The rules build their nodes with the same
-tracer, into the same graph, so the backward graph is ordinary Graph IR: it prints with the
-forward graph, compiles through the same pipeline and fuses like anything else; and the backward
-nodes have adjoints themselves, which is what makes grad of grad work.
+``backward`` differentiates a range of a graph's nodes (those one call added to a graph being
+traced, or a whole imported graph): it walks them from the outputs back to the arguments, calls
+each operator's adjoint rule (the ``vjp`` of its registry entry) with a Builder writing into the
+same graph, and accumulates the cotangents. So the backward graph is ordinary Graph IR: it prints
+with the forward graph, compiles through the same pipeline and fuses like anything else; and the
+backward nodes have adjoints themselves, which is what makes grad of grad work. No tracer is
+needed: any Graph can be differentiated.
 
 Decisions:
 * Only the nodes in ``graph.nodes[start:end]`` are differentiated; anything made before
@@ -28,43 +29,45 @@ Decisions:
 """
 from __future__ import annotations
 
-from ..errors import DifferentiationError, TesseraError
+from ..errors import DifferentiationError, TesseraError, enrich
 from ..ops.registry import sum_to
+from .graph_ir import Builder, Graph, Value
 
 
-def is_float(t) -> bool:
-    return t.type.dtype.is_float
+def is_float(v: Value) -> bool:
+    return v.type.dtype.is_float
 
 
-def fit(ct, value_type):
+def fit(b: Builder, ct: Value, value_type) -> Value:
     """A cotangent in its value's shape and dtype."""
-    from ..trace import apply
-    ct = sum_to(ct, value_type.shape)
+    ct = sum_to(b, ct, value_type.shape)
     if ct.dtype != value_type.dtype:
-        ct = apply("cast", ct, dtype=value_type.dtype.name)
+        ct = b.op("cast", ct, dtype=value_type.dtype.name)
     return ct
 
 
-def backward(trace, start: int, end: int, outputs, cotangents, wrt, function: str | None = None):
-    """Cotangents of ``wrt`` (Traced values made before ``start``) given ``cotangents`` of
-    ``outputs``, through the nodes ``trace.graph.nodes[start:end]``. Returns one Traced per
-    ``wrt`` item, or None where no path leads from it to an output (the caller picks zeros)."""
-    from ..trace import Traced, apply, enrich
-    g = trace.graph
+def backward(g: Graph, start: int, end: int, outputs, cotangents, wrt, function: str | None = None,
+             loc=None) -> list:
+    """Cotangents of ``wrt`` (values made before ``start``) given ``cotangents`` of ``outputs``
+    (Graph IR values), through the nodes ``g.nodes[start:end]``. Returns one value per ``wrt``
+    item, or None where no path leads from it to an output (the caller picks zeros). The nodes
+    made for the outputs' cotangents carry ``loc``; every other backward node, the location of
+    the forward node it differentiates."""
     nodes = g.nodes[start:end]
-    active = {w._value.id for w in wrt if is_float(w._value)}
+    active = {w.id for w in wrt if is_float(w)}
     for n in nodes:
         if n.inputs and is_float(n.out) and any(v.id in active for v in n.inputs):
             active.add(n.out.id)
     ct: dict = {}
 
-    def accumulate(v, c):
+    def accumulate(b, v, c):
         prev = ct.get(v.id)
-        ct[v.id] = c if prev is None else apply("add", prev, c)
+        ct[v.id] = c if prev is None else b.op("add", prev, c)
 
+    seed = Builder(g, loc)
     for o, c in zip(outputs, cotangents):
-        if c is not None and o._value.id in active:
-            accumulate(o._value, fit(c, o.type))
+        if c is not None and o.id in active:
+            accumulate(seed, o, fit(seed, c, o.type))
     for n in reversed(nodes):
         gy = ct.pop(n.out.id, None)
         if gy is None:
@@ -75,28 +78,25 @@ def backward(trace, start: int, end: int, outputs, cotangents, wrt, function: st
                 continue
             raise DifferentiationError(
                 f"{n.op} has no adjoint rule, so this function cannot be differentiated through "
-                "it", function=function or trace.function_name, location=n.loc, op=n.op,
+                "it", function=function, location=n.loc, op=n.op,
                 hint=f"give the {n.op} entry of the operator registry a vjp (in "
                      f"tessera/ops/), written with other operators")
         before = len(g.nodes)
+        b = Builder(g, n.loc)
         try:
-            res = opdef.vjp([Traced(v, trace) for v in n.inputs], Traced(n.out, trace), gy,
-                            n.attrs)
+            res = opdef.vjp(b, list(n.inputs), n.out, gy, n.attrs)
             if len(res) != len(n.inputs):
                 raise DifferentiationError(f"the adjoint of {n.op} returned {len(res)} "
                                            f"cotangents for {len(n.inputs)} operands")
             touched = []
             for v, r in zip(n.inputs, res):
                 if r is not None and v.id in active:
-                    accumulate(v, fit(r, v.type))
+                    accumulate(b, v, fit(b, r, v.type))
                     touched.append(v.id)
         except TesseraError as e:
-            raise enrich(e, function=function or trace.function_name, location=n.loc,
-                         op=n.op) from None
-        _prune(g, before, {ct[i]._value.id for i in touched})
-        for m in g.nodes[before:]:
-            m.loc = n.loc
-    return [ct.get(w._value.id) for w in wrt]
+            raise enrich(e, function=function, location=n.loc, op=n.op) from None
+        _prune(g, before, {ct[i].id for i in touched})
+    return [ct.get(w.id) for w in wrt]
 
 
 def _prune(g, before: int, roots: set):

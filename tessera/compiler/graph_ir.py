@@ -47,6 +47,19 @@ class Value:
     def __repr__(self):
         return f"<Value {self.param_name or self.id}: {self.type}>"
 
+    # what rules read of a value (as of a traced tensor)
+    @property
+    def dtype(self):
+        return self.type.dtype
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.type.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.type.shape)
+
 
 class Node:
     __slots__ = ("op", "inputs", "attrs", "out", "loc", "origin")
@@ -266,16 +279,38 @@ def format_attrs(attrs: dict) -> str:
 
 
 class Builder:
-    """What a decomposition writes with: ops added at one location, marked with their origin."""
+    """What decompositions and adjoint rules write Graph IR with: operators added to one graph at
+    one location, marked with their origin. Python numbers among the operands become constants
+    and operands are converted as the operator's promotion rule asks, as in a traced call."""
 
     def __init__(self, graph: Graph, loc=None, origin=None):
         self.graph, self.loc, self.origin = graph, loc, origin
 
-    def op(self, name, *inputs, **attrs) -> Value:
-        return self.graph.apply(name, inputs, attrs, loc=self.loc, origin=self.origin)
+    def op(self, name, *args, **attrs) -> Value:
+        opdef = ops.get(name)
+        listed = opdef.nin == -1 and len(args) == 1 and isinstance(args[0], (list, tuple))
+        items = [v if isinstance(v, Value) or ops.registry.is_scalar(v) else
+                 self.graph.const(v, loc=self.loc, origin=self.origin)
+                 for v in (args[0] if listed else args)]
+        want = ops.registry.operand_dtypes(
+            opdef, [v.type.dtype if isinstance(v, Value) else v for v in items], attrs)
+        values = []
+        for k, v in enumerate(items):
+            if not isinstance(v, Value):
+                v = self.graph.const(v, want[k] if want is not None else None, loc=self.loc,
+                                     origin=self.origin)
+            elif want is not None and v.type.dtype != want[k]:
+                v = self.graph.apply("cast", [v], {"dtype": want[k].name}, loc=self.loc,
+                                     origin=self.origin)
+            values.append(v)
+        return self.graph.apply(name, values, attrs, loc=self.loc, origin=self.origin)
 
     def const(self, value, dtype) -> Value:
         return self.graph.const(value, dtype, loc=self.loc, origin=self.origin)
+
+    def const_like(self, value, like: Value) -> Value:
+        """A rank-0 constant in ``like``'s dtype."""
+        return self.const(np.asarray(value, dtype=like.type.dtype.np), None)
 
     @staticmethod
     def type(v: Value) -> TensorType:

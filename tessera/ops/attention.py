@@ -13,7 +13,7 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError, SymbolicValueError
 from ..shapes import same
 from ..types import TensorType
-from .registry import (Attention, OpDef, ad, broadcast_shapes, dim_value, ref_errstate,
+from .registry import (Attention, OpDef, broadcast_shapes, dim_value, ref_errstate,
                        register)
 
 
@@ -89,7 +89,7 @@ def _reference(xs, a):
     return (p @ v64).astype(f)
 
 
-def _vjp(xs, y, g, a):
+def _vjp(b, xs, y, g, a):
     """The attention backward with ordinary operators. For now it recomputes the probabilities
     P = softmax(scale q k^T + mask) and materialises them (Sq x Sk per batch entry), as the
     reference does (a query that sees no key has P = 0); a blockwise backward kernel that
@@ -100,9 +100,9 @@ def _vjp(xs, y, g, a):
     q, k, v, mask = xs
     scale = a["scale"]
     if scale is None:                          # only with a symbolic feature size
-        scale = ad("rsqrt", dim_value(q.shape[-1], g))
-    s = ad("mul", ad("matmul", q, ad("transpose", k)), scale)
-    s = ad("add", s, ad("cast", mask, dtype=g.dtype.name))
+        scale = b.op("rsqrt", dim_value(b, q.shape[-1], g))
+    s = b.op("mul", b.op("matmul", q, b.op("transpose", k)), scale)
+    s = b.op("add", s, b.op("cast", mask, dtype=g.dtype.name))
     if a["causal"]:
         sq, sk = s.shape[-2], s.shape[-1]
         if not (isinstance(sq, int) and isinstance(sk, int)):
@@ -110,17 +110,17 @@ def _vjp(xs, y, g, a):
                                      "lengths", received=str(y.type),
                                      hint="trace with concrete sizes (call it, or "
                                           ".lower(*arrays))")
-        s = ad("where", causal_keep(sq, sk), s, -math.inf)
-    m = ad("max", s, axis=[-1], keepdim=True)
-    m = ad("where", ad("eq", m, -math.inf), 0.0, m)          # a row without keys: exp gives 0
-    e = ad("exp", ad("sub", s, m))
-    z = ad("sum", e, axis=[-1], keepdim=True)
-    p = ad("div", e, ad("where", ad("gt", z, 0.0), z, 1.0))
-    dv = ad("matmul", ad("transpose", p), g)
-    dp = ad("matmul", g, ad("transpose", v))
-    ds = ad("mul", p, ad("sub", dp, ad("sum", ad("mul", dp, p), axis=[-1], keepdim=True)))
-    dq = ad("mul", ad("matmul", ds, k), scale)
-    dk = ad("mul", ad("matmul", ad("transpose", ds), q), scale)
+        s = b.op("where", causal_keep(sq, sk), s, -math.inf)
+    m = b.op("max", s, axis=[-1], keepdim=True)
+    m = b.op("where", b.op("eq", m, -math.inf), 0.0, m)          # a row without keys: exp gives 0
+    e = b.op("exp", b.op("sub", s, m))
+    z = b.op("sum", e, axis=[-1], keepdim=True)
+    p = b.op("div", e, b.op("where", b.op("gt", z, 0.0), z, 1.0))
+    dv = b.op("matmul", b.op("transpose", p), g)
+    dp = b.op("matmul", g, b.op("transpose", v))
+    ds = b.op("mul", p, b.op("sub", dp, b.op("sum", b.op("mul", dp, p), axis=[-1], keepdim=True)))
+    dq = b.op("mul", b.op("matmul", ds, k), scale)
+    dk = b.op("mul", b.op("matmul", b.op("transpose", ds), q), scale)
     return [dq, dk, dv, ds]
 
 

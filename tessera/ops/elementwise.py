@@ -8,7 +8,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..errors import DTypeError
 from . import cmath
-from .registry import (REGISTRY, Elementwise, OpDef, ad, broadcast_shapes, check_no_bool,
+from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool,
                        ref_errstate, register)
 from ..types import TensorType
 
@@ -223,69 +223,69 @@ for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("
 # Cotangents keep the output's (broadcast) shape; the autodiff pass sums them back to each
 # input's shape. Conventions at kinks: abs'(0) = 0, relu'(0) = 0, and maximum/minimum give a tie
 # to the first operand.
-def _gelu_vjp(xs, y, g, a):
+def _gelu_vjp(b, xs, y, g, a):
     x = xs[0]
     if a["approximate"] == "tanh":                  # y = x/2 (1 + t), t = tanh(c (x + k x^3))
         c, k = math.sqrt(2 / math.pi), 0.044715
-        t = ad("tanh", ad("mul", ad("add", x, ad("mul", ad("mul", ad("mul", x, x), x), k)), c))
-        du = ad("mul", ad("add", ad("mul", ad("mul", x, x), 3 * k), 1.0), c)
-        d = ad("add", ad("mul", ad("add", t, 1.0), 0.5),
-               ad("mul", ad("mul", ad("mul", x, 0.5), ad("sub", 1.0, ad("mul", t, t))), du))
+        t = b.op("tanh", b.op("mul", b.op("add", x, b.op("mul", b.op("mul", b.op("mul", x, x), x), k)), c))
+        du = b.op("mul", b.op("add", b.op("mul", b.op("mul", x, x), 3 * k), 1.0), c)
+        d = b.op("add", b.op("mul", b.op("add", t, 1.0), 0.5),
+               b.op("mul", b.op("mul", b.op("mul", x, 0.5), b.op("sub", 1.0, b.op("mul", t, t))), du))
     else:                                           # Phi(x) + x phi(x)
-        cdf = ad("mul", ad("add", ad("erf", ad("mul", x, 1 / math.sqrt(2))), 1.0), 0.5)
-        pdf = ad("mul", ad("exp", ad("mul", ad("mul", x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
-        d = ad("add", cdf, ad("mul", x, pdf))
-    return [ad("mul", g, d)]
+        cdf = b.op("mul", b.op("add", b.op("erf", b.op("mul", x, 1 / math.sqrt(2))), 1.0), 0.5)
+        pdf = b.op("mul", b.op("exp", b.op("mul", b.op("mul", x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
+        d = b.op("add", cdf, b.op("mul", x, pdf))
+    return [b.op("mul", g, d)]
 
 
-def _silu_vjp(xs, y, g, a):                          # s (1 + x (1 - s))
-    s = ad("sigmoid", xs[0])
-    return [ad("mul", g, ad("mul", s, ad("add", ad("mul", xs[0], ad("sub", 1.0, s)), 1.0)))]
+def _silu_vjp(b, xs, y, g, a):                          # s (1 + x (1 - s))
+    s = b.op("sigmoid", xs[0])
+    return [b.op("mul", g, b.op("mul", s, b.op("add", b.op("mul", xs[0], b.op("sub", 1.0, s)), 1.0)))]
 
 
-def _pow_vjp(xs, y, g, a):
+def _pow_vjp(b, xs, y, g, a):
     base, e = xs
-    d_base = ad("mul", g, ad("mul", e, ad("pow", base, ad("sub", e, 1))))
+    d_base = b.op("mul", g, b.op("mul", e, b.op("pow", base, b.op("sub", e, 1))))
     # d/de = y log(base); log(1) where base == 0 so 0^e gives 0, not 0 * -inf (as JAX does)
-    d_exp = ad("mul", g, ad("mul", y, ad("log", ad("where", ad("eq", base, 0), 1.0, base))))
+    d_exp = b.op("mul", g, b.op("mul", y, b.op("log", b.op("where", b.op("eq", base, 0), 1.0, base))))
     return [d_base, d_exp]
 
 
-def _erf_slope(x):                                  # 2/sqrt(pi) exp(-x^2)
-    return ad("mul", ad("exp", ad("neg", ad("mul", x, x))), 2 / math.sqrt(math.pi))
+def _erf_slope(b, x):                                  # 2/sqrt(pi) exp(-x^2)
+    return b.op("mul", b.op("exp", b.op("neg", b.op("mul", x, x))), 2 / math.sqrt(math.pi))
 
 
-def _sign_select(x, g):                             # g sign(x), with sign(0) = 0
-    return ad("where", ad("gt", x, 0), g, ad("where", ad("lt", x, 0), ad("neg", g), 0))
+def _sign_select(b, x, g):                             # g sign(x), with sign(0) = 0
+    return b.op("where", b.op("gt", x, 0), g, b.op("where", b.op("lt", x, 0), b.op("neg", g), 0))
 
 
 _VJP = {
-    "neg": lambda xs, y, g, a: [ad("neg", g)],
-    "abs": lambda xs, y, g, a: [_sign_select(xs[0], g)],
-    "sqrt": lambda xs, y, g, a: [ad("div", g, ad("mul", y, 2))],
-    "sin": lambda xs, y, g, a: [ad("mul", g, ad("cos", xs[0]))],
-    "cos": lambda xs, y, g, a: [ad("neg", ad("mul", g, ad("sin", xs[0])))],
-    "exp": lambda xs, y, g, a: [ad("mul", g, y)],
-    "tanh": lambda xs, y, g, a: [ad("mul", g, ad("sub", 1.0, ad("mul", y, y)))],
-    "erf": lambda xs, y, g, a: [ad("mul", g, _erf_slope(xs[0]))],
-    "log": lambda xs, y, g, a: [ad("div", g, xs[0])],
-    "rsqrt": lambda xs, y, g, a: [ad("mul", g, ad("mul", ad("mul", ad("mul", y, y), y), -0.5))],
-    "sigmoid": lambda xs, y, g, a: [ad("mul", g, ad("mul", y, ad("sub", 1.0, y)))],
+    "neg": lambda b, xs, y, g, a: [b.op("neg", g)],
+    "abs": lambda b, xs, y, g, a: [_sign_select(b, xs[0], g)],
+    "sqrt": lambda b, xs, y, g, a: [b.op("div", g, b.op("mul", y, 2))],
+    "sin": lambda b, xs, y, g, a: [b.op("mul", g, b.op("cos", xs[0]))],
+    "cos": lambda b, xs, y, g, a: [b.op("neg", b.op("mul", g, b.op("sin", xs[0])))],
+    "exp": lambda b, xs, y, g, a: [b.op("mul", g, y)],
+    "tanh": lambda b, xs, y, g, a: [b.op("mul", g, b.op("sub", 1.0, b.op("mul", y, y)))],
+    "erf": lambda b, xs, y, g, a: [b.op("mul", g, _erf_slope(b, xs[0]))],
+    "log": lambda b, xs, y, g, a: [b.op("div", g, xs[0])],
+    "rsqrt": lambda b, xs, y, g, a: [b.op("mul", g, b.op("mul", b.op("mul", b.op("mul", y, y), y), -0.5))],
+    "sigmoid": lambda b, xs, y, g, a: [b.op("mul", g, b.op("mul", y, b.op("sub", 1.0, y)))],
     "silu": _silu_vjp,
     "gelu": _gelu_vjp,
-    "relu": lambda xs, y, g, a: [ad("where", ad("gt", xs[0], 0), g, 0)],
-    "add": lambda xs, y, g, a: [g, g],
-    "sub": lambda xs, y, g, a: [g, ad("neg", g)],
-    "mul": lambda xs, y, g, a: [ad("mul", g, xs[1]), ad("mul", g, xs[0])],
-    "div": lambda xs, y, g, a: [ad("div", g, xs[1]), ad("neg", ad("div", ad("mul", g, y), xs[1]))],
+    "relu": lambda b, xs, y, g, a: [b.op("where", b.op("gt", xs[0], 0), g, 0)],
+    "add": lambda b, xs, y, g, a: [g, g],
+    "sub": lambda b, xs, y, g, a: [g, b.op("neg", g)],
+    "mul": lambda b, xs, y, g, a: [b.op("mul", g, xs[1]), b.op("mul", g, xs[0])],
+    "div": lambda b, xs, y, g, a: [b.op("div", g, xs[1]), b.op("neg", b.op("div", b.op("mul", g, y), xs[1]))],
     "pow": _pow_vjp,
-    "maximum": lambda xs, y, g, a: [ad("where", ad("ge", xs[0], xs[1]), g, 0),
-                                    ad("where", ad("ge", xs[0], xs[1]), 0, g)],
-    "minimum": lambda xs, y, g, a: [ad("where", ad("le", xs[0], xs[1]), g, 0),
-                                    ad("where", ad("le", xs[0], xs[1]), 0, g)],
-    "where": lambda xs, y, g, a: [None, ad("where", xs[0], g, 0), ad("where", xs[0], 0, g)],
+    "maximum": lambda b, xs, y, g, a: [b.op("where", b.op("ge", xs[0], xs[1]), g, 0),
+                                    b.op("where", b.op("ge", xs[0], xs[1]), 0, g)],
+    "minimum": lambda b, xs, y, g, a: [b.op("where", b.op("le", xs[0], xs[1]), g, 0),
+                                    b.op("where", b.op("le", xs[0], xs[1]), 0, g)],
+    "where": lambda b, xs, y, g, a: [None, b.op("where", xs[0], g, 0), b.op("where", xs[0], 0, g)],
     # float -> float: the cotangent goes back in the input's dtype; from an integer: none
-    "cast": lambda xs, y, g, a: [ad("cast", g, dtype=xs[0].dtype.name)
+    "cast": lambda b, xs, y, g, a: [b.op("cast", g, dtype=xs[0].dtype.name)
                                  if xs[0].dtype.is_float else None],
 }
 for _op, _rule in _VJP.items():

@@ -7,7 +7,7 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, same
 from ..types import TensorType
-from .registry import Contract, OpDef, ad, broadcast_shapes, register, sum_to
+from .registry import Contract, OpDef, broadcast_shapes, register, sum_to
 
 
 def _matmul_infer(types, attrs):
@@ -68,31 +68,31 @@ def _matmul_normalize(types, attrs):
     return {"tile_shape": tile}
 
 
-def _rows(t):
-    return ad("reshape", t, shape=[-1, t.shape[-1]])
+def _rows(b, t):
+    return b.op("reshape", t, shape=[-1, t.shape[-1]])
 
 
-def _matmul_vjp(xs, y, g, attrs):
-    """da = g @ b^T, db = a^T @ g, a 1-D operand as a matrix with one row (a) or column (b);
+def _matmul_vjp(b, xs, y, g, attrs):
+    """da = g @ w^T, dw = a^T @ g, a 1-D operand as a matrix with one row (a) or column (w);
     batch axes that were broadcast are summed here, to the operand's shape."""
-    a, b = xs
-    a2 = a if a.ndim >= 2 else ad("reshape", a, shape=[1, a.shape[0]])
-    b2 = b if b.ndim >= 2 else ad("reshape", b, shape=[b.shape[0], 1])
+    a, w = xs
+    a2 = a if a.ndim >= 2 else b.op("reshape", a, shape=[1, a.shape[0]])
+    w2 = w if w.ndim >= 2 else b.op("reshape", w, shape=[w.shape[0], 1])
     shape = list(y.shape)
     if a.ndim == 1:
-        shape.insert(len(shape) - (b.ndim >= 2), 1)
-    if b.ndim == 1:
+        shape.insert(len(shape) - (w.ndim >= 2), 1)
+    if w.ndim == 1:
         shape.append(1)
-    g2 = ad("reshape", g, shape=shape) if len(shape) != g.ndim else g
-    da = sum_to(ad("matmul", g2, ad("transpose", b2)), a2.shape)
-    if b2.ndim == 2 and a2.ndim > 2:
+    g2 = b.op("reshape", g, shape=shape) if len(shape) != g.ndim else g
+    da = sum_to(b, b.op("matmul", g2, b.op("transpose", w2)), a2.shape)
+    if w2.ndim == 2 and a2.ndim > 2:
         # a weight applied to a batch of rows: contract the batch too, [K, B*M] @ [B*M, N]
         # (no per-batch products to sum afterwards)
-        db = ad("matmul", ad("transpose", _rows(a2)), _rows(g2))
+        dw = b.op("matmul", b.op("transpose", _rows(b, a2)), _rows(b, g2))
     else:
-        db = sum_to(ad("matmul", ad("transpose", a2), g2), b2.shape)
-    return [ad("reshape", da, shape=list(a.shape)) if a.ndim == 1 else da,
-            ad("reshape", db, shape=list(b.shape)) if b.ndim == 1 else db]
+        dw = sum_to(b, b.op("matmul", b.op("transpose", a2), g2), w2.shape)
+    return [b.op("reshape", da, shape=list(a.shape)) if a.ndim == 1 else da,
+            b.op("reshape", dw, shape=list(w.shape)) if w.ndim == 1 else dw]
 
 
 register(OpDef(

@@ -9,7 +9,7 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
 from ..errors import SymbolicValueError
-from .registry import (Concat, Gather, OpDef, View, ad, broadcast_shapes, norm_axis, register,
+from .registry import (Concat, Gather, OpDef, View, broadcast_shapes, norm_axis, register,
                        sum_to, zeros)
 
 
@@ -38,15 +38,15 @@ def _transpose_normalize(types, attrs):
     return {"perm": perm}
 
 
-def _transpose_vjp(xs, y, g, a):                 # the inverse permutation
+def _transpose_vjp(b, xs, y, g, a):                 # the inverse permutation
     inverse = [0] * len(a["perm"])
     for k, p in enumerate(a["perm"]):
         inverse[p] = k
-    return [ad("transpose", g, perm=inverse)]
+    return [b.op("transpose", g, perm=inverse)]
 
 
-def _reshape_back(xs, y, g, a):                   # reshape, expand_dims, squeeze
-    return [ad("reshape", g, shape=list(xs[0].shape))]
+def _reshape_back(b, xs, y, g, a):                   # reshape, expand_dims, squeeze
+    return [b.op("reshape", g, shape=list(xs[0].shape))]
 
 
 register(OpDef(
@@ -150,7 +150,7 @@ register(OpDef(
     normalize=lambda ts, a: {"shape": as_dims(a["shape"], "broadcast_to")},
     infer=_broadcast_to_infer,
     reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
-    lowering=View(_broadcast_strides), vjp=lambda xs, y, g, a: [sum_to(g, xs[0].shape)],
+    lowering=View(_broadcast_strides), vjp=lambda b, xs, y, g, a: [sum_to(b, g, xs[0].shape)],
     doc="repeat size-1 (and missing leading) axes"))
 
 
@@ -223,18 +223,18 @@ def _slice_ref(xs, a):
     return xs[0][idx].copy()
 
 
-def _slice_vjp(xs, y, g, a):
+def _slice_vjp(b, xs, y, g, a):
     """Scatter the cotangent back into zeros, axis by axis, with concat (there is no pad
     operator): a negative step reverses first, a step s > 1 interleaves s-1 zeros per element."""
     x = xs[0]
     if any(isinstance(d, int) and d == 0 for d in y.shape):
-        return [zeros(x)]
+        return [zeros(b, x)]
     for k, (n, s0, st) in enumerate(zip(x.shape, a["starts"], a["steps"])):
         length = g.shape[k]
         if st == 1 and same(s0, 0) and same(length, n):
             continue
         if st < 0:                                  # reversed: place it forward
-            g = ad("slice", g, starts=[None] * g.ndim, stops=[None] * g.ndim,
+            g = b.op("slice", g, starts=[None] * g.ndim, stops=[None] * g.ndim,
                    steps=[-1 if j == k else 1 for j in range(g.ndim)])
             s0, st = s0 + (length - 1) * st, -st
         span = length
@@ -242,20 +242,20 @@ def _slice_vjp(xs, y, g, a):
             shape = list(g.shape)
             wide = shape[:k + 1] + [1] + shape[k + 1:]
             gaps = shape[:k + 1] + [st - 1] + shape[k + 1:]
-            g = ad("concat", [ad("reshape", g, shape=wide), zeros(g, gaps)], axis=k + 1)
+            g = b.op("concat", [b.op("reshape", g, shape=wide), zeros(b, g, gaps)], axis=k + 1)
             span = (length - 1) * st + 1
-            g = ad("reshape", g, shape=shape[:k] + [length * st] + shape[k + 1:])
-            g = ad("slice", g, starts=[0 if j == k else None for j in range(g.ndim)],
+            g = b.op("reshape", g, shape=shape[:k] + [length * st] + shape[k + 1:])
+            g = b.op("slice", g, starts=[0 if j == k else None for j in range(g.ndim)],
                    stops=[span if j == k else None for j in range(g.ndim)], steps=[1] * g.ndim)
         # zeros before, then after: two concats of two operands each, never [z, g, z] with
         # z twice (equal zeros are one value after CSE, and a concat with a repeated operand
         # miscompiles: see tests/test_autodiff.py::test_concat_with_a_repeated_operand)
         before, after = s0, n - s0 - span
-        pad = lambda size: zeros(g, list(g.shape[:k]) + [size] + list(g.shape[k + 1:]))  # noqa
+        pad = lambda size: zeros(b, g, list(g.shape[:k]) + [size] + list(g.shape[k + 1:]))  # noqa
         if not same(before, 0):
-            g = ad("concat", [pad(before), g], axis=k)
+            g = b.op("concat", [pad(before), g], axis=k)
         if not same(after, 0):
-            g = ad("concat", [g, pad(after)], axis=k)
+            g = b.op("concat", [g, pad(after)], axis=k)
     return [g]
 
 
@@ -295,11 +295,11 @@ def _concat_infer(ts, a):
     return TensorType(d, ts[0].shape[:axis] + (total,) + ts[0].shape[axis + 1:])
 
 
-def _concat_vjp(xs, y, g, a):                    # each input's slab of the cotangent
+def _concat_vjp(b, xs, y, g, a):                    # each input's slab of the cotangent
     out, start, axis = [], 0, a["axis"]
     for x in xs:
         stop = start + x.shape[axis]
-        out.append(ad("slice", g, starts=[start if k == axis else None for k in range(g.ndim)],
+        out.append(b.op("slice", g, starts=[start if k == axis else None for k in range(g.ndim)],
                       stops=[stop if k == axis else None for k in range(g.ndim)],
                       steps=[1] * g.ndim))
         start = stop
@@ -334,7 +334,7 @@ def _take_ref(xs, a):
     return np.take(x, idx, axis=a["axis"])
 
 
-def _take_vjp(xs, y, g, a):
+def _take_vjp(b, xs, y, g, a):
     """Scatter-add of the cotangent rows into the table, as a one-hot matrix product
     (onehot(idx)^T @ g): exact and deterministic, but O(rows x indices) work, where a
     scatter-add operator with its own lowering would be O(indices). The indices get none."""
@@ -344,12 +344,12 @@ def _take_vjp(xs, y, g, a):
         raise SymbolicValueError(f"take's adjoint needs a concrete size on axis {axis}",
                                  received=str(x.type),
                                  hint="trace with concrete sizes (call it, or .lower(*arrays))")
-    idx = ad("where", ad("lt", idx, 0), ad("add", idx, n), idx)
-    onehot = ad("cast", ad("eq", ad("reshape", idx, shape=[-1, 1]),
+    idx = b.op("where", b.op("lt", idx, 0), b.op("add", idx, n), idx)
+    onehot = b.op("cast", b.op("eq", b.op("reshape", idx, shape=[-1, 1]),
                            np.arange(n, dtype=idx.dtype.np)), dtype=g.dtype.name)
     before, after = prod(list(x.shape[:axis])), prod(list(x.shape[axis + 1:]))
-    rows = ad("reshape", g, shape=[before, -1, after])
-    return [ad("reshape", ad("matmul", ad("transpose", onehot), rows), shape=list(x.shape)), None]
+    rows = b.op("reshape", g, shape=[before, -1, after])
+    return [b.op("reshape", b.op("matmul", b.op("transpose", onehot), rows), shape=list(x.shape)), None]
 
 
 register(OpDef(

@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..types import TensorType
 from ..errors import ShapeError
-from .registry import OpDef, ad, norm_axis, ref_errstate, register
+from .registry import OpDef, norm_axis, ref_errstate, register
 
 
 def _float_input(b, x):
@@ -64,16 +64,16 @@ def _softmax_ref(x, a):
     return e / e.sum(axis=a["axis"], keepdims=True)
 
 
-def _rowsum(t, a):
-    return ad("sum", t, axis=[a["axis"]], keepdim=True)
+def _rowsum(b, t, a):
+    return b.op("sum", t, axis=[a["axis"]], keepdim=True)
 
 
-def _rowmean(t, a):
-    return ad("mean", t, axis=[a["axis"]], keepdim=True)
+def _rowmean(b, t, a):
+    return b.op("mean", t, axis=[a["axis"]], keepdim=True)
 
 
-def _softmax_vjp(xs, y, g, a):                  # y (g - sum(g y))
-    return [ad("mul", y, ad("sub", g, _rowsum(ad("mul", g, y), a)))]
+def _softmax_vjp(b, xs, y, g, a):                  # y (g - sum(g y))
+    return [b.op("mul", y, b.op("sub", g, _rowsum(b, b.op("mul", g, y), a)))]
 
 
 register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
@@ -95,8 +95,8 @@ def _log_softmax_ref(x, a):
     return z - np.log(np.exp(z).sum(axis=a["axis"], keepdims=True))
 
 
-def _log_softmax_vjp(xs, y, g, a):              # g - softmax(x) sum(g), softmax = exp(y)
-    return [ad("sub", g, ad("mul", ad("exp", y), _rowsum(g, a)))]
+def _log_softmax_vjp(b, xs, y, g, a):              # g - softmax(x) sum(g), softmax = exp(y)
+    return [b.op("sub", g, b.op("mul", b.op("exp", y), _rowsum(b, g, a)))]
 
 
 register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
@@ -130,12 +130,12 @@ def _lse_ref(x, a):
     return out if a["keepdim"] else np.squeeze(out, axis=a["axis"])
 
 
-def _lse_vjp(xs, y, g, a):                      # g softmax(x) = g exp(x - y)
+def _lse_vjp(b, xs, y, g, a):                      # g softmax(x) = g exp(x - y)
     x = xs[0]
     if not a["keepdim"]:
         keep = [1 if k == a["axis"] else d for k, d in enumerate(x.shape)]
-        y, g = ad("reshape", y, shape=keep), ad("reshape", g, shape=keep)
-    return [ad("mul", g, ad("exp", ad("sub", x, y)))]
+        y, g = b.op("reshape", y, shape=keep), b.op("reshape", g, shape=keep)
+    return [b.op("mul", g, b.op("exp", b.op("sub", x, y)))]
 
 
 register(OpDef("logsumexp", "composite", 1, {"axis": -1, "keepdim": False}, infer=_lse_infer,
@@ -160,11 +160,11 @@ def _layernorm_ref(x, a):
     return (x - m) / np.sqrt(v + x.dtype.type(a["eps"]))
 
 
-def _layernorm_vjp(xs, y, g, a):
+def _layernorm_vjp(b, xs, y, g, a):
     """rstd (g - mean(g) - y mean(g y)), rstd = 1/sqrt(var + eps) recomputed from x."""
-    rstd = ad("rsqrt", ad("add", ad("var", xs[0], axis=[a["axis"]], keepdim=True), a["eps"]))
-    centred = ad("sub", ad("sub", g, _rowmean(g, a)), ad("mul", y, _rowmean(ad("mul", g, y), a)))
-    return [ad("mul", rstd, centred)]
+    rstd = b.op("rsqrt", b.op("add", b.op("var", xs[0], axis=[a["axis"]], keepdim=True), a["eps"]))
+    centred = b.op("sub", b.op("sub", g, _rowmean(b, g, a)), b.op("mul", y, _rowmean(b, b.op("mul", g, y), a)))
+    return [b.op("mul", rstd, centred)]
 
 
 register(OpDef("layernorm", "composite", 1, {"axis": -1, "eps": 1e-5}, infer=_same_shape_float,
@@ -183,11 +183,11 @@ def _rmsnorm_ref(x, a):
     return x / np.sqrt((x * x).mean(axis=a["axis"], keepdims=True) + x.dtype.type(a["eps"]))
 
 
-def _rmsnorm_vjp(xs, y, g, a):
+def _rmsnorm_vjp(b, xs, y, g, a):
     """r (g - y mean(g y)), r = 1/sqrt(mean(x x) + eps) recomputed from x."""
     x = xs[0]
-    r = ad("rsqrt", ad("add", _rowmean(ad("mul", x, x), a), a["eps"]))
-    return [ad("mul", r, ad("sub", g, ad("mul", y, _rowmean(ad("mul", g, y), a))))]
+    r = b.op("rsqrt", b.op("add", _rowmean(b, b.op("mul", x, x), a), a["eps"]))
+    return [b.op("mul", r, b.op("sub", g, b.op("mul", y, _rowmean(b, b.op("mul", g, y), a))))]
 
 
 register(OpDef("rmsnorm", "composite", 1, {"axis": -1, "eps": 1e-6}, infer=_same_shape_float,

@@ -8,7 +8,7 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import prod
 from ..types import TensorType
 from .elementwise import FMAX, FMIN
-from .registry import (ArgReduce, OpDef, Reduce, ad, count_value, keepdim_shape, norm_axes,
+from .registry import (ArgReduce, OpDef, Reduce, count_value, keepdim_shape, norm_axes,
                        norm_axis, register)
 
 REDUCE_ATTRS = {"axis": None, "keepdim": False}
@@ -55,22 +55,22 @@ def _np_axis(attrs):
 
 # Adjoints of reductions: the cotangent, reshaped to keepdim form, broadcasts back over the
 # reduced axes.
-def _kept(t, x, attrs):
+def _kept(b, t, x, attrs):
     """t (a reduction's output or its cotangent) with the reduced axes as size-1 axes."""
-    return t if attrs["keepdim"] else ad("reshape", t, shape=keepdim_shape(x.shape, attrs["axis"]))
+    return t if attrs["keepdim"] else b.op("reshape", t, shape=keepdim_shape(x.shape, attrs["axis"]))
 
 
-def _sum_vjp(xs, y, g, a):
-    return [ad("broadcast_to", _kept(g, xs[0], a), shape=list(xs[0].shape))]
+def _sum_vjp(b, xs, y, g, a):
+    return [b.op("broadcast_to", _kept(b, g, xs[0], a), shape=list(xs[0].shape))]
 
 
-def _extremum_vjp(xs, y, g, a):
+def _extremum_vjp(b, xs, y, g, a):
     """max/min: every element equal to the extremum shares the gradient equally (ties are
     rare with real data; the split is symmetric and deterministic, as PyTorch's amax does)."""
     x = xs[0]
-    hit = ad("eq", x, _kept(y, x, a))
-    count = ad("sum", ad("cast", hit, dtype=g.dtype.name), axis=a["axis"], keepdim=True)
-    return [ad("where", hit, ad("div", _kept(g, x, a), count), 0)]
+    hit = b.op("eq", x, _kept(b, y, x, a))
+    count = b.op("sum", b.op("cast", hit, dtype=g.dtype.name), axis=a["axis"], keepdim=True)
+    return [b.op("where", hit, b.op("div", _kept(b, g, x, a), count), 0)]
 
 
 register(OpDef(
@@ -144,10 +144,10 @@ def _mean_decompose(b, x, attrs):
     return b.op("div", s, b.const(_count(t, norm_axes(attrs["axis"], t)), f))
 
 
-def _mean_vjp(xs, y, g, a):
+def _mean_vjp(b, xs, y, g, a):
     x = xs[0]
-    n = count_value(x.shape, a["axis"], g)
-    return [ad("broadcast_to", ad("div", _kept(g, x, a), n), shape=list(x.shape))]
+    n = count_value(b, x.shape, a["axis"], g)
+    return [b.op("broadcast_to", b.op("div", _kept(b, g, x, a), n), shape=list(x.shape))]
 
 
 register(OpDef(
@@ -173,13 +173,13 @@ def _var_decompose(b, xs, attrs):
     return b.op("div", s, b.const(max(_count(t, axes) - attrs["correction"], 0), f))
 
 
-def _var_vjp(xs, y, g, a):
+def _var_vjp(b, xs, y, g, a):
     """2 (x - mean) / (n - correction), times the cotangent: not through the decomposition."""
     x = xs[0]
-    n = count_value(x.shape, a["axis"], g)
-    n = n - a["correction"] if isinstance(n, int) else ad("sub", n, a["correction"])
-    d = ad("sub", x, ad("mean", x, axis=a["axis"], keepdim=True))
-    return [ad("mul", d, ad("div", ad("mul", _kept(g, x, a), 2.0), n))]
+    n = count_value(b, x.shape, a["axis"], g)
+    n = n - a["correction"] if isinstance(n, int) else b.op("sub", n, a["correction"])
+    d = b.op("sub", x, b.op("mean", x, axis=a["axis"], keepdim=True))
+    return [b.op("mul", d, b.op("div", b.op("mul", _kept(b, g, x, a), 2.0), n))]
 
 
 register(OpDef(

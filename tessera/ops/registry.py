@@ -99,11 +99,11 @@ class OpDef:
     doc: str = ""
     differentiable: bool = True
     ufunc: str | None = None           # the NumPy ufunc it stands for (np.exp on a traced tensor)
-    # The adjoint: (input Traced values, output Traced, output cotangent Traced, attrs) -> one
-    # cotangent per input (None where there is none: indices, conditions). Written with `ad`
-    # (other operators), so the backward graph is ordinary Graph IR; a cotangent may keep the
-    # output's broadcast shape (the autodiff pass sums it back with `sum_to`). See
-    # tessera/compiler/autodiff.py.
+    # The adjoint: (builder, input values, output value, output cotangent, attrs) -> one
+    # cotangent per input (None where there is none: indices, conditions), written with the
+    # builder (b.op: other operators), as a decomposition is, so the backward graph is ordinary
+    # Graph IR and any graph can be differentiated; a cotangent may keep the output's broadcast
+    # shape (the autodiff pass sums it back with `sum_to`). See tessera/compiler/autodiff.py.
     vjp: Callable | None = None
     # A composite that computes (softmax, layernorm, mean, ...): on 16-bit inputs its
     # decomposition runs in float32 and its result is rounded once, as its reference is
@@ -238,29 +238,35 @@ def check_no_bool(d: dt.DType, opname: str):
                          hint="cast to an integer or float dtype first")
 
 
-# ---- helpers for adjoint (vjp) rules: they run inside the active trace ---------------------------
-def ad(name: str, *args, **attrs):
-    """One node of a backward graph: ``tessera.trace.apply`` (imported late: trace imports ops)."""
-    from ..trace import apply
-    return apply(name, *args, **attrs)
+def is_scalar(x) -> bool:
+    """A Python number (which takes the dtype its operation gives it), not a NumPy scalar."""
+    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
-def const_of(value, like):
-    """A rank-0 constant in ``like``'s dtype, in ``like``'s trace."""
-    from ..trace import Traced
-    return Traced(like._trace.graph.const(np.asarray(value, dtype=like.dtype.np)), like._trace)
+def operand_dtypes(opdef, items, attrs):
+    """Promotion: the dtype each operand (a dtype, or a Python number) is converted to before
+    the operator (None: the operator has no promotion rule)."""
+    if opdef.dtype_rule is None:
+        return None
+    operand, _ = opdef.dtype_rule(items, {**opdef.attrs, **attrs, "_op": opdef.name})
+    return operand
 
 
-def zeros(like, shape=None):
+# ---- helpers for adjoint (vjp) rules ------------------------------------------------------------
+# A rule is vjp(b, xs, y, g, attrs): b a Builder (tessera/compiler/graph_ir.py) writing into the
+# graph being differentiated, xs the operands, y the result, g y's cotangent (Graph IR values);
+# it returns one cotangent per operand (None where there is none).
+def zeros(b, like, shape=None):
     """Zeros in ``like``'s dtype, of ``like``'s shape or ``shape`` (sizes may be symbolic)."""
-    return ad("broadcast_to", const_of(0, like), shape=list(like.shape if shape is None else shape))
+    return b.op("broadcast_to", b.const_like(0, like),
+                shape=list(like.shape if shape is None else shape))
 
 
 def keepdim_shape(shape, axes) -> list:
     return [1 if k in axes else d for k, d in enumerate(shape)]
 
 
-def sum_to(x, shape):
+def sum_to(b, x, shape):
     """The one broadcasting adjoint: sum ``x`` over the axes along which a tensor of ``shape``
     was broadcast to ``x``'s shape (leading axes dropped, size-1 axes kept), so a cotangent
     gets its input's shape back."""
@@ -273,21 +279,21 @@ def sum_to(x, shape):
                                    f"its value's {fmt_shape(shape)}")
     kept = [lead + k for k, d in enumerate(shape) if same(d, 1) and not same(x.shape[lead + k], 1)]
     if not kept:                                    # one reduction drops the leading axes
-        return ad("sum", x, axis=list(range(lead)), keepdim=False) if lead else x
-    x = ad("sum", x, axis=list(range(lead)) + kept, keepdim=True)
-    return ad("reshape", x, shape=list(shape)) if lead else x
+        return b.op("sum", x, axis=list(range(lead)), keepdim=False) if lead else x
+    x = b.op("sum", x, axis=list(range(lead)) + kept, keepdim=True)
+    return b.op("reshape", x, shape=list(shape)) if lead else x
 
 
-def dim_value(d, like):
+def dim_value(b, d, like):
     """A size as a number, or, when it is symbolic, as a scalar tensor (a sum of ones along an
     axis of that size: only a symbolic Graph IR meant to be printed needs this; compiled
     programs are traced with concrete sizes)."""
     if not isinstance(d, Sym):
         return d
-    return ad("sum", ad("broadcast_to", const_of(1, like), shape=[d]))
+    return b.op("sum", b.op("broadcast_to", b.const_like(1, like), shape=[d]))
 
 
-def count_value(shape, axes, like):
+def count_value(b, shape, axes, like):
     """How many elements the axes hold (for mean and var)."""
     n = prod([shape[a] for a in axes])
-    return dim_value(n, like)
+    return dim_value(b, n, like)
