@@ -1,0 +1,95 @@
+"""Imports run one way: the layers of the README's "Layering" section, bottom first. A module may
+import from its own layer and the layers below it, never from one above (lazy imports inside
+functions count too). The test reads the imports from the source; nothing is imported."""
+import ast
+from pathlib import Path
+
+import tessera
+
+ROOT = Path(tessera.__file__).parent
+
+# bottom first; a module belongs to the first layer with a prefix naming it or a package above it
+LAYERS = [
+    ("core", ["tessera.version", "tessera.errors", "tessera.dtypes", "tessera.shapes",
+              "tessera.types", "tessera.pytree"]),
+    ("operators", ["tessera.ops"]),
+    ("runtime", ["tessera.runtime"]),
+    ("IR data", ["tessera.compiler.graph_ir", "tessera.compiler.schedule_ir",
+                 "tessera.compiler.tile_ir"]),
+    ("graph passes", ["tessera.compiler.passes", "tessera.compiler.autodiff",
+                      "tessera.compiler.groups"]),
+    ("the emitter", ["tessera.compiler.emit"]),
+    ("strategies", ["tessera.compiler.strategies"]),
+    ("fusion and scheduling", ["tessera.compiler.fusion", "tessera.compiler.scheduler"]),
+    ("lowering", ["tessera.compiler.lower"]),
+    ("renderers", ["tessera.compiler.target"]),
+    ("pipeline and search", ["tessera.compiler"]),
+    ("front end", ["tessera.trace", "tessera.op", "tessera.schedule", "tessera.function",
+                   "tessera.graph", "tessera.autodiff", "tessera.autotune", "tessera.nn",
+                   "tessera.optim"]),
+    ("viz", ["tessera.viz"]),
+    ("lab", ["tessera.lab"]),
+    ("public surface", ["tessera"]),      # the package's __init__: what `import tessera` gives
+]
+
+
+def layer_of(module: str) -> int:
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS and to the README")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (ROOT.parent / rel).with_suffix(".py").exists() or (ROOT.parent / rel).is_dir()
+
+
+def imports(path: Path):
+    """(imported module, line) for every import of a tessera module in the file."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "tessera":
+                continue
+            for alias in node.names:          # `from .. import ops` imports the module ops
+                sub = f"{target}.{alias.name}"
+                yield (sub if is_module(sub) else target), node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "tessera":
+                    yield alias.name, node.lineno
+
+
+def test_every_import_runs_down_the_layers():
+    backwards = []
+    for path in sorted(ROOT.rglob("*.py")):
+        here = module_name(path)
+        for target, line in imports(path):
+            if layer_of(target) > layer_of(here):
+                backwards.append(f"{path.relative_to(ROOT.parent)}:{line}: {here} "
+                                 f"({LAYERS[layer_of(here)][0]}) imports {target} "
+                                 f"({LAYERS[layer_of(target)][0]})")
+    assert not backwards, "imports that run back up:\n" + "\n".join(backwards)
+
+
+def test_the_layers_name_every_module_and_the_test_sees_imports():
+    names = [module_name(p) for p in ROOT.rglob("*.py")]
+    for name in names:
+        layer_of(name)
+    # the reader itself: a known import, a relative one and a lazy one
+    found = dict(imports(ROOT / "compiler" / "lower.py"))
+    assert "tessera.compiler.strategies" in found and "tessera.runtime.isa" in found
+    lazy = {t for t, _ in imports(ROOT / "schedule.py")}
+    assert "tessera.compiler.strategies" in lazy
