@@ -6,7 +6,7 @@
     print(loss_grad.lower(params, x, y).graph_ir)   # forward and backward in one Graph IR
 
 Each transform returns a tessera ``Function`` whose body runs the differentiated function
-inline and then its backward (tessera/compiler/autodiff.py), so everything a Function does
+inline and then its backward (tessera/compiler/backward.py), so everything a Function does
 works: called on arrays it traces, compiles and caches like any other; called inside another
 trace (``ts.function(train_step)``, or a grad of a grad) it inlines; ``.graph_ir`` (annotated
 functions), ``.lower(*args)`` and ``.interpret(*args)`` show and check it.
@@ -34,7 +34,7 @@ import inspect
 import numpy as np
 
 from . import pytree
-from .compiler import autodiff as _ad
+from .compiler import backward as _ad
 from .errors import ArgumentError, DifferentiationError, GradientCheckError
 from .function import Function, _def_location, _TreeArg, evaluate_graph
 from .shapes import same
@@ -154,7 +154,7 @@ def _float_leaf(x) -> bool:
 
 
 def _backward(trace, start, end, outputs, seeds, wrt, fname) -> list:
-    """compiler.autodiff.backward on this trace's graph: Traced in, Traced (or None) out."""
+    """compiler.backward.backward on this trace's graph: Traced in, Traced (or None) out."""
     cts = _ad.backward(trace.graph, start, end, [o._value for o in outputs],
                        [None if s is None else s._value for s in seeds],
                        [w._value for w in wrt], fname, loc=user_location())

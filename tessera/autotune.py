@@ -1,7 +1,7 @@
 """Autotuning, the user's side: `ts.autotune(fn, *example_args)` and the seeds' decorator
 `@ts.kernel.autotune(space=..., metric=..., timeout_ms=..., cache=...)`.
 
-Both search each kernel of the compiled function (tessera/compiler/autotune.py says how) and
+Both search each kernel of the compiled function (tessera/compiler/knob_search.py says how) and
 record the chosen knobs in the autotuning database; every later compilation of the same kernel
 (same structure, shapes, dtypes, target, machine and compiler) reads them from there, in this
 process or the next, without searching again. TESSERA_AUTOTUNE=0 turns all of it off.
@@ -14,7 +14,7 @@ import time
 import weakref
 
 from .compiler import strategies
-from .compiler.autotune import (STRATEGIES, Settings, TuneResult, kernel_space, resolve_space,
+from .compiler.knob_search import (SEARCHES, Settings, TuneResult, kernel_space, resolve_space,
                                 program_threads)
 from .errors import ArgumentError, TesseraError
 from .function import Function
@@ -33,20 +33,21 @@ def _as_function(fn) -> Function:
     raise ArgumentError(f"autotune needs a tessera function, not {fn!r}")
 
 
-def _settings(budget_s, strategy, metric, timeout_ms, repeats, seed, workers, progress,
-              exact=False):
+def _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, progress,
+              exact=False, strategy=None):
+    search = strategy if strategy is not None else search    # (its former name)
     if metric not in METRICS:
         raise ArgumentError(f"unknown autotune metric {metric!r}", expected=" or ".join(METRICS))
-    if strategy not in STRATEGIES:
-        raise ArgumentError(f"unknown autotune strategy {strategy!r}",
-                            expected=" or ".join(STRATEGIES))
+    if search not in SEARCHES:
+        raise ArgumentError(f"unknown autotune search {search!r}",
+                            expected=" or ".join(SEARCHES))
     if not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise ArgumentError(f"autotune budget_s must be a positive number, not {budget_s!r}")
     if timeout_ms is not None and not (isinstance(timeout_ms, (int, float)) and timeout_ms > 0):
         raise ArgumentError(f"autotune timeout_ms must be a positive number, not {timeout_ms!r}")
     if not (isinstance(repeats, int) and repeats >= 1):
         raise ArgumentError(f"autotune repeats must be a positive integer, not {repeats!r}")
-    return Settings(budget_s=float(budget_s), strategy=strategy, repeats=repeats,
+    return Settings(budget_s=float(budget_s), search=search, repeats=repeats,
                     timeout_s=None if timeout_ms is None else timeout_ms / 1e3, seed=seed,
                     workers=workers, progress=progress, exact=bool(exact))
 
@@ -61,15 +62,16 @@ def _fixed_knobs(f: Function, schedule) -> dict:
     return out
 
 
-def autotune(fn, *args, budget_s: float = 60.0, strategy: str = "grid", space: dict | None = None,
+def autotune(fn, *args, budget_s: float = 60.0, search: str = "grid", space: dict | None = None,
              metric: str = "time", timeout_ms: float | None = None, repeats: int = 7,
              cache=None, kernels=None, seed: int = 0, workers: int = 0, progress: bool = True,
-             exact: bool = False, **kwargs) -> TuneResult:
+             exact: bool = False, strategy: str | None = None, **kwargs) -> TuneResult:
     """Search the knobs of every kernel of `fn` compiled for these example arguments.
 
     budget_s: wall-clock seconds for the whole search (shared among kernels by their cost).
-    strategy: "grid" (every valid combination, nearest the default first), "random" (a shuffle
-        seeded by `seed`) or "beam" (one knob one step at a time from the default).
+    search: "grid" (every valid combination, nearest the default first), "random" (a shuffle
+        seeded by `seed`) or "beam" (one knob one step at a time from the default); `strategy`
+        is its former name, still accepted.
     space: narrows or widens the knob values, e.g. {"BM": [96, 192], "BN": [256, 512],
         "threads": [1, 2]}; the seeds' names BM/BN/BK (tile sizes; BM is also attention's
         block_q) and vector (row lanes) are accepted; warps and stages are GPU knobs, kept and
@@ -89,8 +91,8 @@ def autotune(fn, *args, budget_s: float = 60.0, strategy: str = "grid", space: d
     the default, status: default, ok, slower, failed to compile, wrong result, timed out),
     `.best` the chosen knobs, `.speedup` the whole program's gain, `.program` the tuned program.
     """
-    settings = _settings(budget_s, strategy, metric, timeout_ms, repeats, seed, workers, progress,
-                         exact)
+    settings = _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, progress,
+                         exact, strategy)
     return _autotune(_as_function(fn), args, kwargs, settings, space, cache, kernels)
 
 
@@ -111,7 +113,7 @@ def _autotune(f: Function, args, kwargs, settings, space, cache, kernels) -> Tun
             if unknown:
                 raise ArgumentError(f"autotune: {f.name} has no kernel {unknown[0]!r}",
                                     expected=", ".join(names))
-        from .compiler.autotune import tune_program
+        from .compiler.knob_search import tune_program
         result = tune_program(f.name, default_prog.schedule_ir, list(arrays.values()), settings,
                               space, _fixed_knobs(f, default_prog.schedule_ir),
                               set(kernels) if kernels is not None else None, cache)
@@ -146,11 +148,12 @@ class AutotunedFunction:
     and later processes, find the knobs in the database and run at once."""
 
     def __init__(self, fn, *, space=None, metric="time", timeout_ms=None, cache=None,
-                 budget_s=60.0, strategy="grid", repeats=7, progress=True, exact=False):
+                 budget_s=60.0, search="grid", repeats=7, progress=True, exact=False,
+                 strategy=None):
         self.function = _as_function(fn)
         functools.update_wrapper(self, self.function.fn)
-        self._settings = _settings(budget_s, strategy, metric, timeout_ms, repeats, 0, 0, progress,
-                                   exact)
+        self._settings = _settings(budget_s, search, metric, timeout_ms, repeats, 0, 0, progress,
+                                   exact, strategy)
         resolve_space(space)
         self.space, self.metric, self.cache = space, metric, cache
         self.results: dict = {}     # argument types -> the TuneResult of the search they caused
@@ -215,14 +218,16 @@ class _KernelTools:
 
     @staticmethod
     def autotune(fn=None, *, space=None, metric="time", timeout_ms=None, cache=None,
-                 budget_s=60.0, strategy="grid", repeats=7, progress=True, exact=False):
+                 budget_s=60.0, search="grid", repeats=7, progress=True, exact=False,
+                 strategy=None):
         """Decorator: `@ts.kernel.autotune(space={"BM": [...], ...}, metric="throughput",
         timeout_ms=200, cache="~/.tessera/autotune.db")` on a tessera function (or a plain
         annotated one). See `tessera.autotune` for the arguments."""
         def wrap(f):
             return AutotunedFunction(f, space=space, metric=metric, timeout_ms=timeout_ms,
-                                     cache=cache, budget_s=budget_s, strategy=strategy,
-                                     repeats=repeats, progress=progress, exact=exact)
+                                     cache=cache, budget_s=budget_s, search=search,
+                                     repeats=repeats, progress=progress, exact=exact,
+                                     strategy=strategy)
         return wrap(fn) if fn is not None else wrap
 
 

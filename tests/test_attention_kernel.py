@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tessera.compiler.strategies.routines import c_attention as A
-from tessera.ops import cmath
+from tessera.ops import libm
 from tessera.runtime import isa
 from tessera.runtime.toolchain import find_compiler, flags
 
@@ -30,7 +30,7 @@ PRELUDE = """\
 
 
 def _source():
-    parts = [PRELUDE, *cmath.F32["exp"], *cmath.F64["exp"]]   # the routine needs ts_exp{f,}
+    parts = [PRELUDE, *libm.F32["exp"], *libm.F64["exp"]]   # the routine needs ts_exp{f,}
     for dt in ("f32", "f64"):
         parts += [A.attention_source(dt), A.driver_source(dt)]
     return "\n".join(parts)
@@ -324,7 +324,7 @@ def test_isa_paths_bitwise_equal(request, lib, rng, dtype, path):
 
 @pytest.mark.parametrize("block_q,block_k", [(1, 1), (16, 16), (5, 33), (100, 7), (256, 256)])
 def test_other_block_sizes(tmpdir_mod, rng, block_q, block_k):
-    src = "\n".join([PRELUDE, *cmath.F32["exp"], A.attention_source("f32", block_q, block_k),
+    src = "\n".join([PRELUDE, *libm.F32["exp"], A.attention_source("f32", block_q, block_k),
                      A.driver_source("f32")])
     lib = _compile(tmpdir_mod, f"attn_{block_q}_{block_k}", src)
     q, k, v = qkv(rng, 1, 2, 70, 83, 20, 36)

@@ -508,7 +508,7 @@ def test_a_narrowing_round_trip_rounds_every_element(rng):
 def test_a_graph_built_without_a_tracer_is_differentiated(rng):
     """The backward pass needs a Graph, not a trace: a graph written node by node (as an
     importer would) gets its gradient graph, which compiles and matches the closed form."""
-    from tessera.compiler.autodiff import backward
+    from tessera.compiler.backward import backward
     from tessera.compiler.graph_ir import Builder, Graph
     from tessera.compiler.pipeline import compile_graph
     from tessera.types import type_of_array

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.compiler import autotune as at
+from tessera.compiler import knob_search as at
 from tessera import op
 from tessera.runtime import tunedb
 
@@ -103,7 +103,7 @@ def test_record_read_in_another_process(rng, db, tmp_path):
     purpose, away from the heuristics', so their effect is visible)."""
     code = """
         import numpy as np, tessera as ts
-        from tessera.compiler.scheduler import kernel_signature
+        from tessera.compiler.kernels import kernel_signature
         from tessera.runtime import tunedb
         def mm(a, b):
             return a @ b
@@ -183,16 +183,17 @@ def test_failed_and_timed_out_candidates_are_reported(rng, db, monkeypatch):
     assert kt.best_knobs == kt.default_knobs
 
 
-def test_strategies_and_tie_rule(rng, db):
+def test_searches_and_tie_rule(rng, db):
     x = rng.standard_normal((256, 300), dtype=np.float32)
     want = ts.function(softmax)(x)
     orders = []
     for _ in range(2):
-        r = ts.autotune(softmax, x, strategy="random", seed=7, budget_s=20, repeats=2,
+        r = ts.autotune(softmax, x, search="random", seed=7, budget_s=20, repeats=2,
                         progress=False)
         orders.append([c.knobs for c in r.kernels[0].candidates])
     assert orders[0] == orders[1]           # a seeded shuffle
-    r = ts.autotune(softmax, x, strategy="beam", budget_s=20, repeats=2, progress=False)
+    r = ts.autotune(softmax, x, strategy="beam", budget_s=20, repeats=2, progress=False)  # (old name)
+    assert r.search == "beam"
     kt = r.kernels[0]
     for c in kt.candidates[1:]:             # beam steps one knob from a member of the beam
         assert sum(c.knobs[n] != kt.default_knobs[n] for n in c.knobs) >= 1
@@ -231,7 +232,7 @@ def test_tuned_program_is_deterministic_across_threads(rng, db, tmp_path):
     knobs = json.dumps(r.kernels[0].best_knobs)
     code = f"""
         import json, numpy as np, tessera as ts
-        from tessera.compiler.scheduler import kernel_signature
+        from tessera.compiler.kernels import kernel_signature
         from tessera.runtime import tunedb
         from test_autotune import mm_bias
         d = np.load({str(tmp_path / 'in.npz')!r})
@@ -375,8 +376,8 @@ def test_progress_bar_and_bad_arguments(rng, db, capsys):
     assert line.startswith("autotune k0_softmax [") and "best x" in line
     with pytest.raises(ts.ArgumentError, match="unknown knob 'BQ'"):
         ts.autotune(softmax, x, space={"BQ": [1]})
-    with pytest.raises(ts.ArgumentError, match="strategy"):
-        ts.autotune(softmax, x, strategy="anneal")
+    with pytest.raises(ts.ArgumentError, match="search 'anneal'"):
+        ts.autotune(softmax, x, search="anneal")
     with pytest.raises(ts.ArgumentError, match="metric"):
         ts.autotune(softmax, x, metric="energy")
     with pytest.raises(ts.ArgumentError, match="budget_s"):
@@ -438,7 +439,7 @@ def test_decorator_tunes_each_specialisation_and_keeps_its_own_arguments(rng, tm
 
 
 def test_exact_ignores_recorded_lanes(rng, tmp_path):
-    from tessera.compiler.scheduler import kernel_signature
+    from tessera.compiler.kernels import kernel_signature
     path = tmp_path / "exact.sqlite"
     x = rng.standard_normal((64, 333), dtype=np.float32)
     fn = lambda x: op.sum(x * x, axis=-1)                   # noqa: E731
@@ -456,7 +457,7 @@ def test_exact_ignores_recorded_lanes(rng, tmp_path):
 
 
 def test_bad_records_and_bad_paths(rng, tmp_path):
-    from tessera.compiler.scheduler import kernel_signature
+    from tessera.compiler.kernels import kernel_signature
     path = tmp_path / "bad.sqlite"
     x = rng.standard_normal((8, 50), dtype=np.float32)
     fn = lambda x: op.sum(x, axis=-1)                       # noqa: E731

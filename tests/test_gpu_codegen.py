@@ -17,7 +17,7 @@ from tessera.compiler.graph_ir import Graph
 from tessera.compiler.emit import WARP
 from tessera.compiler.lower import lower_schedule_gpu
 from tessera.compiler.pipeline import prepare
-from tessera.compiler.scheduler import build_schedule
+from tessera.compiler.kernels import build_schedule
 from tessera.compiler.target.gpu import render_cuda, render_hip
 from tessera.compiler.tile_ir import (Barrier, BlockReduce, Call, Const, Loop, Shared, Store,
                                       TileKernel, TileProgram, Var)

@@ -23,7 +23,7 @@ from tessera.compiler.strategies.routines import c_attention
 from tessera.compiler.strategies.routines import gpu_attention as GA
 from tessera.compiler.strategies.routines import gpu_gemm as GG
 from tessera.errors import ArgumentError, UnsupportedDTypeError
-from tessera.ops import cmath
+from tessera.ops import libm
 from tessera.runtime import gpu_toolchain as tc
 from tessera.runtime import isa
 from tessera.runtime.toolchain import find_compiler, flags
@@ -42,8 +42,8 @@ typedef unsigned long long uint64_t;
 HIP_PRELUDE = "#include <hip/hip_runtime.h>\n#define TS_INLINE static __device__ __forceinline__\n"
 STORE = {"f32": "float", "f64": "double", "f16": "unsigned short", "bf16": "unsigned short"}
 ARITH = {"f32": "float", "f64": "double", "f16": "float", "bf16": "float"}
-EXP = {"f32": cmath.F32["exp"], "f64": cmath.F64["exp"], "f16": cmath.F32["exp"],
-       "bf16": cmath.F32["exp"]}
+EXP = {"f32": libm.F32["exp"], "f64": libm.F64["exp"], "f16": libm.F32["exp"],
+       "bf16": libm.F32["exp"]}
 
 
 def unit(lang, pieces, defines=""):
@@ -414,7 +414,7 @@ def test_simt_16bit_gemm_the_hip_path(emu, rng, dtype):
 def cpu_attention(tmp_path_factory):
     """The CPU routine built with the GPU's key block, driven over [B, H] with OpenMP."""
     parts = ["#include <math.h>\n#include <stdint.h>\n#include <string.h>\n"
-             "#define TS_INLINE static inline\n", *cmath.F32["exp"], *cmath.F64["exp"]]
+             "#define TS_INLINE static inline\n", *libm.F32["exp"], *libm.F64["exp"]]
     for dt in ("f32", "f64"):
         parts += [c_attention.attention_source(dt, block_k=GA.BLOCK_K),
                   c_attention.driver_source(dt)]

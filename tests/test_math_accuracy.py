@@ -1,4 +1,4 @@
-"""Our transcendentals (tessera/ops/cmath.py), compiled through the public API: the largest
+"""Our transcendentals (tessera/ops/libm.py), compiled through the public API: the largest
 error in ulp against a float64 reference (float32 functions) or a long double one (float64
 functions) over dense sweeps, the edges of every branch and clamp, fresh random inputs and
 random bit patterns; the special values; no libm call left in the generated C; gcc vectorises
@@ -15,7 +15,7 @@ import pytest
 
 import tessera as ts
 from tessera import op
-from tessera.ops import cmath
+from tessera.ops import libm
 from tessera.runtime import isa
 from tessera.runtime.toolchain import flags
 
@@ -226,10 +226,10 @@ def test_each_chunk_emitted_once():
 # ---- gcc vectorises them at every SIMD level; vector and scalar code agree bit for bit -------
 # Each ISA level is named (never -march=native), so these tests mean the same on any machine:
 # the vectorisation check only compiles, so it runs for every x86 level on any x86 machine.
-FUNCS = {"expf": ("float", cmath.F32["exp"]), "tanhf": ("float", cmath.F32["tanh"]),
-         "erff": ("float", cmath.F32["erf"]), "logf": ("float", cmath.F32["log"]),
-         "exp": ("double", cmath.F64["exp"]), "tanh": ("double", cmath.F64["tanh"]),
-         "erf": ("double", cmath.F64["erf"])}
+FUNCS = {"expf": ("float", libm.F32["exp"]), "tanhf": ("float", libm.F32["tanh"]),
+         "erff": ("float", libm.F32["erf"]), "logf": ("float", libm.F32["log"]),
+         "exp": ("double", libm.F64["exp"]), "tanh": ("double", libm.F64["tanh"]),
+         "erf": ("double", libm.F64["erf"])}
 HEADER = ["#include <math.h>", "#include <stdint.h>", "#include <string.h>",
           "#define TS_INLINE static inline"]
 SIMD_LEVELS = ["x86-64-v3", "x86-64-v4"]     # AVX2 + FMA, AVX-512

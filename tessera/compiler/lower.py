@@ -12,7 +12,7 @@ from ..runtime.isa import GPU_TARGETS, is_gpu
 from . import strategies
 from .emit import params
 from .schedule_ir import Schedule
-from .scheduler import default_knobs
+from .kernels import default_knobs
 from .tile_ir import TileKernel, TileProgram
 
 

@@ -15,7 +15,7 @@ from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose
-from .scheduler import build_schedule, checked_record, kernel_signature
+from .kernels import build_schedule, checked_record, kernel_signature
 from .target.c import ENTRY, build_program, routine_library_source
 from .target.cstyle import routine_keys
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DTypeError
-from . import cmath
+from . import libm
 from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool,
                        ref_errstate, register)
 from ..types import TensorType
@@ -120,14 +120,14 @@ GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + 
 
 
 def math_helpers(*names, extra=()):
-    """Helper chunks for kind "f": our transcendentals (tessera/ops/cmath.py) for float32 and,
+    """Helper chunks for kind "f": our transcendentals (tessera/ops/libm.py) for float32 and,
     as `.f64`, for float64 (float64 log is a thin libm wrapper, ts_log), then the operator's
     own chunks. Shared chunks are the same strings, dependencies first (ts_exp before ts_erf
     and ts_sigmoid), each listed once; the renderer emits each distinct chunk once per program."""
     f32, f64 = [], []
     for n in names:
-        f32 += [c for c in cmath.F32[n] if c not in f32]
-        f64 += [c for c in cmath.F64[n] if c not in f64]
+        f32 += [c for c in libm.F32[n] if c not in f32]
+        f64 += [c for c in libm.F64[n] if c not in f64]
     return {"f": _ByDType(tuple(f32) + tuple(extra), tuple(f64) + tuple(extra))}
 
 
@@ -146,12 +146,12 @@ with np.errstate(all="ignore"):
     for _name, _fn in [("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
         elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8, doc=f"{_name}(x)")
-    # ts_exp{F} etc.: {F} picks ts_expf (float32) or ts_exp (float64), both defined in cmath
+    # ts_exp{F} etc.: {F} picks ts_expf (float32) or ts_exp (float64), both defined in libm
     for _name, _fn in [("exp", np.exp), ("tanh", np.tanh), ("erf", _erf_ref), ("log", np.log)]:
         elementwise(_name, 1, unary_float, {"f": "ts_" + _name + "{F}({0})"},
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=12,
                     helpers=math_helpers(_name),
-                    doc=f"{_name}(x) (our own polynomial, tessera/ops/cmath.py)")
+                    doc=f"{_name}(x) (our own polynomial, tessera/ops/libm.py)")
     elementwise("rsqrt", 1, unary_float, {"f": "(({T})1 / sqrt{F}({0}))"},
                 lambda a, t: (1 / np.sqrt(a[0])).astype(a[0].dtype), flops=2, doc="1/sqrt(x)")
     elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},
@@ -199,11 +199,11 @@ with np.errstate(all="ignore"):
         elementwise(_name, 2, compare, {"*": "({0} %s {1})" % _sym},
                     (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b")
         REGISTRY[_name].differentiable = False     # a bool result carries no gradient
-    # floats select through bit masks (cmath.SELF): a float ternary stays a branch, and a
+    # floats select through bit masks (libm.SELF): a float ternary stays a branch, and a
     # loop with a branch does not vectorise on AVX2 or NEON
     elementwise("where", 3, where_rule, {"f": "ts_sel{F}({0}, {1}, {2})", "*": "({0} ? {1} : {2})"},
                 lambda a, t: np.where(a[0], a[1], a[2]),
-                helpers={"f": _ByDType((cmath.SELF,), (cmath.SEL,))}, doc="cond ? a : b")
+                helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))}, doc="cond ? a : b")
     elementwise("cast", 1, cast_rule, {"*": "(({T}){0})"},
                 lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
                 doc="convert to another dtype")

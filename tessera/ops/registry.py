@@ -103,7 +103,7 @@ class OpDef:
     # cotangent per input (None where there is none: indices, conditions), written with the
     # builder (b.op: other operators), as a decomposition is, so the backward graph is ordinary
     # Graph IR and any graph can be differentiated; a cotangent may keep the output's broadcast
-    # shape (the autodiff pass sums it back with `sum_to`). See tessera/compiler/autodiff.py.
+    # shape (the autodiff pass sums it back with `sum_to`). See tessera/compiler/backward.py.
     vjp: Callable | None = None
     # A composite that computes (softmax, layernorm, mean, ...): on 16-bit inputs its
     # decomposition runs in float32 and its result is rounded once, as its reference is

@@ -12,7 +12,7 @@ import numpy as np
 
 from ... import dtypes as dt
 from ...errors import ArgumentError, DTypeError
-from ...ops import cmath
+from ...ops import libm
 from ...ops import registry as R
 from ..emit import (Names, batch_strides, contiguous, idx_div, idx_min, idx_mod, launch_of,
                     operand, unflatten)
@@ -86,14 +86,14 @@ class Attention(Strategy):
         return gpu_attention_blocks(k, code, target, knobs)
 
     def c_routine(self, name, dtype):
-        exp = cmath.F32["exp"] if dtype == "f32" else cmath.F64["exp"]
+        exp = libm.F32["exp"] if dtype == "f32" else libm.F64["exp"]
         return [*exp, c_attention.attention_source(dtype)]
 
     def c_half_routine(self, name):
         return c_attention.HALF_ROUTINE
 
     def gpu_routine(self, lang, name, dtype, sizes):
-        exp = cmath.F32["exp"] if dtype != "f64" else cmath.F64["exp"]
+        exp = libm.F32["exp"] if dtype != "f64" else libm.F64["exp"]
         return [*exp, *gpu_attention.attention_routine(lang, dtype, *sizes)[1]]
 
 

@@ -8,8 +8,8 @@ A search (`tune_program`):
    range, softmax rows are real rows), and the default's output to check candidates against.
 2. Kernels are tuned most expensive first; the budget is shared out in proportion to their
    default times.
-3. Candidates come from the kernel's knob space (scheduler.knob_space, narrowed by the user's
-   `space`), less the invalid ones (scheduler.invalid_knobs), in the search strategy's order:
+3. Candidates come from the kernel's knob space (kernels.knob_space, narrowed by the user's
+   `space`), less the invalid ones (kernels.invalid_knobs), in the search's order:
    grid (every combination, nearest the default first), random (a seeded shuffle) or beam (from
    the default, change one knob by one step, keep the best few, repeat).
 4. Candidates compile in batches on a thread pool (each compile is its own gcc process), never
@@ -49,11 +49,11 @@ from ..errors import ArgumentError, RuntimeFault, TesseraError
 from ..runtime import tunedb
 from .lower import lower_schedule
 from .schedule_ir import Buffer, Kernel, Schedule
-from .scheduler import (ALIASES, KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs,
+from .kernels import (ALIASES, KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs,
                         kernel_signature, knob_space)
 from .target.c import build_program
 
-STRATEGIES = ("grid", "random", "beam")
+SEARCHES = ("grid", "random", "beam")     # how candidates are ordered (not a kernel strategy)
 STATUSES = ("default", "ok", "slower", "same code", "failed to compile", "wrong result",
             "timed out")
 # GPU-only knobs, accepted and reported unused on the CPU
@@ -101,12 +101,12 @@ class TuneResult:
     """What a search found: one row per candidate (`to_pandas()`), the chosen knobs per kernel
     (`best`), and the whole program's time with the default and the tuned knobs."""
 
-    def __init__(self, function: str, kernels: list, db_path, strategy: str, budget_s: float,
+    def __init__(self, function: str, kernels: list, db_path, search: str, budget_s: float,
                  elapsed_s: float, ignored: list):
         self.function = function
         self.kernels: list[KernelTuning] = kernels
         self.db_path = db_path
-        self.strategy = strategy
+        self.search = search
         self.budget_s = budget_s
         self.elapsed_s = elapsed_s
         self.ignored = ignored              # knob names of the space that the CPU does not use
@@ -145,7 +145,7 @@ class TuneResult:
         return df
 
     def summary(self) -> str:
-        lines = [f"autotune @{self.function}: {self.strategy}, {self.elapsed_s:.1f} s of "
+        lines = [f"autotune @{self.function}: {self.search}, {self.elapsed_s:.1f} s of "
                  f"{self.budget_s:.0f} s budget, database {self.db_path}"]
         for kt in self.kernels:
             tried = sum(c.status not in ("pending",) for c in kt.candidates)
@@ -447,7 +447,7 @@ def _in_notebook() -> bool:
 @dataclass
 class Settings:
     budget_s: float = 60.0
-    strategy: str = "grid"
+    search: str = "grid"
     repeats: int = 7
     timeout_s: float | None = None     # None: 20 x the default's run, at least 0.2 s
     prune: float = 1.3
@@ -464,9 +464,9 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
                  fixed=None, only=None, db_path=None) -> TuneResult:
     """Search every tunable kernel of a scheduled program (built with the heuristics' knobs) on
     its example inputs, store each kernel's choice in the database and return what was found."""
-    if settings.strategy not in STRATEGIES:
-        raise ArgumentError(f"unknown autotune strategy {settings.strategy!r}",
-                            expected=" or ".join(STRATEGIES))
+    if settings.search not in SEARCHES:
+        raise ArgumentError(f"unknown autotune search {settings.search!r}",
+                            expected=" or ".join(SEARCHES))
     user, ignored = resolve_space(user_space)
     start = time.perf_counter()
     cpus = program_threads()
@@ -528,7 +528,7 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
             warnings.warn(f"tessera: cannot write the autotuning database {db.path} ({e}); "
                           "the result is not recorded", RuntimeWarning, stacklevel=3)
             break
-    return TuneResult(name, results, db.path, settings.strategy, settings.budget_s,
+    return TuneResult(name, results, db.path, settings.search, settings.budget_s,
                       time.perf_counter() - start, ignored)
 
 
@@ -551,7 +551,7 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
     cands, seen = [base], {_freeze(dflt): base}
     sources = {comp[2]: 0}
     grid = [c for c in enumerate_grid(k, space) if _freeze(c) not in seen] \
-        if st.strategy != "beam" else []
+        if st.search != "beam" else []
 
     def make(combo):
         c = Candidate(k.name, len(cands), combo, {n: v for n, v in combo.items() if dflt[n] != v})
@@ -580,9 +580,9 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
     bar = Progress(len(grid), f"autotune {k.name}", st.progress)
     try:
         batch_size = max(2, 2 * (st.workers or min(os.cpu_count() or 1, 8)))
-        if st.strategy in ("grid", "random"):
+        if st.search in ("grid", "random"):
             combos = grid
-            if st.strategy == "random":
+            if st.search == "random":
                 random.Random(st.seed).shuffle(combos)
             for i in range(0, len(combos), batch_size):
                 if time.perf_counter() - t0 > budget_s:
