@@ -30,8 +30,9 @@ test: setup
 # thread, with one warning (Apple's clang).
 CLANG ?= clang
 test-clang: setup
-	CC=$(CLANG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_elementwise.py \
-		tests/test_reductions.py tests/test_gemm.py tests/test_attention.py tests/test_isa.py
+	CC=$(CLANG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ops/test_elementwise.py \
+		tests/ops/test_reductions.py tests/targets/test_gemm.py tests/ops/test_attention.py \
+		tests/targets/test_isa.py
 
 lab: setup-lab
 	$(BIN)/jupyter lab tutorials/

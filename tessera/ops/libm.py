@@ -9,7 +9,7 @@ result never depends on vector versus scalar execution, thread count or target. 
 that feeds a plain addition is exact (a power-of-two scaling), so a compiler that contracts
 a*b+c into an fma by default (nvcc) computes the same values.
 
-Error bounds (each chunk's comment says how it was measured; tests/test_math_accuracy.py
+Error bounds (each chunk's comment says how it was measured; tests/ops/test_math_accuracy.py
 asserts them on dense sweeps, random inputs and the special values):
 
     float32  ts_expf 0.61 ulp   ts_tanhf 0.76 ulp   ts_erff 0.99 ulp   ts_logf 0.92 ulp

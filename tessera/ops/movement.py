@@ -249,7 +249,7 @@ def _slice_vjp(b, xs, y, g, a):
                    stops=[span if j == k else None for j in range(g.ndim)], steps=[1] * g.ndim)
         # zeros before, then after: two concats of two operands each, never [z, g, z] with
         # z twice (equal zeros are one value after CSE, and a concat with a repeated operand
-        # miscompiles: see tests/test_autodiff.py::test_concat_with_a_repeated_operand)
+        # miscompiles: see tests/frontend/test_autodiff.py::test_concat_with_a_repeated_operand)
         before, after = s0, n - s0 - span
         pad = lambda size: zeros(b, g, list(g.shape[:k]) + [size] + list(g.shape[k + 1:]))  # noqa
         if not same(before, 0):

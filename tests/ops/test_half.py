@@ -15,7 +15,7 @@ from tessera import op, ops
 from tessera.errors import DTypeError
 
 from conftest import TOL, attention_reference
-from test_registry import EXAMPLES, _normal
+from cases import EXAMPLES, normal_attrs
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (the bf16 extra)")
 HALVES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -52,7 +52,7 @@ def reference(name, arrays, attrs, out_dtype):
     """The operator's NumPy reference on float32 copies, rounded once to the result dtype."""
     opdef = ops.get(name)
     wide = [a.astype(np.float32) if a.dtype in HALVES.values() else a for a in arrays]
-    return np.asarray(opdef.reference(wide, _normal(opdef, wide, attrs))).astype(out_dtype)
+    return np.asarray(opdef.reference(wide, normal_attrs(opdef, wide, attrs))).astype(out_dtype)
 
 
 def function_of(name, n, attrs, listed):
@@ -145,7 +145,7 @@ def test_deterministic(half, rng):
 def _emulator():
     if shutil.which(os.environ.get("CXX") or "g++") is None:
         pytest.skip("the CUDA emulator needs a C++20 compiler (g++)")
-    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
     import gpu_emulator
     return gpu_emulator
 

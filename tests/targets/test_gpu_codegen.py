@@ -3,7 +3,6 @@
 verified, and all of it compiled by NVRTC for sm_80 and sm_90 and by hipcc for gfx90a (one
 translation unit per compile). Structure: shuffles and barriers in row kernels, routine calls in
 matmuls, sane launches, no floating-point atomics, a Tile IR that prints its mapping."""
-import importlib.util
 import re
 from dataclasses import replace
 
@@ -13,7 +12,6 @@ import pytest
 import tessera as ts
 from tessera import dtypes as dt
 from tessera import ops
-from tessera.compiler.graph_ir import Graph
 from tessera.compiler.emit import WARP
 from tessera.compiler.lower import lower_schedule_gpu
 from tessera.compiler.pipeline import prepare
@@ -21,116 +19,13 @@ from tessera.compiler.kernels import build_schedule
 from tessera.compiler.target.gpu import render_cuda, render_hip
 from tessera.compiler.tile_ir import (Barrier, BlockReduce, Call, Const, Loop, Shared, Store,
                                       TileKernel, TileProgram, Var)
-from tessera.errors import (BackendUnavailableError, CompileError, DTypeError,
-                            IRVerificationError, TesseraError)
+from tessera.errors import (BackendUnavailableError, CompileError, IRVerificationError)
 from tessera.runtime import gpu_toolchain as tc
-from tessera.trace import Trace, Traced, apply, tracing
-from tessera.types import type_of_array
 
 from conftest import hipcc_or_skip, nvrtc_or_skip
-from test_registry import EXAMPLES
+from cases import graph, lower, registry_cases, strategy_cases
 
-# the hand-written routines (another engineer's files): their cases join once they exist
-GEMM, ATTENTION = (importlib.util.find_spec(f"tessera.compiler.strategies.routines.{m}") is not None
-                   for m in ("gpu_gemm", "gpu_attention"))
 RENDER = {"cuda": render_cuda, "hip": render_hip}
-
-
-def graph(fn, arrays, name="f") -> Graph:
-    """The Graph IR of fn on arrays' types (a tuple result is several outputs)."""
-    g = Graph(name)
-    tr = Trace(g, name)
-    xs = [Traced(g.add_param(f"x{i}", type_of_array(np.asarray(a))), tr)
-          for i, a in enumerate(arrays)]
-    with tracing(tr):
-        r = fn(*xs)
-    outs = list(r) if isinstance(r, tuple) else [r]
-    g.outputs = [o._value for o in outs]
-    g.output_structure, g.output_tree = ("tuple" if isinstance(r, tuple) else "single"), None
-    return g
-
-
-def lower(fn, arrays, target) -> TileProgram:
-    _, prim = prepare(graph(fn, arrays))
-    return lower_schedule_gpu(build_schedule(prim, target), target).verify()
-
-
-# ---- the cases: every registered operator in every dtype it takes, and each strategy ------------
-def _variants(arrays):
-    """The example's arrays as f32, f64, f16, bf16, i32, i64 and bool (float arrays
-    converted)."""
-    def conv(to):
-        return [np.asarray(a).astype(to) if np.asarray(a).dtype.kind == "f" else a
-                for a in arrays]
-    return {"f32": conv(np.float32), "f64": conv(np.float64), "f16": conv(np.float16),
-            "bf16": conv(dt.bfloat16.np), "i32": conv(np.int32),
-            "i64": conv(np.int64), "bool": [np.asarray(a) > 0 if np.asarray(a).dtype.kind == "f"
-                                            else a for a in arrays]}
-
-
-def registry_cases(rng):
-    cases = {}
-    for name in sorted(ops.REGISTRY):
-        make, attrs = EXAMPLES[name]
-        listed = ops.get(name).nin == -1
-        inputs = make(rng)
-        for tag, args in _variants(inputs[0] if listed else inputs).items():
-            def fn(*xs, name=name, attrs=attrs, listed=listed):
-                return apply(name, list(xs), **attrs) if listed else apply(name, *xs, **attrs)
-            try:
-                graph(fn, args)
-            except (DTypeError, TesseraError):
-                continue                # this operator does not take this dtype
-            cases[f"{name}-{tag}"] = (fn, args)
-    return cases
-
-
-def strategy_cases(rng):
-    def u(*shape, d=np.float32):
-        return rng.uniform(-2, 2, size=shape).astype(d)
-    op = ts.op
-    cases = {}
-    for d in (np.float32, np.float64, np.float16, dt.bfloat16.np):
-        s = np.dtype(d).name
-        for shape in [(1, 1), (3, 1), (7, 33), (2, 3, 1000), (2, 70001)]:
-            cases[f"softmax{shape}-{s}"] = (lambda x: op.softmax(x, axis=-1), [u(*shape, d=d)])
-            cases[f"layernorm{shape}-{s}"] = (lambda x: op.layernorm(x, axis=-1),
-                                              [u(*shape, d=d)])
-        cases[f"rmsnorm-{s}"] = (lambda x: op.rmsnorm(x, axis=-1), [u(5, 129, d=d)])
-        cases[f"logsumexp-mid-{s}"] = (lambda x: op.logsumexp(x, axis=1), [u(4, 9, 3, d=d)])
-        cases[f"whole-sum-{s}"] = (lambda x: op.sum(x), [u(1000, 7, d=d)])
-        cases[f"whole-max-{s}"] = (lambda x: op.max(x), [u(70001, d=d)])
-        cases[f"whole-normalise-{s}"] = (lambda x: x - op.mean(x), [u(13, 11, d=d)])
-        cases[f"column-sum-{s}"] = (lambda x: op.sum(x, axis=0), [u(33, 17, d=d)])
-        cases[f"column-max-{s}"] = (lambda x: op.max(x * 2, axis=(0, 1)), [u(3, 5, 7, d=d)])
-        cases[f"argmax-all-{s}"] = (lambda x: op.argmax(x), [u(9, 4, d=d)])
-        cases[f"argmin-0-{s}"] = (lambda x: op.argmin(x, axis=0), [u(9, 4, d=d)])
-        cases[f"broadcast-view-{s}"] = (lambda x, y: op.transpose(x, perm=[1, 0]) * y + 1,
-                                        [u(5, 3, d=d), u(5, d=d)])
-        cases[f"two-outputs-{s}"] = (lambda x: (op.softmax(x, axis=-1), x * 2), [u(6, 10, d=d)])
-        cases[f"concat-{s}"] = (lambda x, y: op.concat([x, y, x], axis=1),
-                                [u(2, 3, d=d), u(2, 5, d=d)])
-        cases[f"take-{s}"] = (lambda x, i: op.take(x, i, axis=1),
-                              [u(3, 7, 5, d=d), rng.integers(-7, 7, size=(2, 3))])
-        cases[f"rank0-{s}"] = (lambda x: op.exp(x), [np.asarray(0.5, dtype=d)])
-        # rows of a multiple of 8: the pointwise vector path (vload/vstore), two outputs
-        cases[f"vector-pointwise-{s}"] = (lambda x, y: (op.gelu(x * y) + 1, x > y),
-                                          [u(3, 64, d=d), u(64, d=d)])
-        if GEMM:
-            cases[f"matmul-epilogue-{s}"] = (lambda a, b, c: op.relu(a @ b + c),
-                                             [u(2, 33, 20, d=d), u(20, 45, d=d), u(45, d=d)])
-            cases[f"matmul-view-{s}"] = (lambda a, b: a @ op.transpose(b, perm=[1, 0]),
-                                         [u(130, 70, d=d), u(257, 70, d=d)])
-            cases[f"matmul-1x1-{s}"] = (lambda a, b: a @ b, [u(1, 1, d=d), u(1, 1, d=d)])
-        if ATTENTION:
-            cases[f"attention-{s}"] = (lambda q, k, v: op.attention(q, k, v),
-                                       [u(2, 70, 64, d=d), u(2, 33, 64, d=d), u(2, 33, 64, d=d)])
-    cases["vector-pointwise-int"] = (lambda i, j: (i * 3 - j, op.cast(i, "int64") + j),
-                                     [rng.integers(-9, 9, size=(5, 16), dtype=np.int32),
-                                      rng.integers(-9, 9, size=(16,))])
-    cases["matmul-int"] = (lambda a, b: a @ b, [rng.integers(-5, 5, size=(3, 4, 5)),
-                                                rng.integers(-5, 5, size=(5, 6))])
-    return cases
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +33,6 @@ def programs():
     """target -> {case: TileProgram}, for fresh random example data."""
     rng = np.random.default_rng()
     cases = {**registry_cases(rng), **strategy_cases(rng)}
-    skip = (() if GEMM else ("matmul-f", "matmul-e", "matmul-v", "matmul-1")) + \
-        (() if ATTENTION else ("attention-",))
-    cases = {n: c for n, c in cases.items() if not n.startswith(skip)}
     return {t: {n: lower(fn, args, t) for n, (fn, args) in cases.items()} for t in RENDER}
 
 
@@ -188,11 +80,10 @@ def test_cases_cover_every_operator_and_strategy(programs):
     """A new registry entry is compile-checked on GPUs without touching this file; every
     strategy appears."""
     names = programs["cuda"].keys()
-    assert {n.split("-")[0] for n in names} >= set(ops.REGISTRY) - \
-        ({"matmul"} if not GEMM else set()) - ({"attention"} if not ATTENTION else set())
+    assert {n.split("-")[0] for n in names} >= set(ops.REGISTRY)
     strategies = {k.strategy for p in programs["cuda"].values() for k in p.kernels}
     want = {"pointwise", "copy", "row", "reduce", "argreduce", "concat", "gather", "contract"}
-    assert strategies >= want | ({"attention"} if ATTENTION else set())
+    assert strategies >= want | {"attention"}
     kinds = {n.rsplit("-", 1)[1] for n in names}
     assert kinds >= {"f32", "f64", "f16", "bf16", "i32", "i64", "bool"}
 

@@ -43,7 +43,9 @@ def mm_inputs(rng, m=70, k=90, n=150):
 
 
 def run_py(code: str, env_extra: dict) -> subprocess.CompletedProcess:
-    env = {**os.environ, **env_extra}
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]  # this file, conftest
+    env = {**os.environ, **env_extra, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, env=env, cwd=os.path.dirname(__file__), timeout=300)
 

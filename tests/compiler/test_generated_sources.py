@@ -8,8 +8,8 @@ generated_sources.json beside this file.
 A refactor of the compiler must leave every digest alone. A change that means to alter the
 generated code records the new digests in the same commit, and says why in its message:
 
-    python tests/test_generated_sources.py --update
-    python tests/test_generated_sources.py --dump DIR      # every text, to diff two commits
+    python tests/compiler/test_generated_sources.py --update
+    python tests/compiler/test_generated_sources.py --dump DIR      # every text, to diff two commits
 
 The case data is fresh and random, but no source depends on it: only on shapes, dtypes and attributes.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))     # tests/: the shared cases
 
 import tessera as ts  # noqa: E402
 from tessera import ops  # noqa: E402
@@ -34,8 +34,7 @@ from tessera.compiler.kernels import build_schedule, invalid_knobs, knob_space  
 from tessera.compiler.target.c import render_c, routine_library_source  # noqa: E402
 from tessera.compiler.target.gpu import render_cuda, render_hip  # noqa: E402
 
-from test_gpu_codegen import graph, registry_cases, strategy_cases  # noqa: E402
-from test_registry import EXAMPLES  # noqa: E402
+from cases import EXAMPLES, graph, registry_cases, strategy_cases  # noqa: E402
 
 RECORD = Path(__file__).with_name("generated_sources.json")
 LEVEL = "x86-64-v3"
@@ -124,7 +123,7 @@ def test_generated_sources_are_unchanged():
     changed = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
     assert not changed, (f"{len(changed)} generated texts differ from {RECORD.name}, e.g. "
                          f"{changed[:8]}; if the change is meant, record it: python "
-                         f"tests/{Path(__file__).name} --update")
+                         f"tests/compiler/{Path(__file__).name} --update")
 
 
 if __name__ == "__main__":

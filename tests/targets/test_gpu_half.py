@@ -23,7 +23,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def emulated(f, arrays, target):
     if shutil.which(os.environ.get("CXX") or "g++") is None:
         pytest.skip("the CUDA emulator needs a C++20 compiler (g++)")
-    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
     from gpu_emulator import run_program
     return run_program(f.lower(*arrays, target=target), *arrays)
 

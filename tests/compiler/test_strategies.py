@@ -17,7 +17,7 @@ from tessera.compiler.tile_ir import Assign, Bin, Const, Decl, Loop, Store, Var,
 from tessera.ops.registry import OpDef
 
 from conftest import assert_close
-from test_gpu_codegen import graph, registry_cases, strategy_cases
+from cases import graph, registry_cases, strategy_cases
 
 
 def test_every_operator_node_has_exactly_one_strategy():

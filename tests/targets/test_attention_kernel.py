@@ -368,7 +368,7 @@ def test_omp_num_threads_in_subprocess_bitwise_equal(lib, tmpdir_mod, rng):
     q, k, v = qkv(rng, 2, 3, 150, 170, 32, 48)
     np.savez(tmpdir_mod / "in.npz", q=q, k=k, v=v)
     script = (
-        "import sys, numpy as np; sys.path.insert(0, sys.argv[1]);"
+        "import os, sys, numpy as np; sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])];"
         "import ctypes, test_attention_kernel as t;"
         "d = np.load(sys.argv[2]); lib = ctypes.CDLL(sys.argv[3]);"
         "np.save(sys.argv[4], np.stack([t.attend(lib, d['q'], d['k'], d['v'], causal=c)"
@@ -377,7 +377,7 @@ def test_omp_num_threads_in_subprocess_bitwise_equal(lib, tmpdir_mod, rng):
     for n in (1, 2):
         out = tmpdir_mod / f"out{n}.npy"
         env = dict(os.environ, OMP_NUM_THREADS=str(n))
-        r = subprocess.run([sys.executable, "-c", script, os.path.dirname(__file__),
+        r = subprocess.run([sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__)),
                             str(tmpdir_mod / "in.npz"), str(tmpdir_mod / "attn.so"), str(out)],
                            env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr

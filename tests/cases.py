@@ -1,0 +1,158 @@
+"""The shared cases: an example of every registered operator (EXAMPLES), and the corpus of
+programs the code-generation tests lower (every operator in every dtype it takes, and each
+strategy's shapes). Registering an operator without an example fails tests/ops/test_registry.py."""
+import numpy as np
+
+import tessera as ts
+from tessera import dtypes as dt
+from tessera import ops
+from tessera.compiler.graph_ir import Graph, make_attrs
+from tessera.compiler.kernels import build_schedule
+from tessera.compiler.lower import lower_schedule_gpu
+from tessera.compiler.pipeline import prepare
+from tessera.compiler.tile_ir import TileProgram
+from tessera.errors import DTypeError, TesseraError
+from tessera.trace import Trace, Traced, apply, tracing
+from tessera.types import type_of_array
+
+
+def f32(rng, *shape, lo=-3, hi=3):
+    # float64: normalising 3 values can be ill-conditioned (a tiny variance), which no float32
+    # tolerance survives; float32 accuracy is tested with error bounds in the other files
+    return rng.uniform(lo, hi, size=shape)
+
+
+# name -> (inputs from rng, attrs)
+EXAMPLES = {
+    **{n: (lambda r: [f32(r, 3, 5)], {}) for n in
+       ["neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "erf"]},
+    "log": (lambda r: [f32(r, 3, 5, lo=0.1)], {}),
+    "sqrt": (lambda r: [f32(r, 3, 5, lo=0)], {}),
+    "rsqrt": (lambda r: [f32(r, 3, 5, lo=0.1)], {}),
+    **{n: (lambda r: [f32(r, 4, 1, 3), f32(r, 5, 1)], {}) for n in
+       ["add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"]},
+    "div": (lambda r: [f32(r, 4, 3), f32(r, 3, lo=0.5)], {}),
+    "pow": (lambda r: [f32(r, 4, 3, lo=0.1), f32(r, 3)], {}),
+    "where": (lambda r: [f32(r, 4, 3) > 0, f32(r, 4, 3), f32(r, 3)], {}),
+    "cast": (lambda r: [f32(r, 4, 3) * 10], {"dtype": "int32"}),
+    **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in
+       ["sum", "max", "min", "mean", "var"]},
+    "argmax": (lambda r: [f32(r, 3, 7)], {"axis": 1}),
+    "argmin": (lambda r: [f32(r, 3, 7)], {"axis": 0, "keepdim": True}),
+    **{n: (lambda r: [f32(r, 2, 3, 6)], {"axis": 1}) for n in
+       ["softmax", "log_softmax", "logsumexp", "layernorm", "rmsnorm"]},
+    "matmul": (lambda r: [f32(r, 2, 3, 4), f32(r, 4, 5)], {}),
+    "attention": (lambda r: [f32(r, 2, 5, 4), f32(r, 2, 7, 4), f32(r, 2, 7, 3), f32(r, 5, 7)],
+                  {"causal": True}),
+    "transpose": (lambda r: [f32(r, 2, 3, 4)], {"perm": [1, 2, 0]}),
+    "reshape": (lambda r: [f32(r, 2, 3, 4)], {"shape": [4, -1]}),
+    "broadcast_to": (lambda r: [f32(r, 3, 1)], {"shape": [2, 3, 5]}),
+    "slice": (lambda r: [f32(r, 6, 5)], {"starts": [1, None], "stops": [None, 0],
+                                        "steps": [2, -1]}),
+    "concat": (lambda r: [[f32(r, 2, 3), f32(r, 4, 3)]], {"axis": 0}),
+    "take": (lambda r: [f32(r, 5, 3), r.integers(-5, 5, size=(2, 2))], {"axis": 0}),
+    "expand_dims": (lambda r: [f32(r, 2, 3)], {"axis": -1}),
+    "squeeze": (lambda r: [f32(r, 2, 1, 3)], {"axis": 1}),
+    "random_uniform": (lambda r: [r.integers(-2**40, 2**40, size=()),
+                                  r.integers(0, 2**40, size=(4, 5))], {}),
+}
+
+
+def normal_attrs(opdef, arrays, attrs):
+    """The attributes as the operator normalises them for these arrays."""
+    return make_attrs(opdef, attrs, [type_of_array(np.asarray(a)) for a in arrays])
+
+
+def graph(fn, arrays, name="f") -> Graph:
+    """The Graph IR of fn on arrays' types (a tuple result is several outputs)."""
+    g = Graph(name)
+    tr = Trace(g, name)
+    xs = [Traced(g.add_param(f"x{i}", type_of_array(np.asarray(a))), tr)
+          for i, a in enumerate(arrays)]
+    with tracing(tr):
+        r = fn(*xs)
+    outs = list(r) if isinstance(r, tuple) else [r]
+    g.outputs = [o._value for o in outs]
+    g.output_structure, g.output_tree = ("tuple" if isinstance(r, tuple) else "single"), None
+    return g
+
+
+def lower(fn, arrays, target) -> TileProgram:
+    _, prim = prepare(graph(fn, arrays))
+    return lower_schedule_gpu(build_schedule(prim, target), target).verify()
+
+
+# ---- the cases: every registered operator in every dtype it takes, and each strategy ------------
+def _variants(arrays):
+    """The example's arrays as f32, f64, f16, bf16, i32, i64 and bool (float arrays
+    converted)."""
+    def conv(to):
+        return [np.asarray(a).astype(to) if np.asarray(a).dtype.kind == "f" else a
+                for a in arrays]
+    return {"f32": conv(np.float32), "f64": conv(np.float64), "f16": conv(np.float16),
+            "bf16": conv(dt.bfloat16.np), "i32": conv(np.int32),
+            "i64": conv(np.int64), "bool": [np.asarray(a) > 0 if np.asarray(a).dtype.kind == "f"
+                                            else a for a in arrays]}
+
+
+def registry_cases(rng):
+    cases = {}
+    for name in sorted(ops.REGISTRY):
+        make, attrs = EXAMPLES[name]
+        listed = ops.get(name).nin == -1
+        inputs = make(rng)
+        for tag, args in _variants(inputs[0] if listed else inputs).items():
+            def fn(*xs, name=name, attrs=attrs, listed=listed):
+                return apply(name, list(xs), **attrs) if listed else apply(name, *xs, **attrs)
+            try:
+                graph(fn, args)
+            except (DTypeError, TesseraError):
+                continue                # this operator does not take this dtype
+            cases[f"{name}-{tag}"] = (fn, args)
+    return cases
+
+
+def strategy_cases(rng):
+    def u(*shape, d=np.float32):
+        return rng.uniform(-2, 2, size=shape).astype(d)
+    op = ts.op
+    cases = {}
+    for d in (np.float32, np.float64, np.float16, dt.bfloat16.np):
+        s = np.dtype(d).name
+        for shape in [(1, 1), (3, 1), (7, 33), (2, 3, 1000), (2, 70001)]:
+            cases[f"softmax{shape}-{s}"] = (lambda x: op.softmax(x, axis=-1), [u(*shape, d=d)])
+            cases[f"layernorm{shape}-{s}"] = (lambda x: op.layernorm(x, axis=-1),
+                                              [u(*shape, d=d)])
+        cases[f"rmsnorm-{s}"] = (lambda x: op.rmsnorm(x, axis=-1), [u(5, 129, d=d)])
+        cases[f"logsumexp-mid-{s}"] = (lambda x: op.logsumexp(x, axis=1), [u(4, 9, 3, d=d)])
+        cases[f"whole-sum-{s}"] = (lambda x: op.sum(x), [u(1000, 7, d=d)])
+        cases[f"whole-max-{s}"] = (lambda x: op.max(x), [u(70001, d=d)])
+        cases[f"whole-normalise-{s}"] = (lambda x: x - op.mean(x), [u(13, 11, d=d)])
+        cases[f"column-sum-{s}"] = (lambda x: op.sum(x, axis=0), [u(33, 17, d=d)])
+        cases[f"column-max-{s}"] = (lambda x: op.max(x * 2, axis=(0, 1)), [u(3, 5, 7, d=d)])
+        cases[f"argmax-all-{s}"] = (lambda x: op.argmax(x), [u(9, 4, d=d)])
+        cases[f"argmin-0-{s}"] = (lambda x: op.argmin(x, axis=0), [u(9, 4, d=d)])
+        cases[f"broadcast-view-{s}"] = (lambda x, y: op.transpose(x, perm=[1, 0]) * y + 1,
+                                        [u(5, 3, d=d), u(5, d=d)])
+        cases[f"two-outputs-{s}"] = (lambda x: (op.softmax(x, axis=-1), x * 2), [u(6, 10, d=d)])
+        cases[f"concat-{s}"] = (lambda x, y: op.concat([x, y, x], axis=1),
+                                [u(2, 3, d=d), u(2, 5, d=d)])
+        cases[f"take-{s}"] = (lambda x, i: op.take(x, i, axis=1),
+                              [u(3, 7, 5, d=d), rng.integers(-7, 7, size=(2, 3))])
+        cases[f"rank0-{s}"] = (lambda x: op.exp(x), [np.asarray(0.5, dtype=d)])
+        # rows of a multiple of 8: the pointwise vector path (vload/vstore), two outputs
+        cases[f"vector-pointwise-{s}"] = (lambda x, y: (op.gelu(x * y) + 1, x > y),
+                                          [u(3, 64, d=d), u(64, d=d)])
+        cases[f"matmul-epilogue-{s}"] = (lambda a, b, c: op.relu(a @ b + c),
+                                         [u(2, 33, 20, d=d), u(20, 45, d=d), u(45, d=d)])
+        cases[f"matmul-view-{s}"] = (lambda a, b: a @ op.transpose(b, perm=[1, 0]),
+                                     [u(130, 70, d=d), u(257, 70, d=d)])
+        cases[f"matmul-1x1-{s}"] = (lambda a, b: a @ b, [u(1, 1, d=d), u(1, 1, d=d)])
+        cases[f"attention-{s}"] = (lambda q, k, v: op.attention(q, k, v),
+                                   [u(2, 70, 64, d=d), u(2, 33, 64, d=d), u(2, 33, 64, d=d)])
+    cases["vector-pointwise-int"] = (lambda i, j: (i * 3 - j, op.cast(i, "int64") + j),
+                                     [rng.integers(-9, 9, size=(5, 16), dtype=np.int32),
+                                      rng.integers(-9, 9, size=(16,))])
+    cases["matmul-int"] = (lambda a, b: a @ b, [rng.integers(-5, 5, size=(3, 4, 5)),
+                                                rng.integers(-5, 5, size=(5, 6))])
+    return cases
