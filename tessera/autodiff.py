@@ -36,7 +36,7 @@ import numpy as np
 from . import pytree
 from .compiler import backward as _ad
 from .errors import ArgumentError, DifferentiationError, GradientCheckError
-from .function import Function, _def_location, _TreeArg, evaluate_graph
+from .function import Function, TreeArg, def_location, evaluate_graph
 from .shapes import same
 from .trace import Traced, apply, current_trace, user_location
 from .types import type_of_array
@@ -57,12 +57,12 @@ class Transformed(Function):
         body.__doc__ = getattr(base, "__doc__", None)
         super().__init__(body, name=name, target=getattr(transformed, "target", "cpu"),
                          schedule=schedule or getattr(transformed, "schedule", None))
-        self._def_loc = _def_location(base) or self._def_loc
+        self.signature.def_loc = def_location(base) or self.signature.def_loc
         self.transformed = transformed
         self._wrt = tuple(wrt)                # parameter names whose leaves are differentiated
 
     def _bind(self, args, kwargs):
-        bound = self._bind_python(args, kwargs)
+        bound = self.signature.bind_python(args, kwargs)
         for name in self._wrt:                # a Python number asked for a gradient: an array
             x = bound.arguments[name]
             if isinstance(x, (int, float)) and not isinstance(x, bool):
@@ -70,7 +70,7 @@ class Transformed(Function):
         return super()._bind(bound.args, bound.kwargs)
 
     def _inline(self, args, kwargs):
-        bound = self._bind_python(args, kwargs)
+        bound = self.signature.bind_python(args, kwargs)
         for name in self._wrt:                # fresh values: see the module's docstring
             x = bound.arguments[name]
             if isinstance(x, (int, float)) and not isinstance(x, bool):
@@ -79,7 +79,7 @@ class Transformed(Function):
         return super()._inline(bound.args, bound.kwargs)
 
     def with_schedule(self, schedule) -> "Transformed":
-        return Transformed(self.fn, self.transformed, self.name, self._sig, self._wrt,
+        return Transformed(self.fn, self.transformed, self.name, self.signature.sig, self._wrt,
                            schedule=schedule)
 
 
@@ -111,7 +111,7 @@ def _derived(fn, key, make):
 
 def _signature(fn) -> inspect.Signature:
     if isinstance(fn, Function):
-        sig = fn._sig
+        sig = fn.signature.sig
     else:
         if not callable(fn):
             raise ArgumentError(f"differentiation needs a function, got {fn!r}")
@@ -517,14 +517,14 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
         vals[k] = arr
         return float(evaluate_graph(graph, vals)[0]) if graph.outputs else 0.0
 
-    names = list(S._sig.parameters)
+    names = list(S.signature.sig.parameters)
     worst = (0.0, None)
     for pos, g_tree in zip(nums, analytic):
         tree = statics.get(names[pos])
-        slots = tree.slots if isinstance(tree, _TreeArg) else [("param", names[pos])]
+        slots = tree.slots if isinstance(tree, TreeArg) else [("param", names[pos])]
         td = pytree.flatten(args[pos])[1]
-        paths = td.paths() if isinstance(tree, _TreeArg) else [()]
-        g_leaves = pytree.leaves(g_tree) if isinstance(tree, _TreeArg) else [g_tree]
+        paths = td.paths() if isinstance(tree, TreeArg) else [()]
+        g_leaves = pytree.leaves(g_tree) if isinstance(tree, TreeArg) else [g_tree]
         g_iter = iter(g_leaves)
         for (kind, key), path in zip(slots, paths):
             if kind != "param":

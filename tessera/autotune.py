@@ -192,8 +192,8 @@ class AutotunedFunction:
         self._ready.add(prog)
 
     def __call__(self, *args, **kwargs):
-        from .function import _inside_trace
-        if _inside_trace(args, kwargs):
+        from .function.tracing import inside_trace
+        if inside_trace(args, kwargs):
             return self.function(*args, **kwargs)
         self._ensure_tuned(args, kwargs)
         with self._db():

@@ -119,6 +119,7 @@ class Graph:
         self.outputs: list[Value] = []
         self.bindings = dict(bindings or {})    # symbol -> size, once specialised
         self.output_structure = "single"        # how the function returned: single | tuple | list
+        self.output_tree = None                 # or, for a pytree of results, its structure
 
     # -- building -------------------------------------------------------------------------------
     def add_param(self, name: str, type: TensorType) -> Value:
@@ -174,6 +175,7 @@ class Graph:
             vmap[n.out.id] = m.out
         g.outputs = [vmap[v.id] for v in self.outputs]
         g.output_structure = self.output_structure
+        g.output_tree = self.output_tree
         return g
 
     # -- checking -------------------------------------------------------------------------------

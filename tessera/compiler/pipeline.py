@@ -60,6 +60,11 @@ class _Levels:
     def kernels(self):
         return self.schedule_ir.kernels
 
+    @property
+    def output_tree(self):
+        """The structure of a pytree of results (None for a tensor, a tuple or a list)."""
+        return self.graph_ir.output_tree
+
     def __call__(self, *arrays):
         out = self.run(*arrays)
         return out[0] if self.output_structure in (None, "single") else \
@@ -331,6 +336,9 @@ def resolve_target(target: str, arrays=()) -> str:
 
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
                   schedule=None):
+    """The program of a graph for a target; its results come back as the graph returned them
+    (graph.output_structure unless `output_structure` says otherwise)."""
+    output_structure = output_structure or graph.output_structure
     target = resolve_target(target)
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)

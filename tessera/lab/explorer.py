@@ -39,8 +39,9 @@ def parse_shapes(text: str | None) -> dict:
 def needs_arrays(fn) -> list:
     """The parameters of a tessera function that sizes alone cannot make arguments for: no
     Tensor[...] annotation with a rank, and no default."""
-    return [p.name for p in fn._params if (p.spec is None or p.spec.dims is None) and
-            fn._sig.parameters[p.name].default is fn._sig.parameters[p.name].empty]
+    params = fn.signature.sig.parameters
+    return [p.name for p in fn.signature.params if (p.spec is None or p.spec.dims is None) and
+            params[p.name].default is params[p.name].empty]
 
 
 def explore(subject, shapes=None, *, target: str = "cpu", show=LEVELS, profile: bool = False,

@@ -141,7 +141,7 @@ def _explore(fn, sizes, options, build=True):
     comes first: it names the user's line of a shape error whatever the sizes."""
     try:
         if _is_tessera_function(fn):
-            if all(p.spec is not None and p.spec.dims is not None for p in fn._params):
+            if all(p.spec is not None and p.spec.dims is not None for p in fn.signature.params):
                 fn.graph_ir
             if not build:
                 fn.specialize(sizes, options["target"])
@@ -168,12 +168,12 @@ def _resolve_target(name: str) -> str:
 
 def _bind(fn):
     """A plain annotated function as a tessera function; an error names its `def` line."""
-    from ..function import Function, _def_location
+    from ..function import Function, def_location
     try:
         return Function(fn)
     except TesseraError as e:
         if e.location is None:
-            e.location = _def_location(fn)
+            e.location = def_location(fn)
         raise e.with_traceback(None) from None
 
 

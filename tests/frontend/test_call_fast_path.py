@@ -76,7 +76,7 @@ def test_the_cpu_target_environment_is_part_of_the_key(rng, monkeypatch):
     host = f(x)
     monkeypatch.setenv(isa.ENV, "generic")
     assert f(x).tobytes() == host.tobytes()
-    assert f._last_program.target == "cpu:generic"
+    assert f.programs.last.target == "cpu:generic"
     assert len(f._fast) == 2
 
 
@@ -85,7 +85,7 @@ def test_forget_programs_drops_the_launchers(rng):
     x = np.ones(3, np.float32)
     f(x)
     f.forget_programs()
-    assert not f._fast and not f._programs
+    assert not f._fast and not f.programs.by_key
     np.testing.assert_array_equal(f(x), x + 1)
 
 

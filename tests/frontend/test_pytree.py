@@ -70,7 +70,7 @@ def test_the_cache_key_holds_the_structure_and_the_static_leaves(rng):
     n = len(calls)
     np.testing.assert_allclose(f({"a": a, "k": 3.0}), 3 * a)   # another static value
     np.testing.assert_allclose(f({"k": 3.0, "a": a}), 3 * a)   # another structure
-    assert len(calls) > n and len(f._programs) == 3
+    assert len(calls) > n and len(f.programs.by_key) == 3
 
 
 def test_lists_of_numbers_stay_arrays_and_tuples_statics():
