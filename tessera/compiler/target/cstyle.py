@@ -21,19 +21,13 @@ import math
 
 from ... import dtypes as dt
 from ...ops import registry as R
+from ..strategies.routines import specialise
 from ..tile_ir import (Addr, Aligned, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, If, Load,
                        Local, Loop, OpCall, Select, Shared, Store, TileKernel, TileProgram, Var,
                        all_statements, walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
-
-
-def fill(template: str, **subs) -> str:
-    """Replace {name} tokens literally (C code is full of braces str.format would trip on)."""
-    for k, v in subs.items():
-        template = template.replace("{" + k + "}", v)
-    return template
 
 
 class CStyleRenderer:
@@ -130,18 +124,18 @@ class CStyleRenderer:
     def opcall(self, e: OpCall, rounded: bool = True) -> str:
         """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
         (the caller narrows it at once)."""
-        text = fill(self.template(e), **self.subs(e.compute, e.out))
+        text = specialise(self.template(e), **self.subs(e.compute, e.out))
         if e.op == "cast" and e.out == dt.float16 and e.compute == dt.float64:
             # float32 rounded to odd, then once to 16 bits: the double's own rounding (NumPy's).
             # bfloat16 keeps ml_dtypes' two roundings (through float32), as its reference does.
             text = f"{self.half_prefix}_f64_to_f32_odd({{0}})"
             self._uses_half = True
         if e.role == "combine":
-            text = fill(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
+            text = specialise(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
         elif e.role == "better":
-            text = fill(text, x=self.expr(e.args[0]), best=self.expr(e.args[1]))
+            text = specialise(text, x=self.expr(e.args[0]), best=self.expr(e.args[1]))
         else:
-            text = fill(text, **{str(i): self.expr(a) for i, a in enumerate(e.args)})
+            text = specialise(text, **{str(i): self.expr(a) for i, a in enumerate(e.args)})
         return self.round_half(e.out, text) if rounded and e.out.is_half else text
 
     def stored(self, buf: str, value) -> str:
@@ -176,7 +170,7 @@ class CStyleRenderer:
                 if e.compute.itemsize == 8 and hasattr(chunks, "f64"):
                     chunks = chunks.f64
                 for text in ((chunks,) if isinstance(chunks, str) else chunks or ()):
-                    h = fill(text, **self.subs(e.compute, e.compute.compute))
+                    h = specialise(text, **self.subs(e.compute, e.compute.compute))
                     if h not in out:
                         out.append(h)
         return out

@@ -1,0 +1,100 @@
+#define TS_NR_{S} (2 * TS_VL_{S})
+/* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. */
+static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int64_t csa,
+                          {T}* pa) {
+  for (int64_t ir = 0; ir < mc; ir += TS_MR, pa += TS_MR * kc) {
+    int64_t m = mc - ir < TS_MR ? mc - ir : TS_MR;
+    for (int64_t k = 0; k < kc; ++k)
+      for (int64_t r = 0; r < TS_MR; ++r)
+        pa[k * TS_MR + r] = r < m ? A[(ir + r) * rsa + k * csa] : ({T})0;
+  }
+}
+
+/* NR columns of B, k-major: pb[k * NR + j]; columns past nc are zero. */
+static void ts_pack_b_{S}(int64_t kc, int64_t nc, const {T}* B, int64_t rsb, int64_t csb,
+                          {T}* pb) {
+  for (int64_t jr = 0; jr < nc; jr += TS_NR_{S}, pb += TS_NR_{S} * kc) {
+    int64_t n = nc - jr < TS_NR_{S} ? nc - jr : TS_NR_{S};
+    for (int64_t k = 0; k < kc; ++k) {
+      const {T}* src = B + k * rsb + jr * csb;
+      if (n == TS_NR_{S} && csb == 1) {
+        memcpy(pb + k * TS_NR_{S}, src, sizeof({T}) * TS_NR_{S});
+      } else {
+        for (int64_t j = 0; j < TS_NR_{S}; ++j)
+          pb[k * TS_NR_{S} + j] = j < n ? src[j * csb] : ({T})0;
+      }
+    }
+  }
+}
+
+/* C[0:m, 0:n] (+)= a-panel @ b-panel over kc: MR x NR accumulators in registers. */
+static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict b,
+                         {T}* restrict c, int64_t ldc, int64_t m, int64_t n, int first) {
+  ts_v_{S} c0[TS_MR], c1[TS_MR];
+  {T} edge[TS_MR * TS_NR_{S}];
+  int full = m == TS_MR && n == TS_NR_{S};
+  {T}* src = c;
+  int64_t ld = ldc;
+  if (!full) {
+    memset(edge, 0, sizeof(edge));
+    if (!first)
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j) edge[r * TS_NR_{S} + j] = c[r * ldc + j];
+    src = edge;
+    ld = TS_NR_{S};
+  }
+  for (int r = 0; r < TS_MR; ++r) {
+    c0[r] = first ? ts_vzero_{S}() : ts_vload_{S}(src + r * ld);
+    c1[r] = first ? ts_vzero_{S}() : ts_vload_{S}(src + r * ld + TS_VL_{S});
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    ts_v_{S} b0 = ts_vload_{S}(b + k * TS_NR_{S});
+    ts_v_{S} b1 = ts_vload_{S}(b + k * TS_NR_{S} + TS_VL_{S});
+    for (int r = 0; r < TS_MR; ++r) {
+      ts_v_{S} ar = ts_vset1_{S}(a[k * TS_MR + r]);
+      c0[r] = ts_vfma_{S}(ar, b0, c0[r]);
+      c1[r] = ts_vfma_{S}(ar, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < TS_MR; ++r) {
+    ts_vstore_{S}(src + r * ld, c0[r]);
+    ts_vstore_{S}(src + r * ld + TS_VL_{S}, c1[r]);
+  }
+  if (!full)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = edge[r * TS_NR_{S} + j];
+}
+
+static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* B, int64_t rsb,
+                             int64_t csb, {T}* C, int64_t ldc, int64_t K, int64_t mt,
+                             int64_t nt, int64_t KC) {
+  if (K <= 0) {
+    for (int64_t i = 0; i < mt; ++i)
+      for (int64_t j = 0; j < nt; ++j) C[i * ldc + j] = 0;
+    return;
+  }
+  if (KC <= 0) KC = 256;
+  int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
+  int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
+  {T}* pa = ts_scratch_{S}((size_t)(mp + np) * (size_t)(K < KC ? K : KC));
+  if (!pa) {                     /* no memory for packing: the same fma chains, unpacked */
+    for (int64_t i = 0; i < mt; ++i)
+      for (int64_t j = 0; j < nt; ++j) {
+        {T} acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc = fma{F}(A[i * rsa + k * csa], B[k * rsb + j * csb], acc);
+        C[i * ldc + j] = acc;
+      }
+    return;
+  }
+  {T}* pb = pa + mp * (K < KC ? K : KC);
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    int64_t kc = K - pc < KC ? K - pc : KC;
+    ts_pack_b_{S}(kc, nt, B + pc * rsb, rsb, csb, pb);
+    ts_pack_a_{S}(mt, kc, A + pc * csa, rsa, csa, pa);
+    for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
+      for (int64_t ir = 0; ir < mt; ir += TS_MR)
+        ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, C + ir * ldc + jr, ldc,
+                     mt - ir < TS_MR ? mt - ir : TS_MR,
+                     nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
+  }
+}
