@@ -62,6 +62,12 @@ class DType:
         return self.kind == "f" and self.itemsize == 2
 
     @property
+    def poison(self):
+        """What an output or temporary is filled with before a run under TESSERA_POISON=1, so
+        an element a kernel forgets to write shows: NaN, True, or an unlikely integer."""
+        return np.nan if self.is_float else (True if self.is_bool else -987654321)
+
+    @property
     def compute(self) -> "DType":
         """The dtype arithmetic on values of this dtype runs in (float32 for 16-bit floats)."""
         return _BY_NAME[self.accum] if self.is_half else self

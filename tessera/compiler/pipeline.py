@@ -153,9 +153,8 @@ class Program(_Levels):
                 plan.append(("const", b.data))
             else:
                 d = b.type.dtype
-                poison = np.nan if d.is_float else (True if d.is_bool else -987654321)
                 kind = "temp" if b.slot is not None else "alloc"
-                plan.append((kind, tuple(b.type.shape), d.np, poison, b))
+                plan.append((kind, tuple(b.type.shape), d.np, d.poison, b))
         return plan
 
     def _slots(self):

@@ -242,7 +242,7 @@ def run(program, arrays) -> list:
             except cupy.cuda.memory.OutOfMemoryError:
                 raise program._no_memory(b) from None
             if poison:
-                arr.fill(np.nan if d.is_float else (True if d.is_bool else -987654321))
+                arr.fill(d.poison)
             table[b.name] = arr
     status = cupy.zeros(1 + program.tile_ir.workspace, dtype=cupy.int32)   # + workspace
     kernels = {k.name: k for k in program.tile_ir.kernels}
