@@ -2,45 +2,21 @@
 loaded shared object, wrapped in a Program that runs on NumPy arrays."""
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
-
 import numpy as np
 
-from ..errors import (ArgumentError, BackendUnavailableError, ResourceError, RuntimeFault,
-                      ShapeError)
-from ..runtime import isa, profiler, tunedb
+from ..errors import ArgumentError, BackendUnavailableError, ShapeError
+from ..runtime import isa, tunedb
+from ..runtime.cpu import CpuExecutor
+from ..runtime.program import steps_of
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose
 from .kernels import build_schedule, checked_record, kernel_signature
-from .target.c import ENTRY, build_program, routine_library_source
+from .target.c import build_program, routine_library_source
 from .target.cstyle import routine_keys
 
 TARGETS = ("cpu", "cuda", "hip")
-
-
-def status_error(program, code: int) -> RuntimeFault:
-    """The error a kernel's nonzero status code stands for: its position + 1 (a bad index),
-    negated (a routine without scratch memory). `program`: anything with graph_ir and
-    schedule_ir (the GPU emulator's runs use it too)."""
-    kernels = program.schedule_ir.kernels
-    if 1 <= -code <= len(kernels):     # a routine found no scratch memory
-        k = kernels[-code - 1]
-        return ResourceError(f"{k.name} could not allocate its scratch memory",
-                             function=program.graph_ir.name, location=k.fuses[0].loc,
-                             op=k.fuses[0].op, hint="free memory, or use smaller shapes")
-    if not 1 <= code <= len(kernels):
-        return RuntimeFault(f"a kernel set its status to {code}, which names no kernel",
-                            function=program.graph_ir.name)
-    k = kernels[code - 1]
-    node = k.fuses[0]
-    return RuntimeFault(f"an index is out of range in {k.name} (graph node "
-                        f"{node.origin or node.op})", function=program.graph_ir.name,
-                        location=node.loc, op=node.op,
-                        hint="indices must lie in [-n, n) for an axis of size n")
 
 
 class _Levels:
@@ -55,6 +31,7 @@ class _Levels:
         self.target_code = target_code
         self.target = target
         self.output_structure = output_structure
+        self.steps = steps_of(tile_ir)      # what the runtime runs (kernel launches, in order)
 
     @property
     def kernels(self):
@@ -78,43 +55,6 @@ class _Levels:
         return (f"<Program @{self.graph_ir.name} target={self.target}: "
                 f"{len(self.schedule_ir.kernels)} kernels>")
 
-    def _results(self, buffers: dict, xp) -> list:
-        """The outputs, in order, from a run's buffers by name (xp: NumPy or CuPy). A 0-d
-        constant becomes an array; an input, a constant or a buffer returned twice is copied,
-        so no caller's or shared array is handed out."""
-        results, seen = [], set()
-        for b in self.schedule_ir.outputs:
-            if b.role == "inline":
-                arr = xp.array(b.data)
-            else:
-                arr = buffers[b.name]
-                if b.role in ("input", "const") or b.name in seen:
-                    arr = arr.copy()
-            seen.add(b.name)
-            results.append(arr)
-        return results
-
-    def _fault(self, code: int) -> RuntimeFault:
-        return status_error(self, code)
-
-    def _no_memory(self, b):
-        node = next(k.fuses[0] for k in self.schedule_ir.kernels if b in k.outputs)
-        return ResourceError(f"cannot allocate {b.nbytes / 2**30:.1f} GiB for {b.name}, the "
-                             f"result of {node.origin or node.op}", function=self.graph_ir.name,
-                             location=node.loc, op=node.op, received=str(b.type),
-                             hint="use smaller shapes, or reduce inside the function so the large "
-                                  "result is never materialised")
-
-
-def _address(a: np.ndarray) -> int:
-    """An array's data address: through the buffer protocol, three times faster than
-    `a.ctypes.data`, which read-only and empty arrays still need."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
-    except (TypeError, ValueError):
-        return a.ctypes.data
-
-
 class Program(_Levels):
     """A Tessera function specialised to concrete shapes, with every IR level to read."""
 
@@ -123,15 +63,10 @@ class Program(_Levels):
         super().__init__(graph_ir, primitive_ir, schedule_ir, tile_ir, target_code, target,
                          output_structure)
         self._lib = library             # None: built for another architecture, not built here
-        self._entry = getattr(library, ENTRY, None)
-        self._timed_entry = getattr(library, ENTRY + "_timed", None)
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
-        self._plan = self._launch_plan()
-        self._arenas = threading.local()    # temporaries' memory, kept per calling thread
         self.level = isa.level_of(target).name
         self._runs_here = isa.runs_here(self.level)
-        self._table_type = ctypes.c_void_p * max(1, len(self.tile_ir.buffers))
-        self._poison = os.environ.get("TESSERA_POISON") == "1"     # read once, when built
+        self._execute = CpuExecutor(self, library, self.steps).execute   # on checked inputs
 
     @property
     def routine_sources(self) -> dict:
@@ -140,36 +75,6 @@ class Program(_Levels):
         cross-compiler) compiles, each file a translation unit of its own."""
         return {f"routine_{key.replace(':', '_')}.c": routine_library_source(key)
                 for key in routine_keys(self.tile_ir)}
-
-    def _launch_plan(self):
-        """Per runtime buffer, where its memory comes from: ("input", k), ("const", array) or
-        ("alloc", shape, dtype, poison value, buffer) or ("temp", slot, ...same). Worked out
-        once per program."""
-        plan = []
-        for b in self.tile_ir.buffers:
-            if b.role == "input":
-                plan.append(("input", b.param))
-            elif b.role == "const":
-                plan.append(("const", b.data))
-            else:
-                d = b.type.dtype
-                kind = "temp" if b.slot is not None else "alloc"
-                plan.append((kind, tuple(b.type.shape), d.np, d.poison, b))
-        return plan
-
-    def _slots(self):
-        """This thread's temporary slots (allocated on its first call, then reused)."""
-        arenas = getattr(self._arenas, "slots", None)
-        if arenas is None:
-            arenas = []
-            for i, size in enumerate(self.schedule_ir.slots):
-                try:
-                    arenas.append(np.empty(max(size, 1), dtype=np.uint8))
-                except MemoryError:
-                    b = next(b for b in self.tile_ir.buffers if b.slot == i)
-                    raise self._no_memory(b) from None
-            self._arenas.slots = arenas
-        return arenas
 
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
@@ -202,45 +107,6 @@ class Program(_Levels):
             inputs.append(np.require(a, dtype=npd, requirements="C"))
         return self._execute(inputs)
 
-    def _execute(self, inputs: list) -> list:
-        """Run on checked inputs (C-contiguous arrays of exactly the specialised types, in
-        parameter order): the part of every call that cannot be skipped, kept lean because a
-        warm call of a small function is mostly this."""
-        poison = self._poison
-        slots = self._slots() if self.schedule_ir.slots else None
-        table = []
-        for step in self._plan:
-            kind = step[0]
-            if kind == "input":
-                table.append(inputs[step[1]])
-            elif kind == "const":
-                table.append(step[1])
-            elif kind == "temp":
-                b = step[4]
-                arr = slots[b.slot][:b.nbytes].view(step[2]).reshape(step[1])
-                if poison:
-                    arr.fill(step[3])
-                table.append(arr)
-            else:
-                try:
-                    arr = np.empty(step[1], dtype=step[2])
-                except MemoryError:
-                    raise self._no_memory(step[4]) from None
-                if poison:
-                    arr.fill(step[3])
-                table.append(arr)
-        ptrs = self._table_type(*[_address(a) for a in table])
-        recorder = profiler.current()
-        if recorder is None:
-            status = self._entry(ptrs)
-        else:
-            seconds = (ctypes.c_double * max(1, len(self.schedule_ir.kernels)))()
-            status = self._timed_entry(ptrs, seconds)
-            if not status:
-                recorder.record(self, list(seconds)[:len(self.schedule_ir.kernels)])
-        if status:
-            raise self._fault(status)
-        return self._results({b.name: arr for b, arr in zip(self.tile_ir.buffers, table)}, np)
 
 
 

@@ -29,6 +29,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError, ResourceError
 from ..types import type_of_array
 from . import cache, profiler
+from .program import no_memory, results, status_error
 from .gpu_toolchain import NVRTC_OPTIONS
 
 # clang compiles HIP with -ffp-contract=fast by default: a*b+c would become an FMA, against the
@@ -240,7 +241,7 @@ def run(program, arrays) -> list:
             try:
                 arr = cupy.empty(tuple(b.type.shape), dtype=d.np)
             except cupy.cuda.memory.OutOfMemoryError:
-                raise program._no_memory(b) from None
+                raise no_memory(program, b) from None
             if poison:
                 arr.fill(d.poison)
             table[b.name] = arr
@@ -248,7 +249,8 @@ def run(program, arrays) -> list:
     kernels = {k.name: k for k in program.tile_ir.kernels}
     recorder = profiler.current()
     events = []
-    for name, args in program.tile_ir.calls:
+    for step in program.steps:          # kernel launches (runtime/program.py)
+        name, args = step.kernel, step.args
         launch = kernels[name].launch       # grid >= 1 always: an empty tensor loops 0 times
         if recorder is not None:
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -261,7 +263,7 @@ def run(program, arrays) -> list:
             events.append((start, end))
     code = int(status.get()[0])         # waits for the kernels (and so for the events)
     if code:
-        raise program._fault(code)
+        raise status_error(program, code)
     if recorder is not None:            # milliseconds between events, in kernel order
         recorder.record(program, [cupy.cuda.get_elapsed_time(s, e) / 1e3 for s, e in events])
-    return program._results(table, cupy)
+    return results(program, table, cupy)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.compiler.pipeline import status_error
+from tessera.runtime.program import status_error
 from tessera.errors import (ArgumentError, CompileError, CompilerNotFoundError,
                             TesseraError)
 

@@ -17,6 +17,7 @@ import pytest
 import tessera as ts
 from tessera import op
 from tessera.runtime import toolchain
+from tessera.runtime.program import results
 
 from conftest import assert_close
 
@@ -91,7 +92,7 @@ def run_on_arm(prog, arrays, tmp_path):
         else:
             raw = (d / f"o{i}.bin").read_bytes()
             buffers[b.name] = np.frombuffer(raw, dtype=b.type.dtype.np).reshape(b.type.shape)
-    return prog._results(buffers, np)
+    return results(prog, buffers, np)
 
 
 def _bf16():
