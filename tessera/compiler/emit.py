@@ -10,18 +10,16 @@ helpers for the GPUs' (grids, blocks, launches) are here too.
 from __future__ import annotations
 
 from ..ops import registry as R
+from ..ops.movement import contiguous_strides
 from .groups import identity_map, map_from, squeezes_only
 from .schedule_ir import Kernel
 from .tile_ir import (Bin, Const, Decl, Expr, Load, Loop, OpCall, Param, Select, Store, Var,
                       idx_add, idx_mul, substitute)
 
 
-def contiguous(shape):
-    out, s = [], 1
-    for d in reversed(shape):
-        out.append(s)
-        s *= d
-    return list(reversed(out))
+def contiguous(shape) -> list:
+    """Row-major strides (the views' own, ops/movement.py), as a list."""
+    return list(contiguous_strides(shape))
 
 
 def coalesce(extents, stride_lists):
