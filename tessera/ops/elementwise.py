@@ -204,7 +204,10 @@ with np.errstate(all="ignore"):
     elementwise("where", 3, where_rule, {"f": "ts_sel{F}({0}, {1}, {2})", "*": "({0} ? {1} : {2})"},
                 lambda a, t: np.where(a[0], a[1], a[2]),
                 helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))}, doc="cond ? a : b")
-    elementwise("cast", 1, cast_rule, {"*": "(({T}){0})"},
+    # float64 -> float16: float32 rounded to odd, then once to 16 bits, is the double's own
+    # rounding (NumPy's); bfloat16 keeps ml_dtypes' two roundings (through float32), as its
+    # reference does
+    elementwise("cast", 1, cast_rule, {"f64->f16": "{H}_f64_to_f32_odd({0})", "*": "(({T}){0})"},
                 lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
                 doc="convert to another dtype")
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}

@@ -27,14 +27,17 @@ class Elementwise:
     """out = expr(operands): C templates by the compute dtype's kind ('f', 'i', 'b').
 
     In a template, {0}, {1}, ... are the operands (already in their operand dtypes), {T} is the
-    C type of the result and {F} the libm suffix ("f" for float, "" for double).
+    C type of the result, {F} the libm suffix ("f" for float, "" for double) and {H} the prefix
+    of the target's 16-bit conversions. A template keyed by a conversion ("f64->f16") serves
+    that pair of compute and result dtypes before the kind's.
     """
     c: dict | Callable          # kind -> template, or f(attrs, kind) -> template
     flops: int = 1
     helpers: dict = field(default_factory=dict)   # kind -> C helper functions, templated like c
 
-    def template(self, attrs, kind: str) -> str:
-        t = self.c(attrs, kind) if callable(self.c) else (self.c.get(kind) or self.c.get("*"))
+    def template(self, attrs, kind: str, conversion: str = "") -> str:
+        t = self.c(attrs, kind) if callable(self.c) else \
+            (self.c.get(conversion) or self.c.get(kind) or self.c.get("*"))
         if t is None:
             raise KeyError(kind)
         return t

@@ -85,7 +85,7 @@ class CStyleRenderer:
         compute = compute.compute
         lo, hi = INT_LIMITS.get(compute.short, ("0", "0"))
         return {"T": self.ctype(out), "F": self.suffix(compute), "S": compute.short,
-                "IMIN": lo, "IMAX": hi}
+                "H": self.half_prefix, "IMIN": lo, "IMAX": hi}
 
     # -- expressions -----------------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -116,7 +116,7 @@ class CStyleRenderer:
         desc = R.get(e.op).lowering
         kind = e.compute.kind
         if e.role == "elem":
-            return desc.template(dict(e.attrs), kind)
+            return desc.template(dict(e.attrs), kind, f"{e.compute.short}->{e.out.short}")
         table = {"combine": getattr(desc, "combine", None), "init": getattr(desc, "init", None),
                  "better": getattr(desc, "better", None)}[e.role]
         return table.get(kind) or table["*"]
@@ -125,11 +125,6 @@ class CStyleRenderer:
         """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
         (the caller narrows it at once)."""
         text = specialise(self.template(e), **self.subs(e.compute, e.out))
-        if e.op == "cast" and e.out == dt.float16 and e.compute == dt.float64:
-            # float32 rounded to odd, then once to 16 bits: the double's own rounding (NumPy's).
-            # bfloat16 keeps ml_dtypes' two roundings (through float32), as its reference does.
-            text = f"{self.half_prefix}_f64_to_f32_odd({{0}})"
-            self._uses_half = True
         if e.role == "combine":
             text = specialise(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
         elif e.role == "better":
