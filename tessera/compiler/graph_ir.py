@@ -159,6 +159,13 @@ class Graph:
             names[n.out.id] = f"%{i}"
         return names
 
+    def move_before(self, v: Value, n: "Node") -> Value:
+        """Move the node making v to just before node n (a rewrite's new node goes where the
+        node it replaces was); returns v."""
+        self.nodes.remove(v.node)
+        self.nodes.insert(self.nodes.index(n), v.node)
+        return v
+
     def replace_uses(self, old: Value, new: Value):
         for n in self.nodes:
             n.inputs = [new if v is old else v for v in n.inputs]

@@ -1,5 +1,7 @@
-"""Graph IR → Graph IR passes: canonicalisation (pattern rewrites to a fixpoint) and
-decomposition of composite operators into primitive ones."""
+"""Graph IR → Graph IR passes: canonicalisation (constant folding, each operator's own rewrite
+rules, CSE and DCE, to a fixpoint), decomposition of composite operators into primitive ones,
+and on the primitive graph each operator's recognition of its hand-written form (attention).
+The rules live in the operators' registry entries: no pass names an operator."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +9,6 @@ import numpy as np
 from .. import ops
 from ..errors import TesseraError
 from ..ops.registry import run_reference
-from ..shapes import same
 from .graph_ir import Builder, Graph, Node, Value
 
 FOLD_LIMIT = 1 << 16          # fold constants up to this many elements
@@ -35,41 +36,28 @@ def _insert_const(g, n, value):
     return c.out
 
 
-def transpose_of_transpose(g: Graph, n: Node):
-    if n.op != "transpose":
+def simplify(g: Graph, n: Node):
+    """The node's own operator's canonicalisation rules (its registry entry's `simplify`)."""
+    if n.op == "const":
         return None
-    src = n.inputs[0]
-    if src.node is not None and src.node.op == "transpose":
-        inner, outer = src.node.attrs["perm"], n.attrs["perm"]
-        perm = [inner[p] for p in outer]
-        if perm == sorted(perm):
-            return src.node.inputs[0]
-        new = g.apply("transpose", [src.node.inputs[0]], {"perm": perm}, loc=n.loc, origin=n.origin)
-        g.nodes.remove(new.node)
-        g.nodes.insert(g.nodes.index(n), new.node)
-        return new
-    if n.attrs["perm"] == sorted(n.attrs["perm"]):
-        return src
+    for rule in n.opdef.simplify:
+        new = rule(g, n)
+        if new is not None:
+            return new
     return None
 
 
-def remove_noops(g: Graph, n: Node):
-    """cast to the same dtype, reshape/broadcast to the same shape: the input itself."""
-    if n.op in ("cast", "reshape", "broadcast_to") and n.inputs[0].type == n.out.type:
-        return n.inputs[0]
-    if n.op == "reshape" and n.inputs[0].node is not None and n.inputs[0].node.op == "reshape":
-        new = g.apply("reshape", [n.inputs[0].node.inputs[0]], {"shape": list(n.out.type.shape)},
-                      loc=n.loc, origin=n.origin)
-        g.nodes.remove(new.node)
-        g.nodes.insert(g.nodes.index(n), new.node)
-        return new
-    if n.op == "slice" and all(s == 0 and st == 1 and same(e, d) for s, e, st, d in zip(
-            n.attrs["starts"], n.attrs["stops"], n.attrs["steps"], n.inputs[0].type.shape)):
-        return n.inputs[0]
+def recognise(g: Graph, n: Node):
+    """An operator recognising its hand-written form ending at n (its entry's `recognise`)."""
+    for opdef in ops.REGISTRY.values():
+        if opdef.recognise is not None:
+            new = opdef.recognise(g, n)
+            if new is not None:
+                return new
     return None
 
 
-RULES = [fold_constants, transpose_of_transpose, remove_noops]
+RULES = [fold_constants, simplify]
 
 
 def _cse_key(n: Node):
@@ -169,110 +157,4 @@ class _ExpandingBuilder(Builder):
         return self._emit(name, list(inputs), attrs, self.loc, self.origin)
 
 
-# ---- pattern recognition on the primitive graph ---------------------------------------------------
-def _producer(v, op):
-    return v.node if v.node is not None and v.node.op == op else None
-
-
-def _scalar_const(v):
-    n = _producer(v, "const")
-    return float(n.attrs["value"]) if n is not None and n.attrs["value"].ndim == 0 else None
-
-
-def recognise_attention(g: Graph, n: Node):
-    """matmul(softmax_lastaxis(scale * matmul(q, kT) + mask), v) -> attention(q, k, v, mask).
-
-    Every intermediate must have no other user (else the scores are needed anyway). The
-    softmax is matched in its primitive form, so a hand-written one is found too."""
-    if n.op != "matmul" or not n.out.type.dtype.is_float:
-        return None
-    users = {}
-    for m in g.nodes:
-        for v in m.inputs:
-            users.setdefault(v.id, []).append(m)
-    outputs = {v.id for v in g.outputs}
-
-    def only_for(v, *consumers):
-        return v.id not in outputs and sorted(map(id, users.get(v.id, []))) == \
-            sorted(map(id, consumers))
-
-    p, v_in = n.inputs
-    div = _producer(p, "div")
-    if div is None or not only_for(p, n):
-        return None
-    e, z = div.inputs
-    exp, total = _producer(e, "exp"), _producer(z, "sum")
-    if exp is None or total is None or total.inputs[0] is not e or not only_for(e, div, total) \
-            or not only_for(z, div):
-        return None
-    last = e.type.rank - 1
-    if total.attrs["axis"] != [last] or not total.attrs["keepdim"]:
-        return None
-    sub = _producer(exp.inputs[0], "sub")
-    if sub is None or not only_for(exp.inputs[0], exp):
-        return None
-    x, mx = sub.inputs
-    mx_node = _producer(mx, "max")
-    if mx_node is None or mx_node.inputs[0] is not x or mx_node.attrs["axis"] != [last] or \
-            not mx_node.attrs["keepdim"] or not only_for(mx, sub) or not only_for(x, sub, mx_node):
-        return None
-    scale, mask = 1.0, None
-    while _producer(x, "matmul") is None:                 # walk the score epilogue back to q @ kT
-        step = x.node
-        if step is None or step.op not in ("mul", "div", "add"):
-            return None
-        a, b = step.inputs
-        if step.op in ("mul", "div") and _scalar_const(b) is not None:
-            scale = scale * _scalar_const(b) if step.op == "mul" else scale / _scalar_const(b)
-            x = a
-        elif step.op == "mul" and _scalar_const(a) is not None:
-            scale, x = scale * _scalar_const(a), b
-        elif step.op == "add" and mask is None and a.type.shape == step.out.type.shape:
-            mask, x = b, a
-        elif step.op == "add" and mask is None and b.type.shape == step.out.type.shape:
-            mask, x = a, b
-        else:
-            return None
-        if not only_for(x, step):
-            return None
-    scores = x.node
-    q, kt = scores.inputs
-    if scores.out.type.shape[:-1] != p.type.shape[:-1] or scores.out.type.dtype != n.out.type.dtype:
-        return None
-    if mask is not None and (mask.type.dtype != n.out.type.dtype or _depends_on(mask, scores)):
-        return None
-    perm = list(range(kt.type.rank))
-    perm[-2], perm[-1] = perm[-1], perm[-2]
-    if _producer(kt, "transpose") is not None and kt.node.attrs["perm"] == perm:
-        k = kt.node.inputs[0]
-    else:
-        k = _insert_before(g, n, "transpose", [kt], {"perm": perm})
-    if mask is None:
-        mask = g.const(np.zeros((), dtype=n.out.type.dtype.np), loc=n.loc, origin=n.origin)
-        g.nodes.remove(mask.node)
-        g.nodes.insert(g.nodes.index(n), mask.node)
-    return _insert_before(g, n, "attention", [q, k, v_in, mask],
-                          {"scale": scale, "causal": False}, origin=None)
-
-
-def _depends_on(v, node) -> bool:
-    stack, seen = [v], set()
-    while stack:
-        u = stack.pop()
-        if u.node is None or u.id in seen:
-            continue
-        if u.node is node:
-            return True
-        seen.add(u.id)
-        stack.extend(u.node.inputs)
-    return False
-
-
-def _insert_before(g: Graph, n: Node, op: str, inputs, attrs, origin="same") -> Value:
-    new = g.apply(op, inputs, attrs, loc=n.loc, origin=n.origin if origin == "same" else origin)
-    g.nodes.remove(new.node)
-    g.nodes.insert(g.nodes.index(n), new.node)
-    return new
-
-
-PRIMITIVE_RULES = RULES + [recognise_attention]
+PRIMITIVE_RULES = RULES + [recognise]

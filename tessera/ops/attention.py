@@ -13,7 +13,7 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError, SymbolicValueError
 from ..shapes import same
 from ..types import TensorType
-from .registry import (Attention, OpDef, broadcast_shapes, dim_value, ref_errstate,
+from .registry import (Attention, OpDef, broadcast_shapes, dim_value, producer, ref_errstate,
                        register)
 
 
@@ -124,8 +124,105 @@ def _vjp(b, xs, y, g, a):
     return [dq, dk, dv, ds]
 
 
+# ---- the hand-written form, recognised on the primitive graph --------------------------------
+def _scalar_const(v):
+    n = producer(v, "const")
+    return float(n.attrs["value"]) if n is not None and n.attrs["value"].ndim == 0 else None
+
+
+def _recognise(g, n):
+    """matmul(softmax_lastaxis(scale * matmul(q, kT) + mask), v) -> attention(q, k, v, mask).
+
+    Every intermediate must have no other user (else the scores are needed anyway). The
+    softmax is matched in its primitive form, so a hand-written one is found too."""
+    if n.op != "matmul" or not n.out.type.dtype.is_float:
+        return None
+    users = {}
+    for m in g.nodes:
+        for v in m.inputs:
+            users.setdefault(v.id, []).append(m)
+    outputs = {v.id for v in g.outputs}
+
+    def only_for(v, *consumers):
+        return v.id not in outputs and sorted(map(id, users.get(v.id, []))) == \
+            sorted(map(id, consumers))
+
+    p, v_in = n.inputs
+    div = producer(p, "div")
+    if div is None or not only_for(p, n):
+        return None
+    e, z = div.inputs
+    exp, total = producer(e, "exp"), producer(z, "sum")
+    if exp is None or total is None or total.inputs[0] is not e or not only_for(e, div, total) \
+            or not only_for(z, div):
+        return None
+    last = e.type.rank - 1
+    if total.attrs["axis"] != [last] or not total.attrs["keepdim"]:
+        return None
+    sub = producer(exp.inputs[0], "sub")
+    if sub is None or not only_for(exp.inputs[0], exp):
+        return None
+    x, mx = sub.inputs
+    mx_node = producer(mx, "max")
+    if mx_node is None or mx_node.inputs[0] is not x or mx_node.attrs["axis"] != [last] or \
+            not mx_node.attrs["keepdim"] or not only_for(mx, sub) or not only_for(x, sub, mx_node):
+        return None
+    scale, mask = 1.0, None
+    while producer(x, "matmul") is None:                 # walk the score epilogue back to q @ kT
+        step = x.node
+        if step is None or step.op not in ("mul", "div", "add"):
+            return None
+        a, b = step.inputs
+        if step.op in ("mul", "div") and _scalar_const(b) is not None:
+            scale = scale * _scalar_const(b) if step.op == "mul" else scale / _scalar_const(b)
+            x = a
+        elif step.op == "mul" and _scalar_const(a) is not None:
+            scale, x = scale * _scalar_const(a), b
+        elif step.op == "add" and mask is None and a.type.shape == step.out.type.shape:
+            mask, x = b, a
+        elif step.op == "add" and mask is None and b.type.shape == step.out.type.shape:
+            mask, x = a, b
+        else:
+            return None
+        if not only_for(x, step):
+            return None
+    scores = x.node
+    q, kt = scores.inputs
+    if scores.out.type.shape[:-1] != p.type.shape[:-1] or scores.out.type.dtype != n.out.type.dtype:
+        return None
+    if mask is not None and (mask.type.dtype != n.out.type.dtype or _depends_on(mask, scores)):
+        return None
+    perm = list(range(kt.type.rank))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    if producer(kt, "transpose") is not None and kt.node.attrs["perm"] == perm:
+        k = kt.node.inputs[0]
+    else:
+        k = g.move_before(g.apply("transpose", [kt], {"perm": perm}, loc=n.loc,
+                                  origin=n.origin), n)
+    if mask is None:
+        mask = g.move_before(g.const(np.zeros((), dtype=n.out.type.dtype.np), loc=n.loc,
+                                     origin=n.origin), n)
+    return g.move_before(g.apply("attention", [q, k, v_in, mask], {"scale": scale,
+                                                                    "causal": False},
+                                 loc=n.loc), n)
+
+
+def _depends_on(v, node) -> bool:
+    stack, seen = [v], set()
+    while stack:
+        u = stack.pop()
+        if u.node is None or u.id in seen:
+            continue
+        if u.node is node:
+            return True
+        seen.add(u.id)
+        stack.extend(u.node.inputs)
+    return False
+
+
 register(OpDef("attention", "attention", 4, {"scale": None, "causal": False}, infer=_infer,
                dtype_rule=_dtypes,
                normalize=_normalize, reference=_reference, lowering=Attention(), vjp=_vjp,
+               recognise=_recognise,
                doc="softmax(scale * q @ k^T + mask, causal) @ v without materialising the "
                    "scores; scale defaults to 1/sqrt(D)"))

@@ -211,6 +211,8 @@ with np.errstate(all="ignore"):
                 lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
                 doc="convert to another dtype")
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
+    REGISTRY["cast"].simplify = [lambda g, n: n.inputs[0] if n.inputs[0].type == n.out.type
+                                 else None]                      # a cast to its own dtype
 
 for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("log", "log"),
                     ("sqrt", "sqrt"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh"),

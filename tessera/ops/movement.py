@@ -9,8 +9,8 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
 from ..errors import SymbolicValueError
-from .registry import (Concat, Gather, OpDef, View, broadcast_shapes, norm_axis, register,
-                       sum_to, zeros)
+from .registry import (Concat, Gather, OpDef, View, broadcast_shapes, norm_axis, producer,
+                       register, sum_to, zeros)
 
 
 def contiguous_strides(shape):
@@ -49,12 +49,40 @@ def _reshape_back(b, xs, y, g, a):                   # reshape, expand_dims, squ
     return [b.op("reshape", g, shape=list(xs[0].shape))]
 
 
+def same_type_is_input(g, n):
+    """A view (or cast) whose result has its input's type is its input."""
+    return n.inputs[0] if n.inputs[0].type == n.out.type else None
+
+
+def _transpose_of_transpose(g, n):
+    src = n.inputs[0]
+    inner = producer(src, "transpose")
+    if inner is not None:
+        perm = [inner.attrs["perm"][p] for p in n.attrs["perm"]]
+        if perm == sorted(perm):
+            return inner.inputs[0]
+        return g.move_before(g.apply("transpose", [inner.inputs[0]], {"perm": perm}, loc=n.loc,
+                                     origin=n.origin), n)
+    if n.attrs["perm"] == sorted(n.attrs["perm"]):
+        return src
+    return None
+
+
+def _reshape_of_reshape(g, n):
+    inner = producer(n.inputs[0], "reshape")
+    if inner is None:
+        return None
+    return g.move_before(g.apply("reshape", [inner.inputs[0]], {"shape": list(n.out.type.shape)},
+                                 loc=n.loc, origin=n.origin), n)
+
+
 register(OpDef(
     "transpose", "movement", 1, {"perm": None}, normalize=_transpose_normalize,
     vjp=_transpose_vjp,
     infer=lambda ts, a: ts[0].with_shape(tuple(ts[0].shape[p] for p in a["perm"])),
     reference=lambda xs, a: np.transpose(xs[0], a["perm"]),
     lowering=View(lambda ti, to, a: (0, tuple(contiguous_strides(ti.shape)[p] for p in a["perm"]))),
+    simplify=[_transpose_of_transpose],
     doc="permute axes; default swaps the last two (like .T)"))
 
 
@@ -120,7 +148,7 @@ register(OpDef(
     infer=lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
     reference=lambda xs, a: np.reshape(xs[0], [int(d) for d in a["shape"]]),
     lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape)), reshape=True),
-    vjp=_reshape_back,
+    vjp=_reshape_back, simplify=[same_type_is_input, _reshape_of_reshape],
     doc="same elements, new shape; one dimension may be -1"))
 
 
@@ -151,7 +179,7 @@ register(OpDef(
     infer=_broadcast_to_infer,
     reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
     lowering=View(_broadcast_strides), vjp=lambda b, xs, y, g, a: [sum_to(b, g, xs[0].shape)],
-    doc="repeat size-1 (and missing leading) axes"))
+    simplify=[same_type_is_input], doc="repeat size-1 (and missing leading) axes"))
 
 
 # ---- slice -------------------------------------------------------------------------------------
@@ -259,10 +287,18 @@ def _slice_vjp(b, xs, y, g, a):
     return [g]
 
 
+def _whole_slice(g, n):
+    """A slice that takes every element in order is its input."""
+    if all(s == 0 and st == 1 and same(e, d) for s, e, st, d in zip(
+            n.attrs["starts"], n.attrs["stops"], n.attrs["steps"], n.inputs[0].type.shape)):
+        return n.inputs[0]
+    return None
+
+
 register(OpDef(
     "slice", "movement", 1, {"starts": None, "stops": None, "steps": None},
     normalize=_slice_normalize, infer=_slice_infer, reference=_slice_ref,
-    lowering=View(_slice_strides), vjp=_slice_vjp,
+    lowering=View(_slice_strides), vjp=_slice_vjp, simplify=[_whole_slice],
     doc="basic slicing: start, stop and step per axis"))
 
 

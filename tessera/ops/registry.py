@@ -112,6 +112,12 @@ class OpDef:
     # decomposition runs in float32 and its result is rounded once, as its reference is
     # (16-bit intermediates would round at every step).
     decompose_in_f32: bool = False
+    # Canonicalisation rules for nodes of this operator: (graph, node) -> the Value that
+    # replaces the node's result (a no-op cast: its input), or None. Applied to a fixpoint.
+    simplify: list = field(default_factory=list)
+    # On the primitive graph: (graph, node) -> a Value of this operator replacing the node's
+    # result where the node ends a hand-written form of it (attention's pattern), or None.
+    recognise: Callable | None = None
 
     def __repr__(self):
         return f"<op {self.name}>"
@@ -263,6 +269,12 @@ def zeros(b, like, shape=None):
     """Zeros in ``like``'s dtype, of ``like``'s shape or ``shape`` (sizes may be symbolic)."""
     return b.op("broadcast_to", b.const_like(0, like),
                 shape=list(like.shape if shape is None else shape))
+
+
+# ---- helpers for rewrite rules (simplify, recognise) ---------------------------------------------
+def producer(v, op: str):
+    """The node making v if it is an `op` node, else None."""
+    return v.node if v.node is not None and v.node.op == op else None
 
 
 def keepdim_shape(shape, axes) -> list:
