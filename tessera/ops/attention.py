@@ -220,7 +220,7 @@ def _depends_on(v, node) -> bool:
     return False
 
 
-register(OpDef("attention", "attention", 4, {"scale": None, "causal": False}, infer=_infer,
+register(OpDef("attention", 4, {"scale": None, "causal": False}, infer=_infer,
                dtype_rule=_dtypes,
                normalize=_normalize, reference=_reference, lowering=Attention(), vjp=_vjp,
                recognise=_recognise,

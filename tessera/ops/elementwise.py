@@ -70,7 +70,7 @@ def elementwise_infer(opdef):
 
 
 def elementwise(name, nin, dtype_rule, c, reference, flops=1, helpers=None, attrs=None, doc=""):
-    opdef = OpDef(name=name, kind="elementwise", nin=nin, attrs=attrs or {}, dtype_rule=dtype_rule,
+    opdef = OpDef(name=name, nin=nin, attrs=attrs or {}, dtype_rule=dtype_rule,
                   reference=reference, lowering=Elementwise(c, flops, helpers or {}), doc=doc)
     opdef.infer = elementwise_infer(opdef)
     return register(opdef)

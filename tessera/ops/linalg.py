@@ -96,7 +96,7 @@ def _matmul_vjp(b, xs, y, g, attrs):
 
 
 register(OpDef(
-    "matmul", "contract", 2, {"tile_shape": None}, normalize=_matmul_normalize,
+    "matmul", 2, {"tile_shape": None}, normalize=_matmul_normalize,
     infer=_matmul_infer, dtype_rule=_matmul_dtypes,
     reference=lambda a, t: np.matmul(a[0], a[1]), decompose=_matmul_decompose,
     lowering=Contract(), ufunc="matmul", vjp=_matmul_vjp,

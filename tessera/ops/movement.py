@@ -77,7 +77,7 @@ def _reshape_of_reshape(g, n):
 
 
 register(OpDef(
-    "transpose", "movement", 1, {"perm": None}, normalize=_transpose_normalize,
+    "transpose", 1, {"perm": None}, normalize=_transpose_normalize,
     vjp=_transpose_vjp,
     infer=lambda ts, a: ts[0].with_shape(tuple(ts[0].shape[p] for p in a["perm"])),
     reference=lambda xs, a: np.transpose(xs[0], a["perm"]),
@@ -143,7 +143,7 @@ def resolve_reshape(t: TensorType, shape) -> tuple:
 
 
 register(OpDef(
-    "reshape", "movement", 1, {"shape": None},
+    "reshape", 1, {"shape": None},
     normalize=lambda ts, a: {"shape": list(resolve_reshape(ts[0], a["shape"]))},
     infer=lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
     reference=lambda xs, a: np.reshape(xs[0], [int(d) for d in a["shape"]]),
@@ -174,7 +174,7 @@ def _broadcast_strides(ti, to, a):
 
 
 register(OpDef(
-    "broadcast_to", "movement", 1, {"shape": None},
+    "broadcast_to", 1, {"shape": None},
     normalize=lambda ts, a: {"shape": as_dims(a["shape"], "broadcast_to")},
     infer=_broadcast_to_infer,
     reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
@@ -296,7 +296,7 @@ def _whole_slice(g, n):
 
 
 register(OpDef(
-    "slice", "movement", 1, {"starts": None, "stops": None, "steps": None},
+    "slice", 1, {"starts": None, "stops": None, "steps": None},
     normalize=_slice_normalize, infer=_slice_infer, reference=_slice_ref,
     lowering=View(_slice_strides), vjp=_slice_vjp, simplify=[_whole_slice],
     doc="basic slicing: start, stop and step per axis"))
@@ -343,7 +343,7 @@ def _concat_vjp(b, xs, y, g, a):                    # each input's slab of the c
 
 
 register(OpDef(
-    "concat", "movement", -1, {"axis": 0}, infer=_concat_infer, dtype_rule=_concat_dtypes,
+    "concat", -1, {"axis": 0}, infer=_concat_infer, dtype_rule=_concat_dtypes,
     normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])} if ts else a,
     reference=lambda xs, a: np.concatenate(xs, axis=a["axis"]), lowering=Concat(),
     vjp=_concat_vjp,
@@ -389,7 +389,7 @@ def _take_vjp(b, xs, y, g, a):
 
 
 register(OpDef(
-    "take", "movement", 2, {"axis": 0}, infer=_take_infer,
+    "take", 2, {"axis": 0}, infer=_take_infer,
     normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])},
     reference=_take_ref, lowering=Gather(), vjp=_take_vjp,
     doc="select slices by integer indices along an axis (an embedding lookup with axis=0); "
@@ -416,7 +416,7 @@ def _squeeze_shape(t, axis):
 
 
 register(OpDef(
-    "expand_dims", "composite", 1, {"axis": 0},
+    "expand_dims", 1, {"axis": 0},
     infer=lambda ts, a: ts[0].with_shape(_expand_shape(ts[0], a["axis"])),
     reference=lambda xs, a: np.expand_dims(xs[0], a["axis"]),
     decompose=lambda b, xs, a: b.op("reshape", xs[0],
@@ -425,7 +425,7 @@ register(OpDef(
     doc="insert a size-1 axis"))
 
 register(OpDef(
-    "squeeze", "composite", 1, {"axis": None},
+    "squeeze", 1, {"axis": None},
     infer=lambda ts, a: ts[0].with_shape(_squeeze_shape(ts[0], a["axis"])),
     reference=lambda xs, a: np.squeeze(xs[0], axis=None if a["axis"] is None else tuple(
         a["axis"]) if isinstance(a["axis"], (list, tuple)) else a["axis"]),

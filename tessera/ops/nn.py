@@ -76,7 +76,7 @@ def _softmax_vjp(b, xs, y, g, a):                  # y (g - sum(g y))
     return [b.op("mul", y, b.op("sub", g, _rowsum(b, b.op("mul", g, y), a)))]
 
 
-register(OpDef("softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
+register(OpDef("softmax", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_softmax_ref),
                decompose=_softmax_decompose, vjp=_softmax_vjp, decompose_in_f32=True,
                doc="exp(x - max) / sum(exp(x - max)) over axis"))
@@ -99,7 +99,7 @@ def _log_softmax_vjp(b, xs, y, g, a):              # g - softmax(x) sum(g), soft
     return [b.op("sub", g, b.op("mul", b.op("exp", y), _rowsum(b, g, a)))]
 
 
-register(OpDef("log_softmax", "composite", 1, {"axis": -1}, infer=_softmax_like,
+register(OpDef("log_softmax", 1, {"axis": -1}, infer=_softmax_like,
                normalize=_axis_normalize, reference=_float_ref(_log_softmax_ref),
                decompose=_log_softmax_decompose, vjp=_log_softmax_vjp, decompose_in_f32=True,
                doc="x - logsumexp(x) over axis, stably"))
@@ -138,7 +138,7 @@ def _lse_vjp(b, xs, y, g, a):                      # g softmax(x) = g exp(x - y)
     return [b.op("mul", g, b.op("exp", b.op("sub", x, y)))]
 
 
-register(OpDef("logsumexp", "composite", 1, {"axis": -1, "keepdim": False}, infer=_lse_infer,
+register(OpDef("logsumexp", 1, {"axis": -1, "keepdim": False}, infer=_lse_infer,
                normalize=_axis_normalize, reference=_float_ref(_lse_ref),
                decompose=_lse_decompose, vjp=_lse_vjp, decompose_in_f32=True,
                doc="log(sum(exp(x))) over axis, stably"))
@@ -167,7 +167,7 @@ def _layernorm_vjp(b, xs, y, g, a):
     return [b.op("mul", rstd, centred)]
 
 
-register(OpDef("layernorm", "composite", 1, {"axis": -1, "eps": 1e-5}, infer=_same_shape_float,
+register(OpDef("layernorm", 1, {"axis": -1, "eps": 1e-5}, infer=_same_shape_float,
                normalize=_axis_normalize, reference=_float_ref(_layernorm_ref),
                decompose=_layernorm_decompose, vjp=_layernorm_vjp, decompose_in_f32=True,
                doc="(x - mean) / sqrt(var + eps) over axis"))
@@ -190,7 +190,7 @@ def _rmsnorm_vjp(b, xs, y, g, a):
     return [b.op("mul", r, b.op("sub", g, b.op("mul", y, _rowmean(b, b.op("mul", g, y), a))))]
 
 
-register(OpDef("rmsnorm", "composite", 1, {"axis": -1, "eps": 1e-6}, infer=_same_shape_float,
+register(OpDef("rmsnorm", 1, {"axis": -1, "eps": 1e-6}, infer=_same_shape_float,
                normalize=_axis_normalize, reference=_float_ref(_rmsnorm_ref),
                decompose=_rmsnorm_decompose, vjp=_rmsnorm_vjp, decompose_in_f32=True,
                doc="x / sqrt(mean(x*x) + eps) over axis"))

@@ -74,14 +74,14 @@ def _extremum_vjp(b, xs, y, g, a):
 
 
 register(OpDef(
-    "sum", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
+    "sum", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
     reference=lambda a, t: np.sum(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
     lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})"}), vjp=_sum_vjp,
     doc="sum over axis (all axes when None)"))
 
 register(OpDef(
-    "max", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
+    "max", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
     normalize=normalize_axes,
     reference=lambda a, t: np.max(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
     lowering=Reduce(init={"f": "-INFINITY", "i": "{IMIN}", "b": "0"},
@@ -90,7 +90,7 @@ register(OpDef(
     doc="maximum over axis; NaN propagates"))
 
 register(OpDef(
-    "min", "reduce", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
+    "min", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
     normalize=normalize_axes,
     reference=lambda a, t: np.min(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
     lowering=Reduce(init={"f": "INFINITY", "i": "{IMAX}", "b": "1"},
@@ -121,7 +121,7 @@ def _arg_infer(types, attrs):
 
 for _name, _np_fn, _cmp in [("argmax", np.argmax, ">"), ("argmin", np.argmin, "<")]:
     register(OpDef(
-        _name, "reduce", 1, {"axis": None, "keepdim": False}, infer=_arg_infer,
+        _name, 1, {"axis": None, "keepdim": False}, infer=_arg_infer,
         normalize=_arg_normalize,
         reference=(lambda fn: lambda a, t: np.asarray(
             fn(a[0], axis=t["axis"], keepdims=t["keepdim"]), dtype=np.int64))(_np_fn),
@@ -151,7 +151,7 @@ def _mean_vjp(b, xs, y, g, a):
 
 
 register(OpDef(
-    "mean", "composite", 1, dict(REDUCE_ATTRS), infer=reduce_infer(float_dtype),
+    "mean", 1, dict(REDUCE_ATTRS), infer=reduce_infer(float_dtype),
     normalize=normalize_axes,
     reference=lambda a, t: np.mean(a[0], axis=_np_axis(t), keepdims=t["keepdim"]).astype(
         float_dtype(dt.from_numpy(a[0].dtype)).np),
@@ -183,7 +183,7 @@ def _var_vjp(b, xs, y, g, a):
 
 
 register(OpDef(
-    "var", "composite", 1, {**REDUCE_ATTRS, "correction": 0}, infer=reduce_infer(float_dtype),
+    "var", 1, {**REDUCE_ATTRS, "correction": 0}, infer=reduce_infer(float_dtype),
     normalize=normalize_axes,
     reference=lambda a, t: np.var(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   ddof=t["correction"]).astype(

@@ -90,7 +90,6 @@ class Attention:
 @dataclass
 class OpDef:
     name: str
-    kind: str                          # elementwise | reduce | contract | movement | composite | source
     nin: int                           # number of tensor operands (-1: a list)
     attrs: dict = field(default_factory=dict)          # attribute name -> default
     infer: Callable | None = None      # (types, attrs) -> TensorType  (raises ShapeError/DTypeError)

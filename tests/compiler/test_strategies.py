@@ -92,7 +92,7 @@ class ScanStrategy(Strategy):
 
 @pytest.fixture
 def cumsum():
-    opdef = OpDef("test_cumsum", "scan", 1, infer=lambda types, attrs: types[0],
+    opdef = OpDef("test_cumsum", 1, infer=lambda types, attrs: types[0],
                   reference=lambda xs, attrs: np.cumsum(xs[0], axis=-1), lowering=Scan(),
                   differentiable=False)
     ops.registry.REGISTRY[opdef.name] = opdef
