@@ -8,7 +8,7 @@ import re
 from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
 from ..strategies import routine_owner
-from ..strategies.routines import routine_text, specialise
+from ..strategies.routines import half_conversions, routine_text, specialise
 from ..tile_ir import Loop, TileKernel, TileProgram
 from .cstyle import CStyleRenderer, routine_keys
 
@@ -92,11 +92,8 @@ class CRenderer(CStyleRenderer):
 
 HALF_DTYPES = ("f16", "bf16")
 
-# 16-bit float bits <-> float32 with integer operations only (no _Float16, no F16C): widening is
-# exact; narrowing rounds to nearest even, overflows to inf, keeps subnormals, and a NaN stays
-# a quiet NaN with its sign and top payload bits. The same functions as the GPU routines'
-# (gpu_gemm.py's COMMON chunk), bit for bit.
-HALF = routine_text("half.h")
+# The 16-bit conversions: the text every target shares (routines/half.h), on C's primitives.
+HALF = routine_text("half_c.h") + "\n" + half_conversions("c")
 
 def render_c(program: TileProgram, level: str | None = None) -> str:
     """The C source of a tile program; `level` (an ISA level) is named in its first line."""

@@ -11,7 +11,7 @@ type represents. So a Load from a 16-bit parameter widens (exactly), a Store to 
 is 16-bit, a Cast to 16 bits, a Store into a 16-bit Local) rounds its float32 result to the
 16-bit grid: an operator's result is rounded once whether it is stored or fused. Operator
 templates and helpers see the compute dtype (float32). The conversions are the target's
-`half_helpers` (C: c.py's HALF, GPU: gpu_gemm's COMMON chunk), emitted whenever a kernel
+`half_helpers` (one text for both, strategies/routines/half.h), emitted whenever a kernel
 converts (a 16-bit value may live only inside a fused kernel, with no 16-bit parameter).
 float64 -> float16 goes through float32 rounded to odd, so it rounds once, as NumPy does.
 """

@@ -1,7 +1,8 @@
 """The hand-written routines strategies call, as real source files beside this one: C for the CPU
 (`.c`, `.h`), CUDA and HIP for GPUs (`.cuh`). The Python modules here hold what varies (ISA
 tables, tile plans, which chunks a routine needs) and fill the files' {NAME} tokens with one
-mechanism: `specialise(routine_text(file), NAME=value, ...)`.
+mechanism: `specialise(routine_text(file), NAME=value, ...)`. The 16-bit conversions are one
+text for C and CUDA alike (half.h, on each language's primitives).
 
 Each file holds its text followed by one newline, which `routine_text` drops, so a text may end
 without one."""
@@ -24,3 +25,18 @@ def specialise(template: str, **subs) -> str:
     for name, value in subs.items():
         template = template.replace("{" + name + "}", str(value))
     return template
+
+
+# How the shared 16-bit conversions (half.h) are spelled in C and in CUDA/HIP: {P} the prefix,
+# {Q} the qualifier, {U16}/{U32} the unsigned types. Each language defines {P}_bits_f32,
+# {P}_f32_bits and {P}_clz (leading zeros of a nonzero 32-bit value) before the text: C in
+# half_c.h, CUDA/HIP in gpu_common.cuh.
+HALF_SPELLING = {"c": dict(P="ts", Q="TS_INLINE", U16="uint16_t", U32="uint32_t"),
+                 "gpu": dict(P="tsg", Q="static __device__ __forceinline__", U16="tsg_u16",
+                             U32="unsigned")}
+
+
+def half_conversions(lang: str) -> str:
+    """f16/bf16 <-> float32 and float64 -> float32 rounded to odd, for "c" or "gpu": one text,
+    so every target converts alike."""
+    return specialise(routine_text("half.h"), **HALF_SPELLING[lang])

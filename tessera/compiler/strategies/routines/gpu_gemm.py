@@ -69,7 +69,7 @@ C must not overlap A or B.
 from __future__ import annotations
 
 from ....errors import ArgumentError, UnsupportedDTypeError
-from . import routine_text, specialise
+from . import half_conversions, routine_text, specialise
 
 LANGS = ("cuda", "hip")
 DTYPES = ("f32", "f64", "f16", "bf16")
@@ -101,7 +101,7 @@ _LANG_MACROS = {
 #define TSG_NOCONTRACT _Pragma("clang fp contract(off)")""",
 }
 
-_COMMON = routine_text("gpu_common.cuh")
+_COMMON = specialise(routine_text("gpu_common.cuh"), HALF=half_conversions("gpu"))
 
 COMMON = {lang: f"/* ---- tessera GPU routines: shared helpers ({lang}) ---- */\n{macros}\n{_COMMON}"
           for lang, macros in _LANG_MACROS.items()}
