@@ -131,8 +131,8 @@ def routine_library_source(key: str) -> str:
 
 def routine_declarations(keys) -> str:
     """The prototypes of the routines `keys` ("gemm:f32") name, as their libraries define them."""
-    return "\n".join(["/* routines from tessera's routine libraries (target/c_gemm.py, "
-                      "target/c_attention.py),",
+    return "\n".join(["/* routines from tessera's routine libraries (strategies/routines/: "
+                      "gemm.c, attention.c),",
                       "   each compiled once per ISA level and compiler; this program is linked "
                       "against them */"] + [_routine_library(key)[1] for key in keys])
 

@@ -1,6 +1,6 @@
 
 /* ---- tsa_attention_mma: flash attention on tensor cores (CUDA f16/bf16, sm_80+), see
-   tessera/compiler/target/gpu_attention.py ----
+   tessera/compiler/strategies/routines/gpu_attention.py ----
    Warp w < BQ/16 owns query rows 16w .. 16w+15. Per key block of 64: S = Q K^T by mma.sync
    (Q and K staged QW dimensions at a time), the online softmax on S's fragments (a row's 64
    scores sit in the 4 lanes of a quad: max and sum by xor shuffles, a fixed order), P rounded

@@ -1,6 +1,6 @@
 
 /* ---- tsa_attention: flash attention for one block of query rows, see
-   tessera/compiler/target/gpu_attention.py ---- */
+   tessera/compiler/strategies/routines/gpu_attention.py ---- */
 
 /* reg[t] = tile element e = threadIdx.x + t*NT of a ROWS x COLS tile, (r, c) = (e / COLS,
    e % COLS) at g[r*rs + c], zero past rl rows or cl columns (or past the tile). NT is a

@@ -1,4 +1,5 @@
-/* ---- tsg_gemm_simt: register-tiled SIMT GEMM, see tessera/compiler/target/gpu_gemm.py ----
+/* ---- tsg_gemm_simt: register-tiled SIMT GEMM, see
+   tessera/compiler/strategies/routines/gpu_gemm.py ----
    Thread (ty, tx) of the NY x NX grid owns rows  g*NY*VM + ty*VM + v  (g < TM/VM, v < VM) and
    columns g*NX*VN + tx*VN + w of the tile: VM, VN elements in one 16-byte read. */
 template <int DT, int BM, int BN, int BK, int NT, int TM, int TN>
