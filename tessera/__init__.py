@@ -26,6 +26,12 @@ def load_ipython_extension(ipython):
     load(ipython)
 
 
+def unload_ipython_extension(ipython):
+    """`%unload_ext tessera`: Tessera's objects display as plain text again."""
+    from .lab import unload_ipython_extension as unload
+    unload(ipython)
+
+
 __all__ = [
     "op", "graph", "function", "Function", "interpret", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",

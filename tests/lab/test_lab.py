@@ -293,3 +293,24 @@ def test_other_targets_profile_and_autotune_say_why_not(shell):
     notes = explorer.notes
     assert "CuPy is not installed" in notes["profile"]
     assert "own target (cpu), not cuda" in notes["autotune"] and explorer.tuning is None
+
+
+def test_objects_display_richly_while_the_extension_is_loaded(shell, rng):
+    shell.run_cell("from tessera import Tensor, op\n"
+                   "def norm(x: Tensor['B', 'D']):\n"
+                   "    return op.layernorm(x, axis=-1) * 2\n")
+    fn = ts.function(shell.user_ns["norm"])
+    prog = fn.lower(rng.standard_normal((4, 16)).astype(np.float32))
+    data, _ = shell.display_formatter.format(prog)
+    assert "tessera-explorer" in data["text/html"] and prog.kernels[0].name in data["text/html"]
+    data, _ = shell.display_formatter.format(fn)            # symbolic: the annotations' graph
+    assert "symbolic Graph IR" in data["text/plain"] and "tessera-explorer" in data["text/html"]
+    data, _ = shell.display_formatter.format(prog.graph_ir)
+    assert data["image/svg+xml"].startswith("<svg") and "layernorm" in data["text/plain"]
+    data, _ = shell.display_formatter.format(prog.schedule_ir)
+    assert "<table" in data["text/html"] and prog.kernels[0].name in data["text/html"]
+    data, _ = shell.display_formatter.format(prog.tile_ir)
+    assert "kernel" in data["text/html"] and data["text/plain"] == str(prog.tile_ir)
+    shell.run_line_magic("unload_ext", "tessera")
+    data, _ = shell.display_formatter.format(prog)            # plain again
+    assert set(data) == {"text/plain"} and data["text/plain"].startswith("<Program")

@@ -1,0 +1,54 @@
+"""Rich display of Tessera's objects as a cell's value, while the extension is loaded: a
+Function or a Program shows its explorer, a Graph IR its drawing (an image output of its own,
+which renders in an untrusted notebook too), a Schedule IR its kernel table, a Tile IR its
+highlighted text. Each keeps its plain text beside, so nothing is lost where HTML is not shown.
+"""
+from __future__ import annotations
+
+from .. import viz
+from ..errors import TesseraError
+from .explorer import explore
+
+
+def _explorer(obj, include=None, exclude=None):
+    try:
+        return explore(obj)._repr_mimebundle_(include, exclude)
+    except TesseraError:
+        return None         # (what cannot be explored shows as its plain repr)
+
+
+def _graph(g, include=None, exclude=None):
+    return {"text/plain": str(g), "image/svg+xml": viz.graph_svg(g)}
+
+
+def _schedule(s, include=None, exclude=None):
+    return {"text/plain": str(s),
+            "text/html": viz.html_table(viz.schedule_rows(s)) + viz.highlight_html(str(s), "ir")}
+
+
+def _tile(t, include=None, exclude=None):
+    return {"text/plain": str(t), "text/html": viz.highlight_html(str(t), "ir")}
+
+
+def formatters() -> dict:
+    """type -> mimebundle function, for IPython's mimebundle formatter."""
+    from ..compiler.graph_ir import Graph
+    from ..compiler.pipeline import GPUProgram, Program
+    from ..compiler.schedule_ir import Schedule
+    from ..compiler.tile_ir import TileProgram
+    from ..function import Function
+    return {Function: _explorer, Program: _explorer, GPUProgram: _explorer, Graph: _graph,
+            Schedule: _schedule, TileProgram: _tile}
+
+
+def register(ipython):
+    fmt = ipython.display_formatter.mimebundle_formatter
+    for typ, func in formatters().items():
+        fmt.for_type(typ, func)
+
+
+def unregister(ipython):
+    fmt = ipython.display_formatter.mimebundle_formatter
+    for typ in formatters():
+        fmt.type_printers.pop(typ, None)
+
