@@ -34,8 +34,9 @@ test-clang: setup
 		tests/ops/test_reductions.py tests/targets/test_gemm.py tests/ops/test_attention.py \
 		tests/targets/test_isa.py
 
+# JupyterLab refuses to start as root (a container's user) without --allow-root: passed then.
 lab: setup-lab
-	$(BIN)/jupyter lab tutorials/
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) tutorials/
 
 # For a machine with an NVIDIA GPU: CuPy, then the device tests (every operator and fused
 # strategy against NumPy, each program run twice for bitwise determinism) and the GPU

@@ -314,3 +314,19 @@ def test_objects_display_richly_while_the_extension_is_loaded(shell, rng):
     shell.run_line_magic("unload_ext", "tessera")
     data, _ = shell.display_formatter.format(prog)            # plain again
     assert set(data) == {"text/plain"} and data["text/plain"].startswith("<Program")
+
+
+def test_saved_notebooks_mark_cells_with_tags_not_comments():
+    """nbval's markers are cell tags (nbval-ignore-output, ...): a `# NBVAL_...` comment would
+    show in the reader's cell."""
+    import glob
+    import os
+
+    import nbformat
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = glob.glob(os.path.join(root, "tutorials", "*.ipynb")) + \
+        glob.glob(os.path.join(root, "notebooks", "*.ipynb"))
+    assert paths
+    for path in paths:
+        for cell in nbformat.read(path, as_version=4).cells:
+            assert "NBVAL_" not in cell.source, (os.path.basename(path), cell.source[:60])
