@@ -144,7 +144,15 @@ class Explorer:
             return self._code(prog.tile_ir, "ir")
         if key == "target":
             from ..runtime.isa import is_cpu
-            return self._code(prog.target_code, "c" if is_cpu(prog.target) else prog.target)
+            language = "c" if is_cpu(prog.target) else prog.target
+            helpers, kernels = split_target_code(prog)
+            if not helpers:
+                return self._code(kernels, language)
+            n = helpers.count("\n") + 1
+            return (self._code(kernels, language) +
+                    f"<details><summary>the {n} lines before the kernels: prelude, our math "
+                    f"functions, conversions and routine declarations</summary>"
+                    f"{self._code(helpers, language)}</details>")
         if key == "profile":
             figs = [viz.profile_figure(self.profile), viz.roofline_figure(self.profile)]
             return viz.html_table(viz.profile_rows(self.profile)) + "".join(
@@ -237,6 +245,20 @@ class Explorer:
             if view and key in view:
                 bundle[key] = view[key]
         return bundle
+
+
+def split_target_code(prog) -> tuple[str, str]:
+    """(what comes before the kernels, the kernels and the entry point) of a program's source:
+    the user's kernels first, the helpers folded below them. Each kernel's text opens with the
+    comment naming its strategy and the operators it computes."""
+    code = prog.target_code
+    kernels = prog.tile_ir.kernels
+    if not kernels:
+        return "", code
+    at = code.find(f"\n/* {kernels[0].strategy}: {kernels[0].origin}")
+    if at < 0:
+        return "", code
+    return code[:at].rstrip("\n"), code[at + 1:]
 
 
 def _in_kernel() -> bool:

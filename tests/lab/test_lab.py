@@ -330,3 +330,17 @@ def test_saved_notebooks_mark_cells_with_tags_not_comments():
     for path in paths:
         for cell in nbformat.read(path, as_version=4).cells:
             assert "NBVAL_" not in cell.source, (os.path.basename(path), cell.source[:60])
+
+
+def test_the_target_tab_opens_on_the_kernels_with_the_helpers_folded(rng):
+    from tessera.lab.explorer import explore, split_target_code
+    f = ts.function(lambda x: ts.op.gelu(x) * 2)          # gelu brings our erf: many helpers
+    for target in ("cpu", "cuda"):
+        prog = f.lower(rng.standard_normal((4, 8)).astype(np.float32), target=target)
+        helpers, kernels = split_target_code(prog)
+        assert prog.target_code.startswith(helpers) and prog.target_code.endswith(kernels)
+        assert kernels.startswith("/* pointwise:") and "erf" in helpers and \
+            prog.kernels[0].name not in helpers
+    page = explore(prog).html()
+    target = page[page.index("<b>Target</b>"):]
+    assert target.index(prog.kernels[0].name) < target.index("lines before the kernels")
