@@ -164,12 +164,12 @@ class Explorer:
 
     def _graph(self) -> str:
         e = self.error
-        if e is not None:
-            lines = "\n".join(e._render_traceback_())
-            svg = ""
-            if e.partial_graph is not None:
-                svg = viz.graph_svg(e.partial_graph, failing=e)
-            return f"<pre style='color:#b00'>{html.escape(lines)}</pre>{svg}"
+        if e is not None:       # the error itself is the cell's error output: said once, there
+            where = f" at {e.location}" if e.location is not None else ""
+            what = f"{e.op}{where}" if e.op else f"the failing operator{where}"
+            svg = viz.graph_svg(e.partial_graph, failing=e) if e.partial_graph is not None else ""
+            return (f"<p>The graph traced up to the {type(e).__name__}, {html.escape(what)} "
+                    f"marked in red:</p>{svg}")
         if self.program is not None:
             return viz.graph_svg(self.program)
         return viz.graph_svg(self.function.graph_ir)
@@ -238,7 +238,7 @@ class Explorer:
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = {"text/plain": self.summary(), "text/html": self.html()}
-        if _in_kernel():
+        if _in_kernel() and self.error is None:     # (an error's graph is one drawing: no tabs)
             w = self.widget()
             view = w._repr_mimebundle_() if w is not None else None
             key = "application/vnd.jupyter.widget-view+json"

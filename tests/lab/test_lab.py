@@ -106,6 +106,8 @@ def bad(x: Tensor["B", "S", "D"], w: Tensor["E", "F"]):
     assert "Traceback" not in shown                     # a few lines, not the compiler's stack
     page = cap.outputs[0].data["text/html"]                # the explorer of the partial graph
     assert "f32[B,S,D]" in page and "exp" in page and "matmul" in page
+    # the error is said once, by the raised error: the drawing names the operator and line only
+    assert "return op.matmul(y, w)" not in _text(page) and "matmul at &lt;cell&gt;:6" in page
 
 
 def test_bad_options_are_usage_errors(shell):
@@ -162,6 +164,7 @@ def test_error_explorer_for_a_function_without_shapes_in_a_kernel():
     assert any("<cell>:5" in line for line in error.traceback)
     html_out = [o for o in outputs if o.output_type == "display_data"]
     assert html_out and "f32[B,S,D]" in html_out[0].data["text/html"]
+    assert "application/vnd.jupyter.widget-view+json" not in html_out[0].data   # no 1-tab widget
     assert not nb.cells[2].outputs and "not reached" not in str(info.value)
 
 
@@ -279,7 +282,7 @@ def masked(x: Tensor["N"], y: Tensor["N", "M"]):
         shell.run_cell("%%tessera --shapes N=3,M=2\n" + broken)
     page, error_page = explorer.html(), cap.outputs[0].data["text/html"]
     assert "&lt;cell&gt;:4" in page and "<cell>" not in page      # the graph's source lines
-    assert "&lt;script&gt;" in error_page and "<script>" not in error_page + page
+    assert "&lt;cell&gt;:4" in error_page and "<script>" not in error_page + page
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
