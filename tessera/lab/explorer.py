@@ -228,8 +228,9 @@ class Explorer:
             try:
                 new = Explorer(self.function, parse_shapes(change["new"]), target=self.target,
                                show=self.show)
-            except TesseraError as e:
+            except TesseraError as e:     # (the previous sizes' tabs would be stale: dropped)
                 status.value = f"<pre style='color:#b00'>{html.escape(str(e))}</pre>"
+                out.children = [box, status]
                 return
             status.value = ""
             out.children = [box, status, new.widget()]

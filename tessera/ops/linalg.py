@@ -24,10 +24,13 @@ def _matmul_infer(types, attrs):
     ka, kb = ash[-1], bsh[-2]
     if not same(ka, kb) and (isinstance(ka, Sym) == isinstance(kb, Sym)):
         hint = None
+        # (the operands as the user wrote them may already be transposed: `p @ v.T`)
         if b.rank >= 2 and same(ash[-1], bsh[-1]):
-            hint = "did you mean to transpose the second operand (b.T)?"
+            hint = (f"the second operand's last axis ({bsh[-1]}) matches the first's inner size: "
+                    "transpose the second operand, or drop its .T")
         elif a.rank >= 2 and same(ash[-2], bsh[-2]):
-            hint = "did you mean to transpose the first operand (a.T)?"
+            hint = (f"the first operand's rows ({ash[-2]}) match the second's inner size: "
+                    "transpose the first operand, or drop its .T")
         raise ShapeError(f"inner dimensions differ: {ka} vs {kb}",
                          expected=f"{a.dtype.short}[...,M,K] @ {b.dtype.short}[...,K,N]",
                          received=f"{a} @ {b}", hint=hint)

@@ -43,8 +43,20 @@ def test_transposed_operand_is_caught_symbolically_even_when_sizes_agree():
     with pytest.raises(ts.ShapeError) as e:
         scores(x32(2, 4, 4), x32(2, 4, 4))    # S == D here: only the symbols tell
     msg = str(e.value)
-    assert "(matmul)" in msg and "f32[B,S,D] @ f32[B,S,D]" in msg and "b.T" in msg
+    assert "(matmul)" in msg and "f32[B,S,D] @ f32[B,S,D]" in msg
+    assert "second operand's last axis (D)" in msg and "transpose the second operand" in msg
     assert f"{HERE}:" in msg and "return q @ k" in msg
+
+
+def test_a_transpose_too_many_is_hinted_without_naming_another_variable():
+    @ts.function
+    def attend(p: Tensor["S", "S"], v: Tensor["S", "D"]):
+        return p @ v.T                    # should be p @ v
+
+    with pytest.raises(ts.ShapeError) as e:
+        attend(x32(4, 4), x32(4, 3))
+    msg = str(e.value)
+    assert "return p @ v.T" in msg and "or drop its .T" in msg and "b.T" not in msg
 
 
 def test_broadcast_failure_hint():

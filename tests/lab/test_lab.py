@@ -347,3 +347,20 @@ def test_the_target_tab_opens_on_the_kernels_with_the_helpers_folded(rng):
     page = explore(prog).html()
     target = page[page.index("<b>Target</b>"):]
     assert target.index(prog.kernels[0].name) < target.index("lines before the kernels")
+
+
+def test_bad_sizes_in_the_explorer_box_drop_the_stale_tabs():
+    pytest.importorskip("ipywidgets", reason="the explorer's box is an ipywidget (lab extra)")
+    from tessera.lab.explorer import explore
+    fn = ts.function(_annotated_exp)
+    view = explore(fn).widget()
+    box = view.children[0]
+    box.value = "N=4"
+    assert len(view.children) == 3                      # box, status, the lowered tabs
+    box.value = "N=four"
+    assert len(view.children) == 2 and "N=four" in view.children[1].value
+
+
+def _annotated_exp(x: ts.Tensor["N"]):
+    return ts.op.exp(x)
+
