@@ -9,6 +9,7 @@ from ..errors import ArgumentError
 
 LANGUAGES = ("c", "cuda", "hip", "ir", "python")
 PRE_STYLE = "line-height: 125%;"
+NO_WRAP = "white-space:pre;"      # a notebook's CSS would wrap long lines mid-number
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,5 +71,7 @@ def highlight_html(text: str, language: str) -> str:
         from pygments import highlight
         from pygments.formatters import HtmlFormatter
     except ImportError:
-        return f'<div class="highlight"><pre style="{PRE_STYLE}">{escape(text)}</pre></div>\n'
-    return highlight(text, _lexer(language), HtmlFormatter(noclasses=True, style="default"))
+        return (f'<div class="highlight"><pre style="{NO_WRAP}{PRE_STYLE}">{escape(text)}</pre>'
+                f'</div>\n')
+    out = highlight(text, _lexer(language), HtmlFormatter(noclasses=True, style="default"))
+    return out.replace('<pre style="', f'<pre style="{NO_WRAP}', 1)

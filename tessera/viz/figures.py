@@ -75,7 +75,7 @@ def profile_figure(profile):
     ax.set_xlabel("time per launch (ms)")
     ax.set_xlim(0, max(med) * 1.35 or 1)
     ax.set_title(f"kernel times ({profile.calls} program runs)", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))   # beside: no bar hidden
     return finish(fig)
 
 
@@ -104,17 +104,23 @@ def roofline_figure(profile, peaks=None):
     hi = max(xs + [ridge]) * 8
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(grid, [min(peak, bw * x) for x in grid], color="#202124", linewidth=1.5)
-    ax.annotate(f"FMA peak {peak:.0f} GFLOP/s", (hi, peak), ha="right", va="bottom", fontsize=8)
-    ax.annotate(f"copy {bw:.1f} GB/s", (lo, bw * lo), ha="left", va="bottom", fontsize=8,
-                rotation=0)
-    for (lab, r), x in zip(shown, xs):
-        ax.plot([x], [r["gflops"]], "o", color=STATUS_COLORS["default"])
-        ax.annotate(f" {lab}", (x, r["gflops"]), fontsize=7, va="center")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ys = [r["gflops"] for _, r in shown] + [peak]
     ax.set_ylim(min(ys) / 4, peak * 3)
     ax.set_xlim(lo, hi)
+    # the roofs' labels sit just above their lines, the bandwidth's along its slope
+    ax.annotate(f"FMA peak {peak:.0f} GFLOP/s", (hi, peak), xytext=(-4, 3),
+                textcoords="offset points", ha="right", va="bottom", fontsize=8)
+    x0 = max(lo * 1.5, min(ys) / 4 / bw * 2)       # where the bandwidth line is in view
+    (ax0, ay0), (ax1, ay1) = ax.transData.transform([(x0, bw * x0), (x0 * 2, bw * x0 * 2)])
+    ax.annotate(f"copy {bw:.1f} GB/s", (x0, bw * x0), xytext=(0, 4), textcoords="offset points",
+                ha="left", va="bottom", fontsize=8, rotation_mode="anchor",
+                rotation=math.degrees(math.atan2(ay1 - ay0, ax1 - ax0)))
+    for (lab, r), x in zip(shown, xs):
+        ax.plot([x], [r["gflops"]], "o", color=STATUS_COLORS["default"])
+        ax.annotate(lab, (x, r["gflops"]), xytext=(5, 0), textcoords="offset points",
+                    fontsize=7, va="center")
     ax.set_xlabel("arithmetic intensity (FLOPs / byte)")
     ax.set_ylabel("achieved GFLOP/s")
     left_out = len(rows) - len(shown)

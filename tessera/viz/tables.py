@@ -107,22 +107,33 @@ def cell_text(v) -> str:
     return str(v)
 
 
-def html_table(rows, columns=None) -> str:
-    """A plain HTML table of dict rows: columns (default: every key, in order of appearance) as
-    headers, numbers right-aligned and floats to 4 significant digits, missing cells empty.
-    Deterministic, and the same in every pandas version (it does not use pandas)."""
+# Headers a reader expects for the rows' field names (the DataFrames keep the field names).
+HEADERS = {"median_ms": "median ms", "min_ms": "min ms", "total_ms": "total ms",
+           "time_ms": "time ms", "flops": "FLOPs", "gflops": "GFLOP/s", "gbs": "GB/s",
+           "peak_pct": "% of peak", "bw_pct": "% of bandwidth", "intensity": "FLOPs/byte",
+           "default_ms": "default ms", "best_ms": "best ms", "speedup": "speed-up"}
+_CELL = "padding:2px 10px;white-space:nowrap"
+
+
+def html_table(rows, columns=None, headers=HEADERS) -> str:
+    """A plain HTML table of dict rows: columns (default: every key, in order of appearance)
+    under readable headers (`headers` maps a field name to its header), numbers right-aligned
+    and floats to 4 significant digits, missing cells empty, cells padded and unwrapped, the
+    table scrolling sideways when it is wider than its place. Deterministic, and the same in
+    every pandas version (it does not use pandas)."""
     rows = list(rows)
     if columns is None:
         columns = list(dict.fromkeys(k for r in rows for k in r))
-    head = "".join(f'<th style="text-align:left">{escape(str(c))}</th>' for c in columns)
+    head = "".join(f'<th style="text-align:left;{_CELL}">{escape(str(headers.get(c, c)))}</th>'
+                   for c in columns)
     body = []
     for r in rows:
         cells = []
         for c in columns:
             v = r.get(c)
             num = _is_number(v)
-            cells.append(f'<td style="text-align:{"right" if num else "left"}">'
+            cells.append(f'<td style="text-align:{"right" if num else "left"};{_CELL}">'
                          f"{escape(cell_text(v))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table class="tessera-table"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+    return (f'<div style="overflow-x:auto"><table class="tessera-table"><thead><tr>{head}</tr>'
+            f'</thead><tbody>{"".join(body)}</tbody></table></div>')

@@ -372,7 +372,11 @@ def test_html_table_is_plain_escaped_and_aligned():
     assert head == ["kernel", "ms", "n", "ok", "extra"]
     cells = [[td.text or "" for td in tr.iter("td")] for tr in root.iter("tr")][1:]
     assert cells == [["k<0>", "0.1235", "3", "yes", ""], ["k1", "", "", "", ""]]
-    assert "&lt;0&gt;" in html and 'text-align:right">3<' in html
+    assert "&lt;0&gt;" in html and re.search(r'text-align:right;[^"]*">3<', html)
+    assert "padding" in html and "nowrap" in html                 # readable cells
+    labelled = viz.html_table([{"median_ms": 1.5, "peak_pct": 20.0, "kernel": "k0"}])
+    assert [th.text for th in ET.fromstring(labelled).iter("th")] == \
+        ["median ms", "% of peak", "kernel"]
     assert [th.text for th in ET.fromstring(viz.html_table(rows, ["n", "kernel"])).iter(
         "th")] == ["n", "kernel"]
 
