@@ -221,6 +221,10 @@ class Case:
     numpy_base: Callable | None = None       # goal measured against this NumPy instead
     min_bandwidth: float | None = None       # goal: share of the measured copy bandwidth
     beat_torch: bool = False                 # goal: not slower than PyTorch (eager or compiled)
+    # the every-CPU goals (issue 22), on top of the first wave's:
+    min_vs_peers: float | None = None        # tessera >= this x the best of NumPy, torch and jax
+    min_vs_torch: float | None = None        # tessera >= this x PyTorch's best (eager, compiled)
+    min_peak_share: float | None = None      # share of the probe's FMA peak
     reference: Callable | None = None        # float64 reference if not `numpy` on float64 inputs
     pack: Callable | None = None             # several outputs -> one flat array to compare
 
@@ -244,49 +248,50 @@ def attn_flops(q, k, v):
 
 def _matmul_case(n):
     return Case(
-        f"matmul_{n}", f"f32 matmul {n}×{n} @ {n}×{n} (--quick: half)", "≥1.3× NumPy (OpenBLAS)",
+        f"matmul_{n}", f"f32 matmul {n}×{n} @ {n}×{n} (--quick: half)",
+        "≥1.3× NumPy (OpenBLAS); ≥1.15× the best of NumPy, torch and jax, ≥80% of the FMA peak",
         lambda r, q: [f32(r, n >> q, n >> q), f32(r, n >> q, n >> q)],
         lambda a, b: a @ b, matmul,
         torch=lambda t, a, b: a @ b, jax=lambda jnp, a, b: a @ b,
-        flops=mm_flops, bytes=mm_bytes, min_speedup=1.3)
+        flops=mm_flops, bytes=mm_bytes, min_speedup=1.3, min_vs_peers=1.15, min_peak_share=0.8)
 
 
 def _attention_case(name, fn, how):
     return Case(
         name, f"B=8 H=8 S=1024 D=64 ({how}; --quick: B=2 S=512)",
-        "≥3× NumPy, not slower than PyTorch SDPA",
+        "≥3× NumPy, ≥1.5× PyTorch SDPA",
         lambda r, q: [f32(r, 2 if q else 8, 8, 512 if q else 1024, 64) for _ in range(3)],
         attention_np, fn,
         torch=lambda t, q, k, v: t.nn.functional.scaled_dot_product_attention(q, k, v),
         jax=_jax_sdpa, flops=attn_flops, bytes=lambda q, k, v: 16 * q.size,
-        atol=1e-4, min_speedup=3.0, beat_torch=True, reference=attention_ref)
+        atol=1e-4, min_speedup=3.0, min_vs_torch=1.5, reference=attention_ref)
 
 
 CASES = [
     _matmul_case(1024),
     _matmul_case(2048),
     Case("gelu(x*w+b)", "elementwise chain, three 16M-float inputs (--quick: 1M), one kernel",
-         "≥6× NumPy and ≥80% of copy bandwidth",
+         "≥6× NumPy and ≥80% of copy bandwidth; ≥1.5× the best peer",
          lambda r, q: [f32(r, 1 << (20 if q else 24)) for _ in range(3)],
          lambda x, w, b: gelu_np(x * w + b), gelu_chain,
          torch=lambda t, x, w, b: t.nn.functional.gelu(x * w + b, approximate="tanh"),
          jax=lambda jnp, x, w, b: _jax_nn().gelu(x * w + b, approximate=True),
          flops=lambda x, w, b: 20 * x.size, bytes=lambda x, w, b: 16 * x.size,
-         min_speedup=6.0, min_bandwidth=0.8),
+         min_speedup=6.0, min_bandwidth=0.8, min_vs_peers=1.5),
     Case("softmax_4096", "softmax over the last axis of 4096×4096 (--quick: 1024×4096)",
-         "≥4× NumPy, not slower than PyTorch",
+         "≥4× NumPy; ≥1.5× the best peer",
          lambda r, q: [f32(r, 1024 if q else 4096, 4096)], softmax_np, softmax,
          torch=lambda t, x: t.softmax(x, -1), jax=lambda jnp, x: _jax_nn().softmax(x, axis=-1),
          flops=lambda x: 5 * x.size, bytes=lambda x: 8 * x.size,
-         min_speedup=4.0, beat_torch=True),
+         min_speedup=4.0, min_vs_peers=1.5),
     Case("layernorm_4096", "layernorm (no affine) over the last axis of 4096×4096 (--quick: 1024)",
-         "≥4× NumPy, not slower than PyTorch",
+         "≥4× NumPy; ≥1.5× the best peer",
          lambda r, q: [f32(r, 1024 if q else 4096, 4096)], layernorm_np, layernorm,
          torch=lambda t, x: t.nn.functional.layer_norm(x, x.shape[-1:], eps=1e-5),
          jax=lambda jnp, x: (x - x.mean(-1, keepdims=True))
          / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5),
          flops=lambda x: 7 * x.size, bytes=lambda x: 8 * x.size,
-         min_speedup=4.0, beat_torch=True),
+         min_speedup=4.0, min_vs_peers=1.5),
     _attention_case("attention", attention, "op.attention"),
     _attention_case("attention_written", attention_written, "softmax(q @ kᵀ * scale) @ v by hand"),
     Case("matmul+bias+gelu", "gelu(x @ w + b), 4096×1024 @ 1024×4096 (--quick: 1024×1024 @ ×1024)",
@@ -298,9 +303,10 @@ CASES = [
          jax=lambda jnp, x, w, b: _jax_nn().gelu(x @ w + b, approximate=True),
          flops=mm_flops, bytes=mm_bytes, numpy_base=lambda x, w, b: x @ w),
     Case("mlp_train_step", "one SGD step of a 784-512-512-10 relu MLP, batch 256: forward, "
-         "cross-entropy, backward, update (--quick: batch 64)", "not slower than PyTorch eager",
+         "cross-entropy, backward, update (--quick: batch 64)",
+         "≥1.2× PyTorch (its faster of eager and compiled)",
          mlp_inputs, mlp_step_np, mlp_step, torch=mlp_step_torch, jax=mlp_step_jax,
-         flops=mlp_flops, atol=1e-4, min_speedup=None, beat_torch=True,
+         flops=mlp_flops, atol=1e-4, min_speedup=None, min_vs_torch=1.2,
          pack=lambda outs: np.concatenate([np.ravel(np.asarray(o, np.float64)) for o in outs])),
 ]
 PENDING: dict = {}
@@ -541,6 +547,29 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
             best = min(torch_times, key=torch_times.get)
             r = torch_times[best] / tt
             parts.append((r >= 1.0, f"{r:.2f}× PyTorch's best ({best}) (goal ≥1×)"))
+    if case.min_vs_peers is not None:
+        rivals = {p: times[p] for p in ("numpy",) + PEERS if p in times}
+        if not rivals:
+            parts.append((None, "no peer ran"))
+        else:
+            best = min(rivals, key=rivals.get)
+            r = rivals[best] / tt
+            parts.append((r >= case.min_vs_peers,
+                          f"{r:.2f}× the best peer ({best}) (goal ≥{case.min_vs_peers:g}×)"))
+    if case.min_vs_torch is not None:
+        torch_times = {p: times[p] for p in TORCH if p in times}
+        if not torch_times:
+            parts.append((None, "PyTorch did not run"))
+        else:
+            best = min(torch_times, key=torch_times.get)
+            r = torch_times[best] / tt
+            parts.append((r >= case.min_vs_torch,
+                          f"{r:.2f}× PyTorch's best ({best}) (goal ≥{case.min_vs_torch:g}×)"))
+    if case.min_peak_share is not None:
+        share = row.get("tessera_peak_share")
+        parts.append((None, "FMA peak unknown (no tessera.machine_peaks)") if share is None
+                     else (share >= case.min_peak_share, f"{100 * share:.0f}% of the FMA peak "
+                           f"(goal ≥{100 * case.min_peak_share:.0f}%)"))
     if row["status"].get("tessera") != "ok":
         parts.append((False, "tessera's result is wrong"))
     oks = [ok for ok, _ in parts]
