@@ -34,7 +34,7 @@ def _as_function(fn) -> Function:
 
 
 def _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, progress,
-              exact=False, strategy=None):
+              exact=False, strategy=None, force=False):
     search = strategy if strategy is not None else search    # (its former name)
     if metric not in METRICS:
         raise ArgumentError(f"unknown autotune metric {metric!r}", expected=" or ".join(METRICS))
@@ -49,7 +49,7 @@ def _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, prog
         raise ArgumentError(f"autotune repeats must be a positive integer, not {repeats!r}")
     return Settings(budget_s=float(budget_s), search=search, repeats=repeats,
                     timeout_s=None if timeout_ms is None else timeout_ms / 1e3, seed=seed,
-                    workers=workers, progress=progress, exact=bool(exact))
+                    workers=workers, progress=progress, exact=bool(exact), force=bool(force))
 
 
 def _fixed_knobs(f: Function, schedule) -> dict:
@@ -65,7 +65,8 @@ def _fixed_knobs(f: Function, schedule) -> dict:
 def autotune(fn, *args, budget_s: float = 60.0, search: str = "grid", space: dict | None = None,
              metric: str = "time", timeout_ms: float | None = None, repeats: int = 7,
              cache=None, kernels=None, seed: int = 0, workers: int = 0, progress: bool = True,
-             exact: bool = False, strategy: str | None = None, **kwargs) -> TuneResult:
+             exact: bool = False, strategy: str | None = None, force: bool = False,
+             **kwargs) -> TuneResult:
     """Search the knobs of every kernel of `fn` compiled for these example arguments.
 
     budget_s: wall-clock seconds for the whole search (shared among kernels by their cost).
@@ -86,13 +87,16 @@ def autotune(fn, *args, budget_s: float = 60.0, search: str = "grid", space: dic
         row reduction may also try other lane counts, which change the association of its sums:
         the last bits may differ from the untuned program's (checked within a tolerance, and
         still the same on every run and thread count).
+    force: search again even where the database holds a kernel's result from a search with the
+        same settings and space and at least this budget (by default that result is returned,
+        marked recorded; a larger budget or other settings search anew).
 
     Returns a TuneResult: `.to_pandas()` has one row per candidate (knobs, time, speed-up over
     the default, status: default, ok, slower, failed to compile, wrong result, timed out),
     `.best` the chosen knobs, `.speedup` the whole program's gain, `.program` the tuned program.
     """
     settings = _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, progress,
-                         exact, strategy)
+                         exact, strategy, force)
     return _autotune(_as_function(fn), args, kwargs, settings, space, cache, kernels)
 
 

@@ -102,8 +102,9 @@ class TuneResult:
     (`best`), and the whole program's time with the default and the tuned knobs."""
 
     def __init__(self, function: str, kernels: list, db_path, search: str, budget_s: float,
-                 elapsed_s: float, ignored: list):
+                 elapsed_s: float, ignored: list, recorded=()):
         self.function = function
+        self.recorded = list(recorded)      # kernels whose result came from the database
         self.kernels: list[KernelTuning] = kernels
         self.db_path = db_path
         self.search = search
@@ -152,7 +153,11 @@ class TuneResult:
             changed = {n: v for n, v in kt.best_knobs.items() if kt.default_knobs.get(n) != v}
             lines.append(f"  {kt.name:<28} {kt.strategy:<9} {tried:>3} candidates  "
                          f"{kt.default_s * 1e3:9.3f} ms -> {kt.best_s * 1e3:9.3f} ms  "
-                         f"x{kt.speedup:.2f}  {changed or 'default knobs'}")
+                         f"x{kt.speedup:.2f}  {changed or 'default knobs'}"
+                         + ("  (recorded)" if kt.name in self.recorded else ""))
+        if self.recorded:
+            lines.append("  (recorded): the database's result of an earlier search with these "
+                         "settings and at least this budget; force=True searches again")
         if self.speedup:
             lines.append(f"  whole program: {self.default_s * 1e3:.3f} ms -> "
                          f"{self.tuned_s * 1e3:.3f} ms (x{self.speedup:.2f})")
@@ -458,12 +463,47 @@ class Settings:
     progress: bool = True
     top: int = 3                       # leaders timed again against the default
     exact: bool = False                # only knobs that keep every bit of the default's results
+    force: bool = False                # search even where the database holds a result
+
+
+def search_record(settings: Settings, space: dict) -> dict:
+    """How a kernel was searched, as the database keeps it: a later search with the same
+    settings and no larger budget returns the recorded result instead of searching again."""
+    return {"search": settings.search, "seed": settings.seed if settings.search == "random"
+            else None, "exact": settings.exact, "budget_s": settings.budget_s,
+            "repeats": settings.repeats, "timeout_s": settings.timeout_s,
+            "space": {n: list(v) for n, v in sorted(space.items())}}
+
+
+def _covers(recorded: dict | None, wanted: dict) -> bool:
+    if not recorded:
+        return False
+    same = {k: v for k, v in recorded.items() if k != "budget_s"} == \
+        {k: v for k, v in wanted.items() if k != "budget_s"}
+    return same and recorded.get("budget_s", 0) >= wanted["budget_s"]
+
+
+def recorded_tuning(k: Kernel, row: dict) -> KernelTuning:
+    """A kernel's tuning as the database recorded it (its candidates' measurements)."""
+    default = row["default_knobs"]
+    cands = []
+    for i, m in enumerate(row["measurements"]):
+        knobs = m["knobs"]
+        cands.append(Candidate(k.name, i, knobs, {n: v for n, v in knobs.items()
+                                                   if default.get(n) != v},
+                               m["status"], list(m.get("times_s") or []), m.get("bitwise"),
+                               "recorded"))
+    return KernelTuning(k.name, k.strategy, k.flops, k.bytes, dict(default), dict(row["knobs"]),
+                        row["default_s"], row["best_s"], cands)
 
 
 def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings, user_space=None,
                  fixed=None, only=None, db_path=None) -> TuneResult:
     """Search every tunable kernel of a scheduled program (built with the heuristics' knobs) on
-    its example inputs, store each kernel's choice in the database and return what was found."""
+    its example inputs, store each kernel's choice in the database and return what was found.
+    A kernel the database holds a result for, from a search with the same settings and space
+    and at least this budget, is not searched again (unless settings.force): its recorded
+    result is returned."""
     if settings.search not in SEARCHES:
         raise ArgumentError(f"unknown autotune search {settings.search!r}",
                             expected=" or ".join(SEARCHES))
@@ -471,6 +511,49 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
     start = time.perf_counter()
     cpus = program_threads()
     workers = settings.workers or max(1, min(os.cpu_count() or 1, 8))
+    # 0. the kernels to search: those with no recorded result of these settings and budget
+    tunable, recorded, db = [], {}, tunedb.open_db(db_path)
+    for k in schedule.kernels:
+        if only is not None and k.name not in only:
+            continue
+        space = kernel_space(k, cpus, user, (fixed or {}).get(k.name, set()), settings.exact)
+        if not any(len(v) > 1 for v in space.values()):
+            continue
+        key, _ = tunedb.make_key(kernel_signature(k), schedule.target)
+        try:
+            row = None if settings.force else db.record(key)
+        except sqlite3.Error:
+            row = None                      # (unreadable: search)
+        if row is not None and _covers(row["search"], search_record(settings, space)):
+            recorded[k.name] = recorded_tuning(k, row)
+            recorded[k.name].key = key
+        else:
+            tunable.append((k, space))
+    results = []
+    if tunable:
+        results = _search(schedule, inputs, tunable, settings, workers, start)
+    for kt, (k, space) in zip(results, tunable):
+        key, parts = tunedb.make_key(kernel_signature(k), schedule.target)
+        kt.key = key
+        try:
+            db.put(key, parts, kernel=k.name, strategy=k.strategy,
+                   knobs={n: v for n, v in kt.best_knobs.items() if v is not None},
+                   default_knobs=kt.default_knobs, best_s=kt.best_s, default_s=kt.default_s,
+                   measurements=[{"knobs": c.knobs, "status": c.status, "median_s": c.median,
+                                  "times_s": c.times, "bitwise": c.bitwise}
+                                 for c in kt.candidates],
+                   search=search_record(settings, space))
+        except sqlite3.Error as e:          # the search stands; only its record is lost
+            warnings.warn(f"tessera: cannot write the autotuning database {db.path} ({e}); "
+                          "the result is not recorded", RuntimeWarning, stacklevel=3)
+            break
+    return TuneResult(name, results + list(recorded.values()), db.path, settings.search,
+                      settings.budget_s, time.perf_counter() - start, ignored, recorded)
+
+
+def _search(schedule: Schedule, inputs: list, tunable: list, settings: Settings, workers: int,
+            start: float) -> list:
+    """KernelTuning of each (kernel, space) of `tunable`, most expensive first."""
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
         # 1. every kernel alone, default knobs, in program order: real inputs for each
@@ -478,13 +561,6 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
         env = {b.name: b.data for b in schedule.buffers if b.role == "const"}
         env.update({b.name: np.ascontiguousarray(inputs[b.param]) for b in schedule.buffers
                     if b.role == "input"})
-        tunable = []
-        for k in schedule.kernels:
-            if only is not None and k.name not in only:
-                continue
-            space = kernel_space(k, cpus, user, (fixed or {}).get(k.name, set()), settings.exact)
-            if any(len(v) > 1 for v in space.values()):
-                tunable.append((k, space))
         wanted = {k.name for k, _ in tunable}
         last_read = {b.name: i for i, k in enumerate(schedule.kernels) for b in k.inputs}
         defaults = {}
@@ -502,7 +578,7 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
                 if last_read.get(b.name) == i and b.role in ("temp", "output"):
                     env.pop(b.name, None)
         del env
-        # 2. the tunable kernels, most expensive first
+        # 2. the tunable kernels, most expensive first (the caller's list, sorted in place)
         tunable.sort(key=lambda ks: -defaults[ks[0].name][3])
         results = []
         for i, (k, space) in enumerate(tunable):
@@ -511,25 +587,9 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
             budget = max(0.0, left * defaults[k.name][3] / weight) if weight else left
             results.append(_tune_kernel(k, space, defaults.pop(k.name), budget, settings, pool,
                                         schedule))
+        return results
     finally:
         pool.shutdown(wait=True)
-    db = tunedb.open_db(db_path)
-    for kt, (k, _) in zip(results, tunable):
-        key, parts = tunedb.make_key(kernel_signature(k), schedule.target)
-        kt.key = key
-        try:
-            db.put(key, parts, kernel=k.name, strategy=k.strategy,
-                   knobs={n: v for n, v in kt.best_knobs.items() if v is not None},
-                   default_knobs=kt.default_knobs, best_s=kt.best_s, default_s=kt.default_s,
-                   measurements=[{"knobs": c.knobs, "status": c.status, "median_s": c.median,
-                                  "times_s": c.times, "bitwise": c.bitwise}
-                                 for c in kt.candidates])
-        except sqlite3.Error as e:          # the search stands; only its record is lost
-            warnings.warn(f"tessera: cannot write the autotuning database {db.path} ({e}); "
-                          "the result is not recorded", RuntimeWarning, stacklevel=3)
-            break
-    return TuneResult(name, results, db.path, settings.search, settings.budget_s,
-                      time.perf_counter() - start, ignored)
 
 
 def program_threads() -> int:

@@ -41,8 +41,11 @@ _TABLE = """CREATE TABLE IF NOT EXISTS tuned (
     best_s REAL NOT NULL,        -- median seconds of the chosen knobs
     default_s REAL NOT NULL,     -- median seconds of the heuristics' knobs, same run
     measurements TEXT NOT NULL,  -- JSON: every candidate tried, with its status and time
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    search TEXT                  -- JSON: how it was searched (search, space, exact, budget_s)
 )"""
+_COLUMNS = ("key", "kernel", "strategy", "signature", "target", "hardware", "compiler", "knobs",
+            "default_knobs", "best_s", "default_s", "measurements", "created", "search")
 
 # The database a compilation reads: (path, exact) set by `using`, None for "off", or _DEFAULT for
 # the usual rules (the environment's database, unless TESSERA_AUTOTUNE=0).
@@ -205,6 +208,7 @@ class TuneDB:
                 conn.execute("PRAGMA journal_mode = DELETE")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute(_TABLE)
+            _add_search_column(conn)
             ok = conn.execute("PRAGMA quick_check").fetchone()[0]
             if ok != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {ok}")
@@ -266,18 +270,37 @@ class TuneDB:
             return None
         return {"knobs": knobs, "best_s": row[1], "default_s": row[2], "kernel": row[3]}
 
+    def record(self, key: str) -> dict | None:
+        """The whole row of a key (JSON fields parsed), or None (also for a damaged row)."""
+        def read(c):
+            cur = c.execute(f"SELECT {', '.join(_COLUMNS)} FROM tuned WHERE key = ?", (key,))
+            return cur.fetchone()
+        row = self._run(read)
+        if row is None:
+            return None
+        out = dict(zip(_COLUMNS, row))
+        try:
+            for name in ("knobs", "default_knobs", "measurements"):
+                out[name] = json.loads(out[name])
+            out["search"] = json.loads(out["search"]) if out["search"] else None
+        except ValueError:
+            return None
+        return out
+
     def put(self, key: str, parts: dict, *, kernel: str, strategy: str, knobs: dict,
-            default_knobs: dict, best_s: float, default_s: float, measurements: list):
+            default_knobs: dict, best_s: float, default_s: float, measurements: list,
+            search: dict | None = None):
         """Insert or replace a row in one transaction (the latest tuning of a key wins)."""
         values = (key, kernel, strategy, parts["signature"], parts["target"], parts["hardware"],
                   parts["compiler"], json.dumps(knobs, sort_keys=True),
                   json.dumps(default_knobs, sort_keys=True), best_s, default_s,
-                  json.dumps(measurements, sort_keys=True), time.time())
+                  json.dumps(measurements, sort_keys=True), time.time(),
+                  None if search is None else json.dumps(search, sort_keys=True))
 
         def write(c):
             with c:     # BEGIN ... COMMIT: readers see the old row or the whole new one
-                c.execute("INSERT OR REPLACE INTO tuned VALUES "
-                          "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+                c.execute(f"INSERT OR REPLACE INTO tuned ({', '.join(_COLUMNS)}) VALUES "
+                          f"({', '.join('?' * len(_COLUMNS))})", values)
         self._run(write)
 
     def rows(self) -> list[dict]:
@@ -296,6 +319,17 @@ class TuneDB:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _add_search_column(conn):
+    """A database made before rows kept how they were searched gets the column (empty)."""
+    names = {r[1] for r in conn.execute("PRAGMA table_info(tuned)").fetchall()}
+    if "search" not in names:
+        try:
+            conn.execute("ALTER TABLE tuned ADD COLUMN search TEXT")
+        except sqlite3.OperationalError as e:
+            if "duplicate column" not in str(e):     # (another process added it first)
+                raise
 
 
 def open_db(path=None) -> TuneDB:

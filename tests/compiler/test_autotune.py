@@ -519,3 +519,42 @@ def _put_in_child(job):
     key, parts = tunedb.make_key(f"child{i}", "cpu")
     tunedb.open_db(path).put(key, parts, kernel="k", strategy="row", knobs={"lanes": 8},
                              default_knobs={}, best_s=1.0, default_s=1.0, measurements=[])
+
+
+def test_a_second_search_returns_the_recorded_result_unless_asked_for_more(rng, db):
+    x = rng.standard_normal((256, 300), dtype=np.float32)
+    first = ts.autotune(softmax, x, budget_s=4, repeats=2, progress=False)
+    assert first.recorded == [] and first.kernels
+    again = ts.autotune(softmax, x, budget_s=4, repeats=2, progress=False)
+    assert again.recorded == [k.name for k in first.kernels] and again.best == first.best
+    kt, kt0 = again.kernels[0], first.kernels[0]
+    assert [c.knobs for c in kt.candidates] == [c.knobs for c in kt0.candidates]
+    assert [c.times for c in kt.candidates] == [c.times for c in kt0.candidates]
+    assert "(recorded)" in str(again) and again.program is not None
+    np.testing.assert_array_equal(again.program(x), first.program(x))
+    smaller = ts.autotune(softmax, x, budget_s=2, repeats=2, progress=False)
+    assert smaller.recorded                                  # a smaller budget: the record serves
+    for more in (dict(budget_s=8), dict(budget_s=4, force=True), dict(budget_s=4, exact=True),
+                 dict(budget_s=4, search="beam"), dict(budget_s=4, space={"vector": [4, 8]}),
+                 dict(budget_s=4, timeout_ms=50)):
+        r = ts.autotune(softmax, x, repeats=2, progress=False, **more)
+        assert r.recorded == [], more                        # asked for more, or otherwise
+
+
+def test_a_database_from_before_search_records_is_read_and_extended(tmp_path):
+    import sqlite3
+    path = tmp_path / "old.sqlite"
+    old = tunedb._TABLE.replace(",\n    search TEXT                  -- JSON: how it was searched "
+                                "(search, space, exact, budget_s)", "")
+    assert "search TEXT" not in old
+    with sqlite3.connect(path) as c:
+        c.execute(old)
+        c.execute("INSERT INTO tuned VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  ("k1", "k0_x", "row", "sig", "cpu", "hw", "cc", '{"lanes": 4}', "{}", 1.0, 2.0,
+                   "[]", 0.0))
+    db = tunedb.open_db(path)
+    assert db.get("k1")["knobs"] == {"lanes": 4} and db.record("k1")["search"] is None
+    db.put("k2", {"signature": "s", "target": "cpu", "hardware": "hw", "compiler": "cc"},
+           kernel="k", strategy="row", knobs={"lanes": 8}, default_knobs={}, best_s=1.0,
+           default_s=1.0, measurements=[], search={"search": "grid", "budget_s": 3.0})
+    assert db.record("k2")["search"] == {"search": "grid", "budget_s": 3.0}
