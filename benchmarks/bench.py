@@ -220,7 +220,6 @@ class Case:
     min_speedup: float | None = 1.0          # goal: tessera at least this much faster than NumPy
     numpy_base: Callable | None = None       # goal measured against this NumPy instead
     min_bandwidth: float | None = None       # goal: share of the measured copy bandwidth
-    beat_torch: bool = False                 # goal: not slower than PyTorch (eager or compiled)
     # the every-CPU goals (issue 22), on top of the first wave's:
     min_vs_peers: float | None = None        # tessera >= this x the best of NumPy, torch and jax
     min_vs_torch: float | None = None        # tessera >= this x PyTorch's best (eager, compiled)
@@ -539,32 +538,17 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
         parts.append((None, "copy bandwidth unknown (no tessera.machine_peaks)") if share is None
                      else (share >= case.min_bandwidth,
                            f"{100 * share:.0f}% of copy bandwidth (goal ≥{100 * case.min_bandwidth:.0f}%)"))
-    if case.beat_torch:
-        torch_times = {p: times[p] for p in TORCH if p in times}
-        if not torch_times:
-            parts.append((None, "PyTorch did not run"))
-        else:
-            best = min(torch_times, key=torch_times.get)
-            r = torch_times[best] / tt
-            parts.append((r >= 1.0, f"{r:.2f}× PyTorch's best ({best}) (goal ≥1×)"))
-    if case.min_vs_peers is not None:
-        rivals = {p: times[p] for p in ("numpy",) + PEERS if p in times}
+    for goal, group, who in ((case.min_vs_peers, ("numpy",) + PEERS, "the best peer"),
+                             (case.min_vs_torch, TORCH, "PyTorch's best")):
+        if goal is None:
+            continue
+        rivals = {p: times[p] for p in group if p in times}
         if not rivals:
-            parts.append((None, "no peer ran"))
-        else:
-            best = min(rivals, key=rivals.get)
-            r = rivals[best] / tt
-            parts.append((r >= case.min_vs_peers,
-                          f"{r:.2f}× the best peer ({best}) (goal ≥{case.min_vs_peers:g}×)"))
-    if case.min_vs_torch is not None:
-        torch_times = {p: times[p] for p in TORCH if p in times}
-        if not torch_times:
-            parts.append((None, "PyTorch did not run"))
-        else:
-            best = min(torch_times, key=torch_times.get)
-            r = torch_times[best] / tt
-            parts.append((r >= case.min_vs_torch,
-                          f"{r:.2f}× PyTorch's best ({best}) (goal ≥{case.min_vs_torch:g}×)"))
+            parts.append((None, f"{who}: none ran"))
+            continue
+        best = min(rivals, key=rivals.get)
+        r = rivals[best] / tt
+        parts.append((r >= goal, f"{r:.2f}× {who} ({best}) (goal ≥{goal:g}×)"))
     if case.min_peak_share is not None:
         share = row.get("tessera_peak_share")
         parts.append((None, "FMA peak unknown (no tessera.machine_peaks)") if share is None

@@ -513,18 +513,20 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
     workers = settings.workers or max(1, min(os.cpu_count() or 1, 8))
     # 0. the kernels to search: those with no recorded result of these settings and budget
     tunable, recorded, db = [], {}, tunedb.open_db(db_path)
+    keys = {}                               # kernel -> (key, its parts, how it is searched)
     for k in schedule.kernels:
         if only is not None and k.name not in only:
             continue
         space = kernel_space(k, cpus, user, (fixed or {}).get(k.name, set()), settings.exact)
         if not any(len(v) > 1 for v in space.values()):
             continue
-        key, _ = tunedb.make_key(kernel_signature(k), schedule.target)
+        key, parts = tunedb.make_key(kernel_signature(k), schedule.target)
+        keys[k.name] = key, parts, search_record(settings, space)
         try:
             row = None if settings.force else db.record(key)
         except sqlite3.Error:
             row = None                      # (unreadable: search)
-        if row is not None and _covers(row["search"], search_record(settings, space)):
+        if row is not None and _covers(row["search"], keys[k.name][2]):
             recorded[k.name] = recorded_tuning(k, row)
             recorded[k.name].key = key
         else:
@@ -532,8 +534,8 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
     results = []
     if tunable:
         results = _search(schedule, inputs, tunable, settings, workers, start)
-    for kt, (k, space) in zip(results, tunable):
-        key, parts = tunedb.make_key(kernel_signature(k), schedule.target)
+    for kt, (k, _) in zip(results, tunable):
+        key, parts, how = keys[k.name]
         kt.key = key
         try:
             db.put(key, parts, kernel=k.name, strategy=k.strategy,
@@ -542,7 +544,7 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
                    measurements=[{"knobs": c.knobs, "status": c.status, "median_s": c.median,
                                   "times_s": c.times, "bitwise": c.bitwise}
                                  for c in kt.candidates],
-                   search=search_record(settings, space))
+                   search=how)
         except sqlite3.Error as e:          # the search stands; only its record is lost
             warnings.warn(f"tessera: cannot write the autotuning database {db.path} ({e}); "
                           "the result is not recorded", RuntimeWarning, stacklevel=3)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .. import viz
 from ..errors import TesseraError
-from .explorer import explore
+from .explorer import code_html, explore, schedule_html
 
 
 def _explorer(obj, include=None, exclude=None):
@@ -22,12 +22,11 @@ def _graph(g, include=None, exclude=None):
 
 
 def _schedule(s, include=None, exclude=None):
-    return {"text/plain": str(s),
-            "text/html": viz.html_table(viz.schedule_rows(s)) + viz.highlight_html(str(s), "ir")}
+    return {"text/plain": str(s), "text/html": schedule_html(s)}
 
 
 def _tile(t, include=None, exclude=None):
-    return {"text/plain": str(t), "text/html": viz.highlight_html(str(t), "ir")}
+    return {"text/plain": str(t), "text/html": code_html(t, "ir")}
 
 
 def formatters() -> dict:

@@ -139,20 +139,20 @@ class Explorer:
             return ("<p>The Graph IR is symbolic; give concrete sizes to lower it: "
                     f"<code>%%tessera --shapes {html.escape(example)}</code></p>")
         if key == "schedule":
-            return viz.html_table(viz.schedule_rows(prog)) + self._code(prog.schedule_ir, "ir")
+            return schedule_html(prog.schedule_ir)
         if key == "tile":
-            return self._code(prog.tile_ir, "ir")
+            return code_html(prog.tile_ir, "ir")
         if key == "target":
             from ..runtime.isa import is_cpu
             language = "c" if is_cpu(prog.target) else prog.target
             helpers, kernels = split_target_code(prog)
             if not helpers:
-                return self._code(kernels, language)
+                return code_html(kernels, language)
             n = helpers.count("\n") + 1
-            return (self._code(kernels, language) +
+            return (code_html(kernels, language) +
                     f"<details><summary>the {n} lines before the kernels: prelude, our math "
                     f"functions, conversions and routine declarations</summary>"
-                    f"{self._code(helpers, language)}</details>")
+                    f"{code_html(helpers, language)}</details>")
         if key == "profile":
             figs = [viz.profile_figure(self.profile), viz.roofline_figure(self.profile)]
             return viz.html_table(viz.profile_rows(self.profile)) + "".join(
@@ -174,9 +174,6 @@ class Explorer:
             return viz.graph_svg(self.program)
         return viz.graph_svg(self.function.graph_ir)
 
-    @staticmethod
-    def _code(obj, language) -> str:
-        return f"<div style='{_SCROLL}'>{viz.highlight_html(str(obj), language)}</div>"
 
     # -- the two faces -----------------------------------------------------------------------
     def summary(self) -> str:
@@ -246,6 +243,16 @@ class Explorer:
             if view and key in view:
                 bundle[key] = view[key]
         return bundle
+
+
+def code_html(obj, language) -> str:
+    """An IR or a source, highlighted, in a box that scrolls."""
+    return f"<div style='{_SCROLL}'>{viz.highlight_html(str(obj), language)}</div>"
+
+
+def schedule_html(schedule) -> str:
+    """A Schedule IR's kernel table, then its text."""
+    return viz.html_table(viz.schedule_rows(schedule)) + code_html(schedule, "ir")
 
 
 def split_target_code(prog) -> tuple[str, str]:

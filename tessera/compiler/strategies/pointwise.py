@@ -60,9 +60,6 @@ class Copy(Pointwise):
     def claims(self, n) -> bool:
         return is_view(n) and not squeezes_only(n)
 
-    def absorb_output(self, grp, p, users, group_of) -> bool:
-        return False
-
 
 register(Pointwise())
 register(Copy())

@@ -9,13 +9,15 @@ without one."""
 from __future__ import annotations
 
 import functools
-from importlib import resources
+from pathlib import Path
+
+HERE = Path(__file__).parent        # (package data: installed beside this file)
 
 
 @functools.lru_cache(maxsize=None)
 def routine_text(name: str) -> str:
     """The text of the routine source file `name` in this folder."""
-    text = resources.files(__name__).joinpath(name).read_text()
+    text = (HERE / name).read_text()
     return text[:-1] if text.endswith("\n") else text
 
 
