@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check
+.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check graphviz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,21 @@ test-clang: setup
 		tests/ops/test_reductions.py tests/targets/test_gemm.py tests/ops/test_attention.py \
 		tests/targets/test_isa.py
 
+# Graphviz's dot draws the explorer's graphs (the pure-Python layout without it is readable for
+# small graphs only): installed from Debian's packages when missing and make runs as root; else
+# said, with the command.
+graphviz:
+	@if command -v dot >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make: installing Graphviz (apt-get install graphviz)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null) \
+		|| echo "make: apt-get could not install graphviz; graphs are drawn by the pure-Python layout"; \
+	else echo "make: Graphviz's dot is missing, so graphs are drawn by the pure-Python layout;" \
+		"for Graphviz's: sudo apt-get install graphviz (brew install graphviz on a Mac)"; fi
+
 # JupyterLab refuses to start as root (a container's user) without --allow-root: passed then.
-lab: setup-lab
+lab: setup-lab graphviz
 	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) tutorials/
 
 # For a machine with an NVIDIA GPU: CuPy, then the device tests (every operator and fused

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +31,18 @@ class SourceLocation:
     def __str__(self):
         name = self.filename
         if name.startswith("<ipython-input-") or "ipykernel_" in name:
-            name = "<cell>"
+            return f"{_cell_name(name)}:{self.lineno}"
         return f"{os.path.basename(name)}:{self.lineno}"
+
+
+def _cell_name(filename: str) -> str:
+    """A notebook cell's code as IPython names it in tracebacks: In[3] (the cell run third),
+    from the running IPython's map of cell filenames (never imported here: a notebook has
+    already); <cell> where that map does not know the file."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    number = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(filename)
+    return "<cell>" if number is None else f"In[{number}]"
 
 
 class Value:

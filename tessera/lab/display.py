@@ -18,7 +18,12 @@ def _explorer(obj, include=None, exclude=None):
 
 
 def _graph(g, include=None, exclude=None):
-    return {"text/plain": str(g), "image/svg+xml": viz.graph_svg(g)}
+    bundle, meta = _bundle(viz.graph_image(g)._repr_mimebundle_())
+    return {**bundle, "text/plain": str(g)}, meta
+
+
+def _bundle(shown) -> tuple:
+    return shown if isinstance(shown, tuple) else (shown, {})
 
 
 def _schedule(s, include=None, exclude=None):

@@ -2,8 +2,8 @@
 
 An Explorer computes its sections once (lowering, and profiling or autotuning when asked) and
 shows them two ways: a static HTML page (`<details>` sections, no script, no random ids, no
-addresses) that a saved notebook renders on GitHub and that nbval compares, and, in a live
-kernel with ipywidgets, a Tab widget over the same sections.
+addresses, drawings as `<img>`s of their SVG) that a saved notebook renders untrusted and that
+nbval compares, and, in a live kernel with ipywidgets, a Tab widget over the same sections.
 """
 from __future__ import annotations
 
@@ -156,10 +156,12 @@ class Explorer:
         if key == "profile":
             figs = [viz.profile_figure(self.profile), viz.roofline_figure(self.profile)]
             return viz.html_table(viz.profile_rows(self.profile)) + "".join(
-                f"<div>{viz.figure_svg(f)}</div>" for f in figs)
+                f"<div>{viz.img_html(viz.figure_svg(f), alt)}</div>"
+                for f, alt in zip(figs, ("time per kernel", "roofline")))
         if key == "autotune":
+            fig = viz.autotune_figure(self.tuning)
             return viz.html_table(viz.autotune_rows(self.tuning)) + \
-                f"<div>{viz.figure_svg(viz.autotune_figure(self.tuning))}</div>"
+                f"<div>{viz.img_html(viz.figure_svg(fig), 'candidates searched')}</div>"
         raise KeyError(key)
 
     def _graph(self) -> str:
@@ -167,12 +169,12 @@ class Explorer:
         if e is not None:       # the error itself is the cell's error output: said once, there
             where = f" at {e.location}" if e.location is not None else ""
             what = f"{e.op}{where}" if e.op else f"the failing operator{where}"
-            svg = viz.graph_svg(e.partial_graph, failing=e) if e.partial_graph is not None else ""
+            img = "" if e.partial_graph is None else viz.img_html(
+                viz.graph_svg(e.partial_graph, failing=e), f"the graph traced up to {what}")
             return (f"<p>The graph traced up to the {type(e).__name__}, {html.escape(what)} "
-                    f"marked in red:</p>{svg}")
-        if self.program is not None:
-            return viz.graph_svg(self.program)
-        return viz.graph_svg(self.function.graph_ir)
+                    f"marked in red:</p>{img}")
+        subject = self.program if self.program is not None else self.function.graph_ir
+        return viz.img_html(viz.graph_svg(subject), f"Graph IR of @{self.name}")
 
 
     # -- the two faces -----------------------------------------------------------------------

@@ -115,7 +115,7 @@ class TesseraMagics(Magics):
         shell = self.shell
         # one blank line for the %%tessera line, so code line numbers are the cell's own
         source = "\n" + cell
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=source)
+        filename = shell.compile.cache(source, _running_cell(shell), raw_code=source)
         tree = shell.compile.ast_parse(source, filename)
         ns = shell.user_ns
         found = {}
@@ -194,6 +194,19 @@ def _root(fn):
 def _is_tessera_function(x) -> bool:
     from ..function import Function
     return isinstance(x, Function)
+
+
+def _running_cell(shell) -> int:
+    """The number of the cell running this magic (its In[n]), from the frame of the cell's own
+    code: execution_count is already the next cell's number under ipykernel, not under a
+    terminal IPython."""
+    known = getattr(shell.compile, "_filename_map", {})
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_filename in known:
+            return known[frame.f_code.co_filename]
+        frame = frame.f_back
+    return shell.execution_count
 
 
 def _defined_in(fn, filename) -> bool:

@@ -39,30 +39,34 @@ def graph_svg(obj, *, layout: str | None = None, timeout: float = DOT_TIMEOUT_S,
     """SVG text of graph_dot(obj, **kw) (same keywords). layout: "dot" (Graphviz's dot binary),
     "python" (the built-in layered layout), or None: dot when it is on PATH and TESSERA_NO_DOT
     is not set, else python (also when dot fails or takes longer than `timeout` seconds)."""
+    return drawing_svg(drawing(obj, **kw), layout, timeout)[0]
+
+
+def drawing_svg(d: Drawing, layout: str | None = None, timeout: float = DOT_TIMEOUT_S) -> tuple:
+    """(SVG text of the Drawing, whether Graphviz's dot drew it): see graph_svg."""
     if layout not in (None, "dot", "python"):
         raise ArgumentError(f"unknown layout {layout!r}", expected="'dot', 'python' or None")
-    d = drawing(obj, **kw)
     if layout == "python" or layout is None and os.environ.get("TESSERA_NO_DOT") == "1":
-        return layout_svg(d)
+        return layout_svg(d), False
     exe = shutil.which("dot")
     if exe is None:
         if layout == "dot":
             raise BackendUnavailableError("Graphviz's dot is not installed",
                                           hint="apt-get install graphviz, or layout='python'")
-        return layout_svg(d)
+        return layout_svg(d), False
     try:
         run = subprocess.run([exe, "-Tsvg"], input=to_dot(d).encode(), capture_output=True,
                              timeout=timeout)
         if run.returncode == 0:
-            return svg_body(run.stdout.decode())
+            return svg_body(run.stdout.decode()), True
         why = run.stderr.decode(errors="replace").strip()
     except (OSError, subprocess.TimeoutExpired) as e:
         why = str(e)
     if layout == "dot":
         raise BackendUnavailableError(f"dot failed: {why}")
     warnings.warn(f"tessera.viz: dot failed ({why}); drawing with the built-in layout",
-                  RuntimeWarning, stacklevel=2)
-    return layout_svg(d)
+                  RuntimeWarning, stacklevel=3)
+    return layout_svg(d), False
 
 
 # ---- the built-in layout -------------------------------------------------------------------------

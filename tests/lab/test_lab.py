@@ -1,4 +1,5 @@
 """The notebook extension, driven in a real IPython shell and in a real Jupyter kernel."""
+import base64
 import importlib.util
 import re
 
@@ -50,6 +51,8 @@ def test_cell_binds_a_compiled_function_that_matches_numpy(shell, rng):
 def test_explorer_html_holds_every_level_and_the_shape_labels(shell):
     explorer, _ = run_magic(shell, "--shapes B=2,S=8,D=4", ATTENTION)
     page = explorer._repr_mimebundle_()["text/html"]
+    assert "<svg" not in page                   # stripped from an untrusted notebook's HTML
+    page = _drawn(page)
     for title in ("Graph", "Schedule", "Tile", "Target"):
         assert f"<b>{title}</b>" in page
     prog = explorer.program
@@ -63,13 +66,13 @@ def test_explorer_html_holds_every_level_and_the_shape_labels(shell):
     # static: no addresses, no random ids, same page from a second lowering
     assert not re.search(r"0x[0-9a-f]{6,}", page)
     again, _ = run_magic(shell, "--shapes B=2,S=8,D=4", ATTENTION)
-    assert again._repr_mimebundle_()["text/html"] == page
+    assert _drawn(again._repr_mimebundle_()["text/html"]) == page
 
 
 def test_without_shapes_the_graph_is_symbolic_and_asks_for_sizes(shell):
     explorer, _ = run_magic(shell, "", ATTENTION)
     assert explorer.program is None
-    page = explorer._repr_html_()
+    page = _drawn(explorer._repr_html_())
     assert "f32[B,S,D]" in page and "f32[B,S,S]" in page
     assert "--shapes B=8,S=8,D=8" in page
     assert "symbolic" in explorer._repr_mimebundle_()["text/plain"]
@@ -95,19 +98,20 @@ def bad(x: Tensor["B", "S", "D"], w: Tensor["E", "F"]):
     y = op.exp(x)
     return op.matmul(y, w)
 '''
+    n = shell.execution_count
     with capture_output() as cap:
         result = shell.run_cell("%%tessera --shapes B=2,S=3,D=4,E=5,F=6\n" + cell)
     err = result.error_in_exec
     assert isinstance(err, ts.ShapeError)                 # still raised: run-all stops
-    # `return op.matmul(y, w)` is line 6 of the cell (line 1 is the %%tessera line)
-    assert str(err.location) == "<cell>:6"
+    # `return op.matmul(y, w)` is line 6 of the cell In[n] (line 1 is the %%tessera line)
+    assert str(err.location) == f"In[{n}]:6"
     shown = cap.stdout + cap.stderr
-    assert "<cell>:6" in shown and "return op.matmul(y, w)" in shown
+    assert f"In[{n}]:6" in shown and "return op.matmul(y, w)" in shown
     assert "Traceback" not in shown                     # a few lines, not the compiler's stack
-    page = cap.outputs[0].data["text/html"]                # the explorer of the partial graph
+    page = _drawn(cap.outputs[0].data["text/html"])       # the explorer of the partial graph
     assert "f32[B,S,D]" in page and "exp" in page and "matmul" in page
     # the error is said once, by the raised error: the drawing names the operator and line only
-    assert "return op.matmul(y, w)" not in _text(page) and "matmul at &lt;cell&gt;:6" in page
+    assert "return op.matmul(y, w)" not in _text(page) and f"matmul at In[{n}]:6" in page
 
 
 def test_bad_options_are_usage_errors(shell):
@@ -140,7 +144,9 @@ def norm(x: Tensor["N", "N"]):
     assert keys[-2:] == ["profile", "autotune"]
     assert explorer.profile.launches and explorer.tuning is not None
     page = explorer.html()
-    assert "<svg" in page and explorer.program.schedule_ir.kernels[0].name in page
+    assert "<svg" not in page and explorer.program.schedule_ir.kernels[0].name in page
+    svgs = _drawings(page)      # the graph, the profile's two figures, the autotuner's
+    assert len(svgs) == 4 and all(s.startswith("<svg") for s in svgs)
 
 
 def test_error_explorer_for_a_function_without_shapes_in_a_kernel():
@@ -161,15 +167,28 @@ def test_error_explorer_for_a_function_without_shapes_in_a_kernel():
     outputs = nb.cells[1].outputs
     error = next(o for o in outputs if o.output_type == "error")
     assert error.ename == "ShapeError"
-    assert any("<cell>:5" in line for line in error.traceback)
+    assert any("In[2]:5" in line for line in error.traceback)     # the second cell run
     html_out = [o for o in outputs if o.output_type == "display_data"]
-    assert html_out and "f32[B,S,D]" in html_out[0].data["text/html"]
+    assert html_out and "f32[B,S,D]" in _drawn(html_out[0].data["text/html"])
     assert "application/vnd.jupyter.widget-view+json" not in html_out[0].data   # no 1-tab widget
     assert not nb.cells[2].outputs and "not reached" not in str(info.value)
 
 
 def _text(page: str) -> str:
     return re.sub(r"<[^>]+>", "", page)
+
+
+_IMG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"[^>]*>')
+
+
+def _drawings(page: str) -> list:
+    """The SVG texts of a page's drawings (each an <img> of its SVG)."""
+    return [base64.b64decode(m).decode() for m in _IMG.findall(page)]
+
+
+def _drawn(page: str) -> str:
+    """The page with each drawing's SVG text in place of its <img>, to read its labels."""
+    return _IMG.sub(lambda m: base64.b64decode(m.group(1)).decode(), page)
 
 
 # ---- odd cells ---------------------------------------------------------------------------------
@@ -260,10 +279,11 @@ def test_a_cell_without_tessera_functions_says_so(shell):
 
 def test_a_def_tessera_cannot_take_names_its_line(shell):
     cell = 'from tessera import Tensor\n\ndef pack(*xs: Tensor["N"]):\n    return xs[0]\n'
+    n = shell.execution_count
     with capture_output():
         result = shell.run_cell("%%tessera\n" + cell)
     err = result.error_in_exec
-    assert isinstance(err, ts.ArgumentError) and str(err.location) == "<cell>:4"
+    assert isinstance(err, ts.ArgumentError) and str(err.location) == f"In[{n}]:4"
 
 
 def test_duplicate_sizes_are_a_usage_error(shell):
@@ -276,13 +296,15 @@ def test_static_html_escapes_the_users_source(shell):
 def masked(x: Tensor["N"], y: Tensor["N", "M"]):
     return op.where(x < 0, x, 0) @ y  # <script>alert(1)</script>
 '''
+    n = shell.execution_count
     explorer, _ = run_magic(shell, "--shapes N=3,M=2", cell)
     broken = cell.replace('y: Tensor["N", "M"]', 'y: Tensor["M", "M"]')
+    m = shell.execution_count           # the number run_cell gives the broken cell
     with capture_output() as cap:
         shell.run_cell("%%tessera --shapes N=3,M=2\n" + broken)
-    page, error_page = explorer.html(), cap.outputs[0].data["text/html"]
-    assert "&lt;cell&gt;:4" in page and "<cell>" not in page      # the graph's source lines
-    assert "&lt;cell&gt;:4" in error_page and "<script>" not in error_page + page
+    page, error_page = _drawn(explorer.html()), _drawn(cap.outputs[0].data["text/html"])
+    assert f"In[{n}]:4" in page and "<script>" not in page       # the graph's source lines
+    assert f"In[{m}]:4" in error_page and "<script>" not in error_page
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
@@ -364,3 +386,18 @@ def test_bad_sizes_in_the_explorer_box_drop_the_stale_tabs():
 def _annotated_exp(x: ts.Tensor["N"]):
     return ts.op.exp(x)
 
+
+
+def test_an_error_names_the_cell_that_holds_the_line(shell, rng):
+    """A function defined in one cell and called from a later one: its error names the
+    defining cell as IPython's tracebacks do (In[n]), not only a line number."""
+    n = shell.execution_count
+    shell.run_cell("import tessera as ts\nfrom tessera import op\n\n@ts.function\n"
+                   "def scores(q, k):\n    return op.matmul(q, k)\n", store_history=True)
+    shell.run_cell("x = 1", store_history=True)                             # another cell in between
+    shell.user_ns["q"] = rng.standard_normal((4, 3)).astype(np.float32)
+    with capture_output():
+        result = shell.run_cell("scores(q, q)", store_history=True)
+    err = result.error_in_exec
+    assert isinstance(err, ts.ShapeError) and str(err.location) == f"In[{n}]:6"
+    assert shell.execution_count == n + 3

@@ -2,6 +2,7 @@
 out with NumPy and from the Graph's values, kernel clusters against the Schedule, determinism,
 the built-in SVG layout, failing-node marking, tables, highlighting, and figures of a real
 profile and a real autotuning run."""
+import base64
 import collections
 import json
 import os
@@ -280,6 +281,56 @@ def test_save_svg_writes_the_same_text_atomically(rng, tmp_path):
 
 
 # ---- the failing node ----------------------------------------------------------------------------
+# ---- drawings for a notebook: shown untrusted too -------------------------------------------------
+def _png_size(png: bytes) -> tuple:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+@needs_dot
+def test_graph_image_is_a_png_beside_its_svg(rng, tmp_path):
+    prog = ts.function(dense_gelu_fn).lower(f32(rng, 4, 6), f32(rng, 6, 5), f32(rng, 5))
+    image = viz.graph_image(prog)
+    data, meta = image._repr_mimebundle_()
+    # no HTML: JupyterLab would prefer it to the PNG; the PNG is what an untrusted notebook shows
+    assert set(data) == {"text/plain", "image/svg+xml", "image/png"}
+    assert data["image/svg+xml"] == viz.graph_svg(prog)
+    png = base64.b64decode(data["image/png"])
+    w, h = _png_size(png)
+    # drawn at 144 dpi, shown at its size in CSS pixels (Graphviz's SVG is sized in points)
+    svg_w = float(re.search(r'<svg[^>]*width="([\d.]+)pt"', data["image/svg+xml"]).group(1))
+    assert meta == {"image/png": {"width": round(w * 96 / 144)}}
+    assert abs(w - svg_w * 2) <= 4 and h > 50
+    assert image.save(tmp_path / "g.png").read_bytes() == png
+    assert image.save(tmp_path / "g.svg").read_text() == data["image/svg+xml"]
+    with pytest.raises(ts.ArgumentError, match=".svg or .png"):
+        image.save(tmp_path / "g.pdf")
+
+
+def test_without_dot_graph_image_is_an_img_of_its_svg(rng, monkeypatch, tmp_path):
+    monkeypatch.setenv("TESSERA_NO_DOT", "1")
+    prog = ts.function(dense_gelu_fn).lower(f32(rng, 4, 6), f32(rng, 6, 5), f32(rng, 5))
+    data = viz.graph_image(prog)._repr_mimebundle_()
+    assert set(data) == {"text/plain", "image/svg+xml", "text/html"}
+    page = data["text/html"]
+    assert "<svg" not in page                   # an <img>: kept by the HTML sanitisers
+    src = re.fullmatch(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"[^>]*>',
+                       page).group(1)
+    assert base64.b64decode(src).decode() == viz.graph_svg(prog, layout="python")
+    with pytest.raises(ts.BackendUnavailableError, match="PNG"):
+        viz.graph_image(prog).save(tmp_path / "g.png")
+
+
+def test_figure_image_holds_the_same_figure_twice(profiled):
+    fig = viz.roofline_figure(profiled[0])
+    data, meta = viz.figure_image(fig)._repr_mimebundle_()
+    assert data["image/svg+xml"] == viz.figure_svg(fig)
+    w, h = _png_size(base64.b64decode(data["image/png"]))
+    inches = fig.get_size_inches()
+    assert (w, h) == (round(inches[0] * 144), round(inches[1] * 144))
+    assert meta["image/png"]["width"] == round(w * 96 / 144)
+
+
 def test_trace_error_draws_the_partial_graph_and_the_failing_op():
     with pytest.raises(ts.ShapeError) as info:
         ts.function(bad_fn).graph_ir
