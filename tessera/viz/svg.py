@@ -1,6 +1,7 @@
 """Graph IR as SVG: Graphviz's `dot` when it is installed, else a small layered layout in pure
 Python (boxes in topological layers, kernel clusters as rectangles, edges as curves with their
-type labels). Both give the same text for the same graph on every run."""
+type labels, an edge across several layers down a lane of its own in each). Both give the same
+text for the same graph on every run."""
 from __future__ import annotations
 
 import heapq
@@ -25,6 +26,7 @@ GAP_Y = 44              # between layers: room for an edge label
 CLUSTER_PAD, CLUSTER_LABEL = 10, 18
 LABEL_SIZE = 9
 MARGIN = 12
+LANE = 14               # the slot a long edge takes in each layer it passes
 
 
 def svg_body(text: str) -> str:
@@ -159,13 +161,27 @@ def layout_svg(d: Drawing) -> str:
 
     layer, preds, succs = _layers(list(members), item_edges, item_order,
                                   {("b", i) for i in consts})
+    # an edge across several layers takes a lane of its own in each layer it passes (a dummy
+    # item there), so it goes around the boxes of those layers instead of behind them
+    lanes = {}
+    for a, b in dict.fromkeys(item_edges):
+        if a == b or layer[b] - layer[a] <= 1:
+            continue
+        chain = [("lane", a, b, lay) for lay in range(layer[a] + 1, layer[b])]
+        for k, lane in enumerate(chain):
+            layer[lane] = layer[a] + 1 + k
+            preds[lane] = [chain[k - 1] if k else a]
+            item_size[lane] = (LANE, 0)
+            item_order[lane] = item_order[a]
+        lanes[(a, b)] = chain
 
     # layers top to bottom; within one, items ordered by their predecessors' mean x
-    pos, centre = {}, {}
+    pos, centre, rows_at = {}, {}, {}
     title_h = 24
     y = MARGIN + title_h
+    items = [*members, *(lane for chain in lanes.values() for lane in chain)]
     for lay in range(max(layer.values(), default=-1) + 1):
-        row = [it for it in members if layer[it] == lay]
+        row = [it for it in items if layer[it] == lay]
         if not row:
             continue
 
@@ -179,7 +195,8 @@ def layout_svg(d: Drawing) -> str:
             pos[it] = (x, y)
             centre[it] = x + item_size[it][0] / 2
             x += item_size[it][0] + GAP_X
-        y += max(item_size[it][1] for it in row) + GAP_Y
+        rows_at[lay] = (y, max(item_size[it][1] for it in row))
+        y += rows_at[lay][1] + GAP_Y
     left = min(x for x, _ in pos.values())
     right = max(x + item_size[it][0] for it, (x, _) in pos.items())
     width = max(right - left, len(d.title) * CHAR * 13) + 2 * MARGIN
@@ -191,6 +208,8 @@ def layout_svg(d: Drawing) -> str:
     clusters = []
     for it, (x, y0) in pos.items():
         x += shift
+        if it[0] == "lane":
+            continue
         if it[0] == "b":
             rect[it[1]] = (x, y0, *item_size[it])
             entry[it[1]] = y0
@@ -221,7 +240,12 @@ def layout_svg(d: Drawing) -> str:
                    f'fill="#f1f5fb" stroke="#8ab4f8"/>'
                    f'<text x="{x + CLUSTER_PAD:.1f}" y="{y0 + CLUSTER_PAD + 9:.1f}" font-size="10" '
                    f'fill="#174ea6">{escape(c.label)}</text></g>')
-    curves, labels = _edges_svg(d, rect, entry)
+    via = {}                    # edge index -> (x, top, bottom) of each lane it passes
+    for k, e in enumerate(d.edges):
+        chain = lanes.get((item[e.src], item[e.dst]), ())
+        via[k] = [(pos[lane][0] + shift + LANE / 2, rows_at[lane[3]][0],
+                   sum(rows_at[lane[3]])) for lane in chain]
+    curves, labels = _edges_svg(d, rect, entry, via)
     out += curves
     for b in d.boxes:
         x, y0, w, h = rect[b.id]
@@ -250,11 +274,13 @@ def _bezier(p0, p1, p2, p3, t):
     return u ** 3 * p0 + 3 * u * u * t * p1 + 3 * u * t * t * p2 + t ** 3 * p3
 
 
-def _edges_svg(d: Drawing, rect, entry) -> tuple:
+def _edges_svg(d: Drawing, rect, entry, via) -> tuple:
     """(curves, labels): each edge from a box's bottom to another's top, the ends spread along
-    the sides (two operands of one node, or one value used twice, stay apart); its label sits
-    in the gap just above the region it enters (entry: box id -> that region's top), where the
-    ends are spread, and is drawn over everything else so no box hides it."""
+    the sides (two operands of one node, or one value used twice, stay apart), down the lanes
+    it is given in the layers it passes (via: edge index -> [(x, top, bottom)]); its label
+    sits in the gap just above the region it enters (entry: box id -> that region's top),
+    where the ends are spread, clear of every box and of the labels placed before it, and is
+    drawn over everything else so no box hides it."""
     cx = {i: r[0] + r[2] / 2 for i, r in rect.items()}
     outs, ins = {}, {}
     for k, e in enumerate(d.edges):
@@ -274,12 +300,18 @@ def _edges_svg(d: Drawing, rect, entry) -> tuple:
         sx, sy, _, sh = rect[e.src]
         x1, y1 = start[k], sy + sh
         x2, y2 = end[k], rect[e.dst][1]
+        path = f"M{x1:.1f},{y1:.1f}"
+        for lx, top, bottom in via[k]:       # down each lane, then on from its bottom
+            dy = max(18.0, abs(top - y1) / 2)
+            path += (f" C{x1:.1f},{y1 + dy:.1f} {lx:.1f},{top - dy:.1f} {lx:.1f},{top:.1f}"
+                     f" L{lx:.1f},{bottom:.1f}")
+            x1, y1 = lx, bottom
         dy = max(18.0, abs(y2 - y1) / 2)
         xs, ys = (x1, x1, x2, x2), (y1, y1 + dy, y2 - dy, y2)
         color = RED if e.dst in failed else "#5f6368"
         dash = ' stroke-dasharray="4 3"' if e.dashed else ""
         curves.append(f'<g class="edge"><title>{escape(e.src)} -&gt; {escape(e.dst)}</title>'
-                      f'<path d="M{x1:.1f},{y1:.1f} C{x1:.1f},{y1 + dy:.1f} {x2:.1f},'
+                      f'<path d="{path} C{x1:.1f},{y1 + dy:.1f} {x2:.1f},'
                       f'{y2 - dy:.1f} {x2:.1f},{y2 - 6:.1f}" fill="none" stroke="{color}"{dash}/>'
                       f'<polygon points="{x2 - 4:.1f},{y2 - 7:.1f} {x2 + 4:.1f},{y2 - 7:.1f} '
                       f'{x2:.1f},{y2:.1f}" fill="{color}"/></g>')
@@ -294,10 +326,14 @@ def _edges_svg(d: Drawing, rect, entry) -> tuple:
                 lo, hi = (t, hi) if _bezier(*ys, t) < ly else (lo, t)
         lx, ly = _bezier(*xs, t), _bezier(*ys, t)
         lw = len(e.label) * CHAR * LABEL_SIZE + 6
-        for _ in range(4):          # step towards the source past labels already there
-            if not any(abs(lx - px) < (lw + pw) / 2 and abs(ly - py) < 13 for px, py, pw in placed):
-                break
-            ly -= 13
+
+        def free(y):
+            return not any(abs(lx - px) < (lw + pw) / 2 and abs(y - py) < 13
+                           for px, py, pw in placed) and \
+                not any(bx - lw / 2 < lx < bx + bw + lw / 2 and by - 7 < y < by + bh + 7
+                        for bx, by, bw, bh in rect.values())
+        # nearest free height, first up towards the source, then down
+        ly = next((ly + dy for dy in (0, -13, 13, -26, 26, -39) if free(ly + dy)), ly)
         placed.append((lx, ly, lw))
         labels.append(f'<g class="edge-label"><rect x="{lx - lw / 2:.1f}" y="{ly - 7:.1f}" '
                       f'width="{lw:.1f}" height="13" fill="#ffffff" fill-opacity="0.85"/>'
