@@ -151,6 +151,16 @@ def layout_svg(d: Drawing) -> str:
                                   if e.src in mine and e.dst in mine], order, consts)
         rows = [[i for i in ids if sub[i] == r] for r in range(max(sub.values()) + 1)]
         rows = [r for r in rows if r]
+        # inside the cluster too, an edge passing a row goes down a lane at the row's end
+        row_of = {i: n for n, r in enumerate(rows) for i in r}
+        for k, e in enumerate(d.edges):
+            src, dst = row_of.get(e.src), row_of.get(e.dst)
+            if src is None and dst is None or e.src == e.dst:
+                continue
+            passed = range(0 if src is None else src + 1, len(rows) if dst is None else dst)
+            for n in passed:
+                rows[n].append(("lane", k))
+                size[("lane", k)] = (LANE, 0)
         widths = [sum(size[i][0] for i in r) + GAP_X * (len(r) - 1) for r in rows]
         heights = [max(size[i][1] for i in r) for r in rows]
         label_w = len(d.clusters[it[1]].label) * CHAR * 10 + 2 * CLUSTER_PAD
@@ -204,6 +214,7 @@ def layout_svg(d: Drawing) -> str:
     shift = MARGIN - left + (width - 2 * MARGIN - (right - left)) / 2
 
     rect = {}                   # box id -> (x, y, w, h), absolute
+    inner_lanes = {}            # edge index -> [(x, top, bottom)] of lanes inside clusters
     entry = {}                  # box id -> the top of the region an edge from outside enters
     clusters = []
     for it, (x, y0) in pos.items():
@@ -221,8 +232,11 @@ def layout_svg(d: Drawing) -> str:
         for n, (r, rw, rh) in enumerate(zip(rows, widths, heights)):
             bx = x + (w - rw) / 2
             for i in r:
-                rect[i] = (bx, ry, *size[i])
-                entry[i] = y0 if n == 0 else ry
+                if i[0] == "lane":
+                    inner_lanes.setdefault(i[1], []).append((bx + LANE / 2, ry, ry + rh))
+                else:
+                    rect[i] = (bx, ry, *size[i])
+                    entry[i] = y0 if n == 0 else ry
                 bx += size[i][0] + GAP_X
             ry += rh + GAP_Y
 
@@ -243,8 +257,9 @@ def layout_svg(d: Drawing) -> str:
     via = {}                    # edge index -> (x, top, bottom) of each lane it passes
     for k, e in enumerate(d.edges):
         chain = lanes.get((item[e.src], item[e.dst]), ())
-        via[k] = [(pos[lane][0] + shift + LANE / 2, rows_at[lane[3]][0],
-                   sum(rows_at[lane[3]])) for lane in chain]
+        via[k] = sorted([(pos[lane][0] + shift + LANE / 2, rows_at[lane[3]][0],
+                          sum(rows_at[lane[3]])) for lane in chain] + inner_lanes.get(k, []),
+                        key=lambda v: v[1])
     curves, labels = _edges_svg(d, rect, entry, via)
     out += curves
     for b in d.boxes:
