@@ -34,9 +34,9 @@ test-clang: setup
 		tests/ops/test_reductions.py tests/targets/test_gemm.py tests/ops/test_attention.py \
 		tests/targets/test_isa.py
 
-# Graphviz's dot draws the explorer's graphs (the pure-Python layout without it is readable for
-# small graphs only): installed from Debian's packages when missing and make runs as root; else
-# said, with the command.
+# Graphviz's dot draws the explorer's graphs (tighter than the pure-Python layout used without
+# it): installed from Debian's packages when missing and make runs as root; else said, with the
+# command.
 graphviz:
 	@if command -v dot >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

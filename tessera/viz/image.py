@@ -1,10 +1,11 @@
 """Drawings as images a notebook shows without trusting it.
 
-JupyterLab and Notebook 7 (and GitHub's viewer) sanitise what an untrusted notebook shows: an
-`<svg>` inside HTML is stripped to its bare text, and an `image/svg+xml` output is skipped for its
-text/plain. A PNG output, and an `<img>` whose source is a data URI, survive. So a drawing is an
-Image: a PNG (Graphviz's `dot -Tpng`, or Agg for a figure) beside the SVG, for the front end to
-pick; and a drawing inside an HTML page (the explorer's sections) is an `<img>` of its SVG.
+JupyterLab and Notebook 7 sanitise what an untrusted notebook shows (GitHub's viewer sanitises
+HTML too): an `<svg>` inside HTML is stripped to its bare text, and an `image/svg+xml` output is
+skipped for its text/plain. A PNG output, and an `<img>` whose source is a data URI, survive. So
+a drawing is an Image: a PNG (Graphviz's `dot -Tpng`, or Agg for a figure) beside the SVG, for
+the front end to pick; and a drawing inside an HTML page (the explorer's sections) is an `<img>`
+of its SVG.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class Image:
                                               "or save it as .svg")
             data = self.png
         else:
-            raise ArgumentError(f"cannot save a drawing as {path.suffix or 'a file without a suffix'!r}",
+            raise ArgumentError(f"cannot save a drawing as {path.name!r}",
                                 expected="a .svg or .png path")
         atomic_write(path, data)
         return path

@@ -17,6 +17,7 @@ TESSERA_REQUIRE_BROWSER=1, which makes a missing browser a failure instead.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -45,23 +46,20 @@ FALLBACK = re.compile(r"<svg|</svg>|xmlns=|<IPython\.core\.display\.\w+ object>|
                       r"Failed to (load|create) (model|view)")
 
 
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
 def _chromium():
     exe = os.environ.get("TESSERA_CHROMIUM") or next(
         (shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    if _missing("playwright"):
         return None, "Playwright is not installed (pip install -e '.[test]')"
     if exe is None:
         return None, "no Chromium on PATH (apt-get install chromium, or set TESSERA_CHROMIUM)"
-    if importlib_missing("jupyterlab"):
+    if _missing("jupyterlab"):
         return None, "JupyterLab is not installed (pip install -e '.[test]')"
     return exe, ""
-
-
-def importlib_missing(name: str) -> bool:
-    import importlib.util
-    return importlib.util.find_spec(name) is None
 
 
 CHROMIUM, WHY_NOT = _chromium()
@@ -301,7 +299,7 @@ def _check_saved(page: Page, nb, where: str):
 @pytest.mark.parametrize("rel", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_saved_outputs_in_notebook_7(lab, browser, rel):
     """Notebook 7's page for the same file: its own front end, the same untrusted rendering."""
-    if importlib_missing("notebook"):
+    if _missing("notebook"):
         pytest.skip("Notebook 7 is not installed (pip install -e '.[test]')")
     base, token, served = lab
     nb = nbformat.read(served / rel, as_version=4)

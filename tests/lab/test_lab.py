@@ -394,7 +394,7 @@ def test_an_error_names_the_cell_that_holds_the_line(shell, rng):
     n = shell.execution_count
     shell.run_cell("import tessera as ts\nfrom tessera import op\n\n@ts.function\n"
                    "def scores(q, k):\n    return op.matmul(q, k)\n", store_history=True)
-    shell.run_cell("x = 1", store_history=True)                             # another cell in between
+    shell.run_cell("x = 1", store_history=True)         # another cell in between
     shell.user_ns["q"] = rng.standard_normal((4, 3)).astype(np.float32)
     with capture_output():
         result = shell.run_cell("scores(q, q)", store_history=True)

@@ -361,7 +361,7 @@ def test_save_svg_writes_the_same_text_atomically(rng, tmp_path):
 
 
 # ---- the failing node ----------------------------------------------------------------------------
-# ---- drawings for a notebook: shown untrusted too -------------------------------------------------
+# ---- drawings for a notebook: shown untrusted too ------------------------------------------------
 def _png_size(png: bytes) -> tuple:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
