@@ -70,6 +70,16 @@ def rmsnorm(x, weight=None, eps=1e-6, axis=-1):
     return y if weight is None else _apply("mul", y, weight)
 
 
+def clamp(x, min=None, max=None):
+    """x limited to [min, max] (either may be None, or a tensor that broadcasts): maximum with
+    ``min``, then minimum with ``max``, as NumPy's clip and torch.clamp; NaN stays NaN."""
+    if min is None and max is None:
+        raise _ArgumentError("op.clamp needs min, max or both")
+    if min is not None:
+        x = _apply("maximum", x, min)
+    return x if max is None else _apply("minimum", x, max)
+
+
 def permute(x, *perm):
     """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
     perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm

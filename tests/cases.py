@@ -32,6 +32,9 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 4, 1, 3), f32(r, 5, 1)], {}) for n in
        ["add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"]},
     "div": (lambda r: [f32(r, 4, 3), f32(r, 3, lo=0.5)], {}),
+    **{n: (lambda r: [f32(r, 3, 5) * 4], {}) for n in ["floor", "ceil", "round", "sign"]},
+    **{n: (lambda r: [f32(r, 4, 3) * 5, f32(r, 3, lo=0.5) * np.array([1, -1, 1])], {})
+       for n in ["mod", "floor_divide"]},
     "pow": (lambda r: [f32(r, 4, 3, lo=0.1), f32(r, 3)], {}),
     "where": (lambda r: [f32(r, 4, 3) > 0, f32(r, 4, 3), f32(r, 3)], {}),
     "cast": (lambda r: [f32(r, 4, 3) * 10], {"dtype": "int32"}),

@@ -117,6 +117,38 @@ GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + 
         "({T})0.7978845608028654 * (x + ({T})0.044715 * x * x * x))); }\n"
         "TS_INLINE {T} ts_gelu_erf{F}({T} x) { return ({T})0.5 * x * "
         "(({T})1 + ts_erf{F}(x * ({T})0.7071067811865476)); }")
+# Python's and NumPy's floor division and remainder: the remainder takes the divisor's sign.
+# Floats follow NumPy's divmod step by step (fmod, then a quotient snapped to an integer), so
+# the bits are NumPy's; by zero: a / b and NaN. Integers: by zero 0, and MIN // -1 wraps to MIN
+# (C's own division would trap), both as NumPy gives them.
+FLOOR_DIVMOD_F = (
+    "TS_INLINE {T} ts_mod_{S}({T} a, {T} b) {\n"
+    "  {T} m = fmod{F}(a, b);\n"
+    "  if (b == 0) return m;\n"
+    "  if (m != 0) { if ((b < 0) != (m < 0)) m += b; }\n"
+    "  else m = copysign{F}(({T})0, b);\n"
+    "  return m;\n"
+    "}\n"
+    "TS_INLINE {T} ts_floordiv_{S}({T} a, {T} b) {\n"
+    "  if (b == 0) return a / b;\n"
+    "  {T} m = fmod{F}(a, b), d = (a - m) / b;\n"
+    "  if (m != 0 && (b < 0) != (m < 0)) d -= 1;\n"
+    "  if (d == 0) return copysign{F}(({T})0, a / b);\n"
+    "  {T} f = floor{F}(d);\n"
+    "  return d - f > ({T})0.5 ? f + 1 : f;\n"
+    "}")
+FLOOR_DIVMOD_I = (
+    "TS_INLINE {T} ts_mod_{S}({T} a, {T} b) {\n"
+    "  if (b == 0 || b == -1) return 0;\n"
+    "  {T} r = a % b;\n"
+    "  return (r != 0 && (r < 0) != (b < 0)) ? r + b : r;\n"
+    "}\n"
+    "TS_INLINE {T} ts_floordiv_{S}({T} a, {T} b) {\n"
+    "  if (b == 0) return 0;\n"
+    "  if (b == -1) return ({T})(0 - (uint64_t)a);\n"
+    "  {T} q = a / b;\n"
+    "  return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;\n"
+    "}")
 
 
 def math_helpers(*names, extra=()):
@@ -170,6 +202,18 @@ with np.errstate(all="ignore"):
                 lambda a, t: np.maximum(a[0], a[0].dtype.type(0)), helpers={"f": FMAX},
                 doc="max(x, 0); NaN stays NaN")
 
+    # rounding: exact, so every target gives NumPy's bits; integers are already integral
+    # (NumPy 2 keeps their dtype); round is half to even (rint in the default rounding mode)
+    for _name, _c, _fn in [("floor", "floor", np.floor), ("ceil", "ceil", np.ceil),
+                           ("round", "rint", np.round)]:
+        elementwise(_name, 1, unary_same(allow_bool=False), {"f": _c + "{F}({0})", "i": "{0}"},
+                    (lambda fn: lambda a, t: fn(a[0]))(_fn), doc=f"{_name}(x), elementwise")
+    elementwise("sign", 1, unary_same(allow_bool=False),
+                {"f": "ts_sel{F}({0} != {0}, {0}, ({T})(({0} > 0) - ({0} < 0)))",
+                 "i": "({T})(({0} > 0) - ({0} < 0))"},
+                lambda a, t: np.sign(a[0]), helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))},
+                doc="-1, 0 or 1 by the sign of x (0 for -0.0); NaN stays NaN")
+
     elementwise("add", 2, binary_arith(), {"*": "({0} + {1})", "b": "({0} | {1})"},
                 lambda a, t: np.add(a[0], a[1]), doc="a + b")
     elementwise("sub", 2, binary_arith(allow_bool=False), {"*": "({0} - {1})"},
@@ -193,6 +237,16 @@ with np.errstate(all="ignore"):
                 {"f": "ts_min{F}({0}, {1})", "i": "({0} < {1} ? {0} : {1})", "b": "({0} & {1})"},
                 lambda a, t: np.minimum(a[0], a[1]), helpers={"f": FMIN},
                 doc="elementwise min; NaN propagates")
+    elementwise("mod", 2, binary_arith(allow_bool=False), {"*": "ts_mod_{S}({0}, {1})"},
+                lambda a, t: np.remainder(a[0], a[1]), flops=4,
+                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I},
+                doc="a - floor(a / b) * b: the remainder with the divisor's sign (Python's %, "
+                    "NumPy's remainder)")
+    elementwise("floor_divide", 2, binary_arith(allow_bool=False),
+                {"*": "ts_floordiv_{S}({0}, {1})"},
+                lambda a, t: np.floor_divide(a[0], a[1]), flops=4,
+                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I},
+                doc="floor(a / b) (Python's //, NumPy's floor_divide); integers by zero give 0")
     for _name, _sym, _fn in [("eq", "==", np.equal), ("ne", "!=", np.not_equal),
                              ("lt", "<", np.less), ("le", "<=", np.less_equal),
                              ("gt", ">", np.greater), ("ge", ">=", np.greater_equal)]:
@@ -218,6 +272,8 @@ for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("
                     ("sqrt", "sqrt"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh"),
                     ("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
                     ("div", "divide"), ("pow", "power"), ("maximum", "maximum"),
+                    ("floor", "floor"), ("ceil", "ceil"), ("sign", "sign"),
+                    ("mod", "remainder"), ("floor_divide", "floor_divide"),
                     ("minimum", "minimum"), ("eq", "equal"), ("ne", "not_equal"),
                     ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
                     ("ge", "greater_equal")]:
@@ -289,6 +345,10 @@ _VJP = {
     "minimum": lambda b, xs, y, g, a: [b.op("where", b.op("le", xs[0], xs[1]), g, 0),
                                     b.op("where", b.op("le", xs[0], xs[1]), 0, g)],
     "where": lambda b, xs, y, g, a: [None, b.op("where", xs[0], g, 0), b.op("where", xs[0], 0, g)],
+    # piecewise constant: zero almost everywhere (as JAX has it); mod is a - b * (a // b)
+    **{n: (lambda b, xs, y, g, a: [None]) for n in ("floor", "ceil", "round", "sign")},
+    "floor_divide": lambda b, xs, y, g, a: [None, None],
+    "mod": lambda b, xs, y, g, a: [g, b.op("neg", b.op("mul", g, b.op("floor_divide", xs[0], xs[1])))],
     # float -> float: the cotangent goes back in the input's dtype; from an integer: none
     "cast": lambda b, xs, y, g, a: [b.op("cast", g, dtype=xs[0].dtype.name)
                                  if xs[0].dtype.is_float else None],

@@ -22,6 +22,18 @@ def pos(r, *shape):
     return r.uniform(0.3, 2.0, size=shape)
 
 
+def between(r, *shape):
+    """Values 0.1 to 0.4 past an integer: no jump of floor, ceil, round or sign within a
+    finite-difference step."""
+    return r.integers(-3, 3, size=shape) + r.uniform(0.1, 0.4, size=shape)
+
+
+def divmod_operands(r):
+    """b away from 0, and a / b 0.2 to 0.8 past an integer: no jump of a // b or a % b."""
+    b = r.uniform(0.7, 1.3, size=3) * r.choice([-1.0, 1.0], size=3)
+    return [b * (r.integers(-3, 3, size=(4, 3)) + r.uniform(0.2, 0.8, size=(4, 3))), b]
+
+
 UNARY_SHAPES = [(3, 5), (1, 4), (), (2, 1, 3)]
 BINARY_SHAPES = [((4, 1, 3), (5, 1)), ((3,), (2, 3)), ((), (2, 2)), ((1,), (3, 1))]
 
@@ -62,6 +74,9 @@ CASES = {
     "pow": binary("pow", pos, U) + [(lambda x: x ** 3, lambda r: [U(r, 2, 3)]),
                                     (lambda x: op.pow(2.5, x), lambda r: [U(r, 4)])],
     "maximum": binary("maximum"), "minimum": binary("minimum"),
+    **{n: unary(n, between) for n in ("floor", "ceil", "round", "sign")},
+    "mod": [(lambda a, b: op.mod(a, b), divmod_operands), (lambda a, b: a % b, divmod_operands)],
+    "floor_divide": [(lambda a, b: a // b, divmod_operands)],
     "where": [(lambda c, a, b: op.where(c, a, b),
                lambda r: [U(r, 4, 3) > 0, U(r, 4, 3), U(r, 3)]),
               (lambda c, a, b: op.where(c, a, b), lambda r: [U(r, 2, 1) > 0, U(r, 1, 3), U(r)])],

@@ -182,3 +182,80 @@ def test_large_pointwise_runs_parallel(rng):
     prog = f.lower(x)
     assert prog.schedule_ir.kernels[0].knobs["parallel"]
     assert_close(f(x), (x * sig(x) + 1).astype(np.float32), scale=4)
+
+
+# ---- rounding, sign, floor division and remainder: exact, so NumPy's bits on every target ----
+EDGES = [0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3.0, -7.25, 1e30, -1e-30, np.inf, -np.inf,
+         np.nan]
+
+
+def _same_bits(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype.kind == "f":              # any NaN is a NaN; every other value bit for bit
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan)
+        got, want = got[~nan], want[~nan]
+        assert np.array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}")), \
+            (got, want)
+    else:
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["floor", "ceil", "round", "sign"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_rounding_and_sign_are_numpys_bits(name, dtype, rng):
+    ref = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "sign": np.sign}[name]
+    if np.dtype(dtype).kind == "f":
+        x = np.concatenate([np.array(EDGES), rng.uniform(-40, 40, 1000),
+                            np.round(rng.uniform(-20, 20, 200)) + 0.5]).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        x = np.concatenate([[0, 1, -1, info.min, info.max],
+                            rng.integers(-1000, 1000, 500)]).astype(dtype)
+    f = ts.function(lambda x: getattr(op, name)(x))
+    with np.errstate(all="ignore"):
+        _same_bits(f(x), ref(x))
+        _same_bits(getattr(op, name)(x), ref(x))        # eager
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_mod_and_floor_divide_are_pythons_and_numpys(dtype, rng):
+    """Every sign combination, zero divisors, infinities and NaN (floats), MIN // -1 and
+    MIN % -1 (integers, which C's own / and % would trap on): NumPy's results, bit for bit."""
+    if np.dtype(dtype).kind == "f":
+        edges = np.array(EDGES, dtype)
+        a = np.concatenate([np.repeat(edges, len(edges)), rng.uniform(-50, 50, 2000)])
+        b = np.concatenate([np.tile(edges, len(edges)), rng.uniform(-5, 5, 2000)])
+    else:
+        info = np.iinfo(dtype)
+        edges = np.array([0, 1, -1, 2, -2, 7, -7, info.min, info.max], dtype)
+        a = np.concatenate([np.repeat(edges, len(edges)), rng.integers(-100, 100, 2000)])
+        b = np.concatenate([np.tile(edges, len(edges)), rng.integers(-9, 10, 2000)])
+    a, b = a.astype(dtype), b.astype(dtype)
+    f = ts.function(lambda a, b: (a // b, a % b, op.floor_divide(a, b), op.mod(a, b)))
+    with np.errstate(all="ignore"):
+        q, r, q2, r2 = f(a, b)
+        _same_bits(q, np.floor_divide(a, b))
+        _same_bits(r, np.remainder(a, b))
+        _same_bits(q2, q)
+        _same_bits(r2, r)
+        # Python's identity a == (a // b) * b + a % b, where both are finite and b is not 0
+        if np.dtype(dtype).kind == "f":
+            ok = (b != 0) & (np.abs(a) < 1e6) & (np.abs(b) < 1e6)     # (finite, and no r that
+            # absorbs a into a huge b: -0.5 % 1e30 is 1e30, NumPy's and Python's answer too)
+            np.testing.assert_allclose(q[ok] * b[ok] + r[ok], a[ok], rtol=1e-6, atol=1e-5)
+            assert np.all((r[ok] == 0) | (np.sign(r[ok]) == np.sign(b[ok])))
+
+
+def test_clamp_is_numpys_clip(rng):
+    x = np.concatenate([rng.uniform(-3, 3, 50), [np.nan, np.inf, -np.inf]]).astype(np.float32)
+    lo = rng.uniform(-1, 0, 53).astype(np.float32)
+    f = ts.function(lambda x, lo: (op.clamp(x, lo, 1.0), op.clamp(x, min=lo),
+                                   op.clamp(x, max=0.5)))
+    both, low, high = f(x, lo)
+    _same_bits(both, np.clip(x, lo, np.float32(1.0)))
+    _same_bits(low, np.maximum(x, lo))
+    _same_bits(high, np.minimum(x, np.float32(0.5)))
+    with pytest.raises(ts.ArgumentError, match="min, max or both"):
+        op.clamp(x)

@@ -144,6 +144,12 @@ def cases(rng):
                      True),
         # libm's functions: compared with NumPy only
         "libm": (lambda x: op.sin(x) + op.cos(x) + op.pow(op.abs(x), 1.5), [f32(33, 65)], False),
+        # rounding and floor division: exact, NumPy's bits on every ISA
+        "rounding_divmod": (lambda x, y, i, j: (op.floor(x * 3) + op.ceil(x) * op.round(x * 2.5)
+                                                + op.sign(x) + x % y + x // y, i // j, i % j),
+                            [f32(33, 65), f32(65) + 0.5,
+                             rng.integers(-50, 50, (33, 65)).astype(np.int32),
+                             rng.integers(-5, 5, 65).astype(np.int32)], True),
     }
 
 
