@@ -80,6 +80,87 @@ def clamp(x, min=None, max=None):
     return x if max is None else _apply("minimum", x, max)
 
 
+def einsum(spec, *operands):
+    """Einstein summation, ``op.einsum("bij,bjk->bik", a, b)``, lowered to the operators the
+    compiler fuses and tiles: a letter only one operand has and the result lacks is summed
+    first; then operands are contracted left to right, each pair as one (batched) matmul of
+    transposed, reshaped operands; the result is transposed into the order asked. Without
+    ``->`` the result takes the letters seen once, sorted (NumPy's rule). Not supported, with
+    a clear error: ``...``, and a letter twice in one operand (a diagonal)."""
+    from .shapes import prod, same
+    spec = str(spec).replace(" ", "")
+    lhs, arrow, out = spec.partition("->")
+    inputs = lhs.split(",")
+    if "." in spec:
+        raise _ArgumentError(f"op.einsum({spec!r}): '...' is not supported",
+                             hint="name every axis with a letter")
+    if len(inputs) != len(operands):
+        raise _ArgumentError(f"op.einsum({spec!r}) names {len(inputs)} operand(s) but got "
+                             f"{len(operands)}")
+    letters = "".join(inputs)
+    if not arrow:
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    for word in (*inputs, out):
+        if not all(c.isalpha() and c.isascii() for c in word) or len(set(word)) != len(word):
+            raise _ArgumentError(f"op.einsum({spec!r}): {word!r} must be distinct letters",
+                                 hint="a letter twice in one operand (a diagonal) is not "
+                                      "supported: use op.take or a mask")
+    if set(out) - set(letters):
+        raise _ArgumentError(f"op.einsum({spec!r}): the result's "
+                             f"{''.join(sorted(set(out) - set(letters)))!r} is in no operand")
+    size = {}
+    for k, (word, x) in enumerate(zip(inputs, operands)):
+        shape = tuple(x.shape) if hasattr(x, "shape") else ()
+        if len(shape) != len(word):
+            raise _ArgumentError(f"op.einsum({spec!r}): operand {k} has rank {len(shape)} but "
+                                 f"{word!r} names {len(word)} axes")
+        for c, d in zip(word, shape):
+            if c in size and not same(size[c], d):
+                from .errors import ShapeError
+                raise ShapeError(f"op.einsum({spec!r}): {c!r} is {size[c]} in one operand and "
+                                 f"{d} in operand {k}")
+            size.setdefault(c, d)
+
+    def arrange(x, word, order):                # transpose x (axes named by word) to order
+        perm = [word.index(c) for c in order]
+        return x if perm == sorted(perm) else _apply("transpose", x, perm=perm)
+
+    def reshape(x, shape):                      # (no node when the shape is already so)
+        now = tuple(x.shape) if hasattr(x, "shape") else ()
+        if len(now) == len(shape) and all(same(a, b) for a, b in zip(now, shape)):
+            return x
+        return _apply("reshape", x, shape=list(shape))
+
+    def reduce_private(x, word, others):        # sum the letters nobody else needs
+        gone = [i for i, c in enumerate(word) if c not in out and c not in others]
+        if not gone:
+            return x, word
+        return (_apply("sum", x, axis=gone, keepdim=False),
+                "".join(c for i, c in enumerate(word) if i not in gone))
+
+    terms = list(zip(operands, inputs))
+    x, word = terms[0]
+    x, word = reduce_private(x, word, "".join(w for _, w in terms[1:]))
+    for j in range(1, len(terms)):
+        y, yw = terms[j]
+        later = "".join(w for _, w in terms[j + 1:])
+        y, yw = reduce_private(y, yw, word + later)
+        keep = out + later
+        batch = [c for c in word if c in yw and c in keep]
+        contract = [c for c in word if c in yw and c not in keep]
+        fa = [c for c in word if c not in yw]
+        fb = [c for c in yw if c not in word]
+        bdims = [size[c] for c in batch]
+        a = reshape(arrange(x, word, batch + fa + contract),
+                    bdims + [prod(size[c] for c in fa), prod(size[c] for c in contract)])
+        b = reshape(arrange(y, yw, batch + contract + fb),
+                    bdims + [prod(size[c] for c in contract), prod(size[c] for c in fb)])
+        x = reshape(_apply("matmul", a, b), bdims + [size[c] for c in fa + fb])
+        word = "".join(batch + fa + fb)
+    x, word = reduce_private(x, word, "")
+    return arrange(x, word, out)
+
+
 def permute(x, *perm):
     """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
     perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm
