@@ -161,6 +161,53 @@ def einsum(spec, *operands):
     return arrange(x, word, out)
 
 
+def norm(x, ord=2, axis=None, keepdim=False):
+    """The vector norm over ``axis`` (all axes when None), as ``torch.linalg.vector_norm``:
+    ``ord`` 2 (sqrt of the sum of squares; over two axes, Frobenius), 1, any p > 0
+    (sum |x|^p)^(1/p), ``inf`` / ``-inf`` (max / min of |x|) or 0 (the count of nonzeros)."""
+    import math
+    if not isinstance(ord, (int, float)) or isinstance(ord, bool) or ord != ord or \
+            (ord < 0 and ord != -math.inf):
+        raise _ArgumentError(f"op.norm: ord={ord!r} is not a vector norm",
+                             expected="2, 1, a p > 0, inf, -inf or 0")
+    kw = dict(axis=axis, keepdim=keepdim)
+    if ord == math.inf:
+        return _apply("max", _apply("abs", x), **kw)
+    if ord == -math.inf:
+        return _apply("min", _apply("abs", x), **kw)
+    if ord == 0:
+        return _apply("sum", _apply("cast", _apply("ne", x, 0), dtype=_float_of(x)), **kw)
+    if ord == 2:
+        return _apply("sqrt", _apply("sum", _apply("mul", x, x), **kw))
+    if ord == 1:
+        return _apply("sum", _apply("abs", x), **kw)
+    return _apply("pow", _apply("sum", _apply("pow", _apply("abs", x), float(ord)), **kw),
+                  1.0 / ord)
+
+
+def _float_of(x):
+    d = getattr(x, "dtype", None)
+    name = getattr(d, "name", str(d))
+    return name if name in ("float16", "bfloat16", "float32", "float64") else "float64"
+
+
+def one_hot(indices, num_classes, dtype="float32"):
+    """``indices`` [...] -> [..., num_classes]: 1 where the last axis equals the index, else 0,
+    in ``dtype``. An index outside [0, num_classes) gives a row of zeros (as JAX's one_hot)."""
+    import numpy as np
+    from .trace import Traced, current_trace
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
+            num_classes < 1:
+        raise _ArgumentError(f"op.one_hot: num_classes must be a positive int, not "
+                             f"{num_classes!r}")
+    classes = np.arange(int(num_classes), dtype=np.int64)
+    trace = current_trace()
+    if trace is not None:
+        classes = Traced(trace.graph.const(classes), trace)
+    hit = _apply("eq", _apply("expand_dims", indices, axis=-1), classes)
+    return _apply("cast", hit, dtype=dtype)
+
+
 def permute(x, *perm):
     """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
     perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm

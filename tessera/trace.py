@@ -18,9 +18,26 @@ from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
 from .ops.registry import is_scalar, operand_dtypes, run_reference
 from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
                      TesseraError, TracingError, enrich, first_user_frame)
+from .shapes import Sym
 from .types import TensorType, type_of_array
 
 _state = threading.local()
+
+
+def static_range(*bounds):
+    """``range(*bounds)`` unrolled while tracing, the seeds' ``tessera.static_range``: the loop
+    body is traced once per step, so every bound must be a concrete Python int (a Python
+    ``range`` does the same; this one says why when a bound is a tensor or a symbolic size)."""
+    for b in bounds:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
+            what = ("a traced tensor" if isinstance(b, Traced) else
+                    f"the symbolic size {b}" if isinstance(b, Sym) else repr(b))
+            raise TracingError(f"static_range needs int bounds, not {what}",
+                               location=user_location(),
+                               hint="its steps are unrolled at trace time; a symbolic size "
+                                    "(Tensor[\"N\"]) has no value until the function is "
+                                    "lowered: take it from an unannotated parameter's shape")
+    return range(*(int(b) for b in bounds))
 
 
 def user_location() -> SourceLocation | None:

@@ -1,0 +1,85 @@
+"""Operators written as compositions of registered ones (op.norm, op.one_hot), and the
+trace-time loop ts.static_range, against NumPy on fresh random inputs."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import Tensor, op
+
+from conftest import assert_close
+
+
+def _vector_norm(x, ord, axis, keepdim):
+    a = np.abs(x.astype(np.float64))
+    kw = dict(axis=axis, keepdims=keepdim)
+    if ord == math.inf:
+        return a.max(**kw)
+    if ord == -math.inf:
+        return a.min(**kw)
+    if ord == 0:
+        return (a != 0).sum(**kw).astype(np.float64)
+    return (a ** ord).sum(**kw) ** (1 / ord)
+
+
+@pytest.mark.parametrize("ord", [2, 1, 3, 0.5, math.inf, -math.inf, 0])
+@pytest.mark.parametrize("axis,keepdim", [(None, False), (1, False), ((0, 2), True), (-1, True)])
+def test_norm_matches_numpy(ord, axis, keepdim, rng):
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    x[0, 0, :2] = 0                                       # zeros for ord=0
+    if isinstance(axis, int):                              # NumPy's own vector norm
+        want = np.linalg.norm(x.astype(np.float64), ord=ord, axis=axis, keepdims=keepdim)
+    else:
+        want = _vector_norm(x, ord, axis, keepdim)
+    want = want.astype(np.float32)
+    f = ts.function(lambda x: op.norm(x, ord, axis=axis, keepdim=keepdim))
+    assert_close(f(x), want, scale=8)
+    assert_close(op.norm(x, ord, axis=axis, keepdim=keepdim), want, scale=8)
+
+
+def test_norm_gradient_and_bad_orders(rng):
+    ts.check_grad(lambda x: op.sum(op.norm(x, 2, axis=-1)) + op.sum(op.norm(x, 3, axis=0)),
+                  rng.uniform(0.5, 2, (3, 4)))
+    for bad in (-1, "fro", float("nan"), True):
+        with pytest.raises(ts.ArgumentError, match="not a vector norm"):
+            op.norm(np.ones(3), bad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+def test_one_hot_matches_an_identity_lookup(dtype, rng):
+    idx = rng.integers(-2, 7, size=(4, 5))               # some outside [0, 5): rows of zeros
+    table = np.vstack([np.eye(5), np.zeros((1, 5))])      # row 5: the out-of-range one
+    want = table[np.where((idx >= 0) & (idx < 5), idx, 5)].astype(dtype)
+    f = ts.function(lambda i: op.one_hot(i, 5, dtype=dtype))
+    got = f(idx)
+    assert got.dtype == np.dtype(dtype) and got.shape == (4, 5, 5)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(op.one_hot(idx, 5, dtype=dtype), want)
+    with pytest.raises(ts.ArgumentError, match="positive int"):
+        op.one_hot(idx, 0)
+
+
+def test_static_range_unrolls_at_trace_time(rng):
+    @ts.function
+    def powers(x):
+        acc, term = x * 0 + 1, x * 0 + 1
+        for k in ts.static_range(1, 6):
+            term = term * x / k
+            acc = acc + term
+        return acc                                          # exp(x) to five terms
+    x = rng.uniform(-1, 1, 7)
+    want = sum(x ** k / math.factorial(k) for k in range(6))
+    np.testing.assert_allclose(powers(x), want, rtol=1e-12)
+    assert [n.op for n in powers.lower(x).graph_ir.nodes].count("div") == 5
+
+
+def test_static_range_on_a_symbolic_size_says_why():
+    @ts.function
+    def f(x: Tensor["N"]):
+        for _ in ts.static_range(x.shape[0]):
+            x = x + 1
+        return x
+    with pytest.raises(ts.TracingError, match="symbolic size N") as info:
+        f.graph_ir
+    assert "ts.static_range(x.shape[0])" in str(info.value) and info.value.hint
