@@ -40,6 +40,8 @@ EXAMPLES = {
     "cast": (lambda r: [f32(r, 4, 3) * 10], {"dtype": "int32"}),
     **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in
        ["sum", "max", "min", "mean", "var"]},
+    "cumsum": (lambda r: [f32(r, 3, 4, 5)], {"axis": 1}),
+    "cumprod": (lambda r: [f32(r, 3, 6, lo=0.5, hi=1.5)], {"axis": -1}),
     "argmax": (lambda r: [f32(r, 3, 7)], {"axis": 1}),
     "argmin": (lambda r: [f32(r, 3, 7)], {"axis": 0, "keepdim": True}),
     **{n: (lambda r: [f32(r, 2, 3, 6)], {"axis": 1}) for n in

@@ -1,4 +1,5 @@
-"""Reductions: sum, max, min (primitive), argmax/argmin, and mean/var (decomposed)."""
+"""Reductions: sum, max, min (primitive), argmax/argmin, mean/var (decomposed), and the
+running sums and products along an axis (cumsum, cumprod)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import prod
 from ..types import TensorType
 from .elementwise import FMAX, FMIN
-from .registry import (ArgReduce, OpDef, Reduce, count_value, keepdim_shape, norm_axes,
+from .registry import (ArgReduce, OpDef, Reduce, Scan, count_value, keepdim_shape, norm_axes,
                        norm_axis, register)
 
 REDUCE_ATTRS = {"axis": None, "keepdim": False}
@@ -129,6 +130,42 @@ for _name, _np_fn, _cmp in [("argmax", np.argmax, ">"), ("argmin", np.argmin, "<
                                    "*": "({x} %s {best})" % _cmp}),
         differentiable=False,
         doc=f"index of the first {'largest' if _cmp == '>' else 'smallest'} element"))
+
+
+# ---- running sums and products along one axis ---------------------------------------------------
+def _scan_normalize(types, attrs):
+    t = types[0]
+    return {**attrs, "axis": norm_axis(attrs["axis"], t.rank, t)}
+
+
+def _scan_infer(types, attrs):
+    t = types[0]
+    norm_axis(attrs["axis"], t.rank, t)
+    return TensorType(sum_dtype(t.dtype), t.shape)
+
+
+def _flip(b, x, axis):
+    rank = len(x.shape)
+    return b.op("slice", x, starts=[None] * rank, stops=[None] * rank,
+                steps=[-1 if i == axis else 1 for i in range(rank)])
+
+
+def _cumsum_vjp(b, xs, y, g, a):            # each x[i] reaches every y[j], j >= i
+    return [_flip(b, b.op("cumsum", _flip(b, g, a["axis"]), axis=a["axis"]), a["axis"])]
+
+
+for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})"),
+                                       ("cumprod", np.cumprod, "1", "({acc} * {x})")]:
+    register(OpDef(
+        _name, 1, {"axis": -1}, infer=_scan_infer, normalize=_scan_normalize,
+        reference=(lambda fn: lambda a, t: fn(
+            a[0], axis=t["axis"], dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np))(_np_fn),
+        lowering=Scan(init={"*": _init}, combine={"*": _combine, "b": _combine}),
+        # cumprod's adjoint without dividing by x (zeros) is a reverse linear recurrence that
+        # no operator computes yet: differentiating through it raises DifferentiationError
+        vjp=_cumsum_vjp if _name == "cumsum" else None,
+        doc=f"running {'sum' if _name == 'cumsum' else 'product'} along axis, in order "
+            "(integers and bool in int64, as NumPy)"))
 
 
 def _count(t: TensorType, axes):

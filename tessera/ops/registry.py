@@ -52,6 +52,14 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Scan:
+    """out[.., i, ..] = combine(out[.., i-1, ..], x[.., i, ..]) along one axis, in order from
+    init: a running sum or product, the same order on every target."""
+    init: dict                  # kind -> C literal
+    combine: dict               # kind -> template over {acc} and {x}
+
+
+@dataclass(frozen=True)
 class ArgReduce:
     """Index of the first element that wins ``better`` (NaN wins, as in NumPy)."""
     better: str                 # template over {x} and {best}

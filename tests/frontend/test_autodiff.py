@@ -82,6 +82,8 @@ CASES = {
               (lambda c, a, b: op.where(c, a, b), lambda r: [U(r, 2, 1) > 0, U(r, 1, 3), U(r)])],
     "cast": [(lambda x: op.cast(op.cast(x, "float32"), "float64") * 2.0,
               lambda r: [U(r, 3, 2)], dict(eps=1e-2, rtol=1e-4, atol=1e-6))],
+    "cumsum": [(lambda x: op.cumsum(x, axis=1) * op.cumsum(x, axis=0), lambda r: [U(r, 3, 4)]),
+               (lambda x: op.cumsum(x), lambda r: [U(r, 5)])],
     "sum": reduction("sum"), "mean": reduction("mean"), "max": reduction("max"),
     "min": reduction("min"), "var": reduction("var") + reduction("var", correction=1)[:2],
     "softmax": norm("softmax"), "log_softmax": norm("log_softmax"),
@@ -127,16 +129,21 @@ def _cases():
             yield pytest.param(name, case, id=f"{name}-{k}")
 
 
+# differentiable, but without an adjoint yet: differentiating through one raises
+# DifferentiationError (tests/ops/test_reductions.py), never a silent zero
+NO_ADJOINT_YET = {"cumprod"}
+
+
 def test_every_differentiable_operator_is_covered():
     want = {n for n, d in ops.REGISTRY.items() if d.differentiable}
-    assert set(CASES) == want
+    assert set(CASES) == want - NO_ADJOINT_YET
 
 
 def test_nondifferentiable_operators_say_so():
     for name in ["eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin"]:
         assert not ops.get(name).differentiable
-    missing = [n for n, d in ops.REGISTRY.items() if d.differentiable and d.vjp is None]
-    assert missing == []
+    missing = {n for n, d in ops.REGISTRY.items() if d.differentiable and d.vjp is None}
+    assert missing == NO_ADJOINT_YET
 
 
 @pytest.mark.parametrize("name, case", list(_cases()))

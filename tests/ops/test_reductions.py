@@ -131,3 +131,42 @@ def test_layer_norm_written_by_hand(rng):
         x = rng.standard_normal(shape).astype(np.float32)
         want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
         assert_close(layer_norm(x), want, scale=10)
+
+
+# ---- running sums and products -----------------------------------------------------------------
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.bool_])
+def test_scans_are_numpys_in_order(name, dtype, rng):
+    """Each element combined into the running value in order, as NumPy's accumulate: the same
+    bits (integers and bool accumulate in int64, as NumPy)."""
+    ref = getattr(np, name)
+    for shape, axis in [((7,), 0), ((3, 5), 1), ((3, 5), 0), ((2, 3, 4), 1), ((2, 3, 4), -1),
+                        ((0, 3), 0), ((4, 0), 1), ((1, 1, 9), 2)]:
+        if dtype == np.bool_:
+            x = rng.random(shape) < 0.5
+        elif np.dtype(dtype).kind == "i":
+            x = rng.integers(-3, 4, size=shape).astype(dtype)
+        else:
+            x = rng.uniform(0.5, 1.5, size=shape).astype(dtype) * rng.choice([-1, 1], size=shape)
+        f = ts.function(lambda x: getattr(op, name)(x, axis=axis))
+        want = ref(x, axis=axis)
+        got = f(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes(), (name, shape, axis)
+        assert getattr(op, name)(x, axis=axis).tobytes() == want.tobytes()      # eager
+
+
+def test_a_long_scan_runs_its_lines_in_parallel_with_the_same_bits(rng):
+    x = rng.standard_normal((512, 1031)).astype(np.float32)
+    prog = ts.function(lambda x: op.cumsum(x, axis=1)).lower(x)
+    assert prog.schedule_ir.kernels[0].strategy == "scan"
+    assert "omp parallel" in prog.target_code
+    assert prog(x).tobytes() == np.cumsum(x, axis=1).tobytes()
+
+
+def test_cumprod_has_no_gradient_yet_and_says_so(rng):
+    """Not a silent zero: its adjoint is not written yet, and differentiating through it says
+    so, naming the operator and the line."""
+    with pytest.raises(ts.DifferentiationError, match="cumprod has no adjoint") as info:
+        ts.grad(lambda x: op.sum(op.cumprod(x)))(rng.uniform(0.5, 1, 4))
+    assert "test_reductions.py" in str(info.value)
