@@ -276,7 +276,8 @@ def _explorer_tabs(page: Page, nb_name: str, shots: Path) -> int:
             clicked += 1
             shot = shots / f"{nb_name}-explorer-{title.lower()}.png"
             lowered = "give concrete sizes" not in panel.inner_text()
-            if title in ("Graph", "Schedule", "Target") and lowered and shot not in taken:
+            if title in ("Graph", "Schedule", "Target", "Profile") and lowered and \
+                    shot not in taken:
                 widget.screenshot(path=shot)
                 taken.add(shot)
     return clicked
