@@ -160,7 +160,7 @@ for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})
         _name, 1, {"axis": -1}, infer=_scan_infer, normalize=_scan_normalize,
         reference=(lambda fn: lambda a, t: fn(
             a[0], axis=t["axis"], dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np))(_np_fn),
-        lowering=Scan(init={"*": _init}, combine={"*": _combine, "b": _combine}),
+        lowering=Scan(init={"*": _init}, combine={"*": _combine}),
         # cumprod's adjoint without dividing by x (zeros) is a reverse linear recurrence that
         # no operator computes yet: differentiating through it raises DifferentiationError
         vjp=_cumsum_vjp if _name == "cumsum" else None,
