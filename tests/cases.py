@@ -41,6 +41,7 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in
        ["sum", "max", "min", "mean", "var"]},
     "cumsum": (lambda r: [f32(r, 3, 4, 5)], {"axis": 1}),
+    "scatter_add": (lambda r: [f32(r, 5, 3), np.array([0, -1, 4, 0]), f32(r, 4, 3)], {"axis": 0}),
     "cumprod": (lambda r: [f32(r, 3, 6, lo=0.5, hi=1.5)], {"axis": -1}),
     "argmax": (lambda r: [f32(r, 3, 7)], {"axis": 1}),
     "argmin": (lambda r: [f32(r, 3, 7)], {"axis": 0, "keepdim": True}),

@@ -9,7 +9,7 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
 from ..errors import SymbolicValueError
-from .registry import (Concat, Gather, OpDef, View, broadcast_shapes, norm_axis, producer,
+from .registry import (Concat, Gather, OpDef, Scatter, View, broadcast_shapes, norm_axis, producer,
                        register, sum_to, zeros)
 
 
@@ -394,6 +394,49 @@ register(OpDef(
     reference=_take_ref, lowering=Gather(), vjp=_take_vjp,
     doc="select slices by integer indices along an axis (an embedding lookup with axis=0); "
         "negative indices count from the end, out-of-range indices raise"))
+
+
+# ---- scatter_add: take's transpose ---------------------------------------------------------------
+def _scatter_infer(ts, a):
+    target, idx, src = ts
+    if not idx.dtype.is_int:
+        raise DTypeError("scatter_add's indices must be int32 or int64", expected="i32 or i64",
+                         received=str(idx))
+    if target.rank == 0:
+        raise ShapeError("scatter_add into a rank-0 tensor", received=str(target))
+    if src.dtype != target.dtype or target.dtype.is_bool or target.dtype.is_half:
+        raise DTypeError("scatter_add adds src into a target of the same dtype (float32, "
+                         "float64, int32 or int64)", expected=target.dtype.short,
+                         received=src.dtype.short,
+                         hint="cast both to float32 first (16-bit sums would round each add)")
+    axis = norm_axis(a["axis"], target.rank, target)
+    want = target.shape[:axis] + idx.shape + target.shape[axis + 1:]
+    if len(want) != src.rank or not all(same(x, y) for x, y in zip(want, src.shape)):
+        raise ShapeError("scatter_add's src must have the shape take(target, index, axis) has",
+                         expected=fmt_shape(want), received=str(src))
+    return target
+
+
+def _scatter_ref(xs, a):
+    target, idx, src = xs
+    axis, n = a["axis"], target.shape[a["axis"]]
+    flat = np.asarray(idx).reshape(-1)
+    if flat.size and (flat.min() < -n or flat.max() >= n):
+        raise IndexError(f"index out of range for an axis of size {n}")
+    out = np.array(target, copy=True)
+    rows = src.reshape(target.shape[:axis] + (flat.size,) + target.shape[axis + 1:])
+    np.add.at(np.moveaxis(out, axis, 0), np.where(flat < 0, flat + n, flat),
+              np.moveaxis(rows, axis, 0))                 # in index order, unbuffered
+    return out
+
+
+register(OpDef(
+    "scatter_add", 3, {"axis": 0}, infer=_scatter_infer,
+    normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])},
+    reference=_scatter_ref, lowering=Scatter(),
+    vjp=lambda b, xs, y, g, a: [g, None, b.op("take", g, xs[1], axis=a["axis"])],
+    doc="target with src's slices added at the indices along axis (take's transpose); "
+        "repeated indices add up in index order, deterministically; out-of-range indices raise"))
 
 
 # ---- expand_dims / squeeze (reshape in disguise) -------------------------------------------------

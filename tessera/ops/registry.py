@@ -52,6 +52,12 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """out = target, then out[.., idx[q], ..] += src[.., q, ..] for q in order: repeated indices
+    add up in index order (no atomics), with the gather's bounds check."""
+
+
+@dataclass(frozen=True)
 class Scan:
     """out[.., i, ..] = combine(out[.., i-1, ..], x[.., i, ..]) along one axis, in order from
     init: a running sum or product, the same order on every target."""

@@ -118,6 +118,8 @@ CASES = {
     "take": [(lambda x, i: op.take(x, i, axis=0),
               lambda r: [U(r, 5, 3), np.array([[0, -1], [4, 0]])]),
              (lambda x, i: op.take(x, i, axis=1), lambda r: [U(r, 2, 4, 3), np.array([3, 3, 1])])],
+    "scatter_add": [(lambda t, s: op.scatter_add(t, np.array([1, -1, 1, 0]), s, axis=1),
+                     lambda r: [U(r, 2, 3, 2), U(r, 2, 4, 2)])],
     "expand_dims": [(lambda x: op.expand_dims(x, axis=-1), lambda r: [U(r, 2, 3)])],
     "squeeze": [(lambda x: op.squeeze(x, axis=1), lambda r: [U(r, 2, 1, 3)])],
 }

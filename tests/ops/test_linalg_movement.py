@@ -133,3 +133,58 @@ def test_interpret_agrees_with_compiled(rng):
     x = rng.standard_normal((5, 12)).astype(np.float32)
     w = rng.standard_normal((12, 7)).astype(np.float32)
     assert_close(f(x, w), ts.interpret(f, x, w), scale=10)
+
+
+# ---- scatter_add -------------------------------------------------------------------------------
+def _add_at(target, idx, src, axis):
+    """NumPy's unbuffered add, in index order (repeated indices add up)."""
+    out = target.copy()
+    n = target.shape[axis]
+    flat = idx.reshape(-1)
+    rows = src.reshape(target.shape[:axis] + (flat.size,) + target.shape[axis + 1:])
+    np.add.at(np.moveaxis(out, axis, 0), np.where(flat < 0, flat + n, flat),
+              np.moveaxis(rows, axis, 0))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("tshape,ishape,axis", [((6, 3), (9,), 0), ((2, 5, 3), (4, 2), 1),
+                                                ((4, 7), (11,), 1), ((5,), (), 0),
+                                                ((300, 64), (2000,), 0)])
+def test_scatter_add_is_numpys_add_at_bit_for_bit(dtype, tshape, ishape, axis, rng):
+    n = tshape[axis]
+    idx = rng.integers(-n, n, size=ishape)                  # repeats and negative indices
+    sshape = tshape[:axis] + ishape + tshape[axis + 1:]
+    if np.dtype(dtype).kind == "f":
+        t, s = (rng.standard_normal(sh).astype(dtype) for sh in (tshape, sshape))
+    else:
+        t, s = (rng.integers(-50, 50, size=sh).astype(dtype) for sh in (tshape, sshape))
+    f = ts.function(lambda t, i, s: op.scatter_add(t, i, s, axis=axis))
+    want = _add_at(t, idx, s, axis)
+    assert f(t, idx, s).tobytes() == want.tobytes()
+    assert op.scatter_add(t, idx, s, axis=axis).tobytes() == want.tobytes()     # eager
+
+
+def test_scatter_add_into_a_computed_target_and_as_takes_transpose(rng):
+    t, s = rng.standard_normal((5, 4)), rng.standard_normal((3, 4))
+    idx = np.array([4, 0, 4])
+    f = ts.function(lambda t, s: op.scatter_add(op.exp(t) * 0.0, idx, s * 2.0) + 1.0)
+    np.testing.assert_array_equal(f(t, s), _add_at(np.zeros((5, 4)), idx, s * 2.0, 0) + 1.0)
+    # <take(x), g> = <x, scatter_add(0, idx, g)>: the adjoint pair, exactly (small integers)
+    x, g = rng.integers(-5, 5, (5, 4)).astype(np.float64), rng.integers(-5, 5, (3, 4)) * 1.0
+    lhs = (op.take(x, idx, axis=0) * g).sum()
+    rhs = (x * op.scatter_add(np.zeros_like(x), idx, g)).sum()
+    assert lhs == rhs
+
+
+def test_scatter_add_reports_a_bad_index_and_refuses_bad_operands(rng):
+    f = ts.function(lambda t, i, s: op.scatter_add(t, i, s))
+    t, s = np.zeros((3, 2), np.float32), np.ones((2, 2), np.float32)
+    with pytest.raises(ts.RuntimeFault, match="out of range"):
+        f(t, np.array([0, 3]), s)
+    with pytest.raises(ts.ShapeError, match="shape take"):
+        op.scatter_add(t, np.array([0, 1, 2]), s)
+    with pytest.raises(ts.DTypeError, match="same dtype"):
+        op.scatter_add(t, np.array([0, 1]), s.astype(np.float64))
+    with pytest.raises(ts.DTypeError, match="int32 or int64"):
+        op.scatter_add(t, np.array([0.0, 1.0]), s)

@@ -144,8 +144,9 @@ def cases(rng):
                      True),
         # libm's functions: compared with NumPy only
         "libm": (lambda x: op.sin(x) + op.cos(x) + op.pow(op.abs(x), 1.5), [f32(33, 65)], False),
-        "scans": (lambda x: (op.cumsum(x, axis=1), op.cumprod(x * 0.1 + 1, axis=0)),
-                  [f32(33, 65)], True),
+        "scans_and_scatter": (lambda x, i: (op.cumsum(x, axis=1), op.cumprod(x * 0.1 + 1, axis=0),
+                                            op.scatter_add(x, i, x[:7] * 2.0)),
+                              [f32(33, 65), rng.integers(-33, 33, 7)], True),
         # rounding and floor division: exact, NumPy's bits on every ISA
         "rounding_divmod": (lambda x, y, i, j: (op.floor(x * 3) + op.ceil(x) * op.round(x * 2.5)
                                                 + op.sign(x) + x % y + x // y, i // j, i % j),
