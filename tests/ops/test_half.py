@@ -154,6 +154,11 @@ def _sum(x):
     return x.astype(np.float32).sum(-1)
 
 
+def _per_op(x, f):
+    """f(round, x in float32), with round(v): v rounded to x's 16-bit dtype and widened back."""
+    return f(lambda v: np.asarray(v).astype(x.dtype).astype(np.float32), x.astype(np.float32))
+
+
 GPU_CASES = {   # name: (function, shapes, float32 NumPy reference, scale of the tolerance)
     "matmul-epilogue": (lambda a, b, c: op.relu(a @ b + c), [(2, 33, 20), (20, 45), (45,)],
                         lambda a, b, c: np.maximum(
@@ -161,9 +166,11 @@ GPU_CASES = {   # name: (function, shapes, float32 NumPy reference, scale of the
                             .astype(np.float32) + c.astype(np.float32), 0), 1),
     "matmul-big": (lambda a, b: a @ b, [(130, 70), (70, 257)],
                    lambda a, b: a.astype(np.float32) @ b.astype(np.float32), 1),
+    # each operator's 16-bit result is rounded once, fused or not (the numerics contract): the
+    # reference rounds where the kernel does, since tanh(x) * y + exp(x / 2) can cancel
     "pointwise": (lambda x, y: op.tanh(x) * y + op.exp(x * 0.5), [(7, 129), (129,)],
-                  lambda x, y: np.tanh(x.astype(np.float32)) * y.astype(np.float32)
-                  + np.exp(x.astype(np.float32) * 0.5), 1),
+                  lambda x, y: _per_op(x, lambda r, xf: r(r(r(np.tanh(xf)) * y.astype(np.float32))
+                                                        + r(np.exp(r(xf * 0.5))))), 1),
     "softmax": (lambda x: op.softmax(x, axis=-1), [(5, 1000)],
                 lambda x: np.exp(x.astype(np.float32) - x.astype(np.float32).max(-1)[:, None])
                 / np.exp(x.astype(np.float32)
