@@ -144,7 +144,9 @@ def lab(tmp_path_factory):
 def browser():
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # (as root in a container: no sandbox; a small /dev/shm: Chromium uses /tmp instead)
+        b = p.chromium.launch(executable_path=CHROMIUM,
+                              args=["--no-sandbox", "--disable-dev-shm-usage"])
         yield b
         b.close()
 
