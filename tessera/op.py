@@ -195,15 +195,11 @@ def one_hot(indices, num_classes, dtype="float32"):
     """``indices`` [...] -> [..., num_classes]: 1 where the last axis equals the index, else 0,
     in ``dtype``. An index outside [0, num_classes) gives a row of zeros (as JAX's one_hot)."""
     import numpy as np
-    from .trace import Traced, current_trace
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
             num_classes < 1:
         raise _ArgumentError(f"op.one_hot: num_classes must be a positive int, not "
                              f"{num_classes!r}")
-    classes = np.arange(int(num_classes), dtype=np.int64)
-    trace = current_trace()
-    if trace is not None:
-        classes = Traced(trace.graph.const(classes), trace)
+    classes = _lift(np.arange(int(num_classes), dtype=np.int64))
     hit = _apply("eq", _apply("expand_dims", indices, axis=-1), classes)
     return _apply("cast", hit, dtype=dtype)
 
@@ -290,7 +286,6 @@ def _counters(shape, offset=0):
     no counter tensor. (No compiler support is needed for "the element's index".)"""
     import numpy as np
     from .errors import SymbolicValueError
-    from .trace import Traced, current_trace
     dims = list(shape) if isinstance(shape, (list, tuple)) else [shape]
     if not all(isinstance(d, (int, np.integer)) for d in dims):
         raise SymbolicValueError(f"random numbers need concrete sizes, not {tuple(dims)}",
@@ -300,19 +295,22 @@ def _counters(shape, offset=0):
     n = int(np.prod(dims, dtype=np.int64))
     wide = offset < 0 or offset + n > np.iinfo(np.int32).max
     itype = np.int64 if wide else np.int32
-    trace = current_trace()
-
-    def lift(a):
-        return Traced(trace.graph.const(a), trace) if trace is not None else a
     total, stride = None, 1
     for k in reversed(range(len(dims))):
         if dims[k] != 1:
             a = np.arange(dims[k], dtype=itype) * itype(stride)
             if total is None:
                 a = a + itype(offset)       # the offset rides on the first constant
-            a = lift(a.reshape([1] * k + [dims[k]] + [1] * (len(dims) - k - 1)))
+            a = _lift(a.reshape([1] * k + [dims[k]] + [1] * (len(dims) - k - 1)))
             total = a if total is None else _apply("add", a, total)
         stride *= dims[k]
     if total is None:                       # every size is 1 (or a rank-0 shape)
-        total = lift(np.full(dims, offset, dtype=itype))
+        total = _lift(np.full(dims, offset, dtype=itype))
     return total
+
+
+def _lift(a):
+    """A NumPy constant as a graph constant inside a trace; itself outside one."""
+    from .trace import Traced, current_trace
+    trace = current_trace()
+    return Traced(trace.graph.const(a), trace) if trace is not None else a

@@ -52,6 +52,19 @@ class Names:
         return f"{prefix}{self.n - 1}"
 
 
+def axis_groups(in_shape, reduced):
+    """(kept extents, their strides in the input, their strides in an output of the kept axes,
+    reduced extents, their input strides), each group coalesced."""
+    cs = contiguous(in_shape)
+    kept = [a for a in range(len(in_shape)) if a not in reduced]
+    out_cs = contiguous([in_shape[a] for a in kept])
+    kept_ext, (kept_in, kept_out) = coalesce([in_shape[a] for a in kept],
+                                              [[cs[a] for a in kept], out_cs])
+    red_ext, (red_in,) = coalesce([in_shape[a] for a in sorted(reduced)],
+                                  [[cs[a] for a in sorted(reduced)]])
+    return kept_ext, kept_in, kept_out, red_ext, red_in
+
+
 def nest(extents, names, parallel: bool, simd: bool):
     """Loops over `extents` (outermost first); returns (outer loop list, innermost body, vars)."""
     vars_, loops = [], []

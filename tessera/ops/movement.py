@@ -9,8 +9,8 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
 from ..errors import SymbolicValueError
-from .registry import (Concat, Gather, OpDef, Scatter, View, broadcast_shapes, norm_axis, producer,
-                       register, sum_to, zeros)
+from .registry import (Concat, Gather, OpDef, Scatter, View, broadcast_shapes, flip, norm_axis,
+                       producer, register, sum_to, zeros)
 
 
 def contiguous_strides(shape):
@@ -262,8 +262,7 @@ def _slice_vjp(b, xs, y, g, a):
         if st == 1 and same(s0, 0) and same(length, n):
             continue
         if st < 0:                                  # reversed: place it forward
-            g = b.op("slice", g, starts=[None] * g.ndim, stops=[None] * g.ndim,
-                   steps=[-1 if j == k else 1 for j in range(g.ndim)])
+            g = flip(b, g, k)
             s0, st = s0 + (length - 1) * st, -st
         span = length
         if st > 1:

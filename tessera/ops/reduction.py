@@ -9,8 +9,8 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import prod
 from ..types import TensorType
 from .elementwise import FMAX, FMIN
-from .registry import (ArgReduce, OpDef, Reduce, Scan, count_value, keepdim_shape, norm_axes,
-                       norm_axis, register)
+from .registry import (ArgReduce, OpDef, Reduce, Scan, count_value, flip, keepdim_shape,
+                       norm_axes, norm_axis, register)
 
 REDUCE_ATTRS = {"axis": None, "keepdim": False}
 
@@ -144,14 +144,8 @@ def _scan_infer(types, attrs):
     return TensorType(sum_dtype(t.dtype), t.shape)
 
 
-def _flip(b, x, axis):
-    rank = len(x.shape)
-    return b.op("slice", x, starts=[None] * rank, stops=[None] * rank,
-                steps=[-1 if i == axis else 1 for i in range(rank)])
-
-
 def _cumsum_vjp(b, xs, y, g, a):            # each x[i] reaches every y[j], j >= i
-    return [_flip(b, b.op("cumsum", _flip(b, g, a["axis"]), axis=a["axis"]), a["axis"])]
+    return [flip(b, b.op("cumsum", flip(b, g, a["axis"]), axis=a["axis"]), a["axis"])]
 
 
 for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})"),

@@ -284,6 +284,13 @@ def zeros(b, like, shape=None):
                 shape=list(like.shape if shape is None else shape))
 
 
+def flip(b, x, axis):
+    """``x`` reversed along ``axis`` (a slice with step -1)."""
+    rank = len(x.shape)
+    return b.op("slice", x, starts=[None] * rank, stops=[None] * rank,
+                steps=[-1 if i == axis else 1 for i in range(rank)])
+
+
 # ---- helpers for rewrite rules (simplify, recognise) ---------------------------------------------
 def producer(v, op: str):
     """The node making v if it is an `op` node, else None."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..emit import Names, coalesce, contiguous, finish, grid_from_cpu_nests, nest, read
+from ..emit import Names, axis_groups, finish, grid_from_cpu_nests, nest, read
 from ..schedule_ir import Kernel
 from ..tile_ir import Assign, Const, Decl, Loop, OpCall, Select, Store, Var, linear
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
@@ -35,18 +35,6 @@ class ArgReduce(Strategy):
 register(ArgReduce())
 
 
-def _groups(in_shape, reduced):
-    """Coalesced (extents, in strides, out strides) of the kept and of the reduced axes."""
-    cs = contiguous(in_shape)
-    kept = [a for a in range(len(in_shape)) if a not in reduced]
-    out_cs = contiguous([in_shape[a] for a in kept])
-    kept_ext, (kept_in, kept_out) = coalesce([in_shape[a] for a in kept],
-                                              [[cs[a] for a in kept], out_cs])
-    red_ext, (red_in,) = coalesce([in_shape[a] for a in sorted(reduced)],
-                                  [[cs[a] for a in sorted(reduced)]])
-    return kept_ext, kept_in, kept_out, red_ext, red_in
-
-
 def lower_argreduce(k: Kernel, code):
     names = Names()
     x = k.inputs[0]
@@ -56,7 +44,7 @@ def lower_argreduce(k: Kernel, code):
     if axis is None:
         kept_ext, kept_in, kept_out, red_ext, red_in = [], [], [], [x.type.numel()], [1]
     else:
-        kept_ext, kept_in, kept_out, red_ext, red_in = _groups(shape, {axis})
+        kept_ext, kept_in, kept_out, red_ext, red_in = axis_groups(shape, {axis})
     outer, inner, kvars = nest(kept_ext, names, k.knobs.get("parallel"), False)
     base = linear(kvars, kept_in)
     bi, bv, v, better = names("best_i"), names("best_v"), names("v"), names("better")

@@ -30,8 +30,9 @@ register(Gather())
 
 
 def gather_shape(k: Kernel):
-    """(P, n, R, Q): the table as [P, n, R] around the gathered axis, Q indices."""
-    x, idx = k.inputs
+    """(P, n, R, Q): the table as [P, n, R] around the gathered axis, Q indices (for a
+    scatter, the target and its indices: inputs 0 and 1 as well)."""
+    x, idx = k.inputs[:2]
     axis = k.attrs["axis"]
     xs = list(x.type.shape)
     return prod(xs[:axis]), xs[axis], prod(xs[axis + 1:]), idx.type.numel()

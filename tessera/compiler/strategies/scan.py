@@ -6,7 +6,7 @@ grid, a thread per line.
 from __future__ import annotations
 
 from ...ops import registry as R
-from ..emit import Names, coalesce, contiguous, finish, grid_from_cpu_nests, nest, read
+from ..emit import Names, axis_groups, contiguous, finish, grid_from_cpu_nests, nest, read
 from ..tile_ir import Assign, Decl, Loop, OpCall, Store, Var, linear
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
 
@@ -40,12 +40,10 @@ def lower_scan(k):
     x = k.inputs[0]
     shape, axis = list(x.type.shape), k.attrs["axis"]
     xd, od = x.type.dtype, k.output.type.dtype.compute      # 16-bit: a float32 accumulator
-    cs = contiguous(shape)                                  # (input and output: one layout)
-    kept = [a for a in range(len(shape)) if a != axis]
-    kept_ext, (kept_st,) = coalesce([shape[a] for a in kept], [[cs[a] for a in kept]])
+    kept_ext, kept_st, _, _, _ = axis_groups(shape, {axis})  # (input, output: one layout)
     outer, inner, kvars = nest(kept_ext, names, k.knobs.get("parallel"), False)
     acc, r = names("acc"), names("r")
-    at = linear([*kvars, Var(r)], kept_st + [cs[axis]])
+    at = linear([*kvars, Var(r)], kept_st + [contiguous(shape)[axis]])
     body = [Decl(acc, od, OpCall(k.op, "init", (), xd, od, ())),
             Loop(r, shape[axis], "serial", [
                 Assign(acc, OpCall(k.op, "combine", (), xd, od, (Var(acc), read(x, at)))),

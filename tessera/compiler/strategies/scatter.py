@@ -6,11 +6,11 @@ CPU: the p lines in parallel, r the vector lanes. GPU: a thread per (p, r).
 """
 from __future__ import annotations
 
-from ... import dtypes as dt
 from ...ops import registry as R
-from ..emit import Names, finish, launch_of, nest_keep, prod, read, split_index
-from ..tile_ir import Bin, Cast, CheckIndex, Const, Decl, Load, Loop, Store, Var, idx_add, idx_mul
+from ..emit import Names, finish, launch_of, nest_keep, read, split_index
+from ..tile_ir import Bin, Const, Load, Loop, Store, Var, idx_add, idx_mul
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
+from .gather import gather_shape, load_index
 
 
 class Scatter(Strategy):
@@ -24,31 +24,31 @@ class Scatter(Strategy):
         return n.inputs[2].type.numel()
 
     def cpu_knobs(self, k) -> dict:
-        return {"parallel": _shape(k)[0] >= 2 and
+        return {"parallel": gather_shape(k)[0] >= 2 and
                 k.inputs[2].type.numel() >= PARALLEL_MIN_ELEMENTS}
 
     def lower_cpu(self, k, code):
         names = Names()
-        P, n, Rr, Q = _shape(k)
+        P, n, Rr, Q = gather_shape(k)       # the target as [P, n, R] around the axis, Q indices
         outer, inner, (p,) = nest_keep([P], names, k.knobs.get("parallel"), False)
         j, q, r, iv = names("j"), names("q"), names("r"), names("idx")
         base = idx_mul(p, Const(n * Rr))
         body = [Loop(j, n * Rr, "vector", [
             Store(k.output.name, idx_add(base, Var(j)), read(k.inputs[0], idx_add(base, Var(j))))])]
-        body.append(Loop(q, Q, "serial", _load_index(k, Var(q), iv, code, n) + [
+        body.append(Loop(q, Q, "serial", load_index(k, Var(q), iv, code) + [
             Loop(r, Rr, "vector", [_add(k, p, Var(q), iv, Var(r))])]))
         return finish(k, inner, outer, body)
 
     def lower_gpu(self, k, code, target, knobs):
         names = Names()
-        P, n, Rr, Q = _shape(k)
+        P, n, Rr, Q = gather_shape(k)
         g, j, q = names("g"), names("j"), names("q")
         p, r = split_index(Var(g), [P, Rr])
         body = [Loop(j, n, "serial", [
             Store(k.output.name, _at(p, Var(j), r, n, Rr),
                   read(k.inputs[0], _at(p, Var(j), r, n, Rr)))])]
         iv = names("idx")
-        body.append(Loop(q, Q, "serial", _load_index(k, Var(q), iv, code, n) +
+        body.append(Loop(q, Q, "serial", load_index(k, Var(q), iv, code) +
                          [_add(k, p, Var(q), iv, r)]))
         total = P * Rr
         return [Loop(g, total, "grid", body)], launch_of(total, knobs["threads"])
@@ -57,24 +57,13 @@ class Scatter(Strategy):
 register(Scatter())
 
 
-def _shape(k):
-    """(P, n, R, Q): the target as [P, n, R] around the axis, Q indices."""
-    target, idx, _ = k.inputs
-    axis, ts = k.attrs["axis"], list(target.type.shape)
-    return prod(ts[:axis]), ts[axis], prod(ts[axis + 1:]), idx.type.numel()
-
-
 def _at(p, row, r, n, Rr):
     return idx_add(idx_mul(idx_add(idx_mul(p, Const(n)), row), Const(Rr)), r)
 
 
-def _load_index(k, q, iv, code, n) -> list:
-    return [Decl(iv, dt.int64, Cast(dt.int64, read(k.inputs[1], q))), CheckIndex(iv, n, code)]
-
-
 def _add(k, p, q, iv, r):
     """out[p, idx, r] += src[p, q, r]."""
-    P, n, Rr, Q = _shape(k)
+    P, n, Rr, Q = gather_shape(k)
     dst = _at(p, Var(iv), r, n, Rr)
     src = read(k.inputs[2], idx_add(idx_mul(idx_add(idx_mul(p, Const(Q)), q), Const(Rr)), r))
     return Store(k.output.name, dst, Bin("+", Load(k.output.name, dst), src))
