@@ -204,6 +204,50 @@ def one_hot(indices, num_classes, dtype="float32"):
     return _apply("cast", hit, dtype=dtype)
 
 
+def topk(x, k, axis=-1, largest=True):
+    """The ``k`` largest (``largest=False``: smallest) elements along ``axis`` and their int64
+    indices, as ``(values, indices)``, in order (PyTorch's ``topk``): equal elements go to the
+    lower index first; NaN counts as the largest. The first k of a stable sort."""
+    from .ops.registry import norm_axis
+    from .types import TensorType
+    from . import dtypes
+    import numpy as np
+    shape = tuple(x.shape if hasattr(x, "shape") else np.shape(x))
+    if not shape:
+        raise _ArgumentError("op.topk of a rank-0 tensor (there is no axis)")
+    ax = norm_axis(axis, len(shape), TensorType(dtypes.float32, shape))
+    n = shape[ax]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or \
+            not 0 <= k <= (n if isinstance(n, int) else k):
+        raise _ArgumentError(f"op.topk: k={k!r} is not a count of elements along axis {ax}",
+                             expected=f"an int in [0, {n}]")
+    starts, stops = [None] * len(shape), [None] * len(shape)
+    stops[ax] = int(k)
+    first = dict(starts=starts, stops=stops, steps=[1] * len(shape))
+    kw = dict(axis=ax, descending=bool(largest))
+    return (_apply("slice", _apply("sort", x, **kw), **first),
+            _apply("slice", _apply("argsort", x, **kw), **first))
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """out[s] = the sum of data's rows (axis 0) whose id is s, for s in [0, num_segments):
+    ``scatter_add`` into zeros, so rows with the same id add up in row order, deterministically.
+    An id outside [-num_segments, num_segments) is an error (a RuntimeFault when compiled;
+    negative ids count from the end, as take's)."""
+    import numpy as np
+    if isinstance(num_segments, bool) or not isinstance(num_segments, (int, np.integer)) or \
+            num_segments < 0:
+        raise _ArgumentError(f"op.segment_sum: num_segments must be an int >= 0, not "
+                             f"{num_segments!r}")
+    shape = tuple(data.shape if hasattr(data, "shape") else np.shape(data))
+    if not shape:
+        raise _ArgumentError("op.segment_sum of a rank-0 tensor (it sums rows, axis 0)")
+    dtype = getattr(data, "dtype", None) or np.asarray(data).dtype
+    zero = _lift(np.zeros((), dtype=getattr(dtype, "np", dtype)))
+    target = _apply("broadcast_to", zero, shape=[int(num_segments), *shape[1:]])
+    return _apply("scatter_add", target, segment_ids, data, axis=0)
+
+
 def permute(x, *perm):
     """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
     perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm

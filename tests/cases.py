@@ -43,6 +43,9 @@ EXAMPLES = {
     "cumsum": (lambda r: [f32(r, 3, 4, 5)], {"axis": 1}),
     "scatter_add": (lambda r: [f32(r, 5, 3), np.array([0, -1, 4, 0]), f32(r, 4, 3)], {"axis": 0}),
     "cumprod": (lambda r: [f32(r, 3, 6, lo=0.5, hi=1.5)], {"axis": -1}),
+    "argsort": (lambda r: [np.round(f32(r, 3, 9))], {"axis": 1}),        # ties
+    "sort": (lambda r: [f32(r, 4, 3)], {"axis": 0, "descending": True}),
+    "take_along_axis": (lambda r: [f32(r, 3, 5), r.integers(-5, 5, size=(3, 4))], {"axis": 1}),
     "argmax": (lambda r: [f32(r, 3, 7)], {"axis": 1}),
     "argmin": (lambda r: [f32(r, 3, 7)], {"axis": 0, "keepdim": True}),
     **{n: (lambda r: [f32(r, 2, 3, 6)], {"axis": 1}) for n in

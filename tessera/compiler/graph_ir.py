@@ -323,6 +323,10 @@ class Builder:
                 v = self.graph.apply("cast", [v], {"dtype": want[k].name}, loc=self.loc,
                                      origin=self.origin)
             values.append(v)
+        return self.add(name, values, attrs)
+
+    def add(self, name, values, attrs) -> Value:
+        """Add the operator on its converted operands (a decomposition expands it here)."""
         return self.graph.apply(name, values, attrs, loc=self.loc, origin=self.origin)
 
     def const(self, value, dtype) -> Value:

@@ -153,8 +153,8 @@ class _ExpandingBuilder(Builder):
         super().__init__(graph, loc, origin)
         self._emit = emit
 
-    def op(self, name, *inputs, **attrs):
-        return self._emit(name, list(inputs), attrs, self.loc, self.origin)
+    def add(self, name, values, attrs):
+        return self._emit(name, values, attrs, self.loc, self.origin)
 
 
 PRIMITIVE_RULES = RULES + [recognise]

@@ -220,6 +220,22 @@ class Local(Stmt):
 
 
 @dataclass
+class Scratch(Stmt):
+    """`body` with `name`, a private array of `size` elements too large for the stack (a
+    line's merge buffers), taken from the heap for the body and given back after it (CPU
+    kernels). Without the memory the kernel reports -code (out of memory) and skips the body."""
+    blocks = ("body",)
+    name: str
+    dtype: dt.DType
+    size: int
+    code: int
+    body: list = field(default_factory=list)
+
+    def head(self) -> str:
+        return f"scratch {self.name}: {self.dtype.short}[{self.size}]"
+
+
+@dataclass
 class Decl(Stmt):
     exprs = ("init",)
     name: str
@@ -489,6 +505,13 @@ class TileKernel:
                     if s.name in scope or s.name in names:
                         raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
                     scope.add(s.name)
+                elif isinstance(s, Scratch):
+                    if gpu or s.name in scope or s.name in names or s.size <= 0:
+                        raise IRVerificationError(f"{self.name}: bad scratch {s.name}")
+                    names.add(s.name)
+                    outs.add(s.name)
+                    sizes[s.name] = s.size
+                    walk(s.body, scope, divergent)
                 elif isinstance(s, Local):
                     if s.name in scope or s.name in names:
                         raise IRVerificationError(f"{self.name}: {s.name} is declared twice")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as dt
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
-from ..errors import SymbolicValueError
 from .registry import (Concat, Gather, OpDef, Scatter, View, broadcast_shapes, flip, norm_axis,
                        producer, register, sum_to, zeros)
 
@@ -370,21 +369,15 @@ def _take_ref(xs, a):
 
 
 def _take_vjp(b, xs, y, g, a):
-    """Scatter-add of the cotangent rows into the table, as a one-hot matrix product
-    (onehot(idx)^T @ g): exact and deterministic, but O(rows x indices) work, where a
-    scatter-add operator with its own lowering would be O(indices). The indices get none."""
+    """The cotangent's slices added back at their indices (scatter_add, take's transpose):
+    repeated indices add up in index order. 16-bit tables add in float32, rounded once at the
+    end; the indices get none."""
     x, idx = xs
-    axis, n = a["axis"], x.shape[a["axis"]]
-    if not isinstance(n, int):
-        raise SymbolicValueError(f"take's adjoint needs a concrete size on axis {axis}",
-                                 received=str(x.type),
-                                 hint="trace with concrete sizes (call it, or .lower(*arrays))")
-    idx = b.op("where", b.op("lt", idx, 0), b.op("add", idx, n), idx)
-    onehot = b.op("cast", b.op("eq", b.op("reshape", idx, shape=[-1, 1]),
-                           np.arange(n, dtype=idx.dtype.np)), dtype=g.dtype.name)
-    before, after = prod(list(x.shape[:axis])), prod(list(x.shape[axis + 1:]))
-    rows = b.op("reshape", g, shape=[before, -1, after])
-    return [b.op("reshape", b.op("matmul", b.op("transpose", onehot), rows), shape=list(x.shape)), None]
+    gd = g.dtype
+    if gd.is_half:
+        g = b.op("cast", g, dtype="float32")
+    dx = b.op("scatter_add", zeros(b, g, x.shape), idx, g, axis=a["axis"])
+    return [b.op("cast", dx, dtype=gd.name) if gd.is_half else dx, None]
 
 
 register(OpDef(
@@ -475,3 +468,74 @@ register(OpDef(
                                     shape=list(_squeeze_shape(b.type(xs[0]), a["axis"]))),
     vjp=_reshape_back,
     doc="remove size-1 axes"))
+
+
+# ---- take_along_axis: a gather with an index per element ----------------------------------------
+def _along_infer(ts, a):
+    x, idx = ts
+    if not idx.dtype.is_int:
+        raise DTypeError("take_along_axis's indices must be int32 or int64",
+                         expected="i32 or i64", received=str(idx))
+    if x.rank == 0 or idx.rank != x.rank:
+        raise ShapeError("take_along_axis takes indices of the tensor's rank",
+                         expected=f"rank {x.rank} (at least 1)", received=str(idx))
+    axis = norm_axis(a["axis"], x.rank, x)
+    if not all(same(d, e) for i, (d, e) in enumerate(zip(x.shape, idx.shape)) if i != axis):
+        raise ShapeError("take_along_axis's indices must match the tensor's shape off the axis",
+                         expected=fmt_shape(x.shape[:axis] + ("*",) + x.shape[axis + 1:]),
+                         received=str(idx))
+    return x.with_shape(idx.shape)
+
+
+def _along_ref(xs, a):
+    x, idx = xs
+    n = x.shape[a["axis"]]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"index out of range for an axis of size {n}")
+    return np.take_along_axis(x, np.where(idx < 0, idx + n, idx), axis=a["axis"])
+
+
+def flat_index(b, x, idx, axis):
+    """The row-major position in x of each x[..., idx, ...] along axis, as int64; an index
+    outside [-n, n) becomes x's size, which the flat gather or scatter reports."""
+    shape = list(x.shape)
+    if not all(isinstance(d, int) for d in shape + list(idx.shape)):
+        raise SymbolicValueError(f"take_along_axis needs concrete sizes, not {x.type}",
+                                 hint="trace with concrete sizes (call it, or .lower(*arrays))")
+    n, total = shape[axis], prod(shape)
+    i = b.op("cast", idx, dtype="int64")
+    pos = b.op("mul", b.op("where", b.op("lt", i, 0), b.op("add", i, n), i),
+               contiguous_strides(shape)[axis])
+    for k, stride in enumerate(contiguous_strides(shape)):     # the other axes' offsets
+        if k != axis and shape[k] > 1:
+            at = np.arange(shape[k], dtype=np.int64) * stride
+            pos = b.op("add", pos, at.reshape([1] * k + [-1] + [1] * (len(shape) - k - 1)))
+    bad = np.int64(total)
+    return b.op("where", b.op("ge", i, -n), b.op("where", b.op("lt", i, n), pos, bad), bad)
+
+
+def _along_decompose(b, xs, a):
+    x, idx = xs
+    flat = b.op("reshape", x, shape=[-1])
+    return b.op("take", flat, flat_index(b, x, idx, a["axis"]), axis=0)
+
+
+def along_transpose(b, x, idx, g, axis):
+    """take_along_axis's transpose: zeros of x's shape with g's elements added at the indices
+    (one flat scatter_add: repeated indices add up in order). 16-bit adds in float32."""
+    wide = g.dtype.is_half
+    gf = b.op("cast", g, dtype="float32") if wide else g
+    to = b.op("reshape", flat_index(b, x, idx, axis), shape=[-1])
+    flat = b.op("scatter_add", zeros(b, gf, [prod(list(x.shape))]), to,
+                b.op("reshape", gf, shape=[-1]), axis=0)
+    dx = b.op("reshape", flat, shape=list(x.shape))
+    return b.op("cast", dx, dtype=g.dtype.name) if wide else dx
+
+
+register(OpDef(
+    "take_along_axis", 2, {"axis": -1}, infer=_along_infer,
+    normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])},
+    reference=_along_ref, decompose=_along_decompose,
+    vjp=lambda b, xs, y, g, a: [along_transpose(b, xs[0], xs[1], g, a["axis"]), None],
+    doc="x[..., indices[..., i, ...], ...] along axis for each element (as NumPy's "
+        "take_along_axis; indices of x's shape off the axis); out-of-range indices raise"))

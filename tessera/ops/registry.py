@@ -68,7 +68,16 @@ class Scan:
 @dataclass(frozen=True)
 class ArgReduce:
     """Index of the first element that wins ``better`` (NaN wins, as in NumPy)."""
-    better: str                 # template over {x} and {best}
+    better: dict                # kind -> template over {x} and {best}
+
+
+@dataclass(frozen=True)
+class Sort:
+    """A stable sort of each line along one axis: the indices (argsort) or the values (sort)
+    in the order ``better`` defines (x goes before best; descending swaps its operands), equal
+    elements in index order."""
+    better: dict                # kind -> template over {x} and {best}
+    values: bool                # store the sorted values, else their indices
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,11 @@ CASES = {
              (lambda x, i: op.take(x, i, axis=1), lambda r: [U(r, 2, 4, 3), np.array([3, 3, 1])])],
     "scatter_add": [(lambda t, s: op.scatter_add(t, np.array([1, -1, 1, 0]), s, axis=1),
                      lambda r: [U(r, 2, 3, 2), U(r, 2, 4, 2)])],
+    "take_along_axis": [(lambda x, i: op.take_along_axis(x, i, axis=1),
+                         lambda r: [U(r, 3, 4), np.array([[0, 0, -1], [3, 1, 2], [2, 2, 2]])])],
+    "sort": [(lambda x: op.sort(x, axis=0) * op.sort(x, axis=1, descending=True),
+              lambda r: [U(r, 4, 5)]),
+             (lambda x: op.topk(x, 2)[0], lambda r: [U(r, 3, 6)])],
     "expand_dims": [(lambda x: op.expand_dims(x, axis=-1), lambda r: [U(r, 2, 3)])],
     "squeeze": [(lambda x: op.squeeze(x, axis=1), lambda r: [U(r, 2, 1, 3)])],
 }

@@ -147,6 +147,10 @@ def cases(rng):
         "scans_and_scatter": (lambda x, i: (op.cumsum(x, axis=1), op.cumprod(x * 0.1 + 1, axis=0),
                                             op.scatter_add(x, i, x[:7] * 2.0)),
                               [f32(33, 65), rng.integers(-33, 33, 7)], True),
+        # sorting: the merge sort of each line in its heap scratch
+        "sorting": (lambda x: (op.argsort(x, axis=0), op.topk(x, 5)[0],
+                               op.sort(op.round(x * 2), axis=1, descending=True)),
+                    [f32(33, 65)], True),
         # rounding and floor division: exact, NumPy's bits on every ISA
         "rounding_divmod": (lambda x, y, i, j: (op.floor(x * 3) + op.ceil(x) * op.round(x * 2.5)
                                                 + op.sign(x) + x % y + x // y, i // j, i % j),

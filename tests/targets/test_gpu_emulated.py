@@ -189,6 +189,19 @@ def test_take_out_of_range_is_a_runtime_fault(target, rng):
     np.testing.assert_array_equal(run_program(prog, table, ids)[0], np.take(table, ids, 0) * 2)
 
 
+@pytest.mark.parametrize("shape,axis", [((1,), 0), ((7,), 0), ((5, 33), 1), ((33, 5), 0),
+                                        ((2, 3, 9), 1)])
+def test_sorts_are_the_cpus_bits(target, shape, axis, rng):
+    """A thread per element ranks it: the CPU's merge sort's permutation (ties in index order,
+    NaN last, first descending)."""
+    x = np.round(rng.standard_normal(shape) * 2).astype(np.float32)
+    x.reshape(-1)[rng.integers(0, x.size)] = np.nan
+    fn = lambda x: (op.argsort(x, axis=axis), op.sort(x, axis=axis, descending=True),   # noqa: E731
+                    op.topk(x, 1, axis=axis)[1])
+    for got, want in zip(emulate(target, fn, x), cpu(fn, x)):
+        assert got.tobytes() == want.tobytes()
+
+
 # ---- rows: one block per row ---------------------------------------------------------------------
 ROWS = [1, 7, 33, 1000]
 

@@ -9,7 +9,7 @@ from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
 from ..strategies import routine_owner
 from ..strategies.routines import half_conversions, routine_text, specialise
-from ..tile_ir import Loop, TileKernel, TileProgram
+from ..tile_ir import Loop, Scratch, TileKernel, TileProgram
 from .cstyle import CStyleRenderer, routine_keys
 
 
@@ -58,6 +58,19 @@ class CRenderer(CStyleRenderer):
             return [HALF, *self.routine_source(f"{name}:f32"),
                     specialise(owner.c_half_routine(name), S=dtype)]
         return owner.c_routine(name, dtype)
+
+    def stmt(self, s, k: TileKernel, depth: int, out: list):
+        if not isinstance(s, Scratch):
+            return super().stmt(s, k, depth, out)
+        pad, T = "  " * depth, self.ctype(s.dtype)     # (the builtins need no stdlib.h)
+        out += [f"{pad}{{",
+                f"{pad}  {T}* {s.name} = ({T}*)__builtin_malloc((size_t){s.size} * sizeof({T}));",
+                f"{pad}  if (!{s.name}) {{",
+                *(pad + "    " + line for line in self.flag_error(-s.code)),
+                f"{pad}  }} else {{"]
+        for c in s.body:
+            self.stmt(c, k, depth + 2, out)
+        out += [f"{pad}    __builtin_free({s.name});", f"{pad}  }}", f"{pad}}}"]
 
     def flag_error(self, code: int):
         return ["#pragma omp atomic write", f"ts_status = {code};"]
