@@ -207,7 +207,8 @@ def one_hot(indices, num_classes, dtype="float32"):
 def topk(x, k, axis=-1, largest=True):
     """The ``k`` largest (``largest=False``: smallest) elements along ``axis`` and their int64
     indices, as ``(values, indices)``, in order (PyTorch's ``topk``): equal elements go to the
-    lower index first; NaN counts as the largest. The first k of a stable sort."""
+    lower index first; NaN counts as the largest. The first k of a stable argsort, and the
+    elements they pick."""
     from .ops.registry import norm_axis
     from .types import TensorType
     from . import dtypes
@@ -224,9 +225,8 @@ def topk(x, k, axis=-1, largest=True):
     starts, stops = [None] * len(shape), [None] * len(shape)
     stops[ax] = int(k)
     first = dict(starts=starts, stops=stops, steps=[1] * len(shape))
-    kw = dict(axis=ax, descending=bool(largest))
-    return (_apply("slice", _apply("sort", x, **kw), **first),
-            _apply("slice", _apply("argsort", x, **kw), **first))
+    idx = _apply("slice", _apply("argsort", x, axis=ax, descending=bool(largest)), **first)
+    return _apply("take_along_axis", x, idx, axis=ax), idx
 
 
 def segment_sum(data, segment_ids, num_segments):

@@ -48,6 +48,8 @@ class Names:
         self.n = 0
 
     def __call__(self, prefix):
+        if prefix in ("in", "out", "t", "c", "lit"):
+            raise ValueError(f"local names may not look like buffers: {prefix!r}")
         self.n += 1
         return f"{prefix}{self.n - 1}"
 

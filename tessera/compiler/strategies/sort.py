@@ -96,7 +96,7 @@ def _merge_pass(line, names, s, n, width, src, dst):
     """Merge each pair of sorted runs of `width` indices at s[src:] into s[dst:] (the output
     when dst is None). The right run's element is taken only when it goes strictly before the
     left's: equal elements stay in index order."""
-    t, e = names("t"), names("e")
+    t, e = names("run"), names("e")
     a0, a1, b1, ia, ib = (names(v) for v in ("a0", "a1", "b1", "ia", "ib"))
     ea, eb, right, pick = names("ea"), names("eb"), names("right"), names("pick")
     i64 = dt.int64
