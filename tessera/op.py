@@ -204,22 +204,33 @@ def one_hot(indices, num_classes, dtype="float32"):
     return _apply("cast", hit, dtype=dtype)
 
 
+def _shape_of(x) -> tuple:
+    """A traced tensor's or an array-like's shape."""
+    import numpy as np
+    return tuple(x.shape if hasattr(x, "shape") else np.shape(x))
+
+
+def _shape_and_axis(x, axis):
+    """x's shape, and ``axis`` normalised against it (a ShapeError if x has no such axis)."""
+    from .ops.registry import norm_axis
+    from .types import TensorType
+    from . import dtypes
+    shape = _shape_of(x)
+    return shape, norm_axis(axis, len(shape), TensorType(dtypes.float32, shape))
+
+
 def topk(x, k, axis=-1, largest=True):
     """The ``k`` largest (``largest=False``: smallest) elements along ``axis`` and their int64
     indices, as ``(values, indices)``, in order (PyTorch's ``topk``): equal elements go to the
     lower index first; NaN counts as the largest. The first k of a stable argsort, and the
     elements they pick."""
-    from .ops.registry import norm_axis
-    from .types import TensorType
-    from . import dtypes
     import numpy as np
-    shape = tuple(x.shape if hasattr(x, "shape") else np.shape(x))
-    if not shape:
+    if not _shape_of(x):
         raise _ArgumentError("op.topk of a rank-0 tensor (there is no axis)")
-    ax = norm_axis(axis, len(shape), TensorType(dtypes.float32, shape))
+    shape, ax = _shape_and_axis(x, axis)
     n = shape[ax]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or \
-            not 0 <= k <= (n if isinstance(n, int) else k):
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 or \
+            (isinstance(n, int) and k > n):
         raise _ArgumentError(f"op.topk: k={k!r} is not a count of elements along axis {ax}",
                              expected=f"an int in [0, {n}]")
     starts, stops = [None] * len(shape), [None] * len(shape)
@@ -239,7 +250,7 @@ def segment_sum(data, segment_ids, num_segments):
             num_segments < 0:
         raise _ArgumentError(f"op.segment_sum: num_segments must be an int >= 0, not "
                              f"{num_segments!r}")
-    shape = tuple(data.shape if hasattr(data, "shape") else np.shape(data))
+    shape = _shape_of(data)
     if not shape:
         raise _ArgumentError("op.segment_sum of a rank-0 tensor (it sums rows, axis 0)")
     dtype = getattr(data, "dtype", None) or np.asarray(data).dtype
@@ -256,14 +267,8 @@ def permute(x, *perm):
 
 def split(x, sections, axis=-1):
     """Split along ``axis`` into ``sections`` equal parts (an int) or at the given indices."""
-    import numpy as np
-    from .ops.registry import norm_axis
-    from .types import TensorType
-    from . import dtypes
-    shape = tuple(x.shape if hasattr(x, "shape") else np.shape(x))
-    rank = len(shape)
-    ax = norm_axis(axis, rank, TensorType(dtypes.float32, shape))
-    n = shape[ax]
+    shape, ax = _shape_and_axis(x, axis)
+    rank, n = len(shape), shape[ax]
     if isinstance(sections, int):
         if sections < 1:
             raise _ArgumentError(f"op.split: sections must be >= 1, not {sections}")

@@ -372,12 +372,16 @@ def _take_vjp(b, xs, y, g, a):
     """The cotangent's slices added back at their indices (scatter_add, take's transpose):
     repeated indices add up in index order. 16-bit tables add in float32, rounded once at the
     end; the indices get none."""
-    x, idx = xs
-    gd = g.dtype
-    if gd.is_half:
-        g = b.op("cast", g, dtype="float32")
-    dx = b.op("scatter_add", zeros(b, g, x.shape), idx, g, axis=a["axis"])
-    return [b.op("cast", dx, dtype=gd.name) if gd.is_half else dx, None]
+    return [scatter_into_zeros(b, xs[0].shape, xs[1], g, a["axis"]), None]
+
+
+def scatter_into_zeros(b, shape, idx, g, axis):
+    """scatter_add(zeros(shape), idx, g, axis) in g's dtype; 16-bit values add in float32,
+    rounded once at the end (scatter_add takes no 16-bit target)."""
+    wide = g.dtype.is_half
+    gf = b.op("cast", g, dtype="float32") if wide else g
+    dx = b.op("scatter_add", zeros(b, gf, shape), idx, gf, axis=axis)
+    return b.op("cast", dx, dtype=g.dtype.name) if wide else dx
 
 
 register(OpDef(
@@ -500,13 +504,12 @@ def flat_index(b, x, idx, axis):
     outside [-n, n) becomes x's size, which the flat gather or scatter reports."""
     shape = list(x.shape)
     if not all(isinstance(d, int) for d in shape + list(idx.shape)):
-        raise SymbolicValueError(f"take_along_axis needs concrete sizes, not {x.type}",
+        raise SymbolicValueError(f"indices along an axis need concrete sizes, not {x.type}",
                                  hint="trace with concrete sizes (call it, or .lower(*arrays))")
-    n, total = shape[axis], prod(shape)
+    n, total, strides = shape[axis], prod(shape), contiguous_strides(shape)
     i = b.op("cast", idx, dtype="int64")
-    pos = b.op("mul", b.op("where", b.op("lt", i, 0), b.op("add", i, n), i),
-               contiguous_strides(shape)[axis])
-    for k, stride in enumerate(contiguous_strides(shape)):     # the other axes' offsets
+    pos = b.op("mul", b.op("where", b.op("lt", i, 0), b.op("add", i, n), i), strides[axis])
+    for k, stride in enumerate(strides):                       # the other axes' offsets
         if k != axis and shape[k] > 1:
             at = np.arange(shape[k], dtype=np.int64) * stride
             pos = b.op("add", pos, at.reshape([1] * k + [-1] + [1] * (len(shape) - k - 1)))
@@ -522,14 +525,11 @@ def _along_decompose(b, xs, a):
 
 def along_transpose(b, x, idx, g, axis):
     """take_along_axis's transpose: zeros of x's shape with g's elements added at the indices
-    (one flat scatter_add: repeated indices add up in order). 16-bit adds in float32."""
-    wide = g.dtype.is_half
-    gf = b.op("cast", g, dtype="float32") if wide else g
-    to = b.op("reshape", flat_index(b, x, idx, axis), shape=[-1])
-    flat = b.op("scatter_add", zeros(b, gf, [prod(list(x.shape))]), to,
-                b.op("reshape", gf, shape=[-1]), axis=0)
-    dx = b.op("reshape", flat, shape=list(x.shape))
-    return b.op("cast", dx, dtype=g.dtype.name) if wide else dx
+    (one flat scatter_add: repeated indices add up in order)."""
+    flat = scatter_into_zeros(b, [prod(list(x.shape))],
+                              b.op("reshape", flat_index(b, x, idx, axis), shape=[-1]),
+                              b.op("reshape", g, shape=[-1]), 0)
+    return b.op("reshape", flat, shape=list(x.shape))
 
 
 register(OpDef(

@@ -49,12 +49,15 @@ class _Line:
     """One line of the kernel's input along the axis: where its element i lies, whether one
     element goes before another, and what the output stores for element i."""
 
-    def __init__(self, k, kvars):
+    def __init__(self, k):
         self.k, self.x = k, k.inputs[0]
-        shape = list(self.x.type.shape)
-        kept_ext, kept_st, _, _, _ = axis_groups(shape, {k.attrs["axis"]})  # in, out: one layout
-        self.strides = kept_st + [contiguous(shape)[k.attrs["axis"]]]
-        self.kvars = kvars
+        shape, axis = list(self.x.type.shape), k.attrs["axis"]
+        self.n = shape[axis]
+        # the lines' extents (for the loops or threads over them) and the strides of a line's
+        # start and of its elements (input and output: one layout)
+        self.lines, kept_st, _, _, _ = axis_groups(shape, {axis})
+        self.strides = kept_st + [contiguous(shape)[axis]]
+        self.kvars = []               # the line's indices, once the loops or threads give them
 
     def at(self, i):
         return linear([*self.kvars, i], self.strides)
@@ -72,12 +75,9 @@ class _Line:
 
 
 def merge_sort(k, code):
-    names = Names()
-    shape = list(k.inputs[0].type.shape)
-    n = shape[k.attrs["axis"]]
-    kept_ext, _, _, _, _ = axis_groups(shape, {k.attrs["axis"]})
-    outer, inner, kvars = nest(kept_ext, names, k.knobs.get("parallel"), False)
-    line = _Line(k, kvars)
+    names, line = Names(), _Line(k)
+    n = line.n
+    outer, inner, line.kvars = nest(line.lines, names, k.knobs.get("parallel"), False)
     if n == 0:
         return []
     if n == 1:
@@ -123,18 +123,14 @@ def _merge_pass(line, names, s, n, width, src, dst):
 
 
 def rank_sort(k, knobs):
-    names = Names()
-    shape = list(k.inputs[0].type.shape)
-    n = shape[k.attrs["axis"]]
-    kept_ext, _, _, _, _ = axis_groups(shape, {k.attrs["axis"]})
+    names, line = Names(), _Line(k)
     g, j, rank = names("g"), names("j"), names("rank")
-    *kvars, i = split_index(Var(g), kept_ext + [n])
-    line = _Line(k, kvars)
+    *line.kvars, i = split_index(Var(g), line.lines + [line.n])
     # j goes before i: strictly, or equal with the lower index
     goes_before = Select(Bin("<", Var(j), i), Select(line.before(i, Var(j)), Const(0), Const(1)),
                          Select(line.before(Var(j), i), Const(1), Const(0)))
     body = [Decl(rank, dt.int64, Const(0)),
-            Loop(j, n, "serial", [Assign(rank, Bin("+", Var(rank), goes_before))]),
+            Loop(j, line.n, "serial", [Assign(rank, Bin("+", Var(rank), goes_before))]),
             line.store(Var(rank), i)]
     total = k.output.type.numel()
     return [Loop(g, total, "grid", body)], launch_of(total, knobs["threads"])
