@@ -40,6 +40,29 @@ def static_range(*bounds):
     return range(*(int(b) for b in bounds))
 
 
+def is_training() -> bool:
+    """Whether code runs in training mode: True unless inside ``with ts.training(False):``. A
+    static switch, read when a function is traced (``if ts.is_training():`` picks a branch
+    then, as the seeds write it) and part of every compiled program's cache key, so one
+    function keeps a training and an inference program side by side."""
+    return getattr(_state, "training", True)
+
+
+@contextlib.contextmanager
+def training(mode: bool = True):
+    """``with ts.training(False):`` runs (and traces) the block in inference mode: dropout is
+    off and ``ts.is_training()`` is False; the previous mode comes back after the block."""
+    if not isinstance(mode, (bool, np.bool_)):
+        raise ArgumentError(f"ts.training takes True or False, not {mode!r}",
+                            location=user_location())
+    before = is_training()
+    _state.training = bool(mode)
+    try:
+        yield
+    finally:
+        _state.training = before
+
+
 def user_location() -> SourceLocation | None:
     """Where the user wrote the op: the innermost frame outside the tessera package."""
     f, _ = first_user_frame()

@@ -30,6 +30,7 @@ from ..errors import ArgumentError, SymbolicValueError, TesseraError
 from ..runtime import cache
 from ..runtime.isa import ENV as CPU_TARGET_ENV
 from ..schedule import Schedule
+from ..trace import is_training
 from ..types import type_of_array
 from . import fastpath, tracing
 from .binding import Signature, TreeArg, def_location  # noqa: F401 (the transforms use them)
@@ -61,7 +62,8 @@ class Function:
     def __call__(self, *args, **kwargs):
         key = None if kwargs else fastpath.array_signature(args)
         if key is not None:
-            key = (os.environ.get(CPU_TARGET_ENV), key)   # "cpu" resolves through it
+            # "cpu" resolves through the environment; the training mode is traced in
+            key = (os.environ.get(CPU_TARGET_ENV), is_training(), key)
             launch = self._fast.get(key)
             if launch is not None:
                 cache.count("memory_hits")

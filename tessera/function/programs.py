@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import SymbolicValueError
 from ..runtime import cache
+from ..trace import is_training
 from ..types import type_of_array
 from . import tracing
 from .binding import Signature, static_key
@@ -25,7 +26,7 @@ class ProgramCache:
         from ..compiler.pipeline import compile_graph, resolve_target
         target = resolve_target(target, arrays.values())     # "cpu" -> "cpu:<ISA level>"
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
-               static_key(statics), schedule.key() if schedule else None)
+               static_key(statics), schedule.key() if schedule else None, is_training())
         prog = self.by_key.get(key)
         if prog is not None:
             cache.count("memory_hits")
@@ -50,7 +51,8 @@ class ProgramCache:
             return
         key = (tuple((n, str(a.dtype), None if self.sig.spec_dims(n) is not None else a.shape)
                      for n, a in arrays.items()), static_key(statics),
-               tuple(sorted(bindings.items())) if self.sig.ret_spec is not None else None)
+               tuple(sorted(bindings.items())) if self.sig.ret_spec is not None else None,
+               is_training())
         if key in self.checked:
             return
         try:

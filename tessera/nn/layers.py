@@ -12,8 +12,9 @@ Randomness (dropout) is stateless: a call takes ``seed`` (a Python int or an int
 compiled training step takes a fresh seed per call without recompiling) and ``stream``; each
 dropout site of a composite module gets its own stream, a separate range of the generator's
 counters (``stream << 40``), so one seed drives all of them without overlap. ``train`` defaults
-to "a seed was given": ``mlp(p, x)`` is inference, ``mlp(p, x, seed=s)`` training, and
-``train=False`` turns dropout off whatever the seed.
+to "training mode and a seed was given": ``mlp(p, x)`` is inference, ``mlp(p, x, seed=s)``
+training, and ``train=False`` or ``with ts.training(False):`` (``ts.is_training()``, traced as a
+static switch) turns dropout off whatever the seed; an explicit ``train=`` wins over the mode.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError
+from ..trace import is_training
 from .init import Key, as_key, kaiming_uniform, normal, ones, zeros
 
 STREAM_SHIFT = 40          # a dropout site owns counters [stream << 40, (stream + 1) << 40)
@@ -115,8 +117,9 @@ class Dropout(Module):
     """Zero each element with probability ``rate`` and scale the rest by 1/(1 - rate) (inverted
     dropout), in training only. The mask is ``op.random_uniform(x.shape, seed, offset) >= rate``:
     a pure function of (seed, stream, element index), so the same seed gives the same mask on
-    every run, at every thread count, compiled or eager. Active when a ``seed`` is given (or
-    ``train=True``, which then needs one)."""
+    every run, at every thread count, compiled or eager. Active when a ``seed`` is given in
+    training mode (``ts.is_training()``; off under ``with ts.training(False):``), or when
+    ``train=True`` (which then needs a seed)."""
     streams = 1
 
     def __init__(self, rate: float):
@@ -129,9 +132,10 @@ class Dropout(Module):
 
 
 def dropout(x, rate, seed=None, train=None, stream=0):
-    """Inverted dropout of x (see Dropout); ``train=None`` means ``seed is not None``."""
+    """Inverted dropout of x (see Dropout); ``train=None`` means "a seed was given, in training
+    mode"."""
     if train is None:
-        train = seed is not None
+        train = seed is not None and is_training()
     if not train or rate == 0.0:
         return x
     if rate == 1.0:

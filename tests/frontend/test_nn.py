@@ -253,6 +253,41 @@ def test_mlp_dropout_sites_use_separate_streams(rng):
     close(mlp(p, x), np_mlp(p, x, lambda h: np.maximum(h, 0)))   # eval: no dropout
 
 
+def test_training_mode_is_a_static_switch_in_the_cache_key(rng):
+    """`with ts.training(False):` turns dropout off and flips ts.is_training() at trace time;
+    one function keeps both programs and each call runs the one of its mode."""
+    x = f32(rng, 32, 48) + 5
+    seed = int(rng.integers(0, 2**62))
+    drop = nn.Dropout(0.5)
+
+    def step(x, s):
+        y = drop({}, x, seed=s)
+        return y * 3.0 if ts.is_training() else y - 1.0
+
+    f = ts.function(step)
+    assert ts.is_training()
+    ts.reset_cache_stats()
+    train = f(x, np.int64(seed))
+    mask = op.random_uniform(x.shape, seed) >= np.float32(0.5)
+    close(train, np.where(mask, x * np.float32(2.0), 0) * np.float32(3.0))
+    with ts.training(False):
+        assert not ts.is_training()
+        close(f(x, np.int64(seed)), x - np.float32(1.0))      # no dropout, the other branch
+        close(step(x, seed), x - np.float32(1.0))             # eagerly too
+        with ts.training(True):
+            assert f(x, np.int64(seed)).tobytes() == train.tobytes()
+        assert not ts.is_training()
+    assert ts.is_training()
+    assert f(x, np.int64(seed)).tobytes() == train.tobytes()
+    assert ts.cache_stats()["traces"] == 2          # one trace per mode, then cache hits
+    # an explicit train= wins over the mode
+    with ts.training(False):
+        assert not np.array_equal(drop({}, x, seed=seed, train=True), x)
+    with pytest.raises(ArgumentError, match="True or False"):
+        with ts.training("no"):
+            pass
+
+
 DROPOUT_PROGRAM = textwrap.dedent("""
     import hashlib, numpy as np, tessera as ts
     import tessera.nn as nn
