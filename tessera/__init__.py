@@ -18,6 +18,7 @@ from .runtime.profiler import machine_peaks, profiler  # noqa: E402
 from .schedule import Schedule  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
 from .trace import is_training, static_range, training  # noqa: E402
+from .control import cond, fori_loop, scan, while_loop  # noqa: E402
 
 
 
@@ -34,7 +35,8 @@ def unload_ipython_extension(ipython):
 
 
 __all__ = [
-    "op", "graph", "function", "Function", "interpret", "static_range", "is_training", "training", "Schedule", "Tensor", "TensorType", "dtypes",
+    "op", "graph", "function", "Function", "interpret", "static_range", "is_training", "training",
+    "fori_loop", "while_loop", "scan", "cond", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",

@@ -36,8 +36,8 @@ def _make(name):
     return fn
 
 
-for _name in _ops.REGISTRY:
-    if _name not in ("layernorm", "rmsnorm", "attention"):
+for _name in _ops.REGISTRY:      # (control flow is tessera.fori_loop & co, tessera/control.py)
+    if _name not in ("layernorm", "rmsnorm", "attention") + _ops.regions.REGION_OPS:
         globals()[_name] = _make(_name)
 
 _layernorm = _make("layernorm")

@@ -77,9 +77,30 @@ def frame_location(frame, lineno: int) -> SourceLocation:
 
 
 class Trace:
-    def __init__(self, graph: Graph, function_name: str):
+    def __init__(self, graph: Graph, function_name: str, parent: "Trace | None" = None):
         self.graph = graph
         self.function_name = function_name
+        self.parent = parent            # the enclosing trace of a control-flow body
+        self.captured: list = []        # the enclosing trace's tensors this body uses
+        self._captures: dict = {}       # their value ids -> this graph's parameters
+
+    def encloses(self, other: "Trace") -> bool:
+        t = self.parent
+        while t is not None and t is not other:
+            t = t.parent
+        return t is other
+
+    def capture(self, x: "Traced") -> "Traced":
+        """A tensor of an enclosing trace, used in this body: a parameter of the body's graph,
+        and an operand of the control-flow node (captured through every level between)."""
+        if x._trace is not self.parent:
+            x = self.parent.capture(x)
+        param = self._captures.get(x._value.id)
+        if param is None:
+            param = self.graph.add_param(f"cap{len(self.captured)}", x.type)
+            self._captures[x._value.id] = param
+            self.captured.append(x)
+        return Traced(param, self)
 
 
 def current_trace() -> Trace | None:
@@ -262,6 +283,10 @@ def apply(name: str, *args, **attrs):
     trace = current_trace()
     traced = [a for a in flat if isinstance(a, Traced)]
     if traced:
+        if trace is not None:       # a control-flow body uses its function's tensors
+            flat = [trace.capture(a) if isinstance(a, Traced) and trace.encloses(a._trace) else a
+                    for a in flat]
+            traced = [a for a in flat if isinstance(a, Traced)]
         if trace is None or any(a._trace is not trace for a in traced):
             raise TracingError(f"{name} got a tensor traced in another function (or one that "
                                "escaped its trace)", location=user_location(), op=name,

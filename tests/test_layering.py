@@ -25,6 +25,7 @@ LAYERS = [
     ("renderers", ["tessera.compiler.target"]),
     ("pipeline and search", ["tessera.compiler"]),
     ("front end", ["tessera.trace", "tessera.op", "tessera.schedule", "tessera.function",
+                   "tessera.control",
                    "tessera.graph", "tessera.autodiff", "tessera.autotune", "tessera.nn",
                    "tessera.optim"]),
     ("viz", ["tessera.viz"]),

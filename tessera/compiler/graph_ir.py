@@ -14,8 +14,9 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import ops
-from ..errors import (ArgumentError, DTypeError, IRVerificationError, SymbolicValueError,
-                      TesseraError)
+from ..errors import (ArgumentError, DTypeError, IRVerificationError, RuntimeFault,
+                      SymbolicValueError, TesseraError)
+from ..ops.regions import REGION_OPS
 from ..types import TensorType
 
 _ids = itertools.count()
@@ -122,6 +123,77 @@ def _signature(opdef) -> str:
         + ")"
 
 
+class Region:
+    """The nested graphs of a structured control-flow operator: ``fori_loop`` (a body over a
+    counter), ``while_loop`` (a cond and a body), ``scan`` (a body over slices of xs) or ``cond``
+    (a true and a false branch). Graph IR nodes have one result each, so a region's results are
+    sibling nodes, one per value it makes, each with attrs {"region": R, "result": i}, placed
+    one after another. The node's operands are the kind's own (the carries; for scan then the
+    xs; for cond first the predicate) followed by each body's captured tensors, in body order.
+
+    Each body graph's parameters are what the kind passes it (fori_loop: the counter, then the
+    carries; while_loop's cond and body: the carries; scan: the carries, then one slice of each
+    x; cond: the operands), then its own captures (tensors of the enclosing function it used)."""
+
+    def __init__(self, kind: str, bodies: dict, operands: int, captures: dict, types: list,
+                 attrs: dict | None = None, loc=None):
+        self.kind = kind
+        self.bodies = dict(bodies)              # role -> Graph ("body", "cond", "true", "false")
+        self.operands = operands                # how many leading node operands are the kind's
+        self.captures = dict(captures)          # role -> how many captured operands it adds
+        self.types = list(types)                # the result types, in order
+        self.attrs = dict(attrs or {})          # fori_loop: lo, hi; scan: length, reverse
+        self.loc = loc
+
+    def __repr__(self):
+        return f"<region {self.kind} {id(self):#x}>"
+
+    def body_operands(self, role: str, operands: list) -> list:
+        """The captured operands of body `role` among a node's operands."""
+        start = self.operands
+        for r in self.bodies:
+            if r == role:
+                return operands[start:start + self.captures[r]]
+            start += self.captures[r]
+        raise KeyError(role)
+
+    def run(self, arrays) -> list:
+        """The results on NumPy arrays: the bodies evaluated with the operators' references."""
+        arrays = [np.asarray(a) for a in arrays]
+        own = arrays[:self.operands]
+        caps = {r: self.body_operands(r, arrays) for r in self.bodies}
+
+        def call(role, *args):
+            return self.bodies[role].evaluate([*args, *caps[role]])
+        if self.kind == "fori_loop":
+            carry = own
+            for i in range(self.attrs["lo"], self.attrs["hi"]):
+                carry = call("body", np.asarray(i, self.bodies["body"].params[0].type.dtype.np),
+                             *carry)
+            return carry
+        if self.kind == "while_loop":
+            carry = own
+            while bool(call("cond", *carry)[0]):
+                carry = call("body", *carry)
+            return carry
+        if self.kind == "scan":
+            carries = self.attrs["carries"]
+            carry, xs = own[:carries], own[carries:]
+            length = self.attrs["length"]
+            steps = range(length - 1, -1, -1) if self.attrs["reverse"] else range(length)
+            out = [None] * length
+            for t in steps:
+                res = call("body", *carry, *(x[t] for x in xs))
+                carry, out[t] = res[:carries], res[carries:]
+            ys = [np.stack([out[t][j] for t in range(length)]) if length else
+                  np.zeros(tuple(self.types[carries + j].shape), self.types[carries + j].dtype.np)
+                  for j in range(len(self.types) - carries)]
+            return carry + ys
+        if self.kind == "cond":
+            return call("true" if bool(own[0]) else "false", *own[1:])
+        raise ValueError(self.kind)
+
+
 class Graph:
     def __init__(self, name: str, params=(), bindings=None):
         self.name = name
@@ -196,6 +268,36 @@ class Graph:
         g.output_tree = self.output_tree
         return g
 
+    def evaluate(self, arrays) -> list:
+        """The graph evaluated node by node with the NumPy references (an index out of range is
+        a RuntimeFault naming the node); a result nobody uses is not computed."""
+        env = {p.id: np.asarray(a) for p, a in zip(self.params, arrays)}
+        live = {v.id for v in self.outputs}
+        for n in reversed(self.nodes):
+            if n.out.id in live:
+                live.update(v.id for v in n.inputs)
+        done = {}                       # a region's results, computed once for its siblings
+        for n in self.nodes:
+            if n.out.id not in live:
+                continue
+            if n.op == "const":
+                env[n.out.id] = n.attrs["value"]
+                continue
+            args = [env[v.id] for v in n.inputs]
+            try:
+                if n.op in REGION_OPS:
+                    region = n.attrs["region"]
+                    if region not in done:
+                        done[region] = region.run(args)
+                    r = done[region][n.attrs["result"]]
+                else:
+                    r = ops.registry.run_reference(n.opdef, args, n.attrs)
+            except IndexError as e:
+                raise RuntimeFault(str(e), function=self.name, location=n.loc,
+                                   op=n.op) from None
+            env[n.out.id] = np.asarray(r, dtype=n.out.type.dtype.np)
+        return [np.array(env[v.id]) for v in self.outputs]
+
     # -- checking -------------------------------------------------------------------------------
     def verify(self):
         defined = {p.id for p in self.params}
@@ -233,6 +335,9 @@ class Graph:
             if not ok:
                 raise IRVerificationError(f"graph @{self.name}: the type of {n.op}'s result "
                                           f"({n.out.type}) disagrees with its operands")
+            if n.op in REGION_OPS and n.attrs["result"] == 0:
+                for body in n.attrs["region"].bodies.values():
+                    body.verify()
             defined.add(n.out.id)
         for v in self.outputs:
             if v.id not in defined:
@@ -248,21 +353,38 @@ class Graph:
         params = ", ".join(f"{names[p.id]}: {p.type}" for p in self.params)
         rets = ", ".join(str(v.type) for v in self.outputs)
         lines = [f"{head}({params}) -> {rets} {{"]
-        rows = []
+        rows, printed = [], set()
         for n in self.nodes:
             args = ", ".join(names[v.id] for v in n.inputs)
             attrs = format_attrs(n.attrs)
             left = f"{names[n.out.id]} = {n.op}({args})" + (f" {attrs}" if attrs else "")
+            if n.op in REGION_OPS:      # its sibling results on one line, then its bodies
+                region = n.attrs["region"]
+                if region in printed:
+                    continue
+                printed.add(region)
+                sibs = [m for m in self.nodes if m.op == n.op and m.attrs["region"] is region]
+                attrs = format_attrs({k: v for k, v in region.attrs.items() if k != "carries"})
+                left = (", ".join(names[m.out.id] for m in sibs) + f" = {n.op}({args})"
+                        + (f" {attrs}" if attrs else ""))
+                n = sibs[0]
             note = []
             if n.loc is not None:
                 note.append(str(n.loc))
             if n.origin:
                 note.append(f"from {n.origin}")
-            rows.append((left, f": {n.out.type}", ("# " + ", ".join(note)) if note else ""))
+            if n.op in REGION_OPS:
+                types = ", ".join(str(m.out.type) for m in sibs)
+                rows.append((left, f": {types}", ("# " + ", ".join(note)) if note else "",
+                             [f"{role} = {body}" for role, body in region.bodies.items()]))
+                continue
+            rows.append((left, f": {n.out.type}", ("# " + ", ".join(note)) if note else "", ()))
         w1 = min(max((len(r[0]) for r in rows), default=0), 56)
         w2 = min(max((len(r[1]) for r in rows), default=0), 28)
-        for left, ty, note in rows:
+        for left, ty, note, bodies in rows:
             lines.append(f"  {left:<{w1}}  {ty:<{w2}}  {note}".rstrip())
+            for body in bodies:       # nested graphs, indented under their operator
+                lines += ["      " + line for line in body.split("\n")]
         lines.append("  return " + ", ".join(names[v.id] for v in self.outputs))
         lines.append("}")
         return "\n".join(lines)

@@ -9,44 +9,79 @@ from . import strategies
 from .fusion import fuse
 from .graph_ir import Graph
 from .groups import Group, is_reduce
-from .schedule_ir import Buffer, Kernel, Schedule
+from .passes import PRIMITIVE_RULES, canonicalize, decompose
+from .schedule_ir import Buffer, Kernel, RegionStep, Schedule, storage
 
 
 def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None,
                    tuned=None) -> Schedule:
     """Knobs, weakest first: the heuristics', `tuned(kernel)` (the autotuning database's record,
     or None), an operator's own tile_shape, then `user` (a tessera.Schedule)."""
-    buffers: list[Buffer] = []
+    ctx = _Context(target, fusion, user, tuned)
     of: dict[int, Buffer] = {}
     for k, p in enumerate(g.params):
         # the compiler names every buffer itself: a user's parameter called `out0`, `int` or
         # `INFINITY` must not meet a temporary, a C keyword or a macro
-        of[p.id] = Buffer(f"in{k}", p.type, "input", param=k, label=p.param_name)
-        buffers.append(of[p.id])
-    n_const = 0
+        of[p.id] = ctx.buffer(Buffer(f"in{k}", p.type, "input", param=k, label=p.param_name))
+    out_ids = {v.id: k for k, v in reversed(list(enumerate(g.outputs)))}
+    steps = _schedule_nodes(g, ctx, of, out_ids, "")
+    outputs = [of[v.id] for v in g.outputs]
+    regions = any(isinstance(st, RegionStep) for st in steps)
+    schedule = Schedule(g.name, g.bindings, target, ctx.buffers, ctx.kernels, outputs,
+                        steps if regions else None)
+    plan_memory(schedule)
+    return schedule
+
+
+class _Context:
+    """What scheduling a graph and its regions' bodies shares: the buffers and kernels made so
+    far (one table and one list for the whole program) and how to choose knobs."""
+
+    def __init__(self, target, fusion, user, tuned):
+        self.target, self.fusion, self.user, self.tuned = target, fusion, user, tuned
+        self.buffers: list[Buffer] = []
+        self.kernels: list[Kernel] = []
+        self.consts = self.regions = 0
+
+    def buffer(self, b: Buffer) -> Buffer:
+        self.buffers.append(b)
+        return b
+
+
+def _schedule_nodes(g: Graph, ctx: _Context, of: dict, out_ids: dict, prefix: str) -> list:
+    """The steps computing g's nodes (its parameters already in `of`): a kernel per fusion group
+    and a RegionStep per control-flow operator. `out_ids`: which values are the program's
+    outputs (none inside a body); `prefix` names a body's temporaries apart."""
     for n in g.nodes:
         if n.op == "const":
             value = n.attrs["value"]
-            role, prefix = ("inline", "lit") if value.ndim == 0 else ("const", "c")
-            of[n.out.id] = Buffer(f"{prefix}{n_const}", n.out.type, role, value)
-            buffers.append(of[n.out.id])
-            n_const += 1
-    out_ids = {v.id: k for k, v in reversed(list(enumerate(g.outputs)))}
-    kernels, n_temp = [], 0
-    for grp in fuse(g, enabled=fusion):
-        v = grp.root.out
+            role, kind = ("inline", "lit") if value.ndim == 0 else ("const", "c")
+            of[n.out.id] = ctx.buffer(Buffer(f"{kind}{ctx.consts}", n.out.type, role, value))
+            ctx.consts += 1
+    steps, n_temp = [], 0
+
+    def result_buffer(v):
+        nonlocal n_temp
         if v.id in out_ids:
-            b = Buffer(f"out{out_ids[v.id]}", v.type, "output")
-        else:
-            b = Buffer(f"t{n_temp}", v.type, "temp")
-            n_temp += 1
+            return ctx.buffer(Buffer(f"out{out_ids[v.id]}", v.type, "output"))
+        n_temp += 1
+        return ctx.buffer(Buffer(f"{prefix}t{n_temp - 1}", v.type, "temp"))
+
+    seen_regions = set()
+    for grp in fuse(g, enabled=ctx.fusion):
+        if grp.kind == "region":
+            region = grp.root.attrs["region"]
+            if region not in seen_regions:
+                seen_regions.add(region)
+                steps.append(_schedule_region(g, grp.root, ctx, of, result_buffer))
+            continue
+        v = grp.root.out
+        b = result_buffer(v)
         of[v.id] = b
-        buffers.append(b)
         stores = []
         for n in grp.stores:            # outputs by definition: nothing outside reads them
-            sb = Buffer(f"out{out_ids[n.out.id]}", n.out.type, "output")
+            sb = ctx.buffer(Buffer(f"out{out_ids[n.out.id]}", n.out.type, "output"))
             of[n.out.id] = sb
-            buffers.append(sb)
             stores.append((n.out, sb))
         inside = {n.out.id for n in grp.nodes}
         inputs, reads = [], {}
@@ -56,38 +91,96 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None
                     reads[x.id] = of[x.id]
                     if of[x.id] not in inputs:
                         inputs.append(of[x.id])
-        k = Kernel(name=f"k{len(kernels)}_{label(grp)}", strategy=grp.kind, op=grp.root.op,
+        k = Kernel(name=f"k{len(ctx.kernels)}_{label(grp)}", strategy=grp.kind, op=grp.root.op,
                    attrs=dict(grp.root.attrs), inputs=inputs, output=b, fuses=list(grp.nodes),
                    group=grp, reads=reads, stores=stores)
         k.flops = kernel_flops(grp)
         k.bytes = sum(x.nbytes for x in inputs if x.role != "inline") + \
             sum(x.nbytes for x in k.outputs)
-        k.knobs = default_knobs(k, target)
-        record = tuned(k) if tuned is not None else None
+        k.knobs = default_knobs(k, ctx.target)
+        record = ctx.tuned(k) if ctx.tuned is not None else None
         if record:
             k.knobs.update(record)
             k.tuned = True
         strategy = strategies.of(k)
         k.knobs.update(strategy.op_knobs(grp))
-        if user is not None:
-            k.knobs.update(strategy.user_knobs(user))
-        kernels.append(k)
-    outputs = [of[v.id] for v in g.outputs]
-    schedule = Schedule(g.name, g.bindings, target, buffers, kernels, outputs)
-    plan_memory(schedule)
-    return schedule
+        if ctx.user is not None:
+            k.knobs.update(strategy.user_knobs(ctx.user))
+        ctx.kernels.append(k)
+        steps.append(k)
+    return steps
+
+
+def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> RegionStep:
+    """A control-flow operator's step: a buffer for every result (the carries live there while
+    the loop runs, used or not), and each body scheduled into the same program, its parameters
+    aliases of the buffers the kind passes it."""
+    region = node.attrs["region"]
+    r = ctx.regions
+    ctx.regions += 1
+    prefix = f"r{r}_"
+    sibs = {m.attrs["result"]: m for m in g.nodes
+            if m.op == node.op and m.attrs["region"] is region}
+    results = []
+    for i, t in enumerate(region.types):
+        m = sibs.get(i)
+        b = result_buffer(m.out) if m is not None else \
+            ctx.buffer(Buffer(f"{prefix}c{i}", t, "temp"))
+        if m is not None:
+            of[m.out.id] = b
+        results.append(b)
+    operands = [of[v.id] for v in node.inputs]
+    own = operands[:region.operands]
+    step = RegionStep(region.kind, own, results, {}, dict(region.attrs), loc=region.loc,
+                      var=f"r{r}_step")
+    kind = region.kind
+    if kind == "fori_loop":
+        t = region.bodies["body"].params[0].type
+        step.counter = ctx.buffer(Buffer(f"{prefix}i", t, "temp"))
+    start = region.operands
+    for role, body in region.bodies.items():
+        caps = operands[start:start + region.captures[role]]
+        start += region.captures[role]
+        if kind == "fori_loop":
+            passed = [step.counter] + results
+        elif kind in ("while_loop",):
+            passed = list(results)
+        elif kind == "scan":
+            carries = region.attrs["carries"]
+            passed = list(results[:carries]) + [("slice", x) for x in own[carries:]]
+        else:                           # cond: the operands after the predicate
+            passed = own[1:]
+        prim = canonicalize(decompose(canonicalize(body.clone()).verify()),
+                            PRIMITIVE_RULES).verify()
+        body_of = {}
+        for k, (p, src) in enumerate(zip(prim.params, passed + caps)):
+            if isinstance(src, tuple):
+                body_of[p.id] = ctx.buffer(Buffer(f"{prefix}{role}_x{k}", p.type, "slice",
+                                                  data=(src[1], step.var)))
+            else:
+                body_of[p.id] = ctx.buffer(Buffer(f"{prefix}{role}_a{k}", p.type, "alias",
+                                                  data=src))
+        body_steps = _schedule_nodes(prim, ctx, body_of, {}, f"{prefix}{role}_")
+        step.bodies[role] = (body_steps, [body_of[v.id] for v in prim.outputs])
+    return step
 
 
 def plan_memory(s: Schedule):
     """Give temporaries memory slots, two sharing a slot when their lifetimes (first writer to
-    last reader) do not overlap. A kernel never reads and writes the same slot."""
+    last reader) do not overlap. A kernel never reads and writes the same slot.
+
+    Lifetimes count top-level steps: a region step writes its results and reads everything its
+    bodies read, for the whole loop; the buffers inside its bodies (written and read again on
+    every step) keep memory of their own (no slot: allocated per call)."""
     first, last = {}, {}
-    for i, k in enumerate(s.kernels):
-        first.setdefault(k.output.name, i)
-        for b in k.inputs:
+    for i, k in enumerate(s.steps):
+        for b in (k.results if isinstance(k, RegionStep) else [k.output]):
+            first.setdefault(b.name, i)
+        for b in (_region_reads(k) if isinstance(k, RegionStep) else k.inputs):
             last[b.name] = i
     slots = []                  # [bytes, index of the last kernel using it]
-    for b in sorted((b for b in s.buffers if b.role == "temp"), key=lambda b: first[b.name]):
+    for b in sorted((b for b in s.buffers if b.role == "temp" and b.name in first),
+                    key=lambda b: first[b.name]):
         start, end = first[b.name], last.get(b.name, first[b.name])
         free = [i for i, (size, busy) in enumerate(slots) if busy < start]
         fits = [i for i in free if slots[i][0] >= b.nbytes]
@@ -99,6 +192,17 @@ def plan_memory(s: Schedule):
         slots[pick] = [max(slots[pick][0], b.nbytes), end]
         b.slot = pick
     s.slots = [size for size, _ in slots]
+
+
+def _region_reads(st: RegionStep) -> list:
+    """Every buffer a region step reads, its bodies' reads included (aliases as what they
+    stand for: a slice of xs is xs)."""
+    out = list(st.operands)
+    for steps, outputs in st.bodies.values():
+        for k in steps:
+            out += _region_reads(k) if isinstance(k, RegionStep) else k.inputs
+        out += outputs
+    return [storage(b) for b in out]
 
 
 def label(grp: Group) -> str:

@@ -24,8 +24,14 @@ def lower_schedule(s: Schedule) -> TileProgram:
         kernels.append(TileKernel(k.name, k.strategy, ps, body, dict(k.knobs),
                                   " ".join(k.fused_labels())))
         calls.append((k.name, [p.name for p in ps]))
-    buffers = [b for b in s.buffers if b.role != "inline"]
-    return TileProgram(s.name, kernels, calls, buffers)
+    if s.steps is s.kernels:            # launches only
+        return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role != "inline"])
+    views = {b.name: b for b in s.buffers if b.role in VIEWS}
+    return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role not in VIEWS],
+                       steps=s.steps, views=views)
+
+
+VIEWS = ("inline", "alias", "slice")     # buffers without memory of their own
 
 
 def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
@@ -34,6 +40,10 @@ def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
     if not is_gpu(target):
         raise BackendUnavailableError(f"{target!r} is not a GPU target",
                                       expected=" or ".join(GPU_TARGETS))
+    if s.steps is not s.kernels:
+        raise BackendUnavailableError(
+            f"@{s.name} has control flow (fori_loop, while_loop, scan or cond), which runs on "
+            "the CPU only so far", hint="use target='cpu'")
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
         knobs = k.knobs if s.target == target else default_knobs(k, target)

@@ -69,14 +69,33 @@ class Kernel:
         return out
 
 
+@dataclass(eq=False)
+class RegionStep:
+    """A control-flow operator as the program runs it: its bodies' steps inside a loop or a
+    branch. `operands`: the buffers the kind reads (initial carries, xs, the predicate);
+    `results`: the buffers it leaves its results in (the carries while it runs); `bodies`: role
+    -> (steps, output buffers). A body reads its parameters through alias buffers (role "alias":
+    `data` is the buffer it stands for; "slice": `data` is (xs buffer, loop variable), the
+    step's slice of it), so no parameter is ever copied in."""
+    kind: str
+    operands: list
+    results: list
+    bodies: dict
+    attrs: dict
+    counter: Buffer | None = None   # fori_loop: the buffer holding i
+    var: str = ""                   # the loop variable of the entry point (fori_loop, scan)
+    loc: object = None
+
+
 class Schedule:
-    def __init__(self, name, bindings, target, buffers, kernels, outputs):
+    def __init__(self, name, bindings, target, buffers, kernels, outputs, steps=None):
         self.name = name
         self.bindings = dict(bindings or {})
         self.target = target
         self.buffers: list[Buffer] = buffers
-        self.kernels: list[Kernel] = kernels
+        self.kernels: list[Kernel] = kernels           # every kernel, bodies' included
         self.outputs: list[Buffer] = outputs
+        self.steps: list = kernels if steps is None else steps   # Kernels and RegionSteps
         self.slots: list[int] = []     # bytes of each temporary memory slot (plan_memory)
 
     @property
@@ -92,7 +111,10 @@ class Schedule:
             raise IRVerificationError(f"schedule @{self.name}: buffer name {bad[0]!r} is not a "
                                       "plain identifier")
         known = set(names)
-        written = {b.name for b in self.buffers if b.role in ("input", "const", "inline")}
+        written = {b.name for b in self.buffers
+                   if b.role in ("input", "const", "inline", "alias", "slice")}
+        written |= {b.name for st in self.steps if isinstance(st, RegionStep)
+                    for b in region_written(st)}
         for k in self.kernels:
             for b in k.inputs:
                 if b.name not in known:
@@ -120,20 +142,10 @@ class Schedule:
             head += " [" + ", ".join(f"{k}={v}" for k, v in self.bindings.items()) + "]"
         lines = [f"{head} target={self.target} {{"]
         for b in self.buffers:
-            if b.role != "inline":
+            if b.role not in ("inline", "alias", "slice"):
                 slot = f"  @slot{b.slot}" if b.slot is not None else ""
                 lines.append(f"  {b.role:<6} {b.ref()}: {b.type}{slot}")
-        for k in self.kernels:
-            args = ", ".join(b.ref() for b in k.inputs)
-            if len(k.fuses) == 1:
-                attrs = format_attrs(k.attrs)
-                head = f"{k.strategy} {k.op}({args})" + (f" {attrs}" if attrs else "")
-            else:
-                head = f"{k.strategy}({args})"
-            lines.append(f"  {k.name} = {head} -> {', '.join(b.ref() for b in k.outputs)}")
-            lines.append(f"       fuses {{{' '.join(k.fused_labels())}}}"
-                         f"   knobs{' (tuned)' if k.tuned else ''} {format_attrs(k.knobs) or '{}'}"
-                         f"   cost {{flops={k.flops:.3g}, bytes={k.bytes:.3g}}}")
+        lines += format_steps(self.steps, "  ")
         lines.append("  return " + ", ".join(b.ref() for b in self.outputs))
         lines.append("}")
         return "\n".join(lines)
@@ -144,3 +156,48 @@ class Schedule:
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
 
+
+
+def region_written(st: RegionStep) -> list:
+    """The buffers a region step writes: its results, counter and bodies' outputs (nested)."""
+    out = list(st.results) + ([st.counter] if st.counter is not None else [])
+    for steps, outputs in st.bodies.values():
+        out += outputs
+        for inner in steps:
+            if isinstance(inner, RegionStep):
+                out += region_written(inner)
+    return out
+
+
+def format_steps(steps, pad: str) -> list:
+    lines = []
+    for k in steps:
+        if isinstance(k, RegionStep):
+            attrs = format_attrs({a: v for a, v in k.attrs.items() if a != "carries"})
+            lines.append(f"{pad}{k.kind}({', '.join(b.ref() for b in k.operands)})"
+                         f"{' ' + attrs if attrs else ''} -> {', '.join(b.ref() for b in k.results)}"
+                         " {")
+            for role, (body, outputs) in k.bodies.items():
+                lines.append(f"{pad}  {role}:")
+                lines += format_steps(body, pad + "    ")
+                lines.append(f"{pad}    yield " + ", ".join(b.ref() for b in outputs))
+            lines.append(f"{pad}}}")
+            continue
+        args = ", ".join(b.ref() for b in k.inputs)
+        if len(k.fuses) == 1:
+            attrs = format_attrs(k.attrs)
+            head = f"{k.strategy} {k.op}({args})" + (f" {attrs}" if attrs else "")
+        else:
+            head = f"{k.strategy}({args})"
+        lines.append(f"{pad}{k.name} = {head} -> {', '.join(b.ref() for b in k.outputs)}")
+        lines.append(f"{pad}     fuses {{{' '.join(k.fused_labels())}}}"
+                     f"   knobs{' (tuned)' if k.tuned else ''} {format_attrs(k.knobs) or '{}'}"
+                     f"   cost {{flops={k.flops:.3g}, bytes={k.bytes:.3g}}}")
+    return lines
+
+
+def storage(b: Buffer) -> Buffer:
+    """The buffer whose memory b uses: itself, or what an alias (or a slice's xs) stands for."""
+    while b.role in ("alias", "slice"):
+        b = b.data[0] if b.role == "slice" else b.data
+    return b

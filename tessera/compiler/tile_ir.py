@@ -673,6 +673,10 @@ class TileProgram:
     kernels: list
     calls: list                   # (kernel name, [buffer names]) in launch order
     buffers: list                 # the runtime buffer table (schedule Buffers, no inline ones)
+    steps: list | None = None     # with control flow: the schedule's steps (Kernels and
+                                  # RegionSteps), which the entry point runs in loops
+    views: dict = field(default_factory=dict)   # name -> the alias, slice and inline Buffers
+                                                # the steps pass (no memory of their own)
 
     def __str__(self):
         return "\n\n".join(str(k) for k in self.kernels) or f"// {self.name}: no kernels"
@@ -693,6 +697,7 @@ class TileProgram:
 
     def verify(self):
         known = {b.name: b for b in self.buffers}
+        known.update(self.views)
         kernels = {k.name: k for k in self.kernels}
         for name, args in self.calls:
             k = kernels.get(name)

@@ -143,7 +143,8 @@ NO_ADJOINT_YET = {"cumprod"}
 
 def test_every_differentiable_operator_is_covered():
     want = {n for n, d in ops.REGISTRY.items() if d.differentiable}
-    assert set(CASES) == want - NO_ADJOINT_YET
+    # control flow's reverse mode says it is not supported (tests/frontend/test_control_flow.py)
+    assert set(CASES) == want - NO_ADJOINT_YET - set(ops.regions.REGION_OPS)
 
 
 def test_nondifferentiable_operators_say_so():

@@ -11,7 +11,8 @@ from conftest import assert_close
 
 
 def test_every_operator_has_an_example():
-    assert set(EXAMPLES) == set(ops.REGISTRY)
+    # control flow's operators carry nested graphs: tests/frontend/test_control_flow.py
+    assert set(EXAMPLES) == set(ops.REGISTRY) - set(ops.regions.REGION_OPS)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

@@ -78,6 +78,8 @@ class CRenderer(CStyleRenderer):
     def entry(self, program: TileProgram) -> str:
         """Two entry points: the plain one, and a timed one that writes each launch's seconds
         (monotonic clock) into `t` for the profiler."""
+        if program.steps is not None:
+            return ControlFlow(self, program).entry()
         index = {b.name: i for i, b in enumerate(program.buffers)}
         types = {b.name: b.type.dtype for b in program.buffers}
         kernels = {k.name: k for k in program.kernels}
@@ -100,6 +102,149 @@ class CRenderer(CStyleRenderer):
             lines += [f"  t0 = ts_now(); s = {c}; t[{i}] = ts_now() - t0;",
                       "  if (s) return s;"]
         lines += ["  return 0;", "}"]
+        return "\n".join(lines)
+
+
+class ControlFlow:
+    """The entry points of a program with control flow: its steps in order, a region step as a
+    C loop or branch around its bodies' kernel calls. A body reads its parameters in place (an
+    alias is the pointer of what it stands for; a slice of xs, that pointer moved by the loop
+    variable); at the end of each step the body's results are copied into the carries (through
+    staging buffers of their own when a result is another carry, as a swap is)."""
+
+    def __init__(self, r: CRenderer, program: TileProgram):
+        self.r, self.p = r, program
+        self.index = {b.name: i for i, b in enumerate(program.buffers)}
+        self.kernels = {k.name: k for k in program.kernels}
+        self.args = dict(program.calls)
+        self.order = {k.name: i for i, k in enumerate(program.kernels)}
+
+    def ptr(self, b) -> str:
+        if b.role == "alias":
+            return self.ptr(b.data)
+        if b.role == "slice":
+            base, var = b.data
+            return f"(void*)((char*){self.ptr(base)} + (size_t){var} * {b.nbytes}u)"
+        return f"b[{self.index[b.name]}]"
+
+    def buffer(self, name: str):
+        return self.p.views.get(name) or self.p.buffers[self.index[name]]
+
+    def call(self, k) -> str:
+        tk = self.kernels[k.name]
+        casts = []
+        for p, a in zip(tk.params, self.args[k.name]):
+            const = "const " if p.mode == "in" else ""
+            casts.append(f"({const}{self.r.storage_type(p.dtype)}*){self.ptr(self.buffer(a))}")
+        return f"{k.name}({', '.join(casts)})"
+
+    def copy(self, dst, src, pad: str) -> list[str]:
+        if src.role == "inline":
+            d = src.type.dtype
+            value = self.r.literal(src.data, d)
+            if d.is_half:
+                value = self.r.narrow(d, value)
+            return [f"{pad}*({self.r.storage_type(d)}*){self.ptr(dst)} = {value};"]
+        if self.ptr(dst) == self.ptr(src):
+            return []
+        return [f"{pad}memcpy({self.ptr(dst)}, {self.ptr(src)}, {dst.nbytes}u);"]
+
+    def scalar(self, b) -> str:
+        if b.role == "inline":
+            return "1" if bool(b.data) else "0"
+        return f"*(const bool*){self.ptr(b)}"
+
+    def steps(self, steps, pad: str, timed: bool, loop: bool) -> list[str]:
+        out = []
+        for st in steps:
+            if not hasattr(st, "bodies"):
+                c = self.call(st)
+                if not timed:
+                    out.append(f"{pad}if ((s = {c})) return s;")
+                else:
+                    op = "+=" if loop else "="
+                    out += [f"{pad}t0 = ts_now(); s = {c}; t[{self.order[st.name]}] {op} "
+                            "ts_now() - t0;", f"{pad}if (s) return s;"]
+                continue
+            out += self.region(st, pad, timed)
+        return out
+
+    def carry_back(self, results, outputs, pad: str) -> list[str]:
+        """results[j] = outputs[j], as one simultaneous assignment."""
+        out, staged = [], []
+        homes = {self.ptr(r) for r in results}
+        for j, (dst, src) in enumerate(zip(results, outputs)):
+            if src.role != "inline" and self.ptr(src) in homes and self.ptr(src) != self.ptr(dst):
+                staged.append((j, dst, src))
+        stage = {}
+        for j, dst, src in staged:       # another carry's old value: copied aside first
+            name = f"ts_stage{j}"
+            out += [f"{pad}unsigned char {name}[{max(1, src.nbytes)}];",
+                    f"{pad}memcpy({name}, {self.ptr(src)}, {src.nbytes}u);"]
+            stage[j] = name
+        for j, (dst, src) in enumerate(zip(results, outputs)):
+            if j in stage:
+                out.append(f"{pad}memcpy({self.ptr(dst)}, {stage[j]}, {dst.nbytes}u);")
+            else:
+                out += self.copy(dst, src, pad)
+        return out
+
+    def region(self, st, pad: str, timed: bool) -> list[str]:
+        inner = pad + "  "
+        kind, out = st.kind, [f"{pad}/* {st.kind} */", f"{pad}{{"]
+        if kind == "cond":
+            pred = self.scalar(st.operands[0])
+            for role, test in (("true", f"if ({pred})"), ("false", "else")):
+                steps, outputs = st.bodies[role]
+                out.append(f"{inner}{test} {{")
+                out += self.steps(steps, inner + "  ", timed, True)
+                for dst, src in zip(st.results, outputs):
+                    out += self.copy(dst, src, inner + "  ")
+                out.append(f"{inner}}}")
+            return out + [f"{pad}}}"]
+        carries = st.attrs.get("carries", len(st.results))
+        for dst, src in zip(st.results[:carries], st.operands[:carries]):
+            out += self.copy(dst, src, inner)
+        body, outputs = st.bodies["body"]
+        if kind == "fori_loop":
+            lo, hi, var = st.attrs["lo"], st.attrs["hi"], st.var
+            ctype = self.r.storage_type(st.counter.type.dtype)
+            out += [f"{inner}for (int64_t {var} = {lo}LL; {var} < {hi}LL; ++{var}) {{",
+                    f"{inner}  *({ctype}*){self.ptr(st.counter)} = ({ctype}){var};"]
+        elif kind == "while_loop":
+            cond, (pred,) = st.bodies["cond"]
+            out += [f"{inner}for (;;) {{"]
+            out += self.steps(cond, inner + "  ", timed, True)
+            out += [f"{inner}  if (!({self.scalar(pred)})) break;"]
+        else:                                     # scan
+            n, var = st.attrs["length"], st.var
+            first, last, step = (n - 1, -1, "--") if st.attrs["reverse"] else (0, n, "++")
+            test = f"{var} > -1" if st.attrs["reverse"] else f"{var} < {n}LL"
+            out += [f"{inner}for (int64_t {var} = {first}LL; {test}; {step}{var}) {{"]
+        out += self.steps(body, inner + "  ", timed, True)
+        for ys, y in zip(st.results[carries:], outputs[carries:]):   # (before the carries move)
+            size = y.nbytes
+            dst = f"(void*)((char*){self.ptr(ys)} + (size_t){st.var} * {size}u)"
+            if y.role == "inline":
+                d = y.type.dtype
+                value = self.r.literal(y.data, d)
+                value = self.r.narrow(d, value) if d.is_half else value
+                out.append(f"{inner}  *({self.r.storage_type(d)}*){dst} = {value};")
+            else:
+                out.append(f"{inner}  memcpy({dst}, {self.ptr(y)}, {size}u);")
+        out += self.carry_back(st.results[:carries], outputs[:carries], inner + "  ")
+        return out + [f"{inner}}}", f"{pad}}}"]
+
+    def entry(self) -> str:
+        lines = [f"int {ENTRY}(void** b) {{", "  int s = 0;"]
+        lines += self.steps(self.p.steps, "  ", False, False)
+        lines += ["  return s;", "}", "",
+                  "static double ts_now(void) {",
+                  "  struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);",
+                  "  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;", "}", "",
+                  f"int {ENTRY}_timed(void** b, double* t) {{", "  int s = 0;", "  double t0;"]
+        lines += self.steps(self.p.steps, "  ", True, False)
+        lines += ["  return s;", "}"]
         return "\n".join(lines)
 
 
