@@ -292,8 +292,10 @@ def _same_carry(res, tree, types, fn, name, what="carry", other="its input's"):
             raise ShapeError(f"{name} gives back {what} {k} as {v.type}; {other} is {t}",
                              location=v.node.loc if v.node is not None and v.node.loc else where,
                              expected=str(t), received=str(v.type),
-                             hint="a carry keeps its shape and dtype from step to step: cast "
-                                  "or reshape it in the body")
+                             hint=("both branches give results of the same shapes and "
+                                   "dtypes" if what == "result" else
+                                   "a carry keeps its shape and dtype from step to step: cast "
+                                   "or reshape it in the body"))
         values.append(v)
     return values
 

@@ -166,7 +166,10 @@ class Traced:
     def __bool__(self):
         raise TracingError("a traced tensor has no truth value while tracing",
                            location=user_location(),
-                           hint="use op.where(cond, a, b) instead of Python if/while on tensors")
+                           hint="a Python if or while runs once, at trace time: use "
+                                "ts.cond(pred, true_fn, false_fn, *operands) or "
+                                "ts.while_loop(cond_fn, body, init) (or op.where(c, a, b) to "
+                                "pick elements)")
 
     def __array__(self, *a, **k):
         raise TracingError("a traced tensor cannot become a NumPy array inside a tessera function",

@@ -79,8 +79,8 @@ def _schedule_nodes(g: Graph, ctx: _Context, of: dict, out_ids: dict, prefix: st
         b = result_buffer(v)
         of[v.id] = b
         stores = []
-        for n in grp.stores:            # outputs by definition: nothing outside reads them
-            sb = ctx.buffer(Buffer(f"out{out_ids[n.out.id]}", n.out.type, "output"))
+        for n in grp.stores:            # (a body's) outputs by definition: nothing outside
+            sb = result_buffer(n.out)   # reads them
             of[n.out.id] = sb
             stores.append((n.out, sb))
         inside = {n.out.id for n in grp.nodes}

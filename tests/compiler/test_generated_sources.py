@@ -90,7 +90,7 @@ def gradient_texts(rng) -> dict:
     """The gradient of every differentiable operator's example (summed to a scalar, with
     respect to every float argument): its Graph IR and its CUDA (lowered, not compiled)."""
     out = {}
-    for name in sorted(ops.REGISTRY):
+    for name in sorted(EXAMPLES):
         make, attrs = EXAMPLES[name]
         opdef = ops.get(name)
         if not opdef.differentiable or opdef.nin == -1:
