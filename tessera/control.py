@@ -36,8 +36,7 @@ from . import pytree
 from .compiler.graph_ir import Graph, Region
 from .errors import ArgumentError, ShapeError, TesseraError, TracingError, enrich
 from .function.binding import def_location
-from .shapes import Sym
-from .trace import Trace, Traced, current_trace, tracing, user_location
+from .trace import Trace, Traced, current_trace, static_ints, tracing, user_location
 from .types import TensorType
 
 __all__ = ["fori_loop", "while_loop", "scan", "cond"]
@@ -74,15 +73,9 @@ def _tracing(*trees):
 
 
 def _check_bounds(lo, hi):
-    for b in (lo, hi):
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
-            what = ("a traced tensor" if isinstance(b, Traced) else
-                    f"the symbolic size {b}" if isinstance(b, Sym) else repr(b))
-            raise TracingError(f"fori_loop needs int bounds, not {what}",
-                               location=user_location(),
-                               hint="its trip count is static; for a bound known only at run "
-                                    "time, use ts.while_loop with the counter in the carry")
-    return int(lo), int(hi)
+    return static_ints("fori_loop", (lo, hi),
+                       "its trip count is static; for a bound known only at run time, use "
+                       "ts.while_loop with the counter in the carry")
 
 
 # ---- the public operators --------------------------------------------------------------------

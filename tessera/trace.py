@@ -28,16 +28,22 @@ def static_range(*bounds):
     """``range(*bounds)`` unrolled while tracing, the seeds' ``tessera.static_range``: the loop
     body is traced once per step, so every bound must be a concrete Python int (a Python
     ``range`` does the same; this one says why when a bound is a tensor or a symbolic size)."""
+    return range(*static_ints("static_range", bounds,
+                              "its steps are unrolled at trace time; a symbolic size "
+                              "(Tensor[\"N\"]) has no value until the function is lowered: "
+                              "take it from an unannotated parameter's shape"))
+
+
+def static_ints(name: str, bounds, hint: str) -> list:
+    """Loop bounds that must be Python ints while tracing, or a TracingError saying what each
+    one is instead (a traced tensor, a symbolic size)."""
     for b in bounds:
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
             what = ("a traced tensor" if isinstance(b, Traced) else
                     f"the symbolic size {b}" if isinstance(b, Sym) else repr(b))
-            raise TracingError(f"static_range needs int bounds, not {what}",
-                               location=user_location(),
-                               hint="its steps are unrolled at trace time; a symbolic size "
-                                    "(Tensor[\"N\"]) has no value until the function is "
-                                    "lowered: take it from an unannotated parameter's shape")
-    return range(*(int(b) for b in bounds))
+            raise TracingError(f"{name} needs int bounds, not {what}", location=user_location(),
+                               hint=hint)
+    return [int(b) for b in bounds]
 
 
 def is_training() -> bool:
