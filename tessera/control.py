@@ -24,8 +24,11 @@ Decisions:
   or NumPy value while tracing picks its branch at trace time; only that branch is traced.
 * The training switch (``ts.is_training()``), like every Python value, is read when the body is
   traced.
-* Reverse-mode differentiation through these operators is not supported yet: it raises a
-  DifferentiationError naming the loop's line (tessera/ops/regions.py).
+* Reverse mode (compiler/backward.py): a differentiated fori_loop or scan keeps the carries
+  each step began with (``save=true``), and a reverse scan runs the body's backward graph over
+  them, so the forward runs once; a cond's adjoint is a cond of its branches' backward graphs.
+  Gradients of gradients and ``ts.jvp`` work the same way. A while_loop differentiates forward
+  only: its reverse mode is a DifferentiationError naming its line and suggesting fori_loop.
 """
 from __future__ import annotations
 

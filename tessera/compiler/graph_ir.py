@@ -142,7 +142,9 @@ class Region:
         self.operands = operands                # how many leading node operands are the kind's
         self.captures = dict(captures)          # role -> how many captured operands it adds
         self.types = list(types)                # the result types, in order
-        self.attrs = dict(attrs or {})          # fori_loop: lo, hi; scan: length, reverse
+        self.attrs = dict(attrs or {})          # fori_loop: lo, hi (save, carries: it also
+                                                # stacks each step's carries); scan: length,
+                                                # reverse, carries
         self.loc = loc
 
     def __repr__(self):
@@ -166,11 +168,17 @@ class Region:
         def call(role, *args):
             return self.bodies[role].evaluate([*args, *caps[role]])
         if self.kind == "fori_loop":
-            carry = own
+            carry, saved = own, []
             for i in range(self.attrs["lo"], self.attrs["hi"]):
+                saved.append(carry)
                 carry = call("body", np.asarray(i, self.bodies["body"].params[0].type.dtype.np),
                              *carry)
-            return carry
+            if not self.attrs.get("save"):
+                return carry
+            # save=true (what differentiating it makes): also the carries each step began with
+            return carry + [np.stack([s[j] for s in saved]) if saved else
+                            np.zeros(tuple(t.shape), t.dtype.np)
+                            for j, t in enumerate(self.types[len(carry):])]
         if self.kind == "while_loop":
             carry = own
             while bool(call("cond", *carry)[0]):

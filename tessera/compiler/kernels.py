@@ -141,8 +141,8 @@ def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> 
     for role, body in region.bodies.items():
         caps = operands[start:start + region.captures[role]]
         start += region.captures[role]
-        if kind == "fori_loop":
-            passed = [step.counter] + results
+        if kind == "fori_loop":       # (save=true: the stacked carries follow the carries)
+            passed = [step.counter] + results[:region.attrs.get("carries", len(results))]
         elif kind in ("while_loop",):
             passed = list(results)
         elif kind == "scan":
@@ -154,7 +154,9 @@ def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> 
                             PRIMITIVE_RULES).verify()
         body_of = {}
         for k, (p, src) in enumerate(zip(prim.params, passed + caps)):
-            if isinstance(src, tuple):
+            if not isinstance(src, tuple) and src.role == "inline":
+                body_of[p.id] = src     # a literal: the body's kernels write it in place
+            elif isinstance(src, tuple):
                 body_of[p.id] = ctx.buffer(Buffer(f"{prefix}{role}_x{k}", p.type, "slice",
                                                   data=(src[1], step.var)))
             else:

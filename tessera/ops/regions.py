@@ -3,7 +3,6 @@ live in a Region (tessera/compiler/graph_ir.py) named by each result node's attr
 is tessera/control.py. Each result's type is the region's; the reference runs the region."""
 from __future__ import annotations
 
-from ..errors import DifferentiationError
 from .registry import OpDef, register
 
 REGION_OPS = ("fori_loop", "while_loop", "scan", "cond")
@@ -24,16 +23,8 @@ def _reference(arrays, attrs):
     return attrs["region"].run(arrays)[attrs["result"]]
 
 
-def _no_reverse_mode(kind):
-    def vjp(b, xs, y, g, attrs):
-        hint = ("a while loop's trip count is known only when it runs: write the loop with "
-                "ts.fori_loop (a static trip count) to differentiate it" if kind == "while_loop"
-                else "unroll it with ts.static_range for now, or differentiate the body alone")
-        raise DifferentiationError(f"reverse-mode differentiation through ts.{kind} is not "
-                                   "supported", location=attrs["region"].loc, op=kind, hint=hint)
-    return vjp
-
-
 for _kind in REGION_OPS:
+    # (their adjoints are written by the autodiff pass itself, compiler/backward.py: one for
+    # all of a region's results)
     register(OpDef(_kind, -1, {"region": None, "result": 0}, infer=_infer, reference=_reference,
-                   vjp=_no_reverse_mode(_kind), doc=_DOC[_kind]))
+                   doc=_DOC[_kind]))

@@ -151,7 +151,8 @@ def test_nondifferentiable_operators_say_so():
     for name in ["eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin"]:
         assert not ops.get(name).differentiable
     missing = {n for n, d in ops.REGISTRY.items() if d.differentiable and d.vjp is None}
-    assert missing == NO_ADJOINT_YET
+    # control flow's adjoints are the autodiff pass's own (compiler/backward.py)
+    assert missing == NO_ADJOINT_YET | set(ops.regions.REGION_OPS)
 
 
 @pytest.mark.parametrize("name, case", list(_cases()))

@@ -211,6 +211,9 @@ class ControlFlow:
             ctype = self.r.storage_type(st.counter.type.dtype)
             out += [f"{inner}for (int64_t {var} = {lo}LL; {var} < {hi}LL; ++{var}) {{",
                     f"{inner}  *({ctype}*){self.ptr(st.counter)} = ({ctype}){var};"]
+            for stack, c in zip(st.results[carries:], st.results[:carries]):   # save=true
+                out.append(f"{inner}  memcpy((char*){self.ptr(stack)} + (size_t)({var} - {lo}LL)"
+                           f" * {c.nbytes}u, {self.ptr(c)}, {c.nbytes}u);")
         elif kind == "while_loop":
             cond, (pred,) = st.bodies["cond"]
             out += [f"{inner}for (;;) {{"]
@@ -222,7 +225,8 @@ class ControlFlow:
             test = f"{var} > -1" if st.attrs["reverse"] else f"{var} < {n}LL"
             out += [f"{inner}for (int64_t {var} = {first}LL; {test}; {step}{var}) {{"]
         out += self.steps(body, inner + "  ", timed, True)
-        for ys, y in zip(st.results[carries:], outputs[carries:]):   # (before the carries move)
+        for ys, y in zip(st.results[carries:] if kind == "scan" else [], outputs[carries:]):
+            # (the ys before the carries move)
             size = y.nbytes
             dst = f"(void*)((char*){self.ptr(ys)} + (size_t){st.var} * {size}u)"
             if y.role == "inline":
