@@ -7,8 +7,9 @@
 
 Inside a tessera function each is one Graph IR region operator whose bodies are nested graphs,
 traced once (whatever the trip count) and printed inside it; compiled for the CPU, the loop runs
-in the program's C entry point around the body's kernels, which are compiled once. On NumPy
-arrays (outside any function) each runs eagerly as the Python loop it stands for.
+in the program's C entry point around the body's kernels, which are compiled once; on a GPU the
+host runs it around their launches. On NumPy arrays (outside any function) each runs eagerly as
+the Python loop it stands for.
 
 Decisions:
 * Carries, xs and operands are pytrees of tensors (nested tuples, lists, dicts). A Python float

@@ -24,6 +24,12 @@ def lower_schedule(s: Schedule) -> TileProgram:
         kernels.append(TileKernel(k.name, k.strategy, ps, body, dict(k.knobs),
                                   " ".join(k.fused_labels())))
         calls.append((k.name, [p.name for p in ps]))
+    return _program(s, kernels, calls)
+
+
+def _program(s: Schedule, kernels, calls) -> TileProgram:
+    """The tile program: with control flow, the schedule's steps (the entry point, or the host,
+    runs them) and the buffers without memory of their own that they pass."""
     if s.steps is s.kernels:            # launches only
         return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role != "inline"])
     views = {b.name: b for b in s.buffers if b.role in VIEWS}
@@ -40,10 +46,6 @@ def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
     if not is_gpu(target):
         raise BackendUnavailableError(f"{target!r} is not a GPU target",
                                       expected=" or ".join(GPU_TARGETS))
-    if s.steps is not s.kernels:
-        raise BackendUnavailableError(
-            f"@{s.name} has control flow (fori_loop, while_loop, scan or cond), which runs on "
-            "the CPU only so far", hint="use target='cpu'")
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
         knobs = k.knobs if s.target == target else default_knobs(k, target)
@@ -52,4 +54,4 @@ def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
         kernels.append(TileKernel(k.name, k.strategy, ps, body, dict(knobs),
                                   " ".join(k.fused_labels()), launch=launch))
         calls.append((k.name, [p.name for p in ps]))
-    return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role != "inline"])
+    return _program(s, kernels, calls)

@@ -29,7 +29,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError, ResourceError
 from ..types import type_of_array
 from . import cache, profiler
-from .program import no_memory, results, status_error
+from .program import HostSteps, no_memory, results, status_error
 from .gpu_toolchain import NVRTC_OPTIONS
 
 # clang compiles HIP with -ffp-contract=fast by default: a*b+c would become an FMA, against the
@@ -247,23 +247,27 @@ def run(program, arrays) -> list:
             table[b.name] = arr
     status = cupy.zeros(1 + program.tile_ir.workspace, dtype=cupy.int32)   # + workspace
     kernels = {k.name: k for k in program.tile_ir.kernels}
+    order = {k.name: i for i, k in enumerate(program.tile_ir.kernels)}
     recorder = profiler.current()
     events = []
-    for step in program.steps:          # kernel launches (runtime/program.py)
-        name, args = step.kernel, step.args
+
+    def launch_one(name, arrays):
         launch = kernels[name].launch       # grid >= 1 always: an empty tensor loops 0 times
         if recorder is not None:
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record()
-        functions[name]((launch["grid"],), (launch["block"],),
-                        tuple(table[a] for a in args) + (status,),
+        functions[name]((launch["grid"],), (launch["block"],), tuple(arrays) + (status,),
                         shared_mem=launch["shared"])
         if recorder is not None:
             end.record()
-            events.append((start, end))
+            events.append((order[name], start, end))
+    HostSteps(program.tile_ir, table, launch_one).run()   # launches, and regions' host loops
     code = int(status.get()[0])         # waits for the kernels (and so for the events)
     if code:
         raise status_error(program, code)
-    if recorder is not None:            # milliseconds between events, in kernel order
-        recorder.record(program, [cupy.cuda.get_elapsed_time(s, e) / 1e3 for s, e in events])
+    if recorder is not None:            # seconds per kernel (summed over a loop's steps)
+        seconds = [0.0] * len(order)
+        for i, s, e in events:
+            seconds[i] += cupy.cuda.get_elapsed_time(s, e) / 1e3
+        recorder.record(program, seconds)
     return results(program, table, cupy)

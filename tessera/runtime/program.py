@@ -1,7 +1,8 @@
 """A program as the runtime runs it, the same way on every target: a table of buffers (the
 caller's inputs, constants, outputs and temporaries) and a list of steps over it.
 
-Steps today are kernel launches (`Launch`); collectives, host loops and loads of saved
+Steps are kernel launches (`Launch`) and control-flow regions, which the CPU's entry point runs
+as C loops and a GPU program from the host (`HostSteps`); collectives and loads of saved
 artifacts are to come, each a step of its own. A target's executor says how launches run: the
 CPU (runtime/cpu.py) runs a program's launches in one call of its C entry point (calling into
 C once per kernel would cost what a small kernel does), a GPU (runtime/gpu.py) launches each
@@ -32,6 +33,102 @@ def steps_of(tile_program) -> list:
 
 def launches_only(steps) -> bool:
     return all(isinstance(s, Launch) for s in steps)
+
+
+class HostSteps:
+    """A GPU program's steps run from the host: kernel launches in order, and a control-flow
+    region (fori_loop, while_loop, scan, cond) as a Python loop or branch around its bodies'
+    launches, what the C entry point does on the CPU (compiler/target/c.py): carries copied into
+    the region's result buffers, a body's parameters read in place (a slice of xs is a view of
+    the step's row), the body's results copied back after each step (swaps staged), a
+    predicate read back to the host (a wait for the kernels before it).
+
+    `table`: buffer name -> array (CuPy's, or the emulator's); `launch(name, arrays)` launches
+    one kernel on its arguments."""
+
+    def __init__(self, tile_program, table: dict, launch):
+        self.p, self.table, self.launch = tile_program, table, launch
+        self.args = dict(tile_program.calls)
+        self.loop = {}                  # loop variable -> its value now
+
+    def run(self):
+        if self.p.steps is None:
+            for name, args in self.p.calls:
+                self.launch(name, [self.table[a] for a in args])
+        else:
+            self.steps(self.p.steps)
+
+    def array(self, b):
+        if b.role == "alias":
+            return self.array(b.data)
+        if b.role == "slice":
+            base, var = b.data
+            return self.array(base)[self.loop[var], ...]     # (a view, even of a row of one)
+        if b.role == "inline":
+            return b.data
+        return self.table[b.name]
+
+    def named(self, name: str):
+        b = self.p.views.get(name)
+        return self.table[name] if b is None else self.array(b)
+
+    def steps(self, steps):
+        for st in steps:
+            if hasattr(st, "bodies"):
+                self.region(st)
+            else:
+                self.launch(st.name, [self.named(a) for a in self.args[st.name]])
+
+    def truth(self, b) -> bool:
+        v = self.array(b)
+        return bool(v.item() if hasattr(v, "item") else v)
+
+    def set(self, dst, value):
+        self.array(dst)[...] = value
+
+    def region(self, st):
+        if st.kind == "cond":
+            steps, outputs = st.bodies["true" if self.truth(st.operands[0]) else "false"]
+            self.steps(steps)
+            for dst, src in zip(st.results, outputs):
+                self.set(dst, self.array(src))
+            return
+        carries = st.attrs.get("carries", len(st.results))
+        for dst, src in zip(st.results[:carries], st.operands[:carries]):
+            self.set(dst, self.array(src))
+        body, outputs = st.bodies["body"]
+        if st.kind == "fori_loop":
+            lo = st.attrs["lo"]
+            for i in range(lo, st.attrs["hi"]):
+                self.set(st.counter, i)
+                for stack, c in zip(st.results[carries:], st.results[:carries]):   # save=true
+                    self.array(stack)[i - lo] = self.array(c)
+                self.steps(body)
+                self.carry_back(st.results[:carries], outputs[:carries])
+        elif st.kind == "while_loop":
+            cond, (pred,) = st.bodies["cond"]
+            while True:
+                self.steps(cond)
+                if not self.truth(pred):
+                    break
+                self.steps(body)
+                self.carry_back(st.results, outputs)
+        else:                           # scan
+            n = st.attrs["length"]
+            for t in (range(n - 1, -1, -1) if st.attrs["reverse"] else range(n)):
+                self.loop[st.var] = t
+                self.steps(body)
+                for ys, y in zip(st.results[carries:], outputs[carries:]):
+                    self.array(ys)[t] = self.array(y)
+                self.carry_back(st.results[:carries], outputs[:carries])
+
+    def carry_back(self, results, outputs):
+        homes = {id(self.array(r)) for r in results}
+        values = [self.array(src).copy() if id(self.array(src)) in homes else self.array(src)
+                  for src in outputs]        # another carry's old value: copied aside first
+        for dst, v in zip(results, values):
+            if self.array(dst) is not v:
+                self.set(dst, v)
 
 
 def buffer_plan(buffers) -> list:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.runtime.program import status_error
+from tessera.runtime.program import HostSteps, status_error
 from tessera.errors import (ArgumentError, CompileError, CompilerNotFoundError,
                             TesseraError)
 
@@ -362,13 +362,15 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
             table[b.name] = device_empty(tuple(b.type.shape), npd, fill=_poison(npd))
     status = device_empty((1 + program.tile_ir.workspace,), np.int32, fill=0)   # + workspace
     kernels = {k.name: k for k in program.tile_ir.kernels}
-    for name, bufs in program.tile_ir.calls:
+
+    def launch_one(name, arrays):
         cfg = kernels[name].launch
         grid = cfg["grid"] if max_blocks is None else min(cfg["grid"], max_blocks)
-        launch(module, name, grid, cfg["block"], [table[n] for n in bufs] + [status],
+        launch(module, name, grid, cfg["block"], list(arrays) + [status],
                cfg.get("shared", 0), reverse=reverse, time_limit=time_limit)
         if status[0]:
             raise status_error(program, int(status[0]))
+    HostSteps(program.tile_ir, table, launch_one).run()   # the GPU runtime's host side
     results = []
     for b in program.schedule_ir.outputs:
         results.append(np.array(b.data) if b.role == "inline" else np.array(table[b.name]))

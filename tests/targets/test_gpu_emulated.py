@@ -202,6 +202,30 @@ def test_sorts_are_the_cpus_bits(target, shape, axis, rng):
         assert got.tobytes() == want.tobytes()
 
 
+# ---- control flow: the host runs the loops around the launches --------------------------------
+def test_control_flow_is_the_cpus_bits(target, rng):
+    """fori_loop, while_loop, scan (both directions) and cond, and a differentiated loop
+    (save=true and a reverse scan): the host's loops around the GPU kernels give the CPU's
+    entry point's bits."""
+    x, w = rng.standard_normal(5).astype(np.float32), rng.standard_normal((6, 5)).astype(np.float32)
+
+    def fn(x, w):
+        a = ts.fori_loop(0, 6, lambda i, c: c * 0.5 + w[i], x)
+        b = ts.while_loop(lambda v: op.norm(v) > 0.5, lambda v: v * 0.75, x * 4.0)
+        c, ys = ts.scan(lambda h, t: (h * 0.25 + t, (h, h.min())), x, w)   # (exact: a
+        # float sum may round otherwise on a GPU)
+        r, rys = ts.scan(lambda h, t: (h + t, h.max()), x, w, reverse=True)
+        d = ts.cond(x.sum() > 0, lambda v: v * 3.0, lambda v: v - 1.0, x)
+        s, t = ts.fori_loop(0, 3, lambda i, p: (p[1], p[0] + 1.0), (x, x * 2.0))   # a swap
+        return a, b, c, ys[0], ys[1], r, rys, d, s, t
+
+    for k, (got, want) in enumerate(zip(emulate(target, fn, x, w), cpu(fn, x, w))):
+        assert got.tobytes() == want.tobytes(), k
+    grad = ts.grad(lambda x, w: (ts.fori_loop(0, 6, lambda i, c: c * w[i] + 1.0, x) ** 2).sum())
+    for got, want in zip([run_twice(grad.lower(x, w, target=target), [x, w])[0]], [grad(x, w)]):
+        assert got.tobytes() == want.tobytes()
+
+
 # ---- rows: one block per row ---------------------------------------------------------------------
 ROWS = [1, 7, 33, 1000]
 
