@@ -24,6 +24,7 @@ import html
 from dataclasses import dataclass, field
 
 from ..compiler.graph_ir import Graph, Node, SourceLocation, Value, format_value
+from ..ops.regions import REGION_OPS
 from ..errors import ArgumentError, TesseraError
 from .tables import knob_text
 
@@ -113,11 +114,20 @@ def drawing(obj, *, clusters: bool = True, failing=None, title=None,
                       for k in schedule.kernels]
         home, parts = _homes(graph, schedule, prim, level)
 
+    first = {}                          # a region -> its first result's node: one box for all
+    for n in graph.nodes:
+        if n.op in REGION_OPS:
+            f = first.setdefault(n.attrs["region"], n)
+            box_of[n.out.id] = box_of[f.out.id]
     marked, extra = _failing(graph, failing, names)
     for k, p in enumerate(graph.params):
         d.boxes.append(Box(f"p{k}", "param", [(f"%{p.param_name}", "head"), (str(p.type), "attr")],
                            failing=p is marked))
     for i, n in enumerate(graph.nodes):
+        if n.op in REGION_OPS:
+            if first[n.attrs["region"]] is n:
+                _draw_region(d, graph, n, f"n{i}", names, box_of, None, marked)
+            continue
         for ki, ops in parts.get(n, []):
             d.boxes.append(Box(f"n{i}k{ki}", "part", [(f"{names[n.out.id]} {n.op} (part)", "head"),
                                                       (" ".join(ops), "attr")], cluster=ki))
@@ -136,12 +146,91 @@ def drawing(obj, *, clusters: bool = True, failing=None, title=None,
         d.boxes.append(Box("failed", "failing", lines, failing=True))
         d.edges += [Edge(box_of[v.id], "failed", str(v.type)) for v in inputs if v.id in box_of]
     used = {b.cluster for b in d.boxes}
+    inside = {k.name for st in (schedule.steps if schedule is not None else ())
+              if hasattr(st, "bodies") for k in _body_kernels(st)}
     for ki, c in enumerate(d.clusters):          # a kernel nothing maps to still shows up
-        if ki not in used:
+        if ki not in used and c.name in (k.name for k in schedule.kernels) and \
+                c.name not in inside:          # (a body's kernels: its nodes are drawn)
             k = schedule.kernels[ki]
             lines = [(k.op, "head"), (" ".join(k.fused_labels()), "attr")]
             d.boxes.append(Box(f"k{ki}", "part", lines, cluster=ki))
     return d
+
+
+def _body_kernels(st) -> list:
+    out = []
+    for steps, _ in st.bodies.values():
+        for k in steps:
+            out += _body_kernels(k) if hasattr(k, "bodies") else [k]
+    return out
+
+
+def _draw_region(d: Drawing, graph: Graph, n: Node, box: str, names: dict, box_of: dict,
+                 cluster, marked):
+    """A control-flow operator: one box for its results, and a cluster per body holding the
+    body's graph, its parameters fed by the operands they stand for, its results flowing back
+    into the operator's box."""
+    region = n.attrs["region"]
+    sibs = [m for m in graph.nodes if m.op == n.op and m.attrs["region"] is region]
+    head = ", ".join(names[m.out.id] for m in sibs) + f" = {n.op}"
+    attrs = ", ".join(f"{k}={format_value(v)}" for k, v in region.attrs.items()
+                      if k != "carries")
+    lines = [(head, "head")] + ([(attrs, "attr")] if attrs else [])
+    if n.loc is not None:
+        lines.append((str(n.loc), "loc"))
+    d.boxes.append(Box(box, "op", lines, cluster=cluster, failing=n is marked))
+    for v in dict.fromkeys(n.inputs):
+        d.edges.append(Edge(box_of[v.id], box, str(v.type)))
+    for role, body in region.bodies.items():
+        ci = len(d.clusters)
+        d.clusters.append(Cluster(f"{box}_{role}", f"{names[n.out.id]} {n.op} · {role}",
+                                  f"the {role} graph of {n.op}, traced once"))
+        _draw_body(d, body, f"{box}{role}_", ci, _body_sources(region, role, n.inputs),
+                   box_of)
+        d.edges.append(Edge(f"{box}{role}_y", box, ", ".join(str(v.type) for v in body.outputs),
+                            dashed=True))
+
+
+def _body_sources(region, role: str, operands) -> dict:
+    """Body parameter index -> the operand of the region's node it stands for."""
+    own = operands[:region.operands]
+    body = region.bodies[role]
+    caps = region.body_operands(role, list(operands))
+    kind = region.kind
+    k = region.attrs.get("carries", len(region.types))
+    passed = ([None] + list(own[:k]) if kind == "fori_loop" else
+              list(own[1:]) if kind == "cond" else list(own))
+    passed = passed[:len(body.params) - len(caps)]
+    return {j: v for j, v in enumerate(passed + list(caps)) if v is not None}
+
+
+def _draw_body(d: Drawing, body: Graph, prefix: str, ci: int, sources: dict, outer: dict):
+    names = body.names()
+    box_of = {p.id: f"{prefix}p{k}" for k, p in enumerate(body.params)}
+    box_of.update({m.out.id: f"{prefix}n{i}" for i, m in enumerate(body.nodes)})
+    first = {}
+    for m in body.nodes:
+        if m.op in REGION_OPS:
+            f = first.setdefault(m.attrs["region"], m)
+            box_of[m.out.id] = box_of[f.out.id]
+    for k, p in enumerate(body.params):
+        d.boxes.append(Box(f"{prefix}p{k}", "param", [(f"%{p.param_name}", "head"),
+                                                      (str(p.type), "attr")], cluster=ci))
+        if k in sources:
+            d.edges.append(Edge(outer[sources[k].id], f"{prefix}p{k}", str(p.type),
+                                dashed=True))
+    for i, m in enumerate(body.nodes):
+        if m.op in REGION_OPS:
+            if first[m.attrs["region"]] is m:
+                _draw_region(d, body, m, f"{prefix}n{i}", names, box_of, ci, None)
+            continue
+        d.boxes.append(Box(f"{prefix}n{i}", "const" if m.op == "const" else "op",
+                           _node_lines(m, names), cluster=ci))
+        for v in m.inputs:
+            d.edges.append(Edge(box_of[v.id], f"{prefix}n{i}", str(v.type)))
+    d.boxes.append(Box(f"{prefix}y", "output", [("yield", "head")], cluster=ci))
+    for v in body.outputs:
+        d.edges.append(Edge(box_of[v.id], f"{prefix}y", str(v.type)))
 
 
 def _node_lines(n: Node, names: dict) -> list:
@@ -191,7 +280,11 @@ def kernel_homes(graph: Graph, schedule, prim: Graph | None):
     names = graph.names()
     by_origin = {f"{names[n.out.id]}:{n.op}": n for n in graph.nodes}
     kernels_of, ops_in, strays = {}, {}, []
+    inside = {k.name for st in schedule.steps if hasattr(st, "bodies")
+              for k in _body_kernels(st)}      # a loop body's kernels: its own graph's nodes
     for ki, k in enumerate(schedule.kernels):
+        if k.name in inside:
+            continue
         for p in k.fuses:
             n = by_origin.get(p.origin)
             if n is None:
@@ -234,7 +327,7 @@ def kernel_homes(graph: Graph, schedule, prim: Graph | None):
         for v in n.inputs:
             consumers.setdefault(v.id, []).append(n)
     for n in reversed(graph.nodes):                 # nodes CSE merged: with their consumer
-        if n.op == "const" or n in home:
+        if n.op == "const" or n in home or n.op in REGION_OPS:
             continue
         ki = next((home[c] for c in consumers.get(n.out.id, []) if c in home),
                   out_kernel.get(n.out.id))
@@ -379,6 +472,8 @@ def to_dot(d: Drawing) -> str:
         if b.cluster is None:
             out.append(box_line(b))
     for ki, c in enumerate(d.clusters):
+        if not any(b.cluster == ki for b in d.boxes):
+            continue                            # (a loop body's kernel: its nodes are drawn)
         out.append(f"  subgraph {_quote('cluster_' + c.name)} {{")
         out.append(f"    label={_quote(c.label)}; tooltip={_quote(c.tooltip or c.label)}; "
                    'style="rounded,filled"; fillcolor="#f1f5fb"; color="#8ab4f8"; '

@@ -184,6 +184,30 @@ def test_clusters_are_the_schedule_kernels(rng, name):
         assert parts and all(re.fullmatch(r"f32\[\d+(,\d+)*\]", e[2]) for e in parts)
 
 
+def test_control_flow_bodies_are_drawn_as_clusters(rng):
+    """A region is one box for all its results; each body is a cluster of its own graph, its
+    parameters fed (dashed) by the operands they stand for, its yield flowing into the region;
+    no kernel cluster claims the region or a body's kernels."""
+    x, w = rng.standard_normal(4).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+
+    def fn(x, w):
+        h, ys = ts.scan(lambda h, t: (h * 0.5 + t, h.sum()), x, w)
+        return ts.while_loop(lambda v: v.sum() > 1.0, lambda v: v * 0.5, h) + ys.sum()
+    prog = ts.function(fn).lower(x, w)
+    dot = viz.graph_dot(prog)
+    assert dot == viz.graph_dot(prog)               # deterministic: no addresses
+    assert "0x" not in dot and "region=" not in dot
+    clusters = re.findall(r'subgraph "cluster_([^"]+)"', dot)
+    assert {"n0_body", "n2_cond", "n2_body"} <= set(clusters)
+    assert "%0, %1 = scan" in dot and "length=10" not in dot and "length=6" in dot
+    d = viz.graph.drawing(prog)
+    region_boxes = [b for b in d.boxes if b.lines[0][0].endswith(("= scan", "= while_loop"))]
+    assert len(region_boxes) == 2 and all(b.cluster is None for b in region_boxes)
+    assert any(e.src == "n0body_y" and e.dst == "n0" for e in d.edges)
+    assert any(e.src == "p0" and e.dst == "n0body_p0" and e.dashed for e in d.edges)
+    assert "<svg" in viz.graph_image(prog, layout="python").svg     # without Graphviz too
+
+
 def test_primitive_level_clusters_hold_exactly_the_fused_nodes(rng):
     prog = ts.function(split_softmax_fn).lower(f32(rng, 6, 11))
     _, clusters = parse_dot(viz.graph_dot(prog, level="primitive"))
