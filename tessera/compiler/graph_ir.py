@@ -459,6 +459,24 @@ class Builder:
         """Add the operator on its converted operands (a decomposition expands it here)."""
         return self.graph.apply(name, values, attrs, loc=self.loc, origin=self.origin)
 
+    def scan(self, body, init: list, xs: list, reverse: bool = False) -> list:
+        """A scan region a rule writes (an adjoint that is a recurrence): body(builder,
+        carries, x slices) -> (new carries, ys), over the first axis of xs; returns the final
+        carries and the stacked ys. The body sees only its parameters (and constants)."""
+        g = Graph("body")
+        cs = [g.add_param(f"a{j}", v.type) for j, v in enumerate(init)]
+        ts = [g.add_param(f"a{len(init) + j}", TensorType(v.type.dtype, tuple(v.type.shape[1:])))
+              for j, v in enumerate(xs)]
+        carries, ys = body(Builder(g, self.loc, self.origin), cs, ts)
+        g.outputs = [*carries, *ys]
+        n = xs[0].type.shape[0]
+        types = [v.type for v in init] + [TensorType(y.type.dtype, (n, *y.type.shape))
+                                          for y in ys]
+        region = Region("scan", {"body": g}, len(init) + len(xs), {"body": 0}, types,
+                        {"length": n, "reverse": bool(reverse), "carries": len(init)}, self.loc)
+        return [self.graph.apply("scan", [*init, *xs], {"region": region, "result": i},
+                                 loc=self.loc, origin=self.origin) for i in range(len(types))]
+
     def const(self, value, dtype) -> Value:
         return self.graph.const(value, dtype, loc=self.loc, origin=self.origin)
 

@@ -10,7 +10,7 @@ from ..shapes import prod
 from ..types import TensorType
 from .elementwise import FMAX, FMIN
 from .registry import (ArgReduce, OpDef, Reduce, Scan, count_value, flip, keepdim_shape,
-                       norm_axes, norm_axis, register)
+                       norm_axes, norm_axis, register, zeros)
 
 REDUCE_ATTRS = {"axis": None, "keepdim": False}
 
@@ -148,6 +148,32 @@ def _cumsum_vjp(b, xs, y, g, a):            # each x[i] reaches every y[j], j >=
     return [flip(b, b.op("cumsum", flip(b, g, a["axis"]), axis=a["axis"]), a["axis"])]
 
 
+def _cumprod_vjp(b, xs, y, g, a):
+    """dx_i = y_(i-1) z_i with z_i = g_i + x_(i+1) z_(i+1): a reverse linear recurrence, run by a
+    scan along the axis (moved first), with no division, so zeros in x are exact."""
+    x, ax = xs[0], a["axis"]
+    rank, n = x.ndim, x.shape[ax]
+    if n == 0:
+        return [zeros(b, x)]
+    perm = [ax] + [i for i in range(rank) if i != ax]
+    back = [perm.index(i) for i in range(rank)]
+    xt, gt, yt = (b.op("transpose", v, perm=perm) for v in (x, g, y))
+    rest = list(xt.shape[1:])
+
+    def rows(v, lo, hi):
+        return b.op("slice", v, starts=[lo] + [None] * (rank - 1),
+                    stops=[hi] + [None] * (rank - 1), steps=[1] * rank)
+    one = b.op("broadcast_to", b.const_like(1, xt), shape=[1] + rest)
+    x_next = b.op("concat", [rows(xt, 1, None), one], axis=0)        # x_(i+1) (x_n: any)
+    y_prev = b.op("concat", [one, rows(yt, 0, n - 1)], axis=0)       # y_(i-1) (y_(-1) = 1)
+
+    def step(bb, c, s):
+        z = bb.op("add", s[0], bb.op("mul", s[1], c[0]))
+        return [z], [z]
+    _, z = b.scan(step, [zeros(b, xt, rest)], [gt, x_next], reverse=True)
+    return [b.op("transpose", b.op("mul", y_prev, z), perm=back)]
+
+
 for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})"),
                                        ("cumprod", np.cumprod, "1", "({acc} * {x})")]:
     register(OpDef(
@@ -155,9 +181,7 @@ for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})
         reference=(lambda fn: lambda a, t: fn(
             a[0], axis=t["axis"], dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np))(_np_fn),
         lowering=Scan(init={"*": _init}, combine={"*": _combine}),
-        # cumprod's adjoint without dividing by x (zeros) is a reverse linear recurrence that
-        # no operator computes yet: differentiating through it raises DifferentiationError
-        vjp=_cumsum_vjp if _name == "cumsum" else None,
+        vjp=_cumsum_vjp if _name == "cumsum" else _cumprod_vjp,
         doc=f"running {'sum' if _name == 'cumsum' else 'product'} along axis, in order "
             "(integers and bool in int64, as NumPy)"))
 

@@ -84,6 +84,10 @@ CASES = {
               lambda r: [U(r, 3, 2)], dict(eps=1e-2, rtol=1e-4, atol=1e-6))],
     "cumsum": [(lambda x: op.cumsum(x, axis=1) * op.cumsum(x, axis=0), lambda r: [U(r, 3, 4)]),
                (lambda x: op.cumsum(x), lambda r: [U(r, 5)])],
+    # a zero among the factors: the adjoint divides by nothing
+    "cumprod": [(lambda x: op.cumprod(x, axis=0) * op.cumprod(x, axis=1),
+                 lambda r: [U(r, 3, 4) * (np.arange(12).reshape(3, 4) != 5)]),
+                (lambda x: op.cumprod(x), lambda r: [U(r, 7)])],
     "sum": reduction("sum"), "mean": reduction("mean"), "max": reduction("max"),
     "min": reduction("min"), "var": reduction("var") + reduction("var", correction=1)[:2],
     "softmax": norm("softmax"), "log_softmax": norm("log_softmax"),
@@ -136,15 +140,10 @@ def _cases():
             yield pytest.param(name, case, id=f"{name}-{k}")
 
 
-# differentiable, but without an adjoint yet: differentiating through one raises
-# DifferentiationError (tests/ops/test_reductions.py), never a silent zero
-NO_ADJOINT_YET = {"cumprod"}
-
-
 def test_every_differentiable_operator_is_covered():
     want = {n for n, d in ops.REGISTRY.items() if d.differentiable}
-    # control flow's reverse mode says it is not supported (tests/frontend/test_control_flow.py)
-    assert set(CASES) == want - NO_ADJOINT_YET - set(ops.regions.REGION_OPS)
+    # control flow's adjoints: tests/frontend/test_control_flow.py
+    assert set(CASES) == want - set(ops.regions.REGION_OPS)
 
 
 def test_nondifferentiable_operators_say_so():
@@ -152,7 +151,7 @@ def test_nondifferentiable_operators_say_so():
         assert not ops.get(name).differentiable
     missing = {n for n, d in ops.REGISTRY.items() if d.differentiable and d.vjp is None}
     # control flow's adjoints are the autodiff pass's own (compiler/backward.py)
-    assert missing == NO_ADJOINT_YET | set(ops.regions.REGION_OPS)
+    assert missing == set(ops.regions.REGION_OPS)
 
 
 @pytest.mark.parametrize("name, case", list(_cases()))
