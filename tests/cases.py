@@ -164,4 +164,13 @@ def strategy_cases(rng):
                                       rng.integers(-9, 9, size=(16,))])
     cases["matmul-int"] = (lambda a, b: a @ b, [rng.integers(-5, 5, size=(3, 4, 5)),
                                                 rng.integers(-5, 5, size=(5, 6))])
+    # control flow: region steps around their bodies' kernels
+    cases["fori_loop-f32"] = (lambda x, w: ts.fori_loop(0, 4, lambda i, c: c * 0.5 + w[i], x),
+                          [u(6), u(4, 6)])
+    cases["while_loop-f32"] = (lambda x: ts.while_loop(lambda v: op.sum(v * v) > 1.0,
+                                                   lambda v: v * 0.5, x * 8.0), [u(5)])
+    cases["scan-f32"] = (lambda x, xs: ts.scan(lambda h, t: (h + t, op.max(h)), x, xs,
+                                           reverse=True), [u(3), u(5, 3)])
+    cases["cond-f32"] = (lambda x: ts.cond(op.sum(x) > 0, lambda v: op.exp(v), lambda v: -v, x),
+                     [u(4)])
     return cases

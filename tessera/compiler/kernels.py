@@ -69,7 +69,7 @@ def _schedule_nodes(g: Graph, ctx: _Context, of: dict, out_ids: dict, prefix: st
 
     seen_regions = set()
     for grp in fuse(g, enabled=ctx.fusion):
-        if grp.kind == "region":
+        if not strategies.of(grp).makes_kernels:        # control flow: a region step
             region = grp.root.attrs["region"]
             if region not in seen_regions:
                 seen_regions.add(region)

@@ -37,6 +37,8 @@ def test_every_operator_node_has_exactly_one_strategy():
 
 def test_every_strategy_lowers_for_every_target():
     for s in strategies.REGISTRY.values():
+        if not s.makes_kernels:          # control flow: its bodies' kernels lower, not it
+            continue
         assert type(s).lower_cpu is not Strategy.lower_cpu, s.name
         assert type(s).lower_gpu is not Strategy.lower_gpu, s.name
         for routine in s.routines:

@@ -21,6 +21,7 @@ GPU_THREADS = 256                   # threads per block of elementwise kernels
 
 class Strategy:
     name = ""
+    makes_kernels = True    # its groups become kernels (control flow's become region steps)
     grows = True            # fusion grows its groups from the root towards their producers
     fuses_views = True      # its groups read views (transpose, slice, broadcast) in place
     knobs = ()              # the knobs it tunes besides parallel and threads

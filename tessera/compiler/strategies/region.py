@@ -10,6 +10,7 @@ from .base import Strategy, register
 
 class Region(Strategy):
     name = "region"
+    makes_kernels = False
     grows = False
 
     def claims(self, n) -> bool:
