@@ -203,6 +203,22 @@ def test_training_switch_inside_a_body(rng):
         assert_close(F(x), x + np.float32(20.0))
 
 
+def test_annotated_functions_check_and_print_loops_symbolically(rng):
+    from tessera import Tensor
+
+    @ts.function
+    def f(h0: Tensor["D"], xs: Tensor["T", "D"]) -> Tensor["D"]:
+        h, ys = ts.scan(lambda h, x: (h * 0.5 + x, h.sum()), h0, xs)
+        return ts.fori_loop(0, 3, lambda i, v: v + 1.0, h)
+    text = str(f.graph_ir)
+    assert "scan(%h0, %xs) {length=T, reverse=false}  : f32[D], f32[T]" in text
+    h0, xs = f32(rng, 3), f32(rng, 5, 3)
+    want = h0.copy()
+    for t in range(5):
+        want = want * np.float32(0.5) + xs[t]
+    assert_close(f(h0, xs), want + np.float32(3.0))
+
+
 # ---- errors ------------------------------------------------------------------------------------
 def test_a_carry_that_changes_shape_or_dtype_is_a_shape_error(rng):
     x = f32(rng, 4)
