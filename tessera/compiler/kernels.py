@@ -173,7 +173,7 @@ def plan_memory(s: Schedule):
 
     Lifetimes count top-level steps: a region step writes its results and reads everything its
     bodies read, for the whole loop; the buffers inside its bodies (written and read again on
-    every step) keep memory of their own (no slot: allocated per call)."""
+    every step) get a slot each, shared with nothing."""
     first, last = {}, {}
     for i, k in enumerate(s.steps):
         for b in (k.results if isinstance(k, RegionStep) else [k.output]):
@@ -193,6 +193,10 @@ def plan_memory(s: Schedule):
             pick = len(slots) - 1
         slots[pick] = [max(slots[pick][0], b.nbytes), end]
         b.slot = pick
+    for b in s.buffers:                 # inside loop bodies: a slot each, never shared
+        if b.role == "temp" and b.slot is None:
+            slots.append([b.nbytes, None])
+            b.slot = len(slots) - 1
     s.slots = [size for size, _ in slots]
 
 
