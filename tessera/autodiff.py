@@ -87,7 +87,7 @@ def _fresh(x):
     """A differentiated leaf, inlined: a new SSA value (a float NumPy array becomes one too,
     so it gets a gradient like a traced tensor; a Python number in a pytree stays static)."""
     if isinstance(x, Traced):
-        return apply("cast", x, dtype=x.dtype.name) if x.dtype.is_float else x
+        return apply("cast", x, dtype=x.dtype.name) if x.dtype.is_inexact else x
     if _is_float_array(x):
         trace = current_trace()
         return Traced(trace.graph.const(np.asarray(x)), trace)
@@ -150,7 +150,7 @@ def _full_like(t: Traced, value):
 
 
 def _float_leaf(x) -> bool:
-    return isinstance(x, Traced) and x.dtype.is_float
+    return isinstance(x, Traced) and x.dtype.is_inexact
 
 
 def _backward(trace, start, end, outputs, seeds, wrt, fname) -> list:
@@ -486,7 +486,8 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
 
     out_leaves = pytree.leaves(F.interpret(*args))
     rng = np.random.default_rng(seed)
-    scalar = len(out_leaves) == 1 and np.ndim(out_leaves[0]) == 0
+    scalar = len(out_leaves) == 1 and np.ndim(out_leaves[0]) == 0 and \
+        not np.iscomplexobj(out_leaves[0])
     weights = [(rng.standard_normal(np.shape(o)), rng.standard_normal(np.shape(o)))
                if _is_float_array(o) and not scalar else None for o in out_leaves]
 
@@ -499,7 +500,10 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
             return ys[0]
         total = 0.0
         for y, w in zip(ys, weights):
-            if w is not None:
+            if w is not None and y.dtype.is_complex:     # a real function of its parts
+                re, im = op.real(y), op.imag(y)
+                total = total + op.sum(re * w[0]) + op.sum(re * im * (w[1] / 2))
+            elif w is not None:
                 total = total + op.sum(y * w[0]) + op.sum(y * y * (w[1] / 2))
         return total
     projected.__signature__ = sig
@@ -530,17 +534,23 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
             if kind != "param":
                 continue
             x = arrays[key]
-            if x.dtype.kind != "f":             # no gradient (None, not in g_leaves)
+            if x.dtype.kind not in "fc":        # no gradient (None, not in g_leaves)
                 continue
             got = next(g_iter)
             k = keys.index(key)
             for idx in np.ndindex(x.shape):
-                h = eps * max(1.0, abs(float(x[idx])))
-                xp, xm = x.copy(), x.copy()
-                xp[idx] += h
-                xm[idx] -= h
-                want = float((value(k, xp) - value(k, xm)) / (xp[idx] - xm[idx]))
-                a = float(np.asarray(got)[idx])
+                # a complex element's gradient is d/dre + i d/dim (PyTorch's convention)
+                want = 0.0
+                for unit in ((1.0, 1j) if x.dtype.kind == "c" else (1.0,)):
+                    h = eps * max(1.0, abs(x[idx]))
+                    xp, xm = x.copy(), x.copy()
+                    xp[idx] += h * unit
+                    xm[idx] -= h * unit
+                    step = ((xp[idx] - xm[idx]) / unit).real      # (exact, as stored)
+                    want += unit * (value(k, xp) - value(k, xm)) / step
+                a = np.asarray(got)[idx]
+                a, want = (complex(a), complex(want)) if x.dtype.kind == "c" else \
+                    (float(a), float(want))
                 err = abs(a - want)
                 if not err <= atol + rtol * max(abs(a), abs(want)):   # NaN fails too
                     where = f"argument {names[pos]!r}{_path(path)}[{', '.join(map(str, idx))}]"
@@ -559,10 +569,11 @@ def _path(path) -> str:
 
 
 def _is_float_array(x) -> bool:
-    return isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind == "f"
+    """A float or complex array: one that gets a gradient."""
+    return isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in "fc"
 
 
 def _to_f64(x):
     if isinstance(x, float) or _is_float_array(x):
-        return np.asarray(x, dtype=np.float64)
+        return np.asarray(x, dtype=np.complex128 if np.iscomplexobj(x) else np.float64)
     return x

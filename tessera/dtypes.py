@@ -26,7 +26,7 @@ from .errors import DTypeError, UnsupportedDTypeError
 class DType:
     name: str          # public name, e.g. "float32"
     short: str         # IR spelling, e.g. "f32"
-    kind: str          # "f" float, "i" signed int, "b" bool
+    kind: str          # "f" float, "i" signed int, "b" bool, "c" complex
     itemsize: int
     c_type: str        # storage type in C
     accum: str         # name of the dtype reductions accumulate in
@@ -57,6 +57,22 @@ class DType:
         return self.kind == "b"
 
     @property
+    def is_complex(self) -> bool:
+        """complex64 or complex128: stored as NumPy stores it (real and imaginary parts
+        interleaved); the compiler computes on the two parts as float tensors."""
+        return self.kind == "c"
+
+    @property
+    def is_inexact(self) -> bool:
+        """A float or complex dtype: values that carry gradients."""
+        return self.kind in "fc"
+
+    @property
+    def part(self) -> "DType":
+        """A complex dtype's real and imaginary parts' dtype (float32, float64)."""
+        return _BY_NAME[self.accum] if self.is_complex else self
+
+    @property
     def is_half(self) -> bool:
         """A 16-bit float: stored in 16 bits, computed in float32."""
         return self.kind == "f" and self.itemsize == 2
@@ -65,7 +81,8 @@ class DType:
     def poison(self):
         """What an output or temporary is filled with before a run under TESSERA_POISON=1, so
         an element a kernel forgets to write shows: NaN, True, or an unlikely integer."""
-        return np.nan if self.is_float else (True if self.is_bool else -987654321)
+        return np.nan if self.is_float or self.is_complex else (
+            True if self.is_bool else -987654321)
 
     @property
     def compute(self) -> "DType":
@@ -86,8 +103,11 @@ float64 = DType("float64", "f64", "f", 8, "double", "float64")
 int32 = DType("int32", "i32", "i", 4, "int32_t", "int64")
 int64 = DType("int64", "i64", "i", 8, "int64_t", "int64")
 bool_ = DType("bool", "bool", "b", 1, "bool", "int64")
+# accum: the parts' dtype (a complex never reaches a kernel: see is_complex)
+complex64 = DType("complex64", "c64", "c", 8, "", "float32")
+complex128 = DType("complex128", "c128", "c", 16, "", "float64")
 
-ALL = (float16, bfloat16, float32, float64, int32, int64, bool_)
+ALL = (float16, bfloat16, float32, float64, int32, int64, bool_, complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}
 
 
@@ -160,8 +180,9 @@ def native(arr: np.ndarray) -> np.ndarray:
 
 
 def default_float_for(d: DType) -> DType:
-    """The float dtype an integer or bool input becomes in a float-valued op (NumPy: float64)."""
-    return d if d.is_float else float64
+    """The float dtype an integer or bool input becomes in a float-valued op (NumPy: float64);
+    a float or complex dtype stays."""
+    return d if d.is_float or d.is_complex else float64
 
 
 def accum_dtype(d: DType) -> DType:

@@ -41,6 +41,10 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in
        ["sum", "max", "min", "mean", "var"]},
     "cumsum": (lambda r: [f32(r, 3, 4, 5)], {"axis": 1}),
+    # complex: their parts (the other operators' complex forms: tests/ops/test_complex.py)
+    **{n: (lambda r: [(f32(r, 3, 4) + 1j * f32(r, 3, 4)).astype(np.complex64)], {}) for n in
+       ["real", "imag", "conj"]},
+    "complex": (lambda r: [f32(r, 3, 4), f32(r, 4)], {}),
     "scatter_add": (lambda r: [f32(r, 5, 3), np.array([0, -1, 4, 0]), f32(r, 4, 3)], {"axis": 0}),
     "cumprod": (lambda r: [f32(r, 3, 6, lo=0.5, hi=1.5)], {"axis": -1}),
     "argsort": (lambda r: [np.round(f32(r, 3, 9))], {"axis": 1}),        # ties

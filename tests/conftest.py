@@ -21,6 +21,8 @@ TOL = {
     # f16, 2^-7 for bf16), 1 ulp of 1 absolute (inputs of unit scale; cancellation near 0)
     np.dtype(np.float16): (2 ** -9, 2 ** -10),
 }
+TOL[np.dtype(np.complex64)] = TOL[np.dtype(np.float32)]      # on the modulus of the error
+TOL[np.dtype(np.complex128)] = TOL[np.dtype(np.float64)]
 try:
     import ml_dtypes
     TOL[np.dtype(ml_dtypes.bfloat16)] = (2 ** -6, 2 ** -7)

@@ -39,7 +39,8 @@ from .graph_ir import Builder, Graph, Node, Region, Value
 
 
 def is_float(v: Value) -> bool:
-    return v.type.dtype.is_float
+    """Does v carry a cotangent (a float, or a complex by the conjugate convention)?"""
+    return v.type.dtype.is_inexact
 
 
 def fit(b: Builder, ct: Value, value_type) -> Value:
@@ -241,9 +242,9 @@ def _loop_adjoint(g: Graph, node: Node, cts: dict, function) -> list:
     n_ys = len(region.types) - k
 
     # the reverse scan over the saved carries
-    fc = [j for j in range(k) if c_ps[j].type.dtype.is_float]
-    fk = [j for j in range(len(caps)) if caps[j].type.dtype.is_float]
-    fx = [j for j in range(len(xs)) if xs[j].type.dtype.is_float]
+    fc = [j for j in range(k) if is_float(c_ps[j])]
+    fk = [j for j in range(len(caps)) if is_float(caps[j])]
+    fx = [j for j in range(len(xs)) if is_float(xs[j])]
     gys = [j for j in range(n_ys) if cts.get(k + j) is not None]
     rb = Graph("body")
     gc = [rb.add_param(f"gc{j}", c_ps[j].type) for j in fc]

@@ -15,7 +15,7 @@ import numpy as np
 from .. import dtypes as dt
 from .. import ops
 from ..errors import (ArgumentError, DTypeError, IRVerificationError, RuntimeFault,
-                      SymbolicValueError, TesseraError)
+                      SymbolicValueError, TesseraError, UnsupportedDTypeError)
 from ..ops.regions import REGION_OPS
 from ..types import TensorType
 
@@ -108,7 +108,13 @@ def check_op(opdef, attrs: dict, types):
     answer by tracing with concrete sizes instead."""
     try:
         attrs = make_attrs(opdef, attrs, types)
-        return attrs, opdef.infer(types, attrs)
+        out = opdef.infer(types, attrs)
+        if (out.dtype.is_complex or any(t.dtype.is_complex for t in types)) and \
+                opdef.name not in ops.complex.RULES:
+            raise UnsupportedDTypeError(f"{opdef.name} does not take complex tensors yet",
+                                        received=", ".join(str(t) for t in types),
+                                        hint="compute on op.real(z) and op.imag(z)")
+        return attrs, out
     except (TypeError, ValueError) as e:
         if any(not t.is_static for t in types):
             raise SymbolicValueError(f"{opdef.name} cannot work out its result with symbolic "

@@ -9,7 +9,7 @@ from . import strategies
 from .fusion import fuse
 from .graph_ir import Graph
 from .groups import Group, is_reduce
-from .passes import PRIMITIVE_RULES, canonicalize, decompose
+from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .schedule_ir import Buffer, Kernel, RegionStep, Schedule, storage
 
 
@@ -150,7 +150,7 @@ def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> 
             passed = list(results[:carries]) + [("slice", x) for x in own[carries:]]
         else:                           # cond: the operands after the predicate
             passed = own[1:]
-        prim = canonicalize(decompose(canonicalize(body.clone()).verify()),
+        prim = canonicalize(split_complex(decompose(canonicalize(body.clone()).verify())),
                             PRIMITIVE_RULES).verify()
         body_of = {}
         for k, (p, src) in enumerate(zip(prim.params, passed + caps)):

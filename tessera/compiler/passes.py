@@ -9,6 +9,7 @@ import numpy as np
 from .. import ops
 from ..errors import TesseraError
 from ..ops.registry import run_reference
+from ..types import TensorType
 from .graph_ir import Builder, Graph, Node, Value
 
 FOLD_LIMIT = 1 << 16          # fold constants up to this many elements
@@ -158,3 +159,59 @@ class _ExpandingBuilder(Builder):
 
 
 PRIMITIVE_RULES = RULES + [recognise]
+
+
+# ---- complex values as their parts -----------------------------------------------------------------
+def split_complex(g: Graph) -> Graph:
+    """The primitive graph with every complex value computed as two float values, its real and
+    imaginary parts, by each operator's rule (ops/complex.py). A complex parameter becomes a
+    float parameter with a last axis of 2 (the interleaved memory, read in place) and a complex
+    result is written back into that layout, so the program takes and gives NumPy's complex
+    arrays viewed as floats. A graph without complex values is returned as it is."""
+    if not any(v.type.dtype.is_complex for v in _values(g)):
+        return g
+    out = Graph(g.name, bindings=g.bindings)
+    out.output_structure, out.output_tree = g.output_structure, g.output_tree
+    parts: dict = {}
+    for p in g.params:
+        d = p.type.dtype
+        if not d.is_complex:
+            parts[p.id] = out.add_param(p.param_name, p.type)
+            continue
+        shape = list(p.type.shape)
+        q = out.add_param(p.param_name, TensorType(d.part, (*shape, 2)))
+        b = Builder(out, None, f"%{p.param_name}:complex")
+        parts[p.id] = tuple(b.op("reshape", b.op("slice", q, starts=[None] * len(shape) + [k],
+                                                 stops=[None] * len(shape) + [k + 1],
+                                                 steps=None), shape=shape)
+                            for k in (0, 1))
+    for n in g.nodes:
+        b = Builder(out, n.loc, n.origin)
+        if n.op == "const":
+            v = n.attrs["value"]
+            parts[n.out.id] = (b.const(v.real.copy(), None), b.const(v.imag.copy(), None)) \
+                if v.dtype.kind == "c" else b.const(v, None)
+            continue
+        xs = [parts[v.id] for v in n.inputs]
+        complex_in = any(isinstance(x, tuple) for x in xs)
+        if not complex_in and not n.out.type.dtype.is_complex:
+            parts[n.out.id] = out.apply(n.op, xs, n.attrs, loc=n.loc, origin=n.origin)
+            continue
+        parts[n.out.id] = ops.complex.RULES[n.op](b, xs, n.attrs, n.out.type)
+    outs = []
+    for v in g.outputs:
+        x = parts[v.id]
+        if isinstance(x, tuple):
+            b = Builder(out, None, "%return:complex")
+            shape = list(v.type.shape)
+            x = b.op("concat", [b.op("reshape", b.op("broadcast_to", p, shape=shape),
+                                     shape=shape + [1]) for p in x], axis=len(shape))
+        outs.append(x)
+    out.outputs = outs
+    return out
+
+
+def _values(g: Graph):
+    yield from g.params
+    for n in g.nodes:
+        yield n.out

@@ -11,7 +11,7 @@ from ..runtime.program import steps_of
 from ..types import type_of_array
 from .graph_ir import Graph
 from .lower import lower_schedule
-from .passes import PRIMITIVE_RULES, canonicalize, decompose
+from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .kernels import build_schedule, checked_record, kernel_signature
 from .target.c import build_program, routine_library_source
 from .target.cstyle import routine_keys
@@ -64,6 +64,11 @@ class Program(_Levels):
                          output_structure)
         self._lib = library             # None: built for another architecture, not built here
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
+        # complex arrays are passed as their float parts, interleaved (no copy): ops/complex.py
+        self._complex_in = [p.type.dtype.is_complex for p in graph_ir.params]
+        self._complex_out = [v.type for v in graph_ir.outputs if v.type.dtype.is_complex] and \
+            [v.type if v.type.dtype.is_complex else None for v in graph_ir.outputs]
+        self.has_complex = any(self._complex_in) or bool(self._complex_out)
         self.level = isa.level_of(target).name
         self._runs_here = isa.runs_here(self.level)
         self._execute = CpuExecutor(self, library, self.steps).execute   # on checked inputs
@@ -104,8 +109,16 @@ class Program(_Levels):
                                     f"%{p.param_name}: {p.type}", expected=str(p.type),
                                     received=str(type_of_array(a)),
                                     hint="call the tessera function instead: it specialises anew")
-            inputs.append(np.require(a, dtype=npd, requirements="C"))
-        return self._execute(inputs)
+            a = np.require(a, dtype=npd, requirements="C")
+            if npd.kind == "c":
+                a = a.view(a.real.dtype).reshape(shape + (2,))
+            inputs.append(a)
+        out = self._execute(inputs)
+        if self._complex_out:
+            out = [a if t is None else
+                   np.ascontiguousarray(a).view(t.dtype.np).reshape(tuple(t.shape))
+                   for a, t in zip(out, self._complex_out)]
+        return out
 
 
 
@@ -139,7 +152,7 @@ def check_sizes(g: Graph):
 def prepare(graph: Graph) -> tuple[Graph, Graph]:
     """The canonical Graph IR and its primitive form (composites decomposed, patterns raised)."""
     g = canonicalize(graph.clone()).verify()
-    prim = canonicalize(decompose(g), PRIMITIVE_RULES).verify()
+    prim = canonicalize(split_complex(decompose(g)), PRIMITIVE_RULES).verify()
     check_sizes(prim)
     return g, prim
 
@@ -208,6 +221,10 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)
     if isa.is_gpu(target):
+        if any(v.type.dtype.is_complex for v in (*g.params, *g.outputs)):
+            raise BackendUnavailableError(
+                f"@{g.name} takes or gives complex tensors, which run on the CPU only so far",
+                hint="pass op.real(z) and op.imag(z) (or use target='cpu')")
         from .lower import lower_schedule_gpu
         from .target.gpu import render_cuda, render_hip
         tile = lower_schedule_gpu(schedule, target).verify()

@@ -24,7 +24,8 @@ def launcher(prog, args, arrays):
     structure, or None when these arrays are not exactly what the program takes: positional,
     in parameter order, C-contiguous, native and of its dtypes."""
     from ..compiler.pipeline import Program
-    if not isinstance(prog, Program) or not prog._runs_here or len(arrays) != len(args):
+    if not isinstance(prog, Program) or not prog._runs_here or len(arrays) != len(args) or \
+            prog.has_complex:           # (complex arrays go through Program.run's views)
         return None
     for arr, a, (npd, _) in zip(arrays.values(), args, prog._param_types):
         if arr is not a or a.dtype != npd:

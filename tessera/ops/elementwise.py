@@ -8,7 +8,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..errors import DTypeError
 from . import libm
-from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool,
+from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool, cj,
                        ref_errstate, register)
 from ..types import TensorType
 
@@ -35,6 +35,11 @@ def binary_arith(allow_bool=True):
             check_no_bool(t, attrs.get("_op", "this op"))
         return [t, t], t
     return rule
+
+
+def _abs_rule(ds, attrs):
+    d = dt.result_type(ds[0])
+    return [d], d.part          # |z| of a complex z is real
 
 
 def true_divide(ds, attrs):
@@ -173,7 +178,7 @@ class _ByDType(tuple):
 with np.errstate(all="ignore"):
     elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})"}, lambda a, t: -a[0],
                 doc="-x")
-    elementwise("abs", 1, unary_same(), {"f": "fabs{F}({0})", "i": "({0} < 0 ? -{0} : {0})",
+    elementwise("abs", 1, _abs_rule, {"f": "fabs{F}({0})", "i": "({0} < 0 ? -{0} : {0})",
                                          "b": "{0}"}, lambda a, t: np.abs(a[0]), doc="|x|")
     for _name, _fn in [("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
         elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
@@ -320,13 +325,21 @@ def _sign_select(b, x, g):                             # g sign(x), with sign(0)
     return b.op("where", b.op("gt", x, 0), g, b.op("where", b.op("lt", x, 0), b.op("neg", g), 0))
 
 
+def _abs_vjp(b, xs, y, g, a):
+    x = xs[0]
+    if not x.dtype.is_complex:
+        return [_sign_select(b, x, g)]
+    unit = b.op("div", x, b.op("where", b.op("gt", y, 0), y, 1.0))     # z/|z| (0 at 0)
+    return [b.op("mul", g, unit)]
+
+
 _VJP = {
     "neg": lambda b, xs, y, g, a: [b.op("neg", g)],
-    "abs": lambda b, xs, y, g, a: [_sign_select(b, xs[0], g)],
+    "abs": _abs_vjp,
     "sqrt": lambda b, xs, y, g, a: [b.op("div", g, b.op("mul", y, 2))],
     "sin": lambda b, xs, y, g, a: [b.op("mul", g, b.op("cos", xs[0]))],
     "cos": lambda b, xs, y, g, a: [b.op("neg", b.op("mul", g, b.op("sin", xs[0])))],
-    "exp": lambda b, xs, y, g, a: [b.op("mul", g, y)],
+    "exp": lambda b, xs, y, g, a: [b.op("mul", g, cj(b, y))],
     "tanh": lambda b, xs, y, g, a: [b.op("mul", g, b.op("sub", 1.0, b.op("mul", y, y)))],
     "erf": lambda b, xs, y, g, a: [b.op("mul", g, _erf_slope(b, xs[0]))],
     "log": lambda b, xs, y, g, a: [b.op("div", g, xs[0])],
@@ -337,8 +350,10 @@ _VJP = {
     "relu": lambda b, xs, y, g, a: [b.op("where", b.op("gt", xs[0], 0), g, 0)],
     "add": lambda b, xs, y, g, a: [g, g],
     "sub": lambda b, xs, y, g, a: [g, b.op("neg", g)],
-    "mul": lambda b, xs, y, g, a: [b.op("mul", g, xs[1]), b.op("mul", g, xs[0])],
-    "div": lambda b, xs, y, g, a: [b.op("div", g, xs[1]), b.op("neg", b.op("div", b.op("mul", g, y), xs[1]))],
+    "mul": lambda b, xs, y, g, a: [b.op("mul", g, cj(b, xs[1])), b.op("mul", g, cj(b, xs[0]))],
+    "div": lambda b, xs, y, g, a: [b.op("div", g, cj(b, xs[1])),
+                                   b.op("neg", b.op("div", b.op("mul", g, cj(b, y)),
+                                                    cj(b, xs[1])))],
     "pow": _pow_vjp,
     "maximum": lambda b, xs, y, g, a: [b.op("where", b.op("ge", xs[0], xs[1]), g, 0),
                                     b.op("where", b.op("ge", xs[0], xs[1]), 0, g)],
@@ -351,7 +366,7 @@ _VJP = {
     "mod": lambda b, xs, y, g, a: [g, b.op("neg", b.op("mul", g, b.op("floor_divide", xs[0], xs[1])))],
     # float -> float: the cotangent goes back in the input's dtype; from an integer: none
     "cast": lambda b, xs, y, g, a: [b.op("cast", g, dtype=xs[0].dtype.name)
-                                 if xs[0].dtype.is_float else None],
+                                 if xs[0].dtype.is_inexact else None],
 }
 for _op, _rule in _VJP.items():
     REGISTRY[_op].vjp = _rule

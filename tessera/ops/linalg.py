@@ -7,7 +7,7 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError
 from ..shapes import Sym, same
 from ..types import TensorType
-from .registry import Contract, OpDef, broadcast_shapes, register, sum_to
+from .registry import Contract, OpDef, broadcast_shapes, cj, register, sum_to
 
 
 def _matmul_infer(types, attrs):
@@ -87,6 +87,7 @@ def _matmul_vjp(b, xs, y, g, attrs):
     if w.ndim == 1:
         shape.append(1)
     g2 = b.op("reshape", g, shape=shape) if len(shape) != g.ndim else g
+    a2, w2 = cj(b, a2), cj(b, w2)       # (complex operands: g @ conj(w)^T, conj(a)^T @ g)
     da = sum_to(b, b.op("matmul", g2, b.op("transpose", w2)), a2.shape)
     if w2.ndim == 2 and a2.ndim > 2:
         # a weight applied to a batch of rows: contract the batch too, [K, B*M] @ [B*M, N]

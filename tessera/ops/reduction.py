@@ -38,7 +38,7 @@ def reduce_infer(out_dtype, needs_elements=False):
 
 
 def sum_dtype(d):
-    return d if d.is_float else dt.int64
+    return d if d.is_float or d.is_complex else dt.int64
 
 
 def same_dtype(d):

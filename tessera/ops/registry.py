@@ -271,7 +271,7 @@ def check_no_bool(d: dt.DType, opname: str):
 
 def is_scalar(x) -> bool:
     """A Python number (which takes the dtype its operation gives it), not a NumPy scalar."""
-    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
 
 
 def operand_dtypes(opdef, items, attrs):
@@ -291,6 +291,13 @@ def zeros(b, like, shape=None):
     """Zeros in ``like``'s dtype, of ``like``'s shape or ``shape`` (sizes may be symbolic)."""
     return b.op("broadcast_to", b.const_like(0, like),
                 shape=list(like.shape if shape is None else shape))
+
+
+def cj(b, v):
+    """v's conjugate where v is complex: a holomorphic operator's cotangent is g times the
+    conjugate of its derivative (PyTorch's convention: a real loss's gradient is
+    d/dre + i d/dim)."""
+    return b.op("conj", v) if v.dtype.is_complex else v
 
 
 def flip(b, x, axis):

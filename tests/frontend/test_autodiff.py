@@ -9,6 +9,10 @@ import tessera as ts
 from tessera import op, ops
 
 
+def Z(r, *shape):
+    return U(r, *shape) + 1j * U(r, *shape)
+
+
 def U(r, *shape, lo=-2.0, hi=2.0):
     return r.uniform(lo, hi, size=shape)
 
@@ -84,6 +88,13 @@ CASES = {
               lambda r: [U(r, 3, 2)], dict(eps=1e-2, rtol=1e-4, atol=1e-6))],
     "cumsum": [(lambda x: op.cumsum(x, axis=1) * op.cumsum(x, axis=0), lambda r: [U(r, 3, 4)]),
                (lambda x: op.cumsum(x), lambda r: [U(r, 5)])],
+    # complex parts (gradients of complex inputs: d/dre + i d/dim, checked on both parts)
+    "real": [(lambda z: op.real(z) * op.imag(z), lambda r: [Z(r, 3, 4)]),
+             (lambda x: op.real(x) * x, lambda r: [U(r, 5)])],
+    "imag": [(lambda z: op.imag(z * z), lambda r: [Z(r, 6)])],
+    "conj": [(lambda z: op.real(op.conj(z) * op.exp(z * 0.5)), lambda r: [Z(r, 2, 3)])],
+    "complex": [(lambda x, y: op.abs(op.complex(x, y) * op.complex(y, 0.5)),
+                 lambda r: [U(r, 4), U(r, 3, 4)])],
     # a zero among the factors: the adjoint divides by nothing
     "cumprod": [(lambda x: op.cumprod(x, axis=0) * op.cumprod(x, axis=1),
                  lambda r: [U(r, 3, 4) * (np.arange(12).reshape(3, 4) != 5)]),
@@ -167,7 +178,7 @@ def _first_cases():
 
 
 def _float_positions(xs):
-    return tuple(k for k, x in enumerate(xs) if np.asarray(x).dtype.kind == "f")
+    return tuple(k for k, x in enumerate(xs) if np.asarray(x).dtype.kind in "fc")
 
 
 def _positional(n, body):
@@ -189,7 +200,8 @@ def test_second_derivatives_compose(name, case, rng):
     w = rng.standard_normal(np.shape(fn(*xs)))
     fl = _float_positions(xs)
     first = ts.grad(_positional(len(xs), lambda *a: op.sum(fn(*a) * w)), argnums=fl)
-    square = _positional(len(xs), lambda *a: sum(op.sum(g * g) for g in first(*a)))
+    square = _positional(len(xs), lambda *a: sum(op.sum(op.real(g * op.conj(g)))
+                                                 for g in first(*a)))     # |g|^2, complex too
     assert ts.check_grad(square, *xs, argnums=fl, rtol=1e-5, atol=1e-6) < 1e-4
 
 
