@@ -66,9 +66,9 @@ class Program(_Levels):
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         # complex arrays are passed as their float parts, interleaved (no copy): ops/complex.py
         self._complex_in = [p.type.dtype.is_complex for p in graph_ir.params]
-        self._complex_out = [v.type for v in graph_ir.outputs if v.type.dtype.is_complex] and \
-            [v.type if v.type.dtype.is_complex else None for v in graph_ir.outputs]
-        self.has_complex = any(self._complex_in) or bool(self._complex_out)
+        outs = [v.type if v.type.dtype.is_complex else None for v in graph_ir.outputs]
+        self._complex_out = outs if any(outs) else None
+        self.has_complex = any(self._complex_in) or self._complex_out is not None
         self.level = isa.level_of(target).name
         self._runs_here = isa.runs_here(self.level)
         self._execute = CpuExecutor(self, library, self.steps).execute   # on checked inputs
