@@ -164,6 +164,12 @@ def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> 
                                                   data=src))
         body_steps = _schedule_nodes(prim, ctx, body_of, {}, f"{prefix}{role}_")
         step.bodies[role] = (body_steps, [body_of[v.id] for v in prim.outputs])
+    if kind != "cond":                  # a body giving back another carry's old value
+        k = region.attrs.get("carries", len(results))
+        homes = {id(b): j for j, b in enumerate(results[:k])}
+        for j, out in enumerate(step.bodies["body"][1][:k]):
+            if homes.get(id(storage(out)), j) != j:
+                step.staging[j] = ctx.buffer(Buffer(f"{prefix}s{j}", out.type, "temp"))
     return step
 
 

@@ -83,6 +83,8 @@ class RegionStep:
     bodies: dict
     attrs: dict
     counter: Buffer | None = None   # fori_loop: the buffer holding i
+    staging: dict = field(default_factory=dict)   # carry j -> where its new value waits when
+                                                  # it is another carry's old one (a swap)
     var: str = ""                   # the loop variable of the entry point (fori_loop, scan)
     loc: object = None
 
@@ -160,7 +162,8 @@ class Schedule:
 
 def region_written(st: RegionStep) -> list:
     """The buffers a region step writes: its results, counter and bodies' outputs (nested)."""
-    out = list(st.results) + ([st.counter] if st.counter is not None else [])
+    out = list(st.results) + ([st.counter] if st.counter is not None else []) + \
+        list(st.staging.values())
     for steps, outputs in st.bodies.values():
         out += outputs
         for inner in steps:

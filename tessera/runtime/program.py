@@ -104,7 +104,7 @@ class HostSteps:
                 for stack, c in zip(st.results[carries:], st.results[:carries]):   # save=true
                     self.array(stack)[i - lo] = self.array(c)
                 self.steps(body)
-                self.carry_back(st.results[:carries], outputs[:carries])
+                self.carry_back(st, outputs)
         elif st.kind == "while_loop":
             cond, (pred,) = st.bodies["cond"]
             while True:
@@ -112,7 +112,7 @@ class HostSteps:
                 if not self.truth(pred):
                     break
                 self.steps(body)
-                self.carry_back(st.results, outputs)
+                self.carry_back(st, outputs)
         else:                           # scan
             n = st.attrs["length"]
             for t in (range(n - 1, -1, -1) if st.attrs["reverse"] else range(n)):
@@ -120,15 +120,17 @@ class HostSteps:
                 self.steps(body)
                 for ys, y in zip(st.results[carries:], outputs[carries:]):
                     self.array(ys)[t] = self.array(y)
-                self.carry_back(st.results[:carries], outputs[:carries])
+                self.carry_back(st, outputs)
 
-    def carry_back(self, results, outputs):
-        homes = {id(self.array(r)) for r in results}
-        values = [self.array(src).copy() if id(self.array(src)) in homes else self.array(src)
-                  for src in outputs]        # another carry's old value: copied aside first
-        for dst, v in zip(results, values):
-            if self.array(dst) is not v:
-                self.set(dst, v)
+    def carry_back(self, st, outputs):
+        """As the C entry point: another carry's old value waits in its staging buffer."""
+        carries = st.attrs.get("carries", len(st.results))
+        for j, stage in st.staging.items():
+            self.set(stage, self.array(outputs[j]))
+        for j, dst in enumerate(st.results[:carries]):
+            src = self.array(st.staging.get(j, outputs[j]))
+            if self.array(dst) is not src:
+                self.set(dst, src)
 
 
 def buffer_plan(buffers) -> list:

@@ -133,16 +133,18 @@ def test_cond_on_a_concrete_predicate_picks_at_trace_time(rng):
     assert "cond" not in str(g.lower(x).graph_ir)
 
 
-def test_swapped_carries_and_unchanged_ones(rng):
-    """A body giving back another carry (a swap) or its own input unchanged."""
-    a, b = f32(rng, 5), f32(rng, 5)
-    n = 7
+@pytest.mark.parametrize("n", [5, 3_000_001])
+def test_swapped_carries_and_unchanged_ones(n, rng):
+    """A body giving back another carry (a swap: through a staging buffer of its own, not the
+    stack, whatever the size) or its own input unchanged."""
+    a, b = f32(rng, n), f32(rng, n)
+    steps = 7
 
     def f(a, b):
-        return ts.fori_loop(0, n, lambda i, c: (c[1], c[0] + 1.0, c[2]), (a, b, a * 2.0))
+        return ts.fori_loop(0, steps, lambda i, c: (c[1], c[0] + 1.0, c[2]), (a, b, a * 2.0))
     x, y, z = ts.function(f)(a, b)
     p, q = a.copy(), b.copy()
-    for _ in range(n):
+    for _ in range(steps):
         p, q = q, p + np.float32(1.0)
     assert_close(x, p)
     assert_close(y, q)

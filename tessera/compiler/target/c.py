@@ -139,15 +139,19 @@ class ControlFlow:
         return f"{k.name}({', '.join(casts)})"
 
     def copy(self, dst, src, pad: str) -> list[str]:
+        if src.role != "inline" and self.ptr(dst) == self.ptr(src):
+            return []
+        return self.assign(self.ptr(dst), src, dst.nbytes, pad)
+
+    def assign(self, dst: str, src, nbytes: int, pad: str) -> list[str]:
+        """The C writing buffer src (or a literal) at pointer dst."""
         if src.role == "inline":
             d = src.type.dtype
             value = self.r.literal(src.data, d)
             if d.is_half:
                 value = self.r.narrow(d, value)
-            return [f"{pad}*({self.r.storage_type(d)}*){self.ptr(dst)} = {value};"]
-        if self.ptr(dst) == self.ptr(src):
-            return []
-        return [f"{pad}memcpy({self.ptr(dst)}, {self.ptr(src)}, {dst.nbytes}u);"]
+            return [f"{pad}*({self.r.storage_type(d)}*){dst} = {value};"]
+        return [f"{pad}memcpy({dst}, {self.ptr(src)}, {nbytes}u);"]
 
     def scalar(self, b) -> str:
         if b.role == "inline":
@@ -169,24 +173,15 @@ class ControlFlow:
             out += self.region(st, pad, timed)
         return out
 
-    def carry_back(self, results, outputs, pad: str) -> list[str]:
-        """results[j] = outputs[j], as one simultaneous assignment."""
-        out, staged = [], []
-        homes = {self.ptr(r) for r in results}
-        for j, (dst, src) in enumerate(zip(results, outputs)):
-            if src.role != "inline" and self.ptr(src) in homes and self.ptr(src) != self.ptr(dst):
-                staged.append((j, dst, src))
-        stage = {}
-        for j, dst, src in staged:       # another carry's old value: copied aside first
-            name = f"ts_stage{j}"
-            out += [f"{pad}unsigned char {name}[{max(1, src.nbytes)}];",
-                    f"{pad}memcpy({name}, {self.ptr(src)}, {src.nbytes}u);"]
-            stage[j] = name
-        for j, (dst, src) in enumerate(zip(results, outputs)):
-            if j in stage:
-                out.append(f"{pad}memcpy({self.ptr(dst)}, {stage[j]}, {dst.nbytes}u);")
-            else:
-                out += self.copy(dst, src, pad)
+    def carry_back(self, st, outputs, pad: str) -> list[str]:
+        """The carries take the body's results at once: a result that is another carry's old
+        value waits in its staging buffer first (a swap)."""
+        carries = st.attrs.get("carries", len(st.results))
+        out = []
+        for j, stage in st.staging.items():
+            out += self.copy(stage, outputs[j], pad)
+        for j, (dst, src) in enumerate(zip(st.results[:carries], outputs)):
+            out += self.copy(dst, st.staging.get(j, src), pad)
         return out
 
     def region(self, st, pad: str, timed: bool) -> list[str]:
@@ -221,22 +216,15 @@ class ControlFlow:
             out += [f"{inner}  if (!({self.scalar(pred)})) break;"]
         else:                                     # scan
             n, var = st.attrs["length"], st.var
-            first, last, step = (n - 1, -1, "--") if st.attrs["reverse"] else (0, n, "++")
+            first, step = (n - 1, "--") if st.attrs["reverse"] else (0, "++")
             test = f"{var} > -1" if st.attrs["reverse"] else f"{var} < {n}LL"
             out += [f"{inner}for (int64_t {var} = {first}LL; {test}; {step}{var}) {{"]
         out += self.steps(body, inner + "  ", timed, True)
         for ys, y in zip(st.results[carries:] if kind == "scan" else [], outputs[carries:]):
             # (the ys before the carries move)
-            size = y.nbytes
-            dst = f"(void*)((char*){self.ptr(ys)} + (size_t){st.var} * {size}u)"
-            if y.role == "inline":
-                d = y.type.dtype
-                value = self.r.literal(y.data, d)
-                value = self.r.narrow(d, value) if d.is_half else value
-                out.append(f"{inner}  *({self.r.storage_type(d)}*){dst} = {value};")
-            else:
-                out.append(f"{inner}  memcpy({dst}, {self.ptr(y)}, {size}u);")
-        out += self.carry_back(st.results[:carries], outputs[:carries], inner + "  ")
+            dst = f"(void*)((char*){self.ptr(ys)} + (size_t){st.var} * {y.nbytes}u)"
+            out += self.assign(dst, y, y.nbytes, inner + "  ")
+        out += self.carry_back(st, outputs, inner + "  ")
         return out + [f"{inner}}}", f"{pad}}}"]
 
     def entry(self) -> str:
