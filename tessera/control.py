@@ -95,13 +95,11 @@ def fori_loop(lo, hi, body, init):
     counter = dt.int32 if -2**31 <= lo and hi <= 2**31 else dt.int64
     carries, tree = _operands(trace, init)
     types = [c.type for c in carries]
-    bodies, caps = {}, []
     body_g, cap = _trace_body(trace, "body", body, [("i", TensorType(counter, ()))],
                               [tree], [types],
                               lambda res: _same_carry(res, tree, types, body, "body"))
-    bodies["body"] = body_g
-    caps.append(cap)
-    out = _region(trace, "fori_loop", bodies, carries, caps, types, {"lo": lo, "hi": hi})
+    out = _region(trace, "fori_loop", {"body": body_g}, carries, [cap], types,
+                  {"lo": lo, "hi": hi})
     return tree.unflatten(out)
 
 
