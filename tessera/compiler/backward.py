@@ -80,8 +80,7 @@ def backward(g: Graph, start: int, end: int, outputs, cotangents, wrt, function:
             if region in done:
                 continue
             done.add(region)
-            sibs = [m for m in g.nodes if m.op == n.op and m.attrs["region"] is region]
-            cts = {m.attrs["result"]: ct.pop(m.out.id) for m in sibs if m.out.id in ct}
+            cts = {m.attrs["result"]: ct.pop(m.out.id) for m in g.siblings(n) if m.out.id in ct}
             if not cts:
                 continue
             try:
@@ -205,7 +204,7 @@ def _loop_adjoint(g: Graph, node: Node, cts: dict, function) -> list:
         m = region.operands - k
         c_ps, x_ps, caps_ps = ps[:k], ps[k:k + m], ps[k + m:]
         n, rev = region.attrs["length"], region.attrs["reverse"]
-    sibs = [s for s in g.nodes if s.op == node.op and s.attrs["region"] is region]
+    sibs = g.siblings(node)
     init, caps = node.inputs[:k], node.inputs[region.operands:]
     stacked = [TensorType(p.type.dtype, (n, *p.type.shape)) for p in c_ps]
     # the forward loop keeps the carries each step starts from: the same body for a fori_loop

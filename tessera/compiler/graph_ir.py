@@ -182,8 +182,7 @@ class Region:
             if not self.attrs.get("save"):
                 return carry
             # save=true (what differentiating it makes): also the carries each step began with
-            return carry + [np.stack([s[j] for s in saved]) if saved else
-                            np.zeros(tuple(t.shape), t.dtype.np)
+            return carry + [_stack([s[j] for s in saved], t)
                             for j, t in enumerate(self.types[len(carry):])]
         if self.kind == "while_loop":
             carry = own
@@ -199,13 +198,17 @@ class Region:
             for t in steps:
                 res = call("body", *carry, *(x[t] for x in xs))
                 carry, out[t] = res[:carries], res[carries:]
-            ys = [np.stack([out[t][j] for t in range(length)]) if length else
-                  np.zeros(tuple(self.types[carries + j].shape), self.types[carries + j].dtype.np)
-                  for j in range(len(self.types) - carries)]
-            return carry + ys
+            return carry + [_stack([row[j] for row in out], t)
+                            for j, t in enumerate(self.types[carries:])]
         if self.kind == "cond":
             return call("true" if bool(own[0]) else "false", *own[1:])
         raise ValueError(self.kind)
+
+
+def _stack(rows, t) -> np.ndarray:
+    """Per-step values stacked along a new first axis (of type t, which says its shape when
+    there are no steps)."""
+    return np.stack(rows) if rows else np.zeros(tuple(t.shape), t.dtype.np)
 
 
 class Graph:
@@ -255,6 +258,11 @@ class Graph:
         for i, n in enumerate(self.nodes):
             names[n.out.id] = f"%{i}"
         return names
+
+    def siblings(self, n: "Node") -> list:
+        """The nodes of a control-flow operator's results (n one of them), in graph order."""
+        region = n.attrs["region"]
+        return [m for m in self.nodes if m.op == n.op and m.attrs["region"] is region]
 
     def move_before(self, v: Value, n: "Node") -> Value:
         """Move the node making v to just before node n (a rewrite's new node goes where the
@@ -377,7 +385,7 @@ class Graph:
                 if region in printed:
                     continue
                 printed.add(region)
-                sibs = [m for m in self.nodes if m.op == n.op and m.attrs["region"] is region]
+                sibs = self.siblings(n)
                 attrs = format_attrs({k: v for k, v in region.attrs.items() if k != "carries"})
                 left = (", ".join(names[m.out.id] for m in sibs) + f" = {n.op}({args})"
                         + (f" {attrs}" if attrs else ""))

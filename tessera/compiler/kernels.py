@@ -119,8 +119,7 @@ def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> 
     r = ctx.regions
     ctx.regions += 1
     prefix = f"r{r}_"
-    sibs = {m.attrs["result"]: m for m in g.nodes
-            if m.op == node.op and m.attrs["region"] is region}
+    sibs = {m.attrs["result"]: m for m in g.siblings(node)}
     results = []
     for i, t in enumerate(region.types):
         m = sibs.get(i)

@@ -11,7 +11,7 @@ from ..errors import BackendUnavailableError
 from ..runtime.isa import GPU_TARGETS, is_gpu
 from . import strategies
 from .emit import params
-from .schedule_ir import Schedule
+from .schedule_ir import VIEWS, Schedule
 from .kernels import default_knobs
 from .tile_ir import TileKernel, TileProgram
 
@@ -36,8 +36,6 @@ def _program(s: Schedule, kernels, calls) -> TileProgram:
     return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role not in VIEWS],
                        steps=s.steps, views=views)
 
-
-VIEWS = ("inline", "alias", "slice")     # buffers without memory of their own
 
 
 def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:

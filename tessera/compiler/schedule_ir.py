@@ -14,6 +14,7 @@ from .graph_ir import format_attrs, format_value
 
 
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")     # lower case: no clash with C macros or types
+VIEWS = ("inline", "alias", "slice")          # buffer roles without memory of their own
 
 
 @dataclass
@@ -114,7 +115,7 @@ class Schedule:
                                       "plain identifier")
         known = set(names)
         written = {b.name for b in self.buffers
-                   if b.role in ("input", "const", "inline", "alias", "slice")}
+                   if b.role in ("input", "const") + VIEWS}
         written |= {b.name for st in self.steps if isinstance(st, RegionStep)
                     for b in region_written(st)}
         for k in self.kernels:
@@ -144,7 +145,7 @@ class Schedule:
             head += " [" + ", ".join(f"{k}={v}" for k, v in self.bindings.items()) + "]"
         lines = [f"{head} target={self.target} {{"]
         for b in self.buffers:
-            if b.role not in ("inline", "alias", "slice"):
+            if b.role not in VIEWS:
                 slot = f"  @slot{b.slot}" if b.slot is not None else ""
                 lines.append(f"  {b.role:<6} {b.ref()}: {b.type}{slot}")
         lines += format_steps(self.steps, "  ")
@@ -169,6 +170,16 @@ def region_written(st: RegionStep) -> list:
         for inner in steps:
             if isinstance(inner, RegionStep):
                 out += region_written(inner)
+    return out
+
+
+def body_kernels(steps) -> list:
+    """The kernels inside the region steps among `steps` (at any depth)."""
+    out = []
+    for st in steps:
+        if isinstance(st, RegionStep):
+            for body, _ in st.bodies.values():
+                out += [k for k in body if not isinstance(k, RegionStep)] + body_kernels(body)
     return out
 
 

@@ -24,6 +24,7 @@ import html
 from dataclasses import dataclass, field
 
 from ..compiler.graph_ir import Graph, Node, SourceLocation, Value, format_value
+from ..compiler.schedule_ir import body_kernels
 from ..ops.regions import REGION_OPS
 from ..errors import ArgumentError, TesseraError
 from .tables import knob_text
@@ -146,8 +147,7 @@ def drawing(obj, *, clusters: bool = True, failing=None, title=None,
         d.boxes.append(Box("failed", "failing", lines, failing=True))
         d.edges += [Edge(box_of[v.id], "failed", str(v.type)) for v in inputs if v.id in box_of]
     used = {b.cluster for b in d.boxes}
-    inside = {k.name for st in (schedule.steps if schedule is not None else ())
-              if hasattr(st, "bodies") for k in _body_kernels(st)}
+    inside = {k.name for k in body_kernels(schedule.steps if schedule is not None else ())}
     for ki, c in enumerate(d.clusters):          # a kernel nothing maps to still shows up
         if ki not in used and c.name in (k.name for k in schedule.kernels) and \
                 c.name not in inside:          # (a body's kernels: its nodes are drawn)
@@ -157,21 +157,13 @@ def drawing(obj, *, clusters: bool = True, failing=None, title=None,
     return d
 
 
-def _body_kernels(st) -> list:
-    out = []
-    for steps, _ in st.bodies.values():
-        for k in steps:
-            out += _body_kernels(k) if hasattr(k, "bodies") else [k]
-    return out
-
-
 def _draw_region(d: Drawing, graph: Graph, n: Node, box: str, names: dict, box_of: dict,
                  cluster, marked):
     """A control-flow operator: one box for its results, and a cluster per body holding the
     body's graph, its parameters fed by the operands they stand for, its results flowing back
     into the operator's box."""
     region = n.attrs["region"]
-    sibs = [m for m in graph.nodes if m.op == n.op and m.attrs["region"] is region]
+    sibs = graph.siblings(n)
     head = ", ".join(names[m.out.id] for m in sibs) + f" = {n.op}"
     attrs = ", ".join(f"{k}={format_value(v)}" for k, v in region.attrs.items()
                       if k != "carries")
@@ -280,8 +272,7 @@ def kernel_homes(graph: Graph, schedule, prim: Graph | None):
     names = graph.names()
     by_origin = {f"{names[n.out.id]}:{n.op}": n for n in graph.nodes}
     kernels_of, ops_in, strays = {}, {}, []
-    inside = {k.name for st in schedule.steps if hasattr(st, "bodies")
-              for k in _body_kernels(st)}      # a loop body's kernels: its own graph's nodes
+    inside = {k.name for k in body_kernels(schedule.steps)}   # a loop body's: its own nodes
     for ki, k in enumerate(schedule.kernels):
         if k.name in inside:
             continue
