@@ -202,7 +202,9 @@ def test_second_derivatives_compose(name, case, rng):
     first = ts.grad(_positional(len(xs), lambda *a: op.sum(fn(*a) * w)), argnums=fl)
     square = _positional(len(xs), lambda *a: sum(op.sum(op.real(g * op.conj(g)))
                                                  for g in first(*a)))     # |g|^2, complex too
-    assert ts.check_grad(square, *xs, argnums=fl, rtol=1e-5, atol=1e-6) < 1e-4
+    # check_grad raises on a mismatch beyond atol + rtol |value|; no absolute bound on top:
+    # a layernorm over 3 values with a tiny spread has second derivatives of 1e5 (seed 3383311870)
+    assert np.isfinite(ts.check_grad(square, *xs, argnums=fl, rtol=1e-5, atol=1e-6))
 
 
 @pytest.mark.parametrize("name, case", list(_first_cases()))
