@@ -259,6 +259,131 @@ def segment_sum(data, segment_ids, num_segments):
     return _apply("scatter_add", target, segment_ids, data, axis=0)
 
 
+# ---- Fourier transforms over several axes (one-axis ones: ops/spectral.py) ----------------------
+def _fft_axes(x, s, axes, last_two: bool):
+    """NumPy's (s, axes) of an n-dimensional transform: axes default to the last len(s) (or the
+    last two, or all), each transformed to s[i] points (None: its length)."""
+    shape = _shape_of(x)
+    if axes is None:
+        axes = [-2, -1] if last_two else (list(range(-len(s), 0)) if s is not None
+                                          else list(range(len(shape))))
+    axes = [_shape_and_axis(x, a)[1] for a in axes]
+    if len(set(axes)) != len(axes):
+        raise _ArgumentError(f"repeated axis in {tuple(axes)}")
+    if s is None:
+        s = [None] * len(axes)
+    if len(s) != len(axes):
+        raise _ArgumentError(f"s={tuple(s)} and axes={tuple(axes)} differ in length")
+    return list(s), axes
+
+
+def _fftn(kind, x, s, axes, norm, last_two):
+    s, axes = _fft_axes(x, s, axes, last_two)
+    for n, a in zip(s, axes):
+        x = _apply(kind, x, n=n, axis=a, norm=norm)
+    return x
+
+
+def fftn(x, s=None, axes=None, norm="backward"):
+    """The transform over ``axes`` (all by default), one axis after another (NumPy's fftn)."""
+    return _fftn("fft", x, s, axes, norm, False)
+
+
+def ifftn(x, s=None, axes=None, norm="backward"):
+    """The inverse of fftn over ``axes`` (all by default)."""
+    return _fftn("ifft", x, s, axes, norm, False)
+
+
+def fft2(x, s=None, axes=(-2, -1), norm="backward"):
+    """fftn over the last two axes."""
+    return _fftn("fft", x, s, axes, norm, True)
+
+
+def ifft2(x, s=None, axes=(-2, -1), norm="backward"):
+    """ifftn over the last two axes."""
+    return _fftn("ifft", x, s, axes, norm, True)
+
+
+def rfftn(x, s=None, axes=None, norm="backward"):
+    """A real tensor's transform over ``axes``: rfft along the last of them, then fft along
+    the others (NumPy's rfftn)."""
+    s, axes = _fft_axes(x, s, axes, False)
+    x = _apply("rfft", x, n=s[-1], axis=axes[-1], norm=norm)
+    for n, a in zip(s[:-1], axes[:-1]):
+        x = _apply("fft", x, n=n, axis=a, norm=norm)
+    return x
+
+
+def irfftn(x, s=None, axes=None, norm="backward"):
+    """The inverse of rfftn: ifft along all but the last of ``axes``, then irfft along it
+    (``s[-1]`` its output length; by default 2 (m - 1))."""
+    s, axes = _fft_axes(x, s, axes, False)
+    for n, a in zip(s[:-1], axes[:-1]):
+        x = _apply("ifft", x, n=n, axis=a, norm=norm)
+    return _apply("irfft", x, n=s[-1], axis=axes[-1], norm=norm)
+
+
+def rfft2(x, s=None, axes=(-2, -1), norm="backward"):
+    """rfftn over the last two axes."""
+    return rfftn(x, s, axes, norm)
+
+
+def irfft2(x, s=None, axes=(-2, -1), norm="backward"):
+    """irfftn over the last two axes."""
+    return irfftn(x, s, axes, norm)
+
+
+def fftfreq(n, d=1.0):
+    """The sample frequencies of an n-point transform with sample spacing d (NumPy's, float64):
+    [0, 1, ..., (n-1)//2, -(n//2), ..., -1] / (d n). A constant: a NumPy array."""
+    import numpy as np
+    _check_points("fftfreq", n)
+    return np.fft.fftfreq(int(n), d)
+
+
+def rfftfreq(n, d=1.0):
+    """The n // 2 + 1 non-negative frequencies of rfft's result (NumPy's rfftfreq)."""
+    import numpy as np
+    _check_points("rfftfreq", n)
+    return np.fft.rfftfreq(int(n), d)
+
+
+def _check_points(what, n):
+    import numpy as np
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise _ArgumentError(f"op.{what}: n={n!r} is not a number of points",
+                             expected="an int >= 1")
+
+
+def fftshift(x, axes=None):
+    """The zero frequency moved to the middle: a roll by n // 2 along ``axes`` (all by
+    default), as NumPy's fftshift."""
+    return _roll_half(x, axes, lambda n: n // 2)
+
+
+def ifftshift(x, axes=None):
+    """The inverse of fftshift: a roll by -(n // 2)."""
+    return _roll_half(x, axes, lambda n: -(n // 2))
+
+
+def _roll_half(x, axes, shift):
+    shape = _shape_of(x)
+    if axes is None:
+        axes = range(len(shape))
+    elif isinstance(axes, int):
+        axes = [axes]
+    for a in [_shape_and_axis(x, a)[1] for a in axes]:
+        n = shape[a]
+        k = shift(n) % n if n else 0
+        if k == 0:
+            continue
+        rank = len(shape)
+        cut = lambda lo, hi: _apply("slice", x, starts=[lo if i == a else None for i in range(rank)],
+                                    stops=[hi if i == a else None for i in range(rank)], steps=None)
+        x = _apply("concat", [cut(n - k, n), cut(0, n - k)], axis=a)
+    return x
+
+
 def permute(x, *perm):
     """Reorder axes: ``op.permute(x, 0, 2, 1)`` or ``op.permute(x, [0, 2, 1])``."""
     perm = perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm

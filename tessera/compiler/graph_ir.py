@@ -110,7 +110,7 @@ def check_op(opdef, attrs: dict, types):
         attrs = make_attrs(opdef, attrs, types)
         out = opdef.infer(types, attrs)
         if (out.dtype.is_complex or any(t.dtype.is_complex for t in types)) and \
-                opdef.name not in ops.complex.RULES:
+                opdef.name not in ops.complex.RULES and not opdef.takes_complex:
             raise UnsupportedDTypeError(f"{opdef.name} does not take complex tensors yet",
                                         received=", ".join(str(t) for t in types),
                                         hint="compute on op.real(z) and op.imag(z)")

@@ -340,11 +340,31 @@ def _concat_vjp(b, xs, y, g, a):                    # each input's slab of the c
     return out
 
 
+def _concat_of_slices(g, n):
+    """Consecutive slices of one tensor along the concat's axis, taking it whole, are that
+    tensor (a complex result's parts put back where they were computed: ops/spectral.py)."""
+    axis, src, at = n.attrs["axis"], None, 0
+    for v in n.inputs:
+        s = producer(v, "slice")
+        if s is None or src is not None and s.inputs[0] is not src:
+            return None
+        src = s.inputs[0]
+        if src.type.dtype != n.out.type.dtype or src.type.rank != n.out.type.rank:
+            return None
+        for k, (start, stop, step, d) in enumerate(zip(s.attrs["starts"], s.attrs["stops"],
+                                                       s.attrs["steps"], src.type.shape)):
+            if step != 1 or (k == axis and not same(start, at)) or \
+                    (k != axis and not (start == 0 and same(stop, d))):
+                return None
+        at = s.attrs["stops"][axis]
+    return src if same(at, src.type.shape[axis]) else None
+
+
 register(OpDef(
     "concat", -1, {"axis": 0}, infer=_concat_infer, dtype_rule=_concat_dtypes,
     normalize=lambda ts, a: {"axis": norm_axis(a["axis"], ts[0].rank, ts[0])} if ts else a,
     reference=lambda xs, a: np.concatenate(xs, axis=a["axis"]), lowering=Concat(),
-    vjp=_concat_vjp,
+    vjp=_concat_vjp, simplify=[_concat_of_slices],
     doc="join tensors along an existing axis"))
 
 

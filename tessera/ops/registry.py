@@ -81,6 +81,14 @@ class Sort:
 
 
 @dataclass(frozen=True)
+class Spectral:
+    """A batch of discrete Fourier transforms along one axis (ops/spectral.py): kind "c2c" (a
+    complex transform of the parts re, im), "r2c" (a real line's n/2 + 1 frequencies) or "c2r"
+    (back to n reals); the parts of a complex result lie on a last axis of 2."""
+    kind: str
+
+
+@dataclass(frozen=True)
 class Contract:
     """Batched matmul: out[b, i, j] = sum_k a[b, i, k] * b[b, k, j]."""
 
@@ -140,6 +148,9 @@ class OpDef:
     # On the primitive graph: (graph, node) -> a Value of this operator replacing the node's
     # result where the node ends a hand-written form of it (attention's pattern), or None.
     recognise: Callable | None = None
+    # A composite whose decomposition takes complex operands itself (the transforms), though
+    # the complex pass has no rule for it (ops/complex.py)
+    takes_complex: bool = False
 
     def __repr__(self):
         return f"<op {self.name}>"
