@@ -40,7 +40,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 SETTLE_S = 0.2
 # An implementation slower than this is not woken first: waking threads costs well under 1% of it.
 WAKE_BELOW_S = 0.2
-PEERS = ("torch eager", "torch.compile", "jax.jit")
+PEERS = ("torch eager", "torch.compile", "jax.jit", "scipy")
 TORCH = ("torch eager", "torch.compile")
 
 
@@ -84,6 +84,29 @@ def matmul_bias_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]) -
 
 
 # ---- NumPy: the reference (run in float64) and a peer (run in float32) ---------------------------
+@ts.function
+def rfft_rows(x: Tensor["R", "N"]):
+    return op.rfft(x, axis=-1)
+
+
+@ts.function
+def fft_line(z):
+    return op.fft(z)
+
+
+def complex_parts(outs):
+    """A complex result (or a list of its rows, as the peers' harness gives them) as one flat
+    float array of its parts."""
+    outs = outs if isinstance(outs, list) else [outs]
+    return np.concatenate([np.ravel(np.stack([np.real(o), np.imag(o)], -1)) for o in outs])
+
+
+def fft_flops(x, real=False):
+    """5 n log2 n per complex line (half for a real one): the usual FFT count."""
+    n = x.shape[-1]
+    return (2.5 if real else 5) * x.size * math.log2(n)
+
+
 MLP_SIZES = (784, 512, 512, 10)
 MLP_LR = 0.01
 _mlp = nn.MLP(list(MLP_SIZES), activation="relu")
@@ -219,6 +242,7 @@ class Case:
     atol: float = 2e-5                       # max |got - ref| / max |ref|: relative to magnitude
     min_speedup: float | None = 1.0          # goal: tessera at least this much faster than NumPy
     numpy_base: Callable | None = None       # goal measured against this NumPy instead
+    scipy: Callable | None = None            # (scipy, *arrays) -> array, when SciPy is installed
     min_bandwidth: float | None = None       # goal: share of the measured copy bandwidth
     # the every-CPU goals (issue 22), on top of the first wave's:
     min_vs_peers: float | None = None        # tessera >= this x the best of NumPy, torch and jax
@@ -308,6 +332,25 @@ CASES = [
          flops=mlp_flops, atol=1e-4, min_speedup=None, min_vs_torch=1.2,
          pack=lambda outs: np.concatenate([np.ravel(np.asarray(o, np.float64)) for o in outs])),
 ]
+CASES += [
+    Case("rfft_4096x1024", "rfft of 4096 rows of 1024 f32 (--quick: 1024 rows)",
+         "≥1.5× numpy.fft; ≥1× torch.fft",
+         lambda r, q: [f32(r, 1024 if q else 4096, 1024)],
+         lambda x: np.fft.rfft(x, axis=-1), rfft_rows,
+         torch=lambda t, x: t.fft.rfft(x), jax=lambda jnp, x: jnp.fft.rfft(x),
+         scipy=lambda sp, x: sp.fft.rfft(x), flops=lambda x: fft_flops(x, True),
+         bytes=lambda x: 12 * x.size, atol=1e-5, min_speedup=1.5, min_vs_torch=1.0,
+         pack=complex_parts),
+    Case("fft_2^20", "fft of 2^20 complex64 points, one line (--quick: 2^16)",
+         "≥1.5× numpy.fft; ≥1× torch.fft",
+         lambda r, q: [(f32(r, 1 << (16 if q else 20)) + 1j * f32(r, 1 << (16 if q else 20)))
+                       .astype(np.complex64)],
+         lambda z: np.fft.fft(z), fft_line,
+         torch=lambda t, z: t.fft.fft(z), jax=lambda jnp, z: jnp.fft.fft(z),
+         scipy=lambda sp, z: sp.fft.fft(z), flops=fft_flops, bytes=lambda z: 16 * z.size,
+         atol=1e-5, min_speedup=1.5, min_vs_torch=1.0, pack=complex_parts,
+         reference=lambda z: np.fft.fft(z.astype(np.complex128))),
+]
 PENDING: dict = {}
 
 
@@ -329,6 +372,12 @@ def load_peers() -> dict:
         peers["jax"] = jax
     except Exception as e:                                  # noqa: BLE001
         peers["jax"] = "not installed" if isinstance(e, ImportError) else \
+            f"n/a (import failed: {type(e).__name__}: {e})"
+    try:
+        import scipy.fft
+        peers["scipy"] = scipy
+    except Exception as e:                                  # noqa: BLE001
+        peers["scipy"] = "not installed" if isinstance(e, ImportError) else \
             f"n/a (import failed: {type(e).__name__}: {e})"
     return peers
 
@@ -404,6 +453,10 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
     else:
         impls["torch eager"] = impls["torch.compile"] = \
             torch if isinstance(torch, str) else "n/a (no PyTorch version of this case)"
+    scipy = peers.get("scipy")
+    if case.scipy is not None:
+        impls["scipy"] = scipy if isinstance(scipy, str) else \
+            Impl(lambda: case.scipy(scipy, *arrays), pack)
     jax = peers.get("jax")
     if not isinstance(jax, str) and case.jax is not None:
         ja = [jax.device_put(a) for a in arrays]

@@ -1,19 +1,21 @@
 """fft: a batch of discrete Fourier transforms along one axis (the dft primitives of
-ops/spectral.py), alone. CPU: the lines in parallel, each gathered into a private buffer
-(interleaved complex, 2n + 2 elements), transformed in place by the FFT routine
-(routines/fft.c: mixed-radix Stockham, Bluestein for large prime factors, packed real
-transforms) and scattered to the output, times the norm's factor. A line is one fixed chain
-of operations, so neither threads nor the batch change a bit.
+ops/spectral.py), alone. CPU: blocks of lines in parallel; a block's lines are gathered into
+two private planes (real and imaginary parts, element-major, so the routine's vector
+instructions run across the lines), transformed in place by the FFT routine (routines/fft.c:
+mixed-radix Stockham, Bluestein for large prime factors, packed real transforms) and scattered
+to the output times the norm's factor. A line is one fixed chain of operations whichever block
+or lane it is in, so neither threads nor the batch change a bit.
 """
 from __future__ import annotations
 
 import math
 
+from ... import dtypes as dt
 from ...errors import BackendUnavailableError
 from ...ops import registry as R
-from ..emit import Names, coalesce, contiguous, finish, nest, read
-from ..tile_ir import Addr, Bin, Call, Const, Load, Loop, Scratch, Store, Var, idx_add, idx_mul, \
-    linear
+from ..emit import Names, coalesce, contiguous, idx_min, prod, read, split_index
+from ..tile_ir import (Addr, Bin, Call, Const, Decl, Load, Loop, Scratch, Store, Var, idx_add,
+                       idx_mul, linear)
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
 from .routines import routine_text, specialise
 
@@ -62,38 +64,90 @@ class FFT(Strategy):
 register(FFT())
 
 
+def lanes_for(n: int, lines: int) -> int:
+    """Lines transformed together (the routine's vectors run across them): as many as keep a
+    block's two planes and its work near 256 KiB of float32, at most 32, at most the lines."""
+    v = 1
+    while v < 32 and v * 2 * n <= 1 << 15 and v < lines:
+        v *= 2
+    return v
+
+
 def lower_fft(k, code):
+    """Blocks of V lines (V: lanes_for), in parallel: each line gathered into the block's two
+    planes (element-major: element j of lane v at j * count + v; a real line of even n packed
+    as n/2 complex values), one routine call for the block, each line scattered to the output
+    times the norm's factor."""
     names = Names()
     kind = R.get(k.op).lowering.kind
     axis, d = k.attrs["axis"], k.output.type.dtype
     x = k.inputs[0]
     in_shape, out_shape = list(x.type.shape), list(k.output.type.shape)
     n = k.attrs["n"] if kind == "c2r" else in_shape[axis]
-    pairs_out = kind != "c2r"                       # the result's parts on a last axis of 2
     kept = [a for a in range(len(in_shape)) if a != axis]
     cin, cout = contiguous(in_shape), contiguous(out_shape)
-    lines, (line_in, line_out) = coalesce([in_shape[a] for a in kept],
-                                          [[cin[a] for a in kept], [cout[a] for a in kept]])
-    outer, inner, kvars = nest(lines, names, k.knobs.get("parallel"), False)
-    buf, j = names("line"), names("j")
-    at_in = lambda i: idx_add(linear(kvars, line_in), idx_mul(i, Const(cin[axis])))
-    at_out = lambda i: idx_add(linear(kvars, line_out), idx_mul(i, Const(cout[axis])))
-    two = lambda i, part: idx_add(idx_mul(i, Const(2)), Const(part))
+    extents, (line_in, line_out) = coalesce([in_shape[a] for a in kept],
+                                            [[cin[a] for a in kept], [cout[a] for a in kept]])
+    total = prod(extents)
+    if total == 0:
+        return []
+    V = lanes_for(n, total)
+    plane = V * (n + 1)
+    blk, cnt, v, line, j, buf = (names(w) for w in ("blk", "count", "v", "line", "j", "planes"))
+    i64 = dt.int64
+
+    def per_line(stmts_of):
+        """A loop over the block's lines, each line's indices placed, around stmts_of(at_in,
+        at_out) (at_*(i): where element i of the line lies)."""
+        kvars = split_index(Var(line), extents)
+        at_in = lambda i: idx_add(linear(kvars, line_in), idx_mul(i, Const(cin[axis])))
+        at_out = lambda i: idx_add(linear(kvars, line_out), idx_mul(i, Const(cout[axis])))
+        return Loop(v, Var(cnt), "serial", [
+            Decl(line, i64, idx_add(idx_mul(Var(blk), Const(V)), Var(v))),
+            *stmts_of(at_in, at_out)])
+
+    def slot(part, i):                        # element i of the lane in plane part (0 re, 1 im)
+        return idx_add(Const(part * plane), idx_add(idx_mul(i, Var(cnt)), Var(v)))
+
     jv = Var(j)
-    if kind == "r2c":
-        load = [Store(buf, jv, read(x, at_in(jv)))]
-    else:                                           # the parts, interleaved
-        load = [Store(buf, two(jv, p), read(v, at_in(jv))) for p, v in enumerate(k.inputs[:2])]
+    two = lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
+    packed = kind != "c2c" and n % 2 == 0         # a real line as n/2 complex values
+
+    def gather(at_in, at_out):
+        if kind == "r2c" and packed:
+            body = [Store(buf, slot(0, jv), read(x, at_in(two(jv, 0)))),
+                    Store(buf, slot(1, jv), read(x, at_in(two(jv, 1))))]
+            return [Loop(j, n // 2, "serial", body)]
+        if kind == "r2c":
+            body = [Store(buf, slot(0, jv), read(x, at_in(jv))),
+                    Store(buf, slot(1, jv), Const(0, d))]
+            return [Loop(j, n, "serial", body)]
+        return [Loop(j, in_shape[axis], "serial",
+                     [Store(buf, slot(p, jv), read(u, at_in(jv)))
+                      for p, u in enumerate(k.inputs[:2])])]
+
     s = k.attrs["scale"]
     scaled = (lambda e: e) if s == 1.0 else (lambda e: Bin("*", e, Const(s, d)))
-    if pairs_out:
-        store = [Store(k.output.name, idx_add(at_out(jv), Const(p)),
-                       scaled(Load(buf, two(jv, p)))) for p in (0, 1)]
-    else:
-        store = [Store(k.output.name, at_out(jv), scaled(Load(buf, jv)))]
+
+    def scatter(at_in, at_out):
+        out = k.output.name
+        if kind != "c2r":                         # the parts on the output's last axis of 2
+            return [Loop(j, out_shape[axis], "serial",
+                         [Store(out, idx_add(at_out(jv), Const(p)), scaled(Load(buf, slot(p, jv))))
+                          for p in (0, 1)])]
+        if packed:
+            return [Loop(j, n // 2, "serial",
+                         [Store(out, at_out(two(jv, p)), scaled(Load(buf, slot(p, jv))))
+                          for p in (0, 1)])]
+        return [Loop(j, n, "serial", [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
+
     code_kind = KIND_CODE[kind, bool(k.attrs.get("inverse"))]
-    body = [Loop(j, in_shape[axis], "serial", load),
-            Call(f"ts_fft_{d.short}", (Addr(buf, Const(0)), Const(n), Const(code_kind)),
-                 f"fft:{d.short}", code),
-            Loop(j, out_shape[axis], "serial", store)]
-    return finish(k, inner, outer, [Scratch(buf, d, 2 * n + 2, code, body)])
+    blocks = -(-total // V)
+    body = [Decl(cnt, i64, idx_min(Const(V), Bin("-", Const(total), idx_mul(Var(blk), Const(V))))),
+            Scratch(buf, d, 2 * plane, code, [
+                per_line(gather),
+                Call(f"ts_fft_{d.short}", (Addr(buf, Const(0)), Addr(buf, Const(plane)), Const(n),
+                                           Var(cnt), Const(code_kind)), f"fft:{d.short}", code),
+                per_line(scatter)])]
+    return [Loop(blk, blocks, "parallel" if k.knobs.get("parallel") and blocks > 1 else "serial",
+                 body)]

@@ -1,9 +1,15 @@
-/* Fast Fourier transforms of one line, in place on interleaved complex {T} (re, im, re, ...).
+/* Fast Fourier transforms of `lanes` lines at once, in place on two planes of {T}: the real
+   parts re[k * lanes + v] and the imaginary parts im[k * lanes + v] of element k of line v
+   (element-major, so every butterfly works on `lanes` adjacent values: vector instructions
+   across the lines).
 
-   ts_fft_{S}(buf, n, kind), kind: 0 forward complex, 1 inverse complex (unnormalised: n x),
-   2 real to complex (n reals in, n/2 + 1 complex out), 3 complex to real (n/2 + 1 complex in,
-   the imaginary parts of the zero and Nyquist frequencies ignored; n reals out, unnormalised).
-   buf holds 2n + 2 elements. Returns nonzero when its memory cannot be had.
+   ts_fft_{S}(re, im, n, lanes, kind), kind: 0 forward complex, 1 inverse complex
+   (unnormalised: n x), 2 real to complex, 3 complex to real (unnormalised). A real line of even
+   n is packed by the caller as n/2 complex values (x_2j in re, x_2j+1 in im) and comes back the
+   same way from kind 3; an odd one is n complex values with zero imaginary parts in, the real
+   parts out. Kind 2 gives n/2 + 1 frequencies; kind 3 takes n/2 + 1, the imaginary parts of the
+   zero and Nyquist frequencies ignored. Each plane holds (n + 1) * lanes elements. Returns
+   nonzero when its memory cannot be had.
 
    Complex transforms: a Stockham autosort (decimation in frequency) over the factors of n,
    4s first, then 2, 3, 5, 7 and any odd prime up to TS_FFT_MAX_RADIX (a butterfly over the
@@ -32,9 +38,9 @@ typedef struct ts_fft_plan_{S} {
   int64_t m;                         /* Bluestein: the convolution's length (0: none) */
   struct ts_fft_plan_{S}* sub;       /* Bluestein: the m-point plan; real: the n/2-point plan */
   {T}* chirp;                        /* Bluestein: e^{-pi i k^2 / n}, k < n */
-  {T}* kernel;                       /* Bluestein: FFT_m of the conjugate chirp, / m */
+  {T}* kernel;                       /* Bluestein: FFT_m of the conjugate chirp, / m (planes) */
   {T}* rtw;                          /* real: e^{-2 pi i k / n}, k < n/2 */
-  int64_t work;                      /* scratch a call needs ({T} elements) */
+  int64_t work;                      /* scratch a call needs ({T} elements per lane) */
 } ts_fft_plan_{S};
 
 static ts_fft_plan_{S}* ts_fft_cache_{S}[TS_FFT_PLANS];
@@ -72,7 +78,8 @@ static void ts_fft_free_{S}(ts_fft_plan_{S}* p) {
   free(p);
 }
 
-static int ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* x, {T}* work);
+static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
+                           {T}* work);
 
 static int64_t ts_fft_smooth_{S}(int64_t n) {   /* the least 2^a 3^b 5^c >= n */
   int64_t best = 1;
@@ -105,23 +112,22 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
     if (!p->sub || !p->chirp || !p->kernel || !w) { free(w); ts_fft_free_{S}(p); return 0; }
     for (int64_t k = 0; k < n; ++k) {
       double c, s;                                 /* k^2 mod 2n, exactly */
-      int64_t k2 = (int64_t)(((unsigned __int128)k * (unsigned __int128)k) % (unsigned __int128)(2 * n));
+      int64_t k2 = (int64_t)(((unsigned __int128)k * (unsigned __int128)k) %
+                             (unsigned __int128)(2 * n));
       ts_fft_unit_{S}(k2, 2 * n, &c, &s);
       p->chirp[2 * k] = ({T})c; p->chirp[2 * k + 1] = ({T})s;
     }
+    {T}* kre = p->kernel;
+    {T}* kim = p->kernel + p->m;
     for (int64_t k = 0; k < n; ++k) {              /* the conjugate chirp, wrapped around */
-      p->kernel[2 * k] = p->chirp[2 * k]; p->kernel[2 * k + 1] = -p->chirp[2 * k + 1];
-      if (k) {
-        p->kernel[2 * (p->m - k)] = p->chirp[2 * k];
-        p->kernel[2 * (p->m - k) + 1] = -p->chirp[2 * k + 1];
-      }
+      kre[k] = p->chirp[2 * k]; kim[k] = -p->chirp[2 * k + 1];
+      if (k) { kre[p->m - k] = kre[k]; kim[p->m - k] = kim[k]; }
     }
-    int bad = ts_fft_run_{S}(p->sub, p->kernel, w);
+    ts_fft_run_{S}(p->sub, kre, kim, 1, w);
     free(w);
-    if (bad) { ts_fft_free_{S}(p); return 0; }
     {T} inv = ({T})(1.0 / (double)p->m);
     for (int64_t k = 0; k < 2 * p->m; ++k) p->kernel[k] *= inv;
-    p->work = 2 * p->m + p->sub->work;    /* the padded line, then the m-point work */
+    p->work = 2 * p->m + p->sub->work;    /* the padded line's planes, then the m-point work */
     return p;
   }
   int64_t tw = 0, odd = 0, L = n;
@@ -203,187 +209,240 @@ static const ts_fft_plan_{S}* ts_fft_lookup_{S}(int64_t n, int real, ts_fft_plan
   return made;
 }
 
-/* One stage: L = p m points per transform, stride s (n = L s). */
-static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, const {T}* restrict x,
-                             {T}* restrict y, const {T}* restrict tw, const {T}* restrict oc) {
-  int64_t total = m * s;
+/* (a + ib)(c + id), on plain {T}s (no fused multiply-add: -ffp-contract=off) */
+#define TS_CMUL_RE(a, b, c, d) ((a) * (c) - (b) * (d))
+#define TS_CMUL_IM(a, b, c, d) ((a) * (d) + (b) * (c))
+
+/* One stage: L = r m points per transform, stride s (n lanes = L s); element q + s (j + u m)
+   of the input goes into butterfly (j, q), whose output t lands at q + s (r j + t). */
+static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, const {T}* restrict xr,
+                             const {T}* restrict xi, {T}* restrict yr, {T}* restrict yi,
+                             const {T}* restrict tw, const {T}* restrict oc) {
+  int64_t total = m * s, sm = s * m;
   if (r == 4) {
     #pragma omp parallel for schedule(static) if (total >= TS_FFT_PARALLEL)
     for (int64_t j = 0; j < m; ++j) {
       const {T} w1r = tw[6 * j], w1i = tw[6 * j + 1], w2r = tw[6 * j + 2], w2i = tw[6 * j + 3],
                 w3r = tw[6 * j + 4], w3i = tw[6 * j + 5];
+      const {T}* ar = xr + s * j;
+      const {T}* ai = xi + s * j;
+      {T}* orr = yr + s * 4 * j;
+      {T}* oi = yi + s * 4 * j;
+      #pragma omp simd
       for (int64_t q = 0; q < s; ++q) {
-        const {T}* a = x + 2 * (q + s * j);
-        {T} a0r = a[0], a0i = a[1], a1r = a[2 * s * m], a1i = a[2 * s * m + 1];
-        {T} a2r = a[4 * s * m], a2i = a[4 * s * m + 1], a3r = a[6 * s * m], a3i = a[6 * s * m + 1];
-        {T} t0r = a0r + a2r, t0i = a0i + a2i, t1r = a0r - a2r, t1i = a0i - a2i;
-        {T} t2r = a1r + a3r, t2i = a1i + a3i, t3r = a1r - a3r, t3i = a1i - a3i;
+        {T} t0r = ar[q] + ar[q + 2 * sm], t0i = ai[q] + ai[q + 2 * sm];
+        {T} t1r = ar[q] - ar[q + 2 * sm], t1i = ai[q] - ai[q + 2 * sm];
+        {T} t2r = ar[q + sm] + ar[q + 3 * sm], t2i = ai[q + sm] + ai[q + 3 * sm];
+        {T} t3r = ar[q + sm] - ar[q + 3 * sm], t3i = ai[q + sm] - ai[q + 3 * sm];
         /* b0 = t0 + t2, b2 = t0 - t2, b1 = t1 - i t3, b3 = t1 + i t3 */
         {T} b1r = t1r + t3i, b1i = t1i - t3r, b2r = t0r - t2r, b2i = t0i - t2i;
         {T} b3r = t1r - t3i, b3i = t1i + t3r;
-        {T}* o = y + 2 * (q + s * 4 * j);
-        o[0] = t0r + t2r; o[1] = t0i + t2i;
-        o[2 * s] = b1r * w1r - b1i * w1i; o[2 * s + 1] = b1r * w1i + b1i * w1r;
-        o[4 * s] = b2r * w2r - b2i * w2i; o[4 * s + 1] = b2r * w2i + b2i * w2r;
-        o[6 * s] = b3r * w3r - b3i * w3i; o[6 * s + 1] = b3r * w3i + b3i * w3r;
+        orr[q] = t0r + t2r; oi[q] = t0i + t2i;
+        orr[q + s] = TS_CMUL_RE(b1r, b1i, w1r, w1i); oi[q + s] = TS_CMUL_IM(b1r, b1i, w1r, w1i);
+        orr[q + 2 * s] = TS_CMUL_RE(b2r, b2i, w2r, w2i);
+        oi[q + 2 * s] = TS_CMUL_IM(b2r, b2i, w2r, w2i);
+        orr[q + 3 * s] = TS_CMUL_RE(b3r, b3i, w3r, w3i);
+        oi[q + 3 * s] = TS_CMUL_IM(b3r, b3i, w3r, w3i);
       }
     }
   } else if (r == 2) {
     #pragma omp parallel for schedule(static) if (total >= TS_FFT_PARALLEL)
     for (int64_t j = 0; j < m; ++j) {
       const {T} wr = tw[2 * j], wi = tw[2 * j + 1];
+      const {T}* ar = xr + s * j;
+      const {T}* ai = xi + s * j;
+      {T}* orr = yr + s * 2 * j;
+      {T}* oi = yi + s * 2 * j;
+      #pragma omp simd
       for (int64_t q = 0; q < s; ++q) {
-        const {T}* a = x + 2 * (q + s * j);
-        {T} a0r = a[0], a0i = a[1], a1r = a[2 * s * m], a1i = a[2 * s * m + 1];
-        {T} dr = a0r - a1r, di = a0i - a1i;
-        {T}* o = y + 2 * (q + s * 2 * j);
-        o[0] = a0r + a1r; o[1] = a0i + a1i;
-        o[2 * s] = dr * wr - di * wi; o[2 * s + 1] = dr * wi + di * wr;
+        {T} dr = ar[q] - ar[q + sm], di = ai[q] - ai[q + sm];
+        orr[q] = ar[q] + ar[q + sm]; oi[q] = ai[q] + ai[q + sm];
+        orr[q + s] = TS_CMUL_RE(dr, di, wr, wi); oi[q + s] = TS_CMUL_IM(dr, di, wr, wi);
       }
     }
   } else {
+    /* b_0 = sum a_u; for t = 1 .. (r-1)/2, over the pairs u, r - u:
+       b_t, b_{r-t} = a_0 + sum cos(2 pi u t/r) (a_u + a_{r-u}) -/+ i sin(..) (a_u - a_{r-u}) */
     #pragma omp parallel for schedule(static) if (total >= TS_FFT_PARALLEL)
     for (int64_t j = 0; j < m; ++j) {
-      {T} ar[TS_FFT_MAX_RADIX] = {0}, ai[TS_FFT_MAX_RADIX] = {0};
+      const {T}* ar = xr + s * j;
+      const {T}* ai = xi + s * j;
+      {T}* orr = yr + s * r * j;
+      {T}* oi = yi + s * r * j;
       for (int64_t q = 0; q < s; ++q) {
-        const {T}* a = x + 2 * (q + s * j);
-        for (int u = 0; u < r; ++u) { ar[u] = a[2 * s * m * u]; ai[u] = a[2 * s * m * u + 1]; }
-        {T}* o = y + 2 * (q + s * r * j);
-        /* b_0 = sum a_u; for t = 1 .. (r-1)/2, over the pairs u, r - u:
-           b_t, b_{r-t} = a_0 + sum cos(2 pi u t/r) (a_u + a_{r-u}) -/+ i sin(..) (a_u - a_{r-u}) */
-        {T} s0r = ar[0], s0i = ai[0];
-        for (int u = 1; u <= r / 2; ++u) { s0r += ar[u] + ar[r - u]; s0i += ai[u] + ai[r - u]; }
-        o[0] = s0r; o[1] = s0i;
-        for (int t = 1; t <= r / 2; ++t) {
-          {T} er = ar[0], ei = ai[0], fr = 0, fi = 0;
+        {T} s0r = ar[q], s0i = ai[q];
+        for (int u = 1; u <= r / 2; ++u) {
+          s0r += ar[q + u * sm] + ar[q + (r - u) * sm];
+          s0i += ai[q + u * sm] + ai[q + (r - u) * sm];
+        }
+        orr[q] = s0r; oi[q] = s0i;
+      }
+      for (int t = 1; t <= r / 2; ++t) {
+        const {T}* w1 = tw + 2 * (j * (r - 1) + t - 1);
+        const {T}* w2 = tw + 2 * (j * (r - 1) + r - t - 1);
+        for (int64_t q = 0; q < s; ++q) {
+          {T} er = ar[q], ei = ai[q], fr = 0, fi = 0;
           for (int u = 1; u <= r / 2; ++u) {
             int k = (int)(((int64_t)u * t) % r);
             {T} c = oc[2 * k], sn = oc[2 * k + 1];
-            er += c * (ar[u] + ar[r - u]); ei += c * (ai[u] + ai[r - u]);
-            fr += sn * (ar[u] - ar[r - u]); fi += sn * (ai[u] - ai[r - u]);
+            {T} pr = ar[q + u * sm], pi = ai[q + u * sm];
+            {T} nr = ar[q + (r - u) * sm], ni = ai[q + (r - u) * sm];
+            er += c * (pr + nr); ei += c * (pi + ni);
+            fr += sn * (pr - nr); fi += sn * (pi - ni);
           }
           /* b_t = e - i f, b_{r-t} = e + i f; then the twiddles */
           {T} btr = er + fi, bti = ei - fr, bur = er - fi, bui = ei + fr;
-          const {T}* w1 = tw + 2 * (j * (r - 1) + t - 1);
-          const {T}* w2 = tw + 2 * (j * (r - 1) + r - t - 1);
-          o[2 * s * t] = btr * w1[0] - bti * w1[1]; o[2 * s * t + 1] = btr * w1[1] + bti * w1[0];
-          o[2 * s * (r - t)] = bur * w2[0] - bui * w2[1];
-          o[2 * s * (r - t) + 1] = bur * w2[1] + bui * w2[0];
+          orr[q + s * t] = TS_CMUL_RE(btr, bti, w1[0], w1[1]);
+          oi[q + s * t] = TS_CMUL_IM(btr, bti, w1[0], w1[1]);
+          orr[q + s * (r - t)] = TS_CMUL_RE(bur, bui, w2[0], w2[1]);
+          oi[q + s * (r - t)] = TS_CMUL_IM(bur, bui, w2[0], w2[1]);
         }
       }
     }
   }
 }
 
-/* The forward complex transform of x (p->n points) in place; work: p->work elements. */
-static int ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* x, {T}* work) {
+/* The forward complex transform of `lanes` lines in place; work: p->work * lanes elements. */
+static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
+                           {T}* work) {
   int64_t n = p->n;
   if (p->m) {                                      /* Bluestein */
-    int64_t m = p->m;
-    {T}* a = work;
+    int64_t m = p->m, N = n * lanes, M = m * lanes;
+    {T}* ar = work;
+    {T}* ai = work + M;
+    const {T}* kre = p->kernel;
+    const {T}* kim = p->kernel + m;
     for (int64_t k = 0; k < n; ++k) {
-      {T} xr = x[2 * k], xi = x[2 * k + 1], cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
-      a[2 * k] = xr * cr - xi * ci; a[2 * k + 1] = xr * ci + xi * cr;
+      {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
+      for (int64_t v = 0; v < lanes; ++v) {
+        {T} xr = re[k * lanes + v], xi = im[k * lanes + v];
+        ar[k * lanes + v] = TS_CMUL_RE(xr, xi, cr, ci);
+        ai[k * lanes + v] = TS_CMUL_IM(xr, xi, cr, ci);
+      }
     }
-    for (int64_t k = 2 * n; k < 2 * m; ++k) a[k] = 0;
-    ts_fft_run_{S}(p->sub, a, work + 2 * m);
+    for (int64_t k = N; k < M; ++k) { ar[k] = 0; ai[k] = 0; }
+    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);
     for (int64_t k = 0; k < m; ++k) {              /* times the kernel, conjugated */
-      {T} ar = a[2 * k], ai = a[2 * k + 1], br = p->kernel[2 * k], bi = p->kernel[2 * k + 1];
-      a[2 * k] = ar * br - ai * bi; a[2 * k + 1] = -(ar * bi + ai * br);
+      {T} br = kre[k], bi = kim[k];
+      for (int64_t v = 0; v < lanes; ++v) {
+        {T} xr = ar[k * lanes + v], xi = ai[k * lanes + v];
+        ar[k * lanes + v] = TS_CMUL_RE(xr, xi, br, bi);
+        ai[k * lanes + v] = -TS_CMUL_IM(xr, xi, br, bi);
+      }
     }
-    ts_fft_run_{S}(p->sub, a, work + 2 * m);        /* the inverse, as conj(F conj(.)) */
+    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);  /* the inverse: conj(F conj(.)) */
     for (int64_t k = 0; k < n; ++k) {
-      {T} ar = a[2 * k], ai = -a[2 * k + 1], cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
-      x[2 * k] = ar * cr - ai * ci; x[2 * k + 1] = ar * ci + ai * cr;
+      {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
+      for (int64_t v = 0; v < lanes; ++v) {
+        {T} xr = ar[k * lanes + v], xi = -ai[k * lanes + v];
+        re[k * lanes + v] = TS_CMUL_RE(xr, xi, cr, ci);
+        im[k * lanes + v] = TS_CMUL_IM(xr, xi, cr, ci);
+      }
     }
-    return 0;
+    return;
   }
-  {T}* src = x;
-  {T}* dst = work;
-  int64_t L = n, s = 1;
+  {T}* sr = re;
+  {T}* si = im;
+  {T}* dr = work;
+  {T}* di = work + n * lanes;
+  int64_t L = n, s = lanes;
   for (int i = 0; i < p->nf; ++i) {
     int r = p->radix[i];
     int64_t m = L / r;
-    ts_fft_stage_{S}(r, m, s, src, dst, p->tw + 2 * p->twoff[i], p->odd + p->oddoff[i]);
-    {T}* t = src; src = dst; dst = t;
+    ts_fft_stage_{S}(r, m, s, sr, si, dr, di, p->tw + 2 * p->twoff[i], p->odd + p->oddoff[i]);
+    {T}* t = sr; sr = dr; dr = t;
+    t = si; si = di; di = t;
     L = m; s *= r;
   }
-  if (src != x) memcpy(x, src, sizeof({T}) * 2 * n);
-  return 0;
+  if (sr != re) {
+    memcpy(re, sr, sizeof({T}) * n * lanes);
+    memcpy(im, si, sizeof({T}) * n * lanes);
+  }
 }
 
-static void ts_fft_conj_{S}({T}* x, int64_t n) {
-  for (int64_t k = 0; k < n; ++k) x[2 * k + 1] = -x[2 * k + 1];
+static void ts_fft_negate_{S}({T}* x, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) x[k] = -x[k];
 }
 
-static int ts_fft_{S}({T}* buf, int64_t n, int kind) {
+static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
   if (n <= 1) {                                    /* a one-point transform is the identity */
-    if (n == 1 && kind >= 2) buf[1] = 0;
+    if (n == 1 && kind >= 2) for (int64_t v = 0; v < lanes; ++v) im[v] = 0;
     return 0;
   }
   int even_real = kind >= 2 && n % 2 == 0;
   ts_fft_plan_{S}* own = 0;
   const ts_fft_plan_{S}* p = ts_fft_lookup_{S}(n, even_real, &own);
   if (!p) return 1;
-  {T}* work = ts_scratch_{S}((size_t)p->work);
+  {T}* work = ts_scratch_{S}((size_t)(p->work * lanes));
   if (!work) { ts_fft_free_{S}(own); return 1; }
-  if (kind == 0) {
-    ts_fft_run_{S}(p, buf, work);
+  int64_t V = lanes;
+  if (kind == 0 || (kind == 2 && !even_real)) {    /* (odd real lines: zero imaginary parts) */
+    ts_fft_run_{S}(p, re, im, V, work);
+    if (kind == 2) for (int64_t v = 0; v < V; ++v) im[v] = 0;
   } else if (kind == 1) {
-    ts_fft_conj_{S}(buf, n); ts_fft_run_{S}(p, buf, work); ts_fft_conj_{S}(buf, n);
-  } else if (kind == 2 && !even_real) {            /* odd n: the reals as complex values */
-    for (int64_t k = n - 1; k >= 0; --k) { buf[2 * k] = buf[k]; buf[2 * k + 1] = 0; }
-    ts_fft_run_{S}(p, buf, work);
-    buf[1] = 0;
+    ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work); ts_fft_negate_{S}(im, n * V);
   } else if (kind == 3 && !even_real) {            /* odd n: the Hermitian line, inverted */
     int64_t h = n / 2;
-    buf[1] = 0;
-    for (int64_t k = 1; k <= h; ++k) { buf[2 * (n - k)] = buf[2 * k]; buf[2 * (n - k) + 1] = -buf[2 * k + 1]; }
-    ts_fft_conj_{S}(buf, n); ts_fft_run_{S}(p, buf, work);
-    for (int64_t k = 0; k < n; ++k) buf[k] = buf[2 * k];
+    for (int64_t v = 0; v < V; ++v) im[v] = 0;
+    for (int64_t k = 1; k <= h; ++k)
+      for (int64_t v = 0; v < V; ++v) {
+        re[(n - k) * V + v] = re[k * V + v]; im[(n - k) * V + v] = -im[k * V + v];
+      }
+    ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work);
   } else if (kind == 2) {
-    /* z_j = x_2j + i x_2j+1, Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
+    /* Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
     int64_t h = n / 2;
-    ts_fft_run_{S}(p->sub, buf, work);
-    {T} z0r = buf[0], z0i = buf[1];
-    buf[0] = z0r + z0i; buf[1] = 0; buf[2 * h] = z0r - z0i; buf[2 * h + 1] = 0;
+    ts_fft_run_{S}(p->sub, re, im, V, work);
+    for (int64_t v = 0; v < V; ++v) {
+      {T} z0r = re[v], z0i = im[v];
+      re[v] = z0r + z0i; im[v] = 0; re[h * V + v] = z0r - z0i; im[h * V + v] = 0;
+    }
     for (int64_t k = 1; 2 * k <= h; ++k) {
       int64_t l = h - k;
-      {T} ar = buf[2 * k], ai = buf[2 * k + 1], br = buf[2 * l], bi = buf[2 * l + 1];
-      /* for k: Z = a, Z' = b;  for l: Z = b, Z' = a */
-      {T} er = ({T})0.5 * (ar + br), ei = ({T})0.5 * (ai - bi);     /* (Z_k + conj Z_l)/2 */
-      {T} dr = ({T})0.5 * (ar - br), di = ({T})0.5 * (ai + bi);     /* (Z_k - conj Z_l)/2 */
       {T} wr = p->rtw[2 * k], wi = p->rtw[2 * k + 1];
-      {T} pr = wr * dr - wi * di, pi = wr * di + wi * dr;            /* W^k d */
-      buf[2 * k] = er + pi; buf[2 * k + 1] = ei - pr;                /* e - i W^k d */
-      if (l != k) {
-        /* for l: e' = conj(e), d' = -conj(d), W^l = -conj(W^k) */
-        {T} vr = -wr, vi = wi;
-        {T} d2r = -dr, d2i = di;
-        {T} qr = vr * d2r - vi * d2i, qi = vr * d2i + vi * d2r;
-        buf[2 * l] = er + qi; buf[2 * l + 1] = -ei - qr;
+      {T}* kr = re + k * V;
+      {T}* ki = im + k * V;
+      {T}* lr = re + l * V;
+      {T}* li = im + l * V;
+      #pragma omp simd
+      for (int64_t v = 0; v < V; ++v) {
+        {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v];
+        {T} er = ({T})0.5 * (ar + br), ei = ({T})0.5 * (ai - bi);     /* (Z_k + conj Z_l)/2 */
+        {T} dr = ({T})0.5 * (ar - br), di = ({T})0.5 * (ai + bi);     /* (Z_k - conj Z_l)/2 */
+        {T} pr = TS_CMUL_RE(wr, wi, dr, di), pi = TS_CMUL_IM(wr, wi, dr, di);   /* W^k d */
+        /* for l: e' = conj e, d' = -conj d, W^l = -conj W^k */
+        {T} qr = TS_CMUL_RE(-wr, wi, -dr, di), qi = TS_CMUL_IM(-wr, wi, -dr, di);
+        kr[v] = er + pi; ki[v] = ei - pr;                              /* e - i W^k d */
+        if (l != k) { lr[v] = er + qi; li[v] = -ei - qr; }
       }
     }
   } else {
     /* Z_k = (X_k + conj X_{h-k}) + i W^-k (X_k - conj X_{h-k}); x = IFFT_h(Z), unnormalised */
     int64_t h = n / 2;
-    {T} x0 = buf[0], xh = buf[2 * h];
-    buf[0] = x0 + xh; buf[1] = x0 - xh;
+    for (int64_t v = 0; v < V; ++v) {
+      {T} x0 = re[v], xh = re[h * V + v];
+      re[v] = x0 + xh; im[v] = x0 - xh;
+    }
     for (int64_t k = 1; 2 * k <= h; ++k) {
       int64_t l = h - k;
-      {T} ar = buf[2 * k], ai = buf[2 * k + 1], br = buf[2 * l], bi = buf[2 * l + 1];
-      {T} er = ar + br, ei = ai - bi, dr = ar - br, di = ai + bi;
       {T} wr = p->rtw[2 * k], wi = -p->rtw[2 * k + 1];                /* W^-k */
-      {T} pr = wr * dr - wi * di, pi = wr * di + wi * dr;
-      buf[2 * k] = er - pi; buf[2 * k + 1] = ei + pr;                /* e + i W^-k d */
-      if (l != k) {
-        {T} vr = -wr, vi = wi;                                       /* W^-l = -conj W^-k */
-        {T} d2r = -dr, d2i = di;
-        {T} qr = vr * d2r - vi * d2i, qi = vr * d2i + vi * d2r;
-        buf[2 * l] = er - qi; buf[2 * l + 1] = -ei + qr;
+      {T}* kr = re + k * V;
+      {T}* ki = im + k * V;
+      {T}* lr = re + l * V;
+      {T}* li = im + l * V;
+      #pragma omp simd
+      for (int64_t v = 0; v < V; ++v) {
+        {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v];
+        {T} er = ar + br, ei = ai - bi, dr = ar - br, di = ai + bi;
+        {T} pr = TS_CMUL_RE(wr, wi, dr, di), pi = TS_CMUL_IM(wr, wi, dr, di);
+        /* W^-l = -conj W^-k, d' = -conj d */
+        {T} qr = TS_CMUL_RE(-wr, wi, -dr, di), qi = TS_CMUL_IM(-wr, wi, -dr, di);
+        kr[v] = er - pi; ki[v] = ei + pr;                              /* e + i W^-k d */
+        if (l != k) { lr[v] = er - qi; li[v] = -ei + qr; }
       }
     }
-    ts_fft_conj_{S}(buf, h); ts_fft_run_{S}(p->sub, buf, work); ts_fft_conj_{S}(buf, h);
+    ts_fft_negate_{S}(im, h * V); ts_fft_run_{S}(p->sub, re, im, V, work);
+    ts_fft_negate_{S}(im, h * V);
   }
   ts_fft_free_{S}(own);
   return 0;
