@@ -7,7 +7,10 @@ compiler's complex pass (compiler/passes.py, `split_complex`) gives each complex
 primitive graph two float values, its parts, by the rules below (a parameter's parts are read
 in place from the interleaved memory, a result's written back into it). The arithmetic is
 NumPy's formula for each operator, so results agree with NumPy's to the last bits of the float
-operations involved (complex division by Smith's method, as NumPy).
+operations involved (complex division by Smith's method, as NumPy). One exception, C99's
+(Annex G) rather than NumPy's: a product with a real operand scales both parts (two products,
+not four; NumPy promotes the real operand to complex first, so an infinite part times its zero
+imaginary part makes a NaN there, and a zero's sign may differ).
 
 An operator takes complex tensors only where it has a rule here; any other is an
 UnsupportedDTypeError at the line that calls it (in a traced function and eagerly alike).
@@ -122,9 +125,18 @@ def _binary(op):
     return rule
 
 
+def _is_zero(v) -> bool:
+    """Is v zeros the rules made (a real value's imaginary part: `_im`)?"""
+    n = v.node
+    if n is not None and n.op == "broadcast_to":
+        n = n.inputs[0].node
+    return n is not None and n.op == "const" and not np.any(n.attrs["value"])
+
+
 def _mul(b, xs, attrs, out):
     d = out.dtype.part
-    x, y = xs
+    # a real value promoted to complex (x * w, w real) scales both parts: 2 products, not 4
+    x, y = (v[0] if isinstance(v, tuple) and _is_zero(v[1]) else v for v in xs)
     if not isinstance(x, tuple) or not isinstance(y, tuple):     # a real factor scales both
         z, r = (y, x) if isinstance(y, tuple) else (x, y)
         r = _real(b, r, d)

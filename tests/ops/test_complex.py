@@ -105,3 +105,12 @@ def test_unsupported_operators_and_targets_say_so(rng):
         ts.function(lambda z: z * 2, target="cuda").lower(z)
     with pytest.raises(UnsupportedDTypeError, match="fori_loop does not take complex"):
         ts.function(lambda z: ts.fori_loop(0, 2, lambda i, c: c * 2, z))(z)
+
+
+def test_a_real_factor_scales_both_parts(rng):
+    """z * w with w real: two products (C99's mixed product), NumPy's bits on finite values."""
+    z = (rng.standard_normal((3, 5)) + 1j * rng.standard_normal((3, 5))).astype(np.complex64)
+    w = rng.standard_normal(5).astype(np.float32)
+    f = ts.function(lambda a, b: a * b)
+    np.testing.assert_array_equal(f(z, w), z * w)
+    assert sum(n.op == "mul" for n in f.lower(z, w).primitive_ir.nodes) == 2
