@@ -13,7 +13,8 @@ import math
 from ... import dtypes as dt
 from ...errors import BackendUnavailableError
 from ...ops import registry as R
-from ..emit import Names, coalesce, contiguous, idx_min, prod, read, split_index
+from ..emit import Emitter, Names, contiguous, idx_min, prod, split_index
+from ..groups import Group, identity_map
 from ..tile_ir import (Addr, Bin, Call, Const, Decl, Load, Loop, Scratch, Store, Var, idx_add,
                        idx_mul, linear)
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
@@ -26,11 +27,22 @@ KIND_CODE = {("c2c", False): 0, ("c2c", True): 1, ("r2c", False): 2, ("c2r", Fal
 
 class FFT(Strategy):
     name = "fft"
-    grows = False
     routines = {"fft": "ts_fft_{S}"}
 
     def claims(self, n) -> bool:
         return isinstance(n.opdef.lowering, R.Spectral)
+
+    def start(self, n) -> Group:
+        """The domain is the input's shape: a transform gathers its lines through the elementwise
+        producers and views it takes in (a spectral filter's weighting, a complex parameter's
+        parts read in place). The output walks the domain's other axes."""
+        domain = tuple(n.inputs[0].type.shape)
+        grp = Group(self.name, n, domain)
+        axis, rank = n.attrs["axis"], len(domain)
+        out = n.out.type.shape
+        grp.maps[n.out.id] = tuple(None if k == axis or k >= rank or out[k] == 1 else k
+                                   for k in range(len(out)))
+        return grp
 
     def node_flops(self, n) -> int:
         """5 n log2 n per complex line (the radix-2 count, as FFT benchmarks quote); half that
@@ -76,18 +88,20 @@ def lanes_for(n: int, lines: int) -> int:
 def lower_fft(k, code):
     """Blocks of V lines (V: lanes_for), in parallel: each line gathered into the block's two
     planes (element-major: element j of lane v at j * count + v; a real line of even n packed
-    as n/2 complex values), one routine call for the block, each line scattered to the output
-    times the norm's factor."""
+    as n/2 complex values) through the group's prologue, one routine call for the block, each
+    line scattered to the output times the norm's factor."""
     names = Names()
-    kind = R.get(k.op).lowering.kind
-    axis, d = k.attrs["axis"], k.output.type.dtype
-    x = k.inputs[0]
-    in_shape, out_shape = list(x.type.shape), list(k.output.type.shape)
-    n = k.attrs["n"] if kind == "c2r" else in_shape[axis]
-    kept = [a for a in range(len(in_shape)) if a != axis]
-    cin, cout = contiguous(in_shape), contiguous(out_shape)
-    extents, (line_in, line_out) = coalesce([in_shape[a] for a in kept],
-                                            [[cin[a] for a in kept], [cout[a] for a in kept]])
+    em = Emitter(k, names)
+    node = k.group.root
+    kind = node.opdef.lowering.kind
+    axis, d = node.attrs["axis"], k.output.type.dtype
+    domain = list(k.group.domain)
+    em.loops = [[a] for a in range(len(domain))]    # an index per domain axis
+    out_shape = list(k.output.type.shape)
+    n = node.attrs["n"] if kind == "c2r" else domain[axis]
+    kept = [a for a in range(len(domain)) if a != axis]
+    extents = [domain[a] for a in kept]
+    cout = contiguous(out_shape)
     total = prod(extents)
     if total == 0:
         return []
@@ -95,41 +109,54 @@ def lower_fft(k, code):
     plane = V * (n + 1)
     blk, cnt, v, line, j, buf = (names(w) for w in ("blk", "count", "v", "line", "j", "planes"))
     i64 = dt.int64
+    jv = Var(j)
+    two = lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
+    packed = kind != "c2c" and n % 2 == 0         # a real line as n/2 complex values
+    bodies = []                                   # (the emitter's memo keys on id(body))
 
     def per_line(stmts_of):
-        """A loop over the block's lines, each line's indices placed, around stmts_of(at_in,
-        at_out) (at_*(i): where element i of the line lies)."""
+        """A loop over the block's lines, each line's indices placed, around stmts_of(where,
+        at_out): where(i) the domain point of the line's element i, at_out(i) the output's
+        index of it."""
         kvars = split_index(Var(line), extents)
-        at_in = lambda i: idx_add(linear(kvars, line_in), idx_mul(i, Const(cin[axis])))
-        at_out = lambda i: idx_add(linear(kvars, line_out), idx_mul(i, Const(cout[axis])))
+        where = lambda i: {**dict(zip(kept, kvars)), axis: i}
+        at_out = lambda i: idx_add(linear(kvars, [cout[a] for a in kept]),
+                                   idx_mul(i, Const(cout[axis])))
         return Loop(v, Var(cnt), "serial", [
             Decl(line, i64, idx_add(idx_mul(Var(blk), Const(V)), Var(v))),
-            *stmts_of(at_in, at_out)])
+            *stmts_of(where, at_out)])
 
     def slot(part, i):                        # element i of the lane in plane part (0 re, 1 im)
         return idx_add(Const(part * plane), idx_add(idx_mul(i, Var(cnt)), Var(v)))
 
-    jv = Var(j)
-    two = lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
-    packed = kind != "c2c" and n % 2 == 0         # a real line as n/2 complex values
+    def put(part, i, value_of, point):
+        """The statements storing the prologue's value at a domain point into a plane."""
+        body = []
+        bodies.append(body)
+        body.append(Store(buf, slot(part, i), value_of(body, point)))
+        return body
 
-    def gather(at_in, at_out):
+    def operand(u):
+        m = k.group.maps.get(u.id) or identity_map(u.type.shape)    # (a leaf: read as it is)
+        return lambda body, point: em.value(u, m, body, point)
+
+    def gather(where, at_out):
+        x = node.inputs[0]
         if kind == "r2c" and packed:
-            body = [Store(buf, slot(0, jv), read(x, at_in(two(jv, 0)))),
-                    Store(buf, slot(1, jv), read(x, at_in(two(jv, 1))))]
+            body = put(0, jv, operand(x), where(two(jv, 0))) + \
+                put(1, jv, operand(x), where(two(jv, 1)))
             return [Loop(j, n // 2, "serial", body)]
         if kind == "r2c":
-            body = [Store(buf, slot(0, jv), read(x, at_in(jv))),
-                    Store(buf, slot(1, jv), Const(0, d))]
+            body = put(0, jv, operand(x), where(jv)) + [Store(buf, slot(1, jv), Const(0, d))]
             return [Loop(j, n, "serial", body)]
-        return [Loop(j, in_shape[axis], "serial",
-                     [Store(buf, slot(p, jv), read(u, at_in(jv)))
-                      for p, u in enumerate(k.inputs[:2])])]
+        return [Loop(j, domain[axis], "serial",
+                     [s for p, u in enumerate(node.inputs[:2])
+                      for s in put(p, jv, operand(u), where(jv))])]
 
-    s = k.attrs["scale"]
+    s = node.attrs["scale"]
     scaled = (lambda e: e) if s == 1.0 else (lambda e: Bin("*", e, Const(s, d)))
 
-    def scatter(at_in, at_out):
+    def scatter(where, at_out):
         out = k.output.name
         if kind != "c2r":                         # the parts on the output's last axis of 2
             return [Loop(j, out_shape[axis], "serial",
@@ -141,7 +168,7 @@ def lower_fft(k, code):
                           for p in (0, 1)])]
         return [Loop(j, n, "serial", [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
 
-    code_kind = KIND_CODE[kind, bool(k.attrs.get("inverse"))]
+    code_kind = KIND_CODE[kind, bool(node.attrs.get("inverse"))]
     blocks = -(-total // V)
     body = [Decl(cnt, i64, idx_min(Const(V), Bin("-", Const(total), idx_mul(Var(blk), Const(V))))),
             Scratch(buf, d, 2 * plane, code, [
