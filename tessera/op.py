@@ -259,6 +259,13 @@ def segment_sum(data, segment_ids, num_segments):
     return _apply("scatter_add", target, segment_ids, data, axis=0)
 
 
+def angle(z, deg=False):
+    """The argument of each element, in (-pi, pi] (degrees with ``deg``): atan2(imag, real), so
+    a negative real number's is pi, as NumPy's angle."""
+    a = _apply("atan2", _apply("imag", z), _apply("real", z))
+    return _apply("mul", a, 180.0 / 3.141592653589793) if deg else a
+
+
 # ---- Fourier transforms over several axes (one-axis ones: ops/spectral.py) ----------------------
 def _fft_axes(x, s, axes, last_two: bool):
     """NumPy's (s, axes) of an n-dimensional transform: axes default to the last len(s) (or the

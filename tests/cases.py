@@ -36,6 +36,7 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 4, 3) * 5, f32(r, 3, lo=0.5) * np.array([1, -1, 1])], {})
        for n in ["mod", "floor_divide"]},
     "pow": (lambda r: [f32(r, 4, 3, lo=0.1), f32(r, 3)], {}),
+    "atan2": (lambda r: [f32(r, 4, 3), f32(r, 3)], {}),
     "where": (lambda r: [f32(r, 4, 3) > 0, f32(r, 4, 3), f32(r, 3)], {}),
     "cast": (lambda r: [f32(r, 4, 3) * 10], {"dtype": "int32"}),
     **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in

@@ -54,7 +54,9 @@ def _on_real(what):
             return None                     # the complex pass's rule (RULES)
         d = dt.default_float_for(x.dtype)
         x = x if x.dtype == d or what == "conj" else b.op("cast", x, dtype=d.name)
-        return b.op("mul", x, 0.0) if what == "imag" else x
+        if what == "imag":              # +0 everywhere (x * 0 would be -0, or NaN at inf)
+            return b.op("broadcast_to", b.const(np.zeros((), d.np), None), shape=list(x.shape))
+        return x
     return decompose
 
 
@@ -188,6 +190,26 @@ def _abs(b, xs, attrs, out):
     return b.op("mul", m, b.op("sqrt", b.op("add", b.op("mul", s, s), b.op("mul", t, t))))
 
 
+def _log(b, xs, attrs, out):
+    """log|z| + i angle(z), |z| without overflow (as abs)."""
+    re, im = xs[0]
+    return b.op("log", _abs(b, xs, attrs, out)), b.op("atan2", im, re)
+
+
+def _sqrt(b, xs, attrs, out):
+    """The principal root by NumPy's (C99's csqrt) formula, without cancellation: t =
+    sqrt((|re| + |z|) / 2); re >= 0: (t, im / 2t); re < 0: (|im| / 2t, t with im's sign)."""
+    re, im = xs[0]
+    t = b.op("sqrt", b.op("mul", b.op("add", b.op("abs", re), _abs(b, xs, attrs, out)), 0.5))
+    safe = b.op("where", b.op("gt", t, 0.0), t, 1.0)             # z = 0: both parts 0
+    half = b.op("div", b.op("mul", im, 0.5), safe)
+    # im's sign bit: below 0, or -0 (1 / -0 = -inf)
+    negative = b.op("where", b.op("lt", im, 0.0), True, b.op("lt", b.op("div", 1.0, im), 0.0))
+    signed_t = b.op("where", negative, b.op("neg", t), t)
+    right = b.op("ge", re, 0.0)
+    return (b.op("where", right, t, b.op("abs", half)), b.op("where", right, half, signed_t))
+
+
 def _matmul(b, xs, attrs, out):
     d = out.dtype.part
     (a, c), (e, f) = [(_real(b, x, d), _im(b, x, out.dtype)) for x in xs]
@@ -244,7 +266,7 @@ RULES = {
     "complex": lambda b, xs, attrs, out: tuple(
         b.op("broadcast_to", _real(b, x, out.dtype.part), shape=list(out.shape)) for x in xs),
     "add": _binary("add"), "sub": _binary("sub"), "mul": _mul, "div": _div, "neg": _neg,
-    "exp": _exp, "abs": _abs, "matmul": _matmul, "cast": _cast, "where": _where,
+    "exp": _exp, "abs": _abs, "log": _log, "sqrt": _sqrt, "matmul": _matmul, "cast": _cast, "where": _where,
     "eq": _eq_ne("eq"), "ne": _eq_ne("ne"),
     "concat": _listed("concat"),
 }

@@ -234,6 +234,10 @@ with np.errstate(all="ignore"):
                               "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
                               " while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }"},
                 doc="a ** b")
+    elementwise("atan2", 2, true_divide, {"f": "atan2{F}({0}, {1})"},
+                lambda a, t: np.arctan2(a[0], a[1]), flops=20,
+                doc="the angle of the point (x, y) = (b, a) from the x axis, in (-pi, pi] "
+                    "(NumPy's arctan2)")
     elementwise("maximum", 2, binary_arith(),
                 {"f": "ts_max{F}({0}, {1})", "i": "({0} > {1} ? {0} : {1})", "b": "({0} | {1})"},
                 lambda a, t: np.maximum(a[0], a[1]), helpers={"f": FMAX},
@@ -277,6 +281,7 @@ for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("
                     ("sqrt", "sqrt"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh"),
                     ("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
                     ("div", "divide"), ("pow", "power"), ("maximum", "maximum"),
+                    ("atan2", "arctan2"),
                     ("floor", "floor"), ("ceil", "ceil"), ("sign", "sign"),
                     ("mod", "remainder"), ("floor_divide", "floor_divide"),
                     ("minimum", "minimum"), ("eq", "equal"), ("ne", "not_equal"),
@@ -333,16 +338,24 @@ def _abs_vjp(b, xs, y, g, a):
     return [b.op("mul", g, unit)]
 
 
+def _atan2_vjp(b, xs, y, g, a):
+    """d atan2(u, v) = (v du - u dv) / (u^2 + v^2)."""
+    u, v = xs
+    r2 = b.op("add", b.op("mul", u, u), b.op("mul", v, v))
+    return [b.op("div", b.op("mul", g, v), r2), b.op("neg", b.op("div", b.op("mul", g, u), r2))]
+
+
 _VJP = {
     "neg": lambda b, xs, y, g, a: [b.op("neg", g)],
     "abs": _abs_vjp,
-    "sqrt": lambda b, xs, y, g, a: [b.op("div", g, b.op("mul", y, 2))],
+    "sqrt": lambda b, xs, y, g, a: [b.op("div", g, b.op("mul", cj(b, y), 2))],
     "sin": lambda b, xs, y, g, a: [b.op("mul", g, b.op("cos", xs[0]))],
     "cos": lambda b, xs, y, g, a: [b.op("neg", b.op("mul", g, b.op("sin", xs[0])))],
     "exp": lambda b, xs, y, g, a: [b.op("mul", g, cj(b, y))],
     "tanh": lambda b, xs, y, g, a: [b.op("mul", g, b.op("sub", 1.0, b.op("mul", y, y)))],
     "erf": lambda b, xs, y, g, a: [b.op("mul", g, _erf_slope(b, xs[0]))],
-    "log": lambda b, xs, y, g, a: [b.op("div", g, xs[0])],
+    "log": lambda b, xs, y, g, a: [b.op("div", g, cj(b, xs[0]))],
+    "atan2": _atan2_vjp,
     "rsqrt": lambda b, xs, y, g, a: [b.op("mul", g, b.op("mul", b.op("mul", b.op("mul", y, y), y), -0.5))],
     "sigmoid": lambda b, xs, y, g, a: [b.op("mul", g, b.op("mul", y, b.op("sub", 1.0, y)))],
     "silu": _silu_vjp,

@@ -96,7 +96,7 @@ def test_gradients_follow_pytorch_convention(rng):
 
 def test_unsupported_operators_and_targets_say_so(rng):
     z = cplx(rng, 3)
-    for fn in (lambda z: op.sin(z), lambda z: op.log(z), lambda z: op.max(z), lambda z: op.lt(z, z)):
+    for fn in (lambda z: op.sin(z), lambda z: op.tanh(z), lambda z: op.max(z), lambda z: op.lt(z, z)):
         with pytest.raises(UnsupportedDTypeError, match="does not take complex"):
             ts.function(fn)(z)
         with pytest.raises(UnsupportedDTypeError, match="does not take complex"):
@@ -114,3 +114,31 @@ def test_a_real_factor_scales_both_parts(rng):
     f = ts.function(lambda a, b: a * b)
     np.testing.assert_array_equal(f(z, w), z * w)
     assert sum(n.op == "mul" for n in f.lower(z, w).primitive_ir.nodes) == 2
+
+
+@pytest.mark.parametrize("name", ["log", "sqrt"])
+def test_log_and_sqrt_of_complex_are_numpys(name, rng):
+    """The principal branches, at zero, on the negative real axis (both signs of a zero
+    imaginary part) and near overflow too; within a few ulps of NumPy's."""
+    z = rng.standard_normal((4, 6)) + 1j * rng.standard_normal((4, 6))
+    z[0, :5] = [0, -2, -3j, 1e300 + 1e300j, complex(-4, -0.0)]
+    f = ts.function(lambda a: getattr(op, name)(a))
+    with np.errstate(divide="ignore"):
+        want = getattr(np, name)(z)
+        np.testing.assert_allclose(f(z), want, rtol=4e-16, atol=0)
+    z64 = z[1:].astype(np.complex64)
+    np.testing.assert_allclose(f(z64), getattr(np, name)(z64.astype(np.complex128)), rtol=3e-7)
+    assert np.isfinite(ts.check_grad(lambda a: getattr(op, name)(a), z[1:]))
+
+
+def test_angle_and_atan2_are_numpys(rng):
+    z = rng.standard_normal(7) + 1j * rng.standard_normal(7)
+    x = np.array([-1.0, 2.0, -0.0, np.inf, -np.inf])
+    for a in (z, x, z.astype(np.complex64)):
+        got = ts.function(lambda v: op.angle(v))(a)
+        np.testing.assert_array_equal(got, np.angle(a).astype(got.dtype))
+    np.testing.assert_allclose(op.angle(z, deg=True), np.angle(z, deg=True))
+    u, v = rng.standard_normal((2, 5, 3))
+    np.testing.assert_array_equal(ts.function(lambda a, b: op.atan2(a, b))(u, v), np.arctan2(u, v))
+    assert np.isfinite(ts.check_grad(lambda a, b: op.atan2(a, b), u, v))
+    assert np.isfinite(ts.check_grad(lambda a: op.angle(a), z))
