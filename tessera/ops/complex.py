@@ -139,6 +139,9 @@ def _mul(b, xs, attrs, out):
     d = out.dtype.part
     # a real value promoted to complex (x * w, w real) scales both parts: 2 products, not 4
     x, y = (v[0] if isinstance(v, tuple) and _is_zero(v[1]) else v for v in xs)
+    if not isinstance(x, tuple) and not isinstance(y, tuple):    # both real after all
+        p = b.op("mul", _real(b, x, d), _real(b, y, d))
+        return p, _im(b, p, out.dtype)
     if not isinstance(x, tuple) or not isinstance(y, tuple):     # a real factor scales both
         z, r = (y, x) if isinstance(y, tuple) else (x, y)
         r = _real(b, r, d)

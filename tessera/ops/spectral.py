@@ -168,7 +168,8 @@ def _halves(b, g, axis: int, n: int, factor: float):
     w[0] = 1.0
     if n % 2 == 0:
         w[-1] = 1.0
-    w = w.reshape((m,) + (1,) * (len(g.shape) - 1 - axis)).astype(g.dtype.part.np)
+    part = g.dtype.part if g.dtype.is_complex else g.dtype
+    w = w.reshape((m,) + (1,) * (len(g.shape) - 1 - axis)).astype(part.np)
     return b.op("mul", g, b.const(w, None))
 
 
@@ -233,6 +234,31 @@ def _prim_reference(kind):
     return ref
 
 
+def _part(b, y, k):
+    """Part k (0 real, 1 imaginary) of y's last axis of 2."""
+    rank = len(y.shape) - 1
+    return b.op("reshape", b.op("slice", y, starts=[None] * rank + [k],
+                                stops=[None] * rank + [k + 1], steps=None),
+                shape=list(y.shape[:-1]))
+
+
+def _prim_vjp(kind):
+    """The primitives' adjoints, in the primitives (as the transforms' own, on parts)."""
+    def vjp(b, xs, y, g, a):
+        axis, s = a["axis"], a["scale"]
+        if kind == "c2c":
+            back = b.op("dft", _part(b, g, 0), _part(b, g, 1), axis=axis,
+                        inverse=not a["inverse"], scale=s)
+            return [_part(b, back, 0), _part(b, back, 1)]
+        if kind == "r2c":
+            n = xs[0].shape[axis]
+            gr, gi = (_halves(b, _part(b, g, k), axis, n, 0.5) for k in (0, 1))
+            return [b.op("dft_c2r", gr, gi, axis=axis, n=n, scale=s)]
+        back = b.op("dft_r2c", g, axis=axis, scale=s)
+        return [_halves(b, _part(b, back, k), axis, a["n"], 2.0) for k in (0, 1)]
+    return vjp
+
+
 def _prim_normalize(types, attrs):
     t = types[0]
     return {**attrs, "axis": norm_axis(attrs["axis"], t.rank, t)}
@@ -244,4 +270,5 @@ for _name, _kind, _nin, _attrs in (
         ("dft_c2r", "c2r", 2, {"axis": -1, "n": 1, "scale": 1.0})):
     register(OpDef(_name, _nin, _attrs, infer=_prim_infer(_kind), normalize=_prim_normalize,
                    reference=_prim_reference(_kind), lowering=Spectral(_kind),
+                   vjp=_prim_vjp(_kind),
                    doc=f"the {_kind} transform primitive of the FFT family (ops/spectral.py)"))

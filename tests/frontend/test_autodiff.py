@@ -141,6 +141,22 @@ CASES = {
               lambda r: [U(r, 4, 5)]),
              (lambda x: op.topk(x, 2)[0], lambda r: [U(r, 3, 6)])],
     "expand_dims": [(lambda x: op.expand_dims(x, axis=-1), lambda r: [U(r, 2, 3)])],
+    "atan2": binary("atan2", U, away),
+    # the transforms (more: tests/ops/test_spectral.py) and their primitives on parts
+    "fft": [(lambda z: op.real(op.fft(z, n=6) * op.fft(z, n=6)), lambda r: [Z(r, 3, 5)]),
+            (lambda x: op.fft(x, axis=0, norm="ortho"), lambda r: [U(r, 4, 3)])],
+    "ifft": [(lambda z: op.imag(op.ifft(z, n=4, norm="forward") * op.ifft(z, n=4, norm="forward")),
+              lambda r: [Z(r, 2, 7)])],
+    "rfft": [(lambda x: op.real(op.rfft(x) * op.rfft(x)), lambda r: [U(r, 3, 6)]),
+             (lambda x: op.rfft(x, n=7, axis=0), lambda r: [U(r, 5, 2)])],
+    "irfft": [(lambda z: op.irfft(z), lambda r: [Z(r, 2, 5)]),
+              (lambda z: op.irfft(z, n=9, norm="ortho"), lambda r: [Z(r, 3, 4)])],
+    "dft": [(lambda a, b: op.dft(a, b, axis=0, inverse=True, scale=0.5),
+             lambda r: [U(r, 6, 2), U(r, 6, 2)])],
+    "dft_r2c": [(lambda x: op.dft_r2c(x, scale=0.25), lambda r: [U(r, 3, 8)]),
+                (lambda x: op.dft_r2c(x), lambda r: [U(r, 7)])],
+    "dft_c2r": [(lambda a, b: op.dft_c2r(a, b, n=8, scale=2.0), lambda r: [U(r, 2, 5), U(r, 2, 5)]),
+                (lambda a, b: op.dft_c2r(a, b, n=7), lambda r: [U(r, 4), U(r, 4)])],
     "squeeze": [(lambda x: op.squeeze(x, axis=1), lambda r: [U(r, 2, 1, 3)])],
 }
 

@@ -157,10 +157,3 @@ def test_bad_arguments_are_named(rng):
         ts.function(lambda v: op.fft(v, norm="unitary"))(x)
     with pytest.raises(ts.ShapeError, match="axis 2"):
         ts.function(lambda v: op.fft(v, axis=2))(x)
-
-
-def test_gpus_refuse_the_transforms_clearly():
-    x = np.zeros((3, 8), np.float32)
-    f = ts.function(lambda v: op.irfft(op.rfft(v) * 2.0, n=8))
-    with pytest.raises(ts.BackendUnavailableError, match="CPU only"):
-        f.lower(x, target="cuda")

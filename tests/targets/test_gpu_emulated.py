@@ -226,6 +226,34 @@ def test_control_flow_is_the_cpus_bits(target, rng):
         assert got.tobytes() == want.tobytes()
 
 
+# ---- Fourier transforms: a block per line, the Stockham stages in shared memory -----------------
+@pytest.mark.parametrize("n", [1, 2, 7, 12, 64, 100, 1000])
+def test_transforms_are_the_cpus_bits(target, n, rng):
+    """The GPU's stages are the routine's butterflies in the routine's order, its table the
+    routine's twiddles: every transform (complex both ways, real both ways, a prologue and a
+    view gathered in) gives the CPU's bits, in float32 and float64."""
+    for d in (np.float32, np.float64):
+        re, im = rng.standard_normal((2, 3, n)).astype(d)
+        w = rng.standard_normal(n // 2 + 1).astype(d)
+
+        def fn(a, b, w):
+            z = op.fft(op.complex(a, b), axis=-1)
+            back = op.ifft(op.complex(op.transpose(a, perm=[1, 0]), 0.0), axis=0, norm="ortho")
+            return (op.real(z), op.imag(z), op.real(back),
+                    op.irfft(op.rfft(a * 2.0) * w, n=n), op.imag(op.rfft(b, axis=0)))
+        for k, (got, want) in enumerate(zip(emulate(target, fn, re, im, w), cpu(fn, re, im, w))):
+            assert got.tobytes() == want.tobytes(), (d, k)
+
+
+def test_transforms_beyond_a_block_say_so(target):
+    x = np.zeros((2, 37), np.float32)                 # a prime above 31: Bluestein
+    with pytest.raises(ts.BackendUnavailableError, match="prime factor above 31"):
+        ts.function(lambda a: op.irfft(op.rfft(a), n=37)).lower(x, target=target)
+    y = np.zeros((2, 4096), np.float64)               # more than a block's shared memory
+    with pytest.raises(ts.BackendUnavailableError, match="shared memory"):
+        ts.function(lambda a: op.irfft(op.rfft(a), n=4096)).lower(y, target=target)
+
+
 # ---- rows: one block per row ---------------------------------------------------------------------
 ROWS = [1, 7, 33, 1000]
 

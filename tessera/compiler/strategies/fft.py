@@ -13,10 +13,10 @@ import math
 from ... import dtypes as dt
 from ...errors import BackendUnavailableError
 from ...ops import registry as R
-from ..emit import Emitter, Names, contiguous, idx_min, prod, split_index
+from ..emit import Emitter, Names, contiguous, idx_min, launch_of, prod, split_index
 from ..groups import Group, identity_map
-from ..tile_ir import (Addr, Bin, Call, Const, Decl, Load, Loop, Scratch, Store, Var, idx_add,
-                       idx_mul, linear)
+from ..tile_ir import (Addr, Barrier, Bin, Call, Cast, Const, Decl, If, Load, Loop, OpCall,
+                       Scratch, Select, Shared, Store, ThreadIndex, Var, idx_add, idx_mul, linear)
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
 from .routines import routine_text, specialise
 
@@ -62,10 +62,11 @@ class FFT(Strategy):
     def lower_cpu(self, k, code):
         return lower_fft(k, code)
 
+    def gpu_knobs(self, k, target) -> dict:
+        return {"threads": GPU_FFT_THREADS}
+
     def lower_gpu(self, k, code, target, knobs):
-        raise BackendUnavailableError(
-            f"the Fourier transforms run on the CPU only so far ({k.op} in {k.name})",
-            hint="use target='cpu' for a function with op.fft, op.rfft and their kin")
+        return lower_fft_gpu(k, knobs)
 
     def c_routine(self, name, dtype):
         t = {"f32": "float", "f64": "double"}[dtype]
@@ -178,3 +179,332 @@ def lower_fft(k, code):
                 per_line(scatter)])]
     return [Loop(blk, blocks, "parallel" if k.knobs.get("parallel") and blocks > 1 else "serial",
                  body)]
+
+
+# ---- GPUs: a block per line, the Stockham stages in shared memory -----------------------------
+GPU_FFT_THREADS = 256
+SHARED_LIMIT = 48 * 1024            # static shared memory per block
+MAX_RADIX = 31                      # the routine's TS_FFT_MAX_RADIX
+
+
+def radices(n: int) -> list | None:
+    """The routine's factorisation of a complex transform of n points (4s, then 2s, then odd
+    primes up to MAX_RADIX), or None where a larger prime factor makes it a Bluestein one."""
+    out, rest = [], n
+    while rest % 4 == 0:
+        out.append(4)
+        rest //= 4
+    while rest % 2 == 0:
+        out.append(2)
+        rest //= 2
+    f = 3
+    while rest > 1 and f <= MAX_RADIX:
+        while rest % f == 0:
+            out.append(f)
+            rest //= f
+        f += 2
+    return out if rest == 1 else None
+
+
+def unit(j: int, N: int) -> tuple[float, float]:
+    """e^{-2 pi i j / N} as the routine computes it (ts_fft_unit: the quadrant and octant from
+    integers, then the C library's cos and sin, which Python's math calls)."""
+    r = j % N
+    q, rem = divmod(4 * r, N)
+    if 2 * rem <= N:
+        a = 1.5707963267948966 * rem / N
+        cs, sn = math.cos(a), math.sin(a)
+    else:
+        a = 1.5707963267948966 * (N - rem) / N
+        cs, sn = math.sin(a), math.cos(a)
+    c, s = [(cs, sn), (-sn, cs), (-cs, -sn), (sn, -cs)][q]
+    return c, -s
+
+
+def lower_fft_gpu(k, knobs):
+    """One block per line (grid-stride over the lines): the table of n-th roots of unity computed
+    once per block as the routine computes its twiddles (the device's double cos and sin: the
+    CPU's bits wherever they agree with the C library's), the line gathered through the prologue
+    into shared memory, the routine's Stockham stages (the same butterflies with the operations
+    in the same order) with a barrier after each, the real transforms' untangling, the scatter.
+    A line whose transform needs Bluestein (a prime factor above 31) or more shared memory than
+    a block has is a BackendUnavailableError for now."""
+    g = _GPUFFT(k, knobs)
+    return g.kernel(), launch_of(g.total, g.threads, per_block=True)
+
+
+class _GPUFFT:
+    def __init__(self, k, knobs):
+        self.k, self.names = k, Names()
+        self.em = Emitter(k, self.names)
+        node = self.node = k.group.root
+        self.kind = node.opdef.lowering.kind
+        self.inverse = bool(node.attrs.get("inverse"))
+        self.axis, self.d = node.attrs["axis"], k.output.type.dtype
+        self.domain = list(k.group.domain)
+        self.em.loops = [[a] for a in range(len(self.domain))]
+        n = self.n = node.attrs["n"] if self.kind == "c2r" else self.domain[self.axis]
+        self.packed = self.kind != "c2c" and n % 2 == 0
+        C = self.C = n // 2 if self.packed else n          # the complex transform's points
+        self.plan = radices(C)
+        P = C + 1                                          # (the real untangling adds one)
+        need = (4 * P + 2 * n) * self.d.itemsize
+        if self.plan is None or need > SHARED_LIMIT:
+            why = (f"{C} points have a prime factor above {MAX_RADIX} (a Bluestein transform)"
+                   if self.plan is None else
+                   f"{n} points need {need} bytes of shared memory (a block has {SHARED_LIMIT})")
+            raise BackendUnavailableError(
+                f"{node.op} along axis {self.axis}: {why}, which GPUs do not run yet "
+                f"({k.name})", hint="use target='cpu' for this transform")
+        self.kept = [a for a in range(len(self.domain)) if a != self.axis]
+        self.extents = [self.domain[a] for a in self.kept]
+        self.total = prod(self.extents)
+        self.threads = knobs["threads"]
+        nm = self.names
+        self.planes = [(nm("ra"), nm("ia")), (nm("rb"), nm("ib"))]
+        self.wr, self.wi = nm("wr"), nm("wi")
+        self.shared = [Shared(b, self.d, P) for pair in self.planes for b in pair] + \
+            [Shared(self.wr, self.d, n), Shared(self.wi, self.d, n)]
+        self.bodies = []                                   # (the emitter memoises per body)
+
+    # -- expressions ------------------------------------------------------------------------------
+    def c(self, v):
+        return Const(v, self.d)
+
+    def neg(self, e, d=None):
+        d = d or self.d
+        return OpCall("neg", "elem", (), d, d, (e,))
+
+    @staticmethod
+    def mul(a, b):
+        return Bin("*", a, b)
+
+    def cmul(self, ar, ai, br, bi):               # the routine's TS_CMUL_RE / TS_CMUL_IM
+        return (Bin("-", self.mul(ar, br), self.mul(ai, bi)),
+                Bin("+", self.mul(ar, bi), self.mul(ai, br)))
+
+    def root(self, index):                        # e^{-2 pi i index / n} from the table
+        return Load(self.wr, index), Load(self.wi, index)
+
+    def decls(self, pairs):
+        """Decl a name per (label, expr); returns (statements, label -> Var)."""
+        out, vars_ = [], {}
+        for label, e in pairs:
+            name = self.names(label)
+            out.append(Decl(name, self.d, e))
+            vars_[label] = Var(name)
+        return out, vars_
+
+    def threaded(self, work, make):
+        """make(j) for j in [0, work), spread over the block's threads."""
+        if work <= 0:
+            return []
+        it, j = self.names("it"), self.names("j")
+        jv = Var(j)
+        return [Loop(it, -(-work // self.threads), "serial", [
+            Decl(j, dt.int64, idx_add(ThreadIndex(), idx_mul(Var(it), Const(self.threads)))),
+            If(Bin("<", jv, Const(work)), make(jv))])]
+
+    # -- the pieces -------------------------------------------------------------------------------
+    def table(self, jv):
+        """w[j] = e^{-2 pi i j / n} as ts_fft_unit: quadrant and octant from integers, cos and
+        sin of the reduced angle in double, one rounding."""
+        n, i64, f64, nm = self.n, dt.int64, dt.float64, self.names
+        q, rem, r2, a, cs, sn = (nm(x) for x in ("q", "rem", "r2", "a", "cs", "sn"))
+        small = Bin("<=", idx_mul(Var(rem), Const(2)), Const(n))
+        cosa = OpCall("cos", "elem", (), f64, f64, (Var(a),))
+        sina = OpCall("sin", "elem", (), f64, f64, (Var(a),))
+
+        def quad(*v):
+            return Select(Bin("==", Var(q), Const(0)), v[0], Select(
+                Bin("==", Var(q), Const(1)), v[1], Select(Bin("==", Var(q), Const(2)), v[2], v[3])))
+        ng = lambda e: self.neg(e, f64)
+        C_ = quad(Var(cs), ng(Var(sn)), ng(Var(cs)), Var(sn))
+        S_ = quad(Var(sn), Var(cs), ng(Var(sn)), ng(Var(cs)))
+        return [Decl(q, i64, Bin("/", idx_mul(jv, Const(4)), Const(n))),
+                Decl(rem, i64, Bin("-", idx_mul(jv, Const(4)), idx_mul(Var(q), Const(n)))),
+                Decl(r2, i64, Select(small, Var(rem), Bin("-", Const(n), Var(rem)))),
+                Decl(a, f64, Bin("/", self.mul(Const(1.5707963267948966, f64), Cast(f64, Var(r2))),
+                                 Const(float(n), f64))),
+                Decl(cs, f64, Select(small, cosa, sina)),
+                Decl(sn, f64, Select(small, sina, cosa)),
+                Store(self.wr, jv, Cast(self.d, C_)), Store(self.wi, jv, Cast(self.d, ng(S_)))]
+
+    def value(self, u, point):
+        body = []
+        self.bodies.append(body)
+        m = self.k.group.maps.get(u.id) or identity_map(u.type.shape)
+        return body, self.em.value(u, m, body, point)
+
+    def gather(self, jv):
+        ra, ia = self.planes[0]
+        x, two = self.node.inputs[0], lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
+        if self.kind == "r2c" and self.packed:        # x_2j, x_2j+1 as one complex value
+            b0, v0 = self.value(x, self.where(two(jv, 0)))
+            b1, v1 = self.value(x, self.where(two(jv, 1)))
+            return b0 + b1 + [Store(ra, jv, v0), Store(ia, jv, v1)]
+        if self.kind == "r2c":
+            b0, v0 = self.value(x, self.where(jv))
+            return b0 + [Store(ra, jv, v0), Store(ia, jv, self.c(0.0))]
+        b0, v0 = self.value(self.node.inputs[0], self.where(jv))
+        b1, v1 = self.value(self.node.inputs[1], self.where(jv))
+        return b0 + b1 + [Store(ra, jv, v0), Store(ia, jv, self.neg(v1) if self.inverse else v1)]
+
+    def untangle(self, kv, forward):
+        """The routine's kind 2 after its transform (forward: X_k, X_{h-k} from Z_k, Z_{h-k})
+        or its kind 3 before it (Z from X, the conjugation folded into the stores)."""
+        ra, ia = self.planes[0]
+        lv = Bin("-", Const(self.C), kv)
+        ar, ai, br, bi = Load(ra, kv), Load(ia, kv), Load(ra, lv), Load(ia, lv)
+        wre, wim = self.root(kv)                      # (n = 2h: the table is rtw)
+        half = (lambda e: self.mul(self.c(0.5), e)) if forward else (lambda e: e)
+        out, v = self.decls([("er", half(Bin("+", ar, br))), ("ei", half(Bin("-", ai, bi))),
+                             ("dr", half(Bin("-", ar, br))), ("di", half(Bin("+", ai, bi)))])
+        if not forward:
+            wim = self.neg(wim)                                            # W^-k
+        p_ = self.cmul(wre, wim, v["dr"], v["di"])
+        q_ = self.cmul(self.neg(wre), wim, self.neg(v["dr"]), v["di"])
+        more, w = self.decls([("pr", p_[0]), ("pi", p_[1]), ("qr", q_[0]), ("qi", q_[1])])
+        out += more
+        if forward:       # e - i W^k d; for l: conj e - i (-conj W^k)(-conj d)
+            k_re, k_im = Bin("+", v["er"], w["pi"]), Bin("-", v["ei"], w["pr"])
+            l_re, l_im = Bin("+", v["er"], w["qi"]), Bin("-", self.neg(v["ei"]), w["qr"])
+        else:             # e + i W^-k d, conjugated
+            k_re, k_im = Bin("-", v["er"], w["pi"]), self.neg(Bin("+", v["ei"], w["pr"]))
+            l_re = Bin("-", v["er"], w["qi"])
+            l_im = self.neg(Bin("+", self.neg(v["ei"]), w["qr"]))
+        return out + [Store(ra, kv, k_re), Store(ia, kv, k_im),
+                      If(Bin("!=", lv, kv), [Store(ra, lv, l_re), Store(ia, lv, l_im)])]
+
+    def butterfly(self, bv, r, m, s, src, dst, L):
+        """Butterfly bv = j s + q of a stage of radix r (the routine's ts_fft_stage)."""
+        nm, n = self.names, self.n
+        jj, qq = nm("jj"), nm("q")
+        out = [Decl(jj, dt.int64, Bin("/", bv, Const(s))), Decl(qq, dt.int64, Bin("%", bv, Const(s)))]
+        J, Q = Var(jj), Var(qq)
+        base = idx_add(Q, idx_mul(J, Const(s)))
+        ar = [Load(src[0], idx_add(base, Const(u * s * m))) for u in range(r)]
+        ai = [Load(src[1], idx_add(base, Const(u * s * m))) for u in range(r)]
+        obase = idx_add(Q, idx_mul(J, Const(s * r)))
+
+        def w(t):                                    # e^{-2 pi i j t / L}
+            return self.root(idx_mul(J, Const(t * (n // L))))
+
+        def put(t, pair):
+            return [Store(dst[0], idx_add(obase, Const(t * s)), pair[0]),
+                    Store(dst[1], idx_add(obase, Const(t * s)), pair[1])]
+        B = lambda op, a, b: Bin(op, a, b)
+        if r == 4:
+            more, v = self.decls([
+                ("t0r", B("+", ar[0], ar[2])), ("t0i", B("+", ai[0], ai[2])),
+                ("t1r", B("-", ar[0], ar[2])), ("t1i", B("-", ai[0], ai[2])),
+                ("t2r", B("+", ar[1], ar[3])), ("t2i", B("+", ai[1], ai[3])),
+                ("t3r", B("-", ar[1], ar[3])), ("t3i", B("-", ai[1], ai[3]))])
+            out += more
+            more, b = self.decls([
+                ("b1r", B("+", v["t1r"], v["t3i"])), ("b1i", B("-", v["t1i"], v["t3r"])),
+                ("b2r", B("-", v["t0r"], v["t2r"])), ("b2i", B("-", v["t0i"], v["t2i"])),
+                ("b3r", B("-", v["t1r"], v["t3i"])), ("b3i", B("+", v["t1i"], v["t3r"]))])
+            out += more + put(0, (B("+", v["t0r"], v["t2r"]), B("+", v["t0i"], v["t2i"])))
+            for t in (1, 2, 3):
+                out += put(t, self.cmul(b[f"b{t}r"], b[f"b{t}i"], *w(t)))
+            return out
+        if r == 2:
+            more, v = self.decls([("dr", B("-", ar[0], ar[1])), ("di", B("-", ai[0], ai[1]))])
+            return out + more + put(0, (B("+", ar[0], ar[1]), B("+", ai[0], ai[1]))) + \
+                put(1, self.cmul(v["dr"], v["di"], *w(1)))
+        s0r, s0i = ar[0], ai[0]                      # an odd radix, over the pairs u, r - u
+        for u in range(1, r // 2 + 1):
+            s0r = B("+", s0r, B("+", ar[u], ar[r - u]))
+            s0i = B("+", s0i, B("+", ai[u], ai[r - u]))
+        out += put(0, (s0r, s0i))
+        oc = [unit(u, r) for u in range(r)]          # (cos, -sin) of 2 pi u / r, in double
+        for t in range(1, r // 2 + 1):
+            er, ei, fr, fi = ar[0], ai[0], self.c(0.0), self.c(0.0)
+            for u in range(1, r // 2 + 1):
+                cu, su = oc[(u * t) % r]
+                cc, ss = self.c(float(self.d.np.type(cu))), self.c(float(self.d.np.type(-su)))
+                er = B("+", er, self.mul(cc, B("+", ar[u], ar[r - u])))
+                ei = B("+", ei, self.mul(cc, B("+", ai[u], ai[r - u])))
+                fr = B("+", fr, self.mul(ss, B("-", ar[u], ar[r - u])))
+                fi = B("+", fi, self.mul(ss, B("-", ai[u], ai[r - u])))
+            more, v = self.decls([("er", er), ("ei", ei), ("fr", fr), ("fi", fi)])
+            out += more
+            out += put(t, self.cmul(B("+", v["er"], v["fi"]), B("-", v["ei"], v["fr"]), *w(t)))
+            out += put(r - t, self.cmul(B("-", v["er"], v["fi"]), B("+", v["ei"], v["fr"]),
+                                        *w(r - t)))
+        return out
+
+    def scatter(self, jv, plane):
+        ra, ia = plane
+        cout = contiguous(list(self.k.output.type.shape))
+        at = idx_add(linear(self.kvars, [cout[a] for a in self.kept]),
+                     idx_mul(jv, Const(cout[self.axis])))
+        s = self.node.attrs["scale"]
+        scaled = (lambda e: e) if s == 1.0 else (lambda e: Bin("*", e, Const(s, self.d)))
+        out = self.k.output.name
+        re_, im_ = Load(ra, jv), Load(ia, jv)
+        if self.kind == "c2c":
+            return [Store(out, at, scaled(re_)),
+                    Store(out, idx_add(at, Const(1)), scaled(self.neg(im_) if self.inverse else im_))]
+        if self.kind == "r2c":
+            if not self.packed:                       # (the routine zeroes X_0's imaginary part)
+                im_ = Select(Bin("==", jv, Const(0)), self.c(0.0), im_)
+            return [Store(out, at, scaled(re_)), Store(out, idx_add(at, Const(1)), scaled(im_))]
+        if self.packed:                               # x_2j, x_2j+1 (conjugated back)
+            at0 = idx_add(linear(self.kvars, [cout[a] for a in self.kept]),
+                          idx_mul(jv, Const(2 * cout[self.axis])))
+            return [Store(out, at0, scaled(re_)),
+                    Store(out, idx_add(at0, Const(cout[self.axis])), scaled(self.neg(im_)))]
+        return [Store(out, at, scaled(re_))]
+
+    def where(self, i):
+        return {**dict(zip(self.kept, self.kvars)), self.axis: i}
+
+    # -- the kernel -------------------------------------------------------------------------------
+    def kernel(self):
+        n, C = self.n, self.C
+        line = self.names("line")
+        self.kvars = split_index(Var(line), self.extents)
+        ra, ia = self.planes[0]
+        body = [*self.threaded(self.domain[self.axis] if self.kind != "r2c" else C, self.gather),
+                Barrier()]
+        if self.kind == "c2r" and self.packed:       # X_0 and X_h's real parts into Z_0
+            x0, xh = self.names("x0"), self.names("xh")
+            body += [If(Bin("==", ThreadIndex(), Const(0)), [
+                Decl(x0, self.d, Load(ra, Const(0))), Decl(xh, self.d, Load(ra, Const(C))),
+                Store(ra, Const(0), Bin("+", Var(x0), Var(xh))),
+                Store(ia, Const(0), self.neg(Bin("-", Var(x0), Var(xh))))]),
+                *self.threaded(C // 2, lambda jv: self.untangle(idx_add(jv, Const(1)), False)),
+                Barrier()]
+        elif self.kind == "c2r":                     # the Hermitian line, conjugated
+            def fill(jv):
+                kv, imk = idx_add(jv, Const(1)), self.names("imk")
+                mirror = Bin("-", Const(n), kv)
+                return [Decl(imk, self.d, Load(ia, kv)), Store(ra, mirror, Load(ra, kv)),
+                        Store(ia, mirror, Var(imk)), Store(ia, kv, self.neg(Var(imk)))]
+            body += [If(Bin("==", ThreadIndex(), Const(0)), [Store(ia, Const(0), self.neg(self.c(0.0)))]),
+                     *self.threaded(n // 2, fill), Barrier()]
+        cur, L, s = 0, C, 1
+        for r in self.plan:
+            m = L // r
+            src, dst = self.planes[cur], self.planes[1 - cur]
+            body += [*self.threaded(m * s, lambda bv, r=r, m=m, s=s, src=src, dst=dst, L=L:
+                                    self.butterfly(bv, r, m, s, src, dst, L)), Barrier()]
+            cur, L, s = 1 - cur, m, s * r
+        if cur:                                      # the untangling works in the first planes
+            body += [*self.threaded(C, lambda jv: [
+                Store(ra, jv, Load(self.planes[1][0], jv)),
+                Store(ia, jv, Load(self.planes[1][1], jv))]), Barrier()]
+        if self.kind == "r2c" and self.packed:
+            z0r, z0i = self.names("z0r"), self.names("z0i")
+            body += [If(Bin("==", ThreadIndex(), Const(0)), [
+                Decl(z0r, self.d, Load(ra, Const(0))), Decl(z0i, self.d, Load(ia, Const(0))),
+                Store(ra, Const(0), Bin("+", Var(z0r), Var(z0i))), Store(ia, Const(0), self.c(0.0)),
+                Store(ra, Const(C), Bin("-", Var(z0r), Var(z0i))), Store(ia, Const(C), self.c(0.0))]),
+                *self.threaded(C // 2, lambda jv: self.untangle(idx_add(jv, Const(1)), True)),
+                Barrier()]
+        out_len = n // 2 + 1 if self.kind == "r2c" else C
+        body += [*self.threaded(out_len, lambda jv: self.scatter(jv, self.planes[0])), Barrier()]
+        table = [*self.threaded(n, self.table), Barrier()]
+        return [*self.shared, *table, Loop(line, self.total, "block", body)]

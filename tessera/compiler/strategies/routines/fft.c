@@ -148,7 +148,7 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
     for (int64_t j = 0; j < m; ++j)
       for (int u = 1; u < r; ++u) {
         double c, s;
-        ts_fft_unit_{S}(j * u, L, &c, &s);
+        ts_fft_unit_{S}(j * u * (n / L), n, &c, &s);   /* e^{-2 pi i j u / L}: n-th roots */
         t[2 * (j * (r - 1) + u - 1)] = ({T})c; t[2 * (j * (r - 1) + u - 1) + 1] = ({T})s;
       }
     if (r % 2)
