@@ -1,10 +1,11 @@
 """fft: a batch of discrete Fourier transforms along one axis (the dft primitives of
-ops/spectral.py), alone. CPU: blocks of lines in parallel; a block's lines are gathered into
+ops/spectral.py), with its elementwise prologue and views. CPU: blocks of lines in parallel; a block's lines are gathered into
 two private planes (real and imaginary parts, element-major, so the routine's vector
 instructions run across the lines), transformed in place by the FFT routine (routines/fft.c:
 mixed-radix Stockham, Bluestein for large prime factors, packed real transforms) and scattered
 to the output times the norm's factor. A line is one fixed chain of operations whichever block
-or lane it is in, so neither threads nor the batch change a bit.
+or lane it is in, so neither threads nor the batch change a bit. GPUs: a block per line, the
+routine's stages written in Tile IR over shared memory (lower_fft_gpu).
 """
 from __future__ import annotations
 
