@@ -1,11 +1,12 @@
 """fft: a batch of discrete Fourier transforms along one axis (the dft primitives of
-ops/spectral.py), with its elementwise prologue and views. CPU: blocks of lines in parallel; a block's lines are gathered into
-two private planes (real and imaginary parts, element-major, so the routine's vector
-instructions run across the lines), transformed in place by the FFT routine (routines/fft.c:
-mixed-radix Stockham, Bluestein for large prime factors, packed real transforms) and scattered
-to the output times the norm's factor. A line is one fixed chain of operations whichever block
-or lane it is in, so neither threads nor the batch change a bit. GPUs: a block per line, the
-routine's stages written in Tile IR over shared memory (lower_fft_gpu).
+ops/spectral.py), with the elementwise prologue and views it gathers its lines through.
+CPU: blocks of lines in parallel; a block's lines are gathered into two private planes (real
+and imaginary parts, element-major, so the routine's vector instructions run across the
+lines), transformed in place by the FFT routine (routines/fft.c: mixed-radix Stockham,
+Bluestein for large prime factors, packed real transforms) and scattered to the output times
+the norm's factor. A line is one fixed chain of operations whichever block or lane it is in,
+so neither threads nor the batch change a bit. GPUs: a block per line, the routine's stages
+written in Tile IR over shared memory (lower_fft_gpu).
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class FFT(Strategy):
         return int(lines * flops / (1 if kind == "c2c" else 2))
 
     def cpu_knobs(self, k) -> dict:
-        t = k.inputs[0].type
-        lines = t.numel() // max(1, t.shape[k.attrs["axis"]])
+        domain = k.group.domain
+        lines = prod(domain) // max(1, domain[k.group.root.attrs["axis"]])
         return {"parallel": lines >= 2 and k.output.type.numel() >= PARALLEL_MIN_ELEMENTS // 16}
 
     def lower_cpu(self, k, code):
