@@ -364,6 +364,33 @@ static void ts_fft_negate_{S}({T}* x, int64_t count) {
   for (int64_t k = 0; k < count; ++k) x[k] = -x[k];
 }
 
+/* The real transforms' untangling of the pairs k, h - k (1 <= k <= h/2) of n = 2h points.
+   forward (kind 2, after the transform): X_k = e - i W^k d, e and d = (Z_k +/- conj Z_{h-k})/2;
+   inverse (kind 3, before it): Z_k = e + i W^-k d, e and d = X_k +/- conj X_{h-k}. The pair's
+   other member from e' = conj e, d' = -conj d, W^{h-k} = -conj W^k. (Times 1 and -1 are exact:
+   both directions are one code.) */
+static void ts_fft_untangle_{S}({T}* re, {T}* im, const {T}* rtw, int64_t h, int64_t V,
+                                int forward) {
+  const {T} f = forward ? ({T})0.5 : ({T})1, sg = forward ? ({T})1 : ({T})-1;
+  for (int64_t k = 1; 2 * k <= h; ++k) {
+    int64_t l = h - k;
+    {T} wr = rtw[2 * k], wi = sg * rtw[2 * k + 1];                     /* W^k, or W^-k */
+    {T}* kr = re + k * V;
+    {T}* ki = im + k * V;
+    {T}* lr = re + l * V;
+    {T}* li = im + l * V;
+    #pragma omp simd
+    for (int64_t v = 0; v < V; ++v) {
+      {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v];
+      {T} er = f * (ar + br), ei = f * (ai - bi), dr = f * (ar - br), di = f * (ai + bi);
+      {T} pr = TS_CMUL_RE(wr, wi, dr, di), pi = TS_CMUL_IM(wr, wi, dr, di);
+      {T} qr = TS_CMUL_RE(-wr, wi, -dr, di), qi = TS_CMUL_IM(-wr, wi, -dr, di);
+      kr[v] = er + sg * pi; ki[v] = ei - sg * pr;
+      if (l != k) { lr[v] = er + sg * qi; li[v] = -ei - sg * qr; }
+    }
+  }
+}
+
 static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
   if (n <= 1) {                                    /* a one-point transform is the identity */
     if (n == 1 && kind >= 2) for (int64_t v = 0; v < lanes; ++v) im[v] = 0;
@@ -397,25 +424,7 @@ static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
       {T} z0r = re[v], z0i = im[v];
       re[v] = z0r + z0i; im[v] = 0; re[h * V + v] = z0r - z0i; im[h * V + v] = 0;
     }
-    for (int64_t k = 1; 2 * k <= h; ++k) {
-      int64_t l = h - k;
-      {T} wr = p->rtw[2 * k], wi = p->rtw[2 * k + 1];
-      {T}* kr = re + k * V;
-      {T}* ki = im + k * V;
-      {T}* lr = re + l * V;
-      {T}* li = im + l * V;
-      #pragma omp simd
-      for (int64_t v = 0; v < V; ++v) {
-        {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v];
-        {T} er = ({T})0.5 * (ar + br), ei = ({T})0.5 * (ai - bi);     /* (Z_k + conj Z_l)/2 */
-        {T} dr = ({T})0.5 * (ar - br), di = ({T})0.5 * (ai + bi);     /* (Z_k - conj Z_l)/2 */
-        {T} pr = TS_CMUL_RE(wr, wi, dr, di), pi = TS_CMUL_IM(wr, wi, dr, di);   /* W^k d */
-        /* for l: e' = conj e, d' = -conj d, W^l = -conj W^k */
-        {T} qr = TS_CMUL_RE(-wr, wi, -dr, di), qi = TS_CMUL_IM(-wr, wi, -dr, di);
-        kr[v] = er + pi; ki[v] = ei - pr;                              /* e - i W^k d */
-        if (l != k) { lr[v] = er + qi; li[v] = -ei - qr; }
-      }
-    }
+    ts_fft_untangle_{S}(re, im, p->rtw, h, V, 1);
   } else {
     /* Z_k = (X_k + conj X_{h-k}) + i W^-k (X_k - conj X_{h-k}); x = IFFT_h(Z), unnormalised */
     int64_t h = n / 2;
@@ -423,24 +432,7 @@ static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
       {T} x0 = re[v], xh = re[h * V + v];
       re[v] = x0 + xh; im[v] = x0 - xh;
     }
-    for (int64_t k = 1; 2 * k <= h; ++k) {
-      int64_t l = h - k;
-      {T} wr = p->rtw[2 * k], wi = -p->rtw[2 * k + 1];                /* W^-k */
-      {T}* kr = re + k * V;
-      {T}* ki = im + k * V;
-      {T}* lr = re + l * V;
-      {T}* li = im + l * V;
-      #pragma omp simd
-      for (int64_t v = 0; v < V; ++v) {
-        {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v];
-        {T} er = ar + br, ei = ai - bi, dr = ar - br, di = ai + bi;
-        {T} pr = TS_CMUL_RE(wr, wi, dr, di), pi = TS_CMUL_IM(wr, wi, dr, di);
-        /* W^-l = -conj W^-k, d' = -conj d */
-        {T} qr = TS_CMUL_RE(-wr, wi, -dr, di), qi = TS_CMUL_IM(-wr, wi, -dr, di);
-        kr[v] = er - pi; ki[v] = ei + pr;                              /* e + i W^-k d */
-        if (l != k) { lr[v] = er - qi; li[v] = -ei + qr; }
-      }
-    }
+    ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);
     ts_fft_negate_{S}(im, h * V); ts_fft_run_{S}(p->sub, re, im, V, work);
     ts_fft_negate_{S}(im, h * V);
   }
