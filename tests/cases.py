@@ -80,14 +80,6 @@ EXAMPLES = {
     "dft_c2r": (lambda r: [f32(r, 3, 5), f32(r, 3, 5)], {"axis": 1, "n": 8}),
 }
 
-# Examples that take or give complex tensors, which GPUs refuse so far (a BackendUnavailableError):
-# the GPU corpus leaves them out (their kernels are there: the dft primitives').
-CPU_ONLY = {"fft", "ifft", "rfft", "irfft"}
-
-
-def gpu_case(name: str) -> bool:
-    """Does the case (named operator-dtype) lower for GPUs?"""
-    return name.rsplit("-", 1)[0] not in CPU_ONLY
 
 
 def normal_attrs(opdef, arrays, attrs):

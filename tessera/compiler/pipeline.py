@@ -32,6 +32,25 @@ class _Levels:
         self.target = target
         self.output_structure = output_structure
         self.steps = steps_of(tile_ir)      # what the runtime runs (kernel launches, in order)
+        # complex arrays are passed as their float parts, interleaved (no copy): ops/complex.py
+        self._complex_in = [p.type.dtype.is_complex for p in graph_ir.params]
+        outs = [v.type if v.type.dtype.is_complex else None for v in graph_ir.outputs]
+        self._complex_out = outs if any(outs) else None
+        self.has_complex = any(self._complex_in) or self._complex_out is not None
+
+    def as_parts(self, arrays: list) -> list:
+        """Checked arguments as the kernels take them: a complex array viewed as its float parts
+        on a last axis of 2 (NumPy's or CuPy's: a view, no copy; C-contiguous arrays)."""
+        return [a.view(a.real.dtype).reshape(tuple(a.shape) + (2,)) if c else a
+                for a, c in zip(arrays, self._complex_in)]
+
+    def as_complex(self, outs: list, xp) -> list:
+        """Results as the user gets them: a complex result's float parts viewed as complex."""
+        if not self._complex_out:
+            return outs
+        return [a if t is None else
+                xp.ascontiguousarray(a).view(t.dtype.np).reshape(tuple(t.shape))
+                for a, t in zip(outs, self._complex_out)]
 
     @property
     def kernels(self):
@@ -64,11 +83,6 @@ class Program(_Levels):
                          output_structure)
         self._lib = library             # None: built for another architecture, not built here
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
-        # complex arrays are passed as their float parts, interleaved (no copy): ops/complex.py
-        self._complex_in = [p.type.dtype.is_complex for p in graph_ir.params]
-        outs = [v.type if v.type.dtype.is_complex else None for v in graph_ir.outputs]
-        self._complex_out = outs if any(outs) else None
-        self.has_complex = any(self._complex_in) or self._complex_out is not None
         self.level = isa.level_of(target).name
         self._runs_here = isa.runs_here(self.level)
         self._execute = CpuExecutor(self, library, self.steps).execute   # on checked inputs
@@ -109,16 +123,8 @@ class Program(_Levels):
                                     f"%{p.param_name}: {p.type}", expected=str(p.type),
                                     received=str(type_of_array(a)),
                                     hint="call the tessera function instead: it specialises anew")
-            a = np.require(a, dtype=npd, requirements="C")
-            if npd.kind == "c":
-                a = a.view(a.real.dtype).reshape(shape + (2,))
-            inputs.append(a)
-        out = self._execute(inputs)
-        if self._complex_out:
-            out = [a if t is None else
-                   np.ascontiguousarray(a).view(t.dtype.np).reshape(tuple(t.shape))
-                   for a, t in zip(out, self._complex_out)]
-        return out
+            inputs.append(np.require(a, dtype=npd, requirements="C"))
+        return self.as_complex(self._execute(self.as_parts(inputs)), np)
 
 
 
@@ -221,10 +227,6 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)
     if isa.is_gpu(target):
-        if any(v.type.dtype.is_complex for v in (*g.params, *g.outputs)):
-            raise BackendUnavailableError(
-                f"@{g.name} takes or gives complex tensors, which run on the CPU only so far",
-                hint="pass op.real(z) and op.imag(z) (or use target='cpu')")
         from .lower import lower_schedule_gpu
         from .target.gpu import render_cuda, render_hip
         tile = lower_schedule_gpu(schedule, target).verify()

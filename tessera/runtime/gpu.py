@@ -226,7 +226,7 @@ def run(program, arrays) -> list:
         raise ArgumentError(f"program @{program.graph_ir.name} takes {len(params)} arrays, "
                             f"got {len(arrays)}")
     checked = [_checked(cupy, program, p, a) for p, a in zip(params, arrays)]
-    inputs = [_to_device(cupy, program, p, a) for p, a in zip(params, checked)]
+    inputs = program.as_parts([_to_device(cupy, program, p, a) for p, a in zip(params, checked)])
     _, functions = load_module(program, cupy)
     consts = _device_consts(program, cupy)
     poison = os.environ.get("TESSERA_POISON") == "1"
@@ -270,4 +270,4 @@ def run(program, arrays) -> list:
         for i, s, e in events:
             seconds[i] += cupy.cuda.get_elapsed_time(s, e) / 1e3
         recorder.record(program, seconds)
-    return results(program, table, cupy)
+    return program.as_complex(results(program, table, cupy), cupy)

@@ -34,7 +34,7 @@ from tessera.compiler.kernels import build_schedule, invalid_knobs, knob_space  
 from tessera.compiler.target.c import render_c, routine_library_source  # noqa: E402
 from tessera.compiler.target.gpu import render_cuda, render_hip  # noqa: E402
 
-from cases import CPU_ONLY, EXAMPLES, gpu_case, graph, registry_cases, strategy_cases  # noqa: E402
+from cases import EXAMPLES, graph, registry_cases, strategy_cases  # noqa: E402
 
 RECORD = Path(__file__).with_name("generated_sources.json")
 LEVEL = "x86-64-v3"
@@ -70,7 +70,7 @@ def texts():
         out[f"{name}/tile-ir"] = str(tile)
         out[f"{name}/schedule-ir"] = str(cpu)
         out[f"{name}/cpu-knobs"] = _knobs_text(cpu)
-        for target, render in (("cuda", render_cuda), ("hip", render_hip)) * gpu_case(name):
+        for target, render in (("cuda", render_cuda), ("hip", render_hip)):
             s = build_schedule(prim, target).verify()
             tile = lower_schedule_gpu(s, target).verify()
             out[f"{name}/{target}"] = render(tile)
@@ -93,7 +93,7 @@ def gradient_texts(rng) -> dict:
     for name in sorted(EXAMPLES):
         make, attrs = EXAMPLES[name]
         opdef = ops.get(name)
-        if not opdef.differentiable or opdef.nin == -1 or name in CPU_ONLY:
+        if not opdef.differentiable or opdef.nin == -1:
             continue
         args = [np.asarray(a) for a in make(rng)]
         floats = tuple(i for i, a in enumerate(args) if a.dtype.kind == "f")

@@ -347,6 +347,8 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
                             f"got {len(arrays)}")
     module = compile_source(program.target_code, program.graph_ir.name,
                             getattr(program, "target", "cuda"))
+    if hasattr(program, "as_parts"):        # complex arrays as their parts, as the runtime
+        arrays = program.as_parts([np.ascontiguousarray(a) for a in arrays])
     table = {}
     for b in program.tile_ir.buffers:
         npd = b.type.dtype.np
@@ -374,4 +376,4 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
     results = []
     for b in program.schedule_ir.outputs:
         results.append(np.array(b.data) if b.role == "inline" else np.array(table[b.name]))
-    return results
+    return program.as_complex(results, np) if hasattr(program, "as_complex") else results

@@ -245,6 +245,19 @@ def test_transforms_are_the_cpus_bits(target, n, rng):
             assert got.tobytes() == want.tobytes(), (d, k)
 
 
+def test_complex_arguments_and_results_are_the_cpus_bits(target, rng):
+    """Complex arrays go to the kernels as their interleaved parts and come back as complex,
+    as on the CPU: arithmetic, a transform, a reduction."""
+    z = (rng.standard_normal((4, 12)) + 1j * rng.standard_normal((4, 12))).astype(np.complex64)
+    w = (rng.standard_normal(12) + 1j * rng.standard_normal(12)).astype(np.complex128)
+
+    def fn(z, w):
+        y = op.fft(z * 2.0 + op.conj(z), axis=-1)
+        return y, op.sum(y * w, axis=0), op.abs(z)
+    for got, want in zip(emulate(target, fn, z, w), cpu(fn, z, w)):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
 def test_transforms_beyond_a_block_say_so(target):
     x = np.zeros((2, 37), np.float32)                 # a prime above 31: Bluestein
     with pytest.raises(ts.BackendUnavailableError, match="prime factor above 31"):
