@@ -130,13 +130,17 @@ def _as(b, x, d: dt.DType):
     return x if x.dtype == d else b.op("cast", x, dtype=d.name)
 
 
+def _part(b, y, k):
+    """Part k (0 real, 1 imaginary) of y's last axis of 2."""
+    rank = len(y.shape) - 1
+    return b.op("reshape", b.op("slice", y, starts=[None] * rank + [k],
+                                stops=[None] * rank + [k + 1], steps=None),
+                shape=list(y.shape[:-1]))
+
+
 def _parts(b, y):
     """The complex tensor whose parts lie on y's last axis of 2."""
-    rank = len(y.shape) - 1
-    part = [b.op("reshape", b.op("slice", y, starts=[None] * rank + [k],
-                                 stops=[None] * rank + [k + 1], steps=None),
-                 shape=list(y.shape[:-1])) for k in (0, 1)]
-    return b.op("complex", *part)
+    return b.op("complex", _part(b, y, 0), _part(b, y, 1))
 
 
 def _decompose(kind):
@@ -232,14 +236,6 @@ def _prim_reference(kind):
                  else np.fft.fft(z, axis=axis)) * s
         return np.stack([z.real, z.imag], axis=-1)
     return ref
-
-
-def _part(b, y, k):
-    """Part k (0 real, 1 imaginary) of y's last axis of 2."""
-    rank = len(y.shape) - 1
-    return b.op("reshape", b.op("slice", y, starts=[None] * rank + [k],
-                                stops=[None] * rank + [k + 1], steps=None),
-                shape=list(y.shape[:-1]))
 
 
 def _prim_vjp(kind):
