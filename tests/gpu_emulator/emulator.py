@@ -348,7 +348,7 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
     module = compile_source(program.target_code, program.graph_ir.name,
                             getattr(program, "target", "cuda"))
     if hasattr(program, "as_parts"):        # complex arrays as their parts, as the runtime
-        arrays = program.as_parts([np.ascontiguousarray(a) for a in arrays])
+        arrays = program.as_parts([np.require(a, requirements="C") for a in arrays])
     table = {}
     for b in program.tile_ir.buffers:
         npd = b.type.dtype.np

@@ -24,6 +24,8 @@ from .routines import routine_text, specialise
 
 ROUTINE = routine_text("fft.c")
 SCRATCH = routine_text("scratch.c")
+LONG_LINE = 1 << 16                 # a line this long is worth threads of its own (as the routine's
+                                    # stages, TS_FFT_PARALLEL)
 KIND_CODE = {("c2c", False): 0, ("c2c", True): 1, ("r2c", False): 2, ("c2r", False): 3}
 
 
@@ -57,9 +59,13 @@ class FFT(Strategy):
         return int(lines * flops / (1 if kind == "c2c" else 2))
 
     def cpu_knobs(self, k) -> dict:
+        """Threads over blocks of lines; a single line long enough gathers, transforms and
+        scatters with threads instead."""
         domain = k.group.domain
-        lines = prod(domain) // max(1, domain[k.group.root.attrs["axis"]])
-        return {"parallel": lines >= 2 and k.output.type.numel() >= PARALLEL_MIN_ELEMENTS // 16}
+        n = domain[k.group.root.attrs["axis"]]
+        lines = prod(domain) // max(1, n)
+        return {"parallel": (lines >= 2 or n >= LONG_LINE) and
+                k.output.type.numel() >= PARALLEL_MIN_ELEMENTS // 16}
 
     def lower_cpu(self, k, code):
         return lower_fft(k, code)
@@ -116,6 +122,9 @@ def lower_fft(k, code):
     two = lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
     packed = kind != "c2c" and n % 2 == 0         # a real line as n/2 complex values
     bodies = []                                   # (the emitter's memo keys on id(body))
+    blocks = -(-total // V)
+    # one long line: its gather and scatter in parallel too (the routine's stages are)
+    jkind = "parallel" if blocks == 1 and n >= LONG_LINE and k.knobs.get("parallel") else "serial"
 
     def per_line(stmts_of):
         """A loop over the block's lines, each line's indices placed, around stmts_of(where,
@@ -148,11 +157,11 @@ def lower_fft(k, code):
         if kind == "r2c" and packed:
             body = put(0, jv, operand(x), where(two(jv, 0))) + \
                 put(1, jv, operand(x), where(two(jv, 1)))
-            return [Loop(j, n // 2, "serial", body)]
+            return [Loop(j, n // 2, jkind, body)]
         if kind == "r2c":
             body = put(0, jv, operand(x), where(jv)) + [Store(buf, slot(1, jv), Const(0, d))]
-            return [Loop(j, n, "serial", body)]
-        return [Loop(j, domain[axis], "serial",
+            return [Loop(j, n, jkind, body)]
+        return [Loop(j, domain[axis], jkind,
                      [s for p, u in enumerate(node.inputs[:2])
                       for s in put(p, jv, operand(u), where(jv))])]
 
@@ -162,17 +171,16 @@ def lower_fft(k, code):
     def scatter(where, at_out):
         out = k.output.name
         if kind != "c2r":                         # the parts on the output's last axis of 2
-            return [Loop(j, out_shape[axis], "serial",
+            return [Loop(j, out_shape[axis], jkind,
                          [Store(out, idx_add(at_out(jv), Const(p)), scaled(Load(buf, slot(p, jv))))
                           for p in (0, 1)])]
         if packed:
-            return [Loop(j, n // 2, "serial",
+            return [Loop(j, n // 2, jkind,
                          [Store(out, at_out(two(jv, p)), scaled(Load(buf, slot(p, jv))))
                           for p in (0, 1)])]
-        return [Loop(j, n, "serial", [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
+        return [Loop(j, n, jkind, [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
 
     code_kind = KIND_CODE[kind, bool(node.attrs.get("inverse"))]
-    blocks = -(-total // V)
     body = [Decl(cnt, i64, idx_min(Const(V), Bin("-", Const(total), idx_mul(Var(blk), Const(V))))),
             Scratch(buf, d, 2 * plane, code, [
                 per_line(gather),
