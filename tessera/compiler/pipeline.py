@@ -41,8 +41,9 @@ class _Levels:
     def as_parts(self, arrays: list) -> list:
         """Checked arguments as the kernels take them: a complex array viewed as its float parts
         on a last axis of 2 (NumPy's or CuPy's: a view, no copy; C-contiguous arrays)."""
-        return [a.view(a.real.dtype).reshape(tuple(a.shape) + (2,)) if c else a
-                for a, c in zip(arrays, self._complex_in)]
+        # (a trailing axis of 1 first: NumPy views no 0-d array as another itemsize)
+        return [a.reshape(tuple(p.type.shape) + (1,)).view(a.real.dtype) if c else a
+                for a, c, p in zip(arrays, self._complex_in, self.graph_ir.params)]
 
     def as_complex(self, outs: list, xp) -> list:
         """Results as the user gets them: a complex result's float parts viewed as complex."""

@@ -140,3 +140,14 @@ def test_angle_and_atan2_are_numpys(rng):
     np.testing.assert_array_equal(ts.function(lambda a, b: op.atan2(a, b))(u, v), np.arctan2(u, v))
     assert np.isfinite(ts.check_grad(lambda a, b: op.atan2(a, b), u, v))
     assert np.isfinite(ts.check_grad(lambda a: op.angle(a), z))
+
+
+def test_a_0d_complex_argument_and_result(rng):
+    """A 0-d complex array goes in and comes out (NumPy views no 0-d array as another
+    itemsize: it crashed with a ValueError), and a strided one is taken as it is."""
+    z = np.asarray(np.complex64(rng.standard_normal() + 1j * rng.standard_normal()))
+    f = ts.function(lambda a: a * 2.0 + op.conj(a))
+    got = f(z)
+    assert got.shape == () and got.dtype == np.complex64 and got == z * 2 + np.conj(z)
+    w = (rng.standard_normal((2, 6)) + 1j * rng.standard_normal((2, 6)))[:, ::2]
+    np.testing.assert_allclose(ts.function(lambda a: op.sum(a, axis=1))(w), w.sum(axis=1))
