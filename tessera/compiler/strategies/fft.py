@@ -94,24 +94,64 @@ def lanes_for(n: int, lines: int) -> int:
     return v
 
 
+class _Lines:
+    """What both lowerings know of a transform kernel: the root, its kind and size, the lines of
+    its domain (the kept axes), where element i of a line lies in the domain and in the output,
+    and the prologue's value at a domain point (through the emitter)."""
+
+    def __init__(self, k, names):
+        self.k, self.names = k, names
+        self.em = Emitter(k, names)
+        node = self.node = k.group.root
+        self.kind = node.opdef.lowering.kind
+        self.inverse = bool(node.attrs.get("inverse"))
+        self.axis, self.d = node.attrs["axis"], k.output.type.dtype
+        self.domain = list(k.group.domain)
+        self.em.loops = [[a] for a in range(len(self.domain))]    # an index per domain axis
+        self.n = node.attrs["n"] if self.kind == "c2r" else self.domain[self.axis]
+        self.packed = self.kind != "c2c" and self.n % 2 == 0    # a real line as n/2 complex
+        self.kept = [a for a in range(len(self.domain)) if a != self.axis]
+        self.extents = [self.domain[a] for a in self.kept]
+        self.total = prod(self.extents)
+        self.cout = contiguous(list(k.output.type.shape))
+        self.bodies = []                          # (the emitter's memo keys on id(body))
+
+    def where(self, kvars, i):
+        """The domain point of element i of the line at kvars."""
+        return {**dict(zip(self.kept, kvars)), self.axis: i}
+
+    def at_out(self, kvars, i):
+        """The output's index of element i of the line at kvars."""
+        return idx_add(linear(kvars, [self.cout[a] for a in self.kept]),
+                       idx_mul(i, Const(self.cout[self.axis])))
+
+    def value(self, u, point):
+        """(statements, expression): operand u of the transform at a domain point."""
+        body = []
+        self.bodies.append(body)
+        m = self.k.group.maps.get(u.id) or identity_map(u.type.shape)   # (a leaf: as it is)
+        return body, self.em.value(u, m, body, point)
+
+    def scaled(self, e):
+        s = self.node.attrs["scale"]
+        return e if s == 1.0 else Bin("*", e, Const(s, self.d))
+
+
+def two(i, o):
+    """Element 2i + o (a real line's packed halves)."""
+    return idx_add(idx_mul(i, Const(2)), Const(o))
+
+
 def lower_fft(k, code):
     """Blocks of V lines (V: lanes_for), in parallel: each line gathered into the block's two
     planes (element-major: element j of lane v at j * count + v; a real line of even n packed
     as n/2 complex values) through the group's prologue, one routine call for the block, each
     line scattered to the output times the norm's factor."""
     names = Names()
-    em = Emitter(k, names)
-    node = k.group.root
-    kind = node.opdef.lowering.kind
-    axis, d = node.attrs["axis"], k.output.type.dtype
-    domain = list(k.group.domain)
-    em.loops = [[a] for a in range(len(domain))]    # an index per domain axis
+    L = _Lines(k, names)
+    node, kind, axis, d, n, packed = L.node, L.kind, L.axis, L.d, L.n, L.packed
+    total, domain = L.total, L.domain
     out_shape = list(k.output.type.shape)
-    n = node.attrs["n"] if kind == "c2r" else domain[axis]
-    kept = [a for a in range(len(domain)) if a != axis]
-    extents = [domain[a] for a in kept]
-    cout = contiguous(out_shape)
-    total = prod(extents)
     if total == 0:
         return []
     V = lanes_for(n, total)
@@ -119,9 +159,6 @@ def lower_fft(k, code):
     blk, cnt, v, line, j, buf = (names(w) for w in ("blk", "count", "v", "line", "j", "planes"))
     i64 = dt.int64
     jv = Var(j)
-    two = lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
-    packed = kind != "c2c" and n % 2 == 0         # a real line as n/2 complex values
-    bodies = []                                   # (the emitter's memo keys on id(body))
     blocks = -(-total // V)
     # one long line: its gather and scatter in parallel too (the routine's stages are)
     jkind = "parallel" if blocks == 1 and n >= LONG_LINE and k.knobs.get("parallel") else "serial"
@@ -130,10 +167,8 @@ def lower_fft(k, code):
         """A loop over the block's lines, each line's indices placed, around stmts_of(where,
         at_out): where(i) the domain point of the line's element i, at_out(i) the output's
         index of it."""
-        kvars = split_index(Var(line), extents)
-        where = lambda i: {**dict(zip(kept, kvars)), axis: i}
-        at_out = lambda i: idx_add(linear(kvars, [cout[a] for a in kept]),
-                                   idx_mul(i, Const(cout[axis])))
+        kvars = split_index(Var(line), L.extents)
+        where, at_out = (lambda i: L.where(kvars, i)), (lambda i: L.at_out(kvars, i))
         return Loop(v, Var(cnt), "serial", [
             Decl(line, i64, idx_add(idx_mul(Var(blk), Const(V)), Var(v))),
             *stmts_of(where, at_out)])
@@ -141,32 +176,23 @@ def lower_fft(k, code):
     def slot(part, i):                        # element i of the lane in plane part (0 re, 1 im)
         return idx_add(Const(part * plane), idx_add(idx_mul(i, Var(cnt)), Var(v)))
 
-    def put(part, i, value_of, point):
-        """The statements storing the prologue's value at a domain point into a plane."""
-        body = []
-        bodies.append(body)
-        body.append(Store(buf, slot(part, i), value_of(body, point)))
-        return body
-
-    def operand(u):
-        m = k.group.maps.get(u.id) or identity_map(u.type.shape)    # (a leaf: read as it is)
-        return lambda body, point: em.value(u, m, body, point)
+    def put(part, u, point):
+        """The statements storing operand u's value at a domain point into a plane."""
+        body, value = L.value(u, point)
+        return body + [Store(buf, slot(part, jv), value)]
 
     def gather(where, at_out):
         x = node.inputs[0]
         if kind == "r2c" and packed:
-            body = put(0, jv, operand(x), where(two(jv, 0))) + \
-                put(1, jv, operand(x), where(two(jv, 1)))
+            body = put(0, x, where(two(jv, 0))) + put(1, x, where(two(jv, 1)))
             return [Loop(j, n // 2, jkind, body)]
         if kind == "r2c":
-            body = put(0, jv, operand(x), where(jv)) + [Store(buf, slot(1, jv), Const(0, d))]
+            body = put(0, x, where(jv)) + [Store(buf, slot(1, jv), Const(0, d))]
             return [Loop(j, n, jkind, body)]
         return [Loop(j, domain[axis], jkind,
-                     [s for p, u in enumerate(node.inputs[:2])
-                      for s in put(p, jv, operand(u), where(jv))])]
+                     [s for p, u in enumerate(node.inputs[:2]) for s in put(p, u, where(jv))])]
 
-    s = node.attrs["scale"]
-    scaled = (lambda e: e) if s == 1.0 else (lambda e: Bin("*", e, Const(s, d)))
+    scaled = L.scaled
 
     def scatter(where, at_out):
         out = k.output.name
@@ -180,7 +206,7 @@ def lower_fft(k, code):
                           for p in (0, 1)])]
         return [Loop(j, n, jkind, [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
 
-    code_kind = KIND_CODE[kind, bool(node.attrs.get("inverse"))]
+    code_kind = KIND_CODE[kind, L.inverse]
     body = [Decl(cnt, i64, idx_min(Const(V), Bin("-", Const(total), idx_mul(Var(blk), Const(V))))),
             Scratch(buf, d, 2 * plane, code, [
                 per_line(gather),
@@ -243,18 +269,10 @@ def lower_fft_gpu(k, knobs):
     return g.kernel(), launch_of(g.total, g.threads, per_block=True)
 
 
-class _GPUFFT:
+class _GPUFFT(_Lines):
     def __init__(self, k, knobs):
-        self.k, self.names = k, Names()
-        self.em = Emitter(k, self.names)
-        node = self.node = k.group.root
-        self.kind = node.opdef.lowering.kind
-        self.inverse = bool(node.attrs.get("inverse"))
-        self.axis, self.d = node.attrs["axis"], k.output.type.dtype
-        self.domain = list(k.group.domain)
-        self.em.loops = [[a] for a in range(len(self.domain))]
-        n = self.n = node.attrs["n"] if self.kind == "c2r" else self.domain[self.axis]
-        self.packed = self.kind != "c2c" and n % 2 == 0
+        super().__init__(k, Names())
+        node, n = self.node, self.n
         C = self.C = n // 2 if self.packed else n          # the complex transform's points
         self.plan = radices(C)
         P = C + 1                                          # (the real untangling adds one)
@@ -266,16 +284,12 @@ class _GPUFFT:
             raise BackendUnavailableError(
                 f"{node.op} along axis {self.axis}: {why}, which GPUs do not run yet "
                 f"({k.name})", hint="use target='cpu' for this transform")
-        self.kept = [a for a in range(len(self.domain)) if a != self.axis]
-        self.extents = [self.domain[a] for a in self.kept]
-        self.total = prod(self.extents)
         self.threads = knobs["threads"]
         nm = self.names
         self.planes = [(nm("ra"), nm("ia")), (nm("rb"), nm("ib"))]
         self.wr, self.wi = nm("wr"), nm("wi")
         self.shared = [Shared(b, self.d, P) for pair in self.planes for b in pair] + \
             [Shared(self.wr, self.d, n), Shared(self.wi, self.d, n)]
-        self.bodies = []                                   # (the emitter memoises per body)
 
     # -- expressions ------------------------------------------------------------------------------
     def c(self, v):
@@ -340,24 +354,18 @@ class _GPUFFT:
                 Decl(sn, f64, Select(small, sina, cosa)),
                 Store(self.wr, jv, Cast(self.d, C_)), Store(self.wi, jv, Cast(self.d, ng(S_)))]
 
-    def value(self, u, point):
-        body = []
-        self.bodies.append(body)
-        m = self.k.group.maps.get(u.id) or identity_map(u.type.shape)
-        return body, self.em.value(u, m, body, point)
-
     def gather(self, jv):
         ra, ia = self.planes[0]
-        x, two = self.node.inputs[0], lambda i, o: idx_add(idx_mul(i, Const(2)), Const(o))
+        x = self.node.inputs[0]
         if self.kind == "r2c" and self.packed:        # x_2j, x_2j+1 as one complex value
-            b0, v0 = self.value(x, self.where(two(jv, 0)))
-            b1, v1 = self.value(x, self.where(two(jv, 1)))
+            b0, v0 = self.value(x, self.where(self.kvars, two(jv, 0)))
+            b1, v1 = self.value(x, self.where(self.kvars, two(jv, 1)))
             return b0 + b1 + [Store(ra, jv, v0), Store(ia, jv, v1)]
         if self.kind == "r2c":
-            b0, v0 = self.value(x, self.where(jv))
+            b0, v0 = self.value(x, self.where(self.kvars, jv))
             return b0 + [Store(ra, jv, v0), Store(ia, jv, self.c(0.0))]
-        b0, v0 = self.value(self.node.inputs[0], self.where(jv))
-        b1, v1 = self.value(self.node.inputs[1], self.where(jv))
+        b0, v0 = self.value(self.node.inputs[0], self.where(self.kvars, jv))
+        b1, v1 = self.value(self.node.inputs[1], self.where(self.kvars, jv))
         return b0 + b1 + [Store(ra, jv, v0), Store(ia, jv, self.neg(v1) if self.inverse else v1)]
 
     def untangle(self, kv, forward):
@@ -447,11 +455,7 @@ class _GPUFFT:
 
     def scatter(self, jv, plane):
         ra, ia = plane
-        cout = contiguous(list(self.k.output.type.shape))
-        at = idx_add(linear(self.kvars, [cout[a] for a in self.kept]),
-                     idx_mul(jv, Const(cout[self.axis])))
-        s = self.node.attrs["scale"]
-        scaled = (lambda e: e) if s == 1.0 else (lambda e: Bin("*", e, Const(s, self.d)))
+        at, scaled = self.at_out(self.kvars, jv), self.scaled
         out = self.k.output.name
         re_, im_ = Load(ra, jv), Load(ia, jv)
         if self.kind == "c2c":
@@ -462,14 +466,12 @@ class _GPUFFT:
                 im_ = Select(Bin("==", jv, Const(0)), self.c(0.0), im_)
             return [Store(out, at, scaled(re_)), Store(out, idx_add(at, Const(1)), scaled(im_))]
         if self.packed:                               # x_2j, x_2j+1 (conjugated back)
-            at0 = idx_add(linear(self.kvars, [cout[a] for a in self.kept]),
-                          idx_mul(jv, Const(2 * cout[self.axis])))
+            step = self.cout[self.axis]
+            at0 = idx_add(linear(self.kvars, [self.cout[a] for a in self.kept]),
+                          idx_mul(jv, Const(2 * step)))
             return [Store(out, at0, scaled(re_)),
-                    Store(out, idx_add(at0, Const(cout[self.axis])), scaled(self.neg(im_)))]
+                    Store(out, idx_add(at0, Const(step)), scaled(self.neg(im_)))]
         return [Store(out, at, scaled(re_))]
-
-    def where(self, i):
-        return {**dict(zip(self.kept, self.kvars)), self.axis: i}
 
     # -- the kernel -------------------------------------------------------------------------------
     def kernel(self):
