@@ -27,6 +27,16 @@ squares against mpmath values, coefficients rounded to the working precision one
 with a refit of the rest), except ts_exp's, which are the Taylor coefficients 1/k!.
 """
 
+# The operators whose kernels call the target's C library instead of a polynomial of ours (glibc's
+# libm on the CPU, CUDA's or HIP's device library on a GPU), by dtype: within that library's
+# error bound, and the same bits on two targets only where their libraries round alike. They
+# did for glibc on x86 and ARM64; CUDA's sin, cos and pow differ from glibc's in the last bit
+# (seen on an H200).
+FROM_C_LIBRARY = {"sin": ("float32", "float64"), "cos": ("float32", "float64"),
+                  "pow": ("float32", "float64"), "atan2": ("float32", "float64"),
+                  "log": ("float64",)}
+
+
 # ---- shared C fragments --------------------------------------------------------------------
 # c ? a : b between float values, through bit masks. gcc turns a float select inside a loop
 # into a branch, and without -fno-trapping-math (which we cannot use, see the README) a loop

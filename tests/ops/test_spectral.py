@@ -157,3 +157,36 @@ def test_bad_arguments_are_named(rng):
         ts.function(lambda v: op.fft(v, norm="unitary"))(x)
     with pytest.raises(ts.ShapeError, match="axis 2"):
         ts.function(lambda v: op.fft(v, axis=2))(x)
+
+
+def test_twiddles_are_within_an_ulp_without_a_c_library(rng):
+    """cos_sin (the twiddles' cos and sin on [0, pi/4], the same + and * on every target) against
+    their Taylor series summed in 50-digit decimal arithmetic, on fresh angles and the ends."""
+    from decimal import Decimal, localcontext
+
+    from tessera.compiler.strategies.fft import cos_sin, unit
+
+    def exact(a):
+        with localcontext() as ctx:
+            ctx.prec = 50
+            x, term, c, s, k = Decimal(a), Decimal(1), Decimal(0), Decimal(0), 0
+            while k < 60:                   # term = x^k / k!
+                if k % 2 == 0:
+                    c += term if k % 4 == 0 else -term
+                else:
+                    s += term if k % 4 == 1 else -term
+                k += 1
+                term = term * x / k
+            return c, s
+
+    arith = (lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, float)
+    angles = list(rng.random(2000) * (math.pi / 4)) + [0.0, 1e-300, 1e-9, math.pi / 4]
+    for a in angles:
+        for got, want in zip(cos_sin(float(a), *arith), exact(float(a))):
+            if want:
+                assert abs(Decimal(got) - want) <= Decimal(0.75 * math.ulp(float(want))), a
+    for n in (7, 12, 1000, 4096):
+        j = np.arange(n)
+        w = np.array([complex(*unit(int(k), n)) for k in j])
+        # NumPy's own angle 2 pi j / n is rounded: up to 2 pi 2^-53 off
+        np.testing.assert_allclose(w, np.exp(-2j * np.pi * j / n), rtol=0, atol=2e-15)

@@ -79,7 +79,7 @@ class FFT(Strategy):
     def c_routine(self, name, dtype):
         t = {"f32": "float", "f64": "double"}[dtype]
         return ["#include <stdlib.h>", specialise(SCRATCH, S=dtype, T=t),
-                specialise(ROUTINE, S=dtype, T=t)]
+                specialise(ROUTINE, COS_SIN=c_cos_sin(), S=dtype, T=t)]
 
 
 register(FFT())
@@ -242,27 +242,59 @@ def radices(n: int) -> list | None:
     return out if rest == 1 else None
 
 
+# cos and sin of an angle in [0, pi/4], all the twiddles need after the octant reduction: their
+# Taylor series to the 18th power (truncation under 1e-19) in double, with + and * alone. No C
+# library, which differs between targets (CUDA's sin is not glibc's), and nothing a compiler may
+# contract (we build with -ffp-contract=off, NVRTC with --fmad=false): the C routine, the GPU
+# kernels and Python (odd radices' constants) compute the same bits. Within 0.74 ulp of the
+# exact values (tests/ops/test_spectral.py checks against mpmath).
+SIN_TAYLOR = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(1, 9))   # a^3 .. a^17
+COS_TAYLOR = tuple((-1) ** k / math.factorial(2 * k) for k in range(2, 10))      # a^4 .. a^18
+
+
+def cos_sin(a, add, sub, mul, const):
+    """(cos a, sin a) in any algebra: the + - * and constants given (floats, C text, Tile IR)."""
+    def horner(z, coefs):
+        acc = const(coefs[-1])
+        for c in reversed(coefs[:-1]):
+            acc = add(const(c), mul(z, acc))
+        return acc
+    z = mul(a, a)
+    sin = add(a, mul(mul(a, z), horner(z, SIN_TAYLOR)))
+    h = mul(const(0.5), z)
+    w = sub(const(1.0), h)          # 1 - z/2, its rounding error added back: (1 - w) - h
+    cos = add(w, add(sub(sub(const(1.0), w), h), mul(mul(z, z), horner(z, COS_TAYLOR))))
+    return cos, sin
+
+
+def c_cos_sin() -> str:
+    """cos_sin as the C routine's ts_fft_cos_sin_{S}."""
+    c, s = cos_sin("a", lambda x, y: f"({x} + {y})", lambda x, y: f"({x} - {y})",
+                   lambda x, y: f"({x} * {y})", repr)
+    return ("static void ts_fft_cos_sin_{S}(double a, double* c, double* s) {\n"
+            f"  *c = {c};\n  *s = {s};\n}}")
+
+
 def unit(j: int, N: int) -> tuple[float, float]:
     """e^{-2 pi i j / N} as the routine computes it (ts_fft_unit: the quadrant and octant from
-    integers, then the C library's cos and sin, which Python's math calls)."""
+    integers, then cos_sin of the reduced angle)."""
     r = j % N
     q, rem = divmod(4 * r, N)
+    arith = (lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, float)
     if 2 * rem <= N:
-        a = 1.5707963267948966 * rem / N
-        cs, sn = math.cos(a), math.sin(a)
+        cs, sn = cos_sin(1.5707963267948966 * rem / N, *arith)
     else:
-        a = 1.5707963267948966 * (N - rem) / N
-        cs, sn = math.sin(a), math.cos(a)
+        sn, cs = cos_sin(1.5707963267948966 * (N - rem) / N, *arith)
     c, s = [(cs, sn), (-sn, cs), (-cs, -sn), (sn, -cs)][q]
     return c, -s
 
 
 def lower_fft_gpu(k, knobs):
     """One block per line (grid-stride over the lines): the table of n-th roots of unity computed
-    once per block as the routine computes its twiddles (the device's double cos and sin: the
-    CPU's bits wherever they agree with the C library's), the line gathered through the prologue
-    into shared memory, the routine's Stockham stages (the same butterflies with the operations
-    in the same order) with a barrier after each, the real transforms' untangling, the scatter.
+    once per block as the routine computes its twiddles (cos_sin: the CPU's bits), the line
+    gathered through the prologue into shared memory, the routine's Stockham stages (the same
+    butterflies with the operations in the same order) with a barrier after each, the real
+    transforms' untangling, the scatter.
     A line whose transform needs Bluestein (a prime factor above 31) or more shared memory than
     a block has is a BackendUnavailableError for now."""
     g = _GPUFFT(k, knobs)
@@ -331,13 +363,13 @@ class _GPUFFT(_Lines):
 
     # -- the pieces -------------------------------------------------------------------------------
     def table(self, jv):
-        """w[j] = e^{-2 pi i j / n} as ts_fft_unit: quadrant and octant from integers, cos and
-        sin of the reduced angle in double, one rounding."""
+        """w[j] = e^{-2 pi i j / n} as ts_fft_unit: quadrant and octant from integers, cos_sin
+        of the reduced angle in double, one rounding."""
         n, i64, f64, nm = self.n, dt.int64, dt.float64, self.names
         q, rem, r2, a, cs, sn = (nm(x) for x in ("q", "rem", "r2", "a", "cs", "sn"))
         small = Bin("<=", idx_mul(Var(rem), Const(2)), Const(n))
-        cosa = OpCall("cos", "elem", (), f64, f64, (Var(a),))
-        sina = OpCall("sin", "elem", (), f64, f64, (Var(a),))
+        cosa, sina = cos_sin(Var(a), lambda x, y: Bin("+", x, y), lambda x, y: Bin("-", x, y),
+                             self.mul, lambda c: Const(c, f64))
 
         def quad(*v):
             return Select(Bin("==", Var(q), Const(0)), v[0], Select(

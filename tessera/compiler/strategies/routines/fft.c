@@ -46,6 +46,10 @@ typedef struct ts_fft_plan_{S} {
 static ts_fft_plan_{S}* ts_fft_cache_{S}[TS_FFT_PLANS];
 static int ts_fft_count_{S} = 0;
 
+/* cos and sin of an angle in [0, pi/4] by their Taylor series, + and * alone (no C library:
+   the same bits on every target; written out by strategies/fft.py's cos_sin) */
+{COS_SIN}
+
 /* e^{-2 pi i j / N} in double: the quadrant and the octant from integers, then cos and sin of
    an angle in [0, pi/4]. */
 static void ts_fft_unit_{S}(int64_t j, int64_t N, double* c, double* s) {
@@ -55,10 +59,10 @@ static void ts_fft_unit_{S}(int64_t j, int64_t N, double* c, double* s) {
   if (rem == 0) { cs = 1.0; sn = 0.0; }
   else if (2 * rem <= N) {
     double a = 1.5707963267948966 * (double)rem / (double)N;
-    cs = cos(a); sn = sin(a);
+    ts_fft_cos_sin_{S}(a, &cs, &sn);
   } else {
     double a = 1.5707963267948966 * (double)(N - rem) / (double)N;
-    cs = sin(a); sn = cos(a);
+    ts_fft_cos_sin_{S}(a, &sn, &cs);
   }
   /* rotate (cs, sn) by q quarter turns: angle theta = q pi/2 + phi */
   double C, S;
