@@ -138,6 +138,7 @@ class GPUProgram(_Levels):
     def __init__(self, *levels, output_structure=None):
         super().__init__(*levels, output_structure)
         self._module = None
+        self.flags_errors = self.tile_ir.flags_errors   # else a run need not wait for its kernels
 
     def run(self, *arrays):
         from ..runtime import gpu

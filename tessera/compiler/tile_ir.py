@@ -695,6 +695,13 @@ class TileProgram:
         """Ints of zeroed workspace the runtime allocates after the status word."""
         return sum((k.launch or {}).get("workspace", 0) for k in self.kernels)
 
+    @property
+    def flags_errors(self) -> bool:
+        """Whether a kernel can store an error code in the status word (an index check, a routine
+        or scratch that can fail): the GPU runtime waits to read the word back only then."""
+        return any(isinstance(s, (CheckIndex, Scratch)) or (isinstance(s, Call) and s.fail_code)
+                   for k in self.kernels for s in all_statements(k.body))
+
     def verify(self):
         known = {b.name: b for b in self.buffers}
         known.update(self.views)

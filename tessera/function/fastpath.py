@@ -1,7 +1,10 @@
 """The call's fast path: arrays whose types were seen before go straight to their program's
-launcher, with no binding, annotation check or tracing (all done the first time). Each launcher
+launcher, with no binding, annotation check or tracing (all done the first time): NumPy arrays
+to a CPU program's executor, CuPy arrays to the GPU runtime. Each launcher
 holds a program; a function keeps at most FAST_ENTRIES of them."""
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -9,28 +12,39 @@ FAST_ENTRIES = 256
 
 
 def array_signature(args):
-    """The fast path's key: each argument's dtype and shape, or None unless every argument is a
-    plain C-contiguous NumPy array."""
+    """The fast path's key: each argument's kind, dtype and shape, or None unless every argument
+    is a plain C-contiguous NumPy or CuPy array."""
     key = []
+    cupy = sys.modules.get("cupy")      # (never imported here: a CuPy array means it was)
     for a in args:
-        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+        kind = type(a)
+        if kind is not np.ndarray and not (cupy is not None and kind is cupy.ndarray):
             return None
-        key.append((a.dtype, a.shape))
+        if not a.flags.c_contiguous:
+            return None
+        key.append((kind, a.dtype, a.shape))
     return tuple(key)
 
 
 def launcher(prog, args, arrays):
     """A callable running `prog` on such arguments and returning its results in their
     structure, or None when these arrays are not exactly what the program takes: positional,
-    in parameter order, C-contiguous, native and of its dtypes."""
-    from ..compiler.pipeline import Program
-    if not isinstance(prog, Program) or not prog._runs_here or len(arrays) != len(args) or \
-            prog.has_complex:           # (complex arrays go through Program.run's views)
+    in parameter order, C-contiguous, native and of its dtypes (NumPy arrays for a CPU program)."""
+    from ..compiler.pipeline import GPUProgram, Program
+    if not isinstance(prog, (Program, GPUProgram)) or prog.has_complex or \
+            len(arrays) != len(args):   # (complex arrays go through run's views)
         return None
-    for arr, a, (npd, _) in zip(arrays.values(), args, prog._param_types):
-        if arr is not a or a.dtype != npd:
+    for arr, a, p in zip(arrays.values(), args, prog.graph_ir.params):
+        if arr is not a or a.dtype != p.type.dtype.np:
             return None
-    execute, tree, structure = prog._execute, prog.output_tree, prog.output_structure
+    if isinstance(prog, GPUProgram):
+        from ..runtime import gpu
+        execute = lambda a: gpu.run(prog, a)                # noqa: E731
+    elif prog._runs_here and all(type(a) is np.ndarray for a in args):
+        execute = prog._execute
+    else:
+        return None
+    tree, structure = prog.output_tree, prog.output_structure
     if tree is not None:
         return lambda a: tree.unflatten(execute(list(a)))
     if structure in (None, "single"):

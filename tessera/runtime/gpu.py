@@ -11,6 +11,9 @@ emit: one pointer per parameter, then `int* ts_status`, launched on a 1-D grid.
 Inputs are checked before anything is copied to the device; NumPy inputs are copied, CuPy
 inputs used in place (a copy only when not C-contiguous or on another device). Each launch is
 timed with CUDA events when a profiler is open. Results are CuPy arrays on the current device.
+A run waits for its kernels only where one can flag an error (an index check, say) in the status
+word; otherwise it returns once they are queued on CuPy's current stream, as CuPy's own
+operations do.
 """
 from __future__ import annotations
 
@@ -65,8 +68,13 @@ def runnable_targets() -> list[str]:
     return ["hip" if cupy.cuda.runtime.is_hip else "cuda"]
 
 
+_ready = {}                     # target -> the CuPy module that found a device for it
+
+
 def _require(target: str):
     cupy = _cupy()
+    if _ready.get(target) is cupy:
+        return cupy
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:      # CUDARuntimeError: no driver
@@ -77,6 +85,7 @@ def _require(target: str):
     if built != target:
         raise BackendUnavailableError(f"this CuPy is built for {built}, the program for {target}",
                                       hint=f"lower with target={built!r}")
+    _ready[target] = cupy
     return cupy
 
 
@@ -187,7 +196,9 @@ def load_module(program, cupy):
 
 def _checked(cupy, program, p, a):
     """One argument checked against its parameter (nothing is copied yet)."""
-    if not hasattr(a, "__cuda_array_interface__"):
+    if isinstance(a, cupy.ndarray):
+        pass
+    elif not hasattr(a, "__cuda_array_interface__"):
         a = dt.native(np.asarray(a))
     elif not isinstance(getattr(a, "dtype", None), np.dtype):
         a = cupy.asarray(a)             # PyTorch's or Numba's device array: a view, no copy
@@ -219,6 +230,20 @@ def _device_consts(program, cupy) -> dict:
     return per_device[device]
 
 
+def _status_word(program, cupy):
+    """The kernels' status word and workspace. Zeroed for each run where a kernel can flag an
+    error or uses workspace; otherwise one word per program and device that no kernel writes,
+    and the run returns without waiting for its kernels (CuPy orders what follows on the stream,
+    as for its own kernels)."""
+    if program.flags_errors or program.tile_ir.workspace:
+        return cupy.zeros(1 + program.tile_ir.workspace, dtype=cupy.int32)
+    per_device = program.__dict__.setdefault("_idle_status", {})
+    device = cupy.cuda.Device().id
+    if device not in per_device:
+        per_device[device] = cupy.zeros(1, dtype=cupy.int32)
+    return per_device[device]
+
+
 def run(program, arrays) -> list:
     cupy = _require(program.target)
     params = program.graph_ir.params
@@ -245,7 +270,7 @@ def run(program, arrays) -> list:
             if poison:
                 arr.fill(d.poison)
             table[b.name] = arr
-    status = cupy.zeros(1 + program.tile_ir.workspace, dtype=cupy.int32)   # + workspace
+    status = _status_word(program, cupy)
     kernels = {k.name: k for k in program.tile_ir.kernels}
     order = {k.name: i for i, k in enumerate(program.tile_ir.kernels)}
     recorder = profiler.current()
@@ -262,10 +287,13 @@ def run(program, arrays) -> list:
             end.record()
             events.append((order[name], start, end))
     HostSteps(program.tile_ir, table, launch_one).run()   # launches, and regions' host loops
-    code = int(status.get()[0])         # waits for the kernels (and so for the events)
-    if code:
-        raise status_error(program, code)
+    if program.flags_errors:
+        code = int(status.get()[0])     # waits for the kernels (and so for the events)
+        if code:
+            raise status_error(program, code)
     if recorder is not None:            # seconds per kernel (summed over a loop's steps)
+        if events:
+            events[-1][2].synchronize()
         seconds = [0.0] * len(order)
         for i, s, e in events:
             seconds[i] += cupy.cuda.get_elapsed_time(s, e) / 1e3

@@ -115,6 +115,7 @@ class DeviceArray:
     shape = property(lambda self: self._mem.shape)
     dtype = property(lambda self: self._mem.dtype)
     nbytes = property(lambda self: self._mem.nbytes)
+    flags = property(lambda self: self._mem.flags)
     T = property(lambda self: DeviceArray(self._mem.T, self.device))
 
     @property
@@ -160,6 +161,9 @@ class FakeCuPy:
             def record(self):
                 self.t = time.perf_counter()
 
+            def synchronize(self):      # the fake's kernels ran when launched
+                pass
+
         def getDeviceCount():
             if outer.devices is None:
                 raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
@@ -176,6 +180,7 @@ class FakeCuPy:
             Device=lambda: SimpleNamespace(id=outer.current, compute_capability="90"),
             Event=Event, get_elapsed_time=lambda s, e: (e.t - s.t) * 1e3)
         self.int32 = np.int32
+        self.ndarray = DeviceArray
 
     # -- arrays --------------------------------------------------------------------------------
     def asarray(self, a):
@@ -375,6 +380,48 @@ def test_a_bad_index_is_a_runtime_fault_naming_the_op(fake, rng):
         f(t, m, s, np.array([0, 3], np.int64))
     assert info.value.op == "take" and "out of range" in info.value.summary
     assert info.value.location is not None and info.value.location.function == "where_and_index"
+
+
+@needs_nvrtc
+@needs_gxx
+def test_a_run_waits_for_its_kernels_only_where_one_can_flag_an_error(fake, rng, monkeypatch):
+    """Reading the status word back waits for the kernels: a program with no index check
+    returns with its kernels queued, one with an index check reads the word (and so raises)."""
+    reads = []
+    get = DeviceArray.get
+    monkeypatch.setattr(DeviceArray, "get", lambda a: reads.append(a) or get(a))
+    x = rng.standard_normal((5, 37)).astype(np.float32)
+    w = rng.standard_normal(37).astype(np.float32)
+    f = on_gpu(fake, softmax_and_column_sum, x, w)
+    assert not f.lower(x, w, target="cuda").tile_ir.flags_errors
+    total, y, _ = f(x, w)
+    assert reads == []
+    np.testing.assert_allclose(y.get(), np_softmax_rows(x * w), rtol=1e-5)
+    reads.clear()
+    t = rng.standard_normal((3, 4)).astype(np.float32)
+    m, s = rng.random((3, 4)) < 0.5, np.asarray(0, np.float32)
+    g = on_gpu(fake, where_and_index, t, m, s, np.zeros(2, np.int64))
+    assert g.lower(t, m, s, np.zeros(2, np.int64), target="cuda").tile_ir.flags_errors
+    g(t, m, s, np.array([2, 0], np.int64))
+    assert len(reads) == 1
+
+
+@needs_nvrtc
+@needs_gxx
+def test_device_arrays_take_the_call_fast_path_after_the_first_call(fake, rng):
+    x = rng.standard_normal((5, 37)).astype(np.float32)
+    w = rng.standard_normal(37).astype(np.float32)
+    f = on_gpu(fake, softmax_and_column_sum, x, w)
+    xd, wd = fake.asarray(x), fake.asarray(w)
+    f(xd, wd)
+    before = cache.cache_stats()["memory_hits"]
+    total, y, same = f(xd, wd)
+    assert cache.cache_stats()["memory_hits"] == before + 1
+    np.testing.assert_allclose(y.get(), np_softmax_rows(x * w), rtol=1e-5)
+    np.testing.assert_allclose(total.get(), np_softmax_rows(x * w).sum(0), rtol=1e-5)
+    np.testing.assert_array_equal(same.get(), x)
+    with pytest.raises(ts.TesseraError, match="disagree on M"):   # the slow path checks it
+        f(fake.asarray(x[:, :3]), wd)
 
 
 @needs_nvrtc
