@@ -35,6 +35,14 @@ def target(request):
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def full_resident_rows(monkeypatch):
+    """These tests size their rows as 256 threads of ROW_RESIDENT elements each: a row's block
+    takes 256 threads up to that width (long rows' blocks get more threads, fewer elements each,
+    on the device a faster choice that would hide the cases here)."""
+    monkeypatch.setattr(row_strategy, "GPU_ROW_PER_THREAD", row_strategy.ROW_RESIDENT)
+
+
 def statements(stmts):
     for s in stmts:
         yield s
@@ -183,7 +191,7 @@ def test_resident_rows_read_once_and_give_the_bits_of_the_passes(target, name, d
 
 
 def test_rows_longer_than_the_registers_hold_take_the_passes(target, rng):
-    threads = 256
+    threads = row_strategy.GPU_ROW_THREADS[1]                      # the most a row's block has
     x = rng.standard_normal((2, threads * row_strategy.ROW_RESIDENT + 1)).astype(np.float32)
     prog = ts.function(lambda x: op.softmax(x, axis=-1)).lower(x, target=target)
     assert prog.tile_ir.kernels[0].launch["block"] == threads
@@ -366,7 +374,7 @@ def test_a_big_reduction_to_one_value_takes_many_blocks(target, d, name, rng):
 def test_two_big_reductions_have_their_own_workspace(target, rng):
     """An f32 sum whose counter and partials are an odd number of ints (padded), then an f64
     max: each kernel its own counter and partials, the f64 ones 8-byte aligned."""
-    x = rng.standard_normal(3 * 16384 + 5).astype(np.float32)
+    x = rng.standard_normal(4 * 16384 + 5).astype(np.float32)      # 4 blocks of 1024 threads
     y = rng.standard_normal(70001)
     prog = ts.function(lambda x, y: (op.sum(x), op.max(y))).lower(x, y, target=target)
     grids = [k.launch["grid"] for k in prog.tile_ir.kernels]

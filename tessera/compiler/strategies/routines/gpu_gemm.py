@@ -79,10 +79,11 @@ _ARITH_BYTES = {"f32": 4, "f64": 8, "f16": 4, "bf16": 4}   # f16/bf16 are staged
 SMEM_LIMIT = 48 << 10          # static shared memory per block
 MAX_STAGES = 4
 
-# (tile_m, tile_n, tile_k, threads) a caller can start from; see the module docstring.
+# (tile_m, tile_n, tile_k, threads) a caller can start from; see the module docstring. CUDA
+# 16-bit: 128x256 tiles on 16 warps ran 4096^3 1.1x faster than 128x128 on 4 (an H200, 2026-11-26)
 DEFAULT_KNOBS = {
     "cuda": {"f32": (128, 128, 8, 256), "f64": (64, 64, 8, 256),
-             "f16": (128, 128, 32, 128), "bf16": (128, 128, 32, 128)},
+             "f16": (128, 256, 32, 512), "bf16": (128, 256, 32, 512)},
     "hip": {"f32": (128, 128, 8, 256), "f64": (64, 64, 8, 256),
             "f16": (128, 128, 8, 256), "bf16": (128, 128, 8, 256)},
 }
