@@ -6,12 +6,15 @@ benchmarks/results/, never asserted.
 
 - softmax and layernorm over 8192 x 8192 f32: achieved bytes/s (one read and one write of the
   matrix) as a share of the measured device-to-device copy bandwidth (goal: 80%).
-- matmul 4096 and 8192: tessera against cuBLAS (CuPy's matmul) in f32 and f16 (the goal, 60%, is
-  for 16-bit inputs; CuPy has no bfloat16 arrays, and f16 takes the same tensor-core path).
-- attention B=8, H=16, S=2048, D=64: tessera against PyTorch's scaled_dot_product_attention
-  (goal: 50%).
-Every timing uses CUDA events around the call, after a warm-up, median of `repeat` calls, the
-implementations interleaved; every result is checked against the peer's.
+- matmul 4096 and 8192: tessera against cuBLAS in f32, f16 (CuPy's matmul) and bf16 (PyTorch's;
+  CuPy 14's bfloat16 arrays feed tessera); goal for 16-bit inputs: 70%.
+- attention B=8, H=16, S=2048, D=64 in bf16 (goal: 60%) and f32: tessera against PyTorch's
+  scaled_dot_product_attention (flash attention where PyTorch has it).
+- one SGD step of the CPU benchmark's MLP (784-512-512-10, batch 256) against PyTorch eager.
+- launch overhead: host time per call of a one-kernel program, against CuPy and PyTorch.
+Every timing uses CUDA events around a batch of calls, after a warm-up, median of `repeat`
+batches, the implementations interleaved; every result is checked against a reference (its
+error is a column). One part's failure is a row saying why; the others still run.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import datetime
 import json
 import platform
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +57,24 @@ def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
 
 
 def time_ms(cupy, fn, repeat):
-    """Median milliseconds of fn() by CUDA events, after two warm-up calls."""
+    """Median milliseconds per call of fn() by CUDA events around a batch of calls (as many as
+    take about 2 ms, so that the host's time between launches hides behind the device's where
+    the calls are asynchronous), after two warm-up calls."""
     fn(), fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(100, int(2.0 / max(cupy.cuda.get_elapsed_time(start, end), 1e-3))))
     times = []
     for _ in range(repeat):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
+        times.append(cupy.cuda.get_elapsed_time(start, end) / calls)
     return statistics.median(times)
 
 
@@ -88,51 +100,150 @@ def main(argv=None):
         torch = None
     rng = np.random.default_rng(0)
     rows = []
+    for part in (_bandwidth_bound, _matmuls, _attention, _training, _launch):
+        try:
+            rows += part(cupy, torch, rng, args)
+        except Exception as e:          # one part's failure is a row; the others still run
+            rows.append({"case": part.__name__.strip("_"), "impl": "tessera",
+                         "note": f"failed: {type(e).__name__}: {str(e)[:300]}"})
+    _report(cupy, torch, rows, args.json)
+
+
+def _bandwidth_bound(cupy, torch, rng, args):
     n = 2048 if args.quick else 8192
     x = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
     y = cupy.empty_like(x)
     copy_ms = interleaved(cupy, {"copy": lambda: cupy.copyto(y, x)}, args.repeat)["copy"]
     bw = 2 * x.nbytes / copy_ms / 1e6
-    rows.append({"case": f"copy {n}x{n} f32", "impl": "cupy.copyto", "ms": copy_ms,
-                 "GB/s": bw, "ratio": 1.0, "goal": None})
-    for name, fn, ref in (("softmax", softmax, _softmax_ref), ("layernorm", layernorm,
-                                                                  _layernorm_ref)):
+    rows = [{"case": f"copy {n}x{n} f32", "impl": "cupy.copyto", "ms": copy_ms, "GB/s": bw,
+             "ratio": 1.0, "goal": None}]
+    for name, fn, ref in (("softmax", softmax, _softmax_ref),
+                          ("layernorm", layernorm, _layernorm_ref)):
         got = fn(x)
         err = float(cupy.abs(got - ref(cupy, x)).max())
         ms = interleaved(cupy, {name: lambda: fn(x)}, args.repeat)[name]
         gbs = 2 * x.nbytes / ms / 1e6
         rows.append({"case": f"{name} {n}x{n} f32", "impl": "tessera", "ms": ms, "GB/s": gbs,
                      "ratio": gbs / bw, "goal": 0.8, "max_err": err})
+    return rows
+
+
+def _matmuls(cupy, torch, rng, args):
+    rows = []
     for size in ((1024, 2048) if args.quick else (4096, 8192)):
-        for dtype in ("float32", "float16"):
-            a = cupy.asarray(rng.standard_normal((size, size)).astype(dtype))
-            b = cupy.asarray(rng.standard_normal((size, size)).astype(dtype))
-            rows += _versus(cupy, f"matmul {size} {dtype}", lambda: matmul(a, b),
-                            "cuBLAS (cupy.matmul)", lambda: cupy.matmul(a, b), 2 * size ** 3,
-                            args.repeat, goal=0.6 if dtype != "float32" else None)
-        rows.append({"case": f"matmul {size} bfloat16", "impl": "tessera",
-                     "note": "not measured: CuPy has no bfloat16 arrays (f16 takes the same "
-                             "tensor-core path)"})
+        a32 = rng.standard_normal((size, size), dtype=np.float32)
+        b32 = rng.standard_normal((size, size), dtype=np.float32)
+        for dtype in ("float32", "float16", "bfloat16"):
+            np_dtype = ts.dtypes.bfloat16.np if dtype == "bfloat16" else np.dtype(dtype)
+            a, b = cupy.asarray(a32.astype(np_dtype)), cupy.asarray(b32.astype(np_dtype))
+            goal = None if dtype == "float32" else 0.7
+            if dtype == "bfloat16":     # cuBLAS through PyTorch: CuPy's bf16 matmul is partial
+                if torch is None:
+                    continue
+                ta, tb = (torch.as_tensor(v, device="cuda").to(torch.bfloat16)
+                          for v in (a32, b32))
+                rows += _versus(cupy, f"matmul {size} {dtype}", lambda: matmul(a, b),
+                                "cuBLAS (torch.matmul)", lambda: torch.matmul(ta, tb),
+                                2 * size ** 3, args.repeat, goal=goal,
+                                check=lambda: _rel_err(cupy, matmul(a, b),
+                                                       ta.float() @ tb.float()))
+            else:
+                rows += _versus(cupy, f"matmul {size} {dtype}", lambda: matmul(a, b),
+                                "cuBLAS (cupy.matmul)", lambda: cupy.matmul(a, b),
+                                2 * size ** 3, args.repeat, goal=goal,
+                                check=lambda: _rel_err(cupy, matmul(a, b), cupy.matmul(a, b)))
+    return rows
+
+
+def _attention(cupy, torch, rng, args):
+    if torch is None:
+        return [{"case": "attention", "impl": "tessera", "note": "no PyTorch: no peer"}]
+    B, H, S, D = (2, 4, 512, 64) if args.quick else (8, 16, 2048, 64)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rows = []
+    host = [rng.standard_normal((B, H, S, D), dtype=np.float32) for _ in range(3)]
+    for dtype, goal in (("bfloat16", 0.6), ("float32", None)):
+        np_dtype = ts.dtypes.bfloat16.np if dtype == "bfloat16" else np.float32
+        q, k, v = (cupy.asarray(h.astype(np_dtype)) for h in host)
+        tq, tk, tv = (torch.as_tensor(h, device="cuda").to(getattr(torch, dtype)) for h in host)
+        ref = sdpa(tq.float(), tk.float(), tv.float())
+        rows += _versus(cupy, f"attention B{B} H{H} S{S} D{D} {dtype}",
+                        lambda: attention(q, k, v), "torch SDPA", lambda: sdpa(tq, tk, tv),
+                        4 * B * H * S * S * D, args.repeat, goal=goal,
+                        check=lambda: _rel_err(cupy, attention(q, k, v), ref))
+    return rows
+
+
+def _training(cupy, torch, rng, args):
+    """One SGD step of the CPU benchmark's MLP (784-512-512-10, batch 256) on the device."""
+    from . import bench
+    step = ts.function(bench.mlp_step.fn, target="cuda")
+    host = bench.mlp_inputs(rng, args.quick)
+    dev = [cupy.asarray(h) for h in host]
+    want = bench.mlp_step_np(*[h.astype(np.float64) if h.dtype.kind == "f" else h
+                               for h in host])
+    err = max(float(abs(cupy.asnumpy(g) - w).max()) for g, w in zip(step(*dev), want))
+    impls = {"tessera": lambda: step(*dev)}
     if torch is not None:
-        B, H, S, D = (2, 4, 512, 64) if args.quick else (8, 16, 2048, 64)
-        q, k, v = (cupy.asarray(rng.standard_normal((B, H, S, D), dtype=np.float32))
-                   for _ in range(3))
-        tq, tk, tv = (torch.as_tensor(t, device="cuda") for t in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        rows += _versus(cupy, f"attention B{B} H{H} S{S} D{D} f32", lambda: attention(q, k, v),
-                        "torch SDPA", lambda: sdpa(tq, tk, tv), 4 * B * H * S * S * D,
-                        args.repeat, goal=0.5)
-    _report(cupy, rows, args.json)
+        tdev = [torch.as_tensor(h, device="cuda") for h in host]
+        impls["torch eager"] = lambda: bench.mlp_step_torch(torch, *tdev)
+    t = interleaved(cupy, impls, args.repeat)
+    with ts.profiler() as prof:         # where the step's time goes, kernel by kernel
+        for _ in range(5):
+            step(*dev)
+    prof.summary()
+    flops = bench.mlp_flops(*host)
+    rows = [{"case": "mlp train step 784-512-512-10 b256 f32", "impl": "tessera",
+             "ms": t["tessera"], "TFLOP/s": flops / t["tessera"] / 1e9, "max_err": err,
+             "ratio": t.get("torch eager", np.nan) / t["tessera"], "goal": 1.0}]
+    if "torch eager" in t:
+        rows.append({"case": rows[0]["case"], "impl": "torch eager", "ms": t["torch eager"]})
+    return rows
 
 
-def _versus(cupy, case, ours, peer_name, peer, flops, repeat, goal=None):
+def _launch(cupy, torch, rng, args):
+    """Host wall time per call of a one-kernel program on 1024 floats (synchronised once at
+    the end of 2000 calls): the fixed cost each call adds."""
+    add = ts.function(lambda x: x + 1.0, target="cuda")
+    x = cupy.asarray(rng.standard_normal(1024, dtype=np.float32))
+    impls = {"tessera": lambda: add(x), "cupy": lambda: x + 1.0}
+    if torch is not None:
+        tx = torch.as_tensor(x, device="cuda")
+        impls["torch"] = lambda: tx + 1.0
+    rows = []
+    for name, fn in impls.items():
+        fn(), fn()
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        cupy.cuda.Device().synchronize()
+        us = (time.perf_counter() - start) / 2000 * 1e6
+        rows.append({"case": "launch overhead x+1 (1024 f32)", "impl": name, "us/call": us})
+    return rows
+
+
+def _rel_err(cupy, got, ref):
+    """|got - ref| / |ref| in float64 (ref a CuPy array, a torch tensor or a NumPy array)."""
+    if ref is None:
+        return None
+    got = cupy.asarray(got).astype(cupy.float64)
+    if hasattr(ref, "detach"):
+        ref = cupy.asarray(ref.detach().float())
+    ref = cupy.asarray(ref).astype(cupy.float64)
+    return float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
+
+
+def _versus(cupy, case, ours, peer_name, peer, flops, repeat, goal=None, check=None):
     try:
+        err = check() if check else None
         t = interleaved(cupy, {"tessera": ours, peer_name: peer}, repeat)
-    except ts.TesseraError as e:
-        return [{"case": case, "impl": "tessera", "note": e.summary}]
+    except Exception as e:              # a row saying why; the next case still runs
+        note = e.summary if isinstance(e, ts.TesseraError) else f"{type(e).__name__}: {e}"
+        return [{"case": case, "impl": "tessera", "note": note[:400]}]
     return [{"case": case, "impl": "tessera", "ms": t["tessera"],
              "TFLOP/s": flops / t["tessera"] / 1e9, "ratio": t[peer_name] / t["tessera"],
-             "goal": goal},
+             "goal": goal, "rel_err": err},
             {"case": case, "impl": peer_name, "ms": t[peer_name],
              "TFLOP/s": flops / t[peer_name] / 1e9}]
 
@@ -147,17 +258,24 @@ def _layernorm_ref(cupy, x):
     return (x - m) / cupy.sqrt(x.var(axis=-1, keepdims=True) + 1e-5)
 
 
-def _report(cupy, rows, path):
+def _report(cupy, torch, rows, path):
     props = cupy.cuda.runtime.getDeviceProperties(0)
     device = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     for r in rows:
         cells = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()]
         print("  ".join(cells))
+    from tessera.runtime.gpu_toolchain import nvrtc_version
+    versions = {"driver": cupy.cuda.runtime.driverGetVersion(),
+                "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(), "cupy": cupy.__version__,
+                "nvrtc": nvrtc_version(), "torch": getattr(torch, "__version__", None),
+                "numpy": np.__version__}
+    print(versions)
     today = datetime.date.today().isoformat()
     path = path or RESULTS / f"{today}-gpu-{device.replace(' ', '_')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"date": today, "device": device, "host": platform.node(),
-                                "tessera": ts.__version__, "rows": rows}, indent=1))
+                                "versions": versions, "tessera": ts.__version__, "rows": rows},
+                               indent=1, default=str))
     print(f"written {path}")
 
 

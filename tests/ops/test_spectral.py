@@ -190,3 +190,19 @@ def test_twiddles_are_within_an_ulp_without_a_c_library(rng):
         w = np.array([complex(*unit(int(k), n)) for k in j])
         # NumPy's own angle 2 pi j / n is rounded: up to 2 pi 2^-53 off
         np.testing.assert_allclose(w, np.exp(-2j * np.pi * j / n), rtol=0, atol=2e-15)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "hip"])
+def test_no_transform_calls_the_c_library(target, rng):
+    """The twiddles are cos_sin's own arithmetic on every target: CUDA's sin and cos are not
+    glibc's (an H200 gave other bits), so a call of either would lose the CPU's bits there."""
+    import re
+
+    x = rng.standard_normal((3, 1000)).astype(np.float32)
+    fn = ts.function(lambda x: (op.real(op.fft(op.complex(x, x))), op.irfft(op.rfft(x), n=1000)))
+    prog = fn.lower(x, target=target)
+    sources = [prog.target_code, *getattr(prog, "routine_sources", {}).values()]
+    assert "ts_fft_cos_sin" in "".join(sources) or target != "cpu"
+    for src in sources:
+        code = re.sub(r"/\*.*?\*/|//[^\n]*", "", src, flags=re.S)       # not the comments
+        assert not re.search(r"\b(sin|cos|sinf|cosf)\s*\(", code)
