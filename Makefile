@@ -53,11 +53,20 @@ lab: setup-lab graphviz
 
 # For a machine with an NVIDIA GPU: CuPy, then the device tests (every operator and fused
 # strategy against NumPy, each program run twice for bitwise determinism) and the GPU
-# benchmarks, whose table lands in benchmarks/results/.
+# benchmarks, whose table lands in benchmarks/results/. GPU_PYTHON=python3 runs them with an
+# interpreter that already has CuPy, NumPy and pytest (a machine without network), this tree
+# on its path, instead of the virtual environment.
+GPU_TESTS = tests/targets/test_gpu_device.py tests/targets/test_gpu_routines.py
+ifdef GPU_PYTHON
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu $(GPU_TESTS)
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m benchmarks.bench_gpu $(BENCH_ARGS)
+else
 gpu-check: setup
 	$(BIN)/python -m pip install -q -e ".[test,cuda]"
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu $(GPU_TESTS)
 	$(BIN)/python -m benchmarks.bench_gpu $(BENCH_ARGS)
+endif
 
 # Benchmarks: tessera against NumPy and whichever peers are installed (make setup-bench adds
 # PyTorch for the CPU and JAX). Ratios are printed and written to benchmarks/results/.
