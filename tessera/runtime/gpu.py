@@ -230,6 +230,33 @@ def _device_consts(program, cupy) -> dict:
     return per_device[device]
 
 
+_peaks = {}                     # device id -> device_peaks()
+
+
+def device_peaks() -> dict:
+    """The current GPU's peaks for the profiler: its device-to-device copy bandwidth (bytes read
+    plus written by a 128 MiB copy, the best of 5 timed by CUDA events, after one warm-up),
+    measured once per device and process; no FMA peak is measured (NaN)."""
+    cupy = _cupy()
+    device = cupy.cuda.Device().id
+    if device not in _peaks:
+        x = cupy.empty(32 << 20, dtype=cupy.float32)
+        y = cupy.empty(32 << 20, dtype=cupy.float32)
+        cupy.copyto(y, x)
+        best = float("inf")
+        for _ in range(5):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            cupy.copyto(y, x)
+            end.record()
+            end.synchronize()
+            best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
+        name = _properties(cupy)["name"]
+        _peaks[device] = {"name": name.decode() if isinstance(name, bytes) else str(name),
+                          "copy_gbs": 2 * x.nbytes / best / 1e9, "fma_gflops": float("nan")}
+    return _peaks[device]
+
+
 def _status_word(program, cupy):
     """The kernels' status word and workspace. Zeroed for each run where a kernel can flag an
     error or uses workspace; otherwise one word per program and device that no kernel writes,

@@ -1,7 +1,9 @@
 """The profiler: `with tessera.profiler() as prof: fn(x)` records every kernel launch of the
 programs run inside the block on this thread (each kernel timed in the generated C with a
-monotonic clock), and relates each kernel's FLOPs and bytes to the machine's measured FMA peak
-and copy bandwidth (`machine_peaks`, measured once by a small probe and cached).
+monotonic clock, or by CUDA events on a GPU), and relates each kernel's FLOPs and bytes to the
+peaks of what ran it: the CPU's measured FMA peak and copy bandwidth (`machine_peaks`, measured
+once by a small probe and cached), a GPU's measured device-to-device copy bandwidth
+(`runtime.gpu.device_peaks`; no FMA peak is measured there, so its % peak stays empty).
 
     with ts.profiler() as prof:
         for _ in range(10):
@@ -56,6 +58,7 @@ class Launch:
     start: float                # seconds since the profile began (laid out one after another)
     call: int                   # which program run of this profile the launch belongs to
     thread: int                 # the native id of the thread that ran it
+    device: str = "cpu"         # "cpu", or the GPU target ("cuda", "hip") that ran it
 
 
 # The aggregated rows' columns, in order (also the DataFrame's).
@@ -73,7 +76,7 @@ class Profile:
         self.launches: list[Launch] = []
         self.calls = 0                  # program runs recorded
         self._t0 = time.perf_counter()
-        self._peaks = None
+        self._peaks = {}                # device -> its peaks
         self._lock = threading.Lock()
 
     # -- recording -------------------------------------------------------------------------------
@@ -100,33 +103,38 @@ class Profile:
         seconds = [float(x) for x in seconds][:len(s.kernels)]
         shapes = _shapes(program)
         thread = threading.get_native_id()
+        device = program.target if program.target in ("cuda", "hip") else "cpu"
         with self._lock:
             call = self.calls
             self.calls += 1
             start = now - self._t0 - sum(seconds)
             for i, (k, sec) in enumerate(zip(s.kernels, seconds)):
-                self.launches.append(Launch(s.name, shapes, k, i, sec, start, call, thread))
+                self.launches.append(Launch(s.name, shapes, k, i, sec, start, call, thread,
+                                            device))
                 start += sec
 
     # -- aggregates ------------------------------------------------------------------------------
-    def peaks(self) -> dict:
-        """The machine's peaks the percentages are relative to (see `machine_peaks`)."""
-        if self._peaks is None:
-            self._peaks = machine_peaks()
-        return self._peaks
+    def peaks(self, device: str = "cpu") -> dict:
+        """The peaks the percentages of `device`'s kernels are relative to: the CPU's
+        (`machine_peaks`) or the current GPU's (`runtime.gpu.device_peaks`)."""
+        if device not in self._peaks:
+            if device == "cpu":
+                self._peaks[device] = machine_peaks()
+            else:
+                from .gpu import device_peaks
+                self._peaks[device] = device_peaks()
+        return self._peaks[device]
 
     def rows(self) -> list[dict]:
         """One row per (function, shapes, kernel), in order of first launch; keys: COLUMNS."""
         groups: dict = {}
         for x in list(self.launches):
             k = x.kernel
-            key = (x.function, x.shapes, x.index, k.name, k.strategy, k.flops, k.bytes)
+            key = (x.function, x.shapes, x.index, k.name, k.strategy, k.flops, k.bytes, x.device)
             groups.setdefault(key, []).append(x)
-        if not groups:
-            return []
-        peaks = self.peaks()
         out = []
-        for (fn, shapes, index, name, strategy, flops, nbytes), ls in groups.items():
+        for (fn, shapes, index, name, strategy, flops, nbytes, device), ls in groups.items():
+            peaks = self.peaks(device)
             times = [x.seconds for x in ls]
             med = statistics.median(times)
             gflops = flops / med / 1e9 if med > 0 else math.nan
@@ -151,18 +159,25 @@ class Profile:
     def _cells(r) -> list[str]:
         return [r["kernel"], r["strategy"], str(r["calls"]), f"{r['median_ms']:.4f}",
                 f"{r['min_ms']:.4f}", _si(r["flops"]), _si(r["bytes"]) + "B",
-                f"{r['gflops']:.1f}", f"{r['gbs']:.1f}", f"{r['peak_pct']:.1f}",
-                f"{r['bandwidth_pct']:.1f}", r["fuses"]]
+                f"{r['gflops']:.1f}", f"{r['gbs']:.1f}", _pct(r["peak_pct"]),
+                _pct(r["bandwidth_pct"]), r["fuses"]]
 
     def _caption(self) -> list[str]:
         head = (f"tessera profile: {self.calls} program run{'s' * (self.calls != 1)}, "
                 f"{len(self.launches)} kernel launch{'es' * (len(self.launches) != 1)}")
         if not self.launches:
             return [head]
-        p = self.peaks()
-        busy = "" if p.get("settled", True) else " (measured on a busy machine: likely low)"
-        return [head, f"machine: {p['fma_gflops']:.0f} GFLOP/s f32 FMA peak, "
-                      f"{p['copy_gbs']:.1f} GB/s copy, {p['threads']} threads{busy}"]
+        lines = [head]
+        for device in dict.fromkeys(x.device for x in self.launches):
+            p = self.peaks(device)
+            if device != "cpu":
+                lines.append(f"{device} device: {p['name']}, {p['copy_gbs']:.0f} GB/s "
+                             "device-to-device copy (no FMA peak measured: % peak empty)")
+                continue
+            busy = "" if p.get("settled", True) else " (measured on a busy machine: likely low)"
+            lines.append(f"machine: {p['fma_gflops']:.0f} GFLOP/s f32 FMA peak, "
+                         f"{p['copy_gbs']:.1f} GB/s copy, {p['threads']} threads{busy}")
+        return lines
 
     def summary(self, print_it: bool = True) -> str:
         """The table of rows as text, grouped by function and shapes; printed unless
@@ -265,6 +280,10 @@ class Profile:
         path = Path(path)
         cache.atomic_write(path, json.dumps(self.chrome_trace()).encode())
         return path
+
+
+def _pct(x) -> str:
+    return "-" if math.isnan(x) else f"{x:.1f}"
 
 
 def _shapes(program) -> str:

@@ -170,7 +170,8 @@ class FakeCuPy:
             return outer.devices
 
         def getDeviceProperties(device):
-            return {"warpSize": 64 if outer.hip else 32, "gcnArchName": b"gfx90a:sramecc+:xnack-"}
+            return {"warpSize": 64 if outer.hip else 32, "gcnArchName": b"gfx90a:sramecc+:xnack-",
+                    "name": b"Emulated GPU"}
 
         self.cuda = SimpleNamespace(
             runtime=SimpleNamespace(is_hip=hip, getDeviceCount=getDeviceCount,
@@ -179,7 +180,7 @@ class FakeCuPy:
             memory=SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
             Device=lambda: SimpleNamespace(id=outer.current, compute_capability="90"),
             Event=Event, get_elapsed_time=lambda s, e: (e.t - s.t) * 1e3)
-        self.int32 = np.int32
+        self.int32, self.float32 = np.int32, np.float32
         self.ndarray = DeviceArray
 
     # -- arrays --------------------------------------------------------------------------------
@@ -205,6 +206,9 @@ class FakeCuPy:
         if int(np.prod(shape)) * np.dtype(dtype).itemsize > self.memory:
             raise self.cuda.memory.OutOfMemoryError(f"out of memory allocating {shape}")
         return DeviceArray(device_empty(shape, dtype), self.current)
+
+    def copyto(self, dst, src):
+        dst._mem[...] = src._mem
 
     def zeros(self, shape, dtype):
         from gpu_emulator import device_empty
@@ -436,7 +440,15 @@ def test_the_profiler_gets_each_kernels_event_time(fake, rng):
     prog = f.lower(x, w)
     assert [(l.call, l.kernel.name) for l in prof.launches] == \
         [(c, k.name) for c in range(2) for k in prog.schedule_ir.kernels]
-    assert all(0 < l.seconds < 60 for l in prof.launches)
+    assert all(0 < l.seconds < 60 and l.device == "cuda" for l in prof.launches)
+    # the percentages are the device's: its measured copy bandwidth, no FMA peak (not the CPU's)
+    peaks = prof.peaks("cuda")
+    assert peaks["name"] == "Emulated GPU" and peaks["copy_gbs"] > 0
+    for r in prof.rows():
+        assert r["bandwidth_pct"] == pytest.approx(100 * r["gbs"] / peaks["copy_gbs"])
+        assert np.isnan(r["peak_pct"])
+    text = prof.summary(print_it=False)
+    assert "cuda device: Emulated GPU" in text and "GFLOP/s f32 FMA peak" not in text
 
 
 @needs_nvrtc
