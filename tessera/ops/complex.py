@@ -213,6 +213,57 @@ def _sqrt(b, xs, attrs, out):
     return (b.op("where", right, t, b.op("abs", half)), b.op("where", right, half, signed_t))
 
 
+def _constant(v):
+    """The value of v where the rules' graph holds it as a constant (through broadcasts and
+    casts: a Python scalar's), else None."""
+    n = v.node
+    while n is not None and n.op in ("broadcast_to", "cast"):
+        n = n.inputs[0].node
+    return n.attrs["value"] if n is not None and n.op == "const" else None
+
+
+def _pow(b, xs, attrs, out):
+    """z ** w by NumPy's cases. An exponent known when tracing to be one integer n, |n| < 100
+    (`z ** 2`): binary powering with complex products, 1 / z^-n for n < 0 (exact where the
+    products are: 1j ** 2 is -1). Otherwise exp(w log z), with w = 0 giving 1 and z = 0 giving 0
+    where Re w > 0, NaN where not."""
+    d = out.dtype.part
+    z, w = xs
+    z = (_real(b, z, d), _im(b, z, out.dtype))
+    w_re, w_im = _real(b, w, d), (w[1] if isinstance(w, tuple) else None)
+    n = _constant(w_re)
+    if n is not None and (w_im is None or _is_zero(w_im)) and np.size(n) and \
+            np.all(n == np.ravel(n)[0]) and float(np.ravel(n)[0]).is_integer() and \
+            abs(float(np.ravel(n)[0])) < 100:
+        k = int(np.ravel(n)[0])
+        one = (b.op("broadcast_to", b.const(np.ones((), d.np), None), shape=list(out.shape)),
+               _im(b, b.op("broadcast_to", b.const(np.ones((), d.np), None),
+                           shape=list(out.shape)), out.dtype))
+        acc, base, m = None, z, abs(k)
+        while m:
+            if m & 1:
+                acc = base if acc is None else _mul(b, [acc, base], {}, out)
+            m >>= 1
+            if m:
+                base = _mul(b, [base, base], {}, out)
+        acc = tuple(b.op("broadcast_to", p, shape=list(out.shape)) for p in acc or one)
+        return _div(b, [one, acc], {}, out) if k < 0 else acc
+    w_im = _im(b, w, out.dtype) if w_im is None else w_im
+    lr, li = _log(b, [z], {}, out)                          # log z = lr + i li
+    er = b.op("sub", b.op("mul", w_re, lr), b.op("mul", w_im, li))
+    ei = b.op("add", b.op("mul", w_re, li), b.op("mul", w_im, lr))
+    pr, pi = _exp(b, [(er, ei)], {}, out)
+    zero_z = b.op("where", b.op("eq", z[0], 0.0), b.op("eq", z[1], 0.0), False)
+    zero_w = b.op("where", b.op("eq", w_re, 0.0), b.op("eq", w_im, 0.0), False)
+    zero, nan = (b.const(np.asarray(v, d.np), None) for v in (0.0, np.nan))
+    at_zero = b.op("where", b.op("gt", w_re, 0.0), zero, nan)
+    parts = []
+    for p, unit in ((pr, 1.0), (pi, 0.0)):
+        p = b.op("where", zero_z, at_zero, p)
+        parts.append(b.op("broadcast_to", b.op("where", zero_w, unit, p), shape=list(out.shape)))
+    return tuple(parts)
+
+
 def _matmul(b, xs, attrs, out):
     d = out.dtype.part
     (a, c), (e, f) = [(_real(b, x, d), _im(b, x, out.dtype)) for x in xs]
@@ -269,7 +320,8 @@ RULES = {
     "complex": lambda b, xs, attrs, out: tuple(
         b.op("broadcast_to", _real(b, x, out.dtype.part), shape=list(out.shape)) for x in xs),
     "add": _binary("add"), "sub": _binary("sub"), "mul": _mul, "div": _div, "neg": _neg,
-    "exp": _exp, "abs": _abs, "log": _log, "sqrt": _sqrt, "matmul": _matmul, "cast": _cast, "where": _where,
+    "exp": _exp, "abs": _abs, "log": _log, "sqrt": _sqrt, "pow": _pow, "matmul": _matmul,
+    "cast": _cast, "where": _where,
     "eq": _eq_ne("eq"), "ne": _eq_ne("ne"),
     "concat": _listed("concat"),
 }

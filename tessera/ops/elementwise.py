@@ -316,9 +316,10 @@ def _silu_vjp(b, xs, y, g, a):                          # s (1 + x (1 - s))
 
 def _pow_vjp(b, xs, y, g, a):
     base, e = xs
-    d_base = b.op("mul", g, b.op("mul", e, b.op("pow", base, b.op("sub", e, 1))))
+    d_base = b.op("mul", g, cj(b, b.op("mul", e, b.op("pow", base, b.op("sub", e, 1)))))
     # d/de = y log(base); log(1) where base == 0 so 0^e gives 0, not 0 * -inf (as JAX does)
-    d_exp = b.op("mul", g, b.op("mul", y, b.op("log", b.op("where", b.op("eq", base, 0), 1.0, base))))
+    d_exp = b.op("mul", g, cj(b, b.op("mul", y, b.op("log", b.op("where", b.op("eq", base, 0),
+                                                                    1.0, base)))))
     return [d_base, d_exp]
 
 

@@ -129,6 +129,46 @@ def test_log_and_sqrt_of_complex_are_numpys(name, rng):
     assert np.isfinite(ts.check_grad(lambda a: getattr(op, name)(a), z[1:]))
 
 
+def test_pow_is_numpys(rng):
+    """z ** n for an integer known when tracing: NumPy's binary powering with complex products
+    (exact where they are: 1j ** 2 is -1, (1 + 1j) ** 2 is 2j; NumPy's own products may use
+    FMAs, so an ulp apart elsewhere); any other exponent (complex, real, a tensor) exp(w log z)
+    within a few ulps; w = 0 gives 1, z = 0 gives 0 where Re w > 0 and NaN elsewhere, as NumPy;
+    a real base with a complex exponent."""
+    z = rng.standard_normal((3, 7)) + 1j * rng.standard_normal((3, 7))
+    z[0, :4] = [1j, -2, 0, 1 + 1j]
+    for k in (2, 3, 7, -1, -3, 0):
+        with np.errstate(all="ignore"):             # 0 ** -1, on both sides
+            got = ts.function(lambda a: a ** k)(z)
+            exact = np.power(z[0, :4], k)
+        fin = np.isfinite(np.power(z[1:], k))
+        np.testing.assert_allclose(got[1:][fin], np.power(z[1:], k)[fin], rtol=abs(k) * 3e-16)
+        np.testing.assert_array_equal(got[0, :4][np.isfinite(exact)], exact[np.isfinite(exact)])
+    w = rng.standard_normal((3, 7)) + 1j * rng.standard_normal((3, 7))
+    w[0, :5] = [2, 0, 0, -1, 1j]
+    z[0, 3:5] = [0, 0]
+    f = ts.function(lambda a, b: op.pow(a, b))
+    with np.errstate(all="ignore"):
+        want = np.power(z, w)
+        got = f(z, w)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        fin = ~np.isnan(want)
+        np.testing.assert_allclose(got[fin], want[fin], rtol=2e-15, atol=1e-300)
+        for e in (0.5, -1.5, 2.5j):
+            np.testing.assert_allclose(ts.function(lambda a: a ** e)(z[1:]), z[1:] ** e,
+                                       rtol=2e-15)
+        r = rng.random(7) + 0.1
+        np.testing.assert_allclose(f(r, w[1]), np.power(r, w[1]), rtol=2e-15)
+    z64, w64 = z[1:].astype(np.complex64), w[1:].astype(np.complex64)
+    np.testing.assert_allclose(f(z64, w64), np.power(z64.astype(complex), w64.astype(complex)),
+                               rtol=2e-6)
+    # gradients off the branch cut of log, where central differences are smooth
+    zg = 1.5 + 0.3 * (rng.standard_normal((2, 5)) + 1j * rng.standard_normal((2, 5)))
+    wg = 0.5 * (rng.standard_normal((2, 5)) + 1j * rng.standard_normal((2, 5)))
+    assert np.isfinite(ts.check_grad(lambda a, b: op.pow(a, b), zg, wg))
+    assert np.isfinite(ts.check_grad(lambda a: a ** 3, z[1:]))
+
+
 def test_angle_and_atan2_are_numpys(rng):
     z = rng.standard_normal(7) + 1j * rng.standard_normal(7)
     x = np.array([-1.0, 2.0, -0.0, np.inf, -np.inf])
