@@ -10,7 +10,7 @@ from .. import ops
 from ..errors import TesseraError
 from ..ops.registry import run_reference
 from ..types import TensorType
-from .graph_ir import Builder, Graph, Node, Value
+from .graph_ir import Builder, Graph, Node, Region, Value
 
 FOLD_LIMIT = 1 << 16          # fold constants up to this many elements
 
@@ -167,7 +167,9 @@ def split_complex(g: Graph) -> Graph:
     imaginary parts, by each operator's rule (ops/complex.py). A complex parameter becomes a
     float parameter with a last axis of 2 (the interleaved memory, read in place) and a complex
     result is written back into that layout, so the program takes and gives NumPy's complex
-    arrays viewed as floats. A graph without complex values is returned as it is."""
+    arrays viewed as floats. A control-flow region's complex carries, operands and results
+    become two each, its bodies split alike (`_split_body`). A graph without complex values is
+    returned as it is."""
     if not any(v.type.dtype.is_complex for v in _values(g)):
         return g
     out = Graph(g.name, bindings=g.bindings)
@@ -185,19 +187,7 @@ def split_complex(g: Graph) -> Graph:
                                                  stops=[None] * len(shape) + [k + 1],
                                                  steps=None), shape=shape)
                             for k in (0, 1))
-    for n in g.nodes:
-        b = Builder(out, n.loc, n.origin)
-        if n.op == "const":
-            v = n.attrs["value"]
-            parts[n.out.id] = (b.const(v.real.copy(), None), b.const(v.imag.copy(), None)) \
-                if v.dtype.kind == "c" else b.const(v, None)
-            continue
-        xs = [parts[v.id] for v in n.inputs]
-        complex_in = any(isinstance(x, tuple) for x in xs)
-        if not complex_in and not n.out.type.dtype.is_complex:
-            parts[n.out.id] = out.apply(n.op, xs, n.attrs, loc=n.loc, origin=n.origin)
-            continue
-        parts[n.out.id] = ops.complex.RULES[n.op](b, xs, n.attrs, n.out.type)
+    _split_nodes(g, out, parts)
     outs = []
     for v in g.outputs:
         x = parts[v.id]
@@ -208,6 +198,103 @@ def split_complex(g: Graph) -> Graph:
                                      shape=shape + [1]) for p in x], axis=len(shape))
         outs.append(x)
     out.outputs = outs
+    return out
+
+
+def _split_nodes(g: Graph, out: Graph, parts: dict):
+    """g's nodes into out, each complex value as its (re, im) pair in `parts` (value id -> a
+    Value or a pair, the parameters' already there)."""
+    for n in g.nodes:
+        if n.out.id in parts:               # a region's later result, made with its first
+            continue
+        b = Builder(out, n.loc, n.origin)
+        if n.op == "const":
+            v = n.attrs["value"]
+            parts[n.out.id] = (b.const(v.real.copy(), None), b.const(v.imag.copy(), None)) \
+                if v.dtype.kind == "c" else b.const(v, None)
+            continue
+        xs = [parts[v.id] for v in n.inputs]
+        if n.op in ops.regions.REGION_OPS:
+            _split_region(g, out, n, xs, parts)
+            continue
+        complex_in = any(isinstance(x, tuple) for x in xs)
+        if not complex_in and not n.out.type.dtype.is_complex:
+            parts[n.out.id] = out.apply(n.op, xs, n.attrs, loc=n.loc, origin=n.origin)
+            continue
+        parts[n.out.id] = ops.complex.RULES[n.op](b, xs, n.attrs, n.out.type)
+
+
+def _widths(items) -> list:
+    """How many values each item becomes: 2 for a complex one (a pair or a complex type)."""
+    return [2 if isinstance(x, tuple) or getattr(getattr(x, "dtype", None), "is_complex", False)
+            else 1 for x in items]
+
+
+def _flat(items) -> list:
+    return [y for x in items for y in (x if isinstance(x, tuple) else (x,))]
+
+
+def _part_types(types) -> list:
+    return [t for u in types for t in ((TensorType(u.dtype.part, u.shape),) * 2
+                                       if u.dtype.is_complex else (u,))]
+
+
+def _split_region(g: Graph, out: Graph, n: Node, xs: list, parts: dict):
+    """A control-flow region whose carries, operands or results may be complex: each becomes its
+    two parts, in place (so the kinds' orders hold), the counts in its attrs widened to match,
+    its bodies split by `_split_body`; its results' siblings made together."""
+    region = n.attrs["region"]
+    sibs = g.siblings(n)
+    if not any(isinstance(x, tuple) for x in xs) and \
+            not any(t.dtype.is_complex for t in region.types):    # (complex inside: per body)
+        for s in sibs:
+            parts[s.out.id] = out.apply(s.op, [parts[v.id] for v in s.inputs], s.attrs,
+                                        loc=s.loc, origin=s.origin)
+        return
+    widths = _widths(xs)
+    operands = sum(widths[:region.operands])
+    captures, at = {}, region.operands
+    for role in region.bodies:
+        captures[role] = sum(widths[at:at + region.captures[role]])
+        at += region.captures[role]
+    attrs = dict(region.attrs)
+    for key in ("carries", "saves"):        # counts of leading results
+        if key in attrs and not isinstance(attrs[key], bool):
+            attrs[key] = sum(_widths(region.types[:attrs[key]]))
+    split = Region(region.kind, {r: _split_body(body) for r, body in region.bodies.items()},
+                   operands, captures, _part_types(region.types), attrs, region.loc)
+    flat = _flat(xs)
+    made = [out.apply(n.op, flat, {"region": split, "result": i}, loc=n.loc, origin=n.origin)
+            for i in range(len(split.types))]
+    at, by_result = 0, []
+    for t in region.types:
+        by_result.append(tuple(made[at:at + 2]) if t.dtype.is_complex else made[at])
+        at += 2 if t.dtype.is_complex else 1
+    for s in sibs:
+        parts[s.out.id] = by_result[s.attrs["result"]]
+
+
+def _split_body(body: Graph) -> Graph:
+    """A region's body, decomposed, with each complex parameter and output as two float ones,
+    its real part first (what `_split_region` passes and expects)."""
+    body = decompose(canonicalize(body.clone()).verify())
+    out = Graph(body.name, bindings=body.bindings)
+    parts: dict = {}
+    for p in body.params:
+        if p.type.dtype.is_complex:
+            t = TensorType(p.type.dtype.part, p.type.shape)
+            parts[p.id] = (out.add_param(f"{p.param_name}_re", t),
+                           out.add_param(f"{p.param_name}_im", t))
+        else:
+            parts[p.id] = out.add_param(p.param_name, p.type)
+    _split_nodes(body, out, parts)
+    b = Builder(out, None, "%return:complex")
+    out.outputs = []
+    for v in body.outputs:
+        x = parts[v.id]
+        if isinstance(x, tuple):            # (a real value made complex: its parts' shapes)
+            x = tuple(b.op("broadcast_to", p, shape=list(v.type.shape)) for p in x)
+        out.outputs += list(x) if isinstance(x, tuple) else [x]
     return out
 
 

@@ -26,5 +26,6 @@ def _reference(arrays, attrs):
 for _kind in REGION_OPS:
     # (their adjoints are written by the autodiff pass itself, compiler/backward.py: one for
     # all of a region's results)
+    # complex carries and operands: split into their parts with the bodies (split_complex)
     register(OpDef(_kind, -1, {"region": None, "result": 0}, infer=_infer, reference=_reference,
-                   doc=_DOC[_kind]))
+                   doc=_DOC[_kind], takes_complex=True))

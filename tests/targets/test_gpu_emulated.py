@@ -233,6 +233,22 @@ def test_control_flow_is_the_cpus_bits(target, rng):
         assert got.tobytes() == want.tobytes()
 
 
+def test_complex_carries_are_the_cpus_bits(target, rng):
+    """Complex carries, xs and ys (their parts carried side by side) in fori_loop, scan and cond
+    on the host's loops: the CPU's bits, complex arrays in and out."""
+    z = (rng.standard_normal(5) + 1j * rng.standard_normal(5)).astype(np.complex64)
+    xs = (rng.standard_normal((4, 5)) + 1j * rng.standard_normal((4, 5))).astype(np.complex64)
+
+    def fn(z, xs):
+        a = ts.fori_loop(0, 3, lambda i, c: c * (0.5 + 0.25j) + xs[i], z)
+        c, ys = ts.scan(lambda h, x: (h * x * 0.5, op.real(h)), z, xs, reverse=True)
+        d = ts.cond(op.abs(z).sum() > 1, lambda v: v * 2j, lambda v: -v, z)
+        return a, c, ys, d
+
+    for k, (got, want) in enumerate(zip(emulate(target, fn, z, xs), cpu(fn, z, xs))):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), k
+
+
 # ---- Fourier transforms: a block per line, the Stockham stages in shared memory -----------------
 @pytest.mark.parametrize("n", [1, 2, 7, 12, 64, 100, 1000])
 def test_transforms_are_the_cpus_bits(target, n, rng):
