@@ -30,6 +30,10 @@ Decisions:
   them, so the forward runs once; a cond's adjoint is a cond of its branches' backward graphs.
   Gradients of gradients and ``ts.jvp`` work the same way. A while_loop differentiates forward
   only: its reverse mode is a DifferentiationError naming its line and suggesting fori_loop.
+* ``checkpoint=k`` (fori_loop, scan) is the seeds' ``ts.checkpoint``, as a keyword of the loop
+  so that it is part of the traced program: the loop becomes an outer loop over segments of k
+  steps, each an inner loop, then the steps left over; differentiated, the outer loop keeps one
+  carry per segment and each segment's backward runs its inner loop again.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from . import pytree
 from .compiler.graph_ir import Graph, Region
 from .errors import ArgumentError, ShapeError, TesseraError, TracingError, enrich
 from .function.binding import def_location
-from .trace import Trace, Traced, current_trace, static_ints, tracing, user_location
+from .trace import Trace, Traced, apply, current_trace, static_ints, tracing, user_location
 from .types import TensorType
 
 __all__ = ["fori_loop", "while_loop", "scan", "cond"]
@@ -83,10 +87,22 @@ def _check_bounds(lo, hi):
 
 
 # ---- the public operators --------------------------------------------------------------------
-def fori_loop(lo, hi, body, init):
-    """``carry = body(i, carry)`` for ``i`` in ``range(lo, hi)``; returns the last carry."""
+def fori_loop(lo, hi, body, init, checkpoint=None):
+    """``carry = body(i, carry)`` for ``i`` in ``range(lo, hi)``; returns the last carry.
+    ``checkpoint=k`` (True: about the square root of the trip count): reverse mode keeps the
+    carry of every k-th step only and recomputes the others a segment at a time (see
+    `_segments`)."""
     lo, hi = _check_bounds(lo, hi)
     trace = _tracing(init)
+    k = _segment_length(checkpoint, hi - lo) if trace is not None and hi <= 2**31 else 0
+    if k:
+        whole = (hi - lo) // k * k
+
+        def segment(s, carry):
+            start = s * k + lo                          # the segment's first counter
+            return fori_loop(0, k, lambda j, c: body(start + j, c), carry)
+        carry = fori_loop(0, whole // k, segment, init)
+        return fori_loop(lo + whole, hi, body, carry) if lo + whole < hi else carry
     if trace is None:
         carry = pytree.tree_map(_eager, init)
         for i in range(lo, hi):
@@ -123,13 +139,17 @@ def while_loop(cond_fn, body, init):
     return tree.unflatten(out)
 
 
-def scan(f, init, xs, reverse: bool = False):
+def scan(f, init, xs, reverse: bool = False, checkpoint=None):
     """``carry, y_t = f(carry, x_t)`` for each slice ``x_t`` of xs along its first axis (last
     to first when ``reverse``); returns ``(carry, ys)``, the ys stacked along a new first axis
-    in the order of xs (``ys`` is None when f gives None for y)."""
+    in the order of xs (``ys`` is None when f gives None for y). ``checkpoint=k`` (True: about
+    the square root of the length): reverse mode keeps every k-th carry only (`_segments`)."""
     trace = _tracing(init, xs)
     x_leaves, x_tree = pytree.flatten(xs)
     length = _scan_length(x_leaves)
+    k = _segment_length(checkpoint, length) if trace is not None else 0
+    if k:
+        return _segments(f, init, xs, reverse, k, length)
     if trace is None:
         carry = pytree.tree_map(_eager, init)
         x_leaves = [_eager(x) for x in x_leaves]
@@ -162,6 +182,54 @@ def scan(f, init, xs, reverse: bool = False):
     carry = tree.unflatten(out[:len(carries)])
     y_tree = y_info["tree"]
     return carry, (None if y_tree.kind == "none" else y_tree.unflatten(out[len(carries):]))
+
+
+def _segment_length(checkpoint, n: int) -> int:
+    """The segment length `checkpoint` asks for over n steps; 0 where segments would not help
+    (none asked for, or one step or all of them in a segment)."""
+    if checkpoint is None or checkpoint is False:
+        return 0
+    if checkpoint is True:
+        k = max(1, round(n ** 0.5))
+    elif isinstance(checkpoint, (int, np.integer)) and not isinstance(checkpoint, bool) \
+            and checkpoint >= 1:
+        k = int(checkpoint)
+    else:
+        raise ArgumentError(f"checkpoint must be True or a number of steps >= 1, not "
+                            f"{checkpoint!r}", location=user_location())
+    return k if 1 < k < n else 0
+
+
+def _segments(f, init, xs, reverse, k, length):
+    """A checkpointed scan: an outer scan over whole segments of k steps, each an inner scan,
+    then the steps left over (first, when reversed). Differentiated, the outer loop keeps the
+    carries segments begin with and the backward of a segment runs its inner scan again, keeping
+    that segment's carries: about length/k + k carries held instead of length, the same values
+    (the body's arithmetic is the same; sums for captured tensors add up segment by segment)."""
+    whole = length // k * k
+    head = pytree.tree_map(lambda x: apply("reshape", x[:whole],
+                                           shape=[whole // k, k, *x.shape[1:]]), xs)
+    tail = pytree.tree_map(lambda x: x[whole:], xs) if whole < length else None
+
+    def segment(carry, x_seg):
+        return scan(f, carry, x_seg, reverse)
+    parts = []
+    carry = init
+    for which in ((tail, "tail"), (head, "head")) if reverse else ((head, "head"), (tail, "tail")):
+        part, name = which
+        if part is None:
+            continue
+        carry, ys = scan(segment if name == "head" else f, carry, part, reverse)
+        if ys is not None and name == "head":
+            ys = pytree.tree_map(lambda y: apply("reshape", y, shape=[whole, *y.shape[2:]]), ys)
+        parts.append((name, ys))
+    ys = dict(parts)
+    if ys["head"] is None:
+        return carry, None
+    if tail is None:
+        return carry, ys["head"]
+    return carry, pytree.tree_map(lambda a, b: apply("concat", [a, b], axis=0),
+                                  ys["head"], ys["tail"])
 
 
 def cond(pred, true_fn, false_fn, *operands):

@@ -318,6 +318,56 @@ def test_nested_loops_second_order_and_jvp(rng):
     assert_close(tangent, np.dot(g(x), t))
 
 
+def _saved_rows(g, seen=None) -> list:
+    """The first dimension of every stacked carry a differentiated loop keeps, nested bodies
+    included: how many carries reverse mode holds."""
+    seen = set() if seen is None else seen
+    out = []
+    for n in g.nodes:
+        r = n.attrs.get("region")
+        if r is None or id(r) in seen:
+            continue
+        seen.add(id(r))
+        if r.attrs.get("save") or r.attrs.get("saves"):
+            k = r.attrs.get("carries", len(r.types)) if r.kind == "fori_loop" else r.attrs["saves"]
+            out += [t.shape[0] for t in r.types[len(r.types) - k:]]
+        for body in r.bodies.values():
+            out += _saved_rows(body, seen)
+    return out
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_checkpointed_loops_keep_fewer_carries_and_the_same_gradients(reverse, rng):
+    """checkpoint=k: reverse mode keeps a carry per segment of k steps (and the steps left
+    over), recomputing a segment's carries from its first; values and gradients those of the
+    plain loops (the captured tensor's sum adds up segment by segment: to rounding)."""
+    n = 23
+    xs, h0, w = rng.standard_normal((n, 4)), rng.standard_normal(4), rng.standard_normal(4)
+
+    def make(ck):
+        def f(h0, xs, w):
+            h, ys = ts.scan(lambda h, x: (op.tanh(h * w + x), h * h), h0, xs, reverse=reverse,
+                            checkpoint=ck)
+            a = ts.fori_loop(2, n, lambda i, c: op.tanh(c * w + xs[i]), h0, checkpoint=ck)
+            return op.sum(h) + op.sum(ys * ys) + op.sum(a * a)
+        return f
+    plain = ts.value_and_grad(make(None), argnums=(0, 1, 2))(h0, xs, w)
+    for ck in (5, True, 7):
+        value, grads = ts.value_and_grad(make(ck), argnums=(0, 1, 2))(h0, xs, w)
+        np.testing.assert_array_equal(value, plain[0])
+        for got, want in zip(grads, plain[1]):
+            np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+    assert ts.check_grad(make(5), h0, xs, w) < 1e-6
+    grad_of = lambda ck: ts.grad(make(ck), argnums=(0,)).lower(h0, xs, w).graph_ir  # noqa: E731
+    assert sorted(_saved_rows(grad_of(None))) == [n - 2, n]
+    # scan: 4 segments of 5 + 3 left over; fori_loop: 4 segments of 5 + 1 left over
+    assert sorted(_saved_rows(grad_of(5))) == [1, 3, 4, 4, 5, 5]
+    eager = make(5)(h0, xs, w)                  # outside a function: the plain Python loops
+    np.testing.assert_allclose(eager, plain[0], rtol=1e-13)
+    with pytest.raises(ts.ArgumentError, match="checkpoint must be True or a number"):
+        ts.function(lambda h: ts.scan(lambda c, x: (c + x, None), h, xs, checkpoint=0))(h0)
+
+
 def test_while_loop_reverse_mode_says_why(rng):
     x = f32(rng, 4)
     with pytest.raises(DifferentiationError, match="through ts.while_loop") as info:
