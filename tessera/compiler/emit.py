@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..ops import registry as R
 from ..ops.movement import contiguous_strides
-from .groups import identity_map, map_from, squeezes_only
+from .groups import LEAF, identity_map, is_reshape, map_from, squeezes_only
 from .schedule_ir import Kernel
 from .tile_ir import (Bin, Const, Decl, Expr, Load, Loop, OpCall, Param, Select, Store, Var,
                       idx_add, idx_mul, substitute)
@@ -143,10 +143,25 @@ class Emitter:
         n = v.node
         if grp.anchor is not None and n is grp.anchor:
             return k.output, 0, self._spread(m, contiguous(v.type.shape))
-        if isinstance(n.opdef.lowering, R.View) and not squeezes_only(n):
+        if isinstance(n.opdef.lowering, R.View) and not squeezes_only(n) and \
+                not self._broadcast_of_computed(n):
             b, offset, strides = view_source(k, n)
             return b, offset, self._spread(m, strides)
         return None
+
+    def _broadcast_of_computed(self, n) -> bool:
+        """A broadcast the group evaluates at the broadcast point instead of reading it from
+        memory (map_from lets one in where it at most doubles: a complex result's parts): one of
+        a value the group computes, or of a view that moves elements (view_source composes
+        reshapes only)."""
+        if n.op != "broadcast_to" or map_from(n, tuple(range(len(n.out.type.shape))),
+                                              n.inputs[0]) == LEAF:
+            return False
+        u, moved = n.inputs[0], False
+        while u.id in self.inside and isinstance(u.node.opdef.lowering, R.View):
+            moved = moved or not is_reshape(u.node)
+            u = u.node.inputs[0]
+        return u.id in self.inside or moved
 
     def _spread(self, m, strides):
         S = [0] * len(self.grp.domain)

@@ -82,6 +82,11 @@ def map_from(user: Node, user_map: tuple, v) -> tuple | str:
     if is_view(user) and squeezes_only(user):
         walked = iter(m for m, d in zip(user_map, user.out.type.shape) if d != 1)
         return tuple(None if d == 1 else next(walked) for d in v.type.shape)
+    if user.op == "broadcast_to" and user.out.type.numel() <= 2 * v.type.numel():
+        # at most doubling (a complex result's parts interleaved): computed twice, not stored
+        pad = len(user.out.type.shape) - len(v.type.shape)
+        return tuple(None if d == 1 and user.out.type.shape[k + pad] != 1 else user_map[k + pad]
+                     for k, d in enumerate(v.type.shape))
     return LEAF
 
 

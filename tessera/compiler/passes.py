@@ -194,8 +194,15 @@ def split_complex(g: Graph) -> Graph:
         if isinstance(x, tuple):
             b = Builder(out, None, "%return:complex")
             shape = list(v.type.shape)
-            x = b.op("concat", [b.op("reshape", b.op("broadcast_to", p, shape=shape),
-                                     shape=shape + [1]) for p in x], axis=len(shape))
+            if all(tuple(p.type.shape) == tuple(shape) for p in x):
+                # the parts interleaved by a select over a last axis of 2: the group computing
+                # them writes the result (one pointwise kernel for z * w, not seven)
+                pair = [b.op("broadcast_to", b.op("reshape", p, shape=shape + [1]),
+                             shape=shape + [2]) for p in x]
+                x = b.op("where", b.const(np.array([True, False]), None), *pair)
+            else:
+                x = b.op("concat", [b.op("reshape", b.op("broadcast_to", p, shape=shape),
+                                         shape=shape + [1]) for p in x], axis=len(shape))
         outs.append(x)
     out.outputs = outs
     return out

@@ -16,6 +16,7 @@ from ..groups import identity_map, is_elementwise, is_view, map_from, squeezes_o
 from ..schedule_ir import Kernel
 from ..tile_ir import Aligned, Bin, Const, If, Load, Loop, Var, VecLoad, VecStore, idx_add, idx_mul
 from .base import Strategy, register
+from .row import EXPENSIVE_FLOPS
 
 
 class Pointwise(Strategy):
@@ -24,6 +25,15 @@ class Pointwise(Strategy):
 
     def claims(self, n) -> bool:
         return is_elementwise(n) or squeezes_only(n)
+
+    def absorb(self, grp, p, m, users) -> bool:
+        # an expensive producer read through a doubling broadcast (a complex result's parts
+        # interleaved) would be computed twice: it keeps a kernel of its own
+        if is_elementwise(p) and p.opdef.lowering.flops >= EXPENSIVE_FLOPS and any(
+                grp.domain[a] > 1 for a in set(range(len(grp.domain))) - set(m)) and \
+                any(u.op == "broadcast_to" for u in grp.nodes):
+            return False
+        return super().absorb(grp, p, m, users)
 
     def absorb_output(self, grp, p, users, group_of) -> bool:
         """A function output computed elementwise on the group's domain, used only inside it:
