@@ -79,6 +79,15 @@ def lower_pointwise(k: Kernel, code):
     em = Emitter(k, Names())
     grp = k.group
     loops = em.plan_loops([list(range(len(grp.domain)))])
+    if len(loops) > 1 and em.extent(len(loops) - 1) == 2:
+        # an innermost pair (a complex value's parts): written out twice under the vector loop
+        last = len(loops) - 1
+        outer, body, idx = loop_nest(em, range(last), k.knobs.get("parallel"),
+                                     k.knobs.get("simd"))
+        for j in range(2):
+            em.memo.clear()
+            store_all(em, k, body, {**idx, last: Const(j)})
+        return outer
     outer, body, idx = loop_nest(em, range(len(loops)), k.knobs.get("parallel"),
                                   k.knobs.get("simd"))
     stmts = [] if body is None else body
