@@ -213,23 +213,18 @@ def _segments(f, init, xs, reverse, k, length):
 
     def segment(carry, x_seg):
         return scan(f, carry, x_seg, reverse)
-    parts = []
-    carry = init
-    for which in ((tail, "tail"), (head, "head")) if reverse else ((head, "head"), (tail, "tail")):
-        part, name = which
-        if part is None:
-            continue
-        carry, ys = scan(segment if name == "head" else f, carry, part, reverse)
-        if ys is not None and name == "head":
-            ys = pytree.tree_map(lambda y: apply("reshape", y, shape=[whole, *y.shape[2:]]), ys)
-        parts.append((name, ys))
-    ys = dict(parts)
+    ys, carry = {}, init
+    for name in ("tail", "head") if reverse else ("head", "tail"):
+        part = head if name == "head" else tail
+        if part is not None:
+            carry, ys[name] = scan(segment if name == "head" else f, carry, part, reverse)
     if ys["head"] is None:
         return carry, None
+    flat = pytree.tree_map(lambda y: apply("reshape", y, shape=[whole, *y.shape[2:]]),
+                           ys["head"])
     if tail is None:
-        return carry, ys["head"]
-    return carry, pytree.tree_map(lambda a, b: apply("concat", [a, b], axis=0),
-                                  ys["head"], ys["tail"])
+        return carry, flat
+    return carry, pytree.tree_map(lambda a, b: apply("concat", [a, b], axis=0), flat, ys["tail"])
 
 
 def cond(pred, true_fn, false_fn, *operands):

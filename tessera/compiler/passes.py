@@ -231,10 +231,9 @@ def _split_nodes(g: Graph, out: Graph, parts: dict):
         parts[n.out.id] = ops.complex.RULES[n.op](b, xs, n.attrs, n.out.type)
 
 
-def _widths(items) -> list:
-    """How many values each item becomes: 2 for a complex one (a pair or a complex type)."""
-    return [2 if isinstance(x, tuple) or getattr(getattr(x, "dtype", None), "is_complex", False)
-            else 1 for x in items]
+def _widths(types) -> list:
+    """How many values each of these types becomes: 2 for a complex one."""
+    return [2 if t.dtype.is_complex else 1 for t in types]
 
 
 def _flat(items) -> list:
@@ -258,7 +257,7 @@ def _split_region(g: Graph, out: Graph, n: Node, xs: list, parts: dict):
             parts[s.out.id] = out.apply(s.op, [parts[v.id] for v in s.inputs], s.attrs,
                                         loc=s.loc, origin=s.origin)
         return
-    widths = _widths(xs)
+    widths = _widths([v.type for v in n.inputs])
     operands = sum(widths[:region.operands])
     captures, at = {}, region.operands
     for role in region.bodies:

@@ -129,10 +129,8 @@ def _binary(op):
 
 def _is_zero(v) -> bool:
     """Is v zeros the rules made (a real value's imaginary part: `_im`)?"""
-    n = v.node
-    if n is not None and n.op == "broadcast_to":
-        n = n.inputs[0].node
-    return n is not None and n.op == "const" and not np.any(n.attrs["value"])
+    c = _constant(v)
+    return c is not None and not np.any(c)
 
 
 def _mul(b, xs, attrs, out):
@@ -222,6 +220,14 @@ def _constant(v):
     return n.attrs["value"] if n is not None and n.op == "const" else None
 
 
+def _small_integer(c):
+    """The integer n, |n| < 100, that every element of constant c is, else None."""
+    if c is None or not np.size(c):
+        return None
+    n = float(np.ravel(c)[0])
+    return int(n) if n.is_integer() and abs(n) < 100 and np.all(c == n) else None
+
+
 def _pow(b, xs, attrs, out):
     """z ** w by NumPy's cases. An exponent known when tracing to be one integer n, |n| < 100
     (`z ** 2`): binary powering with complex products, 1 / z^-n for n < 0 (exact where the
@@ -231,14 +237,10 @@ def _pow(b, xs, attrs, out):
     z, w = xs
     z = (_real(b, z, d), _im(b, z, out.dtype))
     w_re, w_im = _real(b, w, d), (w[1] if isinstance(w, tuple) else None)
-    n = _constant(w_re)
-    if n is not None and (w_im is None or _is_zero(w_im)) and np.size(n) and \
-            np.all(n == np.ravel(n)[0]) and float(np.ravel(n)[0]).is_integer() and \
-            abs(float(np.ravel(n)[0])) < 100:
-        k = int(np.ravel(n)[0])
-        one = (b.op("broadcast_to", b.const(np.ones((), d.np), None), shape=list(out.shape)),
-               _im(b, b.op("broadcast_to", b.const(np.ones((), d.np), None),
-                           shape=list(out.shape)), out.dtype))
+    k = _small_integer(_constant(w_re))
+    if k is not None and (w_im is None or _is_zero(w_im)):
+        re1 = b.op("broadcast_to", b.const(np.ones((), d.np), None), shape=list(out.shape))
+        one = (re1, _im(b, re1, out.dtype))
         acc, base, m = None, z, abs(k)
         while m:
             if m & 1:

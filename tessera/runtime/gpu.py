@@ -196,12 +196,11 @@ def load_module(program, cupy):
 
 def _checked(cupy, program, p, a):
     """One argument checked against its parameter (nothing is copied yet)."""
-    if isinstance(a, cupy.ndarray):
-        pass
-    elif not hasattr(a, "__cuda_array_interface__"):
-        a = dt.native(np.asarray(a))
-    elif not isinstance(getattr(a, "dtype", None), np.dtype):
-        a = cupy.asarray(a)             # PyTorch's or Numba's device array: a view, no copy
+    if not isinstance(a, cupy.ndarray):
+        if not hasattr(a, "__cuda_array_interface__"):
+            a = dt.native(np.asarray(a))
+        elif not isinstance(getattr(a, "dtype", None), np.dtype):
+            a = cupy.asarray(a)         # PyTorch's or Numba's device array: a view, no copy
     if tuple(a.shape) != tuple(p.type.shape) or a.dtype != p.type.dtype.np:
         raise ArgumentError(f"program @{program.graph_ir.name} was specialised for "
                             f"%{p.param_name}: {p.type}", expected=str(p.type),

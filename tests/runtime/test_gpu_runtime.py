@@ -284,6 +284,13 @@ def fake(monkeypatch):
     return double
 
 
+def softmax_case(fake, rng):
+    """Fresh (x, w) and softmax_and_column_sum on the fake's GPU."""
+    x = rng.standard_normal((5, 37)).astype(np.float32)
+    w = rng.standard_normal(37).astype(np.float32)
+    return x, w, on_gpu(fake, softmax_and_column_sum, x, w)
+
+
 def on_gpu(fake, fn, *example, target="cuda"):
     """fn as a tessera function for the fake's GPU, its source registered for the fake's
     "driver" (as if lowered by the same tessera)."""
@@ -298,9 +305,7 @@ def on_gpu(fake, fn, *example, target="cuda"):
 @needs_nvrtc
 @needs_gxx
 def test_launch_sequence_results_and_cache(fake, rng):
-    x = rng.standard_normal((5, 37)).astype(np.float32)
-    w = rng.standard_normal(37).astype(np.float32)
-    f = on_gpu(fake, softmax_and_column_sum, x, w)
+    x, w, f = softmax_case(fake, rng)
     before = cache.cache_stats()["compiles"]
     total, y, same = f(x, w)                                   # NumPy in, device arrays out
     assert all(isinstance(r, DeviceArray) for r in (total, y, same))
@@ -394,9 +399,7 @@ def test_a_run_waits_for_its_kernels_only_where_one_can_flag_an_error(fake, rng,
     reads = []
     get = DeviceArray.get
     monkeypatch.setattr(DeviceArray, "get", lambda a: reads.append(a) or get(a))
-    x = rng.standard_normal((5, 37)).astype(np.float32)
-    w = rng.standard_normal(37).astype(np.float32)
-    f = on_gpu(fake, softmax_and_column_sum, x, w)
+    x, w, f = softmax_case(fake, rng)
     assert not f.lower(x, w, target="cuda").tile_ir.flags_errors
     total, y, _ = f(x, w)
     assert reads == []
@@ -413,9 +416,7 @@ def test_a_run_waits_for_its_kernels_only_where_one_can_flag_an_error(fake, rng,
 @needs_nvrtc
 @needs_gxx
 def test_device_arrays_take_the_call_fast_path_after_the_first_call(fake, rng):
-    x = rng.standard_normal((5, 37)).astype(np.float32)
-    w = rng.standard_normal(37).astype(np.float32)
-    f = on_gpu(fake, softmax_and_column_sum, x, w)
+    x, w, f = softmax_case(fake, rng)
     xd, wd = fake.asarray(x), fake.asarray(w)
     f(xd, wd)
     before = cache.cache_stats()["memory_hits"]

@@ -10,6 +10,7 @@ written in Tile IR over shared memory (lower_fft_gpu).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ... import dtypes as dt
@@ -267,8 +268,9 @@ def cos_sin(a, add, sub, mul, const):
     return cos, sin
 
 
+@functools.cache
 def c_cos_sin() -> str:
-    """cos_sin as the C routine's ts_fft_cos_sin_{S}."""
+    """cos_sin as the C routine's ts_fft_cos_sin_{S} (written out once)."""
     c, s = cos_sin("a", lambda x, y: f"({x} + {y})", lambda x, y: f"({x} - {y})",
                    lambda x, y: f"({x} * {y})", repr)
     return ("static void ts_fft_cos_sin_{S}(double a, double* c, double* s) {\n"
