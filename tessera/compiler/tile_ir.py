@@ -321,14 +321,19 @@ class If(Stmt):
 class Workspace(Stmt):
     """Declares buffer `name`: `size` elements of dtype at int `offset` of the launch's
     workspace, which the runtime zeroes before every run (the ints after the status word).
-    Blocks write it and other blocks read it, so it is volatile (no stale cached copies)."""
+    Shared by the blocks (per_block 0): blocks write it and other blocks read it, so it is
+    volatile (no stale cached copies). Or each block's own (per_block: the ints from one
+    block's copy to the next, the block's index times it added): a barrier orders its
+    threads' accesses, as for shared memory."""
     name: str
     dtype: dt.DType
     offset: int
     size: int
+    per_block: int = 0
 
     def head(self) -> str:
-        return f"workspace {self.name}: {self.dtype.short}[{self.size}] at +{self.offset}"
+        own = f" + block * {self.per_block}" if self.per_block else ""
+        return f"workspace {self.name}: {self.dtype.short}[{self.size}] at +{self.offset}{own}"
 
 
 @dataclass
@@ -541,9 +546,11 @@ class TileKernel:
                     walk(s.body, scope, inner)
                     walk(s.orelse, scope, inner)
                 elif isinstance(s, Workspace):
+                    end = s.offset + -(-s.size * s.dtype.itemsize // 4)
+                    copies = self.launch.get("grid", 1) if s.per_block else 1
                     if not gpu or s.name in scope or s.name in names or s.size <= 0 or \
-                            s.offset + s.size * s.dtype.itemsize // 4 > \
-                            self.launch.get("workspace", 0):
+                            (s.per_block and end > s.per_block) or \
+                            s.per_block * (copies - 1) + end > self.launch.get("workspace", 0):
                         raise IRVerificationError(f"{self.name}: bad workspace {s.name}")
                     names.add(s.name)
                     outs.add(s.name)

@@ -283,13 +283,24 @@ def test_complex_arguments_and_results_are_the_cpus_bits(target, rng):
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
 
 
-def test_transforms_beyond_a_block_say_so(target):
-    x = np.zeros((2, 37), np.float32)                 # a prime above 31: Bluestein
-    with pytest.raises(ts.BackendUnavailableError, match="prime factor above 31"):
-        ts.function(lambda a: op.irfft(op.rfft(a), n=37)).lower(x, target=target)
-    y = np.zeros((2, 4096), np.float64)               # more than a block's shared memory
-    with pytest.raises(ts.BackendUnavailableError, match="shared memory"):
-        ts.function(lambda a: op.irfft(op.rfft(a), n=4096)).lower(y, target=target)
+@pytest.mark.parametrize("n,d,memory", [(37, np.float32, {"shared"}), (74, np.float64, {"shared"}),
+                                        (2 * 509, np.float32, {"shared", "workspace"}),
+                                        (4096, np.float64, {"workspace"})])
+def test_bluestein_and_long_lines_are_the_cpus_bits(target, n, d, memory, rng):
+    """A prime factor above 31 (37; 74 = 2 x 37, a real line packed as 37 complex values; 509)
+    makes the transform a Bluestein one on the GPU as in the routine; planes and tables beyond
+    a block's shared memory (1018 complex points' 2048-point convolution in float32, 4096
+    points of float64) live in the block's own part of the workspace. Each gives the CPU's bits, complex and real, both ways."""
+    re, im = rng.standard_normal((2, 3, n)).astype(d)
+
+    def fn(a, b):
+        z = op.ifft(op.fft(op.complex(a, b), axis=-1) * 0.5, axis=-1)
+        return op.real(z), op.imag(z), op.irfft(op.rfft(a) * 2.0, n=n)
+    prog = ts.function(fn).lower(re, im, target=target)
+    ffts = [k for k in prog.tile_ir.kernels if k.strategy == "fft"]
+    assert {"workspace" if k.launch.get("workspace") else "shared" for k in ffts} == memory
+    for k, (got, want) in enumerate(zip(run_twice(prog, (re, im)), cpu(fn, re, im))):
+        assert got.tobytes() == want.tobytes(), k
 
 
 # ---- rows: one block per row ---------------------------------------------------------------------

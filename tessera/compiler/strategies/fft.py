@@ -14,12 +14,12 @@ import functools
 import math
 
 from ... import dtypes as dt
-from ...errors import BackendUnavailableError
 from ...ops import registry as R
 from ..emit import Emitter, Names, contiguous, idx_min, launch_of, prod, split_index
 from ..groups import Group, identity_map
-from ..tile_ir import (Addr, Barrier, Bin, Call, Cast, Const, Decl, If, Load, Loop, OpCall,
-                       Scratch, Select, Shared, Store, ThreadIndex, Var, idx_add, idx_mul, linear)
+from ..tile_ir import (Addr, Assign, Barrier, Bin, Call, Cast, Const, Decl, If, Load, Loop, OpCall,
+                       Scratch, Select, Shared, Store, ThreadIndex, Var, Workspace, idx_add,
+                       idx_mul, linear)
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
 from .routines import routine_text, specialise
 
@@ -222,6 +222,8 @@ def lower_fft(k, code):
 GPU_FFT_THREADS = 256
 SHARED_LIMIT = 48 * 1024            # static shared memory per block
 MAX_RADIX = 31                      # the routine's TS_FFT_MAX_RADIX
+WORKSPACE_BUDGET = 256 << 20        # bytes of global memory for blocks' own planes (at least
+                                    # one block's): more lines than fit go round again
 
 
 def radices(n: int) -> list | None:
@@ -251,6 +253,22 @@ def radices(n: int) -> list | None:
 # exact values (tests/ops/test_spectral.py checks against mpmath).
 SIN_TAYLOR = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(1, 9))   # a^3 .. a^17
 COS_TAYLOR = tuple((-1) ** k / math.factorial(2 * k) for k in range(2, 10))      # a^4 .. a^18
+
+
+def smooth(n: int) -> int:
+    """The least 2^a 3^b 5^c >= n (the routine's ts_fft_smooth: Bluestein's length)."""
+    best = 1 << max(0, n - 1).bit_length()
+    f5 = 1
+    while f5 < 2 * n:
+        f35 = f5
+        while f35 < 2 * n:
+            v = f35
+            while v < n:
+                v *= 2
+            best = min(best, v)
+            f35 *= 3
+        f5 *= 5
+    return best
 
 
 def cos_sin(a, add, sub, mul, const):
@@ -292,38 +310,58 @@ def unit(j: int, N: int) -> tuple[float, float]:
 
 
 def lower_fft_gpu(k, knobs):
-    """One block per line (grid-stride over the lines): the table of n-th roots of unity computed
-    once per block as the routine computes its twiddles (cos_sin: the CPU's bits), the line
-    gathered through the prologue into shared memory, the routine's Stockham stages (the same
-    butterflies with the operations in the same order) with a barrier after each, the real
-    transforms' untangling, the scatter.
-    A line whose transform needs Bluestein (a prime factor above 31) or more shared memory than
-    a block has is a BackendUnavailableError for now."""
+    """One block per line (grid-stride over the lines), the routine's transform with the
+    operations in the routine's order (the CPU's bits): the twiddle table computed once per
+    block as the routine computes its twiddles (cos_sin), the line gathered through the
+    prologue, the Stockham stages (the same butterflies) with a barrier after each, the real
+    transforms' untangling, the scatter. A prime factor above 31 makes the complex transform
+    a Bluestein one, as in the routine: the chirp and the convolution kernel (an m-point
+    transform of the conjugate chirp, computed once per block), two m-point transforms a line.
+    The planes and tables live in shared memory where they fit, otherwise in the block's own
+    part of the launch's workspace (global memory: slower, any length)."""
     g = _GPUFFT(k, knobs)
-    return g.kernel(), launch_of(g.total, g.threads, per_block=True)
+    return g.kernel(), g.launch
 
 
 class _GPUFFT(_Lines):
     def __init__(self, k, knobs):
         super().__init__(k, Names())
-        node, n = self.node, self.n
-        C = self.C = n // 2 if self.packed else n          # the complex transform's points
-        self.plan = radices(C)
-        P = C + 1                                          # (the real untangling adds one)
-        need = (4 * P + 2 * n) * self.d.itemsize
-        if self.plan is None or need > SHARED_LIMIT:
-            why = (f"{C} points have a prime factor above {MAX_RADIX} (a Bluestein transform)"
-                   if self.plan is None else
-                   f"{n} points need {need} bytes of shared memory (a block has {SHARED_LIMIT})")
-            raise BackendUnavailableError(
-                f"{node.op} along axis {self.axis}: {why}, which GPUs do not run yet "
-                f"({k.name})", hint="use target='cpu' for this transform")
+        n, C, d, nm = self.n, (self.n // 2 if self.packed else self.n), self.d, self.names
+        self.C = C                                         # the complex transform's points
+        plan = radices(C)
+        self.m = 0 if plan is not None else smooth(2 * C - 1)    # Bluestein's length (0: none)
+        self.plan = plan if plan is not None else radices(self.m)
+        self.N = self.m or n              # the stages' table holds N-th roots of unity
         self.threads = knobs["threads"]
-        nm = self.names
+        S = self.m or C + 1               # a plane's points (the real untangling adds one)
         self.planes = [(nm("ra"), nm("ia")), (nm("rb"), nm("ib"))]
-        self.wr, self.wi = nm("wr"), nm("wi")
-        self.shared = [Shared(b, self.d, P) for pair in self.planes for b in pair] + \
-            [Shared(self.wr, self.d, n), Shared(self.wi, self.d, n)]
+        self.roots = (nm("wr"), nm("wi"))
+        sizes = {b: S for pair in self.planes for b in pair}
+        sizes.update(dict.fromkeys(self.roots, self.N))
+        self.halfroots = self.roots       # the real untangling's n-th roots, k <= C/2
+        if self.m:
+            self.chirp, self.conv = (nm("cr"), nm("ci")), (nm("kr"), nm("ki"))
+            sizes.update(dict.fromkeys(self.chirp, C))
+            sizes.update(dict.fromkeys(self.conv, self.m))
+            if self.packed:
+                self.halfroots = (nm("ur"), nm("ui"))
+                sizes.update(dict.fromkeys(self.halfroots, C // 2 + 1))
+        self.launch = launch_of(self.total, self.threads, per_block=True)
+        if sum(sizes.values()) * d.itemsize <= SHARED_LIMIT:
+            self.memory = [Shared(b, d, size) for b, size in sizes.items()]
+            return
+        # the block's own copy in the workspace, each buffer at an odd int (8-byte aligned
+        # after the status word, as the workspace's base is even), an even count per block
+        offsets, at = {}, 1
+        for b, size in sizes.items():
+            offsets[b] = at
+            ints = -(-size * d.itemsize // 4)
+            at += ints + ints % 2
+        per = at + at % 2
+        blocks = max(1, min(self.launch["grid"], WORKSPACE_BUDGET // (4 * per)))
+        self.memory = [Workspace(b, d, offsets[b], size, per_block=per)
+                       for b, size in sizes.items()]
+        self.launch = {**self.launch, "grid": blocks, "workspace": per * blocks}
 
     # -- expressions ------------------------------------------------------------------------------
     def c(self, v):
@@ -341,8 +379,9 @@ class _GPUFFT(_Lines):
         return (Bin("-", self.mul(ar, br), self.mul(ai, bi)),
                 Bin("+", self.mul(ar, bi), self.mul(ai, br)))
 
-    def root(self, index):                        # e^{-2 pi i index / n} from the table
-        return Load(self.wr, index), Load(self.wi, index)
+    def root(self, index, table=None):            # e^{-2 pi i index / N} from the table
+        table = table or self.roots
+        return Load(table[0], index), Load(table[1], index)
 
     def decls(self, pairs):
         """Decl a name per (label, expr); returns (statements, label -> Var)."""
@@ -364,10 +403,12 @@ class _GPUFFT(_Lines):
             If(Bin("<", jv, Const(work)), make(jv))])]
 
     # -- the pieces -------------------------------------------------------------------------------
-    def table(self, jv):
-        """w[j] = e^{-2 pi i j / n} as ts_fft_unit: quadrant and octant from integers, cos_sin
-        of the reduced angle in double, one rounding."""
-        n, i64, f64, nm = self.n, dt.int64, dt.float64, self.names
+    def table(self, jv, n, dst, r=None):
+        """dst[j] = e^{-2 pi i r / n} (r: j, or an index expression in [0, n)) as
+        ts_fft_unit: quadrant and octant from integers, cos_sin of the reduced angle in
+        double, one rounding."""
+        r = jv if r is None else r
+        i64, f64, nm = dt.int64, dt.float64, self.names
         q, rem, r2, a, cs, sn = (nm(x) for x in ("q", "rem", "r2", "a", "cs", "sn"))
         small = Bin("<=", idx_mul(Var(rem), Const(2)), Const(n))
         cosa, sina = cos_sin(Var(a), lambda x, y: Bin("+", x, y), lambda x, y: Bin("-", x, y),
@@ -379,14 +420,14 @@ class _GPUFFT(_Lines):
         ng = lambda e: self.neg(e, f64)
         C_ = quad(Var(cs), ng(Var(sn)), ng(Var(cs)), Var(sn))
         S_ = quad(Var(sn), Var(cs), ng(Var(sn)), ng(Var(cs)))
-        return [Decl(q, i64, Bin("/", idx_mul(jv, Const(4)), Const(n))),
-                Decl(rem, i64, Bin("-", idx_mul(jv, Const(4)), idx_mul(Var(q), Const(n)))),
+        return [Decl(q, i64, Bin("/", idx_mul(r, Const(4)), Const(n))),
+                Decl(rem, i64, Bin("-", idx_mul(r, Const(4)), idx_mul(Var(q), Const(n)))),
                 Decl(r2, i64, Select(small, Var(rem), Bin("-", Const(n), Var(rem)))),
                 Decl(a, f64, Bin("/", self.mul(Const(1.5707963267948966, f64), Cast(f64, Var(r2))),
                                  Const(float(n), f64))),
                 Decl(cs, f64, Select(small, cosa, sina)),
                 Decl(sn, f64, Select(small, sina, cosa)),
-                Store(self.wr, jv, Cast(self.d, C_)), Store(self.wi, jv, Cast(self.d, ng(S_)))]
+                Store(dst[0], jv, Cast(self.d, C_)), Store(dst[1], jv, Cast(self.d, ng(S_)))]
 
     def gather(self, jv):
         ra, ia = self.planes[0]
@@ -408,7 +449,7 @@ class _GPUFFT(_Lines):
         ra, ia = self.planes[0]
         lv = Bin("-", Const(self.C), kv)
         ar, ai, br, bi = Load(ra, kv), Load(ia, kv), Load(ra, lv), Load(ia, lv)
-        wre, wim = self.root(kv)                      # (n = 2h: the table is rtw)
+        wre, wim = self.root(kv, self.halfroots)      # (n = 2h: the routine's rtw)
         half = (lambda e: self.mul(self.c(0.5), e)) if forward else (lambda e: e)
         out, v = self.decls([("er", half(Bin("+", ar, br))), ("ei", half(Bin("-", ai, bi))),
                              ("dr", half(Bin("-", ar, br))), ("di", half(Bin("+", ai, bi)))])
@@ -430,7 +471,7 @@ class _GPUFFT(_Lines):
 
     def butterfly(self, bv, r, m, s, src, dst, L):
         """Butterfly bv = j s + q of a stage of radix r (the routine's ts_fft_stage)."""
-        nm, n = self.names, self.n
+        nm, n = self.names, self.N
         jj, qq = nm("jj"), nm("q")
         out = [Decl(jj, dt.int64, Bin("/", bv, Const(s))), Decl(qq, dt.int64, Bin("%", bv, Const(s)))]
         J, Q = Var(jj), Var(qq)
@@ -507,6 +548,82 @@ class _GPUFFT(_Lines):
                     Store(out, idx_add(at0, Const(step)), scaled(self.neg(im_)))]
         return [Store(out, at, scaled(re_))]
 
+    # -- the transforms -------------------------------------------------------------------------
+    def stages(self, cur):
+        """The plan's Stockham stages on the line in planes[cur]: (statements, the index of the
+        planes that hold the result)."""
+        body, L, s = [], self.m or self.C, 1
+        for r in self.plan:
+            m = L // r
+            src, dst = self.planes[cur], self.planes[1 - cur]
+            body += [*self.threaded(m * s, lambda bv, r=r, m=m, s=s, src=src, dst=dst, L=L:
+                                    self.butterfly(bv, r, m, s, src, dst, L)), Barrier()]
+            cur, L, s = 1 - cur, m, s * r
+        return body, cur
+
+    def pointwise(self, work, src, dst, f):
+        """dst[p] = f(src[p]'s parts) for p < work (complex values as (re, im) pairs), each
+        element read before it is written (src may be dst)."""
+        def one(p):
+            out, v = self.decls([("xr", Load(src[0], p)), ("xi", Load(src[1], p))])
+            re_, im_ = f(p, v["xr"], v["xi"])
+            return out + [Store(dst[0], p, re_), Store(dst[1], p, im_)]
+        return [*self.threaded(work, one), Barrier()]
+
+    def bluestein_tables(self):
+        """The chirp e^{-pi i k^2 / C} (k^2 mod 2C: exact in integers) and the convolution
+        kernel: the m-point transform of the conjugate chirp wrapped around (zeros between),
+        times 1/m in the line's precision, computed in planes[0] as the routine's plan does."""
+        C, m, d = self.C, self.m, self.d
+        cr, ci = self.chirp
+        ra, ia = self.planes[0]
+        body = [*self.threaded(C, lambda jv: self.table(
+                    jv, 2 * C, self.chirp, Bin("%", idx_mul(jv, jv), Const(2 * C)))), Barrier()]
+
+        def fill(p):
+            kre, kim, back = self.names("kre"), self.names("kim"), Bin("-", Const(m), p)
+            return [Decl(kre, d, self.c(0.0)), Decl(kim, d, self.c(0.0)),
+                    *[If(Bin("<", at, Const(C)), [Assign(kre, Load(cr, at)),
+                                                  Assign(kim, self.neg(Load(ci, at)))])
+                      for at in (p, back)],
+                    Store(ra, p, Var(kre)), Store(ia, p, Var(kim))]
+        body += [*self.threaded(m, fill), Barrier()]
+        more, cur = self.stages(0)
+        inv = self.c(float(d.np.type(1.0 / m)))
+        return body + more + self.pointwise(m, self.planes[cur], self.conv,
+                                            lambda p, xr, xi: (self.mul(xr, inv), self.mul(xi, inv)))
+
+    def transform(self):
+        """The complex transform of the C points in planes[0], the result left there: the
+        stages, or Bluestein's (times the chirp, padded with zeros to m; the m-point transform;
+        times the kernel, conjugated; the transform again, which is the inverse of the
+        conjugate; conjugated and times the chirp), each step as the routine's."""
+        if not self.m:
+            body, cur = self.stages(0)
+        else:
+            chirp = lambda p: (Load(self.chirp[0], p), Load(self.chirp[1], p))
+            first = self.planes[0]
+            body = self.threaded(self.m - self.C, lambda j: [
+                Store(b, idx_add(j, Const(self.C)), self.c(0.0)) for b in first])
+            body += self.pointwise(self.C, first, first,
+                                   lambda p, xr, xi: self.cmul(xr, xi, *chirp(p)))
+            more, cur = self.stages(0)
+            body += more
+
+            def by_kernel(p, xr, xi):
+                re_, im_ = self.cmul(xr, xi, Load(self.conv[0], p), Load(self.conv[1], p))
+                return re_, self.neg(im_)
+            body += self.pointwise(self.m, self.planes[cur], self.planes[cur], by_kernel)
+            more, cur = self.stages(cur)
+            body += more + self.pointwise(self.C, self.planes[cur], first, lambda p, xr, xi:
+                                          self.cmul(xr, self.neg(xi), *chirp(p)))
+            cur = 0
+        if cur:                                      # the untangling works in the first planes
+            body += [*self.threaded(self.C, lambda jv: [
+                Store(self.planes[0][0], jv, Load(self.planes[1][0], jv)),
+                Store(self.planes[0][1], jv, Load(self.planes[1][1], jv))]), Barrier()]
+        return body
+
     # -- the kernel -------------------------------------------------------------------------------
     def kernel(self):
         n, C = self.n, self.C
@@ -531,17 +648,7 @@ class _GPUFFT(_Lines):
                         Store(ia, mirror, Var(imk)), Store(ia, kv, self.neg(Var(imk)))]
             body += [If(Bin("==", ThreadIndex(), Const(0)), [Store(ia, Const(0), self.neg(self.c(0.0)))]),
                      *self.threaded(n // 2, fill), Barrier()]
-        cur, L, s = 0, C, 1
-        for r in self.plan:
-            m = L // r
-            src, dst = self.planes[cur], self.planes[1 - cur]
-            body += [*self.threaded(m * s, lambda bv, r=r, m=m, s=s, src=src, dst=dst, L=L:
-                                    self.butterfly(bv, r, m, s, src, dst, L)), Barrier()]
-            cur, L, s = 1 - cur, m, s * r
-        if cur:                                      # the untangling works in the first planes
-            body += [*self.threaded(C, lambda jv: [
-                Store(ra, jv, Load(self.planes[1][0], jv)),
-                Store(ia, jv, Load(self.planes[1][1], jv))]), Barrier()]
+        body += self.transform()
         if self.kind == "r2c" and self.packed:
             z0r, z0i = self.names("z0r"), self.names("z0i")
             body += [If(Bin("==", ThreadIndex(), Const(0)), [
@@ -552,5 +659,10 @@ class _GPUFFT(_Lines):
                 Barrier()]
         out_len = n // 2 + 1 if self.kind == "r2c" else C
         body += [*self.threaded(out_len, lambda jv: self.scatter(jv, self.planes[0])), Barrier()]
-        table = [*self.threaded(n, self.table), Barrier()]
-        return [*self.shared, *table, Loop(line, self.total, "block", body)]
+        tables = [*self.threaded(self.N, lambda jv: self.table(jv, self.N, self.roots))]
+        if self.halfroots != self.roots:
+            tables += self.threaded(C // 2 + 1, lambda jv: self.table(jv, n, self.halfroots))
+        tables.append(Barrier())
+        if self.m:
+            tables += self.bluestein_tables()
+        return [*self.memory, *tables, Loop(line, self.total, "block", body)]

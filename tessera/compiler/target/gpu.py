@@ -54,8 +54,12 @@ class GpuRenderer(CStyleRenderer):
             out.extend(pad + line for line in self.block_reduce(s, k.launch["block"]))
         elif isinstance(s, Workspace):
             T = self.storage_type(s.dtype)
-            out.append(f"{pad}volatile {T}* {s.name} = (volatile {T}*)"
-                       f"(ts_status + {1 + self._work_base + s.offset});")
+            at = f"ts_status + {1 + self._work_base + s.offset}"
+            if s.per_block:
+                out.append(f"{pad}{T}* {s.name} = ({T}*)({at} + (long long)blockIdx.x * "
+                           f"{s.per_block});")
+            else:
+                out.append(f"{pad}volatile {T}* {s.name} = (volatile {T}*)({at});")
         elif isinstance(s, Ticket):
             out += [f"{pad}int {s.name};",
                     f"{pad}{{",
