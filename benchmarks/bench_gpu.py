@@ -2,7 +2,7 @@
 peers, on one machine with an NVIDIA GPU, in one run. Ratios are printed and written to
 benchmarks/results/, never asserted.
 
-    python -m benchmarks.bench_gpu [--repeat 20] [--quick] [--json PATH]
+    python -m benchmarks.bench_gpu [--repeat 20] [--quick] [--json PATH] [--only PART ...]
 
 - softmax and layernorm over 8192 x 8192 f32: achieved bytes/s (one read and one write of the
   matrix) as a share of the measured device-to-device copy bandwidth (goal: 80%).
@@ -10,6 +10,8 @@ benchmarks/results/, never asserted.
   CuPy 14's bfloat16 arrays feed tessera); goal for 16-bit inputs: 70%.
 - attention B=8, H=16, S=2048, D=64 in bf16 (goal: 60%) and f32: tessera against PyTorch's
   scaled_dot_product_attention (flash attention where PyTorch has it).
+- Fourier transforms against cuFFT (CuPy's): rfft of 4096 x 1024 f32 (shared memory), fft of
+  4096 x 1009 complex64 (Bluestein) and of one line of 2^20 complex64 (the block's workspace).
 - one SGD step of the CPU benchmark's MLP (784-512-512-10, batch 256) against PyTorch eager.
 - launch overhead: host time per call of a one-kernel program, against CuPy and PyTorch.
 Every timing uses CUDA events around a batch of calls, after a warm-up, median of `repeat`
@@ -92,6 +94,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="smaller shapes")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--only", nargs="+", default=None, metavar="PART",
+                    help="run these parts alone: " + " ".join(p.__name__.strip("_") for p in PARTS))
     args = ap.parse_args(argv)
     import cupy
     try:
@@ -100,7 +104,9 @@ def main(argv=None):
         torch = None
     rng = np.random.default_rng(0)
     rows = []
-    for part in (_bandwidth_bound, _matmuls, _attention, _training, _launch):
+    for part in PARTS:
+        if args.only and part.__name__.strip("_") not in args.only:
+            continue
         try:
             rows += part(cupy, torch, rng, args)
         except Exception as e:          # one part's failure is a row; the others still run
@@ -152,6 +158,37 @@ def _matmuls(cupy, torch, rng, args):
                                 "cuBLAS (cupy.matmul)", lambda: cupy.matmul(a, b),
                                 2 * size ** 3, args.repeat, goal=goal,
                                 check=lambda: _rel_err(cupy, matmul(a, b), cupy.matmul(a, b)))
+    return rows
+
+
+@ts.function(target="cuda")
+def rfft(x):
+    return op.rfft(x, axis=-1)
+
+
+@ts.function(target="cuda")
+def fft(z):
+    return op.fft(z, axis=-1)
+
+
+def _ffts(cupy, torch, rng, args):
+    """Our transforms against cuFFT; flops as FFT benchmarks count them (5 n log2 n a complex
+    line, half that a real one)."""
+    rows = []
+    cases = [("rfft", (512 if args.quick else 4096, 1024)),
+             ("fft", (256 if args.quick else 4096, 1009)),
+             ("fft", (1, 1 << (16 if args.quick else 20)))]
+    for name, (lines, n) in cases:
+        x = rng.standard_normal((lines, n), dtype=np.float32)
+        if name == "fft":
+            x = (x + 1j * rng.standard_normal((lines, n), dtype=np.float32)).astype(np.complex64)
+        ours, peer = (rfft, cupy.fft.rfft) if name == "rfft" else (fft, cupy.fft.fft)
+        xd = cupy.asarray(x)
+        flops = lines * 5 * n * np.log2(n) / (2 if name == "rfft" else 1)
+        rows += _versus(cupy, f"{name} {lines}x{n} {x.dtype}", lambda: ours(xd), "cuFFT",
+                        lambda: peer(xd, axis=-1), flops, args.repeat,
+                        check=lambda: _rel_err(cupy, ours(xd), peer(xd.astype(
+                            cupy.complex128 if name == "fft" else cupy.float64), axis=-1)))
     return rows
 
 
@@ -223,14 +260,20 @@ def _launch(cupy, torch, rng, args):
     return rows
 
 
+PARTS = (_bandwidth_bound, _matmuls, _attention, _ffts, _training, _launch)
+
+
 def _rel_err(cupy, got, ref):
-    """|got - ref| / |ref| in float64 (ref a CuPy array, a torch tensor or a NumPy array)."""
+    """|got - ref| / |ref| in float64 or complex128 (ref a CuPy array, a torch tensor or a
+    NumPy array)."""
     if ref is None:
         return None
-    got = cupy.asarray(got).astype(cupy.float64)
+    got = cupy.asarray(got)
+    wide = cupy.complex128 if got.dtype.kind == "c" else cupy.float64
+    got = got.astype(wide)
     if hasattr(ref, "detach"):
         ref = cupy.asarray(ref.detach().float())
-    ref = cupy.asarray(ref).astype(cupy.float64)
+    ref = cupy.asarray(ref).astype(wide)
     return float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
 
 

@@ -194,7 +194,9 @@ def split_complex(g: Graph) -> Graph:
         if isinstance(x, tuple):
             b = Builder(out, None, "%return:complex")
             shape = list(v.type.shape)
-            if all(tuple(p.type.shape) == tuple(shape) for p in x):
+            if _interleaved(x, shape) is not None:     # (a transform's result: as it is)
+                x = _interleaved(x, shape)
+            elif all(tuple(p.type.shape) == tuple(shape) for p in x):
                 # the parts interleaved by a select over a last axis of 2: the group computing
                 # them writes the result (one pointwise kernel for z * w, not seven)
                 pair = [b.op("broadcast_to", b.op("reshape", p, shape=shape + [1]),
@@ -206,6 +208,25 @@ def split_complex(g: Graph) -> Graph:
         outs.append(x)
     out.outputs = outs
     return out
+
+
+def _interleaved(pair, shape) -> Value | None:
+    """The value whose last axis of 2 holds the pair's parts, in order, where the pair was
+    read off one (a transform's result, a complex parameter), else None."""
+    sources = []
+    for k, p in enumerate(pair):
+        while p.node is not None and p.node.op == "broadcast_to" and \
+                tuple(p.node.inputs[0].type.shape) == tuple(p.type.shape):
+            p = p.node.inputs[0]                 # (a broadcast to its own shape)
+        r = p.node
+        s = r.inputs[0].node if r is not None and r.op == "reshape" else None
+        if s is None or s.op != "slice" or tuple(s.inputs[0].type.shape) != (*shape, 2) or \
+                list(s.attrs["starts"]) != [0] * len(shape) + [k] or \
+                list(s.attrs["stops"]) != [*shape, k + 1] or \
+                any(step != 1 for step in s.attrs["steps"]):
+            return None
+        sources.append(s.inputs[0])
+    return sources[0] if sources[0] is sources[1] else None
 
 
 def _split_nodes(g: Graph, out: Graph, parts: dict):

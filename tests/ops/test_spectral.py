@@ -119,6 +119,22 @@ def test_a_spectral_filter_runs_and_zero_batches_are_empty(rng):
     assert ts.function(lambda v: op.rfft(v))(empty).shape == (0, 5)
 
 
+def test_a_transforms_complex_result_is_written_by_the_transform(rng):
+    """The complex result of rfft (or fft) is the transform kernel's output itself, its parts
+    already interleaved: no kernel copies it; a complex parameter returned as it is is copied
+    by the runtime, not by a kernel."""
+    x = rng.standard_normal((6, 40)).astype(np.float32)
+    f = ts.function(lambda v: op.rfft(v))
+    assert [k.strategy for k in f.lower(x).schedule_ir.kernels] == ["fft"]
+    np.testing.assert_allclose(f(x), np.fft.rfft(x), atol=2e-5)
+    z = (x + 1j * x[::-1]).astype(np.complex64)
+    g = ts.function(lambda z: (op.fft(z, axis=0), z))
+    assert [k.strategy for k in g.lower(z).schedule_ir.kernels] == ["fft"]
+    y, same = g(z)
+    np.testing.assert_allclose(y, np.fft.fft(z, axis=0), atol=5e-5)
+    assert same is not z and same.tobytes() == z.tobytes()
+
+
 @pytest.mark.parametrize("case", [
     ("fft", True, {}), ("fft", False, {"n": 9, "norm": "ortho"}), ("ifft", True, {"n": 5}),
     ("fft", True, {"axis": 0, "norm": "forward"}), ("rfft", False, {}),
