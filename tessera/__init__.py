@@ -19,6 +19,8 @@ from .schedule import Schedule  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
 from .trace import is_training, static_range, training  # noqa: E402
 from .control import cond, fori_loop, scan, while_loop  # noqa: E402
+from . import debug  # noqa: E402
+from .debug import NumericalError, debug_mode  # noqa: E402
 
 
 
@@ -44,5 +46,5 @@ __all__ = [
     "AnnotationError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
     "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
-    "autotune", "kernel",
+    "autotune", "kernel", "debug", "debug_mode", "NumericalError",
 ]

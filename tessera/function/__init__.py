@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .. import dtypes as dt
+from .. import debug, dtypes as dt
 from ..compiler.graph_ir import Graph
 from ..errors import ArgumentError, SymbolicValueError, TesseraError
 from ..runtime import cache
@@ -60,6 +60,11 @@ class Function:
 
     # -- a call ----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if debug.active() and not tracing.inside_trace(args, kwargs):
+            try:
+                return debug.checked_call(self, args, kwargs)
+            except TesseraError as e:
+                raise e.with_traceback(None) from None
         key = None if kwargs else fastpath.array_signature(args)
         if key is not None:
             # "cpu" resolves through the environment; the training mode is traced in

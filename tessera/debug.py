@@ -1,0 +1,442 @@
+"""Debugging tools: where the first NaN or Inf came from, which operator first parts from a
+reference, and a failing call saved to be replayed elsewhere.
+
+    with ts.debug_mode():            # or ts.debug.numerical() / ts.debug.semantic()
+        loss = step(params, batch)   # NumericalError at the operator and line of the first NaN
+
+    report = ts.debug.compare(fn, x, against="float64")   # operator by operator
+    ts.debug.dump("bad.tsdebug", fn, x);  ts.debug.replay("bad.tsdebug")
+
+Debug mode runs a call through a probe: the same program compiled with every operator's result
+kept as an output (fusion still fuses; the kernels write what they would have thrown away), so
+each operator's values are the compiled code's own. Off, nothing changes: a call checks one
+thread-local flag. The probe of a program is compiled once and kept with it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import pickle
+import platform
+import threading
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import dtypes as dt
+from .errors import ArgumentError, TesseraError
+from .version import __version__
+
+log = logging.getLogger("tessera.debug")
+_state = threading.local()
+
+
+class NumericalError(TesseraError):
+    """An operator produced NaN or Inf from finite inputs (found by debug mode)."""
+
+
+# ---- switching it on ----------------------------------------------------------------------------
+def active() -> frozenset:
+    """The checks on in this thread: {"numerical", "semantic"}, or empty."""
+    return getattr(_state, "checks", frozenset())
+
+
+@contextlib.contextmanager
+def _checks(*names):
+    before = active()
+    _state.checks = before | frozenset(names)
+    try:
+        yield
+    finally:
+        _state.checks = before
+
+
+def debug_mode():
+    """``with ts.debug_mode():`` every tessera function called in the block checks its
+    operators' results (numerical) and logs each operator's shapes (semantic)."""
+    return _checks("numerical", "semantic")
+
+
+def numerical():
+    """``with ts.debug.numerical():`` the first NaN or Inf an operator produces from finite
+    inputs is a NumericalError naming the operator and the line, with its inputs' statistics."""
+    return _checks("numerical")
+
+
+def semantic():
+    """``with ts.debug.semantic():`` each operator's line and result type are logged (logger
+    ``tessera.debug``, level INFO) as calls run. Indices out of range are RuntimeFaults with or
+    without it."""
+    return _checks("semantic")
+
+
+# ---- the probe: every operator's result -----------------------------------------------------------
+def _observed(g) -> list:
+    """The nodes whose results a probe keeps: all but constants."""
+    return [n for n in g.nodes if n.op != "const"]
+
+
+def _probe(prog):
+    """The program of prog's Graph IR with every operator's result an output too, after the
+    graph's own outputs (made once per program)."""
+    probe = getattr(prog, "_debug_probe", None)
+    if probe is None:
+        from .compiler.pipeline import compile_graph
+        g = prog.graph_ir.clone()
+        g.outputs = list(g.outputs) + [n.out for n in _observed(g)]
+        g.output_tree, g.output_structure = None, "list"
+        probe = prog._debug_probe = (compile_graph(g, prog.target), g)
+    return probe
+
+
+def _host(a) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "__cuda_array_interface__") else a)
+
+
+def _values(prog, arrays: list):
+    """(the call's results, {value id: array} of the parameters and every operator's result,
+    the probe's graph)."""
+    probe, g = _probe(prog)
+    out = probe.run(*arrays)
+    k = len(prog.graph_ir.outputs)
+    env = {p.id: _host(a) for p, a in zip(g.params, arrays)}
+    env.update((n.out.id, _host(a)) for n, a in zip(_observed(g), out[k:]))
+    for n in g.nodes:
+        if n.op == "const":
+            env[n.out.id] = np.asarray(n.attrs["value"])
+    return out[:k], env, g
+
+
+def checked_call(fn, args, kwargs):
+    """A tessera Function's call in debug mode (Function.__call__ comes here)."""
+    prog, arrays = fn._program(args, kwargs, fn.target)
+    if not hasattr(prog, "schedule_ir"):          # (every result static: nothing runs)
+        return _structured(prog, prog.run())
+    results, env, g = _values(prog, list(arrays.values()))
+    checks = active()
+    if "semantic" in checks:
+        for n in _observed(g):
+            log.info("%s %s: %s -> %s", n.loc or g.name, n.op,
+                     ", ".join(str(v.type) for v in n.inputs), n.out.type)
+    if "numerical" in checks:
+        _first_non_finite(g, env)
+    return _structured(prog, results)
+
+
+def _structured(prog, out):
+    if prog.output_tree is not None:
+        return prog.output_tree.unflatten(out)
+    s = prog.output_structure
+    return out[0] if s in (None, "single") else (tuple(out) if s == "tuple" else list(out))
+
+
+# ---- NaN and Inf ------------------------------------------------------------------------------------
+SUGGESTIONS = {
+    "exp": "exp overflows above 88 in float32: use op.softmax or op.logsumexp, or subtract the "
+           "maximum first",
+    "log": "log of zero or of a negative number: add a small eps, or use op.log_softmax",
+    "div": "division by zero (a variance or a norm that is 0?): add eps to the denominator",
+    "rsqrt": "rsqrt of zero or of a negative number: add eps (as layernorm does)",
+    "sqrt": "sqrt of a negative number: clamp at 0 first, or add eps",
+    "pow": "pow of a negative base to a non-integer power, or an overflow: check the base's sign",
+    "matmul": "a sum of products overflowed: scale the inputs or accumulate in float64",
+    "sum": "a sum overflowed: scale the inputs or accumulate in float64",
+    "mul": "a product overflowed (or 0 times Inf)",
+    "sub": "Inf - Inf: an overflow upstream of it",
+    "cast": "the value does not fit the narrower dtype: scale it or keep the wider one",
+}
+
+
+def _is_float(a) -> bool:
+    return a.dtype.kind in "fc" or a.dtype == dt.bfloat16.np
+
+
+def _finite(a) -> bool:
+    return not _is_float(a) or bool(np.isfinite(a.astype(np.complex128 if a.dtype.kind == "c"
+                                                           else np.float64)).all())
+
+
+def stats(a) -> dict:
+    """min, max, mean, std of the finite values, and the counts of NaN and Inf."""
+    a = np.asarray(a)
+    if a.dtype.kind == "c":
+        a = np.abs(a.astype(np.complex128))
+    x = a.astype(np.float64).ravel()
+    ok = x[np.isfinite(x)]
+    pick = (lambda f: float(f(ok))) if ok.size else (lambda f: float("nan"))
+    return {"shape": tuple(a.shape), "min": pick(np.min), "max": pick(np.max),
+            "mean": pick(np.mean), "std": pick(np.std), "nan": int(np.isnan(x).sum()),
+            "inf": int(np.isinf(x).sum())}
+
+
+def _describe(name, s) -> str:
+    return (f"{name}: {list(s['shape'])} min {s['min']:.4g} max {s['max']:.4g} mean "
+            f"{s['mean']:.4g} std {s['std']:.4g} NaN {s['nan']} Inf {s['inf']}")
+
+
+def _name(v) -> str:
+    return f"%{v.param_name}" if v.param_name else f"%{v.node.op}"
+
+
+def _first_non_finite(g, env):
+    for p in g.params:
+        a = env[p.id]
+        if not _finite(a):
+            s = stats(a)
+            raise NumericalError(f"the argument %{p.param_name} holds {s['nan']} NaN and "
+                                 f"{s['inf']} Inf", function=g.name,
+                                 received=_describe(f"%{p.param_name}", s))
+    for n in _observed(g):
+        a = env[n.out.id]
+        if _finite(a) or not all(_finite(env[v.id]) for v in n.inputs):
+            continue
+        s = stats(a)
+        inputs = "\n    ".join(_describe(_name(v), stats(env[v.id])) for v in n.inputs)
+        raise NumericalError(
+            f"{n.op} produced {s['nan']} NaN and {s['inf']} Inf (of {a.size} values) from "
+            f"finite inputs", function=g.name, location=n.loc, op=n.op,
+            received="its inputs\n    " + inputs if inputs else None,
+            hint=SUGGESTIONS.get(n.op))
+
+
+# ---- differential debugging ---------------------------------------------------------------------
+def default_rtol(d) -> float:
+    """The tolerance `compare` states by default: the square root of the dtype's epsilon (half
+    its digits: 3.4e-4 for float32 and complex64, 1.5e-8 for float64, 0.031 for float16, 0.088
+    for bfloat16); 0 for integers and bools (exact)."""
+    d = np.dtype(d)
+    if d == dt.bfloat16.np:
+        return float(np.sqrt(2.0 ** -7))
+    return float(np.sqrt(np.finfo(d).eps)) if d.kind in "fc" else 0.0
+
+
+@dataclass
+class Comparison:
+    """`compare`'s report: a row per operator, in program order."""
+    against: str
+    rows: list = field(default_factory=list)
+
+    @property
+    def first(self) -> dict | None:
+        """The first operator beyond its tolerance (None: none is)."""
+        return next((r for r in self.rows if not r["ok"]), None)
+
+    def table(self):
+        """The rows as a pandas DataFrame."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ArgumentError("Comparison.table needs pandas",
+                                hint="pip install pandas (or read .rows)") from None
+        return pd.DataFrame(self.rows)
+
+    def __str__(self):
+        head = f"{'#':>3} {'op':<12} {'line':<22} {'dtype':<9} {'rel err':>10} {'rtol':>9}"
+        lines = [f"tessera against {self.against}", head]
+        for r in self.rows:
+            mark = "" if r["ok"] else "  <- first beyond its tolerance" if r is self.first else " x"
+            lines.append(f"{r['index']:>3} {r['op']:<12} {r['line']:<22} {r['dtype']:<9} "
+                         f"{r['rel_err']:>10.3g} {r['rtol']:>9.2g}{mark}")
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        first = self.first
+        what = "every operator within its tolerance" if first is None else (
+            f"first beyond its tolerance: <b>{first['op']}</b> at {first['line']} "
+            f"(relative error {first['rel_err']:.3g}, tolerance {first['rtol']:.2g})")
+        try:
+            body = self.table().to_html(index=False)
+        except ArgumentError:
+            body = f"<pre>{self}</pre>"
+        return f"<p>tessera against {self.against}: {what}</p>{body}"
+
+
+def _wide(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.kind == "c":
+        return a.astype(np.complex128)
+    return a.astype(np.float64) if _is_float(a) else a
+
+
+def _reference_values(g, arrays, wide: bool) -> dict:
+    """{value id: array}: g evaluated node by node with the NumPy references, in the graph's
+    dtypes or (wide) with every float computed in float64 and every complex in complex128."""
+    from .ops.registry import run_reference
+    from .ops.regions import REGION_OPS
+    env = {p.id: (_wide(a) if wide else np.asarray(a)) for p, a in zip(g.params, arrays)}
+    done = {}
+    for n in g.nodes:
+        if n.op == "const":
+            v = np.asarray(n.attrs["value"])
+            env[n.out.id] = _wide(v) if wide else v
+            continue
+        args = [env[v.id] for v in n.inputs]
+        if n.op in REGION_OPS:               # a loop's body runs in its own dtypes
+            region = n.attrs["region"]
+            if region not in done:
+                done[region] = region.run([np.asarray(a, dtype=v.type.dtype.np)
+                                           for a, v in zip(args, n.inputs)])
+            r = done[region][n.attrs["result"]]
+        else:
+            r = run_reference(n.opdef, args, n.attrs)
+        r = np.asarray(r)
+        env[n.out.id] = _wide(r) if wide and _is_float(r) else \
+            np.asarray(r, dtype=n.out.type.dtype.np) if not wide else r
+    return env
+
+
+def _error(got, ref) -> float:
+    """max |got - ref| / max |ref| over the values (0 where both agree exactly, NaN and Inf
+    in the same places included)."""
+    g, r = _wide(got), _wide(ref)
+    if not _is_float(g):
+        return 0.0 if np.array_equal(g, r) else float("inf")
+    same = (g == r) | (np.isnan(g) & np.isnan(r))
+    if same.all():
+        return 0.0
+    if not (np.isfinite(g[~same]).all() and np.isfinite(r[~same]).all()):
+        return float("inf")
+    scale = np.abs(r[np.isfinite(r)]).max(initial=0.0)
+    diff = float(np.abs(g - r)[~same].max())
+    return diff / scale if scale > 0 else float("inf")
+
+
+def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs) -> Comparison:
+    """Run fn's compiled program on these arguments operator by operator beside a reference and
+    report each operator's relative error (max |got - ref| / max |ref|) against its tolerance
+    (`rtol`, or the square root of its dtype's epsilon: `default_rtol`).
+
+    against: "interpret" (each operator's NumPy reference, in the program's dtypes, on the
+    program's own inputs), "float64" (the same in float64 and complex128 throughout, from the
+    same arguments: where rounding in the narrow dtype loses the answer), or a callable (a
+    PyTorch or NumPy function of the same arguments: its results against the program's)."""
+    from .function import Function
+    fn = fn if isinstance(fn, Function) else Function(fn)
+    prog, arrays = fn._program(args, kwargs, fn.target)
+    if not hasattr(prog, "schedule_ir"):
+        raise ArgumentError(f"{fn.name} computes nothing to compare (all its results are static)")
+    results, env, g = _values(prog, list(arrays.values()))
+    report = Comparison(against if isinstance(against, str) else
+                        getattr(against, "__name__", repr(against)))
+
+    def row(i, op, loc, got, ref):
+        tol = rtol if rtol is not None else default_rtol(np.asarray(got).dtype)
+        err = _error(got, ref)
+        report.rows.append({"index": i, "op": op, "line": str(loc) if loc else "",
+                            "shape": tuple(np.shape(got)), "dtype": str(np.asarray(got).dtype),
+                            "max_abs_err": _abs_error(got, ref), "rel_err": err, "rtol": tol,
+                            "ok": err <= tol})
+    if callable(against):
+        refs = against(*args, **kwargs)
+        refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
+        for i, (got, ref) in enumerate(zip(results, refs)):
+            ref = ref.detach().cpu().numpy() if hasattr(ref, "detach") else np.asarray(ref)
+            row(i, "result", None, _host(got), ref)
+        return report
+    if against not in ("interpret", "float64"):
+        raise ArgumentError(f"compare against {against!r}?", expected="'interpret', 'float64' "
+                            "or a callable")
+    ref = _reference_values(g, [env[p.id] for p in g.params], wide=against == "float64")
+    for i, n in enumerate(_observed(g)):
+        row(i, n.op, n.loc, env[n.out.id], ref[n.out.id])
+    return report
+
+
+def _abs_error(got, ref) -> float:
+    g, r = _wide(got), _wide(ref)
+    if not _is_float(g) or g.size == 0:
+        return 0.0 if np.array_equal(g, r) else float("inf")
+    with np.errstate(invalid="ignore"):
+        d = np.abs(g - r)
+    return float(np.nanmax(d)) if np.isfinite(d).any() else float(d.max())
+
+
+# ---- replay ---------------------------------------------------------------------------------------
+FORMAT = "tessera-debug-replay/1"
+
+
+def dump(path, fn, *args, **kwargs) -> str:
+    """Write one call of fn to `path`: its arguments, its Graph IR, the target, the generated
+    source, its results (or the error it raised) and the versions; `replay` runs it again. The
+    file holds pickled Graph IR: replay only files you made (as with any pickle)."""
+    from .function import Function
+    fn = fn if isinstance(fn, Function) else Function(fn)
+    prog, arrays = fn._program(args, kwargs, fn.target)
+    if not hasattr(prog, "schedule_ir"):
+        raise ArgumentError(f"{fn.name} computes nothing to dump (all its results are static)")
+    inputs = [_host(a) for a in arrays.values()]
+    try:
+        outputs, error = [_host(a) for a in prog.run(*arrays.values())], None
+    except TesseraError as e:
+        outputs, error = [], str(e)
+    manifest = {"format": FORMAT, "function": fn.name, "target": prog.target,
+                "error": error, "versions": _versions(prog),
+                "inputs": [n for n in arrays], "outputs": len(outputs)}
+    buf = io.BytesIO()
+    np.savez(buf, **{f"in{i}": a for i, a in enumerate(inputs)},
+             **{f"out{i}": a for i, a in enumerate(outputs)})
+    tmp = f"{path}.part"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1))
+        z.writestr("arrays.npz", buf.getvalue())
+        z.writestr("graph.pickle", pickle.dumps(prog.graph_ir))
+        z.writestr("source.txt", prog.target_code)
+    import os
+    os.replace(tmp, path)                 # whole or not at all
+    return str(path)
+
+
+def _versions(prog) -> dict:
+    from .runtime import isa
+    out = {"tessera": __version__, "numpy": np.__version__, "python": platform.python_version(),
+           "machine": platform.machine(), "host_isa": isa.host_level()}
+    if not isa.is_gpu(prog.target):
+        from .runtime.toolchain import compiler_version, find_compiler
+        out["cc"] = compiler_version(find_compiler())
+    return out
+
+
+@dataclass
+class Replay:
+    """`replay`'s answer: the results again, and whether they are the saved ones bit for bit."""
+    identical: bool
+    outputs: list
+    saved: list
+    error: str | None
+    manifest: dict
+
+    def __str__(self):
+        if self.error:
+            return f"replayed {self.manifest['function']}: raised again:\n{self.error}"
+        same = "the same bits" if self.identical else "OTHER bits than the saved results"
+        return f"replayed {self.manifest['function']} on {self.manifest['target']}: {same}"
+
+
+def replay(path, target: str | None = None) -> Replay:
+    """Compile the saved Graph IR again (for the saved target, or `target`), run it on the saved
+    arguments and compare the results with the saved ones bit for bit."""
+    from .compiler.pipeline import compile_graph
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read("manifest.json"))
+            arrays = np.load(io.BytesIO(z.read("arrays.npz")))
+            graph = pickle.loads(z.read("graph.pickle"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
+        raise ArgumentError(f"{path} is not a tessera replay file ({type(e).__name__}: {e})",
+                            expected=FORMAT) from None
+    if manifest.get("format") != FORMAT:
+        raise ArgumentError(f"{path} is a {manifest.get('format')!r} file", expected=FORMAT)
+    inputs = [arrays[f"in{i}"] for i in range(len(manifest["inputs"]))]
+    saved = [arrays[f"out{i}"] for i in range(manifest["outputs"])]
+    prog = compile_graph(graph, target or manifest["target"], output_structure="list")
+    try:
+        outputs, error = [_host(a) for a in prog.run(*inputs)], None
+    except TesseraError as e:
+        outputs, error = [], str(e)
+    identical = error is None and len(outputs) == len(saved) and all(
+        a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        for a, b in zip(outputs, saved))
+    return Replay(identical, outputs, saved, error, manifest)
