@@ -20,7 +20,7 @@ from .types import Tensor, TensorType  # noqa: E402
 from .trace import is_training, static_range, training  # noqa: E402
 from .control import cond, fori_loop, scan, while_loop  # noqa: E402
 from . import debug  # noqa: E402
-from .debug import NumericalError, debug_mode  # noqa: E402
+from .debug import NumericalError, analyze_performance, debug_mode, profile_memory  # noqa: E402
 
 
 
@@ -47,4 +47,5 @@ __all__ = [
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
     "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
     "autotune", "kernel", "debug", "debug_mode", "NumericalError",
+    "profile_memory", "analyze_performance",
 ]

@@ -1,11 +1,13 @@
 """Debugging tools: where the first NaN or Inf came from, which operator first parts from a
-reference, and a failing call saved to be replayed elsewhere.
+reference, a failing call saved to be replayed elsewhere, and what a program holds in memory.
 
     with ts.debug_mode():            # or ts.debug.numerical() / ts.debug.semantic()
         loss = step(params, batch)   # NumericalError at the operator and line of the first NaN
 
     report = ts.debug.compare(fn, x, against="float64")   # operator by operator
     ts.debug.dump("bad.tsdebug", fn, x);  ts.debug.replay("bad.tsdebug")
+    ts.profile_memory(fn, x)         # peak, results, temporaries, line by line
+    ts.analyze_performance(fn, x)    # kernels ranked, against the roofline, with suggestions
 
 Debug mode runs a call through a probe: the same program compiled with every operator's result
 kept as an output (fusion still fuses; the kernels write what they would have thrown away), so
@@ -15,9 +17,12 @@ thread-local flag. The probe of a program is compiled once and kept with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
+import math
+import os
 import pickle
 import platform
 import threading
@@ -354,6 +359,149 @@ def _abs_error(got, ref) -> float:
     return float(np.nanmax(d)) if np.isfinite(d).any() else float(d.max())
 
 
+# ---- memory ----------------------------------------------------------------------------------------
+def profile_memory(fn, *args, **kwargs):
+    """The memory report (peak, arguments, results, temporaries, line by line) of fn's program
+    for these arguments: ``ts.profile_memory(fn, x)``. As a decorator (``@ts.profile_memory``)
+    the function runs as before and keeps the report of its latest call in `.memory`."""
+    from .function import Function
+    f = fn if isinstance(fn, Function) else Function(fn)
+    if args or kwargs:
+        return f.lower(*args, **kwargs).memory()
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = f(*args, **kwargs)
+        prog = f.programs.last
+        wrapper.memory = prog.memory() if hasattr(prog, "schedule_ir") else None
+        return out
+    wrapper.memory = None
+    return wrapper
+
+
+# ---- bottlenecks ---------------------------------------------------------------------------------
+ROOF_LOW = 0.25                 # a kernel under this share of its roof is worth a search
+NARROW = {"float32": "bfloat16", "float64": "float32"}
+
+
+@dataclass
+class PerformanceReport:
+    """`analyze_performance`'s answer: the kernels ranked by time, each against its roof, and
+    suggestions, each with the measured numbers behind it."""
+    function: str
+    peaks: dict
+    rows: list
+    suggestions: list
+    profile: object             # the Profile it measured (ts.viz.roofline_figure draws it)
+
+    def to_pandas(self, suggestions: bool = False):
+        import pandas as pd
+        return pd.DataFrame(self.suggestions if suggestions else self.rows)
+
+    def __str__(self):
+        lines = [f"{self.function}: {len(self.rows)} kernels; roofs {self.peaks['fma_gflops']:.0f}"
+                 f" GFLOP/s, {self.peaks['copy_gbs']:.1f} GB/s",
+                 f"  {'kernel':<22} {'share':>6} {'ms':>9} {'FLOP/B':>7} {'bound':<8} "
+                 f"{'% roof':>6}  fuses"]
+        for r in self.rows:
+            lines.append(f"  {r['kernel']:<22} {r['share']:>6.1%} {r['median_ms']:>9.4f} "
+                         f"{r['intensity']:>7.2f} {r['bound']:<8} {r['roof_pct']:>6.1f}  "
+                         f"{r['fuses']}")
+        lines += ["suggestions:"] + [f"  - {x['kernel']}: {x['suggestion']}"
+                                     for x in self.suggestions] or ["  (none)"]
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        import html as h
+        head = "".join(f"<th>{c}</th>" for c in ("kernel", "share", "median ms", "FLOP/B",
+                                                  "bound", "% of roof", "fuses"))
+        body = "".join(
+            f"<tr><td>{h.escape(r['kernel'])}</td><td>{r['share']:.1%}</td>"
+            f"<td>{r['median_ms']:.4f}</td><td>{r['intensity']:.2f}</td><td>{r['bound']}</td>"
+            f"<td>{r['roof_pct']:.1f}</td><td>{h.escape(r['fuses'])}</td></tr>" for r in self.rows)
+        tips = "".join(f"<li><b>{h.escape(x['kernel'])}</b>: {h.escape(x['suggestion'])}</li>"
+                       for x in self.suggestions) or "<li>none</li>"
+        return (f"<p>{h.escape(str(self).splitlines()[0])}</p><table><tr>{head}</tr>{body}"
+                f"</table><p>suggestions</p><ul>{tips}</ul>")
+
+
+def analyze_performance(fn, *args, repeat: int = 10, **kwargs) -> PerformanceReport:
+    """Profile fn on these arguments (`repeat` calls after a warm-up) and rank its kernels by
+    time, each placed against the roofline of the measured peaks (memory-bound below the ridge
+    FMA peak / copy bandwidth, compute-bound above) with the share of its roof it reaches.
+    Suggestions, each with the numbers it rests on: a temporary written by one memory-bound
+    kernel and read back by another (the time that round trip costs at the measured bandwidth,
+    if fusion's rules could be made to take it), a memory-bound kernel in a narrower dtype
+    (the bytes it would save), a kernel far under its roof that has knobs to search."""
+    from .compiler import strategies
+    from .compiler.knob_search import knob_space
+    from .function import Function
+    from .runtime.profiler import profiler
+    f = fn if isinstance(fn, Function) else Function(fn)
+    prog = f.lower(*args, **kwargs)
+    if not hasattr(prog, "schedule_ir") or not prog.schedule_ir.kernels:
+        raise ArgumentError(f"{f.name} runs no kernel to analyse")
+    f(*args, **kwargs)
+    with profiler() as prof:
+        for _ in range(max(1, repeat)):
+            f(*args, **kwargs)
+    device = prog.target if prog.target in ("cuda", "hip") else "cpu"
+    peaks = prof.peaks(device)
+    fma, bw = peaks.get("fma_gflops"), float(peaks["copy_gbs"])
+    ridge = fma / bw if fma else math.inf
+    mine = [r for r in prof.rows() if r["function"] == prog.schedule_ir.name]
+    total = sum(r["median_ms"] for r in mine) or 1.0
+    kernels = {k.name: k for k in prog.schedule_ir.kernels}
+    rows = []
+    for r in sorted(mine, key=lambda r: -r["median_ms"]):
+        intensity = r["flops"] / r["bytes"] if r["bytes"] else math.inf
+        memory = intensity < ridge
+        roof = bw * intensity if memory else fma
+        rows.append({"kernel": r["kernel"], "strategy": r["strategy"], "share": r["median_ms"] / total,
+                     "median_ms": r["median_ms"], "flops": r["flops"], "bytes": r["bytes"],
+                     "intensity": intensity, "bound": "memory" if memory else "compute",
+                     "gflops": r["gflops"], "gbs": r["gbs"],
+                     "roof_pct": 100.0 * (r["gbs"] / bw if memory else r["gflops"] / fma),
+                     "fuses": r["fuses"]})
+    by_name = {r["kernel"]: r for r in rows}
+    tips = []
+    readers: dict = {}
+    for k in prog.schedule_ir.kernels:
+        for b in k.inputs:
+            readers.setdefault(b.name, []).append(k.name)
+    for k in prog.schedule_ir.kernels:
+        r = by_name.get(k.name)
+        for b in k.outputs:
+            users = readers.get(b.name, [])
+            if b.role == "temp" and r and r["bound"] == "memory" and len(users) == 1 and \
+                    by_name.get(users[0], {}).get("bound") == "memory":
+                ms = 2 * b.nbytes / bw / 1e6
+                tips.append({"kernel": k.name, "suggestion":
+                             f"its temporary {b.name} ({_mib(b.nbytes)}) is written here and read "
+                             f"back by {users[0]}: fused, about {ms:.3f} ms less at the measured "
+                             f"{bw:.1f} GB/s (fusion's rules kept them apart)", "saving_ms": ms})
+    for r in rows:
+        k = kernels[r["kernel"]]
+        narrow = NARROW.get(k.output.type.dtype.name)
+        if r["bound"] == "memory" and narrow and r["share"] >= 0.05:
+            ms = r["median_ms"] / 2
+            tips.append({"kernel": r["kernel"], "suggestion":
+                         f"memory-bound at {r['gbs']:.1f} GB/s on {_mib(r['bytes'])}: in {narrow} "
+                         f"it would move half the bytes, about {ms:.3f} ms less", "saving_ms": ms})
+        if r["roof_pct"] < 100 * ROOF_LOW and r["share"] >= 0.05 and knob_space(k, os.cpu_count() or 1):
+            tips.append({"kernel": r["kernel"], "suggestion":
+                         f"{r['roof_pct']:.0f}% of its {r['bound']} roof with the heuristics' "
+                         f"knobs ({', '.join(f'{a}={b}' for a, b in k.knobs.items())}): "
+                         f"ts.autotune({f.name}, ...) searches {strategies.of(k).name}'s knobs",
+                         "saving_ms": None})
+    tips.sort(key=lambda x: -(x["saving_ms"] or 0.0))
+    return PerformanceReport(f.name, peaks, rows, tips, prof)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
 # ---- replay ---------------------------------------------------------------------------------------
 FORMAT = "tessera-debug-replay/1"
 
@@ -384,7 +532,6 @@ def dump(path, fn, *args, **kwargs) -> str:
         z.writestr("arrays.npz", buf.getvalue())
         z.writestr("graph.pickle", pickle.dumps(prog.graph_ir))
         z.writestr("source.txt", prog.target_code)
-    import os
     os.replace(tmp, path)                 # whole or not at all
     return str(path)
 

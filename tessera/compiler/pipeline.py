@@ -7,6 +7,7 @@ import numpy as np
 from ..errors import ArgumentError, BackendUnavailableError, ShapeError
 from ..runtime import isa, tunedb
 from ..runtime.cpu import CpuExecutor
+from ..runtime.profiler import memory_of
 from ..runtime.program import steps_of
 from ..types import type_of_array
 from .graph_ir import Graph
@@ -56,6 +57,10 @@ class _Levels:
     @property
     def kernels(self):
         return self.schedule_ir.kernels
+
+    def memory(self):
+        """What the program holds while it runs, line by line (a profiler.MemoryReport)."""
+        return memory_of(self)
 
     @property
     def output_tree(self):

@@ -28,7 +28,8 @@ from ..errors import BackendUnavailableError
 from . import cache
 from .probe import machine_peaks
 
-__all__ = ["profiler", "Profile", "Launch", "current", "machine_peaks"]
+__all__ = ["profiler", "Profile", "Launch", "current", "machine_peaks", "MemoryReport",
+           "memory_of"]
 
 _state = threading.local()
 
@@ -77,6 +78,7 @@ class Profile:
         self.calls = 0                  # program runs recorded
         self._t0 = time.perf_counter()
         self._peaks = {}                # device -> its peaks
+        self._programs = {}             # id -> each program run, in order of its first run
         self._lock = threading.Lock()
 
     # -- recording -------------------------------------------------------------------------------
@@ -105,6 +107,7 @@ class Profile:
         thread = threading.get_native_id()
         device = program.target if program.target in ("cuda", "hip") else "cpu"
         with self._lock:
+            self._programs.setdefault(id(program), program)
             call = self.calls
             self.calls += 1
             start = now - self._t0 - sum(seconds)
@@ -112,6 +115,10 @@ class Profile:
                 self.launches.append(Launch(s.name, shapes, k, i, sec, start, call, thread,
                                             device))
                 start += sec
+
+    def memory(self) -> list[MemoryReport]:
+        """The memory report of each program run in this profile (in order of first run)."""
+        return [memory_of(p) for p in list(self._programs.values())]
 
     # -- aggregates ------------------------------------------------------------------------------
     def peaks(self, device: str = "cpu") -> dict:
@@ -280,6 +287,96 @@ class Profile:
         path = Path(path)
         cache.atomic_write(path, json.dumps(self.chrome_trace()).encode())
         return path
+
+
+# ---- memory --------------------------------------------------------------------------------------
+@dataclass
+class MemoryReport:
+    """What a program holds while it runs, from its memory plan (the Schedule IR's buffers and
+    slots): the arguments, the results, the constants, and the temporaries after the planner
+    let those whose lifetimes do not overlap share a slot. Scratch a kernel allocates inside
+    itself (an FFT's planes, a sort's buffer) is not counted."""
+    function: str
+    shapes: str
+    inputs: int                 # bytes of the arguments
+    outputs: int                # bytes of the results
+    constants: int              # bytes of the constant arrays the program holds
+    temporaries: int            # bytes of the temporaries' slots (after sharing)
+    unshared: int               # bytes the temporaries would take each in its own memory
+    buffers: list               # a row per buffer: name, role, type, bytes, slot, op, line
+
+    @property
+    def peak(self) -> int:
+        """Bytes held at once at most: arguments, results, constants and every slot."""
+        return self.inputs + self.outputs + self.constants + self.temporaries
+
+    def by_line(self) -> list[dict]:
+        """Per user line (in order of first use): bytes of the results and of the temporaries
+        its operators write (temporaries before sharing)."""
+        out: dict = {}
+        for b in self.buffers:
+            if b["role"] in ("temp", "output"):
+                row = out.setdefault(b["line"], {"line": b["line"], "text": b["text"],
+                                                 "outputs": 0, "temporaries": 0, "ops": []})
+                row["outputs" if b["role"] == "output" else "temporaries"] += b["bytes"]
+                if b["op"] not in row["ops"]:
+                    row["ops"].append(b["op"])
+        return list(out.values())
+
+    def to_pandas(self, by_line: bool = False):
+        import pandas as pd
+        return pd.DataFrame(self.by_line() if by_line else self.buffers)
+
+    def __str__(self):
+        lines = [f"memory of {self.function} ({self.shapes}): peak {_bytes(self.peak)} = "
+                 f"arguments {_bytes(self.inputs)} + results {_bytes(self.outputs)} + constants "
+                 f"{_bytes(self.constants)} + temporaries {_bytes(self.temporaries)} (each in "
+                 f"its own memory: {_bytes(self.unshared)})",
+                 f"  {'line':<22} {'results':>10} {'temporaries':>12}  ops"]
+        for r in self.by_line():
+            lines.append(f"  {r['line']:<22} {_bytes(r['outputs']):>10} "
+                         f"{_bytes(r['temporaries']):>12}  {' '.join(r['ops'])}")
+        return "\n".join(lines)
+
+    def _repr_html_(self):
+        rows = "".join(f"<tr><td>{html.escape(r['line'])}</td><td><code>{html.escape(r['text'])}"
+                       f"</code></td><td>{_bytes(r['outputs'])}</td>"
+                       f"<td>{_bytes(r['temporaries'])}</td><td>{html.escape(' '.join(r['ops']))}"
+                       f"</td></tr>" for r in self.by_line())
+        head = html.escape(str(self).splitlines()[0])
+        return (f"<p>{head}</p><table><tr><th>line</th><th>code</th><th>results</th>"
+                f"<th>temporaries</th><th>ops</th></tr>{rows}</table>")
+
+
+def _bytes(n: int) -> str:
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def memory_of(program) -> MemoryReport:
+    """The MemoryReport of a compiled program (CPU or GPU)."""
+    s = program.schedule_ir
+    writer = {}                                  # buffer name -> the Graph IR node writing it
+    for k in s.kernels:
+        group = getattr(k, "group", None)
+        writer[k.output.name] = group.root if group is not None else (k.fuses or [None])[-1]
+        for value, b in k.stores:
+            writer[b.name] = value.node
+    rows, total = [], {"input": 0, "output": 0, "const": 0, "temp": 0}
+    for b in s.buffers:
+        if b.role not in total:
+            continue
+        total[b.role] += b.nbytes
+        n = writer.get(b.name)
+        loc = getattr(n, "loc", None)
+        op = (n.origin.split(":")[-1] if getattr(n, "origin", None) else n.op) if n else ""
+        rows.append({"name": b.ref(), "role": b.role, "type": str(b.type), "bytes": b.nbytes,
+                     "slot": b.slot, "op": op, "line": str(loc) if loc else "",
+                     "text": getattr(loc, "text", "") or ""})
+    return MemoryReport(s.name, _shapes(program), total["input"], total["output"],
+                        total["const"], sum(s.slots), total["temp"], rows)
 
 
 def _pct(x) -> str:

@@ -153,3 +153,55 @@ def test_a_damaged_replay_file_is_a_clear_error(tmp_path):
         z.writestr("manifest.json", '{"format": "something else"}')
     with pytest.raises(ts.ArgumentError, match="not a tessera replay file|something else"):
         ts.debug.replay(other)
+
+
+# ---- memory and bottlenecks ----------------------------------------------------------------------
+def test_the_memory_report_adds_up_and_names_the_lines(rng):
+    def mlp(x, w1, w2):
+        h = op.relu(x @ w1)                      # HIDDEN
+        return op.softmax(h @ w2, axis=-1), op.sum(h, axis=0)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((64, 32), (32, 128), (128, 8)))
+    r = ts.profile_memory(mlp, x, w1, w2)
+    assert r.inputs == x.nbytes + w1.nbytes + w2.nbytes
+    assert r.outputs == (64 * 8 + 128) * 4
+    prog = ts.function(mlp).lower(x, w1, w2)
+    temps = [b for b in prog.schedule_ir.buffers if b.role == "temp"]
+    assert r.unshared == sum(b.nbytes for b in temps) and r.temporaries == sum(prog.schedule_ir.slots)
+    assert r.peak == r.inputs + r.outputs + r.constants + r.temporaries
+    hidden = [row for row in r.by_line() if row["line"].endswith(f":{_line_of('# HIDDEN')}")]
+    assert hidden and hidden[0]["temporaries"] >= 64 * 128 * 4 and "relu" in hidden[0]["ops"]
+    assert "peak" in str(r) and "<table>" in r._repr_html_()
+    # as a decorator, and from a profile
+    watched = ts.profile_memory(mlp)
+    out = watched(x, w1, w2)
+    assert watched.memory.peak == r.peak and out[1].shape == (128,)
+    with ts.profiler() as prof:
+        ts.function(mlp)(x, w1, w2)
+    assert [m.peak for m in prof.memory()] == [r.peak]
+
+
+def test_analyze_performance_ranks_kernels_and_backs_each_suggestion(rng):
+    def f(x, w):
+        h = op.tanh(x @ w)
+        return op.softmax(op.cumsum(h, axis=-1) * 2.0, axis=-1)
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    r = ts.analyze_performance(f, x, w, repeat=3)
+    prog = ts.function(f).lower(x, w)
+    assert sorted(row["kernel"] for row in r.rows) == sorted(k.name for k in prog.schedule_ir.kernels)
+    assert [row["median_ms"] for row in r.rows] == sorted((row["median_ms"] for row in r.rows),
+                                                         reverse=True)
+    assert sum(row["share"] for row in r.rows) == pytest.approx(1.0)
+    ridge = r.peaks["fma_gflops"] / r.peaks["copy_gbs"]
+    for row in r.rows:
+        assert row["bound"] == ("memory" if row["intensity"] < ridge else "compute")
+    # the cumsum's temporary goes to the softmax alone: the round trip is priced at the
+    # measured bandwidth
+    trip = [t for t in r.suggestions if "read back" in t["suggestion"]]
+    temp = [b for b in prog.schedule_ir.buffers if b.role == "temp" and
+            any(b is k.output for k in prog.schedule_ir.kernels if k.strategy == "scan")]
+    bounds = {row["strategy"]: row["bound"] for row in r.rows}
+    assert bool(trip) == (bounds["scan"] == bounds["row"] == "memory")
+    if trip:
+        assert trip[0]["saving_ms"] == pytest.approx(2 * temp[0].nbytes / r.peaks["copy_gbs"] / 1e6)
+    assert "suggestions" in str(r) and "<table>" in r._repr_html_()
