@@ -218,7 +218,7 @@ def default_rtol(d) -> float:
     return float(np.sqrt(np.finfo(d).eps)) if d.kind in "fc" else 0.0
 
 
-@dataclass
+@dataclass(repr=False)
 class Comparison:
     """`compare`'s report: a row per operator, in program order."""
     against: str
@@ -239,13 +239,19 @@ class Comparison:
         return pd.DataFrame(self.rows)
 
     def __str__(self):
-        head = f"{'#':>3} {'op':<12} {'line':<22} {'dtype':<9} {'rel err':>10} {'rtol':>9}"
+        head = f"{'#':>3} {'op':<12} {'dtype':<9} {'rel err':>10} {'rtol':>9}  line"
         lines = [f"tessera against {self.against}", head]
         for r in self.rows:
-            mark = "" if r["ok"] else "  <- first beyond its tolerance" if r is self.first else " x"
-            lines.append(f"{r['index']:>3} {r['op']:<12} {r['line']:<22} {r['dtype']:<9} "
-                         f"{r['rel_err']:>10.3g} {r['rtol']:>9.2g}{mark}")
+            mark = "" if r["ok"] else "  <- first beyond its tolerance" if r is self.first else "  x"
+            lines.append(f"{r['index']:>3} {r['op']:<12} {r['dtype']:<9} {r['rel_err']:>10.3g} "
+                         f"{r['rtol']:>9.2g}  {r['line']}{mark}")
         return "\n".join(lines)
+
+    def __repr__(self):
+        first = self.first
+        return (f"<Comparison against {self.against}: " +
+                ("every operator within its tolerance>" if first is None else
+                 f"first beyond its tolerance {first['op']} at {first['line']}>"))
 
     def _repr_html_(self):
         first = self.first
@@ -332,8 +338,8 @@ def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs)
         err = _error(got, ref)
         report.rows.append({"index": i, "op": op, "line": str(loc) if loc else "",
                             "shape": tuple(np.shape(got)), "dtype": str(np.asarray(got).dtype),
-                            "max_abs_err": _abs_error(got, ref), "rel_err": err, "rtol": tol,
-                            "ok": err <= tol})
+                            "max_abs_err": _abs_error(got, ref), "rel_err": float(err),
+                            "rtol": float(tol), "ok": bool(err <= tol)})
     if callable(against):
         refs = against(*args, **kwargs)
         refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
@@ -384,7 +390,7 @@ ROOF_LOW = 0.25                 # a kernel under this share of its roof is worth
 NARROW = {"float32": "bfloat16", "float64": "float32"}
 
 
-@dataclass
+@dataclass(repr=False)
 class PerformanceReport:
     """`analyze_performance`'s answer: the kernels ranked by time, each against its roof, and
     suggestions, each with the measured numbers behind it."""
@@ -393,6 +399,9 @@ class PerformanceReport:
     rows: list
     suggestions: list
     profile: object             # the Profile it measured (ts.viz.roofline_figure draws it)
+
+    def __repr__(self):
+        return f"<PerformanceReport {str(self).splitlines()[0]}>"
 
     def to_pandas(self, suggestions: bool = False):
         import pandas as pd

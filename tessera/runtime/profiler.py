@@ -290,7 +290,7 @@ class Profile:
 
 
 # ---- memory --------------------------------------------------------------------------------------
-@dataclass
+@dataclass(repr=False)
 class MemoryReport:
     """What a program holds while it runs, from its memory plan (the Schedule IR's buffers and
     slots): the arguments, the results, the constants, and the temporaries after the planner
@@ -332,11 +332,14 @@ class MemoryReport:
                  f"arguments {_bytes(self.inputs)} + results {_bytes(self.outputs)} + constants "
                  f"{_bytes(self.constants)} + temporaries {_bytes(self.temporaries)} (each in "
                  f"its own memory: {_bytes(self.unshared)})",
-                 f"  {'line':<22} {'results':>10} {'temporaries':>12}  ops"]
+                 f"  {'results':>10} {'temporaries':>12}  line: ops"]
         for r in self.by_line():
-            lines.append(f"  {r['line']:<22} {_bytes(r['outputs']):>10} "
-                         f"{_bytes(r['temporaries']):>12}  {' '.join(r['ops'])}")
+            lines.append(f"  {_bytes(r['outputs']):>10} {_bytes(r['temporaries']):>12}  "
+                         f"{r['line'] or '?'}: {' '.join(r['ops'])}")
         return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<MemoryReport {str(self).splitlines()[0]}>"
 
     def _repr_html_(self):
         rows = "".join(f"<tr><td>{html.escape(r['line'])}</td><td><code>{html.escape(r['text'])}"
