@@ -47,9 +47,17 @@ def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
         knobs = k.knobs if s.target == target else default_knobs(k, target)
-        body, launch = strategies.of(k).lower_gpu(k, code, target, knobs)
+        lowered = strategies.of(k).lower_gpu(k, code, target, knobs)
         ps = params(k)
-        kernels.append(TileKernel(k.name, k.strategy, ps, body, dict(knobs),
-                                  " ".join(k.fused_labels()), launch=launch))
-        calls.append((k.name, [p.name for p in ps]))
+        if isinstance(lowered, tuple):              # one kernel
+            kernels.append(TileKernel(k.name, k.strategy, ps, lowered[0], dict(knobs),
+                                      " ".join(k.fused_labels()), launch=lowered[1]))
+            calls.append((k.name, [p.name for p in ps]))
+            continue
+        for i, (body, launch) in enumerate(lowered):   # phases, launched one after another
+            name = f"{k.name}_p{i}"
+            kernels.append(TileKernel(name, k.strategy, ps, body, dict(knobs),
+                                      " ".join(k.fused_labels()), launch=launch,
+                                      phase_of=k.name))
+            calls.append((name, [p.name for p in ps]))
     return _program(s, kernels, calls)

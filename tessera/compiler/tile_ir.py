@@ -322,7 +322,7 @@ class Workspace(Stmt):
     """Declares buffer `name`: `size` elements of dtype at int `offset` of the launch's
     workspace, which the runtime zeroes before every run (the ints after the status word).
     Shared by the blocks (per_block 0): blocks write it and other blocks read it, so it is
-    volatile (no stale cached copies). Or each block's own (per_block: the ints from one
+    volatile (no stale cached copies), unless only later launches read it (volatile False). Or each block's own (per_block: the ints from one
     block's copy to the next, the block's index times it added): a barrier orders its
     threads' accesses, as for shared memory."""
     name: str
@@ -330,6 +330,8 @@ class Workspace(Stmt):
     offset: int
     size: int
     per_block: int = 0
+    volatile: bool = True         # False: only later launches read what a block writes here
+                                  # (phases of one kernel), which a launch boundary orders
 
     def head(self) -> str:
         own = f" + block * {self.per_block}" if self.per_block else ""
@@ -439,6 +441,8 @@ class TileKernel:
     origin: str = ""
     launch: dict | None = None    # GPU kernels: {"grid": blocks, "block": threads, "shared":
                                   # dynamic shared bytes}; None on the CPU
+    phase_of: str = ""            # a GPU phase: the schedule kernel it is part of (its phases
+                                  # launch one after another and share one workspace)
 
     def __str__(self):
         ps = ", ".join(f"{p.mode} {p.name}" + (f"=%{p.label}" if p.label else "")
@@ -690,17 +694,32 @@ class TileProgram:
 
     def workspace_bases(self) -> dict:
         """GPU kernels' workspaces lie one after another, in kernel order, after the status
-        word: kernel name -> its first int."""
-        bases, n = {}, 0
+        word (the phases of one kernel share theirs): kernel name -> its first int."""
+        return self._workspace()[0]
+
+    def _workspace(self):
+        bases, first, n = {}, {}, 0
         for k in self.kernels:
-            bases[k.name] = n
-            n += (k.launch or {}).get("workspace", 0)
-        return bases
+            group = k.phase_of or k.name
+            if group not in first:
+                first[group] = n
+                n += (k.launch or {}).get("workspace", 0)
+            bases[k.name] = first[group]
+        return bases, n
 
     @property
     def workspace(self) -> int:
         """Ints of zeroed workspace the runtime allocates after the status word."""
-        return sum((k.launch or {}).get("workspace", 0) for k in self.kernels)
+        return self._workspace()[1]
+
+    @property
+    def phases(self) -> dict:
+        """Schedule kernel name -> the tile kernels that run it, in launch order (itself alone,
+        or its GPU phases)."""
+        out: dict = {}
+        for k in self.kernels:
+            out.setdefault(k.phase_of or k.name, []).append(k.name)
+        return out
 
     @property
     def flags_errors(self) -> bool:

@@ -77,7 +77,8 @@ class HostSteps:
             if hasattr(st, "bodies"):
                 self.region(st)
             else:
-                self.launch(st.name, [self.named(a) for a in self.args[st.name]])
+                for phase in self.p.phases.get(st.name, (st.name,)):
+                    self.launch(phase, [self.named(a) for a in self.args[phase]])
 
     def truth(self, b) -> bool:
         v = self.array(b)

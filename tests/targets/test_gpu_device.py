@@ -31,3 +31,47 @@ def run_on_device(prog, *arrays, reverse=False, max_blocks=None):
 @pytest.fixture(autouse=True)
 def on_device(monkeypatch):
     monkeypatch.setattr(emulated, "run_program", run_on_device)
+
+
+def test_debugging_tools_on_the_device(target):
+    """Debug mode, compare and the memory report with the program on the device (CuPy arrays
+    in): the probe runs there, the checks read its results back."""
+    import cupy
+    import numpy as np
+    import tessera as ts
+    from tessera import op
+    rng = np.random.default_rng(0)
+    x = cupy.asarray(rng.standard_normal((4, 8)).astype(np.float32))
+    w = cupy.asarray((30 * rng.standard_normal((8, 5))).astype(np.float32))
+    f = ts.function(lambda x, w: op.log(op.exp(x @ w)), target=target)
+    quiet = cupy.asnumpy(f(x, w))
+    assert np.isinf(quiet).any()
+    with ts.debug_mode(), pytest.raises(ts.NumericalError, match="exp produced 0 NaN and"):
+        f(x, w)
+    g = ts.function(lambda x, w: op.log_softmax(x @ w, axis=-1), target=target)
+    with ts.debug_mode():
+        checked = g(x, w)
+    assert cupy.asnumpy(checked).tobytes() == cupy.asnumpy(g(x, w)).tobytes()
+    assert ts.debug.compare(g, x, w, against="interpret").first is None
+    assert ts.profile_memory(g, x, w).inputs == x.nbytes + w.nbytes
+
+
+def test_a_phased_transform_profiles_as_one_kernel(target):
+    """A long line's transform runs as several launches; the profile shows the schedule's one
+    kernel, with the phases' times summed."""
+    import cupy
+    import numpy as np
+    import tessera as ts
+    from tessera import op
+    z = cupy.asarray((np.random.default_rng(0).standard_normal((2, 1 << 16)) * (1 + 1j))
+                     .astype(np.complex64))
+    f = ts.function(lambda z: op.fft(z, axis=-1), target=target)
+    prog = f.lower(z)
+    assert len(prog.tile_ir.kernels) > len(prog.schedule_ir.kernels)
+    with ts.profiler() as prof:
+        got = f(z)
+    rows = prof.rows()
+    assert [r["kernel"] for r in rows] == [k.name for k in prog.schedule_ir.kernels]
+    assert all(r["median_ms"] > 0 for r in rows)
+    np.testing.assert_allclose(cupy.asnumpy(got), np.fft.fft(cupy.asnumpy(z), axis=-1),
+                               rtol=0, atol=2e-3 * np.sqrt(1 << 16))

@@ -285,12 +285,17 @@ def test_complex_arguments_and_results_are_the_cpus_bits(target, rng):
 
 @pytest.mark.parametrize("n,d,memory", [(37, np.float32, {"shared"}), (74, np.float64, {"shared"}),
                                         (2 * 509, np.float32, {"shared", "workspace"}),
-                                        (4096, np.float64, {"workspace"})])
+                                        (4096, np.float64, {"workspace"}),
+                                        (1 << 15, np.float64, {"phases"}),
+                                        (16411, np.float32, {"phases"})])
 def test_bluestein_and_long_lines_are_the_cpus_bits(target, n, d, memory, rng):
     """A prime factor above 31 (37; 74 = 2 x 37, a real line packed as 37 complex values; 509)
     makes the transform a Bluestein one on the GPU as in the routine; planes and tables beyond
     a block's shared memory (1018 complex points' 2048-point convolution in float32, 4096
-    points of float64) live in the block's own part of the workspace. Each gives the CPU's bits, complex and real, both ways."""
+    points of float64) live in the block's own part of the workspace. A line longer than 2^14
+    points (2^15; the prime 16411 and its 32805-point convolution) takes the whole grid, a
+    launch per step, every line's planes in the workspace. Each gives the CPU's bits, complex
+    and real, both ways."""
     re, im = rng.standard_normal((2, 3, n)).astype(d)
 
     def fn(a, b):
@@ -298,9 +303,28 @@ def test_bluestein_and_long_lines_are_the_cpus_bits(target, n, d, memory, rng):
         return op.real(z), op.imag(z), op.irfft(op.rfft(a) * 2.0, n=n)
     prog = ts.function(fn).lower(re, im, target=target)
     ffts = [k for k in prog.tile_ir.kernels if k.strategy == "fft"]
-    assert {"workspace" if k.launch.get("workspace") else "shared" for k in ffts} == memory
+    assert {"phases" if k.phase_of else "workspace" if k.launch.get("workspace") else "shared"
+            for k in ffts} == memory
     for k, (got, want) in enumerate(zip(run_twice(prog, (re, im)), cpu(fn, re, im))):
         assert got.tobytes() == want.tobytes(), k
+
+
+def test_phased_transforms_run_in_a_loop_and_share_a_workspace(target, rng):
+    """A long line's transform is several launches (phases); in a fori_loop the host runs all
+    of them each step. A kernel's phases share one workspace; the kernels' lie one after
+    another."""
+    n = 1 << 15
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    fn = lambda x: ts.fori_loop(0, 3, lambda i, c: op.irfft(op.rfft(c) * 0.5, n=n) + 1.0, x)
+    prog = ts.function(fn).lower(x, target=target)
+    tile = prog.tile_ir
+    bases = tile.workspace_bases()
+    ffts = [ks for name, ks in tile.phases.items() if "fft" in name]
+    assert len(ffts) == 2 and all(len(ks) > 3 for ks in ffts)
+    assert [len({bases[k] for k in ks}) for ks in ffts] == [1, 1]
+    assert bases[ffts[0][0]] != bases[ffts[1][0]]
+    got = run_twice(prog, (x,))[0]
+    assert got.tobytes() == cpu(fn, x).tobytes()
 
 
 # ---- rows: one block per row ---------------------------------------------------------------------

@@ -99,8 +99,10 @@ class Strategy:
         """The kernel's Tile IR statements for the CPU; `code`: what it reports on bad input."""
         raise NotImplementedError(self.name)
 
-    def lower_gpu(self, k, code: int, target: str, knobs: dict) -> tuple[list, dict]:
-        """(Tile IR statements, launch) for a GPU target."""
+    def lower_gpu(self, k, code: int, target: str, knobs: dict) -> tuple | list:
+        """(Tile IR statements, launch) for a GPU target; or a list of them: phases, launched
+        one after another (a barrier across the whole grid between them), sharing one
+        workspace."""
         raise NotImplementedError(self.name)
 
     # -- routines --------------------------------------------------------------------------------

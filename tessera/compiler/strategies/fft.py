@@ -310,17 +310,24 @@ def unit(j: int, N: int) -> tuple[float, float]:
 
 
 def lower_fft_gpu(k, knobs):
-    """One block per line (grid-stride over the lines), the routine's transform with the
-    operations in the routine's order (the CPU's bits): the twiddle table computed once per
-    block as the routine computes its twiddles (cos_sin), the line gathered through the
-    prologue, the Stockham stages (the same butterflies) with a barrier after each, the real
-    transforms' untangling, the scatter. A prime factor above 31 makes the complex transform
-    a Bluestein one, as in the routine: the chirp and the convolution kernel (an m-point
-    transform of the conjugate chirp, computed once per block), two m-point transforms a line.
-    The planes and tables live in shared memory where they fit, otherwise in the block's own
-    part of the launch's workspace (global memory: slower, any length)."""
+    """The routine's transform with the operations in the routine's order (the CPU's bits):
+    the twiddle table computed as the routine computes its twiddles (cos_sin), the line
+    gathered through the prologue, the Stockham stages (the same butterflies), the real
+    transforms' untangling, the scatter. A prime factor above 31 makes the complex transform a
+    Bluestein one, as in the routine: the chirp and the convolution kernel (an m-point
+    transform of the conjugate chirp), two m-point transforms a line.
+
+    A line of up to PHASED_POINTS points: one block per line (grid-stride over the lines), the
+    table computed once per block, a barrier between steps; its planes and tables in shared
+    memory where they fit, otherwise in the block's own part of the workspace. A longer line:
+    each step a phase of its own over the whole grid (every line's butterflies of a stage at
+    once), the planes of every line and the tables in the workspace."""
     g = _GPUFFT(k, knobs)
-    return g.kernel(), g.launch
+    return g.phases() if g.phased else (g.kernel(), g.launch)
+
+
+PHASED_POINTS = 1 << 14             # a line this long spreads over the grid, a phase a step
+PHASED_BUDGET = 1 << 30             # bytes of workspace the phases may take (every line's planes)
 
 
 class _GPUFFT(_Lines):
@@ -333,7 +340,7 @@ class _GPUFFT(_Lines):
         self.plan = plan if plan is not None else radices(self.m)
         self.N = self.m or n              # the stages' table holds N-th roots of unity
         self.threads = knobs["threads"]
-        S = self.m or C + 1               # a plane's points (the real untangling adds one)
+        S = self.S = self.m or C + 1      # a plane's points (the real untangling adds one)
         self.planes = [(nm("ra"), nm("ia")), (nm("rb"), nm("ib"))]
         self.roots = (nm("wr"), nm("wi"))
         sizes = {b: S for pair in self.planes for b in pair}
@@ -346,18 +353,28 @@ class _GPUFFT(_Lines):
             if self.packed:
                 self.halfroots = (nm("ur"), nm("ui"))
                 sizes.update(dict.fromkeys(self.halfroots, C // 2 + 1))
+        self.offset = None                # phases: where the current line's planes start
         self.launch = launch_of(self.total, self.threads, per_block=True)
-        if sum(sizes.values()) * d.itemsize <= SHARED_LIMIT:
+        plane_bytes = 4 * S * d.itemsize
+        self.phased = S > PHASED_POINTS and self.total * plane_bytes <= PHASED_BUDGET
+        if self.phased:                   # every line's planes, one after another
+            sizes.update({b: S * max(1, self.total) for pair in self.planes for b in pair})
+        elif sum(sizes.values()) * d.itemsize <= SHARED_LIMIT:
             self.memory = [Shared(b, d, size) for b, size in sizes.items()]
             return
-        # the block's own copy in the workspace, each buffer at an odd int (8-byte aligned
-        # after the status word, as the workspace's base is even), an even count per block
+        # in the workspace, each buffer at an odd int (8-byte aligned after the status word,
+        # as the workspace's base is even), an even count of ints in all
         offsets, at = {}, 1
         for b, size in sizes.items():
             offsets[b] = at
             ints = -(-size * d.itemsize // 4)
             at += ints + ints % 2
         per = at + at % 2
+        if self.phased:
+            self.memory = [Workspace(b, d, offsets[b], size, volatile=False)
+                           for b, size in sizes.items()]
+            self.launch = {**launch_of(1, self.threads), "workspace": per}
+            return
         blocks = max(1, min(self.launch["grid"], WORKSPACE_BUDGET // (4 * per)))
         self.memory = [Workspace(b, d, offsets[b], size, per_block=per)
                        for b, size in sizes.items()]
@@ -382,6 +399,16 @@ class _GPUFFT(_Lines):
     def root(self, index, table=None):            # e^{-2 pi i index / N} from the table
         table = table or self.roots
         return Load(table[0], index), Load(table[1], index)
+
+    def at(self, b, i):
+        """Element i of plane b of the current line (phases: every line's planes in one)."""
+        return i if self.offset is None else idx_add(self.offset, i)
+
+    def ld(self, b, i):
+        return Load(b, self.at(b, i))
+
+    def st(self, b, i, v):
+        return Store(b, self.at(b, i), v)
 
     def decls(self, pairs):
         """Decl a name per (label, expr); returns (statements, label -> Var)."""
@@ -435,20 +462,21 @@ class _GPUFFT(_Lines):
         if self.kind == "r2c" and self.packed:        # x_2j, x_2j+1 as one complex value
             b0, v0 = self.value(x, self.where(self.kvars, two(jv, 0)))
             b1, v1 = self.value(x, self.where(self.kvars, two(jv, 1)))
-            return b0 + b1 + [Store(ra, jv, v0), Store(ia, jv, v1)]
+            return b0 + b1 + [self.st(ra, jv, v0), self.st(ia, jv, v1)]
         if self.kind == "r2c":
             b0, v0 = self.value(x, self.where(self.kvars, jv))
-            return b0 + [Store(ra, jv, v0), Store(ia, jv, self.c(0.0))]
+            return b0 + [self.st(ra, jv, v0), self.st(ia, jv, self.c(0.0))]
         b0, v0 = self.value(self.node.inputs[0], self.where(self.kvars, jv))
         b1, v1 = self.value(self.node.inputs[1], self.where(self.kvars, jv))
-        return b0 + b1 + [Store(ra, jv, v0), Store(ia, jv, self.neg(v1) if self.inverse else v1)]
+        return b0 + b1 + [self.st(ra, jv, v0),
+                          self.st(ia, jv, self.neg(v1) if self.inverse else v1)]
 
     def untangle(self, kv, forward):
         """The routine's kind 2 after its transform (forward: X_k, X_{h-k} from Z_k, Z_{h-k})
         or its kind 3 before it (Z from X, the conjugation folded into the stores)."""
         ra, ia = self.planes[0]
         lv = Bin("-", Const(self.C), kv)
-        ar, ai, br, bi = Load(ra, kv), Load(ia, kv), Load(ra, lv), Load(ia, lv)
+        ar, ai, br, bi = self.ld(ra, kv), self.ld(ia, kv), self.ld(ra, lv), self.ld(ia, lv)
         wre, wim = self.root(kv, self.halfroots)      # (n = 2h: the routine's rtw)
         half = (lambda e: self.mul(self.c(0.5), e)) if forward else (lambda e: e)
         out, v = self.decls([("er", half(Bin("+", ar, br))), ("ei", half(Bin("-", ai, bi))),
@@ -466,8 +494,8 @@ class _GPUFFT(_Lines):
             k_re, k_im = Bin("-", v["er"], w["pi"]), self.neg(Bin("+", v["ei"], w["pr"]))
             l_re = Bin("-", v["er"], w["qi"])
             l_im = self.neg(Bin("+", self.neg(v["ei"]), w["qr"]))
-        return out + [Store(ra, kv, k_re), Store(ia, kv, k_im),
-                      If(Bin("!=", lv, kv), [Store(ra, lv, l_re), Store(ia, lv, l_im)])]
+        return out + [self.st(ra, kv, k_re), self.st(ia, kv, k_im),
+                      If(Bin("!=", lv, kv), [self.st(ra, lv, l_re), self.st(ia, lv, l_im)])]
 
     def butterfly(self, bv, r, m, s, src, dst, L):
         """Butterfly bv = j s + q of a stage of radix r (the routine's ts_fft_stage)."""
@@ -476,16 +504,16 @@ class _GPUFFT(_Lines):
         out = [Decl(jj, dt.int64, Bin("/", bv, Const(s))), Decl(qq, dt.int64, Bin("%", bv, Const(s)))]
         J, Q = Var(jj), Var(qq)
         base = idx_add(Q, idx_mul(J, Const(s)))
-        ar = [Load(src[0], idx_add(base, Const(u * s * m))) for u in range(r)]
-        ai = [Load(src[1], idx_add(base, Const(u * s * m))) for u in range(r)]
+        ar = [self.ld(src[0], idx_add(base, Const(u * s * m))) for u in range(r)]
+        ai = [self.ld(src[1], idx_add(base, Const(u * s * m))) for u in range(r)]
         obase = idx_add(Q, idx_mul(J, Const(s * r)))
 
         def w(t):                                    # e^{-2 pi i j t / L}
             return self.root(idx_mul(J, Const(t * (n // L))))
 
         def put(t, pair):
-            return [Store(dst[0], idx_add(obase, Const(t * s)), pair[0]),
-                    Store(dst[1], idx_add(obase, Const(t * s)), pair[1])]
+            return [self.st(dst[0], idx_add(obase, Const(t * s)), pair[0]),
+                    self.st(dst[1], idx_add(obase, Const(t * s)), pair[1])]
         B = lambda op, a, b: Bin(op, a, b)
         if r == 4:
             more, v = self.decls([
@@ -532,7 +560,7 @@ class _GPUFFT(_Lines):
         ra, ia = plane
         at, scaled = self.at_out(self.kvars, jv), self.scaled
         out = self.k.output.name
-        re_, im_ = Load(ra, jv), Load(ia, jv)
+        re_, im_ = self.ld(ra, jv), self.ld(ia, jv)
         if self.kind == "c2c":
             return [Store(out, at, scaled(re_)),
                     Store(out, idx_add(at, Const(1)), scaled(self.neg(im_) if self.inverse else im_))]
@@ -548,37 +576,40 @@ class _GPUFFT(_Lines):
                     Store(out, idx_add(at0, Const(step)), scaled(self.neg(im_)))]
         return [Store(out, at, scaled(re_))]
 
-    # -- the transforms -------------------------------------------------------------------------
+    # -- the steps: parts (work, make(j)) that need no barrier between them --------------------------
+    ONE = "one"                       # a part's work: one thread's (thread 0 of the block)
+
     def stages(self, cur):
-        """The plan's Stockham stages on the line in planes[cur]: (statements, the index of the
+        """The plan's Stockham stages on the line in planes[cur]: (steps, the index of the
         planes that hold the result)."""
-        body, L, s = [], self.m or self.C, 1
+        steps, L, s = [], self.m or self.C, 1
         for r in self.plan:
             m = L // r
             src, dst = self.planes[cur], self.planes[1 - cur]
-            body += [*self.threaded(m * s, lambda bv, r=r, m=m, s=s, src=src, dst=dst, L=L:
-                                    self.butterfly(bv, r, m, s, src, dst, L)), Barrier()]
+            steps.append([(m * s, lambda bv, r=r, m=m, s=s, src=src, dst=dst, L=L:
+                           self.butterfly(bv, r, m, s, src, dst, L))])
             cur, L, s = 1 - cur, m, s * r
-        return body, cur
+        return steps, cur
 
     def pointwise(self, work, src, dst, f):
-        """dst[p] = f(src[p]'s parts) for p < work (complex values as (re, im) pairs), each
-        element read before it is written (src may be dst)."""
+        """A step: dst[p] = f(src[p]'s parts) for p < work (complex values as (re, im) pairs),
+        each element read before it is written (src may be dst)."""
         def one(p):
-            out, v = self.decls([("xr", Load(src[0], p)), ("xi", Load(src[1], p))])
+            out, v = self.decls([("xr", self.ld(src[0], p)), ("xi", self.ld(src[1], p))])
             re_, im_ = f(p, v["xr"], v["xi"])
-            return out + [Store(dst[0], p, re_), Store(dst[1], p, im_)]
-        return [*self.threaded(work, one), Barrier()]
+            return out + [self.st(dst[0], p, re_), self.st(dst[1], p, im_)]
+        return [(work, one)]
 
     def bluestein_tables(self):
-        """The chirp e^{-pi i k^2 / C} (k^2 mod 2C: exact in integers) and the convolution
-        kernel: the m-point transform of the conjugate chirp wrapped around (zeros between),
-        times 1/m in the line's precision, computed in planes[0] as the routine's plan does."""
+        """Steps: the chirp e^{-pi i k^2 / C} (k^2 mod 2C: exact in integers) and the
+        convolution kernel: the m-point transform of the conjugate chirp wrapped around (zeros
+        between), times 1/m in the line's precision, computed in planes[0] (a phase's: line
+        0's) as the routine's plan does."""
         C, m, d = self.C, self.m, self.d
         cr, ci = self.chirp
         ra, ia = self.planes[0]
-        body = [*self.threaded(C, lambda jv: self.table(
-                    jv, 2 * C, self.chirp, Bin("%", idx_mul(jv, jv), Const(2 * C)))), Barrier()]
+        steps = [[(C, lambda jv: self.table(jv, 2 * C, self.chirp,
+                                            Bin("%", idx_mul(jv, jv), Const(2 * C))))]]
 
         def fill(p):
             kre, kim, back = self.names("kre"), self.names("kim"), Bin("-", Const(m), p)
@@ -586,83 +617,127 @@ class _GPUFFT(_Lines):
                     *[If(Bin("<", at, Const(C)), [Assign(kre, Load(cr, at)),
                                                   Assign(kim, self.neg(Load(ci, at)))])
                       for at in (p, back)],
-                    Store(ra, p, Var(kre)), Store(ia, p, Var(kim))]
-        body += [*self.threaded(m, fill), Barrier()]
+                    self.st(ra, p, Var(kre)), self.st(ia, p, Var(kim))]
+        steps.append([(m, fill)])
         more, cur = self.stages(0)
         inv = self.c(float(d.np.type(1.0 / m)))
-        return body + more + self.pointwise(m, self.planes[cur], self.conv,
-                                            lambda p, xr, xi: (self.mul(xr, inv), self.mul(xi, inv)))
+        return steps + more + [self.pointwise(m, self.planes[cur], self.conv, lambda p, xr, xi:
+                                              (self.mul(xr, inv), self.mul(xi, inv)))]
 
     def transform(self):
-        """The complex transform of the C points in planes[0], the result left there: the
-        stages, or Bluestein's (times the chirp, padded with zeros to m; the m-point transform;
-        times the kernel, conjugated; the transform again, which is the inverse of the
-        conjugate; conjugated and times the chirp), each step as the routine's."""
+        """Steps: the complex transform of the C points in planes[0], the result left there:
+        the stages, or Bluestein's (times the chirp, padded with zeros to m; the m-point
+        transform; times the kernel, conjugated; the transform again, which is the inverse of
+        the conjugate; conjugated and times the chirp), each step as the routine's."""
         if not self.m:
-            body, cur = self.stages(0)
+            steps, cur = self.stages(0)
         else:
             chirp = lambda p: (Load(self.chirp[0], p), Load(self.chirp[1], p))
             first = self.planes[0]
-            body = self.threaded(self.m - self.C, lambda j: [
-                Store(b, idx_add(j, Const(self.C)), self.c(0.0)) for b in first])
-            body += self.pointwise(self.C, first, first,
-                                   lambda p, xr, xi: self.cmul(xr, xi, *chirp(p)))
+            steps = [[(self.m - self.C, lambda j: [
+                self.st(b, idx_add(j, Const(self.C)), self.c(0.0)) for b in first])] +
+                self.pointwise(self.C, first, first,
+                               lambda p, xr, xi: self.cmul(xr, xi, *chirp(p)))]
             more, cur = self.stages(0)
-            body += more
+            steps += more
 
             def by_kernel(p, xr, xi):
                 re_, im_ = self.cmul(xr, xi, Load(self.conv[0], p), Load(self.conv[1], p))
                 return re_, self.neg(im_)
-            body += self.pointwise(self.m, self.planes[cur], self.planes[cur], by_kernel)
+            steps.append(self.pointwise(self.m, self.planes[cur], self.planes[cur], by_kernel))
             more, cur = self.stages(cur)
-            body += more + self.pointwise(self.C, self.planes[cur], first, lambda p, xr, xi:
-                                          self.cmul(xr, self.neg(xi), *chirp(p)))
+            steps += more + [self.pointwise(self.C, self.planes[cur], first, lambda p, xr, xi:
+                                            self.cmul(xr, self.neg(xi), *chirp(p)))]
             cur = 0
         if cur:                                      # the untangling works in the first planes
-            body += [*self.threaded(self.C, lambda jv: [
-                Store(self.planes[0][0], jv, Load(self.planes[1][0], jv)),
-                Store(self.planes[0][1], jv, Load(self.planes[1][1], jv))]), Barrier()]
-        return body
+            steps.append([(self.C, lambda jv: [
+                self.st(self.planes[0][0], jv, self.ld(self.planes[1][0], jv)),
+                self.st(self.planes[0][1], jv, self.ld(self.planes[1][1], jv))])])
+        return steps
 
-    # -- the kernel -------------------------------------------------------------------------------
-    def kernel(self):
+    def line_steps(self):
+        """The steps of one line: gather, the real inverse's preparation, the transform, the
+        real forward's untangling, the scatter."""
         n, C = self.n, self.C
-        line = self.names("line")
-        self.kvars = split_index(Var(line), self.extents)
         ra, ia = self.planes[0]
-        body = [*self.threaded(self.domain[self.axis] if self.kind != "r2c" else C, self.gather),
-                Barrier()]
+        steps = [[(self.domain[self.axis] if self.kind != "r2c" else C, self.gather)]]
         if self.kind == "c2r" and self.packed:       # X_0 and X_h's real parts into Z_0
-            x0, xh = self.names("x0"), self.names("xh")
-            body += [If(Bin("==", ThreadIndex(), Const(0)), [
-                Decl(x0, self.d, Load(ra, Const(0))), Decl(xh, self.d, Load(ra, Const(C))),
-                Store(ra, Const(0), Bin("+", Var(x0), Var(xh))),
-                Store(ia, Const(0), self.neg(Bin("-", Var(x0), Var(xh))))]),
-                *self.threaded(C // 2, lambda jv: self.untangle(idx_add(jv, Const(1)), False)),
-                Barrier()]
+            def ends(_):
+                x0, xh = self.names("x0"), self.names("xh")
+                return [Decl(x0, self.d, self.ld(ra, Const(0))),
+                        Decl(xh, self.d, self.ld(ra, Const(C))),
+                        self.st(ra, Const(0), Bin("+", Var(x0), Var(xh))),
+                        self.st(ia, Const(0), self.neg(Bin("-", Var(x0), Var(xh))))]
+            steps.append([(self.ONE, ends),
+                          (C // 2, lambda jv: self.untangle(idx_add(jv, Const(1)), False))])
         elif self.kind == "c2r":                     # the Hermitian line, conjugated
             def fill(jv):
                 kv, imk = idx_add(jv, Const(1)), self.names("imk")
                 mirror = Bin("-", Const(n), kv)
-                return [Decl(imk, self.d, Load(ia, kv)), Store(ra, mirror, Load(ra, kv)),
-                        Store(ia, mirror, Var(imk)), Store(ia, kv, self.neg(Var(imk)))]
-            body += [If(Bin("==", ThreadIndex(), Const(0)), [Store(ia, Const(0), self.neg(self.c(0.0)))]),
-                     *self.threaded(n // 2, fill), Barrier()]
-        body += self.transform()
+                return [Decl(imk, self.d, self.ld(ia, kv)), self.st(ra, mirror, self.ld(ra, kv)),
+                        self.st(ia, mirror, Var(imk)), self.st(ia, kv, self.neg(Var(imk)))]
+            steps.append([(self.ONE, lambda _: [self.st(ia, Const(0), self.neg(self.c(0.0)))]),
+                          (n // 2, fill)])
+        steps += self.transform()
         if self.kind == "r2c" and self.packed:
-            z0r, z0i = self.names("z0r"), self.names("z0i")
-            body += [If(Bin("==", ThreadIndex(), Const(0)), [
-                Decl(z0r, self.d, Load(ra, Const(0))), Decl(z0i, self.d, Load(ia, Const(0))),
-                Store(ra, Const(0), Bin("+", Var(z0r), Var(z0i))), Store(ia, Const(0), self.c(0.0)),
-                Store(ra, Const(C), Bin("-", Var(z0r), Var(z0i))), Store(ia, Const(C), self.c(0.0))]),
-                *self.threaded(C // 2, lambda jv: self.untangle(idx_add(jv, Const(1)), True)),
-                Barrier()]
+            def ends(_):
+                z0r, z0i = self.names("z0r"), self.names("z0i")
+                return [Decl(z0r, self.d, self.ld(ra, Const(0))),
+                        Decl(z0i, self.d, self.ld(ia, Const(0))),
+                        self.st(ra, Const(0), Bin("+", Var(z0r), Var(z0i))),
+                        self.st(ia, Const(0), self.c(0.0)),
+                        self.st(ra, Const(C), Bin("-", Var(z0r), Var(z0i))),
+                        self.st(ia, Const(C), self.c(0.0))]
+            steps.append([(self.ONE, ends),
+                          (C // 2, lambda jv: self.untangle(idx_add(jv, Const(1)), True))])
         out_len = n // 2 + 1 if self.kind == "r2c" else C
-        body += [*self.threaded(out_len, lambda jv: self.scatter(jv, self.planes[0])), Barrier()]
-        tables = [*self.threaded(self.N, lambda jv: self.table(jv, self.N, self.roots))]
-        if self.halfroots != self.roots:
-            tables += self.threaded(C // 2 + 1, lambda jv: self.table(jv, n, self.halfroots))
-        tables.append(Barrier())
-        if self.m:
-            tables += self.bluestein_tables()
+        steps.append([(out_len, lambda jv: self.scatter(jv, self.planes[0]))])
+        return steps
+
+    def table_steps(self):
+        """The steps before any line: the roots of unity, the real untangling's, Bluestein's
+        chirp and kernel."""
+        steps = [[(self.N, lambda jv: self.table(jv, self.N, self.roots))] +
+                 ([(self.C // 2 + 1, lambda jv: self.table(jv, self.n, self.halfroots))]
+                  if self.halfroots != self.roots else [])]
+        return steps + (self.bluestein_tables() if self.m else [])
+
+    # -- one block a line -------------------------------------------------------------------------
+    def block_step(self, parts):
+        out = []
+        for work, make in parts:
+            out += [If(Bin("==", ThreadIndex(), Const(0)), make(None))] if work == self.ONE \
+                else self.threaded(work, make)
+        return out + [Barrier()]
+
+    def kernel(self):
+        line = self.names("line")
+        self.kvars = split_index(Var(line), self.extents)
+        body = [s for step in self.line_steps() for s in self.block_step(step)]
+        tables = [s for step in self.table_steps() for s in self.block_step(step)]
         return [*self.memory, *tables, Loop(line, self.total, "block", body)]
+
+    # -- phases over the grid -----------------------------------------------------------------------
+    def phases(self):
+        """Each step a launch over the grid: a table's entries, or every line's elements (line
+        g / work, element g % work, the line's planes at line * S)."""
+        out = []
+        for lines, lined, steps in ((1, False, self.table_steps()),
+                                    (self.total, True, self.line_steps())):
+            for step in steps:
+                for work, make in step:
+                    work = 1 if work == self.ONE else work
+                    if work > 0:
+                        out.append(self.phase(lines, work, make, lined))
+        return out
+
+    def phase(self, lines, work, make, lined):
+        g, line, j = self.names("g"), self.names("line"), self.names("j")
+        body = [Decl(line, dt.int64, Bin("/", Var(g), Const(work))),
+                Decl(j, dt.int64, Bin("%", Var(g), Const(work)))]
+        self.kvars = split_index(Var(line), self.extents)
+        self.offset = idx_mul(Var(line), Const(self.S)) if lined else None
+        body += make(Var(j))
+        self.offset = None
+        launch = {**launch_of(lines * work, self.threads), "workspace": self.launch["workspace"]}
+        return [*self.memory, Loop(g, lines * work, "grid", body)], launch

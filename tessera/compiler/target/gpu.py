@@ -55,9 +55,9 @@ class GpuRenderer(CStyleRenderer):
         elif isinstance(s, Workspace):
             T = self.storage_type(s.dtype)
             at = f"ts_status + {1 + self._work_base + s.offset}"
-            if s.per_block:
-                out.append(f"{pad}{T}* {s.name} = ({T}*)({at} + (long long)blockIdx.x * "
-                           f"{s.per_block});")
+            if s.per_block or not s.volatile:
+                own = f" + (long long)blockIdx.x * {s.per_block}" if s.per_block else ""
+                out.append(f"{pad}{T}* {s.name} = ({T}*)({at}{own});")
             else:
                 out.append(f"{pad}volatile {T}* {s.name} = (volatile {T}*)({at});")
         elif isinstance(s, Ticket):
