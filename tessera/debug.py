@@ -11,8 +11,8 @@ reference, a failing call saved to be replayed elsewhere, and what a program hol
 
 Debug mode runs a call through a probe: the same program compiled with every operator's result
 kept as an output (fusion still fuses; the kernels write what they would have thrown away), so
-each operator's values are the compiled code's own. Off, nothing changes: a call checks one
-thread-local flag. The probe of a program is compiled once and kept with it.
+each operator's values are the compiled code's own. Off, nothing changes: a call reads one
+module-level count of open debug blocks (`on`). The probe of a program is compiled once and kept with it.
 """
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ from .version import __version__
 
 log = logging.getLogger("tessera.debug")
 _state = threading.local()
+on = 0                          # debug blocks open in any thread: a call's whole cost when 0
+_count = threading.Lock()
 
 
 class NumericalError(TesseraError):
@@ -51,12 +53,17 @@ def active() -> frozenset:
 
 @contextlib.contextmanager
 def _checks(*names):
+    global on
     before = active()
     _state.checks = before | frozenset(names)
+    with _count:
+        on += 1
     try:
         yield
     finally:
         _state.checks = before
+        with _count:
+            on -= 1
 
 
 def debug_mode():

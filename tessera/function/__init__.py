@@ -60,7 +60,7 @@ class Function:
 
     # -- a call ----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if debug.active() and not tracing.inside_trace(args, kwargs):
+        if debug.on and debug.active() and not tracing.inside_trace(args, kwargs):
             try:
                 return debug.checked_call(self, args, kwargs)
             except TesseraError as e:
