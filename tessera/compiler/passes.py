@@ -194,8 +194,9 @@ def split_complex(g: Graph) -> Graph:
         if isinstance(x, tuple):
             b = Builder(out, None, "%return:complex")
             shape = list(v.type.shape)
-            if _interleaved(x, shape) is not None:     # (a transform's result: as it is)
-                x = _interleaved(x, shape)
+            whole = _interleaved(x, shape)
+            if whole is not None:                      # (a transform's result: as it is)
+                x = whole
             elif all(tuple(p.type.shape) == tuple(shape) for p in x):
                 # the parts interleaved by a select over a last axis of 2: the group computing
                 # them writes the result (one pointwise kernel for z * w, not seven)

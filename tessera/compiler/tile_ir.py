@@ -322,9 +322,9 @@ class Workspace(Stmt):
     """Declares buffer `name`: `size` elements of dtype at int `offset` of the launch's
     workspace, which the runtime zeroes before every run (the ints after the status word).
     Shared by the blocks (per_block 0): blocks write it and other blocks read it, so it is
-    volatile (no stale cached copies), unless only later launches read it (volatile False). Or each block's own (per_block: the ints from one
-    block's copy to the next, the block's index times it added): a barrier orders its
-    threads' accesses, as for shared memory."""
+    volatile (no stale cached copies), unless only later launches read it (volatile False).
+    Or each block's own (per_block: the ints from one block's copy to the next, the block's
+    index times it added): a barrier orders its threads' accesses, as for shared memory."""
     name: str
     dtype: dt.DType
     offset: int

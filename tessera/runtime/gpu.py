@@ -298,8 +298,9 @@ def run(program, arrays) -> list:
             table[b.name] = arr
     status = _status_word(program, cupy)
     kernels = {k.name: k for k in program.tile_ir.kernels}
-    order = {phase: i for i, phases in enumerate(program.tile_ir.phases.values())
-             for phase in phases}               # tile kernel -> its schedule kernel's index
+    phases = program.tile_ir.phases
+    order = {phase: i for i, ks in enumerate(phases.values())
+             for phase in ks}                   # tile kernel -> its schedule kernel's index
     recorder = profiler.current()
     events = []
 
@@ -321,7 +322,7 @@ def run(program, arrays) -> list:
     if recorder is not None:            # seconds per kernel (summed over a loop's steps)
         if events:
             events[-1][2].synchronize()
-        seconds = [0.0] * len(program.tile_ir.phases)
+        seconds = [0.0] * len(phases)
         for i, s, e in events:
             seconds[i] += cupy.cuda.get_elapsed_time(s, e) / 1e3
         recorder.record(program, seconds)

@@ -49,6 +49,7 @@ class HostSteps:
     def __init__(self, tile_program, table: dict, launch):
         self.p, self.table, self.launch = tile_program, table, launch
         self.args = dict(tile_program.calls)
+        self.phases = tile_program.phases
         self.loop = {}                  # loop variable -> its value now
 
     def run(self):
@@ -77,7 +78,7 @@ class HostSteps:
             if hasattr(st, "bodies"):
                 self.region(st)
             else:
-                for phase in self.p.phases.get(st.name, (st.name,)):
+                for phase in self.phases.get(st.name, (st.name,)):
                     self.launch(phase, [self.named(a) for a in self.args[phase]])
 
     def truth(self, b) -> bool:
