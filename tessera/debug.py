@@ -543,12 +543,16 @@ def dump(path, fn, *args, **kwargs) -> str:
     np.savez(buf, **{f"in{i}": a for i, a in enumerate(inputs)},
              **{f"out{i}": a for i, a in enumerate(outputs)})
     tmp = f"{path}.part"
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("manifest.json", json.dumps(manifest, indent=1))
-        z.writestr("arrays.npz", buf.getvalue())
-        z.writestr("graph.pickle", pickle.dumps(prog.graph_ir))
-        z.writestr("source.txt", prog.target_code)
-    os.replace(tmp, path)                 # whole or not at all
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("manifest.json", json.dumps(manifest, indent=1))
+            z.writestr("arrays.npz", buf.getvalue())
+            z.writestr("graph.pickle", pickle.dumps(prog.graph_ir))
+            z.writestr("source.txt", prog.target_code)
+        os.replace(tmp, path)             # whole or not at all
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return str(path)
 
 
