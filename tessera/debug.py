@@ -452,7 +452,7 @@ def analyze_performance(fn, *args, repeat: int = 10, **kwargs) -> PerformanceRep
     from .compiler import strategies
     from .compiler.knob_search import knob_space
     from .function import Function
-    from .runtime.profiler import profiler
+    from .runtime.profiler import fma_peak, profiler
     f = fn if isinstance(fn, Function) else Function(fn)
     prog = f.lower(*args, **kwargs)
     if not hasattr(prog, "schedule_ir") or not prog.schedule_ir.kernels:
@@ -463,13 +463,14 @@ def analyze_performance(fn, *args, repeat: int = 10, **kwargs) -> PerformanceRep
             f(*args, **kwargs)
     device = prog.target if prog.target in ("cuda", "hip") else "cpu"
     peaks = prof.peaks(device)
-    fma, bw = peaks.get("fma_gflops"), float(peaks["copy_gbs"])
-    ridge = fma / bw if fma else math.inf
+    bw = float(peaks["copy_gbs"])
     mine = [r for r in prof.rows() if r["function"] == prog.schedule_ir.name]
     total = sum(r["median_ms"] for r in mine) or 1.0
     kernels = {k.name: k for k in prog.schedule_ir.kernels}
     rows = []
     for r in sorted(mine, key=lambda r: -r["median_ms"]):
+        fma = fma_peak(peaks, kernels[r["kernel"]])       # (NaN on a GPU: no FMA peak there)
+        ridge = fma / bw if fma == fma else math.inf
         intensity = r["flops"] / r["bytes"] if r["bytes"] else math.inf
         memory = intensity < ridge
         roof = bw * intensity if memory else fma

@@ -1,4 +1,5 @@
-"""The machine's two roofs, measured: the float32 FMA peak of all threads and the copy bandwidth.
+"""The machine's roofs, measured: the float32 and float64 FMA peaks of all threads and the copy
+bandwidth.
 
 `machine_peaks()` runs a small C probe (built with the project's own flags, so it sees the
 same vector units and OpenMP runtime as generated code) once per machine and caches the result as
@@ -19,7 +20,7 @@ from ..errors import first_user_frame
 from . import cache
 
 # Bump when the probe or its result format changes: older cached results are then ignored.
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 # Each thread runs CHAINS independent float32 FMA chains (with AVX-512, 16 vectors: more than
 # FMA latency x FMA ports on current cores), on values it cannot know at compile time, and
@@ -67,6 +68,32 @@ double tessera_probe_fma(const float* p, int64_t iters, float* out) {
     t1 = omp_get_wtime();
     float s = 0.0f;
     for (int i = 0; i < CHAINS; ++i) s += acc[i];
+    out[t] = s;
+  }
+  return t1 - t0;
+}
+
+/* The same in float64: half the chains, so as many vectors (the same registers) as float32's. */
+double tessera_probe_fma64(const double* p, int64_t iters, double* out) {
+  double t0 = 0.0, t1 = 0.0;
+  #pragma omp parallel
+  {
+    double acc[CHAINS / 2];
+    const int t = omp_get_thread_num();
+    const double m = p[0], a = p[1];
+    for (int i = 0; i < CHAINS / 2; ++i) acc[i] = 1e-3 * (double)(i + t + 1);
+    #pragma omp barrier
+    #pragma omp master
+    t0 = omp_get_wtime();
+    for (int64_t it = 0; it < iters; ++it) {
+      #pragma omp simd
+      for (int i = 0; i < CHAINS / 2; ++i) acc[i] = fma(acc[i], m, a);
+    }
+    #pragma omp barrier
+    #pragma omp master
+    t1 = omp_get_wtime();
+    double s = 0.0;
+    for (int i = 0; i < CHAINS / 2; ++i) s += acc[i];
     out[t] = s;
   }
   return t1 - t0;
@@ -124,6 +151,8 @@ def _library():
     lib.tessera_probe_chains.argtypes = []
     lib.tessera_probe_fma.restype = ctypes.c_double
     lib.tessera_probe_fma.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.tessera_probe_fma64.restype = ctypes.c_double
+    lib.tessera_probe_fma64.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.tessera_probe_fill.restype = None
     lib.tessera_probe_fill.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.tessera_probe_copy.restype = ctypes.c_double
@@ -140,7 +169,7 @@ def machine_peaks(refresh: bool = False) -> dict:
     """This machine's float32 FMA peak and copy bandwidth, measured once and cached.
 
     Returns a dict: `fma_gflops` (float32 FMA throughput of all OpenMP threads in GFLOP/s, an FMA
-    counting as two FLOPs), `copy_gbs` (a large array copy over all threads, in GB/s counting
+    counting as two FLOPs), `fma64_gflops` (the same in float64), `copy_gbs` (a large array copy over all threads, in GB/s counting
     the bytes read and the bytes written), `threads`, `cpu` (the CPU fingerprint the kernel
     cache uses), `key`, `probe` (the probe's version) and `settled` (False when other work kept
     interrupting the probe: the numbers are then likely low).
@@ -179,20 +208,22 @@ def machine_peaks(refresh: bool = False) -> dict:
 
 
 def _result(lib, key, threads, fingerprint) -> dict:
-    fma, copy, settled = measure(lib)
+    m = measure(lib)
+    fma, fma64, copy, settled = m["fma_gflops"], m["fma64_gflops"], m["copy_gbs"], m["settled"]
     if not settled and "unsettled" not in _warned:
         _warned.add("unsettled")
         _warn(f"tessera: the machine was busy while its peaks were measured ({fma:.0f} "
               f"GFLOP/s FMA, {copy:.1f} GB/s copy: likely low), so they are not cached; "
               "measure again on a quiet machine with tessera.machine_peaks(refresh=True)")
-    return {"fma_gflops": fma, "copy_gbs": copy, "threads": threads, "cpu": fingerprint,
+    return {"fma_gflops": fma, "fma64_gflops": fma64, "copy_gbs": copy, "threads": threads,
+            "cpu": fingerprint,
             "key": key, "probe": PROBE_VERSION, "settled": settled}
 
 
 def _valid(data, key) -> bool:
     if not isinstance(data, dict) or data.get("key") != key or data.get("probe") != PROBE_VERSION:
         return False
-    for name in ("fma_gflops", "copy_gbs"):
+    for name in ("fma_gflops", "fma64_gflops", "copy_gbs"):
         v = data.get(name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             return False
@@ -272,8 +303,9 @@ def _settled(times) -> bool:
     return sum(t <= best * 1.1 for t in times) >= _SETTLED
 
 
-def measure(lib=None) -> tuple[float, float, bool]:
-    """Run the probe now: (float32 FMA GFLOP/s, copy GB/s, settled). Each number is the best of
+def measure(lib=None) -> dict:
+    """Run the probe now: {fma_gflops, fma64_gflops, copy_gbs, settled} (float32's and
+    float64's FMA GFLOP/s, copy GB/s; settled: whether the runs agreed). Each number is the best of
     many short runs taken in three bursts (about 0.5 s on a quiet machine, most of it pauses and
     mapping the copy arrays' pages). While the runs do not settle (other work keeps
     interrupting them) it tries again while under 0.75 s have passed, keeping the best."""
@@ -283,8 +315,13 @@ def measure(lib=None) -> tuple[float, float, bool]:
     params = np.array([0.999999, 1e-7], np.float32)      # chains settle near 0.1: never subnormal
     out = np.zeros(max(threads, 1), np.float32)
 
+    params64, out64 = params.astype(np.float64), np.zeros(max(threads, 1), np.float64)
+
     def fma(iters):
         return lib.tessera_probe_fma(params.ctypes.data, iters, out.ctypes.data)
+
+    def fma64(iters):
+        return lib.tessera_probe_fma64(params64.ctypes.data, iters, out64.ctypes.data)
 
     n = _copy_array_bytes() // 4
     chunk = n // _COPY_CHUNKS
@@ -296,7 +333,7 @@ def measure(lib=None) -> tuple[float, float, bool]:
         return lib.tessera_probe_copy(src[c:].ctypes.data, dst[c:].ctypes.data, chunk)
 
     start = time.perf_counter()
-    fma_gflops = copy_gbs = 0.0
+    fma_gflops = copy_gbs = fma64_gflops = 0.0
     while True:
         # Calibrate: grow a run until it is long enough to time, then size the real runs.
         iters, t = 1024, 0.0
@@ -308,20 +345,25 @@ def measure(lib=None) -> tuple[float, float, bool]:
             iters *= 4
         iters = max(1, int(iters * _FMA_RUN_S / max(t, 1e-9)))
         lib.tessera_probe_copy(src.ctypes.data, dst.ctypes.data, n)  # a whole warm-up pass
-        fma_times, copy_times = [], []
+        fma_times, copy_times, fma64_times = [], [], []
         for burst in range(_BURSTS):
             if burst:
                 time.sleep(_PAUSE_S)
             fma_times += [fma(iters) for _ in range(_FMA_RUNS)]
             copy_times += [copy(i) for i in range(_COPY_RUNS)]
+            fma64_times += [fma64(iters) for _ in range(_FMA_RUNS)]
         fma_gflops = max(fma_gflops,
                          2.0 * chains * iters * threads / max(min(fma_times), 1e-12) / 1e9)
         copy_gbs = max(copy_gbs, 2.0 * 4 * chunk / max(min(copy_times), 1e-12) / 1e9)
+        fma64_gflops = max(fma64_gflops, 2.0 * (chains // 2) * iters * threads /
+                           max(min(fma64_times), 1e-12) / 1e9)
         settled = (_settled(fma_times) and _settled(copy_times)
                    and min(fma_times) >= 0.5 * _FMA_RUN_S)   # runs of the intended length
         if settled or time.perf_counter() - start > _ATTEMPTS_S:
             break
         time.sleep(_PAUSE_S)
-    if not np.isfinite(out).all() or dst[n // 2 + 7] != src[n // 2 + 7]:
+    if not np.isfinite(out).all() or not np.isfinite(out64).all() or \
+            dst[n // 2 + 7] != src[n // 2 + 7]:
         raise AssertionError("the machine probe computed garbage")           # pragma: no cover
-    return fma_gflops, copy_gbs, settled
+    return {"fma_gflops": fma_gflops, "fma64_gflops": fma64_gflops, "copy_gbs": copy_gbs,
+            "settled": settled}

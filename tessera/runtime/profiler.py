@@ -152,7 +152,7 @@ class Profile:
                 "strategy": strategy, "calls": len(times), "median_ms": med * 1e3,
                 "min_ms": min(times) * 1e3, "total_ms": sum(times) * 1e3,
                 "flops": flops, "bytes": nbytes, "gflops": gflops, "gbs": gbs,
-                "peak_pct": 100.0 * gflops / peaks["fma_gflops"],
+                "peak_pct": 100.0 * gflops / fma_peak(peaks, k),
                 "bandwidth_pct": 100.0 * gbs / peaks["copy_gbs"],
                 "fuses": " ".join(k.fused_labels()),
                 "knobs": ", ".join(f"{a}={b}" for a, b in k.knobs.items())})
@@ -182,7 +182,9 @@ class Profile:
                              "device-to-device copy (no FMA peak measured: % peak empty)")
                 continue
             busy = "" if p.get("settled", True) else " (measured on a busy machine: likely low)"
-            lines.append(f"machine: {p['fma_gflops']:.0f} GFLOP/s f32 FMA peak, "
+            lines.append(f"machine: {p['fma_gflops']:.0f} GFLOP/s f32 FMA peak"
+                         + (f" ({p['fma64_gflops']:.0f} f64)" if p.get("fma64_gflops") else "")
+                         + ", "
                          f"{p['copy_gbs']:.1f} GB/s copy, {p['threads']} threads{busy}")
         return lines
 
@@ -380,6 +382,14 @@ def memory_of(program) -> MemoryReport:
                      "text": getattr(loc, "text", "") or ""})
     return MemoryReport(s.name, _shapes(program), total["input"], total["output"],
                         total["const"], sum(s.slots), total["temp"], rows)
+
+
+def fma_peak(peaks: dict, kernel) -> float:
+    """The FMA peak a kernel's GFLOP/s are measured against: float64's for a kernel writing
+    float64 (where the probe measured it), float32's for every other."""
+    if kernel.output.type.dtype.name == "float64" and peaks.get("fma64_gflops"):
+        return peaks["fma64_gflops"]
+    return peaks["fma_gflops"]
 
 
 def _pct(x) -> str:

@@ -60,6 +60,17 @@ def test_every_launch_is_recorded_and_aggregated(softmax_and_sum):
         assert r["function"] == "<lambda>" and r["shapes"] == "f32[64,300]"
 
 
+def test_a_float64_kernel_is_measured_against_the_float64_peak(rng):
+    f = ts.function(lambda a, b: op.tanh(a @ b))
+    a, b = rng.standard_normal((64, 48)), rng.standard_normal((48, 32))     # float64
+    with ts.profiler() as prof:
+        f(a, b)
+    peaks = prof.peaks()
+    (row,) = prof.rows()
+    assert row["peak_pct"] == pytest.approx(100 * row["gflops"] / peaks["fma64_gflops"])
+    assert "f64)" in prof.summary(print_it=False)
+
+
 def test_even_number_of_calls_takes_the_mean_of_the_middle_two(softmax_and_sum):
     f, x, kernels = softmax_and_sum
     with ts.profiler() as prof:
@@ -236,6 +247,9 @@ def test_public_names():
 def test_machine_peaks_measures_this_machine():
     peaks = ts.machine_peaks()                            # the real probe (or its cached result)
     assert peaks["fma_gflops"] > 0 and peaks["copy_gbs"] > 0 and peaks["threads"] >= 1
+    # float64 chains: half the lanes a vector, as many vectors: about half float32's rate
+    if peaks["settled"]:
+        assert 0.25 * peaks["fma_gflops"] < peaks["fma64_gflops"] < 0.9 * peaks["fma_gflops"]
     assert peaks["cpu"] == toolchain.cpu_fingerprint()
     assert peaks["key"].endswith(f"-{peaks['threads']}t")
     if peaks["settled"]:
@@ -254,7 +268,8 @@ def fake_probe(monkeypatch, tmp_path):
 
     def measure(lib=None):
         runs.append(1)
-        return 100.0 + len(runs), 10.0 + len(runs), True
+        return {"fma_gflops": 100.0 + len(runs), "fma64_gflops": 50.0 + len(runs),
+                "copy_gbs": 10.0 + len(runs), "settled": True}
 
     monkeypatch.setattr(probe, "measure", measure)
     return runs
@@ -297,7 +312,9 @@ def test_a_result_for_other_hardware_is_not_used(fake_probe):
 
 
 def test_an_unsettled_measurement_is_not_cached(fake_probe, monkeypatch):
-    monkeypatch.setattr(probe, "measure", lambda lib=None: (fake_probe.append(1) or 5.0, 1.0, False))
+    monkeypatch.setattr(probe, "measure", lambda lib=None: {
+        "fma_gflops": fake_probe.append(1) or 5.0, "fma64_gflops": 2.5, "copy_gbs": 1.0,
+        "settled": False})
     with pytest.warns(RuntimeWarning, match="busy"):
         peaks = ts.machine_peaks()
     assert peaks["settled"] is False and not probe.peaks_path(peaks["key"]).exists()
