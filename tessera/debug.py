@@ -12,7 +12,8 @@ reference, a failing call saved to be replayed elsewhere, and what a program hol
 Debug mode runs a call through a probe: the same program compiled with every operator's result
 kept as an output (fusion still fuses; the kernels write what they would have thrown away), so
 each operator's values are the compiled code's own. Off, nothing changes: a call reads one
-module-level count of open debug blocks (`on`). The probe of a program is compiled once and kept with it.
+module-level count of open debug blocks (`on`). A program's probe is compiled once and kept
+with it.
 """
 from __future__ import annotations
 
