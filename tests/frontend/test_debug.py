@@ -205,3 +205,12 @@ def test_analyze_performance_ranks_kernels_and_backs_each_suggestion(rng):
     if trip:
         assert trip[0]["saving_ms"] == pytest.approx(2 * temp[0].nbytes / r.peaks["copy_gbs"] / 1e6)
     assert "suggestions" in str(r) and "<table>" in r._repr_html_()
+
+
+def test_a_loop_is_checked_as_one_operator():
+    f = ts.function(lambda x: ts.fori_loop(0, 5, lambda i, c: op.exp(c) * 3.0, x))  # LOOP
+    x = np.ones(4, np.float32)
+    assert np.isinf(f(x)).all()
+    with ts.debug_mode(), pytest.raises(ts.NumericalError) as info:
+        f(x)
+    assert info.value.op == "fori_loop" and info.value.location.lineno == _line_of("# LOOP")
