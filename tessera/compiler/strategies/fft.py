@@ -5,8 +5,9 @@ and imaginary parts, element-major, so the routine's vector instructions run acr
 lines), transformed in place by the FFT routine (routines/fft.c: mixed-radix Stockham,
 Bluestein for large prime factors, packed real transforms) and scattered to the output times
 the norm's factor. A line is one fixed chain of operations whichever block or lane it is in,
-so neither threads nor the batch change a bit. GPUs: a block per line, the routine's stages
-written in Tile IR over shared memory (lower_fft_gpu).
+so neither threads nor the batch change a bit. GPUs: the routine's steps written in Tile IR
+(lower_fft_gpu), a block per line in shared memory or its part of the workspace, or for a
+long line each step a launch over the whole grid.
 """
 from __future__ import annotations
 
