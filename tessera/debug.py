@@ -330,8 +330,10 @@ def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs)
 
     against: "interpret" (each operator's NumPy reference, in the program's dtypes, on the
     program's own inputs), "float64" (the same in float64 and complex128 throughout, from the
-    same arguments: where rounding in the narrow dtype loses the answer), or a callable (a
-    PyTorch or NumPy function of the same arguments: its results against the program's)."""
+    same arguments: where rounding in the narrow dtype loses the answer), a target ("cuda",
+    "hip", "cpu:LEVEL": the same program compiled there, every operator's result read back:
+    where two targets part), or a callable (a PyTorch or NumPy function of the same arguments:
+    its results against the program's)."""
     from .function import Function
     fn = fn if isinstance(fn, Function) else Function(fn)
     prog, arrays = fn._program(args, kwargs, fn.target)
@@ -355,13 +357,31 @@ def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs)
             ref = ref.detach().cpu().numpy() if hasattr(ref, "detach") else np.asarray(ref)
             row(i, "result", None, _host(got), ref)
         return report
-    if against not in ("interpret", "float64"):
-        raise ArgumentError(f"compare against {against!r}?", expected="'interpret', 'float64' "
-                            "or a callable")
-    ref = _reference_values(g, [env[p.id] for p in g.params], wide=against == "float64")
+    params = [env[p.id] for p in g.params]
+    if against in ("interpret", "float64"):
+        ref = _reference_values(g, params, wide=against == "float64")
+    elif _is_target(against):
+        ref = _target_values(g, against, params)
+    else:
+        raise ArgumentError(f"compare against {against!r}?", expected="'interpret', 'float64', "
+                            "a target ('cpu', 'cpu:LEVEL', 'cuda', 'hip') or a callable")
     for i, n in enumerate(_observed(g)):
         row(i, n.op, n.loc, env[n.out.id], ref[n.out.id])
     return report
+
+
+def _is_target(name) -> bool:
+    from .runtime import isa
+    return isinstance(name, str) and (isa.is_gpu(name) or isa.is_cpu(name))
+
+
+def _target_values(g, target: str, params) -> dict:
+    """{value id: array}: the probe's graph compiled for another target (a GPU, another CPU
+    level) and run on the same arguments, every operator's result read back."""
+    from .compiler.pipeline import compile_graph
+    out = compile_graph(g, target, output_structure="list").run(*params)
+    observed = _observed(g)
+    return {n.out.id: _host(a) for n, a in zip(observed, out[len(out) - len(observed):])}
 
 
 def _abs_error(got, ref) -> float:

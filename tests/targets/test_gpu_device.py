@@ -53,6 +53,10 @@ def test_debugging_tools_on_the_device(target):
         checked = g(x, w)
     assert cupy.asnumpy(checked).tobytes() == cupy.asnumpy(g(x, w)).tobytes()
     assert ts.debug.compare(g, x, w, against="interpret").first is None
+    # the CPU program against the device's, operator by operator: the same bits
+    on_cpu = ts.function(lambda x, w: op.log_softmax(x @ w, axis=-1))
+    report = ts.debug.compare(on_cpu, cupy.asnumpy(x), cupy.asnumpy(w), against=target)
+    assert all(r["max_abs_err"] == 0 for r in report.rows), str(report)
     assert ts.profile_memory(g, x, w).inputs == x.nbytes + w.nbytes
 
 
