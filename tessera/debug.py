@@ -202,9 +202,15 @@ def _first_non_finite(g, env):
             raise NumericalError(f"the argument %{p.param_name} holds {s['nan']} NaN and "
                                  f"{s['inf']} Inf", function=g.name,
                                  received=_describe(f"%{p.param_name}", s))
+    finite = {}                                 # value id -> whether it is finite (once each)
+
+    def ok(v):
+        if v.id not in finite:
+            finite[v.id] = _finite(env[v.id])
+        return finite[v.id]
     for n in _observed(g):
         a = env[n.out.id]
-        if _finite(a) or not all(_finite(env[v.id]) for v in n.inputs):
+        if ok(n.out) or not all(ok(v) for v in n.inputs):
             continue
         s = stats(a)
         inputs = "\n    ".join(_describe(_name(v), stats(env[v.id])) for v in n.inputs)
@@ -281,46 +287,33 @@ def _wide(a: np.ndarray) -> np.ndarray:
 
 
 def _reference_values(g, arrays, wide: bool) -> dict:
-    """{value id: array}: g evaluated node by node with the NumPy references, in the graph's
-    dtypes or (wide) with every float computed in float64 and every complex in complex128."""
-    from .ops.registry import run_reference
-    from .ops.regions import REGION_OPS
-    env = {p.id: (_wide(a) if wide else np.asarray(a)) for p, a in zip(g.params, arrays)}
-    done = {}
-    for n in g.nodes:
-        if n.op == "const":
-            v = np.asarray(n.attrs["value"])
-            env[n.out.id] = _wide(v) if wide else v
-            continue
-        args = [env[v.id] for v in n.inputs]
-        if n.op in REGION_OPS:               # a loop's body runs in its own dtypes
-            region = n.attrs["region"]
-            if region not in done:
-                done[region] = region.run([np.asarray(a, dtype=v.type.dtype.np)
-                                           for a, v in zip(args, n.inputs)])
-            r = done[region][n.attrs["result"]]
-        else:
-            r = run_reference(n.opdef, args, n.attrs)
-        r = np.asarray(r)
-        env[n.out.id] = _wide(r) if wide and _is_float(r) else \
-            np.asarray(r, dtype=n.out.type.dtype.np) if not wide else r
-    return env
+    """{value id: array} of every operator's result: the probe's graph evaluated with the
+    NumPy references (Graph.evaluate), in the graph's dtypes or (wide) with every float kept in
+    float64 and every complex in complex128."""
+    keep = (lambda r, n: _wide(r)) if wide else None
+    out = g.evaluate([_wide(a) for a in arrays] if wide else arrays, keep)
+    observed = _observed(g)
+    return {n.out.id: a for n, a in zip(observed, out[len(out) - len(observed):])}
 
 
-def _error(got, ref) -> float:
-    """max |got - ref| / max |ref| over the values (0 where both agree exactly, NaN and Inf
-    in the same places included)."""
+def _errors(got, ref) -> tuple[float, float]:
+    """(max |got - ref|, max |got - ref| / max |ref|) over the values; the relative error is 0
+    where both agree exactly, NaN and Inf in the same places included."""
     g, r = _wide(got), _wide(ref)
     if not _is_float(g):
-        return 0.0 if np.array_equal(g, r) else float("inf")
+        exact = 0.0 if np.array_equal(g, r) else float("inf")
+        return exact, exact
+    with np.errstate(invalid="ignore"):
+        d = np.abs(g - r)
+    absolute = 0.0 if g.size == 0 else \
+        float(np.nanmax(d)) if np.isfinite(d).any() else float(d.max())
     same = (g == r) | (np.isnan(g) & np.isnan(r))
     if same.all():
-        return 0.0
+        return absolute, 0.0
     if not (np.isfinite(g[~same]).all() and np.isfinite(r[~same]).all()):
-        return float("inf")
+        return absolute, float("inf")
     scale = np.abs(r[np.isfinite(r)]).max(initial=0.0)
-    diff = float(np.abs(g - r)[~same].max())
-    return diff / scale if scale > 0 else float("inf")
+    return absolute, float(d[~same].max()) / scale if scale > 0 else float("inf")
 
 
 def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs) -> Comparison:
@@ -345,10 +338,10 @@ def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs)
 
     def row(i, op, loc, got, ref):
         tol = rtol if rtol is not None else default_rtol(np.asarray(got).dtype)
-        err = _error(got, ref)
+        absolute, err = _errors(got, ref)
         report.rows.append({"index": i, "op": op, "line": str(loc) if loc else "",
                             "shape": tuple(np.shape(got)), "dtype": str(np.asarray(got).dtype),
-                            "max_abs_err": _abs_error(got, ref), "rel_err": float(err),
+                            "max_abs_err": absolute, "rel_err": float(err),
                             "rtol": float(tol), "ok": bool(err <= tol)})
     if callable(against):
         refs = against(*args, **kwargs)
@@ -382,15 +375,6 @@ def _target_values(g, target: str, params) -> dict:
     out = compile_graph(g, target, output_structure="list").run(*params)
     observed = _observed(g)
     return {n.out.id: _host(a) for n, a in zip(observed, out[len(out) - len(observed):])}
-
-
-def _abs_error(got, ref) -> float:
-    g, r = _wide(got), _wide(ref)
-    if not _is_float(g) or g.size == 0:
-        return 0.0 if np.array_equal(g, r) else float("inf")
-    with np.errstate(invalid="ignore"):
-        d = np.abs(g - r)
-    return float(np.nanmax(d)) if np.isfinite(d).any() else float(d.max())
 
 
 # ---- memory ----------------------------------------------------------------------------------------

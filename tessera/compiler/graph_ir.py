@@ -290,9 +290,13 @@ class Graph:
         g.output_tree = self.output_tree
         return g
 
-    def evaluate(self, arrays) -> list:
+    def evaluate(self, arrays, keep=None) -> list:
         """The graph evaluated node by node with the NumPy references (an index out of range is
-        a RuntimeFault naming the node); a result nobody uses is not computed."""
+        a RuntimeFault naming the node); a result nobody uses is not computed. `keep(array,
+        node)`: what is kept of a node's result and of a constant (default: the result in the
+        node's dtype, the constant as it is)."""
+        as_is = keep is None
+        keep = keep or (lambda r, n: np.asarray(r, dtype=n.out.type.dtype.np))
         env = {p.id: np.asarray(a) for p, a in zip(self.params, arrays)}
         live = {v.id for v in self.outputs}
         for n in reversed(self.nodes):
@@ -303,7 +307,7 @@ class Graph:
             if n.out.id not in live:
                 continue
             if n.op == "const":
-                env[n.out.id] = n.attrs["value"]
+                env[n.out.id] = n.attrs["value"] if as_is else keep(n.attrs["value"], n)
                 continue
             args = [env[v.id] for v in n.inputs]
             try:
@@ -317,7 +321,7 @@ class Graph:
             except IndexError as e:
                 raise RuntimeFault(str(e), function=self.name, location=n.loc,
                                    op=n.op) from None
-            env[n.out.id] = np.asarray(r, dtype=n.out.type.dtype.np)
+            env[n.out.id] = keep(r, n)
         return [np.array(env[v.id]) for v in self.outputs]
 
     # -- checking -------------------------------------------------------------------------------

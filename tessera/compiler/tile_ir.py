@@ -9,6 +9,7 @@ buffers, barriers and block-wide reductions, and carry a launch configuration.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from .. import dtypes as dt
@@ -695,8 +696,9 @@ class TileProgram:
     def workspace_bases(self) -> dict:
         """GPU kernels' workspaces lie one after another, in kernel order, after the status
         word (the phases of one kernel share theirs): kernel name -> its first int."""
-        return self._workspace()[0]
+        return self._workspace[0]
 
+    @functools.cached_property          # (read by every GPU run: a program's kernels are set)
     def _workspace(self):
         bases, first, n = {}, {}, 0
         for k in self.kernels:
@@ -710,9 +712,9 @@ class TileProgram:
     @property
     def workspace(self) -> int:
         """Ints of zeroed workspace the runtime allocates after the status word."""
-        return self._workspace()[1]
+        return self._workspace[1]
 
-    @property
+    @functools.cached_property
     def phases(self) -> dict:
         """Schedule kernel name -> the tile kernels that run it, in launch order (itself alone,
         or its GPU phases)."""
