@@ -1,15 +1,17 @@
 """The dtype table: names, NumPy and C equivalents, and NumPy's promotion rules.
 
-16-bit floats (float16, bfloat16) are storage types: a kernel loads their bits, widens them
-exactly to float32 (their `compute` dtype), computes every operator in float32 and rounds to
-nearest even once, when the operator's 16-bit result is made (NaN stays NaN, overflow gives
-inf). Sums, matmuls and attention accumulate in float32. So an operator's 16-bit result is
+Narrow floats - 16-bit (float16, bfloat16) and 8-bit (float8_e4m3fn, float8_e5m2) - are
+storage types: a kernel loads their bits, widens them exactly to float32 (their `compute`
+dtype), computes every operator in float32 and rounds to nearest even once, when the operator's
+narrow result is made (NaN stays NaN; overflow gives inf, or NaN in float8_e4m3fn, which has no
+inf). Sums, matmuls and attention accumulate in float32. So an operator's narrow result is
 float32 arithmetic rounded once - fused or not, on every target, and in the NumPy references
-(`ops.registry.run_reference`). bfloat16 needs the optional `ml_dtypes` package
-(`pip install tessera[bf16]`), which gives NumPy the dtype.
+(`ops.registry.run_reference`). bfloat16 and the fp8 formats need the optional `ml_dtypes`
+package (`pip install tessera[bf16]`), which gives NumPy the dtypes; a numerical policy
+(tessera.numerics) may round stochastically or saturate instead.
 
 Casts match NumPy: float64 -> float16 rounds the double once (through float32 rounded to odd),
-float64 or int64 -> bfloat16 rounds through float32 as ml_dtypes does (twice: a double just off
+float64 or int64 -> bfloat16 or fp8 rounds through float32 as ml_dtypes does (twice: a double just off
 a bfloat16 tie can land on the other neighbour). Copies (transpose, slice, take, concat)
 keep a 16-bit value's bits; arithmetic (neg and abs included) quiets a signalling NaN.
 """
@@ -34,14 +36,14 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
-        if self.name == "bfloat16":
+        if self.name in _ML_DTYPES:
             try:
-                import ml_dtypes  # optional: gives NumPy a bfloat16
+                import ml_dtypes  # optional: gives NumPy bfloat16 and the fp8 formats
             except ImportError:
                 raise UnsupportedDTypeError(
-                    "bfloat16 needs the ml_dtypes package", received="bfloat16",
+                    f"{self.name} needs the ml_dtypes package", received=self.name,
                     hint="pip install ml_dtypes (the tessera[bf16] extra)") from None
-            return np.dtype(ml_dtypes.bfloat16)
+            return np.dtype(getattr(ml_dtypes, self.name))
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
     @property
@@ -73,9 +75,21 @@ class DType:
         return _BY_NAME[self.accum] if self.is_complex else self
 
     @property
-    def is_half(self) -> bool:
-        """A 16-bit float: stored in 16 bits, computed in float32."""
-        return self.kind == "f" and self.itemsize == 2
+    def is_narrow(self) -> bool:
+        """A float narrower than float32 (16 or 8 bits): stored narrow, computed in float32."""
+        return self.kind == "f" and self.itemsize < 4
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kind == "f" and self.itemsize == 1
+
+    @property
+    def max_finite(self) -> float:
+        """The largest finite value of a float dtype (where saturation clamps to)."""
+        if self.name in _ML_DTYPES:
+            import ml_dtypes                # (self.np has checked it is there)
+            return float(ml_dtypes.finfo(self.np).max)
+        return float(np.finfo(self.np).max)
 
     @property
     def poison(self):
@@ -87,7 +101,7 @@ class DType:
     @property
     def compute(self) -> "DType":
         """The dtype arithmetic on values of this dtype runs in (float32 for 16-bit floats)."""
-        return _BY_NAME[self.accum] if self.is_half else self
+        return _BY_NAME[self.accum] if self.is_narrow else self
 
     def __repr__(self) -> str:
         return f"tessera.{self.name}"
@@ -98,6 +112,10 @@ class DType:
 
 float16 = DType("float16", "f16", "f", 2, "uint16_t", "float32")
 bfloat16 = DType("bfloat16", "bf16", "f", 2, "uint16_t", "float32")
+# fp8 (OCP 8-bit floats, as ml_dtypes names them): e4m3fn has no inf (its overflow is NaN, max
+# 448), e5m2 is float16's top byte (max 57344, inf)
+float8_e4m3fn = DType("float8_e4m3fn", "f8e4m3", "f", 1, "uint8_t", "float32")
+float8_e5m2 = DType("float8_e5m2", "f8e5m2", "f", 1, "uint8_t", "float32")
 float32 = DType("float32", "f32", "f", 4, "float", "float32")
 float64 = DType("float64", "f64", "f", 8, "double", "float64")
 int32 = DType("int32", "i32", "i", 4, "int32_t", "int64")
@@ -107,7 +125,8 @@ bool_ = DType("bool", "bool", "b", 1, "bool", "int64")
 complex64 = DType("complex64", "c64", "c", 8, "", "float32")
 complex128 = DType("complex128", "c128", "c", 16, "", "float64")
 
-ALL = (float16, bfloat16, float32, float64, int32, int64, bool_, complex64, complex128)
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+ALL = (float8_e4m3fn, float8_e5m2, float16, bfloat16, float32, float64, int32, int64, bool_, complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}
 
 
@@ -138,10 +157,7 @@ def from_numpy(npd: np.dtype) -> DType:
 
 
 def _from_numpy(npd: np.dtype) -> DType:
-    if npd.name == "bfloat16":
-        d = bfloat16
-    else:
-        d = _BY_NAME.get(npd.name)
+    d = _BY_NAME.get(npd.name)
     if d is None or not d.supported:
         hint = None
         if npd.kind == "u":
@@ -160,18 +176,28 @@ def _supported_names() -> str:
 def result_type(*args) -> DType:
     """NumPy's promotion (NEP 50: Python scalars are weak) over DTypes and Python scalars.
 
-    16-bit floats, in this one place: f16 with f16 is f16, bf16 with bf16 is bf16, f16 with
-    bf16 is f32 (neither holds the other), a Python scalar keeps the tensor's 16-bit dtype, and
-    otherwise bfloat16 promotes as float16 does in NumPy (with f32 -> f32, with int32 -> f64)."""
-    halves = {a for a in args if isinstance(a, DType) and a.is_half}
-    half = (float32 if len(halves) > 1 else halves.pop()) if halves else None
-    np_args = [(float16 if half.is_half else half).np if isinstance(a, DType) and a.is_half
+    Narrow floats, in this one place: the narrow dtypes of the operands promote to the narrowest
+    of fp8 e4m3, fp8 e5m2, f16, bf16, f32 that holds each of them exactly (f16 with bf16 is
+    f32: neither holds the other; either fp8 format fits in f16 and in bf16), a Python scalar
+    keeps the tensor's narrow dtype, and otherwise a narrow float promotes as float16 does in
+    NumPy (with f32 -> f32, with int32 -> f64)."""
+    halves = {a for a in args if isinstance(a, DType) and a.is_narrow}
+    half = next(h for h in _NARROW_ORDER if halves <= _HOLDS[h]) if halves else None
+    np_args = [(float16 if half.is_narrow else half).np if isinstance(a, DType) and a.is_narrow
                else a.np if isinstance(a, DType) else a for a in args]
     try:
         d = from_numpy(np.result_type(*np_args))
         return half if half is not None and d is float16 else d
     except (TypeError, ValueError) as e:
         raise DTypeError(f"these dtypes do not promote: {e}") from None
+
+
+# which narrow dtypes each one holds exactly, for result_type
+_NARROW_ORDER = (float8_e4m3fn, float8_e5m2, float16, bfloat16, float32)
+_HOLDS = {float8_e4m3fn: {float8_e4m3fn}, float8_e5m2: {float8_e5m2},
+          float16: {float8_e4m3fn, float8_e5m2, float16},
+          bfloat16: {float8_e4m3fn, float8_e5m2, bfloat16},
+          float32: {float8_e4m3fn, float8_e5m2, float16, bfloat16}}
 
 
 def native(arr: np.ndarray) -> np.ndarray:

@@ -37,12 +37,60 @@ def _make(name):
 
 
 for _name in _ops.REGISTRY:      # (control flow is tessera.fori_loop & co, tessera/control.py)
-    if _name not in ("layernorm", "rmsnorm", "attention") + _ops.regions.REGION_OPS:
+    if _name not in ("layernorm", "rmsnorm", "attention", "cast", "matmul",
+                     "round_stochastic") + _ops.regions.REGION_OPS:
         globals()[_name] = _make(_name)
 
 _layernorm = _make("layernorm")
 _rmsnorm = _make("rmsnorm")
 _attention = _make("attention")
+_cast = _make("cast")
+_matmul = _make("matmul")
+_round_stochastic = _make("round_stochastic")
+
+
+def cast(x, dtype, saturate=False):
+    """x converted to ``dtype`` (NumPy's astype: floats to a narrow float round to nearest
+    even). ``saturate=True`` (to a float dtype): values beyond the dtype's largest finite
+    value, infinities included, become that value (NaN stays NaN), as fp8 training clamps."""
+    from . import dtypes as dt
+    d = dt.get(dtype)
+    if saturate and d.is_float:
+        top = d.max_finite
+        src = _apply("cast", x, dtype="float32") if _dtype_of(x).is_narrow else x
+        x = clamp(src, -top, top)
+    return _cast(x, dtype=d.name)
+
+
+def round_stochastic(x, dtype, seed, offset=0):
+    """x rounded to the narrow float ``dtype`` (float16, bfloat16 or an fp8 format) at random:
+    to the neighbour farther from zero with probability |x - nearer| / |farther - nearer|, so
+    unbiased; element i (row-major) draws the generator's number for the counter ``offset + i``
+    of stream ``seed`` (as op.random_uniform), so the same seed gives the same bits."""
+    return _round_stochastic(x, seed, _counters(_shape_of(x), offset), dtype=dtype)
+
+
+def matmul(a, b, tile_shape=None, scale_a=None, scale_b=None):
+    """a @ b with NumPy's broadcasting of batch dimensions; ``tile_shape=(BM, BN, BK)`` sets
+    the kernel's tiles. fp8 operands widen exactly and give a float32 product; per-tensor
+    ``scale_a`` and ``scale_b`` (numbers or rank-0 tensors, as from an amax) multiply that
+    product once, as fp8 GEMMs apply their scales to the accumulator."""
+    out = _matmul(a, b, tile_shape=tile_shape)
+    scales = [s for s in (scale_a, scale_b) if s is not None]
+    if len(scales) == 2 and not any(hasattr(s, "shape") for s in scales):
+        scales = [float(scales[0]) * float(scales[1])]      # one multiply, exact in double
+    elif len(scales) == 2:
+        scales = [_apply("mul", scales[0], scales[1])]
+    return _apply("mul", out, scales[0]) if scales else out
+
+
+def _dtype_of(x):
+    from . import dtypes as dt
+    d = getattr(x, "dtype", None)
+    if isinstance(d, dt.DType):
+        return d
+    import numpy as np
+    return dt.from_numpy(np.asarray(x).dtype)
 
 
 def attention(q, k, v, mask=None, causal=False, scale=None):

@@ -23,7 +23,7 @@ def _infer(ts, a):
         if t.rank < 2:
             raise ShapeError(f"attention's {name} needs rank 2 or more ([..., S, D])",
                              received=str(t))
-    d = dt.result_type(q.dtype, k.dtype, v.dtype)
+    d = _dtypes([q.dtype, k.dtype, v.dtype, mask.dtype], a)[1]
     if not d.is_float:
         raise DTypeError("attention needs float q, k and v", received=d.short,
                          hint="cast to float32 first")
@@ -52,8 +52,10 @@ def _infer(ts, a):
 
 
 def _dtypes(ds, attrs):
-    """q, k, v and the mask all in q, k and v's promoted dtype: the kernels read one type."""
+    """q, k, v and the mask all in q, k and v's promoted dtype: the kernels read one type.
+    fp8 operands widen to float32, and so does the result (as matmul's)."""
     d = dt.result_type(*ds[:3])
+    d = dt.float32 if d.is_fp8 else d
     mask = ds[3]
     if isinstance(mask, dt.DType) and mask.is_bool:
         raise DTypeError("attention's mask is additive (0 to keep, -inf to drop), not bool",
@@ -220,8 +222,16 @@ def _depends_on(v, node) -> bool:
     return False
 
 
+def _decompose(b, xs, attrs):
+    """fp8 operands widened exactly to float32 (a primitive otherwise)."""
+    if not any(b.type(x).dtype.is_fp8 for x in xs):
+        return None
+    wide = [b.op("cast", x, dtype="float32") if b.type(x).dtype.is_fp8 else x for x in xs]
+    return b.op("attention", *wide, **attrs)
+
+
 register(OpDef("attention", 4, {"scale": None, "causal": False}, infer=_infer,
-               dtype_rule=_dtypes,
+               dtype_rule=_dtypes, decompose=_decompose,
                normalize=_normalize, reference=_reference, lowering=Attention(), vjp=_vjp,
                recognise=_recognise,
                doc="softmax(scale * q @ k^T + mask, causal) @ v without materialising the "

@@ -12,7 +12,7 @@ from .registry import Contract, OpDef, broadcast_shapes, cj, register, sum_to
 
 def _matmul_infer(types, attrs):
     a, b = types
-    d = dt.result_type(a.dtype, b.dtype)
+    d = _matmul_dtypes([a.dtype, b.dtype], attrs)[1]
     if d.is_bool:
         raise DTypeError("matmul of bool tensors", received=f"{a} @ {b}",
                          hint="cast to a numeric dtype first")
@@ -45,13 +45,19 @@ def _matmul_infer(types, attrs):
 
 
 def _matmul_dtypes(ds, attrs):
+    """Both operands in the promoted dtype; fp8 operands widen to float32 and give a float32
+    product (fp8 is storage: its products accumulate and stay in float32, as fp8 GEMMs do)."""
     d = dt.result_type(*ds)
+    d = dt.float32 if d.is_fp8 else d
     return [d, d], d
 
 
 def _matmul_decompose(b, xs, attrs):
     x, y = xs
     tx, ty = b.type(x), b.type(y)
+    if tx.dtype.is_fp8 or ty.dtype.is_fp8:      # widened exactly, a float32 product
+        return b.op("matmul", *[b.op("cast", v, dtype="float32") for v in (x, y)],
+                    tile_shape=attrs.get("tile_shape"))
     if tx.rank >= 2 and ty.rank >= 2:
         return None                         # primitive
     x2 = b.op("reshape", x, shape=[1, tx.shape[0]]) if tx.rank == 1 else x

@@ -398,7 +398,7 @@ def _take_vjp(b, xs, y, g, a):
 def scatter_into_zeros(b, shape, idx, g, axis):
     """scatter_add(zeros(shape), idx, g, axis) in g's dtype; 16-bit values add in float32,
     rounded once at the end (scatter_add takes no 16-bit target)."""
-    wide = g.dtype.is_half
+    wide = g.dtype.is_narrow
     gf = b.op("cast", g, dtype="float32") if wide else g
     dx = b.op("scatter_add", zeros(b, gf, shape), idx, gf, axis=axis)
     return b.op("cast", dx, dtype=g.dtype.name) if wide else dx
@@ -420,7 +420,7 @@ def _scatter_infer(ts, a):
                          received=str(idx))
     if target.rank == 0:
         raise ShapeError("scatter_add into a rank-0 tensor", received=str(target))
-    if src.dtype != target.dtype or target.dtype.is_bool or target.dtype.is_half:
+    if src.dtype != target.dtype or target.dtype.is_bool or target.dtype.is_narrow:
         raise DTypeError("scatter_add adds src into a target of the same dtype (float32, "
                          "float64, int32 or int64)", expected=target.dtype.short,
                          received=src.dtype.short,

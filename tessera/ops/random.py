@@ -94,3 +94,56 @@ _op = elementwise(
         "op.random_uniform(shape, seed, offset) builds the counters")
 _op.differentiable = False
 _op.normalize = lambda ts, a: {"dtype": dt.get(a.get("dtype") or "float32").name}
+
+
+# ---- stochastic rounding ----------------------------------------------------------------------
+# round_stochastic(x, seed, counter, dtype=<narrow float>): x (float32) rounded to one of its two
+# neighbours in the narrow format, the one farther from zero with probability |x - nearer| /
+# |farther - nearer|, from the uniform float32 that random_uniform gives for (seed, counter).
+# The probability is an exact quotient (the neighbours' distance is a power of two) compared
+# with a 24-bit uniform, so the result is unbiased wherever that quotient has at most 24
+# fractional bits (every normal x). Beyond the largest finite value, and for NaN, it rounds as
+# the nearest-even cast does. The C is half.h's {H}_sround_<format>.
+def _sround_rule(ds, attrs):
+    out = dt.get(attrs.get("dtype") or "float16")
+    if not out.is_narrow:
+        raise DTypeError("round_stochastic rounds to a 16-bit or fp8 float",
+                         expected="float16, bfloat16, float8_e4m3fn or float8_e5m2",
+                         received=out.name)
+    x = ds[0]
+    if isinstance(x, dt.DType) and not x.is_float:
+        raise DTypeError("round_stochastic rounds a float tensor", received=x.short)
+    ins, _ = _dtype_rule(ds[1:], {})
+    return [dt.float32] + ins, out
+
+
+def _sround_reference(arrays, attrs):
+    out = dt.get(attrs["dtype"]).np
+    x = np.asarray(arrays[0], np.float32)
+    u = _reference([arrays[1], arrays[2]], {"dtype": "float32"})
+    x, u = np.broadcast_arrays(x, u)
+    w = x.astype(out)
+    wf = w.astype(np.float32)
+    ubits = np.dtype(f"uint{8 * out.itemsize}")
+    b = w.view(ubits)
+    step = np.where(np.abs(wf) < np.abs(x), 1, -1).astype(np.int64)
+    o = (b.astype(np.int64) + step).astype(ubits).view(out).astype(np.float32)
+    up = np.abs(wf) < np.abs(o)
+    lo, hi = np.where(up, wf, o), np.where(up, o, wf)
+    big = np.float32(np.finfo(np.float32).max)
+    plain = (wf == x) | ~(np.abs(wf) <= big) | ~(np.abs(o) <= big)
+    with np.errstate(all="ignore"):
+        p = np.abs(x - lo) / np.abs(hi - lo)
+    return np.where(plain, wf, np.where(u < p, hi, lo)).astype(out)
+
+
+_op = elementwise(
+    "round_stochastic", 3, _sround_rule,
+    lambda attrs, kind: (f"{{H}}_sround_{dt.get(attrs['dtype']).short}({{0}}, "
+                         "(float)(ts_rand_bits((uint64_t){1}, (uint64_t){2}) >> 40) * 0x1p-24f)"),
+    _sround_reference, flops=16, helpers={"i": (MIX64, BITS)}, attrs={"dtype": None},
+    doc="x rounded to a narrow float dtype stochastically (unbiased) from the counter-based "
+        "stream (seed, counter): numerical policies' rounding=\"stochastic\"")
+# straight through, as a cast: the rounding's expected value is x
+_op.vjp = lambda b, xs, y, g, a: [b.op("cast", g, dtype=xs[0].dtype.name), None, None]
+_op.normalize = lambda ts, a: {"dtype": dt.get(a.get("dtype") or "float16").name}

@@ -173,10 +173,10 @@ def _half_in_f32(opdef: OpDef, decompose: Callable) -> Callable:
     the operator's dtype (one rounding, to nearest even)."""
     def run(b, xs, attrs):
         types = [b.type(x) for x in xs]
-        if not any(t.dtype.is_half for t in types):
+        if not any(t.dtype.is_narrow for t in types):
             return decompose(b, xs, attrs)
         out = opdef.infer(types, attrs).dtype
-        wide = [b.op("cast", x, dtype="float32") if t.dtype.is_half else x
+        wide = [b.op("cast", x, dtype="float32") if t.dtype.is_narrow else x
                 for x, t in zip(xs, types)]
         r = decompose(b, wide, attrs)
         return r if b.type(r).dtype == out else b.op("cast", r, dtype=out.name)
@@ -259,17 +259,21 @@ def ref_errstate():
 
 def run_reference(opdef: OpDef, arrays, attrs):
     """An operator's NumPy reference, quietly: IEEE results (inf, nan) are answers here, not
-    events to warn about. 16-bit float operands are widened to float32 first (exactly), so the
-    reference computes in float32 like the kernels; every caller then casts the result to the
-    operator's dtype, which rounds a 16-bit result once, to nearest even (see tessera.dtypes)."""
+    events to warn about. Narrow float operands (16 and 8 bits) are widened to float32 first
+    (exactly), so the reference computes in float32 like the kernels; every caller then casts the
+    result to the operator's dtype, which rounds a narrow result once, to nearest even (see
+    tessera.dtypes)."""
     arrays = [_widen_half(a) for a in arrays]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return opdef.reference(arrays, attrs)
 
 
+_NARROW_NAMES = {d.name for d in dt.ALL if d.is_narrow}
+
+
 def _widen_half(a):
-    if isinstance(a, np.ndarray) and a.dtype.name in ("float16", "bfloat16"):
+    if isinstance(a, np.ndarray) and a.dtype.name in _NARROW_NAMES:
         return a.astype(np.float32)
     return a
 

@@ -211,7 +211,7 @@ for _kind in ("fft", "ifft", "rfft", "irfft"):
 def _prim_infer(kind):
     def infer(types, attrs):
         for t in types:
-            if not t.dtype.is_float or t.dtype.is_half:
+            if not t.dtype.is_float or t.dtype.is_narrow:
                 raise DTypeError(f"dft takes float32 or float64 parts", received=str(t))
         t, axis = types[0], attrs["axis"]
         if kind != "r2c" and (types[1].shape != t.shape or types[1].dtype != t.dtype):

@@ -106,7 +106,7 @@ def lower_attention(k: Kernel, code):
     d = k.output.type.dtype
     task = attention_task(k, Names(), k.knobs.get("block_q", 64))
     body = task.decls + [Call(f"ts_attention_block_{d.short}", task.args, f"attention:{d.short}",
-                              code if d.is_half else 0)]     # 16-bit: widened scratch (c.py)
+                              code if d.is_narrow else 0)]     # 16-bit: widened scratch (c.py)
     return [Loop(task.var, task.tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
 
 

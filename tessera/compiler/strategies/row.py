@@ -214,7 +214,7 @@ def rounded(em: Emitter, n, body: list, value: Expr) -> Expr:
     """A reduction's result in the operator's dtype: a 16-bit result, accumulated in float32,
     is rounded once here (as the operator's reference is), before anything fused uses it."""
     d = n.out.type.dtype
-    if not d.is_half:
+    if not d.is_narrow:
         return value
     name = em.names("r")
     body.append(Decl(name, d, Cast(d, value)))

@@ -148,7 +148,7 @@ class ControlFlow:
         if src.role == "inline":
             d = src.type.dtype
             value = self.r.literal(src.data, d)
-            if d.is_half:
+            if d.is_narrow:
                 value = self.r.narrow(d, value)
             return [f"{pad}*({self.r.storage_type(d)}*){dst} = {value};"]
         return [f"{pad}memcpy({dst}, {self.ptr(src)}, {nbytes}u);"]

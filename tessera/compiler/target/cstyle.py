@@ -3,16 +3,17 @@
 Subclasses say how a loop kind is spelled (OpenMP pragmas on the CPU; grid and block indices on
 GPUs), how kernels and the entry point are declared, and what goes in the prelude.
 
-16-bit floats (see tessera.dtypes) are converted here, in one place, for every strategy: a
-kernel parameter of dtype f16/bf16 is a pointer to its 16-bit bits; every other value of that
-dtype (a Decl, a Local, a Shared element, a literal) is a float32 holding a value the 16-bit
-type represents. So a Load from a 16-bit parameter widens (exactly), a Store to one narrows
-(round to nearest even), and an expression that makes a 16-bit value (an OpCall whose result
-is 16-bit, a Cast to 16 bits, a Store into a 16-bit Local) rounds its float32 result to the
-16-bit grid: an operator's result is rounded once whether it is stored or fused. Operator
-templates and helpers see the compute dtype (float32). The conversions are the target's
-`half_helpers` (one text for both, strategies/routines/half.h), emitted whenever a kernel
-converts (a 16-bit value may live only inside a fused kernel, with no 16-bit parameter).
+Narrow floats (16-bit and fp8, see tessera.dtypes) are converted here, in one place, for every
+strategy: a kernel parameter of a narrow dtype is a pointer to its bits; every other value of
+that dtype (a Decl, a Local, a Shared element, a literal) is a float32 holding a value the
+narrow type represents. So a Load from a narrow parameter widens (exactly), a Store to one
+narrows (round to nearest even), and an expression that makes a narrow value (an OpCall whose
+result is narrow, a Cast to a narrow type, a Store into a narrow Local) rounds its float32
+result to the narrow grid: an operator's result is rounded once whether it is stored or fused.
+Operator templates and helpers see the compute dtype (float32). The conversions are the
+target's `half_helpers` (one text for both, strategies/routines/half.h; fp8.h and sround.h
+after it for a program using fp8 or stochastic rounding), emitted whenever a kernel converts (a
+narrow value may live only inside a fused kernel, with no narrow parameter).
 float64 -> float16 goes through float32 rounded to odd, so it rounds once, as NumPy does.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..strategies.routines import specialise
+from ..strategies.routines import narrow_conversions, specialise
 from ..tile_ir import (Addr, Aligned, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, If, Load,
                        Local, Loop, OpCall, Select, Shared, Store, TileKernel, TileProgram, Var,
                        all_statements, walk_exprs)
@@ -35,6 +36,7 @@ class CStyleRenderer:
     restrict = "restrict"
 
     half_prefix = "ts"             # the 16-bit conversions are <prefix>_f16_to_f32 and so on
+    half_lang = "c"                # their spelling (routines.HALF_SPELLING)
 
     # -- literals and types ------------------------------------------------------------------------
     def ctype(self, d: dt.DType) -> str:
@@ -47,10 +49,12 @@ class CStyleRenderer:
 
     def widen(self, d: dt.DType, bits: str) -> str:
         self._uses_half = True
+        self._uses_fp8 |= d.is_fp8
         return f"{self.half_prefix}_{d.short}_to_f32({bits})"
 
     def narrow(self, d: dt.DType, value: str) -> str:
         self._uses_half = True
+        self._uses_fp8 |= d.is_fp8
         return f"{self.half_prefix}_f32_to_{d.short}({value})"
 
     def round_half(self, d: dt.DType, value: str) -> str:
@@ -101,7 +105,7 @@ class CStyleRenderer:
             return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
         if isinstance(e, Cast):
             text = f"(({self.ctype(e.dtype)}){self.expr(e.e)})"
-            return self.round_half(e.dtype, text) if e.dtype.is_half else text
+            return self.round_half(e.dtype, text) if e.dtype.is_narrow else text
         if isinstance(e, Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, OpCall):
@@ -124,14 +128,16 @@ class CStyleRenderer:
     def opcall(self, e: OpCall, rounded: bool = True) -> str:
         """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
         (the caller narrows it at once)."""
-        text = specialise(self.template(e), **self.subs(e.compute, e.out))
+        template = self.template(e)
+        self._uses_sround |= "{H}_sround_" in template      # stochastic rounding (sround.h)
+        text = specialise(template, **self.subs(e.compute, e.out))
         if e.role == "combine":
             text = specialise(text, acc=self.expr(e.args[0]), x=self.expr(e.args[1]))
         elif e.role == "better":
             text = specialise(text, x=self.expr(e.args[0]), best=self.expr(e.args[1]))
         else:
             text = specialise(text, **{str(i): self.expr(a) for i, a in enumerate(e.args)})
-        return self.round_half(e.out, text) if rounded and e.out.is_half else text
+        return self.round_half(e.out, text) if rounded and e.out.is_narrow else text
 
     def stored(self, buf: str, value) -> str:
         """The C for storing `value` into buf: narrowed into a 16-bit parameter (its bits
@@ -233,13 +239,14 @@ class CStyleRenderer:
 
     def begin_kernel(self, k: TileKernel):
         """Note the kernel's 16-bit buffers: parameters hold bits, other arrays floats."""
-        self._halves = {p.name: p.dtype for p in k.params if p.dtype.is_half}
+        self._halves = {p.name: p.dtype for p in k.params if p.dtype.is_narrow}
         self._local_halves = {s.name: s.dtype for s in all_statements(k.body)
-                              if isinstance(s, (Local, Shared)) and s.dtype.is_half}
+                              if isinstance(s, (Local, Shared)) and s.dtype.is_narrow}
 
     _halves: dict = {}
     _local_halves: dict = {}
     _uses_half = False              # set by any conversion the kernels render
+    _uses_fp8 = _uses_sround = False
 
     def kernel(self, k: TileKernel) -> str:
         self.begin_kernel(k)
@@ -271,11 +278,12 @@ class CStyleRenderer:
         raise NotImplementedError(f"this target has no routine {key}")
 
     def render(self, program: TileProgram) -> str:
-        self._uses_half = False
+        self._uses_half = self._uses_fp8 = self._uses_sround = False
         kernels = [self.kernel(k) for k in program.kernels]
         parts = [self.prelude()]
         if self._uses_half:
             parts += self.half_helpers()
+            parts += narrow_conversions(self.half_lang, self._uses_fp8, self._uses_sround)
         parts += [h for h in self.helpers(program) if h not in parts]
         parts += [c for c in self.routines(program) if c not in parts]   # exp: once for both
         parts += kernels

@@ -93,7 +93,7 @@ class GpuRenderer(CStyleRenderer):
         super().begin_kernel(k)
         self._dtypes = {p.name: p.dtype for p in k.params}
         self._halves = {**self._halves, **{s.name: s.dtype for s in all_statements(k.body)
-                                           if isinstance(s, VecLoad) and s.dtype.is_half}}
+                                           if isinstance(s, VecLoad) and s.dtype.is_narrow}}
 
     def block_reduce(self, s: BlockReduce, block: int) -> list[str]:
         """A shuffle-down tree in each warp (lane i combines lane i + o, o halving), then thread 0
@@ -122,6 +122,7 @@ class GpuRenderer(CStyleRenderer):
         return lines
 
     half_prefix = "tsg"
+    half_lang = "gpu"
     _work_bases: dict = {}         # kernel -> its workspace's first int (set by render)
     _work_base = 0
 

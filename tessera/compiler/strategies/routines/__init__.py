@@ -30,15 +30,22 @@ def specialise(template: str, **subs) -> str:
 
 
 # How the shared 16-bit conversions (half.h) are spelled in C and in CUDA/HIP: {P} the prefix,
-# {Q} the qualifier, {U16}/{U32} the unsigned types. Each language defines {P}_bits_f32,
+# {Q} the qualifier, {U8}/{U16}/{U32} the unsigned types. Each language defines {P}_bits_f32,
 # {P}_f32_bits and {P}_clz (leading zeros of a nonzero 32-bit value) before the text: C in
 # half_c.h, CUDA/HIP in gpu_common.cuh.
-HALF_SPELLING = {"c": dict(P="ts", Q="TS_INLINE", U16="uint16_t", U32="uint32_t"),
-                 "gpu": dict(P="tsg", Q="static __device__ __forceinline__", U16="tsg_u16",
-                             U32="unsigned")}
+HALF_SPELLING = {"c": dict(P="ts", Q="TS_INLINE", U8="uint8_t", U16="uint16_t", U32="uint32_t"),
+                 "gpu": dict(P="tsg", Q="static __device__ __forceinline__", U8="unsigned char",
+                             U16="tsg_u16", U32="unsigned")}
 
 
 def half_conversions(lang: str) -> str:
-    """f16/bf16 <-> float32 and float64 -> float32 rounded to odd, for "c" or "gpu": one text,
+    """f16/bf16/fp8 <-> float32 and float64 -> float32 rounded to odd, for "c" or "gpu": one text,
     so every target converts alike."""
     return specialise(routine_text("half.h"), **HALF_SPELLING[lang])
+
+
+def narrow_conversions(lang: str, fp8: bool, sround: bool) -> list[str]:
+    """The fp8 conversions (fp8.h) and stochastic rounding (sround.h, which uses them), for "c"
+    or "gpu": chunks that follow half.h's text, emitted only for a program that uses them."""
+    names = (["fp8.h"] if fp8 or sround else []) + (["sround.h"] if sround else [])
+    return [specialise(routine_text(n), **HALF_SPELLING[lang]) for n in names]
