@@ -3,7 +3,10 @@ from .version import __version__  # noqa: F401
 
 from . import dtypes, errors, op  # noqa: E402
 from . import graph  # noqa: E402
-from .dtypes import bfloat16, bool_, float16, float32, float64, int32, int64  # noqa: E402
+from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: E402
+                     float64, int32, int64)
+from .dtypes import bf16, f16, f32, f64, fp8, fp8_e4m3, fp8_e5m2  # noqa: E402  (the seeds')
+from .numerics import NumericalPolicy, policy  # noqa: E402
 from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
                      CompilerNotFoundError, DifferentiationError, DTypeError,
                      GradientCheckError, IRVerificationError, RankError, ResourceError,
@@ -21,6 +24,7 @@ from .trace import is_training, static_range, training  # noqa: E402
 from .control import cond, fori_loop, scan, while_loop  # noqa: E402
 from . import debug  # noqa: E402
 from .debug import NumericalError, analyze_performance, debug_mode, profile_memory  # noqa: E402
+from .nn.precision import to_mixed_precision  # noqa: E402
 
 
 
@@ -42,6 +46,8 @@ __all__ = [
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
+    "float8_e4m3fn", "float8_e5m2", "f16", "bf16", "f32", "f64", "fp8", "fp8_e4m3", "fp8_e5m2",
+    "NumericalPolicy", "policy", "to_mixed_precision",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "AnnotationError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",

@@ -18,6 +18,8 @@ Decisions:
   pytree. A float argument the result does not depend on gets zeros. A Python number passed
   where a gradient is asked becomes a float64 array.
 * ``grad`` needs a float scalar result (rank 0, or every axis of size 1).
+* A numerical policy's ``loss_scale`` s (on the function, or the region it is traced in):
+  the backward starts from s instead of 1 and the gradients are divided by s at the end.
 * ``jvp`` is the transpose trick, not forward-mode rules: the vjp map u -> J^T u is linear, so
   its own vjp with cotangent t is J t. It needs only the adjoint rules (and their adjoints,
   which the higher-order tests check), and costs about a forward and two backward passes.
@@ -33,7 +35,7 @@ import inspect
 
 import numpy as np
 
-from . import pytree
+from . import numerics, pytree
 from .compiler import backward as _ad
 from .errors import ArgumentError, DifferentiationError, GradientCheckError
 from .function import Function, TreeArg, def_location, evaluate_graph
@@ -241,8 +243,12 @@ def _make_grad(fn, argnums, has_aux, with_value):
                                            function=fname, received=type(out).__name__)
             out, aux = out
         loss = _scalar_result(out, trace, fname)
-        grads = _gradients(trace, start, end, [loss], [_full_like(loss, 1)],
+        scale = _loss_scale(fn)
+        grads = _gradients(trace, start, end, [loss], [_full_like(loss, scale)],
                            [bound.arguments[n] for n in wrt], fname)
+        if scale != 1.0:        # the backward ran on loss * scale: its gradients, unscaled
+            grads = [pytree.tree_map(lambda g: g if g is None else apply("div", g, scale), t)
+                     for t in grads]
         grads = grads[0] if single else tuple(grads)
         if with_value:
             return ((loss, aux) if has_aux else loss), grads
@@ -250,6 +256,14 @@ def _make_grad(fn, argnums, has_aux, with_value):
 
     prefix = "value_and_grad" if with_value else "grad"
     return Transformed(body, fn, f"{prefix}_{fname}", sig, wrt)
+
+
+def _loss_scale(fn) -> float:
+    """The loss scale of fn's numerical policy, else of the region it is traced in (1.0:
+    none). The backward starts from this cotangent instead of 1, which is differentiating
+    loss * scale: small gradients of narrow dtypes keep their bits instead of flushing to 0."""
+    policy = getattr(fn, "policy", None) or numerics.current()
+    return 1.0 if policy is None else policy.loss_scale
 
 
 def _scalar_result(out, trace, fname) -> Traced:

@@ -125,6 +125,11 @@ bool_ = DType("bool", "bool", "b", 1, "bool", "int64")
 complex64 = DType("complex64", "c64", "c", 8, "", "float32")
 complex128 = DType("complex128", "c128", "c", 16, "", "float64")
 
+# the seeds' short names (fp8: the e4m3fn format, the usual one for weights and activations)
+f16, bf16, f32, f64 = float16, bfloat16, float32, float64
+fp8 = fp8_e4m3 = float8_e4m3fn
+fp8_e5m2 = float8_e5m2
+
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 ALL = (float8_e4m3fn, float8_e5m2, float16, bfloat16, float32, float64, int32, int64, bool_, complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}

@@ -15,8 +15,9 @@ a policy out as ordinary operators, so the Graph IR shows what it changed (nodes
 
 - ``accumulation=float64``: an operator that accumulates (sums, means, norms, softmax, matmul,
   attention, cumulative sums) gets its float operands widened to float64 exactly and its result
-  rounded once to the dtype it would have had. ``float32`` is the default (16-bit and fp8
-  operands already accumulate in float32); asking for less than a float64 operand is an error.
+  rounded once to the dtype it would have had. ``float32`` states the default for 16-bit, fp8
+  and float32 operands (accumulated in float32 already); it is an error on a float64 operand,
+  less precision than its storage. None (the default) leaves each operator's own.
 - ``rounding="stochastic"``: an operator whose result is a narrow float (16-bit or fp8) computes
   in float32 and rounds to one of the two neighbours with probability proportional to nearness
   (unbiased), drawing from the counter-based generator keyed by (seed, the operator's place in
@@ -43,7 +44,7 @@ ROUNDINGS = ("nearest", "stochastic")
 
 @dataclass(frozen=True)
 class NumericalPolicy:
-    accumulation: dt.DType = dt.float32
+    accumulation: dt.DType | None = None     # None: each operator's own (see dtypes)
     rounding: str = "nearest"
     loss_scale: float = 1.0
     saturate: bool = False
@@ -51,8 +52,8 @@ class NumericalPolicy:
     seed: int = 0                   # the stochastic rounding stream
 
     def __post_init__(self):
-        acc = dt.get(self.accumulation)
-        if acc not in (dt.float32, dt.float64):
+        acc = None if self.accumulation is None else dt.get(self.accumulation)
+        if acc not in (None, dt.float32, dt.float64):
             raise DTypeError(f"a policy accumulates in float32 or float64, not {acc.name}",
                              expected="float32 or float64", received=acc.name,
                              hint="narrow formats are storage: their sums are float32 already")
@@ -79,7 +80,7 @@ class NumericalPolicy:
     @property
     def is_default(self) -> bool:
         """Changes nothing an operator computes (loss_scale acts only in ts.grad)."""
-        return self.accumulation is dt.float32 and not self.changes_rounding
+        return self.accumulation is None and not self.changes_rounding
 
     def check_accumulation(self, d: dt.DType, where: str = "an operand"):
         """Refuse accumulating a float64 operand in float32 (less precision than its storage)."""
@@ -91,7 +92,7 @@ class NumericalPolicy:
 
     def __str__(self) -> str:
         parts = []
-        if self.accumulation is not dt.float32:
+        if self.accumulation is not None:
             parts.append(f"acc={self.accumulation.short}")
         if self.rounding != "nearest":
             parts.append(f"rounding={self.rounding}" + (f"/seed={self.seed}" if self.seed else ""))
@@ -106,10 +107,20 @@ class NumericalPolicy:
 _state = threading.local()
 
 
+class _Region:
+    def __init__(self, policy: NumericalPolicy):
+        self.policy = policy
+        self.rounded = 0            # eager stochastic roundings so far (each its own stream)
+
+
 def current() -> NumericalPolicy | None:
     """The innermost region's policy (None outside every region)."""
     stack = getattr(_state, "stack", None)
-    return stack[-1] if stack else None
+    return stack[-1].policy if stack else None
+
+
+def region_state() -> _Region:
+    return _state.stack[-1]
 
 
 def as_policy(policy=None, **fields) -> NumericalPolicy:
@@ -128,7 +139,7 @@ def policy(policy: NumericalPolicy | None = None, **fields):
     traced or run eagerly inside use it."""
     p = as_policy(policy, **fields)
     stack = _state.__dict__.setdefault("stack", [])
-    stack.append(p)
+    stack.append(_Region(p))
     try:
         yield p
     finally:

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from . import dtypes as dt
-from . import ops
+from . import numerics, ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
 from .ops.registry import is_scalar, operand_dtypes, run_reference
 from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
@@ -89,6 +89,8 @@ class Trace:
         self.parent = parent            # the enclosing trace of a control-flow body
         self.captured: list = []        # the enclosing trace's tensors this body uses
         self._captures: dict = {}       # their value ids -> this graph's parameters
+        self.policies: dict = {}        # value id -> the NumericalPolicy its tensor carries
+        self.rounded = 0                # stochastic roundings so far (each its own stream)
 
     def encloses(self, other: "Trace") -> bool:
         t = self.parent
@@ -290,6 +292,10 @@ def apply(name: str, *args, **attrs):
     opdef = ops.get(name)
     flat = list(args[0]) if opdef.nin == -1 else list(args)
     trace = current_trace()
+    if not getattr(_state, "in_policy", False):
+        policy = _policy_for(flat, trace)
+        if policy is not None:
+            return _apply_with_policy(policy, opdef, flat, attrs, trace)
     traced = [a for a in flat if isinstance(a, Traced)]
     if traced:
         if trace is not None:       # a control-flow body uses its function's tensors
@@ -326,13 +332,113 @@ def _apply_traced(trace: Trace, opdef, args, attrs):
             else:
                 v = g.const(v, want[k] if want is not None else None, loc=loc)
             values.append(v)
-        out = g.apply(opdef.name, values, attrs, loc=loc)
+        out = g.apply(opdef.name, values, attrs, loc=loc, origin=getattr(_state, "origin", None))
     except TesseraError as e:
         if e.partial_graph is None:     # what the trace had built when this op failed: the
             e.partial_graph = g         # notebook draws it with the failing op marked
             e.failed_inputs = [a._value for a in args if isinstance(a, Traced)]
         raise enrich(e, function=trace.function_name, location=loc, op=opdef.name)
     return Traced(out, trace)
+
+
+# ---- numerical policies (tessera/numerics.py), carried out as ordinary operators ----------------
+def _policy_for(flat, trace):
+    """The policy an operator runs under: the innermost region's, else its operands' (None:
+    none, or one that changes nothing here)."""
+    policy = numerics.current()
+    if policy is None and trace is not None and trace.policies:
+        found = {trace.policies.get(a._value.id) for a in flat if isinstance(a, Traced)}
+        found.discard(None)
+        if len(found) > 1:
+            raise ArgumentError("the operands carry different numerical policies: "
+                                + " and ".join(sorted(map(str, found))),
+                                location=user_location(),
+                                hint="choose one for the operator with `with ts.policy(...):`")
+        policy = found.pop() if found else None
+    return policy
+
+
+def _apply_with_policy(policy, opdef, flat, attrs, trace):
+    """The operator as `policy` says: operands widened to float64 where it accumulates in
+    float64, a narrow result computed in float32 and rounded as the policy rounds (saturating,
+    stochastic), each step an ordinary operator marked in the Graph IR as the policy's."""
+    _state.in_policy = True
+    try:
+        result = _policy_steps(policy, opdef, flat, attrs, trace)
+    finally:
+        _state.in_policy = False
+        _state.origin = None
+    if trace is not None and isinstance(result, Traced) and numerics.current() is None:
+        trace.policies[result._value.id] = policy      # (an annotation's policy travels on)
+    return result
+
+
+def _policy_steps(policy, opdef, flat, attrs, trace):
+    from . import op as _op      # (the front end's own helpers: clamp, round_stochastic)
+
+    def run(args):
+        return apply(opdef.name, *([args] if opdef.nin == -1 else args), **attrs)
+
+    floats = [a for a in flat if _is_tensor(a) and _dtype(a).is_float]
+    if opdef.accumulates:
+        for a in floats:
+            policy.check_accumulation(_dtype(a))
+    acc64 = policy.accumulation is dt.float64 and opdef.accumulates and         any(_dtype(a) is not dt.float64 for a in floats)
+    out = _natural_dtype(opdef, flat, attrs)
+    rounds = policy.changes_rounding and opdef.makes_values and out.is_narrow
+    if not acc64 and not rounds:
+        return run(flat)
+    _state.origin = f"{policy}:{opdef.name}"      # (Graph IR: "from <policy>:<operator>")
+    wide = dt.float64 if acc64 else dt.float32
+    if opdef.name == "cast":
+        r = apply("cast", flat[0], dtype=wide.name)
+    else:
+        r = run([apply("cast", a, dtype=wide.name)
+                 if _is_tensor(a) and _dtype(a).is_float and _dtype(a).itemsize < wide.itemsize
+                 else a for a in flat])
+    if not rounds:
+        return apply("cast", r, dtype=out.name)
+    if _dtype(r) is dt.float64:
+        r = apply("cast", r, dtype="float32")
+    if policy.saturate:
+        r = _op.clamp(r, -out.max_finite, out.max_finite)
+    if policy.rounding == "stochastic":
+        return _op.round_stochastic(r, out, seed=_stream_seed(policy, trace))
+    return apply("cast", r, dtype=out.name)
+
+
+def _stream_seed(policy, trace) -> int:
+    """The seed of the next stochastic rounding's stream: (the policy's seed, the rounding's
+    place in the trace, or in the region when eager) through the generator, so each operator
+    draws its own numbers and a retrace draws the same ones."""
+    from .ops.random import random_bits
+    holder = trace if trace is not None else numerics.region_state()
+    k = holder.rounded
+    holder.rounded += 1
+    return int(random_bits(np.uint64(policy.seed), np.uint64(k)) >> np.uint64(1))
+
+
+def _natural_dtype(opdef, flat, attrs) -> dt.DType:
+    """The result dtype the operator gives these operands without a policy."""
+    items = [_dtype(a) if _is_tensor(a) else a if is_scalar(a) else
+             dt.from_numpy(np.asarray(a).dtype) for a in flat]
+    want = operand_dtypes(opdef, items, attrs)
+    types = [TensorType(want[k] if want is not None else
+                        items[k] if _is_tensor(a) else dt.from_numpy(np.asarray(a).dtype),
+                        tuple(_shape(a)) if _is_tensor(a) else ()) for k, a in enumerate(flat)]
+    return check_op(opdef, attrs, types)[1].dtype
+
+
+def _is_tensor(a) -> bool:
+    return isinstance(a, Traced) or not is_scalar(a)
+
+
+def _dtype(a) -> dt.DType:
+    return a.dtype if isinstance(a, Traced) else dt.from_numpy(np.asarray(a).dtype)
+
+
+def _shape(a) -> tuple:
+    return a.shape if isinstance(a, Traced) else np.shape(a)
 
 
 def _as_array(a) -> np.ndarray:

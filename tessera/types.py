@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from . import dtypes as dt
 from .errors import AnnotationError
+from .numerics import NumericalPolicy
 from .shapes import dim, fmt_shape, is_static
 
 
@@ -41,14 +42,17 @@ class TensorType:
 class TensorSpec:
     """The value of ``Tensor["B", "S", "D"]`` or ``Tensor["B", "D", tessera.float64]``.
 
-    Dims are symbol names or ints; an optional dtype comes last. A bare ``Tensor`` accepts any
-    shape. (The seeds' ``Tensor[..., dtype=bf16]`` is not valid Python; pass the dtype as the last
-    item instead.)
+    Dims are symbol names or ints; an optional dtype comes next, then an optional
+    tessera.NumericalPolicy that the tensor carries into the operators it flows through. A bare
+    ``Tensor`` accepts any shape. (The seeds' ``Tensor[..., dtype=bf16]`` and ``bf16
+    @NumericalPolicy(...)`` are not valid Python; pass the dtype, then the policy, as the last
+    items instead.)
     """
 
-    def __init__(self, dims, dtype=None):
+    def __init__(self, dims, dtype=None, policy=None):
         self.dims = None if dims is None else tuple(dim(d) for d in dims)
         self.dtype = None if dtype is None else dt.get(dtype)
+        self.policy = policy
 
     def __repr__(self):
         if self.dims is None:
@@ -56,6 +60,8 @@ class TensorSpec:
         items = [repr(str(d)) if not isinstance(d, int) else str(d) for d in self.dims]
         if self.dtype is not None:
             items.append(f"tessera.{self.dtype.name}")
+        if self.policy is not None:
+            items.append(repr(self.policy))
         return f"Tensor[{', '.join(items)}]"
 
     def type_str(self, dtype=None) -> str:
@@ -68,19 +74,22 @@ class _TensorMeta(type):
     def __getitem__(cls, items) -> TensorSpec:
         if not isinstance(items, tuple):
             items = (items,)
-        dtype = None
+        dtype = policy = None
+        if items and isinstance(items[-1], NumericalPolicy):
+            policy, items = items[-1], items[:-1]
         if items and isinstance(items[-1], (dt.DType,)):
             dtype, items = items[-1], items[:-1]
         for it in items:
-            if isinstance(it, dt.DType) or not isinstance(it, (str, int)) or isinstance(it, bool) \
+            if isinstance(it, (dt.DType, NumericalPolicy)) or not isinstance(it, (str, int)) or \
+                    isinstance(it, bool) \
                     or (isinstance(it, int) and it < 0) or \
                     (isinstance(it, str) and not it.isidentifier()):
                 raise AnnotationError(
                     f"Tensor[...] takes dimension names or sizes >= 0, then an optional dtype "
-                    f"last; got {it!r}", received=repr(it),
+                    f"and an optional NumericalPolicy last; got {it!r}", received=repr(it),
                     hint="a dimension is one name (\"B\"); sizes computed from names (B*S) come "
                          "out of reshape and concat inside the function")
-        return TensorSpec(items, dtype)
+        return TensorSpec(items, dtype, policy)
 
     def __repr__(cls):
         return "Tensor"

@@ -11,7 +11,7 @@ ROOT = Path(tessera.__file__).parent
 # bottom first; a module belongs to the first layer with a prefix naming it or a package above it
 LAYERS = [
     ("core", ["tessera.version", "tessera.errors", "tessera.dtypes", "tessera.shapes",
-              "tessera.types", "tessera.pytree"]),
+              "tessera.numerics", "tessera.types", "tessera.pytree"]),
     ("operators", ["tessera.ops"]),
     ("runtime", ["tessera.runtime"]),
     ("IR data", ["tessera.compiler.graph_ir", "tessera.compiler.schedule_ir",

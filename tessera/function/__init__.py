@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .. import debug, dtypes as dt
+from .. import debug, dtypes as dt, numerics
 from ..compiler.graph_ir import Graph
 from ..errors import ArgumentError, SymbolicValueError, TesseraError
 from ..runtime import cache
@@ -41,7 +41,8 @@ from .programs import ProgramCache
 class Function:
     _may_return_none = False     # a transform's result may be None (no gradient)
 
-    def __init__(self, fn, name: str | None = None, target: str = "cpu", schedule=None):
+    def __init__(self, fn, name: str | None = None, target: str = "cpu", schedule=None,
+                 policy=None):
         if not callable(fn):
             raise ArgumentError(f"tessera.function needs a Python function, got {fn!r}")
         functools.update_wrapper(self, fn)
@@ -52,6 +53,9 @@ class Function:
             raise ArgumentError(f"schedule must be a tessera.Schedule, not {schedule!r}")
         self.schedule = schedule
         self.signature = Signature(fn, self.name)
+        # a numerical policy around the whole body (tessera/numerics.py)
+        self.policy = self.signature.policy = None if policy is None else \
+            numerics.as_policy(policy)
         self.programs = ProgramCache(self.signature, fn, self._may_return_none)
         self._fast: dict = {}           # (CPU target env, array types) -> launcher
 
@@ -67,8 +71,9 @@ class Function:
                 raise e.with_traceback(None) from None
         key = None if kwargs else fastpath.array_signature(args)
         if key is not None:
-            # "cpu" resolves through the environment; the training mode is traced in
-            key = (os.environ.get(CPU_TARGET_ENV), is_training(), key)
+            # "cpu" resolves through the environment; the training mode and a policy region
+            # are traced in
+            key = (os.environ.get(CPU_TARGET_ENV), is_training(), numerics.current(), key)
             launch = self._fast.get(key)
             if launch is not None:
                 cache.count("memory_hits")
@@ -160,7 +165,8 @@ class Function:
 
     def with_schedule(self, schedule) -> "Function":
         """The same function compiled with these knobs (a new Function; this one is unchanged)."""
-        return Function(self.fn, name=self.name, target=self.target, schedule=schedule)
+        return Function(self.fn, name=self.name, target=self.target, schedule=schedule,
+                        policy=self.policy)
 
     def interpret(self, *args, **kwargs):
         """Run the traced graph with each operator's NumPy reference (no compiler involved)."""
@@ -175,12 +181,14 @@ class Function:
         return structured(g, out)
 
 
-def function(fn=None, *, name: str | None = None, target: str = "cpu", schedule=None):
+def function(fn=None, *, name: str | None = None, target: str = "cpu", schedule=None,
+             policy=None):
     """Decorator: compile a Python function with Tessera. ``@function`` or
-    ``@function(name=..., schedule=tessera.Schedule(block=(96, 256)))``."""
+    ``@function(name=..., schedule=tessera.Schedule(block=(96, 256)))``; ``policy=`` a
+    tessera.NumericalPolicy for every operator of its body (tessera/numerics.py)."""
     if fn is None:
-        return lambda f: Function(f, name=name, target=target, schedule=schedule)
-    return Function(fn, name=name, target=target, schedule=schedule)
+        return lambda f: Function(f, name=name, target=target, schedule=schedule, policy=policy)
+    return Function(fn, name=name, target=target, schedule=schedule, policy=policy)
 
 
 def interpret(fn, *args, **kwargs):

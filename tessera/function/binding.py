@@ -43,6 +43,7 @@ class Signature:
         ret = sig.return_annotation
         self.ret_spec = None if ret is inspect.Signature.empty else spec_of(ret)
         self.def_loc = def_location(fn)
+        self.policy = None              # the function's NumericalPolicy (Function sets it)
 
     def __repr__(self):
         return ", ".join(f"{p.name}: {p.spec!r}" if p.spec else p.name for p in self.params)

@@ -2,6 +2,7 @@
 each made once (binding, the symbolic check, the concrete trace, compiling) and kept."""
 from __future__ import annotations
 
+from .. import numerics
 from ..errors import SymbolicValueError
 from ..runtime import cache
 from ..trace import is_training
@@ -26,7 +27,8 @@ class ProgramCache:
         from ..compiler.pipeline import compile_graph, resolve_target
         target = resolve_target(target, arrays.values())     # "cpu" -> "cpu:<ISA level>"
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
-               static_key(statics), schedule.key() if schedule else None, is_training())
+               static_key(statics), schedule.key() if schedule else None, is_training(),
+               numerics.current())
         prog = self.by_key.get(key)
         if prog is not None:
             cache.count("memory_hits")
@@ -52,7 +54,7 @@ class ProgramCache:
         key = (tuple((n, str(a.dtype), None if self.sig.spec_dims(n) is not None else a.shape)
                      for n, a in arrays.items()), static_key(statics),
                tuple(sorted(bindings.items())) if self.sig.ret_spec is not None else None,
-               is_training())
+               is_training(), numerics.current())
         if key in self.checked:
             return
         try:

@@ -3,12 +3,13 @@ concrete sizes for a call, on the annotations' symbols for the symbolic check an
 and inline into the caller's graph when it is called on traced tensors."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 
 from .. import dtypes as dt
-from .. import pytree
+from .. import numerics, pytree
 from ..compiler.graph_ir import Graph
 from ..errors import _PKG_DIR, ArgumentError, ShapeError, TesseraError, enrich
 from ..runtime import cache
@@ -33,10 +34,12 @@ def trace(sig: Signature, fn, types: dict, statics: dict, bindings=None,
                  for kind, x in tree.slots])
         elif p.name in types:
             call_args[p.name] = Traced(g.add_param(p.name, types[p.name]), tr)
+            if p.spec is not None and p.spec.policy is not None:    # an annotation's policy
+                tr.policies[call_args[p.name]._value.id] = p.spec.policy
         else:
             call_args[p.name] = statics[p.name]
     cache.count("traces")
-    with tracing(tr):
+    with tracing(tr), _policy_region(sig):
         try:
             result = fn(**call_args)
         except TesseraError as e:
@@ -160,11 +163,17 @@ def inline(sig: Signature, fn, args, kwargs):
         x = bound.arguments[p.name]
         if p.spec is not None and isinstance(x, Traced):
             sig.check_spec(p, x.shape, x.dtype, bindings, origin)
-    result = fn(*bound.args, **bound.kwargs)
+    with _policy_region(sig):
+        result = fn(*bound.args, **bound.kwargs)
     if sig.ret_spec is not None and isinstance(result, Traced):
         check_return(sig, [(result.type, result._value.node)], bindings, None,
                      has_reduction_upto(result._value))
     return result
+
+
+def _policy_region(sig: Signature):
+    """The function's own policy around its body (nothing when it has none)."""
+    return numerics.policy(sig.policy) if sig.policy is not None else contextlib.nullcontext()
 
 
 def inside_trace(args, kwargs) -> bool:

@@ -26,8 +26,9 @@ from .init import Key
 from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Module, RMSNorm,
                      Sequential, activation, dropout, linear)
 from .losses import cross_entropy, kl_divergence, mse
+from .precision import MixedPrecision, to_mixed_precision
 
 __all__ = ["ACTIVATIONS", "Dropout", "Embedding", "Key", "LayerNorm", "Linear", "MLP", "Module",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
-           "rope", "rope_tables"]
+           "rope", "rope_tables", "MixedPrecision", "to_mixed_precision"]

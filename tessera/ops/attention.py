@@ -231,7 +231,7 @@ def _decompose(b, xs, attrs):
 
 
 register(OpDef("attention", 4, {"scale": None, "causal": False}, infer=_infer,
-               dtype_rule=_dtypes, decompose=_decompose,
+               dtype_rule=_dtypes, decompose=_decompose, accumulates=True,
                normalize=_normalize, reference=_reference, lowering=Attention(), vjp=_vjp,
                recognise=_recognise,
                doc="softmax(scale * q @ k^T + mask, causal) @ v without materialising the "

@@ -109,7 +109,7 @@ register(OpDef(
     "matmul", 2, {"tile_shape": None}, normalize=_matmul_normalize,
     infer=_matmul_infer, dtype_rule=_matmul_dtypes,
     reference=lambda a, t: np.matmul(a[0], a[1]), decompose=_matmul_decompose,
-    lowering=Contract(), ufunc="matmul", vjp=_matmul_vjp,
+    lowering=Contract(), ufunc="matmul", vjp=_matmul_vjp, accumulates=True,
     doc="matrix product with NumPy's broadcasting of batch dimensions; tile_shape=(BM, BN, BK) "
         "sets the kernel's tiles"))
 

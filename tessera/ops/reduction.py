@@ -79,6 +79,7 @@ register(OpDef(
     reference=lambda a, t: np.sum(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
     lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})"}), vjp=_sum_vjp,
+    accumulates=True,
     doc="sum over axis (all axes when None)"))
 
 register(OpDef(
@@ -181,7 +182,7 @@ for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})
         reference=(lambda fn: lambda a, t: fn(
             a[0], axis=t["axis"], dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np))(_np_fn),
         lowering=Scan(init={"*": _init}, combine={"*": _combine}),
-        vjp=_cumsum_vjp if _name == "cumsum" else _cumprod_vjp,
+        vjp=_cumsum_vjp if _name == "cumsum" else _cumprod_vjp, accumulates=True,
         doc=f"running {'sum' if _name == 'cumsum' else 'product'} along axis, in order "
             "(integers and bool in int64, as NumPy)"))
 

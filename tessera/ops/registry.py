@@ -142,6 +142,10 @@ class OpDef:
     # decomposition runs in float32 and its result is rounded once, as its reference is
     # (16-bit intermediates would round at every step).
     decompose_in_f32: bool = False
+    # Sums or products of many terms (a reduction, a contraction, a running sum; every
+    # decompose_in_f32 composite): a numerical policy's accumulation=float64 widens their
+    # operands (tessera/numerics.py)
+    accumulates: bool = False
     # Canonicalisation rules for nodes of this operator: (graph, node) -> the Value that
     # replaces the node's result (a no-op cast: its input), or None. Applied to a fixpoint.
     simplify: list = field(default_factory=list)
@@ -151,6 +155,13 @@ class OpDef:
     # A composite whose decomposition takes complex operands itself (the transforms), though
     # the complex pass has no rule for it (ops/complex.py)
     takes_complex: bool = False
+
+    @property
+    def makes_values(self) -> bool:
+        """Computes new values, not copies of its operands' elements: a policy's rounding
+        (stochastic, saturating) applies to its narrow results."""
+        return self.decompose_in_f32 or isinstance(
+            self.lowering, (Elementwise, Reduce, Scan, Contract, Attention))
 
     def __repr__(self):
         return f"<op {self.name}>"
@@ -164,6 +175,7 @@ def register(opdef: OpDef) -> OpDef:
         raise ValueError(f"operator {opdef.name} registered twice")
     if opdef.decompose_in_f32:
         opdef.decompose = _half_in_f32(opdef, opdef.decompose)
+        opdef.accumulates = True
     REGISTRY[opdef.name] = opdef
     return opdef
 
