@@ -69,6 +69,8 @@ EXAMPLES = {
     "squeeze": (lambda r: [f32(r, 2, 1, 3)], {"axis": 1}),
     "random_uniform": (lambda r: [r.integers(-2**40, 2**40, size=()),
                                   r.integers(0, 2**40, size=(4, 5))], {}),
+    "round_stochastic": (lambda r: [f32(r, 4, 5) * 100, r.integers(-2**40, 2**40, size=()),
+                                    r.integers(0, 2**40, size=(4, 5))], {"dtype": "bfloat16"}),
     # the Fourier transforms (tests/ops/test_spectral.py: sizes, norms, accuracy) and their
     # primitives (the parts of a complex result on a last axis of 2)
     "fft": (lambda r: [f32(r, 3, 6) + 1j * f32(r, 3, 6)], {"n": 8}),
@@ -108,13 +110,14 @@ def lower(fn, arrays, target) -> TileProgram:
 
 # ---- the cases: every registered operator in every dtype it takes, and each strategy ------------
 def _variants(arrays):
-    """The example's arrays as f32, f64, f16, bf16, i32, i64 and bool (float arrays
-    converted)."""
+    """The example's arrays as f32, f64, f16, bf16, the two fp8 formats, i32, i64 and bool
+    (float arrays converted)."""
     def conv(to):
         return [np.asarray(a).astype(to) if np.asarray(a).dtype.kind == "f" else a
                 for a in arrays]
     return {"f32": conv(np.float32), "f64": conv(np.float64), "f16": conv(np.float16),
-            "bf16": conv(dt.bfloat16.np), "i32": conv(np.int32),
+            "bf16": conv(dt.bfloat16.np), "f8e4m3": conv(dt.float8_e4m3fn.np),
+            "f8e5m2": conv(dt.float8_e5m2.np), "i32": conv(np.int32),
             "i64": conv(np.int64), "bool": [np.asarray(a) > 0 if np.asarray(a).dtype.kind == "f"
                                             else a for a in arrays]}
 

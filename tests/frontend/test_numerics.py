@@ -72,6 +72,23 @@ def test_stochastic_rounding_same_bits_everywhere(target, rng):
         assert (other.view(np.uint8) != got.view(np.uint8)).any()       # another stream
 
 
+def test_stochastic_rounding_gradient_is_straight_through(rng):
+    """d/dx of sum(w * round_stochastic(x)) is w, in x's dtype (the rounding's expectation is
+    x; the cotangent passes through the rounded bfloat16 value, so it is w rounded to nearest
+    bfloat16), also when a stochastic policy inserts the rounding."""
+    x = rng.standard_normal((6, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 9)).astype(np.float32)
+    g = ts.grad(lambda x: op.sum(op.cast(op.round_stochastic(x, ts.bf16, seed=2), ts.f32) * w))
+    got = np.asarray(g(x))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, w.astype(ml_dtypes.bfloat16).astype(np.float32))
+    xb = x.astype(ml_dtypes.bfloat16)
+    with ts.policy(rounding="stochastic"):
+        gb = np.asarray(ts.grad(lambda x: op.sum(op.cast(x * 2, ts.f32) * w))(xb))
+    np.testing.assert_array_equal(gb, (w.astype(ml_dtypes.bfloat16).astype(np.float32) * 2)
+                                  .astype(ml_dtypes.bfloat16))
+
+
 # ---- accumulation --------------------------------------------------------------------------------
 def test_float64_accumulation_rounds_the_exact_sum_once(rng):
     """Integer-valued float32 data whose sums need more than 24 bits: accumulated in float64
