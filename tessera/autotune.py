@@ -105,7 +105,7 @@ def _autotune(f: Function, args, kwargs, settings, space, cache, kernels) -> Tun
     resolve_space(space)                    # bad names or values fail before anything runs
     if isinstance(kernels, str):
         kernels = [kernels]
-    base = Function(f.fn, name=f.name, target=f.target, schedule=f.schedule)
+    base = f.with_schedule(f.schedule)       # a fresh copy: its own program cache
     try:
         with tunedb.using(None):            # the heuristics' knobs are the baseline
             default_prog, arrays = base._program(args, kwargs, f.target)
@@ -121,7 +121,7 @@ def _autotune(f: Function, args, kwargs, settings, space, cache, kernels) -> Tun
         result = tune_program(f.name, default_prog.schedule_ir, list(arrays.values()), settings,
                               space, _fixed_knobs(f, default_prog.schedule_ir),
                               set(kernels) if kernels is not None else None, cache)
-        tuned = Function(f.fn, name=f.name, target=f.target, schedule=f.schedule)
+        tuned = f.with_schedule(f.schedule)
         with tunedb.using(result.db_path, exact=settings.exact):
             tuned_prog, _ = tuned._program(args, kwargs, f.target)
     except TesseraError as e:

@@ -113,7 +113,8 @@ def fori_loop(lo, hi, body, init, checkpoint=None):
     types = [c.type for c in carries]
     body_g, cap = _trace_body(trace, "body", body, [("i", TensorType(counter, ()))],
                               [tree], [types],
-                              lambda res: _same_carry(res, tree, types, body, "body"))
+                              lambda res: _same_carry(res, tree, types, body, "body"),
+                              loop=("fori_loop", lo, hi - lo))
     out = _region(trace, "fori_loop", {"body": body_g}, carries, [cap], types,
                   {"lo": lo, "hi": hi})
     return tree.unflatten(out)
@@ -131,9 +132,10 @@ def while_loop(cond_fn, body, init):
     carries, tree = _operands(trace, init)
     types = [c.type for c in carries]
     cond_g, cap_c = _trace_body(trace, "cond", cond_fn, [], [tree], [types],
-                                lambda res: _predicate(res, cond_fn))
+                                lambda res: _predicate(res, cond_fn), loop=("while_loop",))
     body_g, cap_b = _trace_body(trace, "body", body, [], [tree], [types],
-                                lambda res: _same_carry(res, tree, types, body, "body"))
+                                lambda res: _same_carry(res, tree, types, body, "body"),
+                                loop=("while_loop",))
     out = _region(trace, "while_loop", {"cond": cond_g, "body": body_g}, carries,
                   [cap_c, cap_b], types, {})
     return tree.unflatten(out)
@@ -174,7 +176,8 @@ def scan(f, init, xs, reverse: bool = False, checkpoint=None):
         out = _same_carry(carry, tree, types, f, "f")
         y_leaves, y_info["tree"] = pytree.flatten(y)
         return out + [_as_value(y, current_trace()) for y in y_leaves]
-    body_g, cap = _trace_body(trace, "body", f, [], [tree, x_tree], [types, slices], check)
+    body_g, cap = _trace_body(trace, "body", f, [], [tree, x_tree], [types, slices], check,
+                              loop=("scan",))
     y_types = [TensorType(v.type.dtype, (length, *v.type.shape))
                for v in body_g.outputs[len(carries):]]
     out = _region(trace, "scan", {"body": body_g}, carries + xvals, [cap], types + y_types,
@@ -283,16 +286,22 @@ def _as_value(x, trace: Trace):
 
 
 def _trace_body(trace: Trace, role: str, fn, extra: list, trees: list, types: list, finish,
-                spread: bool = False):
+                spread: bool = False, loop: tuple | None = None):
     """fn traced into a graph of its own: parameters `extra` ((name, type) pairs), then one per
     leaf of each tree (typed by `types`), then its captures; `finish` turns what fn returned
-    into the graph's output values (checking them). Returns (graph, captured tensors)."""
+    into the graph's output values (checking them). `loop`: the body runs once per iteration
+    of this loop (its kind; a fori_loop's lo and trip count, its counter the first of
+    `extra`), which stochastic rounding needs (trace.loop_position). Returns (graph, captured
+    tensors)."""
     if not callable(fn):
         raise ArgumentError(f"a control-flow body must be callable, not {fn!r}",
                             location=user_location())
     g = Graph(role)
     body = Trace(g, trace.function_name, parent=trace)
     args = [Traced(g.add_param(name, t), body) for name, t in extra]
+    if loop is not None:
+        body.loop = loop
+        body.loop_index = args[0] if loop[0] == "fori_loop" else None
     k = 0
     for tree, ts in zip(trees, types):
         leaves = []

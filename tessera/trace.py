@@ -91,6 +91,8 @@ class Trace:
         self._captures: dict = {}       # their value ids -> this graph's parameters
         self.policies: dict = {}        # value id -> the NumericalPolicy its tensor carries
         self.rounded = 0                # stochastic roundings so far (each its own stream)
+        self.loop = None                # a loop body's (kind, ...): see control._trace_body
+        self.loop_index = None          # a fori_loop body's counter
 
     def encloses(self, other: "Trace") -> bool:
         t = self.parent
@@ -383,15 +385,17 @@ def _policy_steps(policy, opdef, flat, attrs, trace):
     if opdef.accumulates:
         for a in floats:
             policy.check_accumulation(_dtype(a))
-    acc64 = policy.accumulation is dt.float64 and opdef.accumulates and         any(_dtype(a) is not dt.float64 for a in floats)
-    out = _natural_dtype(opdef, flat, attrs)
-    rounds = policy.changes_rounding and opdef.makes_values and out.is_narrow
+    acc64 = policy.accumulation is dt.float64 and opdef.accumulates and \
+        any(_dtype(a) is not dt.float64 for a in floats)
+    rounds = policy.changes_rounding and opdef.makes_values
+    out = _natural_dtype(opdef, flat, attrs) if acc64 or rounds else None
+    rounds = rounds and out.is_narrow
     if not acc64 and not rounds:
         return run(flat)
     _state.origin = f"{policy}:{opdef.name}"      # (Graph IR: "from <policy>:<operator>")
     wide = dt.float64 if acc64 else dt.float32
-    if opdef.name == "cast":
-        r = apply("cast", flat[0], dtype=wide.name)
+    if opdef.name == "cast":            # its wide value is its operand's: only the rounding
+        r = apply("cast", flat[0], dtype=wide.name)     # is the policy's
     else:
         r = run([apply("cast", a, dtype=wide.name)
                  if _is_tensor(a) and _dtype(a).is_float and _dtype(a).itemsize < wide.itemsize
@@ -403,8 +407,49 @@ def _policy_steps(policy, opdef, flat, attrs, trace):
     if policy.saturate:
         r = _op.clamp(r, -out.max_finite, out.max_finite)
     if policy.rounding == "stochastic":
-        return _op.round_stochastic(r, out, seed=_stream_seed(policy, trace))
+        return _round_stochastic(r, out, policy, trace)
     return apply("cast", r, dtype=out.name)
+
+
+def _round_stochastic(r, out, policy, trace):
+    """r rounded stochastically to `out` from this operator's stream; inside fori_loop bodies
+    each iteration's elements take counters of their own (the element's index plus the
+    iteration's number among every enclosing loop's times the size), so no two iterations
+    draw the same numbers."""
+    from . import op as _op
+    seed = _stream_seed(policy, trace)
+    position, count = loop_position(trace) if trace is not None else (None, 1)
+    if position is None:
+        return _op.round_stochastic(r, out, seed=seed)
+    numel = int(np.prod(_shape(r), dtype=np.int64))
+    if numel * count >= 2 ** 63:
+        raise TracingError(f"stochastic rounding of {numel} elements over {count} loop "
+                           "iterations needs more than 2**63 counters", location=user_location())
+    counters = apply("add", _op._counters(_shape(r)), apply("mul", position, numel))
+    return apply("round_stochastic", r, seed, counters, dtype=out.name)
+
+
+def loop_position(trace):
+    """(this iteration's number among every enclosing fori_loop's iterations, as a traced
+    int64, and how many there are), or (None, 1) outside loops. A while_loop or scan body has
+    no counter to key its draws by, so stochastic rounding there is an error rather than the
+    same numbers on every step."""
+    position, count, t = None, 1, trace
+    while t is not None:
+        if t.loop is not None and t.loop[0] != "fori_loop":
+            raise TracingError(f"stochastic rounding inside a {t.loop[0]} body would draw the "
+                               "same numbers on every step", location=user_location(),
+                               hint="use fori_loop (its counter keys the draws), or round "
+                                    "outside the loop")
+        if t.loop is not None:
+            _, lo, trips = t.loop
+            i = t.loop_index if t is trace else trace.capture(t.loop_index)
+            step = apply("sub", apply("cast", i, dtype="int64"), lo)
+            position = step if position is None else \
+                apply("add", position, apply("mul", step, count))
+            count *= trips
+        t = t.parent
+    return position, count
 
 
 def _stream_seed(policy, trace) -> int:

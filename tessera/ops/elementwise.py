@@ -64,7 +64,9 @@ def where_rule(ds, attrs):
 def cast_rule(ds, attrs):
     if attrs.get("dtype") is None:
         raise DTypeError("cast needs a dtype", hint="op.cast(x, tessera.float32)")
-    return [dt.result_type(ds[0])], dt.get(attrs["dtype"])
+    out = dt.get(attrs["dtype"])
+    out.np          # bf16 and fp8 need ml_dtypes: an UnsupportedDTypeError here, at the cast
+    return [dt.result_type(ds[0])], out
 
 
 def elementwise_infer(opdef):

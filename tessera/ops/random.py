@@ -106,6 +106,7 @@ _op.normalize = lambda ts, a: {"dtype": dt.get(a.get("dtype") or "float32").name
 # the nearest-even cast does. The C is half.h's {H}_sround_<format>.
 def _sround_rule(ds, attrs):
     out = dt.get(attrs.get("dtype") or "float16")
+    out.np          # bf16 and fp8 need ml_dtypes: say so at this operator
     if not out.is_narrow:
         raise DTypeError("round_stochastic rounds to a 16-bit or fp8 float",
                          expected="float16, bfloat16, float8_e4m3fn or float8_e5m2",

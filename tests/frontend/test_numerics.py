@@ -89,6 +89,36 @@ def test_stochastic_rounding_gradient_is_straight_through(rng):
                                   .astype(ml_dtypes.bfloat16))
 
 
+def test_stochastic_rounding_in_loops_draws_anew_each_iteration():
+    """1 + 1000 x 0.001 in bfloat16 inside a fori_loop: to nearest every step rounds back to 1;
+    stochastically the 512 walks average the exact sum (each step's draw its own: a fixed
+    threshold would be biased), within 6 standard deviations of a mean of 512 walks (each
+    walk's variance at most 1000 steps x ulp**2 / 4, the ulp 2**-7 in [1, 2)). Two nested
+    loops of 10 x 100 draw as one loop of 1000; a scan body has no counter: an error."""
+    bf = ml_dtypes.bfloat16
+    step = np.asarray(1e-3, bf)
+
+    def walk(t):
+        return ts.fori_loop(0, 1000, lambda i, c: c + step, t)
+
+    def nested(t):
+        return ts.fori_loop(0, 10, lambda j, c: ts.fori_loop(0, 100, lambda i, c2: c2 + step,
+                                                             c), t)
+    P = ts.NumericalPolicy(rounding="stochastic", seed=4)
+    ones = np.ones(512, bf)
+    assert (np.asarray(ts.function(walk)(ones)) == 1).all()
+    got = np.asarray(ts.function(walk, policy=P)(ones)).astype(np.float64)
+    exact = 1 + 1000 * float(step)
+    assert abs(got.mean() - exact) <= 6 * np.sqrt(1000 * 2.0 ** -14 / 4 / 512)
+    assert len(np.unique(got)) > 10                       # walks that differ
+    np.testing.assert_array_equal(np.asarray(ts.function(nested, policy=P)(ones)),
+                                  got.astype(bf))
+    scan = ts.function(lambda t: ts.scan(lambda c, x: (c + x, None), t,
+                                         np.ones((5, 512), bf))[0], policy=P)
+    with pytest.raises(ts.TracingError, match="scan body would draw the same numbers"):
+        scan(ones)
+
+
 # ---- accumulation --------------------------------------------------------------------------------
 def test_float64_accumulation_rounds_the_exact_sum_once(rng):
     """Integer-valued float32 data whose sums need more than 24 bits: accumulated in float64

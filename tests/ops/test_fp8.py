@@ -212,3 +212,16 @@ def test_gpu_pointwise_and_rows_in_fp8(fp8, target, rng):
                lambda x, y: op.sum(x * y, axis=-1)):
         f = ts.function(fn)
         assert_same_fp8(run_on(f, target, x, y), f(x, y))
+
+
+def test_fp8_without_ml_dtypes_says_how_to_install(monkeypatch, rng):
+    """Without ml_dtypes (None in sys.modules makes its import fail) NumPy has no fp8 dtype: a
+    cast to one is an UnsupportedDTypeError at the user's line, with the install line."""
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    x = rng.standard_normal(8).astype(np.float32)
+    f = ts.function(lambda x: op.cast(x, ts.fp8))
+    with pytest.raises(ts.UnsupportedDTypeError) as e:
+        f(x)
+    text = str(e.value)
+    assert "float8_e4m3fn needs the ml_dtypes package" in text and "pip install ml_dtypes" in text
+    assert "test_fp8.py" in text
