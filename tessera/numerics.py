@@ -82,10 +82,10 @@ class NumericalPolicy:
         """Changes nothing an operator computes (loss_scale acts only in ts.grad)."""
         return self.accumulation is None and not self.changes_rounding
 
-    def check_accumulation(self, d: dt.DType, where: str = "an operand"):
+    def check_accumulation(self, d: dt.DType):
         """Refuse accumulating a float64 operand in float32 (less precision than its storage)."""
         if d is dt.float64 and self.accumulation is dt.float32:
-            raise DTypeError(f"the policy accumulates in float32, less precise than {where}'s "
+            raise DTypeError("the policy accumulates in float32, less precise than an operand's "
                              "float64", expected="accumulation=float64 for float64 tensors",
                              received=str(self), hint="NumericalPolicy(accumulation=tessera."
                                                       "float64), or cast the tensor to float32")

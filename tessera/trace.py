@@ -296,7 +296,7 @@ def apply(name: str, *args, **attrs):
     trace = current_trace()
     if not getattr(_state, "in_policy", False):
         policy = _policy_for(flat, trace)
-        if policy is not None:
+        if policy is not None and not policy.is_default:
             return _apply_with_policy(policy, opdef, flat, attrs, trace)
     traced = [a for a in flat if isinstance(a, Traced)]
     if traced:
@@ -345,8 +345,8 @@ def _apply_traced(trace: Trace, opdef, args, attrs):
 
 # ---- numerical policies (tessera/numerics.py), carried out as ordinary operators ----------------
 def _policy_for(flat, trace):
-    """The policy an operator runs under: the innermost region's, else its operands' (None:
-    none, or one that changes nothing here)."""
+    """The policy an operator runs under: the innermost region's, else its operands' (or
+    None)."""
     policy = numerics.current()
     if policy is None and trace is not None and trace.policies:
         found = {trace.policies.get(a._value.id) for a in flat if isinstance(a, Traced)}
@@ -458,6 +458,8 @@ def _stream_seed(policy, trace) -> int:
     draws its own numbers and a retrace draws the same ones."""
     from .ops.random import random_bits
     holder = trace if trace is not None else numerics.region_state()
+    while getattr(holder, "parent", None) is not None:    # one count for a function and its
+        holder = holder.parent                             # control-flow bodies
     k = holder.rounded
     holder.rounded += 1
     return int(random_bits(np.uint64(policy.seed), np.uint64(k)) >> np.uint64(1))
