@@ -117,8 +117,20 @@ def _gelu_template(attrs, kind):
     return "ts_gelu_tanh{F}({0})" if attrs.get("approximate") == "tanh" else "ts_gelu_erf{F}({0})"
 
 
-FMAX = "TS_INLINE {T} ts_max{F}({T} a, {T} b) { return (a > b || a != a) ? a : b; }"
-FMIN = "TS_INLINE {T} ts_min{F}({T} a, {T} b) { return (a < b || a != a) ? a : b; }"
+class _ByDType(tuple):
+    """Helper chunks that differ between float32 and float64 (picked by the renderer)."""
+    def __new__(cls, f32, f64):
+        self = super().__new__(cls, f32)
+        self.f64 = f64
+        return self
+
+
+# NaN-propagating max and min through mask selects (libm.SELF): a float ternary becomes a
+# branch that keeps a fused loop holding one from vectorising on AVX2 and NEON
+_FMAX = "TS_INLINE {T} ts_max{F}({T} a, {T} b) { return ts_sel{F}((a > b) | (a != a), a, b); }"
+_FMIN = "TS_INLINE {T} ts_min{F}({T} a, {T} b) { return ts_sel{F}((a < b) | (a != a), a, b); }"
+FMAX = _ByDType((libm.SELF, _FMAX), (libm.SEL, _FMAX))
+FMIN = _ByDType((libm.SELF, _FMIN), (libm.SEL, _FMIN))
 SIGMOID = "TS_INLINE {T} ts_sigmoid{F}({T} x) { return ({T})1 / (({T})1 + ts_exp{F}(-x)); }"
 GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + ts_tanh{F}("
         "({T})0.7978845608028654 * (x + ({T})0.044715 * x * x * x))); }\n"
@@ -169,13 +181,6 @@ def math_helpers(*names, extra=()):
         f64 += [c for c in libm.F64[n] if c not in f64]
     return {"f": _ByDType(tuple(f32) + tuple(extra), tuple(f64) + tuple(extra))}
 
-
-class _ByDType(tuple):
-    """Helper chunks that differ between float32 and float64 (picked by the renderer)."""
-    def __new__(cls, f32, f64):
-        self = super().__new__(cls, f32)
-        self.f64 = f64
-        return self
 
 with np.errstate(all="ignore"):
     elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})"}, lambda a, t: -a[0],

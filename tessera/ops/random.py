@@ -84,7 +84,8 @@ def _dtype_rule(ds, attrs):
 def _template(attrs, kind):
     if attrs.get("dtype", "float32") == "float64":
         return "((double)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 11) * 0x1p-53)"
-    return "((float)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 40) * 0x1p-24f)"
+    # (through int32: AVX2 converts 32-bit integers to float in vectors, not 64-bit ones)
+    return "((float)(int32_t)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 40) * 0x1p-24f)"
 
 
 _op = elementwise(
@@ -141,7 +142,8 @@ def _sround_reference(arrays, attrs):
 _op = elementwise(
     "round_stochastic", 3, _sround_rule,
     lambda attrs, kind: (f"{{H}}_sround_{dt.get(attrs['dtype']).short}({{0}}, "
-                         "(float)(ts_rand_bits((uint64_t){1}, (uint64_t){2}) >> 40) * 0x1p-24f)"),
+                         "(float)(int32_t)(ts_rand_bits((uint64_t){1}, (uint64_t){2}) >> 40)"
+                         " * 0x1p-24f)"),
     _sround_reference, flops=16, helpers={"i": (MIX64, BITS)}, attrs={"dtype": None},
     doc="x rounded to a narrow float dtype stochastically (unbiased) from the counter-based "
         "stream (seed, counter): numerical policies' rounding=\"stochastic\"")

@@ -3,7 +3,10 @@ rounded to nearest even as ml_dtypes rounds (on the CPU, and for CUDA and HIP th
 emulator of the GPU thread model); saturating casts; every float operator on the CPU against
 float32 NumPy rounded once; the promotion rules; matmul of fp8 operands with per-tensor scales."""
 import os
+import platform
+import re
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +16,7 @@ import tessera as ts
 from tessera import dtypes as dt
 from tessera import op, ops
 from tessera.errors import DTypeError
+from tessera.runtime import toolchain
 
 from cases import EXAMPLES, normal_attrs
 
@@ -225,3 +229,32 @@ def test_fp8_without_ml_dtypes_says_how_to_install(monkeypatch, rng):
     text = str(e.value)
     assert "float8_e4m3fn needs the ml_dtypes package" in text and "pip install ml_dtypes" in text
     assert "test_fp8.py" in text
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="needs gcc for x86-64 (the levels tested are x86 ones)")
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])       # AVX2 + FMA, AVX-512
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "saturate"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_narrow_conversions_vectorise(tmp_path, dtype, rounding, level):
+    """A fused chain on a narrow dtype (its loads widened, each result rounded, by policy or
+    to nearest) is one loop gcc vectorises at each named ISA level: the conversions and the
+    stochastic rounding are straight-line code (a branch, or an integer -> float conversion
+    AVX2 lacks, would leave the loop scalar)."""
+    d = ts.dtypes.get(dtype).np
+    x = np.ones(4096, d)
+    policy = {"nearest": None, "stochastic": ts.NumericalPolicy(rounding="stochastic"),
+              "saturate": ts.NumericalPolicy(saturate=True)}[rounding]
+    f = ts.function(lambda x, y: op.tanh(x) * y + op.exp(x * 0.5), policy=policy)
+    src = f.lower(x, x, target=f"cpu:{level}").target_code
+    path = tmp_path / "k.c"
+    path.write_text(src)
+    lines = src.split("\n")
+    loop = next(i for i, t in enumerate(lines, 1) if t.strip().startswith("for (int64_t i0"))
+    flags = [f for f in toolchain.flags("gcc", level) if f not in ("-shared", "-fPIC")]
+    out = subprocess.run(["gcc", *flags, "-c", "-fopt-info-vec-optimized", str(path), "-o",
+                          str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    # gcc names the loop by its `for` line or its body's first line
+    assert re.search(rf"k\.c:({loop}|{loop + 1}):\d+: optimized: loop vectorized", out.stderr), \
+        out.stderr

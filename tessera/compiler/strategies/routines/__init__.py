@@ -30,9 +30,8 @@ def specialise(template: str, **subs) -> str:
 
 
 # How the shared 16-bit conversions (half.h) are spelled in C and in CUDA/HIP: {P} the prefix,
-# {Q} the qualifier, {U8}/{U16}/{U32} the unsigned types. Each language defines {P}_bits_f32,
-# {P}_f32_bits and {P}_clz (leading zeros of a nonzero 32-bit value) before the text: C in
-# half_c.h, CUDA/HIP in gpu_common.cuh.
+# {Q} the qualifier, {U8}/{U16}/{U32} the unsigned types. Each language defines {P}_bits_f32
+# and {P}_f32_bits before the text: C in half_c.h, CUDA/HIP in gpu_common.cuh.
 HALF_SPELLING = {"c": dict(P="ts", Q="TS_INLINE", U8="uint8_t", U16="uint16_t", U32="uint32_t"),
                  "gpu": dict(P="tsg", Q="static __device__ __forceinline__", U8="unsigned char",
                              U16="tsg_u16", U32="unsigned")}

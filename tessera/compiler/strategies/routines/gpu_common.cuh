@@ -28,7 +28,6 @@ static __device__ __forceinline__ double tsg_max(double a, double b) { return b 
 /* the 16-bit conversions: the CPU's text (half.h), on these primitives */
 static __device__ __forceinline__ float tsg_bits_f32(unsigned u) { return __uint_as_float(u); }
 static __device__ __forceinline__ unsigned tsg_f32_bits(float f) { return __float_as_uint(f); }
-static __device__ __forceinline__ unsigned tsg_clz(unsigned x) { return (unsigned)__clz((int)x); }
 {HALF}
 
 /* Storage type S, arithmetic type R and the conversions, per dtype code

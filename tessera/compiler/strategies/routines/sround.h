@@ -1,30 +1,43 @@
 /* stochastic rounding of a float32 x to a narrow format, given w (x rounded to nearest), o (the
    format's other neighbour of x) and u (uniform in [0, 1), 24 bits): the neighbour farther
    from zero with probability |x - nearer to zero| / |the two's distance| (an exact quotient),
-   so the expected result is x. Beyond the largest finite value, and for NaN, as nearest. */
+   so the expected result is x. Beyond the largest finite value, and for NaN, as nearest. The
+   choices are selects on bits, so a loop rounding this way vectorises. */
 {Q} float {P}_sround_pick(float x, float w, float o, float u) {
-  if (w == x || !(fabsf(w) <= 3.40282347e38f) || !(fabsf(o) <= 3.40282347e38f)) return w;
-  const int up = fabsf(w) < fabsf(o);
-  const float lo = up ? w : o, hi = up ? o : w;
-  return u < fabsf(x - lo) / fabsf(hi - lo) ? hi : lo;
+  const {U32} wb = {P}_f32_bits(w), ob = {P}_f32_bits(o);
+  const {U32} up = (wb & 0x7fffffffu) < (ob & 0x7fffffffu);  /* |w| < |o| (same signs) */
+  const {U32} lb = {P}_pick(up, wb, ob), hb = {P}_pick(up, ob, wb);
+  const float lo = {P}_bits_f32(lb), hi = {P}_bits_f32(hb);
+  const {U32} plain = ({P}_f32_bits(w) == {P}_f32_bits(x)) | ((wb & 0x7fffffffu) >= 0x7f800000u)
+                      | ((ob & 0x7fffffffu) >= 0x7f800000u);
+  const {U32} far = u < fabsf(x - lo) / fabsf(hi - lo);
+  return {P}_bits_f32({P}_pick(plain, wb, {P}_pick(far, hb, lb)));
 }
 {Q} float {P}_sround_f16(float x, float u) {
   const {U16} b = {P}_f32_to_f16(x);
   const float w = {P}_f16_to_f32(b);
-  return {P}_sround_pick(x, w, {P}_f16_to_f32(({U16})(fabsf(w) < fabsf(x) ? b + 1u : b - 1u)), u);
+  const {U16} o = ({U16})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
+                          ? b + 1u : b - 1u);
+  return {P}_sround_pick(x, w, {P}_f16_to_f32(o), u);
 }
 {Q} float {P}_sround_bf16(float x, float u) {
   const {U16} b = {P}_f32_to_bf16(x);
   const float w = {P}_bf16_to_f32(b);
-  return {P}_sround_pick(x, w, {P}_bf16_to_f32(({U16})(fabsf(w) < fabsf(x) ? b + 1u : b - 1u)), u);
+  const {U16} o = ({U16})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
+                          ? b + 1u : b - 1u);
+  return {P}_sround_pick(x, w, {P}_bf16_to_f32(o), u);
 }
 {Q} float {P}_sround_f8e4m3(float x, float u) {
   const {U8} b = {P}_f32_to_f8e4m3(x);
   const float w = {P}_f8e4m3_to_f32(b);
-  return {P}_sround_pick(x, w, {P}_f8e4m3_to_f32(({U8})(fabsf(w) < fabsf(x) ? b + 1u : b - 1u)), u);
+  const {U8} o = ({U8})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
+                        ? b + 1u : b - 1u);
+  return {P}_sround_pick(x, w, {P}_f8e4m3_to_f32(o), u);
 }
 {Q} float {P}_sround_f8e5m2(float x, float u) {
   const {U8} b = {P}_f32_to_f8e5m2(x);
   const float w = {P}_f8e5m2_to_f32(b);
-  return {P}_sround_pick(x, w, {P}_f8e5m2_to_f32(({U8})(fabsf(w) < fabsf(x) ? b + 1u : b - 1u)), u);
+  const {U8} o = ({U8})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
+                        ? b + 1u : b - 1u);
+  return {P}_sround_pick(x, w, {P}_f8e5m2_to_f32(o), u);
 }
