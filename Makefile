@@ -18,7 +18,7 @@ $(VENV)/.lab-stamp: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[test,lab]"
 	touch $@
 
-setup: $(VENV)/.test-stamp
+setup: $(VENV)/.test-stamp $(VENV)/.torch-stamp
 setup-lab: $(VENV)/.lab-stamp
 
 test: setup
@@ -73,17 +73,23 @@ endif
 bench: setup
 	$(BIN)/python -m benchmarks.bench $(BENCH_ARGS)
 
-# PyTorch's CPU wheel (about 0.2 GB) rather than PyPI's default Linux wheel, which brings about
-# 4 GB of CUDA libraries: PyTorch's CPU index first; where that cannot be reached, a +cpu wheel in
-# pip's own find-links (installed alone, then its dependencies); PyPI's wheel only as a last resort.
-# Then the bench extra (JAX for the CPU, pandas), which an installed torch already satisfies.
+# PyTorch, which the interop tests check the bridges against (make test) and the benchmarks
+# compare with (make bench): its CPU wheel (about 0.2 GB) rather than PyPI's default Linux wheel,
+# which brings about 4 GB of CUDA libraries. PyTorch's CPU index first; where that cannot be
+# reached, a +cpu wheel in pip's own find-links (installed alone, then its dependencies); PyPI's
+# wheel only as a last resort. An installed torch is kept.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-setup-bench: setup
-	$(BIN)/python -m pip install -q --retries 1 --timeout 30 torch --index-url $(TORCH_INDEX) \
+$(VENV)/.torch-stamp: | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null \
+		|| $(BIN)/python -m pip install -q --retries 1 --timeout 30 torch --index-url $(TORCH_INDEX) \
 		|| ($(BIN)/python -m pip install -q --no-index --no-deps torch \
 			&& $(BIN)/python -m pip install -q torch) \
-		|| (echo "setup-bench: no CPU wheel of torch found; installing PyPI's (with CUDA)" \
+		|| (echo "setup: no CPU wheel of torch found; installing PyPI's (with CUDA)" \
 			&& $(BIN)/python -m pip install -q torch)
+	touch $@
+
+# The bench extra (JAX for the CPU, pandas), which the installed torch already satisfies.
+setup-bench: setup
 	$(BIN)/python -m pip install -q -e ".[bench]" "jax[cpu]"
 	$(BIN)/python -c "import torch, jax; print('setup-bench: torch', torch.__version__, \
 		'(a CUDA build: pip uninstall torch, then make setup-bench again, for the CPU wheel)' \

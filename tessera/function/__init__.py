@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .. import debug, dtypes as dt, numerics
+from .. import debug, dtypes as dt, interop, numerics
 from ..compiler.graph_ir import Graph
 from ..errors import ArgumentError, SymbolicValueError, TesseraError
 from ..runtime import cache
@@ -90,8 +90,11 @@ class Function:
                 if launch is not None:
                     self._fast[key] = launch
             if prog.output_tree is not None:
-                return prog.output_tree.unflatten(prog.run(*arrays.values()))
-            return prog(*arrays.values())
+                out = prog.output_tree.unflatten(prog.run(*arrays.values()))
+            else:
+                out = prog(*arrays.values())
+            # PyTorch tensors in, PyTorch tensors out (tessera/interop.py)
+            return interop.convert_results(out, interop.results_like([*args, *kwargs.values()]))
         except TesseraError as e:
             raise e.with_traceback(None) from None
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 
 from .. import dtypes as dt
-from .. import pytree
+from .. import interop, pytree
 from ..compiler.graph_ir import SourceLocation
 from ..errors import ArgumentError, DTypeError, RankError, ShapeError, SymbolMismatchError, enrich
 from ..shapes import Sym, evaluate, fmt_shape, same
@@ -68,7 +68,8 @@ class Signature:
                 statics[p.name] = x
                 continue
             try:
-                arr = x if on_device(x) else np.asarray(x)    # a CuPy array stays on its device
+                # a CuPy array stays on its device; PyTorch's and JAX's through DLPack
+                arr = x if on_device(x) else interop.as_array(x)
             except ValueError as e:
                 raise ArgumentError(f"argument {p.name!r} is not an array: {e}",
                                     function=self.name) from None
@@ -98,7 +99,7 @@ class Signature:
                                         "static value", function=self.name) from None
                 slots.append(("static", leaf))
                 continue
-            arr = leaf if on_device(leaf) else np.asarray(leaf)   # CuPy leaves stay put
+            arr = leaf if on_device(leaf) else interop.as_array(leaf)   # CuPy leaves stay put
             try:
                 dt.from_numpy(arr.dtype)
             except DTypeError as e:

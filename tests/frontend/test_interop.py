@@ -1,0 +1,98 @@
+"""Arrays from PyTorch through DLPack, results in the caller's array type, and tessera functions
+as PyTorch autograd functions (tessera/interop.py), against PyTorch itself."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+torch = pytest.importorskip("torch", reason="PyTorch is the library these bridges connect to")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 and fp8 need ml_dtypes")
+
+
+def test_from_dlpack_shares_memory_and_keeps_dtypes(rng):
+    t = torch.from_numpy(rng.standard_normal((5, 6)).astype(np.float32))
+    x = ts.from_dlpack(t)
+    assert isinstance(x, np.ndarray) and x.dtype == np.float32 and x.shape == (5, 6)
+    t[1, 2] = 42.0                                        # the same memory, no copy
+    assert x[1, 2] == 42.0
+    col = ts.from_dlpack(t[:, 3])                         # a strided view stays a view
+    assert col.strides == (24,) and np.shares_memory(col, x)
+    g = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    np.testing.assert_array_equal(ts.from_dlpack(g), np.ones(3))         # read detached
+    for dtype in (torch.int64, torch.int32, torch.bool, torch.float16):
+        v = (torch.arange(6) % 3).to(dtype)
+        np.testing.assert_array_equal(ts.from_dlpack(v), v.numpy())
+    for dtype, np_dtype in [(torch.bfloat16, ml_dtypes.bfloat16),
+                            (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn),
+                            (torch.float8_e5m2, ml_dtypes.float8_e5m2)]:
+        v = torch.from_numpy(rng.standard_normal(64).astype(np.float32)).to(dtype)
+        got = ts.from_dlpack(v)                           # by its bits: DLPack has no fp8
+        assert got.dtype == np_dtype
+        np.testing.assert_array_equal(got.astype(np.float32), v.to(torch.float32).numpy())
+    with pytest.raises(ts.ArgumentError, match="on meta"):
+        ts.from_dlpack(torch.empty(3, device="meta"))
+
+
+def test_pytorch_in_pytorch_out(rng):
+    f = ts.function(lambda a, b: (op.tanh(a @ b) * 2, op.sum(a, axis=0)))
+    a = rng.standard_normal((7, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 3)).astype(np.float32)
+    want = f(a, b)
+    got = f(torch.from_numpy(a), torch.from_numpy(b).requires_grad_())
+    assert isinstance(got, tuple) and all(isinstance(g, torch.Tensor) for g in got)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)       # the same program, the same bits
+    mixed = f(a, torch.from_numpy(b))                     # not all PyTorch: NumPy, as always
+    assert all(isinstance(m, np.ndarray) for m in mixed)
+    tree = ts.function(lambda p, x: p["w"] * x)(
+        {"w": torch.ones(4, dtype=torch.float64)}, torch.arange(4, dtype=torch.float64))
+    assert isinstance(tree, torch.Tensor) and tree.tolist() == [0, 1, 2, 3]
+    half = ts.function(lambda x: x * 3)(torch.from_numpy(a).to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16
+    np.testing.assert_array_equal(half.to(torch.float32).numpy(),
+                                  (a.astype(ml_dtypes.bfloat16).astype(np.float32) * 3)
+                                  .astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_to_torch_gradients_match_pytorch_autograd(rng):
+    def loss(w, x, scale):
+        h = op.tanh(x @ w)
+        return op.sum(h * h) * scale, op.mean(h, axis=0)
+    layer = ts.to_torch(loss)
+    w = torch.from_numpy(rng.standard_normal((6, 4))).requires_grad_()
+    x = torch.from_numpy(rng.standard_normal((9, 6))).requires_grad_()
+    value, mean = layer(w, x, 0.5)
+    (value + (mean * torch.arange(4.0, dtype=torch.float64)).sum()).backward()
+    w2, x2 = w.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    h = torch.tanh(x2 @ w2)
+    ((h * h).sum() * 0.5 + (h.mean(0) * torch.arange(4.0, dtype=torch.float64)).sum()).backward()
+    torch.testing.assert_close(value, (h * h).sum().detach() * 0.5)
+    torch.testing.assert_close(w.grad, w2.grad)
+    torch.testing.assert_close(x.grad, x2.grad)
+    idx = ts.to_torch(lambda x, i: op.sum(op.take(x, i, axis=0)))
+    xi = torch.ones(5, 2, dtype=torch.float64, requires_grad=True)
+    idx(xi, torch.tensor([0, 0, 3])).backward()           # an integer argument: no gradient
+    assert xi.grad[:, 0].tolist() == [2, 0, 0, 1, 0]
+
+
+def test_to_torch_trains_in_a_pytorch_loop(rng):
+    """Ten SGD steps on a tessera loss inside torch.optim give PyTorch's own trajectory."""
+    x = torch.from_numpy(rng.standard_normal((32, 8)))
+    y = torch.from_numpy(rng.standard_normal((32, 1)))
+    w0 = rng.standard_normal((8, 1)) * 0.1
+    loss = ts.to_torch(lambda w, x, y: op.mean((op.tanh(x @ w) - y) ** 2))
+    runs = []
+    for use_tessera in (True, False):
+        w = torch.from_numpy(w0.copy()).requires_grad_()
+        opt = torch.optim.SGD([w], lr=0.5)
+        trace = []
+        for _ in range(10):
+            opt.zero_grad()
+            value = loss(w, x, y) if use_tessera else ((torch.tanh(x @ w) - y) ** 2).mean()
+            value.backward()
+            opt.step()
+            trace.append(float(value.detach()))
+        runs.append(trace)
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-10)
+    assert runs[0][-1] < runs[0][0]
