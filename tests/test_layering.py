@@ -27,7 +27,8 @@ LAYERS = [
     ("front end", ["tessera.trace", "tessera.op", "tessera.schedule", "tessera.function",
                    "tessera.control",
                    "tessera.graph", "tessera.autodiff", "tessera.autotune", "tessera.nn",
-                   "tessera.optim", "tessera.debug", "tessera.interop"]),
+                   "tessera.optim", "tessera.debug", "tessera.interop",
+                   "tessera.aten"]),
     ("viz", ["tessera.viz"]),
     ("lab", ["tessera.lab"]),
     ("public surface", ["tessera"]),      # the package's __init__: what `import tessera` gives

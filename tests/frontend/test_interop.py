@@ -96,3 +96,80 @@ def test_to_torch_trains_in_a_pytorch_loop(rng):
         runs.append(trace)
     np.testing.assert_allclose(runs[0], runs[1], rtol=1e-10)
     assert runs[0][-1] < runs[0][0]
+
+
+# ---- from_torch: torch.export's ATen graph onto the registry -------------------------------------
+class _MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.ln = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
+        self.l2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.ln(self.l1(x)))
+        return torch.softmax(self.l2(h), dim=-1) + x[:, :4].mean(dim=-1, keepdim=True)
+
+
+class _Block(torch.nn.Module):
+    """Embedding, a fused qkv projection split three ways, heads, a causal mask built from
+    ones/tril, masked softmax attention and PyTorch's SDPA side by side."""
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.emb, self.ln = torch.nn.Embedding(10, d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        B, T, D = x.shape
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.ln(x)).split(D, dim=-1))
+        att = (q @ k.transpose(-2, -1)) / (D // self.heads) ** 0.5
+        keep = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        att = att.masked_fill(~keep, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, D)
+        y2 = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(y) + y2.transpose(1, 2).reshape(B, T, D)
+
+
+def test_from_torch_matches_pytorch_and_trains(rng):
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    model = _MLP()
+    x = torch.from_numpy(rng.standard_normal((5, 8)).astype(np.float32))
+    fn, params = ts.from_torch(model, x)
+    assert sorted(params) == sorted(model.state_dict())
+    np.testing.assert_allclose(fn(params, x.numpy()), model(x).detach().numpy(), atol=2e-6)
+    assert "softmax" in str(fn.lower(params, x.numpy()).graph_ir)
+
+    def loss(p, x):
+        return op.sum(fn(p, x) ** 2)
+    grads = ts.grad(loss)(params, x.numpy())
+    (model(x) ** 2).sum().backward()
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_from_torch_attention_block(rng):
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    block = _Block()
+    ids = torch.from_numpy(rng.integers(0, 10, size=(3, 7)))
+    fn, params = ts.from_torch(block, ids)
+    np.testing.assert_allclose(fn(params, ids.numpy()), block(ids).detach().numpy(), atol=1e-5)
+    f2, p2 = ts.from_torch(lambda a, b: torch.tanh(a @ b.T).sum(dim=0), torch.ones(3, 4),
+                           torch.ones(5, 4))                   # a function, no parameters
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    assert p2 == {}
+    np.testing.assert_allclose(f2(p2, a.astype(np.float32), b.astype(np.float32)),
+                               np.tanh(a @ b.T).sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_from_torch_lists_every_unsupported_operator():
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            y = torch.cumsum(x, dim=0) * 2
+            return torch.sort(y, dim=-1).values + torch.cumsum(y, dim=1)
+    with pytest.raises(ts.TesseraError) as e:
+        ts.from_torch(Odd(), torch.ones(3, 4))
+    text = str(e.value)
+    assert "2 ATen operator(s)" in text and "aten.cumsum.default: 2 use(s)" in text
+    assert "aten.sort" in text and "test_interop.py" in text

@@ -1,0 +1,340 @@
+"""PyTorch models as tessera functions: ``ts.from_torch(model, *example_inputs)``.
+
+    fn, params = ts.from_torch(model, x)       # torch.export, then ATen onto the registry
+    y = fn(params, x)                          # compiled like any tessera function
+    grads = ts.grad(lambda p, x: op.sum(fn(p, x)))(params, x)     # and trainable
+
+``torch.export`` captures the model (or a function) on the example inputs and its core-ATen
+decomposition gives a graph of ATen operators; each maps onto tessera operators (the table
+`ATEN` below, one entry per ATen overload), traced into a tessera ``Function`` of
+``(params, *inputs)``: its Graph IR, fusion, autotuning, explorer and profiler work as for any
+other. ``params`` is a dict of the model's parameters, buffers and constants as NumPy arrays
+(named as in ``state_dict``), a pytree argument, so ``ts.grad`` and ``ts.optim`` train it.
+An ATen operator without an entry is a ``TesseraError`` listing every unsupported operator of
+the model at once, each with the line of the PyTorch code that made it. The shapes are those
+of the example inputs (a new shape is a new export). ``tessera.migrate.from_pytorch`` in the
+seeds is this call.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import numpy as np
+
+from . import dtypes as dt
+from . import op
+from .errors import ArgumentError, TesseraError
+from .trace import apply
+
+_DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16",
+           "bfloat16": "bfloat16", "int32": "int32", "int64": "int64", "bool": "bool",
+           "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+
+
+def _dtype(torch_dtype) -> str:
+    name = str(torch_dtype).split(".")[-1]
+    if name not in _DTYPES:
+        raise ArgumentError(f"torch.{name} has no tessera dtype",
+                            expected=", ".join(sorted(_DTYPES)))
+    return _DTYPES[name]
+
+
+def _axes(dims, rank):
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return [d % rank for d in dims] if dims else list(range(rank))
+
+
+def _shape(x):
+    return tuple(x.shape)
+
+
+def _reshape(x, shape):
+    return op.reshape(x, shape=[int(s) for s in shape])
+
+
+def _slice(x, dim=0, start=None, end=None, step=1):
+    rank = len(_shape(x))
+    n = _shape(x)[dim]
+    starts, stops, steps = [None] * rank, [None] * rank, [1] * rank
+    starts[dim] = None if start is None else max(min(start, n), -n)
+    stops[dim] = None if end is None or end >= n else end
+    steps[dim] = step
+    return op.slice(x, starts=starts, stops=stops, steps=steps)
+
+
+def _split(x, sizes, dim=0):
+    out, at = [], 0
+    for s in sizes:
+        out.append(_slice(x, dim, at, at + s))
+        at += s
+    return out
+
+
+def _expand(x, shape):
+    have = _shape(x)
+    full = [h if s == -1 else s for s, h in zip(shape, (None,) * (len(shape) - len(have)) + have)]
+    return op.broadcast_to(x, shape=[int(s) for s in full])
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    k = len(normalized_shape)
+    shape = _shape(x)
+    flat = _reshape(x, shape[:len(shape) - k] + (-1,)) if k != 1 else x
+    mean = op.mean(flat, axis=-1, keepdim=True)
+    var = op.mean((flat - mean) ** 2, axis=-1, keepdim=True)
+    out = op.layernorm(flat, eps=eps, axis=-1)
+    out = _reshape(out, shape) if k != 1 else out
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    kept = shape[:len(shape) - k] + (1,) * k
+    return (out, _reshape(mean, kept), _reshape(op.rsqrt(var + eps), kept))
+
+
+def _full(size, value, dtype=None, **_):
+    d = _dtype(dtype) if dtype is not None else ("float32" if isinstance(value, float)
+                                                 else "int64")
+    return np.full([int(s) for s in size], value, dtype=dt.get(d).np)
+
+
+def _arange(start, end=None, step=1, dtype=None, **_):
+    if end is None:
+        start, end = 0, start
+    d = _dtype(dtype) if dtype is not None else (
+        "float32" if any(isinstance(v, float) for v in (start, end, step)) else "int64")
+    return np.arange(start, end, step, dtype=dt.get(d).np)
+
+
+def _to(x, dtype=None, **_):
+    return x if dtype is None else op.cast(x, _dtype(dtype))
+
+
+def _alpha(b, alpha):
+    return b if alpha == 1 else b * alpha
+
+
+def _sum(x, dims=None, keepdim=False, dtype=None):
+    y = op.sum(x, axis=None if not dims else _axes(dims, len(_shape(x))), keepdim=keepdim)
+    return y if dtype is None else op.cast(y, _dtype(dtype))
+
+
+# ATen overload -> a function of its arguments giving tessera values (or a tuple of them)
+ATEN = {
+    "aten.permute.default": lambda x, dims: op.transpose(x, perm=list(dims)),
+    "aten.t.default": lambda x: op.transpose(x),
+    "aten.transpose.int": lambda x, a, b: op.transpose(
+        x, perm=_swap(len(_shape(x)), a, b)),
+    "aten.addmm.default": lambda bias, a, b, beta=1, alpha=1:
+        _alpha(bias, beta) + _alpha(op.matmul(a, b), alpha),
+    "aten.mm.default": lambda a, b: op.matmul(a, b),
+    "aten.bmm.default": lambda a, b: op.matmul(a, b),
+    "aten.matmul.default": lambda a, b: op.matmul(a, b),
+    "aten.native_layer_norm.default": _layer_norm,
+    "aten._softmax.default": lambda x, dim, half_to_float=False: op.softmax(x, axis=dim),
+    "aten._log_softmax.default": lambda x, dim, half_to_float=False: op.log_softmax(x, axis=dim),
+    "aten.gelu.default": lambda x, approximate="none": op.gelu(x, approximate=approximate),
+    "aten.relu.default": lambda x: op.relu(x),
+    "aten.tanh.default": lambda x: op.tanh(x),
+    "aten.sigmoid.default": lambda x: op.sigmoid(x),
+    "aten.silu.default": lambda x: op.silu(x),
+    "aten.exp.default": lambda x: op.exp(x),
+    "aten.log.default": lambda x: op.log(x),
+    "aten.sqrt.default": lambda x: op.sqrt(x),
+    "aten.rsqrt.default": lambda x: op.rsqrt(x),
+    "aten.neg.default": lambda x: -x,
+    "aten.abs.default": lambda x: op.abs(x),
+    "aten.sin.default": lambda x: op.sin(x),
+    "aten.cos.default": lambda x: op.cos(x),
+    "aten.erf.default": lambda x: op.erf(x),
+    "aten.add.Tensor": lambda a, b, alpha=1: a + _alpha(b, alpha),
+    "aten.add.Scalar": lambda a, b, alpha=1: a + _alpha(b, alpha),
+    "aten.sub.Tensor": lambda a, b, alpha=1: a - _alpha(b, alpha),
+    "aten.sub.Scalar": lambda a, b, alpha=1: a - _alpha(b, alpha),
+    "aten.rsub.Scalar": lambda a, b, alpha=1: b - _alpha(a, alpha),
+    "aten.mul.Tensor": lambda a, b: a * b,
+    "aten.mul.Scalar": lambda a, b: a * b,
+    "aten.div.Tensor": lambda a, b: op.div(a, b),
+    "aten.div.Scalar": lambda a, b: op.div(a, b),
+    "aten.pow.Tensor_Scalar": lambda x, e: x ** e,
+    "aten.pow.Tensor_Tensor": lambda x, e: x ** e,
+    "aten.maximum.default": lambda a, b: op.maximum(a, b),
+    "aten.minimum.default": lambda a, b: op.minimum(a, b),
+    "aten.clamp.default": lambda x, lo=None, hi=None: op.clamp(x, lo, hi),
+    "aten.where.self": lambda c, a, b: op.where(c, a, b),
+    "aten.view.default": _reshape,
+    "aten._unsafe_view.default": _reshape,
+    "aten.reshape.default": _reshape,
+    "aten.expand.default": _expand,
+    "aten.unsqueeze.default": lambda x, dim: op.expand_dims(x, axis=dim),
+    "aten.squeeze.dim": lambda x, dim: op.squeeze(x, axis=dim),
+    "aten.squeeze.dims": lambda x, dims: _reshape(
+        x, [s for k, s in enumerate(_shape(x)) if k not in _axes(dims, len(_shape(x)))]),
+    "aten.slice.Tensor": _slice,
+    "aten.select.int": lambda x, dim, i: op.squeeze(_slice(x, dim, i, i + 1 if i != -1 else None),
+                                                    axis=dim),
+    "aten.split_with_sizes.default": _split,
+    "aten.cat.default": lambda xs, dim=0: op.concat(list(xs), axis=dim),
+    "aten.embedding.default": lambda w, ids, *_: op.take(w, ids, axis=0),
+    "aten.mean.dim": lambda x, dims, keepdim=False, dtype=None: op.mean(
+        x, axis=_axes(dims, len(_shape(x))), keepdim=keepdim),
+    "aten.sum.dim_IntList": _sum,
+    "aten.sum.default": lambda x, dtype=None: _sum(x, None, False, dtype),
+    "aten.amax.default": lambda x, dims=(), keepdim=False: op.max(
+        x, axis=_axes(dims, len(_shape(x))), keepdim=keepdim),
+    "aten.amin.default": lambda x, dims=(), keepdim=False: op.min(
+        x, axis=_axes(dims, len(_shape(x))), keepdim=keepdim),
+    "aten.any.dim": lambda x, dim, keepdim=False: op.max(op.cast(x, "bool"), axis=dim,
+                                                         keepdim=keepdim),
+    "aten.eq.Scalar": lambda a, b: a == b, "aten.eq.Tensor": lambda a, b: a == b,
+    "aten.ne.Scalar": lambda a, b: a != b, "aten.ne.Tensor": lambda a, b: a != b,
+    "aten.lt.Scalar": lambda a, b: a < b, "aten.lt.Tensor": lambda a, b: a < b,
+    "aten.le.Scalar": lambda a, b: a <= b, "aten.le.Tensor": lambda a, b: a <= b,
+    "aten.gt.Scalar": lambda a, b: a > b, "aten.gt.Tensor": lambda a, b: a > b,
+    "aten.ge.Scalar": lambda a, b: a >= b, "aten.ge.Tensor": lambda a, b: a >= b,
+    # bools: and is min, or is max, not is == False
+    "aten.logical_and.default": lambda a, b: op.minimum(op.cast(a, "bool"), op.cast(b, "bool")),
+    "aten.logical_or.default": lambda a, b: op.maximum(op.cast(a, "bool"), op.cast(b, "bool")),
+    "aten.logical_not.default": lambda a: op.cast(a, "bool") == False,      # noqa: E712
+    "aten.bitwise_not.default": lambda a: _bitwise_not(a),
+    "aten.full.default": _full,
+    "aten.full_like.default": lambda x, value, dtype=None, **_: op.broadcast_to(
+        apply("cast", np.asarray(value), dtype=_dtype(dtype) if dtype is not None else
+              x.dtype.name), shape=list(_shape(x))),
+    "aten.scalar_tensor.default": lambda value, dtype=None, **_: np.asarray(
+        value, dtype=dt.get(_dtype(dtype) if dtype is not None else "float32").np),
+    "aten.arange.start_step": _arange,
+    "aten.arange.default": lambda end, dtype=None, **kw: _arange(0, end, 1, dtype),
+    "aten.clone.default": lambda x, **_: x,
+    "aten.alias.default": lambda x: x,
+    "aten.detach.default": lambda x: x,
+    "aten.lift_fresh_copy.default": lambda x: x,
+    "aten._to_copy.default": _to,
+    "aten.scaled_dot_product_attention.default": lambda q, k, v, mask=None, dropout_p=0.0,
+    is_causal=False, scale=None, **_: op.attention(q, k, v, mask=mask, causal=is_causal,
+                                                   scale=scale),
+}
+
+
+def _swap(rank, a, b):
+    perm = list(range(rank))
+    perm[a % rank], perm[b % rank] = perm[b % rank], perm[a % rank]
+    return perm
+
+
+def _bitwise_not(a):
+    if dt.get(a.dtype).is_bool:
+        return a == False                                            # noqa: E712
+    return -a - 1                                                   # two's complement
+
+
+def _getitem(x, i):
+    return x[i]
+
+
+def from_torch(model, *example_inputs):
+    """(a tessera Function of (params, *inputs), params: the model's tensors as a dict of NumPy
+    arrays). ``model`` is a torch.nn.Module or a function of tensors."""
+    import torch
+    from .function import Function
+    from .interop import from_dlpack
+
+    module = model if isinstance(model, torch.nn.Module) else _Wrapped(model)
+    name = type(model).__name__ if isinstance(model, torch.nn.Module) else \
+        getattr(model, "__name__", "fn")
+    examples = tuple(torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x
+                     for x in example_inputs)
+    try:
+        with warnings.catch_warnings():     # (torch.export's own deprecation of its pytrees)
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            exported = torch.export.export(module, examples).run_decompositions()
+    except Exception as e:         # torch.export's own reasons (data-dependent control flow)
+        raise TesseraError(f"torch.export could not capture {name}: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}",
+                           hint="tessera imports what torch.export captures; see its "
+                                "documentation for graph breaks") from None
+    graph = exported.graph
+    _check_supported(graph, name)
+
+    state = {**exported.state_dict, **getattr(exported, "constants", {})}
+    params, places, user = {}, {}, []
+    for spec in exported.graph_signature.input_specs:
+        kind = spec.kind.name
+        if kind == "USER_INPUT":
+            user.append(spec.arg.name)
+        elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+            params[spec.target] = np.array(from_dlpack(state[spec.target]))     # its own copy
+            places[spec.arg.name] = spec.target
+        else:
+            raise TesseraError(f"{name}: torch.export input of kind {kind} is not supported")
+    inputs = [f"x{i}" if not n.isidentifier() else n for i, n in enumerate(user)]
+
+    def body(*args, **kw):
+        kw = body.__signature__.bind(*args, **kw).arguments
+        env = {}
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                env[node.name] = kw["params"][places[node.name]] if node.name in places \
+                    else kw[inputs[user.index(node.name)]]
+            elif node.op == "call_function":
+                args = _resolve(node.args, env)
+                kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()
+                          if k not in ("device", "layout", "pin_memory", "memory_format")}
+                fn = _getitem if node.target.__name__ == "getitem" and \
+                    str(node.target).startswith("<built-in") else ATEN[str(node.target)]
+                env[node.name] = fn(*args, **kwargs)
+            elif node.op == "output":
+                outs = _resolve(node.args[0], env)
+                return outs[0] if len(outs) == 1 else tuple(outs)
+        raise TesseraError(f"{name}: the exported graph has no output")
+
+    params_param = inspect.Parameter("params", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    body.__signature__ = inspect.Signature(
+        [params_param] + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                          for n in inputs])
+    body.__name__ = body.__qualname__ = name
+    body.__doc__ = f"{name}, imported from PyTorch by torch.export (tessera.from_torch)"
+    return Function(body, name=name), params
+
+
+class _Wrapped:
+    """A function as the module torch.export needs (made lazily: torch is optional)."""
+    def __new__(cls, fn):
+        import torch
+
+        class Fn(torch.nn.Module):
+            def forward(self, *args):
+                return fn(*args)
+        return Fn()
+
+
+def _resolve(value, env):
+    """An argument with each fx.Node in it replaced by its value."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve(v, env) for v in value)
+    if hasattr(value, "op") and getattr(value, "name", None) in env:      # an fx.Node
+        return env[value.name]
+    return value
+
+
+def _check_supported(graph, name):
+    missing = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = str(node.target)
+        if target in ATEN or getattr(node.target, "__name__", "") == "getitem":
+            continue
+        trace = (node.meta.get("stack_trace") or "").strip().split("\n")
+        where = next((line.strip() for line in reversed(trace) if line.strip().startswith(
+            "File ")), "") or "(no source line)"
+        missing.setdefault(target, []).append(where)
+    if missing:
+        lines = [f"  {t}: {len(w)} use(s), first at {w[0]}" for t, w in sorted(missing.items())]
+        raise TesseraError(f"{name} uses {len(missing)} ATen operator(s) tessera does not map "
+                           "yet:\n" + "\n".join(lines),
+                           hint="each needs an entry in tessera/aten.py's ATEN table")
+
+
+__all__ = ["from_torch", "ATEN"]
