@@ -44,7 +44,13 @@ def half_conversions(lang: str) -> str:
 
 
 def narrow_conversions(lang: str, fp8: bool, sround: bool) -> list[str]:
-    """The fp8 conversions (fp8.h) and stochastic rounding (sround.h, which uses them), for "c"
-    or "gpu": chunks that follow half.h's text, emitted only for a program that uses them."""
-    names = (["fp8.h"] if fp8 or sround else []) + (["sround.h"] if sround else [])
-    return [specialise(routine_text(n), **HALF_SPELLING[lang]) for n in names]
+    """The fp8 conversions (fp8.h) and stochastic rounding (sround.h, then sround_format.h once
+    per narrow format; they use the fp8 conversions), for "c" or "gpu": chunks that follow
+    half.h's text, emitted only for a program that uses them."""
+    spell = HALF_SPELLING[lang]
+    out = [specialise(routine_text("fp8.h"), **spell)] if fp8 or sround else []
+    if sround:
+        out.append(specialise(routine_text("sround.h"), **spell))
+        out += [specialise(routine_text("sround_format.h"), F=f, B=spell[b], **spell)
+                for f, b in (("f16", "U16"), ("bf16", "U16"), ("f8e4m3", "U8"), ("f8e5m2", "U8"))]
+    return out

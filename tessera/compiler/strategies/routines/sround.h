@@ -13,31 +13,3 @@
   const {U32} far = u < fabsf(x - lo) / fabsf(hi - lo);
   return {P}_bits_f32({P}_pick(plain, wb, {P}_pick(far, hb, lb)));
 }
-{Q} float {P}_sround_f16(float x, float u) {
-  const {U16} b = {P}_f32_to_f16(x);
-  const float w = {P}_f16_to_f32(b);
-  const {U16} o = ({U16})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
-                          ? b + 1u : b - 1u);
-  return {P}_sround_pick(x, w, {P}_f16_to_f32(o), u);
-}
-{Q} float {P}_sround_bf16(float x, float u) {
-  const {U16} b = {P}_f32_to_bf16(x);
-  const float w = {P}_bf16_to_f32(b);
-  const {U16} o = ({U16})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
-                          ? b + 1u : b - 1u);
-  return {P}_sround_pick(x, w, {P}_bf16_to_f32(o), u);
-}
-{Q} float {P}_sround_f8e4m3(float x, float u) {
-  const {U8} b = {P}_f32_to_f8e4m3(x);
-  const float w = {P}_f8e4m3_to_f32(b);
-  const {U8} o = ({U8})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
-                        ? b + 1u : b - 1u);
-  return {P}_sround_pick(x, w, {P}_f8e4m3_to_f32(o), u);
-}
-{Q} float {P}_sround_f8e5m2(float x, float u) {
-  const {U8} b = {P}_f32_to_f8e5m2(x);
-  const float w = {P}_f8e5m2_to_f32(b);
-  const {U8} o = ({U8})(({P}_f32_bits(w) & 0x7fffffffu) < ({P}_f32_bits(x) & 0x7fffffffu)
-                        ? b + 1u : b - 1u);
-  return {P}_sround_pick(x, w, {P}_f8e5m2_to_f32(o), u);
-}
