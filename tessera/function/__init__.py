@@ -147,6 +147,12 @@ class Function:
         except TesseraError as e:
             raise e.with_traceback(None) from None
 
+    def export(self, path, *example, opset_version: int = 17, **kwargs):
+        """This function traced on the example arguments, written as an ONNX model at `path`
+        (tessera/onnx.py); returns the ModelProto."""
+        from ..onnx import export
+        return export(self, path, *example, opset_version=opset_version, **kwargs)
+
     def forget_programs(self):
         """Drop every compiled program (and fast-path launcher): the next call compiles anew."""
         self.programs.forget()

@@ -1,0 +1,418 @@
+"""ONNX in and out: ``ts.onnx.export(fn, path, *example)`` and ``ts.onnx.import_model(model)``.
+
+    ts.onnx.export(fn, "m.onnx", x, w, opset_version=17)    # also fn.export(...)
+    g = ts.onnx.import_model("m.onnx")                       # a tessera Function
+    y = g(x, w)
+
+Export traces ``fn`` on the example arguments and writes its Graph IR (the operators the user
+wrote, before decomposition) as ONNX nodes, one table entry per tessera operator (`EXPORT`),
+constants as initializers; the model passes ``onnx.checker`` and runs in
+``onnx.reference.ReferenceEvaluator`` (and onnxruntime) to the same results. Import reads an
+ONNX graph (a path, bytes or a ModelProto) into a tessera Function of the graph's inputs, its
+initializers as constants, one table entry per ONNX operator (`IMPORT`). Either way an operator
+without an entry is one ``TesseraError`` listing them all. Needs the ``onnx`` package.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+
+from . import op
+from .errors import ArgumentError, TesseraError
+
+OPSET = 17
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise TesseraError("ONNX import and export need the onnx package",
+                           hint="pip install onnx") from None
+    return onnx
+
+
+_ONNX_DTYPE = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "bool": 9,
+               "float16": 10, "float64": 11, "bfloat16": 16, "float8_e4m3fn": 17,
+               "float8_e5m2": 19}
+_FROM_ONNX_DTYPE = {v: k for k, v in _ONNX_DTYPE.items()}
+
+
+# ---- export ---------------------------------------------------------------------------------------
+class _Writer:
+    def __init__(self, onnx, names):
+        self.onnx, self.h = onnx, onnx.helper
+        self.nodes, self.inits, self.names, self.k = [], [], names, 0
+
+    def fresh(self, hint="t"):
+        self.k += 1
+        return f"_{hint}{self.k}"
+
+    def node(self, kind, inputs, out=None, **attrs):
+        out = out or self.fresh(kind.lower())
+        self.nodes.append(self.h.make_node(kind, list(inputs), [out], **attrs))
+        return out
+
+    def const(self, array, hint="c"):
+        name = self.fresh(hint)
+        self.inits.append(self.onnx.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def ints(self, values):
+        return self.const(np.asarray(list(values), dtype=np.int64), "ints")
+
+
+def _unary(kind):
+    return lambda w, n, xs, out: w.node(kind, xs, out)
+
+
+def _axes(n) -> list:
+    """A reduction's axes as a list (None: all of them)."""
+    axes = n.attrs["axis"]
+    if axes is None:
+        return list(range(n.inputs[0].type.rank))
+    return [axes] if isinstance(axes, int) else list(axes)
+
+
+def _reduce(kind):
+    def write(w, n, xs, out):
+        axes = _axes(n)
+        keep = int(bool(n.attrs.get("keepdim", False)))
+        if kind == "ReduceSum":                      # axes an input since opset 13
+            return w.node(kind, [xs[0], w.ints(axes)], out, keepdims=keep)
+        return w.node(kind, xs, out, axes=list(axes), keepdims=keep)     # opset 17: attribute
+    return write
+
+
+def _slice(w, n, xs, out):
+    starts, stops, steps, axes = [], [], [], []
+    for ax, (a, b, s) in enumerate(zip(n.attrs["starts"], n.attrs["stops"], n.attrs["steps"])):
+        if a is None and b is None and s == 1:
+            continue
+        big = np.iinfo(np.int64).max
+        starts.append(a if a is not None else (0 if s > 0 else -1))
+        stops.append(b if b is not None else (big if s > 0 else -big))
+        steps.append(s)
+        axes.append(ax)
+    if not axes:
+        return w.node("Identity", xs, out)
+    return w.node("Slice", [xs[0], w.ints(starts), w.ints(stops), w.ints(axes), w.ints(steps)],
+                  out)
+
+
+def _layernorm(w, n, xs, out):
+    d = n.inputs[0].type
+    size = d.shape[n.attrs["axis"]]
+    ones = w.const(np.ones(size, d.dtype.np), "ones")
+    zeros = w.const(np.zeros(size, d.dtype.np), "zeros")
+    return w.node("LayerNormalization", [xs[0], ones, zeros], out, axis=n.attrs["axis"],
+                  epsilon=float(n.attrs["eps"]))
+
+
+def _var(w, n, xs, out):
+    axes = _axes(n)
+    mean = w.node("ReduceMean", xs, axes=list(axes), keepdims=1)
+    dev = w.node("Sub", [xs[0], mean])
+    sq = w.node("Mul", [dev, dev])
+    total = w.node("ReduceSum", [sq, w.ints(axes)], keepdims=int(bool(n.attrs["keepdim"])))
+    count = math.prod(n.inputs[0].type.shape[a] for a in axes) - n.attrs.get("ddof", 0)
+    return w.node("Div", [total, w.const(np.asarray(count, n.out.type.dtype.np))], out)
+
+
+def _rmsnorm(w, n, xs, out):
+    ax = n.attrs["axis"]
+    sq = w.node("Mul", [xs[0], xs[0]])
+    ms = w.node("ReduceMean", [sq], axes=[ax], keepdims=1)
+    eps = w.const(np.asarray(n.attrs["eps"], n.out.type.dtype.np))
+    return w.node("Mul", [xs[0], w.node("Reciprocal", [w.node("Sqrt", [w.node("Add", [ms, eps])])])],
+                  out)
+
+
+def _attention(w, n, xs, out):
+    q, k, v, mask = xs
+    tq, tk = n.inputs[0].type, n.inputs[1].type
+    perm = list(range(tk.rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    scores = w.node("MatMul", [q, w.node("Transpose", [k], perm=perm)])
+    scale = n.attrs["scale"] if n.attrs["scale"] is not None else 1 / math.sqrt(tq.shape[-1])
+    d = n.out.type.dtype.np
+    scores = w.node("Add", [w.node("Mul", [scores, w.const(np.asarray(scale, d))]), mask])
+    if n.attrs["causal"]:
+        sq, sk = tq.shape[-2], tk.shape[-2]
+        keep = np.tril(np.ones((sq, sk), bool), k=sk - sq)
+        scores = w.node("Add", [scores, w.const(np.where(keep, 0, -np.inf).astype(d))])
+    return w.node("MatMul", [w.node("Softmax", [scores], axis=-1), v], out)
+
+
+def _cast(w, n, xs, out):
+    return w.node("Cast", xs, out, to=_ONNX_DTYPE[n.attrs["dtype"]])
+
+
+def _gelu(w, n, xs, out):
+    d = n.out.type.dtype.np
+    if n.attrs.get("approximate", "none") == "tanh":
+        c = w.const(np.asarray(math.sqrt(2 / math.pi), d))
+        cube = w.node("Mul", [w.node("Mul", [xs[0], xs[0]]), xs[0]])
+        inner = w.node("Add", [xs[0], w.node("Mul", [cube, w.const(np.asarray(0.044715, d))])])
+        t = w.node("Tanh", [w.node("Mul", [inner, c])])
+    else:
+        t = w.node("Erf", [w.node("Div", [xs[0], w.const(np.asarray(math.sqrt(2), d))])])
+    one_plus = w.node("Add", [t, w.const(np.asarray(1, d))])
+    return w.node("Mul", [w.node("Mul", [xs[0], w.const(np.asarray(0.5, d))]), one_plus], out)
+
+
+EXPORT = {
+    **{name: _unary(kind) for name, kind in [
+        ("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("pow", "Pow"),
+        ("neg", "Neg"), ("abs", "Abs"), ("exp", "Exp"), ("log", "Log"), ("sqrt", "Sqrt"),
+        ("sin", "Sin"), ("cos", "Cos"), ("tanh", "Tanh"), ("erf", "Erf"), ("relu", "Relu"),
+        ("sigmoid", "Sigmoid"), ("floor", "Floor"), ("ceil", "Ceil"), ("round", "Round"),
+        ("sign", "Sign"), ("maximum", "Max"), ("minimum", "Min"), ("where", "Where"),
+        ("eq", "Equal"), ("lt", "Less"), ("le", "LessOrEqual"), ("gt", "Greater"),
+        ("ge", "GreaterOrEqual"), ("matmul", "MatMul")]},
+    "ne": lambda w, n, xs, out: w.node("Not", [w.node("Equal", xs)], out),
+    "rsqrt": lambda w, n, xs, out: w.node("Reciprocal", [w.node("Sqrt", xs)], out),
+    "silu": lambda w, n, xs, out: w.node("Mul", [xs[0], w.node("Sigmoid", xs)], out),
+    "gelu": _gelu,
+    "cast": _cast,
+    "transpose": lambda w, n, xs, out: w.node("Transpose", xs, out, perm=list(n.attrs["perm"])),
+    "reshape": lambda w, n, xs, out: w.node("Reshape", [xs[0], w.ints(n.out.type.shape)], out),
+    "broadcast_to": lambda w, n, xs, out: w.node("Expand", [xs[0], w.ints(n.out.type.shape)],
+                                                 out),
+    "expand_dims": lambda w, n, xs, out: w.node("Unsqueeze", [xs[0], w.ints([n.attrs["axis"]])],
+                                                out),
+    "squeeze": lambda w, n, xs, out: w.node("Reshape", [xs[0], w.ints(n.out.type.shape)], out),
+    "slice": _slice,
+    "concat": lambda w, n, xs, out: w.node("Concat", xs, out, axis=n.attrs["axis"]),
+    "take": lambda w, n, xs, out: w.node("Gather", xs, out, axis=n.attrs["axis"]),
+    "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"),
+    "min": _reduce("ReduceMin"), "logsumexp": _reduce("ReduceLogSumExp"),
+    "var": _var,
+    "argmax": lambda w, n, xs, out: _arg("ArgMax", w, n, xs, out),
+    "argmin": lambda w, n, xs, out: _arg("ArgMin", w, n, xs, out),
+    "cumsum": lambda w, n, xs, out: w.node("CumSum", [xs[0], w.const(
+        np.asarray(n.attrs["axis"], np.int64))], out),
+    "softmax": lambda w, n, xs, out: w.node("Softmax", xs, out, axis=n.attrs["axis"]),
+    "log_softmax": lambda w, n, xs, out: w.node("LogSoftmax", xs, out, axis=n.attrs["axis"]),
+    "layernorm": _layernorm,
+    "rmsnorm": _rmsnorm,
+    "attention": _attention,
+}
+
+
+def _arg(kind, w, n, xs, out):
+    if n.attrs["axis"] is None:          # over the flattened tensor, as NumPy's argmax
+        flat = w.node("Reshape", [xs[0], w.ints([-1])])
+        return w.node(kind, [flat], out, axis=0, keepdims=0)
+    return w.node(kind, xs, out, axis=n.attrs["axis"], keepdims=int(n.attrs["keepdim"]))
+
+
+def export(fn, path, *example, opset_version: int = OPSET, **kwargs):
+    """Write ``fn`` traced on the example arguments as an ONNX model at ``path`` (a str or
+    path; None: only return it); returns the ModelProto."""
+    onnx = _onnx()
+    from .function import Function
+    f = fn if isinstance(fn, Function) else Function(fn)
+    if opset_version < OPSET:
+        raise ArgumentError(f"tessera writes ONNX opset {OPSET} or later (LayerNormalization, "
+                            f"ReduceSum's axes input), not {opset_version}")
+    g = f.lower(*example, **kwargs).graph_ir
+    missing = sorted({n.op for n in g.nodes if n.op != "const" and n.op not in EXPORT})
+    if missing:
+        raise TesseraError(f"{f.name} uses {len(missing)} operator(s) with no ONNX form yet: "
+                           + ", ".join(missing),
+                           hint="each needs an entry in tessera/onnx.py's EXPORT table")
+    names = {p.id: p.param_name for p in g.params}
+    w = _Writer(onnx, names)
+    for i, o in enumerate(g.outputs):
+        names.setdefault(o.id, f"output_{i}")
+    out_names = [f"output_{i}" for i in range(len(g.outputs))]
+    value = {p.id: p.param_name for p in g.params}
+    for n in g.nodes:
+        if n.op == "const":
+            value[n.out.id] = w.const(np.asarray(n.attrs["value"], n.out.type.dtype.np))
+            continue
+        xs = [value[v.id] for v in n.inputs]
+        value[n.out.id] = EXPORT[n.op](w, n, xs, None)
+    for o, name in zip(g.outputs, out_names):         # outputs under their own names
+        w.node("Identity", [value[o.id]], name)
+
+    def info(name, t):
+        return onnx.helper.make_tensor_value_info(name, _ONNX_DTYPE[t.dtype.name],
+                                                  list(t.shape))
+    graph = onnx.helper.make_graph(
+        w.nodes, f.name.replace("<", "").replace(">", "") or "tessera",
+        [info(p.param_name, p.type) for p in g.params],
+        [info(name, o.type) for o, name in zip(g.outputs, out_names)], w.inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(
+        "", opset_version)], producer_name="tessera")
+    onnx.checker.check_model(model, full_check=True)
+    if path is not None:
+        onnx.save(model, str(path))
+    return model
+
+
+# ---- import ---------------------------------------------------------------------------------------
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            from onnx import helper
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _ints(value):
+    return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def _i_reduce(kind):
+    def read(node, xs):
+        axes = _attr(node, "axes")
+        if axes is None and len(xs) > 1 and xs[1] is not None:
+            axes = _ints(xs[1])
+        keep = bool(_attr(node, "keepdims", 1))
+        axis = None if not axes else (list(axes) if len(axes) > 1 else axes[0])
+        return getattr(op, kind)(xs[0], axis=axis, keepdim=keep)
+    return read
+
+
+def _i_slice(node, xs):
+    x = xs[0]
+    rank = len(x.shape)
+    starts, ends = _ints(xs[1]), _ints(xs[2])
+    axes = _ints(xs[3]) if len(xs) > 3 and xs[3] is not None else list(range(len(starts)))
+    steps = _ints(xs[4]) if len(xs) > 4 and xs[4] is not None else [1] * len(starts)
+    a, b, s = [None] * rank, [None] * rank, [1] * rank
+    for ax, st, en, sp in zip(axes, starts, ends, steps):
+        n = x.shape[ax % rank]
+        a[ax % rank] = max(min(st, n), -n - 1) if abs(st) < 2 ** 62 else None
+        b[ax % rank] = None if abs(en) >= 2 ** 62 or (sp > 0 and en >= n) else en
+        s[ax % rank] = sp
+    return op.slice(x, starts=a, stops=b, steps=s)
+
+
+def _i_layernorm(node, xs):
+    axis = _attr(node, "axis", -1)
+    y = op.layernorm(xs[0], eps=_attr(node, "epsilon", 1e-5), axis=axis)
+    if len(xs) > 1 and xs[1] is not None:
+        y = y * xs[1]
+    if len(xs) > 2 and xs[2] is not None:
+        y = y + xs[2]
+    return y
+
+
+IMPORT = {
+    **{kind: (lambda name: lambda node, xs: getattr(op, name)(*xs))(name) for kind, name in [
+        ("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div"), ("Pow", "pow"),
+        ("Neg", "neg"), ("Abs", "abs"), ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"),
+        ("Sin", "sin"), ("Cos", "cos"), ("Tanh", "tanh"), ("Erf", "erf"), ("Relu", "relu"),
+        ("Sigmoid", "sigmoid"), ("Floor", "floor"), ("Ceil", "ceil"), ("Round", "round"),
+        ("Sign", "sign"), ("Where", "where"), ("Equal", "eq"), ("Less", "lt"),
+        ("LessOrEqual", "le"), ("Greater", "gt"), ("GreaterOrEqual", "ge"),
+        ("MatMul", "matmul")]},
+    "Max": lambda node, xs: _fold(op.maximum, xs),
+    "Min": lambda node, xs: _fold(op.minimum, xs),
+    "Sum": lambda node, xs: _fold(op.add, xs),
+    "Not": lambda node, xs: op.eq(xs[0], False),
+    "Reciprocal": lambda node, xs: op.div(1.0, xs[0]),
+    "Identity": lambda node, xs: xs[0],
+    "Cast": lambda node, xs: op.cast(xs[0], _FROM_ONNX_DTYPE[_attr(node, "to")]),
+    "Transpose": lambda node, xs: op.transpose(
+        xs[0], perm=list(_attr(node, "perm", range(len(xs[0].shape))[::-1]))),
+    "Reshape": lambda node, xs: op.reshape(xs[0], shape=_reshape_target(xs[0], _ints(xs[1]))),
+    "Expand": lambda node, xs: op.broadcast_to(xs[0], shape=list(np.broadcast_shapes(
+        tuple(xs[0].shape), tuple(_ints(xs[1]))))),
+    "Unsqueeze": lambda node, xs: _unsqueeze(xs[0], _ints(xs[1])),
+    "Squeeze": lambda node, xs: op.reshape(xs[0], shape=[
+        s for k, s in enumerate(xs[0].shape)
+        if k not in [a % len(xs[0].shape) for a in _ints(xs[1])]]),
+    "Slice": _i_slice,
+    "Concat": lambda node, xs: op.concat(list(xs), axis=_attr(node, "axis")),
+    "Gather": lambda node, xs: op.take(xs[0], xs[1], axis=_attr(node, "axis", 0)),
+    "ReduceSum": _i_reduce("sum"), "ReduceMean": _i_reduce("mean"),
+    "ReduceMax": _i_reduce("max"), "ReduceMin": _i_reduce("min"),
+    "ReduceLogSumExp": _i_reduce("logsumexp"),
+    "ArgMax": lambda node, xs: op.argmax(xs[0], axis=_attr(node, "axis", 0),
+                                         keepdim=bool(_attr(node, "keepdims", 1))),
+    "ArgMin": lambda node, xs: op.argmin(xs[0], axis=_attr(node, "axis", 0),
+                                         keepdim=bool(_attr(node, "keepdims", 1))),
+    "CumSum": lambda node, xs: op.cumsum(xs[0], axis=int(np.asarray(xs[1]))),
+    "Softmax": lambda node, xs: op.softmax(xs[0], axis=_attr(node, "axis", -1)),
+    "LogSoftmax": lambda node, xs: op.log_softmax(xs[0], axis=_attr(node, "axis", -1)),
+    "LayerNormalization": _i_layernorm,
+    "Gemm": lambda node, xs: _gemm(node, xs),
+}
+
+
+def _fold(f, xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = f(out, x)
+    return out
+
+
+def _reshape_target(x, shape):
+    return [x.shape[k] if s == 0 else s for k, s in enumerate(shape)]
+
+
+def _unsqueeze(x, axes):
+    rank = len(x.shape) + len(axes)
+    for a in sorted(a % rank for a in axes):
+        x = op.expand_dims(x, axis=a)
+    return x
+
+
+def _gemm(node, xs):
+    a, b = xs[0], xs[1]
+    if _attr(node, "transA", 0):
+        a = op.transpose(a)
+    if _attr(node, "transB", 0):
+        b = op.transpose(b)
+    y = op.matmul(a, b) * _attr(node, "alpha", 1.0)
+    if len(xs) > 2 and xs[2] is not None:
+        y = y + xs[2] * _attr(node, "beta", 1.0)
+    return y
+
+
+def import_model(model):
+    """A tessera Function of an ONNX model's graph inputs (a path, bytes or a ModelProto)."""
+    onnx = _onnx()
+    from .function import Function
+    if isinstance(model, bytes):
+        model = onnx.load_from_string(model)
+    elif isinstance(model, str) or hasattr(model, "__fspath__"):
+        model = onnx.load(str(model))
+    graph = model.graph
+    missing = sorted({n.op_type for n in graph.node if n.op_type not in IMPORT or n.domain})
+    if missing:
+        raise TesseraError(f"the ONNX model uses {len(missing)} operator(s) tessera does not "
+                           "import yet: " + ", ".join(missing),
+                           hint="each needs an entry in tessera/onnx.py's IMPORT table")
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in consts]
+    params = [n if n.isidentifier() else f"x{k}" for k, n in enumerate(inputs)]
+
+    def body(*args, **kw):
+        bound = body.__signature__.bind(*args, **kw).arguments
+        env = dict(consts)
+        env.update({name: bound[p] for name, p in zip(inputs, params)})
+        for node in graph.node:
+            xs = [env[i] if i else None for i in node.input]
+            if node.op_type == "Constant":
+                env[node.output[0]] = onnx.numpy_helper.to_array(_attr(node, "value"))
+                continue
+            env[node.output[0]] = IMPORT[node.op_type](node, xs)
+        outs = [env[o.name] for o in graph.output]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    body.__signature__ = inspect.Signature(
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+    name = graph.name if graph.name.isidentifier() else "onnx_model"
+    body.__name__ = body.__qualname__ = name
+    return Function(body, name=name)
+
+
+IMPORT["Constant"] = None         # (read in import_model: its value is an attribute)
+__all__ = ["export", "import_model", "EXPORT", "IMPORT", "OPSET"]
