@@ -101,6 +101,12 @@ class Program(_Levels):
         return {f"routine_{key.replace(':', '_')}.c": routine_library_source(key)
                 for key in routine_keys(self.tile_ir)}
 
+    def save(self, path):
+        """This program in one file that ``ts.load`` runs without a compiler (every IR level,
+        the C, a standalone shared object, digests: tessera/compiler/saved.py)."""
+        from .saved import save
+        return save(self, path)
+
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
         if not self._runs_here:

@@ -285,3 +285,39 @@ def _compile(cc: str, cflags, source: str, out: Path, src_path: Path, name: str,
         raise CompileError(f"the C compiler rejected the generated code for {name} "
                            f"(exit {proc.returncode})\n  source: {src_path}\n  command: "
                            f"{' '.join(cmd)}\n" + "\n".join("  | " + l for l in log.splitlines()[:40]))
+
+
+# ---- standalone programs (saved files: tessera/compiler/saved.py) --------------------------------
+def build_standalone(sources: dict, level: str) -> bytes:
+    """One shared object of these C translation units ({file name: source}: a program and the
+    routine libraries it calls), linked against nothing but libm and OpenMP, so it loads on a
+    machine without the kernel cache or a compiler. Its bytes."""
+    cc = find_compiler()
+    with tempfile.TemporaryDirectory(prefix="tessera-save-") as d:
+        paths = []
+        for fname, text in sources.items():
+            p = Path(d) / fname
+            p.write_text(text)
+            paths.append(str(p))
+        out = Path(d) / "program.so"
+        cmd = [cc, *flags(cc, level), "-o", str(out), *paths, "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"the C compiler took over {COMPILE_TIMEOUT_S}s on a saved "
+                               "program") from None
+        if proc.returncode != 0:
+            raise CompileError("the C compiler rejected a saved program's sources\n"
+                               + "\n".join("  | " + line for line in
+                                           (proc.stderr or proc.stdout).splitlines()[:40]))
+        cache.count("compiles")
+        return out.read_bytes()
+
+
+def load_standalone(data: bytes, digest: str) -> ctypes.CDLL:
+    """Map a standalone shared object (its bytes, already checked against `digest`), from a
+    private temporary file that is gone once mapped."""
+    with tempfile.TemporaryDirectory(prefix="tessera-load-") as d:
+        so = Path(d) / f"{digest[:16]}.so"
+        so.write_bytes(data)
+        return _open(so)
