@@ -19,7 +19,7 @@ $(VENV)/.lab-stamp: pyproject.toml | $(BIN)/python
 	touch $@
 
 setup: $(VENV)/.test-stamp $(VENV)/.torch-stamp
-setup-lab: $(VENV)/.lab-stamp
+setup-lab: $(VENV)/.lab-stamp $(VENV)/.torch-stamp
 
 test: setup
 	$(BIN)/python -m pytest -q tests tutorials --nbval --nbval-current-env \
