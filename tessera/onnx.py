@@ -147,6 +147,8 @@ def _attention(w, n, xs, out):
 
 
 def _cast(w, n, xs, out):
+    if "float8" in n.attrs["dtype"]:       # tessera's cast to fp8 rounds, ONNX's saturates
+        return w.node("Cast", xs, out, to=_ONNX_DTYPE[n.attrs["dtype"]], saturate=0)
     return w.node("Cast", xs, out, to=_ONNX_DTYPE[n.attrs["dtype"]])
 
 
@@ -272,10 +274,66 @@ def _i_reduce(kind):
         axes = _attr(node, "axes")
         if axes is None and len(xs) > 1 and xs[1] is not None:
             axes = _ints(xs[1])
+        if not axes and _attr(node, "noop_with_empty_axes", 0):
+            return xs[0]
         keep = bool(_attr(node, "keepdims", 1))
-        axis = None if not axes else (list(axes) if len(axes) > 1 else axes[0])
-        return getattr(op, kind)(xs[0], axis=axis, keepdim=keep)
+        rank = len(xs[0].shape)
+        axes = sorted(a % rank for a in axes) if axes else list(range(rank))
+        if kind == "logsumexp":             # one axis: the reduced ones moved last, merged
+            return _logsumexp(xs[0], axes, keep)
+        return getattr(op, kind)(xs[0], axis=axes if len(axes) > 1 else axes[0], keepdim=keep)
     return read
+
+
+def _logsumexp(x, axes, keep):
+    shape = list(x.shape)
+    rest = [k for k in range(len(shape)) if k not in axes]
+    moved = op.transpose(x, perm=rest + axes) if rest + axes != list(range(len(shape))) else x
+    flat = op.reshape(moved, shape=[shape[k] for k in rest] + [-1])
+    y = op.logsumexp(flat, axis=-1)
+    out = [1 if k in axes else shape[k] for k in range(len(shape))] if keep else \
+        [shape[k] for k in rest]
+    return op.reshape(y, shape=out)
+
+
+def _i_cumsum(node, xs):
+    x, axis = xs[0], int(np.asarray(xs[1]))
+    rank = len(x.shape)
+    axis %= rank
+    flip = [None] * rank, [None] * rank, [-1 if k == axis else 1 for k in range(rank)]
+    if _attr(node, "reverse", 0):
+        x = op.slice(x, starts=flip[0], stops=flip[1], steps=flip[2])
+    y = op.cumsum(x, axis=axis)
+    if _attr(node, "exclusive", 0):        # shifted by one: zero first
+        y = y - op.cast(x, y.dtype.name)
+    if _attr(node, "reverse", 0):
+        y = op.slice(y, starts=flip[0], stops=flip[1], steps=flip[2])
+    return _as_dtype(y, xs[0])             # (ONNX keeps an int32 sum int32)
+
+
+def _i_arg(f, node, xs):
+    """argmax/argmin; select_last_index: of the axis reversed, counted back from the end."""
+    x, axis = xs[0], _attr(node, "axis", 0)
+    keep = bool(_attr(node, "keepdims", 1))
+    if not _attr(node, "select_last_index", 0):
+        return f(x, axis=axis, keepdim=keep)
+    rank = len(x.shape)
+    rev = [-1 if k == axis % rank else 1 for k in range(rank)]
+    i = f(op.slice(x, starts=[None] * rank, stops=[None] * rank, steps=rev), axis=axis,
+          keepdim=keep)
+    return (x.shape[axis] - 1) - i
+
+
+def _i_div(node, xs):
+    a, b = xs
+    d = getattr(a, "dtype", None)
+    d = d if hasattr(d, "is_int") else __import__("tessera").dtypes.get(np.asarray(a).dtype)
+    if not d.is_int:
+        return op.div(a, b)
+    q = op.floor_divide(a, b)              # integers: truncated towards zero, as C
+    inexact = op.ne(op.mod(a, b), 0)
+    signs = op.ne(op.lt(a, 0), op.lt(b, 0))
+    return op.where(op.minimum(inexact, signs), q + 1, q)
 
 
 def _i_slice(node, xs):
@@ -294,34 +352,50 @@ def _i_slice(node, xs):
 
 
 def _i_layernorm(node, xs):
-    axis = _attr(node, "axis", -1)
-    y = op.layernorm(xs[0], eps=_attr(node, "epsilon", 1e-5), axis=axis)
+    """Normalised over the axes from `axis` on (as one, reshaped); (Y, Mean, InvStdDev)."""
+    x = xs[0]
+    shape = tuple(x.shape)
+    axis = _attr(node, "axis", -1) % len(shape)
+    eps = _attr(node, "epsilon", 1e-5)
+    flat = op.reshape(x, shape=[math.prod(shape[:axis]), -1]) if axis != len(shape) - 1 else x
+    y = op.layernorm(flat, eps=eps, axis=-1)
+    y = op.reshape(y, shape=list(shape)) if axis != len(shape) - 1 else y
     if len(xs) > 1 and xs[1] is not None:
         y = y * xs[1]
     if len(xs) > 2 and xs[2] is not None:
         y = y + xs[2]
-    return y
+    kept = list(shape[:axis]) + [1] * (len(shape) - axis)
+    mean = op.mean(flat, axis=-1, keepdim=True)
+    var = op.mean((flat - mean) ** 2, axis=-1, keepdim=True)
+    return (y, op.reshape(mean, shape=kept), op.reshape(op.rsqrt(var + eps), shape=kept))
 
 
 IMPORT = {
     **{kind: (lambda name: lambda node, xs: getattr(op, name)(*xs))(name) for kind, name in [
-        ("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div"), ("Pow", "pow"),
+        ("Add", "add"), ("Sub", "sub"), ("Mul", "mul"),
         ("Neg", "neg"), ("Abs", "abs"), ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"),
         ("Sin", "sin"), ("Cos", "cos"), ("Tanh", "tanh"), ("Erf", "erf"), ("Relu", "relu"),
         ("Sigmoid", "sigmoid"), ("Floor", "floor"), ("Ceil", "ceil"), ("Round", "round"),
         ("Sign", "sign"), ("Where", "where"), ("Equal", "eq"), ("Less", "lt"),
         ("LessOrEqual", "le"), ("Greater", "gt"), ("GreaterOrEqual", "ge"),
         ("MatMul", "matmul")]},
+    # ONNX's Pow keeps the base's type whatever the exponent's (NumPy would promote)
+    "Pow": lambda node, xs: op.pow(xs[0], _as_dtype(xs[1], xs[0])),
+    "Div": _i_div,
     "Max": lambda node, xs: _fold(op.maximum, xs),
     "Min": lambda node, xs: _fold(op.minimum, xs),
     "Sum": lambda node, xs: _fold(op.add, xs),
     "Not": lambda node, xs: op.eq(xs[0], False),
     "Reciprocal": lambda node, xs: op.div(1.0, xs[0]),
     "Identity": lambda node, xs: xs[0],
-    "Cast": lambda node, xs: op.cast(xs[0], _FROM_ONNX_DTYPE[_attr(node, "to")]),
+    # to fp8, ONNX saturates unless told not to (saturate=0)
+    "Cast": lambda node, xs: op.cast(xs[0], _FROM_ONNX_DTYPE[_attr(node, "to")],
+                                     saturate=bool(_attr(node, "saturate", 1)) and
+                                     "float8" in _FROM_ONNX_DTYPE[_attr(node, "to")]),
     "Transpose": lambda node, xs: op.transpose(
         xs[0], perm=list(_attr(node, "perm", range(len(xs[0].shape))[::-1]))),
-    "Reshape": lambda node, xs: op.reshape(xs[0], shape=_reshape_target(xs[0], _ints(xs[1]))),
+    "Reshape": lambda node, xs: op.reshape(xs[0], shape=_reshape_target(
+        xs[0], _ints(xs[1]), _attr(node, "allowzero", 0))),
     "Expand": lambda node, xs: op.broadcast_to(xs[0], shape=list(np.broadcast_shapes(
         tuple(xs[0].shape), tuple(_ints(xs[1]))))),
     "Unsqueeze": lambda node, xs: _unsqueeze(xs[0], _ints(xs[1])),
@@ -334,16 +408,22 @@ IMPORT = {
     "ReduceSum": _i_reduce("sum"), "ReduceMean": _i_reduce("mean"),
     "ReduceMax": _i_reduce("max"), "ReduceMin": _i_reduce("min"),
     "ReduceLogSumExp": _i_reduce("logsumexp"),
-    "ArgMax": lambda node, xs: op.argmax(xs[0], axis=_attr(node, "axis", 0),
-                                         keepdim=bool(_attr(node, "keepdims", 1))),
-    "ArgMin": lambda node, xs: op.argmin(xs[0], axis=_attr(node, "axis", 0),
-                                         keepdim=bool(_attr(node, "keepdims", 1))),
-    "CumSum": lambda node, xs: op.cumsum(xs[0], axis=int(np.asarray(xs[1]))),
+    "ArgMax": lambda node, xs: _i_arg(op.argmax, node, xs),
+    "ArgMin": lambda node, xs: _i_arg(op.argmin, node, xs),
+    "CumSum": _i_cumsum,
     "Softmax": lambda node, xs: op.softmax(xs[0], axis=_attr(node, "axis", -1)),
     "LogSoftmax": lambda node, xs: op.log_softmax(xs[0], axis=_attr(node, "axis", -1)),
     "LayerNormalization": _i_layernorm,
     "Gemm": lambda node, xs: _gemm(node, xs),
 }
+
+
+def _as_dtype(x, like):
+    d = getattr(like, "dtype", None)
+    d = d.name if hasattr(d, "name") else np.asarray(like).dtype.name
+    xd = getattr(x, "dtype", None)
+    xd = xd.name if hasattr(xd, "name") else np.asarray(x).dtype.name
+    return x if xd == d else op.cast(x, d)
 
 
 def _fold(f, xs):
@@ -353,8 +433,9 @@ def _fold(f, xs):
     return out
 
 
-def _reshape_target(x, shape):
-    return [x.shape[k] if s == 0 else s for k, s in enumerate(shape)]
+def _reshape_target(x, shape, allowzero=0):
+    """ONNX's 0 copies the input's size on that axis (unless allowzero: then it is 0)."""
+    return [x.shape[k] if s == 0 and not allowzero else s for k, s in enumerate(shape)]
 
 
 def _unsqueeze(x, axes):
@@ -393,6 +474,7 @@ def import_model(model):
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     inputs = [i.name for i in graph.input if i.name not in consts]
     params = [n if n.isidentifier() else f"x{k}" for k, n in enumerate(inputs)]
+    static = {p for name, p in zip(inputs, params) if name in _shape_inputs(graph)}
 
     def body(*args, **kw):
         bound = body.__signature__.bind(*args, **kw).arguments
@@ -401,9 +483,12 @@ def import_model(model):
         for node in graph.node:
             xs = [env[i] if i else None for i in node.input]
             if node.op_type == "Constant":
-                env[node.output[0]] = onnx.numpy_helper.to_array(_attr(node, "value"))
+                env[node.output[0]] = _constant(onnx, node)
                 continue
-            env[node.output[0]] = IMPORT[node.op_type](node, xs)
+            out = IMPORT[node.op_type](node, xs)
+            for name, value in zip(node.output, out if isinstance(out, tuple) else (out,)):
+                if name:
+                    env[name] = value
         outs = [env[o.name] for o in graph.output]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -411,7 +496,70 @@ def import_model(model):
         [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
     name = graph.name if graph.name.isidentifier() else "onnx_model"
     body.__name__ = body.__qualname__ = name
-    return Function(body, name=name)
+    return _Imported(body, name=name, static=static) if static else Function(body, name=name)
+
+
+def _constant(onnx, node):
+    """A Constant node's value: a tensor, or one of the list and scalar forms."""
+    value = _attr(node, "value")
+    if value is not None:
+        return onnx.numpy_helper.to_array(value)
+    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                        ("value_int", np.int64), ("value_ints", np.int64)):
+        v = _attr(node, name)
+        if v is not None:
+            return np.asarray(v, dtype=dtype)
+    raise TesseraError(f"a Constant node of a form tessera does not read: "
+                       f"{[a.name for a in node.attribute]}")
+
+
+# operator -> the positions of its inputs that give shapes, axes or slice bounds: values the
+# compiler needs when it traces, so graph inputs feeding them are static arguments
+_SHAPE_POSITIONS = {"Reshape": (1,), "Expand": (1,), "Unsqueeze": (1,), "Squeeze": (1,),
+                    "Slice": (1, 2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,),
+                    "ReduceMax": (1,), "ReduceMin": (1,), "ReduceLogSumExp": (1,),
+                    "CumSum": (1,)}
+
+
+def _shape_inputs(graph) -> set:
+    return {node.input[k] for node in graph.node
+            for k in _SHAPE_POSITIONS.get(node.op_type, ()) if k < len(node.input)}
+
+
+def _static(value):
+    """A shape-giving argument as a static value (a tuple of ints, or an int)."""
+    a = np.asarray(value)
+    return int(a) if a.ndim == 0 else tuple(int(v) for v in a.reshape(-1))
+
+
+def _import_function():
+    from .function import Function
+
+    class Imported(Function):
+        """An imported model whose graph inputs give shapes or axes (a Reshape's shape fed by
+        the caller): those arguments are static values, so each new value traces anew."""
+        def __init__(self, fn, name, static):
+            super().__init__(fn, name=name)
+            self._static = static
+
+        def _statics(self, args, kwargs):
+            names = [p.name for p in self.signature.params]
+            args = [_static(a) if names[k] in self._static else a for k, a in enumerate(args)]
+            kwargs = {k: _static(v) if k in self._static else v for k, v in kwargs.items()}
+            return args, kwargs
+
+        def __call__(self, *args, **kwargs):
+            args, kwargs = self._statics(args, kwargs)
+            return super().__call__(*args, **kwargs)
+
+        def lower(self, *args, target=None, **kwargs):
+            args, kwargs = self._statics(args, kwargs)
+            return super().lower(*args, target=target, **kwargs)
+    return Imported
+
+
+def _Imported(fn, name, static):
+    return _import_function()(fn, name, static)
 
 
 IMPORT["Constant"] = None         # (read in import_model: its value is an attribute)

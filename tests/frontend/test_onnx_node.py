@@ -1,0 +1,111 @@
+"""ONNX's own backend node tests (onnx.backend.test.case.node: each a one-operator model with
+inputs and expected outputs) through ts.onnx.import_model, for every test whose operators the
+importer's table has. A test runs and must pass unless it needs what tessera does not have, said
+per test: a dtype outside tessera's table (int8, int16, unsigned, the fp8 "fnuz" formats, ...)
+or a reduction over an empty axis (tessera raises a ShapeError: no identity for max/min).
+
+    python tests/frontend/test_onnx_node.py      # the per-operator counts (the README's table)
+"""
+import collections
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="ONNX import needs the onnx package")
+from onnx import numpy_helper  # noqa: E402
+
+import tessera as ts  # noqa: E402
+from tessera import dtypes as dt  # noqa: E402
+from tessera.errors import UnsupportedDTypeError  # noqa: E402
+
+EMPTY_AXIS = ("_empty_set",)        # name marks of reductions over a size-0 axis
+
+
+def _cases():
+    from onnx.backend.test.case import node
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = node.collect_testcases(None)
+    out = []
+    for c in cases:
+        ops = {n.op_type for n in c.model.graph.node}
+        if ops <= set(ts.onnx.IMPORT) and all(n.domain in ("", "ai.onnx")
+                                              for n in c.model.graph.node):
+            out.append(c)
+    return out
+
+
+CASES = _cases()
+
+
+def _array(x):
+    return numpy_helper.to_array(x) if hasattr(x, "dims") else np.asarray(x)
+
+
+def why_not(case):
+    """The reason this case cannot pass in tessera, or None."""
+    for ins, outs in case.data_sets:
+        for a in (*ins, *outs):
+            a = _array(a)
+            try:
+                dt.from_numpy(a.dtype)
+            except UnsupportedDTypeError:
+                return f"uses {a.dtype.name}, which tessera's dtype table lacks"
+    if any(m in case.name for m in EMPTY_AXIS):
+        return "a max/min/logsumexp over an empty axis: tessera raises (no identity)"
+    return None
+
+
+def run_case(case):
+    for ins, outs in case.data_sets:
+        ins = [_array(a) for a in ins]
+        outs = [_array(o) for o in outs]
+        got = ts.onnx.import_model(case.model)(*ins)
+        got = [got] if len(outs) == 1 else list(got)
+        assert len(got) == len(outs)
+        for g, o in zip(got, outs):
+            g = np.asarray(g)
+            assert g.shape == o.shape and g.dtype == o.dtype, (g.dtype, g.shape, o.dtype, o.shape)
+            if o.dtype.kind in "fc" or o.dtype.name in ("bfloat16",) or "float8" in o.dtype.name:
+                np.testing.assert_allclose(g.astype(np.float64), o.astype(np.float64),
+                                           rtol=case.rtol, atol=case.atol, equal_nan=True)
+            else:
+                np.testing.assert_array_equal(g, o)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_onnx_node_case(case):
+    reason = why_not(case)
+    if reason is not None:
+        pytest.skip(reason)
+    with np.errstate(all="ignore"):
+        run_case(case)
+
+
+def test_the_importer_covers_these_operators():
+    """Every operator in the import table is exercised by some node test (or is Constant,
+    which every other test uses)."""
+    seen = {n.op_type for c in CASES for n in c.model.graph.node}
+    assert set(ts.onnx.IMPORT) - seen <= {"Constant"}
+
+
+if __name__ == "__main__":
+    counts = collections.defaultdict(lambda: [0, 0, 0])
+    for case in CASES:
+        key = case.model.graph.node[-1].op_type
+        counts[key][1] += 1
+        if why_not(case) is not None:
+            counts[key][2] += 1
+            continue
+        try:
+            with np.errstate(all="ignore"):
+                run_case(case)
+            counts[key][0] += 1
+        except Exception as e:                  # (a report: every failure counted)
+            print(case.name, type(e).__name__, str(e).splitlines()[0][:120], file=sys.stderr)
+    total = [sum(v[i] for v in counts.values()) for i in range(3)]
+    print(f"{total[0]} of {total[1]} node tests pass ({total[2]} need what tessera lacks)")
+    print(", ".join(f"{k} {p}/{n}" + (f" ({s} n/a)" if s else "")
+                    for k, (p, n, s) in sorted(counts.items())))
