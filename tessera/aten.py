@@ -175,8 +175,13 @@ ATEN = {
     "aten.select.int": lambda x, dim, i: op.squeeze(_slice(x, dim, i, i + 1 if i != -1 else None),
                                                     axis=dim),
     "aten.split_with_sizes.default": _split,
-    "aten.cat.default": lambda xs, dim=0: op.concat(list(xs), axis=dim),
+    "aten.cat.default": lambda xs, dim=0: _cat(xs, dim),
     "aten.embedding.default": lambda w, ids, *_: op.take(w, ids, axis=0),
+    "aten.gather.default": lambda x, dim, index, **_: op.take_along_axis(x, index, axis=dim),
+    "aten.index_select.default": lambda x, dim, index: op.take(x, index, axis=dim),
+    # checks torch.export leaves in the graph (on what the trace has already fixed): nothing
+    "aten._assert_tensor_metadata.default": lambda *a, **k: None,
+    "aten._assert_scalar.default": lambda *a, **k: None,
     "aten.mean.dim": lambda x, dims, keepdim=False, dtype=None: op.mean(
         x, axis=_axes(dims, len(_shape(x))), keepdim=keepdim),
     "aten.sum.dim_IntList": _sum,
@@ -215,6 +220,12 @@ ATEN = {
     is_causal=False, scale=None, **_: op.attention(q, k, v, mask=mask, causal=is_causal,
                                                    scale=scale),
 }
+
+
+def _cat(xs, dim):
+    """torch.cat, which skips 1-D empty tensors beside others of any rank (an empty cache)."""
+    kept = [x for x in xs if tuple(_shape(x)) != (0,)] or list(xs)
+    return kept[0] if len(kept) == 1 else op.concat(kept, axis=dim)
 
 
 def _swap(rank, a, b):

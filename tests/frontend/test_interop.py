@@ -173,3 +173,37 @@ def test_from_torch_lists_every_unsupported_operator():
     text = str(e.value)
     assert "2 ATen operator(s)" in text and "aten.cumsum.default: 2 use(s)" in text
     assert "aten.sort" in text and "test_interop.py" in text
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "llama"])
+def test_from_torch_transformers_models(family, rng):
+    """Small randomly initialised models of the `transformers` package, built from their
+    configurations (nothing downloaded), nobody here wrote: the last hidden state as PyTorch's."""
+    transformers = pytest.importorskip("transformers", reason="the models come from transformers")
+    small = dict(vocab_size=100, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cls, cfg = {
+        "gpt2": (transformers.GPT2Model, transformers.GPT2Config(
+            attn_implementation="eager", n_layer=2, n_head=2, n_embd=32, n_positions=64,
+            **small)),
+        "bert": (transformers.BertModel, transformers.BertConfig(
+            num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64,
+            max_position_embeddings=64, **small)),
+        "llama": (transformers.LlamaModel, transformers.LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=64, **small)),
+    }[family]
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    model = cls(cfg).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).last_hidden_state
+    ids = torch.from_numpy(rng.integers(1, 100, size=(2, 9)))
+    fn, params = ts.from_torch(Hidden(), ids)
+    with torch.no_grad():
+        want = Hidden()(ids).numpy()
+    np.testing.assert_allclose(fn(params, ids.numpy()), want, atol=2e-5, rtol=1e-5)
