@@ -153,7 +153,7 @@ def test_from_torch_attention_block(rng):
     torch.manual_seed(int(rng.integers(1 << 31)))
     block = _Block()
     ids = torch.from_numpy(rng.integers(0, 10, size=(3, 7)))
-    fn, params = ts.from_torch(block, ids)
+    fn, params = ts.migrate.from_pytorch(block, ids)           # (the seeds' spelling)
     np.testing.assert_allclose(fn(params, ids.numpy()), block(ids).detach().numpy(), atol=1e-5)
     f2, p2 = ts.from_torch(lambda a, b: torch.tanh(a @ b.T).sum(dim=0), torch.ones(3, 4),
                            torch.ones(5, 4))                   # a function, no parameters
