@@ -11,8 +11,8 @@ package (`pip install tessera[bf16]`), which gives NumPy the dtypes; a numerical
 (tessera.numerics) may round stochastically or saturate instead.
 
 Casts match NumPy: float64 -> float16 rounds the double once (through float32 rounded to odd),
-float64 or int64 -> bfloat16 or fp8 rounds through float32 as ml_dtypes does (twice: a double just off
-a bfloat16 tie can land on the other neighbour). Copies (transpose, slice, take, concat)
+float64 or int64 -> bfloat16 or fp8 rounds through float32 as ml_dtypes does (twice: a double
+just off a tie can land on the other neighbour). Copies (transpose, slice, take, concat)
 keep a 16-bit value's bits; arithmetic (neg and abs included) quiets a signalling NaN.
 """
 from __future__ import annotations
@@ -131,7 +131,8 @@ fp8 = fp8_e4m3 = float8_e4m3fn
 fp8_e5m2 = float8_e5m2
 
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-ALL = (float8_e4m3fn, float8_e5m2, float16, bfloat16, float32, float64, int32, int64, bool_, complex64, complex128)
+ALL = (float8_e4m3fn, float8_e5m2, float16, bfloat16, float32, float64, int32, int64, bool_,
+       complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import op
 from .errors import ArgumentError, TesseraError
+from .function import Function
 
 OPSET = 17
 
@@ -215,7 +216,6 @@ def export(fn, path, *example, opset_version: int = OPSET, **kwargs):
     """Write ``fn`` traced on the example arguments as an ONNX model at ``path`` (a str or
     path; None: only return it); returns the ModelProto."""
     onnx = _onnx()
-    from .function import Function
     f = fn if isinstance(fn, Function) else Function(fn)
     if opset_version < OPSET:
         raise ArgumentError(f"tessera writes ONNX opset {OPSET} or later (LayerNormalization, "
@@ -460,7 +460,6 @@ def _gemm(node, xs):
 def import_model(model):
     """A tessera Function of an ONNX model's graph inputs (a path, bytes or a ModelProto)."""
     onnx = _onnx()
-    from .function import Function
     if isinstance(model, bytes):
         model = onnx.load_from_string(model)
     elif isinstance(model, str) or hasattr(model, "__fspath__"):
@@ -532,34 +531,27 @@ def _static(value):
     return int(a) if a.ndim == 0 else tuple(int(v) for v in a.reshape(-1))
 
 
-def _import_function():
-    from .function import Function
+class _Imported(Function):
+    """An imported model whose graph inputs give shapes or axes (a Reshape's shape fed by the
+    caller): those arguments are static values, so each new value traces anew (and the fast
+    path, keyed by array types alone, is never taken for them)."""
+    def __init__(self, fn, name, static):
+        super().__init__(fn, name=name)
+        self._static = static
 
-    class Imported(Function):
-        """An imported model whose graph inputs give shapes or axes (a Reshape's shape fed by
-        the caller): those arguments are static values, so each new value traces anew."""
-        def __init__(self, fn, name, static):
-            super().__init__(fn, name=name)
-            self._static = static
+    def _statics(self, args, kwargs):
+        names = [p.name for p in self.signature.params]
+        args = [_static(a) if names[k] in self._static else a for k, a in enumerate(args)]
+        kwargs = {k: _static(v) if k in self._static else v for k, v in kwargs.items()}
+        return args, kwargs
 
-        def _statics(self, args, kwargs):
-            names = [p.name for p in self.signature.params]
-            args = [_static(a) if names[k] in self._static else a for k, a in enumerate(args)]
-            kwargs = {k: _static(v) if k in self._static else v for k, v in kwargs.items()}
-            return args, kwargs
+    def __call__(self, *args, **kwargs):
+        args, kwargs = self._statics(args, kwargs)
+        return super().__call__(*args, **kwargs)
 
-        def __call__(self, *args, **kwargs):
-            args, kwargs = self._statics(args, kwargs)
-            return super().__call__(*args, **kwargs)
-
-        def lower(self, *args, target=None, **kwargs):
-            args, kwargs = self._statics(args, kwargs)
-            return super().lower(*args, target=target, **kwargs)
-    return Imported
-
-
-def _Imported(fn, name, static):
-    return _import_function()(fn, name, static)
+    def lower(self, *args, target=None, **kwargs):
+        args, kwargs = self._statics(args, kwargs)
+        return super().lower(*args, target=target, **kwargs)
 
 
 IMPORT["Constant"] = None         # (read in import_model: its value is an attribute)
