@@ -41,7 +41,7 @@ _ONNX_DTYPE = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "boo
 _FROM_ONNX_DTYPE = {v: k for k, v in _ONNX_DTYPE.items()}
 
 
-# ---- export ---------------------------------------------------------------------------------------
+# ---- export ------------------------------------------------------------------------------------
 class _Writer:
     def __init__(self, onnx, names):
         self.onnx, self.h = onnx, onnx.helper
@@ -127,8 +127,8 @@ def _rmsnorm(w, n, xs, out):
     sq = w.node("Mul", [xs[0], xs[0]])
     ms = w.node("ReduceMean", [sq], axes=[ax], keepdims=1)
     eps = w.const(np.asarray(n.attrs["eps"], n.out.type.dtype.np))
-    return w.node("Mul", [xs[0], w.node("Reciprocal", [w.node("Sqrt", [w.node("Add", [ms, eps])])])],
-                  out)
+    root = w.node("Sqrt", [w.node("Add", [ms, eps])])
+    return w.node("Mul", [xs[0], w.node("Reciprocal", [root])], out)
 
 
 def _attention(w, n, xs, out):
@@ -256,7 +256,7 @@ def export(fn, path, *example, opset_version: int = OPSET, **kwargs):
     return model
 
 
-# ---- import ---------------------------------------------------------------------------------------
+# ---- import ------------------------------------------------------------------------------------
 def _attr(node, name, default=None):
     for a in node.attribute:
         if a.name == name:

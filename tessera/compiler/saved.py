@@ -101,8 +101,8 @@ def _open(path):
     digests = manifest.get("digests", {})
     for name in sorted(set(digests) | set(members)):
         if name not in members or _sha(members[name]) != digests.get(name):
-            raise TesseraError(f"{path} is damaged: its member {name} "
-                               f"{'is missing' if name not in members else 'differs from its digest'}",
+            what = "is missing" if name not in members else "differs from its digest"
+            raise TesseraError(f"{path} is damaged: its member {name} {what}",
                                hint="save the program again")
     return manifest, members
 
