@@ -24,6 +24,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import ArgumentError, BackendUnavailableError, TesseraError
 from ..runtime import isa, toolchain
 from ..version import __version__
@@ -35,30 +37,37 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def save(program, path) -> Path:
-    """Write a CPU Program to `path` (see the module docstring); returns the path."""
+def save(programs, path) -> Path:
+    """Write a CPU Program, or a list of them (the same function at several shapes, which
+    ``ts.load`` gives back as one ProgramSet), to `path`; returns the path."""
     from .pipeline import Program
-    if not isinstance(program, Program):
-        raise ArgumentError(f"only CPU programs can be saved yet, not {type(program).__name__}",
-                            hint="lower for target='cpu'")
-    if not program._runs_here and program._lib is None:
-        raise BackendUnavailableError(f"program @{program.graph_ir.name} is for "
-                                      f"{isa.describe(program.level)}, not built here: "
-                                      "save it on a machine of that architecture")
-    sources = {"program.c": program.target_code, **program.routine_sources}
-    members = {f"source/{name}": text.encode() for name, text in sources.items()}
-    members["lib/program.so"] = toolchain.build_standalone(sources, program.level)
-    members["levels.pkl"] = pickle.dumps(
-        (program.graph_ir, program.primitive_ir, program.schedule_ir, program.tile_ir,
-         program.target_code, program.target, program.output_structure),
-        protocol=pickle.HIGHEST_PROTOCOL)
+    programs = list(programs) if isinstance(programs, (list, tuple)) else [programs]
+    members, entries = {}, []
+    for k, program in enumerate(programs):
+        if not isinstance(program, Program):
+            raise ArgumentError(f"only CPU programs can be saved yet, not "
+                                f"{type(program).__name__}", hint="lower for target='cpu'")
+        if not program._runs_here and program._lib is None:
+            raise BackendUnavailableError(f"program @{program.graph_ir.name} is for "
+                                          f"{isa.describe(program.level)}, not built here: "
+                                          "save it on a machine of that architecture")
+        sources = {"program.c": program.target_code, **program.routine_sources}
+        at = f"p{k}/"
+        members.update({f"{at}source/{name}": text.encode() for name, text in sources.items()})
+        members[f"{at}lib/program.so"] = toolchain.build_standalone(sources, program.level)
+        members[f"{at}levels.pkl"] = pickle.dumps(
+            (program.graph_ir, program.primitive_ir, program.schedule_ir, program.tile_ir,
+             program.target_code, program.target, program.output_structure),
+            protocol=pickle.HIGHEST_PROTOCOL)
+        entries.append({"name": program.graph_ir.name, "target": program.target,
+                        "level": program.level,
+                        "inputs": {p.param_name: str(p.type) for p in program.graph_ir.params},
+                        "outputs": [str(v.type) for v in program.graph_ir.outputs]})
     manifest = {
         "format": FORMAT, "version": VERSION, "tessera": __version__,
-        "name": program.graph_ir.name, "target": program.target, "level": program.level,
         "machine": platform.machine(),
         "compiler": toolchain.compiler_version(toolchain.find_compiler()),
-        "inputs": {p.param_name: str(p.type) for p in program.graph_ir.params},
-        "outputs": [str(v.type) for v in program.graph_ir.outputs],
+        "programs": entries,
         "digests": {name: _sha(data) for name, data in members.items()},
     }
     path = Path(path)
@@ -78,6 +87,31 @@ def save(program, path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+class ProgramSet:
+    """Several programs of one function, one per shape (a saved ``tessera_server`` file): a call
+    runs the one whose argument types match, or says which there are."""
+
+    def __init__(self, programs: list):
+        self.programs = programs
+
+    def program_for(self, arrays):
+        types = [(np.asarray(a).dtype, np.shape(a)) for a in arrays]
+        for p in self.programs:
+            if types == p._param_types:
+                return p
+        have = "; ".join(", ".join(str(v.type) for v in p.graph_ir.params)
+                         for p in self.programs)
+        got = ", ".join(f"{d}{list(shape)}" for d, shape in types)
+        raise ArgumentError(f"no saved program takes these arguments ({got})", expected=have,
+                            hint="save one for these shapes too")
+
+    def __call__(self, *arrays):
+        return self.program_for(arrays)(*arrays)
+
+    def __repr__(self):
+        return f"<ProgramSet @{self.programs[0].graph_ir.name}: {len(self.programs)} shapes>"
 
 
 def read_manifest(path) -> dict:
@@ -108,16 +142,21 @@ def _open(path):
 
 
 def load(path, recompile: bool = False):
-    """The Program saved at `path`, ready to run on NumPy arrays. A program this machine cannot
-    run is an error naming both machines, unless `recompile` (then its Graph IR is compiled
-    here: needs a C compiler)."""
-    from .pipeline import Program, compile_graph
+    """The Program saved at `path` (a ProgramSet when it holds several), ready to run on NumPy
+    arrays. A program this machine cannot run is an error naming both machines, unless
+    `recompile` (then its Graph IR is compiled here: needs a C compiler)."""
     manifest, members = _open(path)
-    levels = pickle.loads(members["levels.pkl"])
+    progs = [_load_one(path, manifest, entry, members, f"p{k}/", recompile)
+             for k, entry in enumerate(manifest["programs"])]
+    return progs[0] if len(progs) == 1 else ProgramSet(progs)
+
+
+def _load_one(path, manifest, entry, members, at, recompile):
+    from .pipeline import Program, compile_graph
+    levels = pickle.loads(members[at + "levels.pkl"])
     graph_ir, output_structure = levels[0], levels[6]
-    here, level = platform.machine(), manifest["level"]
-    runs = manifest["machine"] == here and isa.runs_here(level)
-    if not runs:
+    here, level = platform.machine(), entry["level"]
+    if not (manifest["machine"] == here and isa.runs_here(level)):
         if recompile:
             return compile_graph(graph_ir, "cpu", output_structure)
         raise BackendUnavailableError(
@@ -126,8 +165,8 @@ def load(path, recompile: bool = False):
             hint=f"ts.load({str(path)!r}, recompile=True) compiles its Graph IR here "
                  "(needs a C compiler)")
     try:
-        lib = toolchain.load_standalone(members["lib/program.so"],
-                                        manifest["digests"]["lib/program.so"])
+        lib = toolchain.load_standalone(members[at + "lib/program.so"],
+                                        manifest["digests"][at + "lib/program.so"])
     except OSError as e:
         if recompile:
             return compile_graph(graph_ir, "cpu", output_structure)

@@ -147,11 +147,29 @@ class Function:
         except TesseraError as e:
             raise e.with_traceback(None) from None
 
-    def export(self, path, *example, opset_version: int = 17, **kwargs):
-        """This function traced on the example arguments, written as an ONNX model at `path`
-        (tessera/onnx.py); returns the ModelProto."""
-        from ..onnx import export
-        return export(self, path, *example, opset_version=opset_version, **kwargs)
+    def export(self, path, *example, format: str = "onnx", opset_version: int = 17,
+               batch_sizes=None, batch_argnums=None, **kwargs):
+        """This function traced on the example arguments, written to `path`: an ONNX model
+        (``format="onnx"``, tessera/onnx.py; returns the ModelProto), or the seeds'
+        ``format="tessera_server"``: the CPU programs for each of `batch_sizes` (the first axis
+        of the arguments in `batch_argnums`, default every array argument) in one saved file
+        that ``ts.load`` serves without a compiler (compiler/saved.py; returns the path)."""
+        if format == "onnx":
+            from ..onnx import export
+            return export(self, path, *example, opset_version=opset_version, **kwargs)
+        if format != "tessera_server":
+            raise ArgumentError(f"export format must be 'onnx' or 'tessera_server', not "
+                                f"{format!r}")
+        from ..compiler.saved import save
+        import numpy as np
+        nums = batch_argnums if batch_argnums is not None else [
+            k for k, a in enumerate(example) if isinstance(a, np.ndarray) and a.ndim >= 1]
+        programs = []
+        for b in (batch_sizes or [None]):
+            args = [np.zeros((int(b),) + np.shape(a)[1:], np.asarray(a).dtype)
+                    if b is not None and k in nums else a for k, a in enumerate(example)]
+            programs.append(self.lower(*args, **kwargs))
+        return save(programs, path)
 
     def forget_programs(self):
         """Drop every compiled program (and fast-path launcher): the next call compiles anew."""

@@ -50,9 +50,11 @@ def test_load_gives_the_same_bits(tmp_path, rng):
     fresh = _inputs(rng)
     _same_bits(loaded(*fresh), fn(*fresh))
     manifest = saved.read_manifest(path)
-    assert manifest["inputs"] == {"x": "f32[40,24]", "w": "f32[24,16]", "b": "f32[16]"}
-    assert {"levels.pkl", "lib/program.so", "source/program.c"} <= set(manifest["digests"])
-    assert any(k.startswith("source/routine_gemm") for k in manifest["digests"])
+    (entry,) = manifest["programs"]
+    assert entry["inputs"] == {"x": "f32[40,24]", "w": "f32[24,16]", "b": "f32[16]"}
+    assert {"p0/levels.pkl", "p0/lib/program.so", "p0/source/program.c"} <= \
+        set(manifest["digests"])
+    assert any(k.startswith("p0/source/routine_gemm") for k in manifest["digests"])
 
 
 def test_load_in_a_fresh_process_without_a_compiler(tmp_path, rng):
@@ -89,10 +91,10 @@ def test_damaged_and_foreign_files_are_refused(tmp_path, rng):
     good = fn.lower(*args).save(tmp_path / "m.tsr")
 
     def flip(name, data):
-        return data[:100] + bytes([data[100] ^ 1]) + data[101:] if name == "lib/program.so" \
-            else data
+        return data[:100] + bytes([data[100] ^ 1]) + data[101:] \
+            if name == "p0/lib/program.so" else data
     _rewrite(good, tmp_path / "bad.tsr", flip)
-    with pytest.raises(ts.TesseraError, match="damaged: its member lib/program.so differs"):
+    with pytest.raises(ts.TesseraError, match="damaged: its member p0/lib/program.so differs"):
         ts.load(tmp_path / "bad.tsr")
     (tmp_path / "cut.tsr").write_bytes(good.read_bytes()[:5000])
     with pytest.raises(ts.TesseraError, match="not a readable saved program"):
@@ -122,3 +124,19 @@ def test_an_interrupted_save_leaves_the_old_file(tmp_path, rng, monkeypatch):
         ts.function(lambda x: x * 2).lower(args[0]).save(path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tsr"]
+
+
+def test_tessera_server_export_serves_several_batch_sizes(tmp_path, rng):
+    """The seeds' export(format="tessera_server", batch_sizes=...): one file, a program per
+    batch size, each call dispatched by its arguments' shapes."""
+    x, w, b = _inputs(rng)
+    fn = ts.function(_model)
+    path = fn.export(tmp_path / "server.tsr", x, w, b, format="tessera_server",
+                     batch_sizes=[1, 8, 32], batch_argnums=(0,))
+    served = ts.load(path)
+    assert len(served.programs) == 3
+    for n in (1, 8, 32):
+        xs = rng.standard_normal((n, 24)).astype(np.float32)
+        _same_bits(served(xs, w, b), fn(xs, w, b))
+    with pytest.raises(ts.ArgumentError, match="no saved program takes these arguments"):
+        served(x[:5], w, b)
