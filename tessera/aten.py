@@ -18,6 +18,7 @@ seeds is this call.
 from __future__ import annotations
 
 import inspect
+import operator
 import warnings
 
 import numpy as np
@@ -251,7 +252,7 @@ def from_torch(model, *example_inputs):
     from .function import Function
     from .interop import from_dlpack
 
-    module = model if isinstance(model, torch.nn.Module) else _Wrapped(model)
+    module = model if isinstance(model, torch.nn.Module) else _as_module(model)
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else \
         getattr(model, "__name__", "fn")
     examples = tuple(torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x
@@ -292,8 +293,7 @@ def from_torch(model, *example_inputs):
                 args = _resolve(node.args, env)
                 kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()
                           if k not in ("device", "layout", "pin_memory", "memory_format")}
-                fn = _getitem if node.target.__name__ == "getitem" and \
-                    str(node.target).startswith("<built-in") else ATEN[str(node.target)]
+                fn = _getitem if node.target is operator.getitem else ATEN[str(node.target)]
                 env[node.name] = fn(*args, **kwargs)
             elif node.op == "output":
                 outs = _resolve(node.args[0], env)
@@ -309,15 +309,14 @@ def from_torch(model, *example_inputs):
     return Function(body, name=name), params
 
 
-class _Wrapped:
-    """A function as the module torch.export needs (made lazily: torch is optional)."""
-    def __new__(cls, fn):
-        import torch
+def _as_module(fn):
+    """A function as the module torch.export needs."""
+    import torch
 
-        class Fn(torch.nn.Module):
-            def forward(self, *args):
-                return fn(*args)
-        return Fn()
+    class Fn(torch.nn.Module):
+        def forward(self, *args):
+            return fn(*args)
+    return Fn()
 
 
 def _resolve(value, env):
@@ -335,7 +334,7 @@ def _check_supported(graph, name):
         if node.op != "call_function":
             continue
         target = str(node.target)
-        if target in ATEN or getattr(node.target, "__name__", "") == "getitem":
+        if target in ATEN or node.target is operator.getitem:
             continue
         trace = (node.meta.get("stack_trace") or "").strip().split("\n")
         where = next((line.strip() for line in reversed(trace) if line.strip().startswith(
