@@ -131,7 +131,7 @@ fp8 = fp8_e4m3 = float8_e4m3fn
 fp8_e5m2 = float8_e5m2
 
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-ALL = (float8_e4m3fn, float8_e5m2, float16, bfloat16, float32, float64, int32, int64, bool_,
+ALL = (float16, bfloat16, float8_e4m3fn, float8_e5m2, float32, float64, int32, int64, bool_,
        complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}
 
