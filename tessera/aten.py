@@ -26,19 +26,16 @@ import numpy as np
 from . import dtypes as dt
 from . import op
 from .errors import ArgumentError, TesseraError
-from .trace import apply
-
-_DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16",
-           "bfloat16": "bfloat16", "int32": "int32", "int64": "int64", "bool": "bool",
-           "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
-
+from .trace import apply, dtype_of
 
 def _dtype(torch_dtype) -> str:
+    """The tessera dtype name of a torch dtype (torch.float32 -> "float32")."""
     name = str(torch_dtype).split(".")[-1]
-    if name not in _DTYPES:
+    try:
+        return dt.get(name).name
+    except TesseraError:
         raise ArgumentError(f"torch.{name} has no tessera dtype",
-                            expected=", ".join(sorted(_DTYPES)))
-    return _DTYPES[name]
+                            expected=", ".join(d.name for d in dt.ALL)) from None
 
 
 def _axes(dims, rank):
@@ -236,7 +233,7 @@ def _swap(rank, a, b):
 
 
 def _bitwise_not(a):
-    if dt.get(a.dtype).is_bool:
+    if dtype_of(a).is_bool:
         return a == False                                            # noqa: E712
     return -a - 1                                                   # two's complement
 

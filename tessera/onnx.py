@@ -22,6 +22,7 @@ import numpy as np
 from . import op
 from .errors import ArgumentError, TesseraError
 from .function import Function
+from .trace import dtype_of
 
 OPSET = 17
 
@@ -326,9 +327,7 @@ def _i_arg(f, node, xs):
 
 def _i_div(node, xs):
     a, b = xs
-    d = getattr(a, "dtype", None)
-    d = d if hasattr(d, "is_int") else __import__("tessera").dtypes.get(np.asarray(a).dtype)
-    if not d.is_int:
+    if not dtype_of(a).is_int:
         return op.div(a, b)
     q = op.floor_divide(a, b)              # integers: truncated towards zero, as C
     inexact = op.ne(op.mod(a, b), 0)
@@ -419,11 +418,8 @@ IMPORT = {
 
 
 def _as_dtype(x, like):
-    d = getattr(like, "dtype", None)
-    d = d.name if hasattr(d, "name") else np.asarray(like).dtype.name
-    xd = getattr(x, "dtype", None)
-    xd = xd.name if hasattr(xd, "name") else np.asarray(x).dtype.name
-    return x if xd == d else op.cast(x, d)
+    d = dtype_of(like)
+    return x if dtype_of(x) == d else op.cast(x, d.name)
 
 
 def _fold(f, xs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import ops as _ops
 from .errors import ArgumentError as _ArgumentError
 from .trace import apply as _apply
+from .trace import dtype_of as _dtype_of
 
 
 def _make(name):
@@ -82,15 +83,6 @@ def matmul(a, b, tile_shape=None, scale_a=None, scale_b=None):
     elif len(scales) == 2:
         scales = [_apply("mul", scales[0], scales[1])]
     return _apply("mul", out, scales[0]) if scales else out
-
-
-def _dtype_of(x):
-    from . import dtypes as dt
-    d = getattr(x, "dtype", None)
-    if isinstance(d, dt.DType):
-        return d
-    import numpy as np
-    return dt.from_numpy(np.asarray(x).dtype)
 
 
 def attention(q, k, v, mask=None, causal=False, scale=None):

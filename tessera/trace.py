@@ -381,12 +381,12 @@ def _policy_steps(policy, opdef, flat, attrs, trace):
     def run(args):
         return apply(opdef.name, *([args] if opdef.nin == -1 else args), **attrs)
 
-    floats = [a for a in flat if _is_tensor(a) and _dtype(a).is_float]
+    floats = [a for a in flat if _is_tensor(a) and dtype_of(a).is_float]
     if opdef.accumulates:
         for a in floats:
-            policy.check_accumulation(_dtype(a))
+            policy.check_accumulation(dtype_of(a))
     acc64 = policy.accumulation is dt.float64 and opdef.accumulates and \
-        any(_dtype(a) is not dt.float64 for a in floats)
+        any(dtype_of(a) is not dt.float64 for a in floats)
     rounds = policy.changes_rounding and opdef.makes_values
     out = _natural_dtype(opdef, flat, attrs) if acc64 or rounds else None
     rounds = rounds and out.is_narrow
@@ -398,11 +398,11 @@ def _policy_steps(policy, opdef, flat, attrs, trace):
         r = apply("cast", flat[0], dtype=wide.name)     # is the policy's
     else:
         r = run([apply("cast", a, dtype=wide.name)
-                 if _is_tensor(a) and _dtype(a).is_float and _dtype(a).itemsize < wide.itemsize
+                 if _is_tensor(a) and dtype_of(a).is_float and dtype_of(a).itemsize < wide.itemsize
                  else a for a in flat])
     if not rounds:
         return apply("cast", r, dtype=out.name)
-    if _dtype(r) is dt.float64:
+    if dtype_of(r) is dt.float64:
         r = apply("cast", r, dtype="float32")
     if policy.saturate:
         r = _op.clamp(r, -out.max_finite, out.max_finite)
@@ -467,7 +467,7 @@ def _stream_seed(policy, trace) -> int:
 
 def _natural_dtype(opdef, flat, attrs) -> dt.DType:
     """The result dtype the operator gives these operands without a policy."""
-    items = [_dtype(a) if _is_tensor(a) else a if is_scalar(a) else
+    items = [dtype_of(a) if _is_tensor(a) else a if is_scalar(a) else
              dt.from_numpy(np.asarray(a).dtype) for a in flat]
     want = operand_dtypes(opdef, items, attrs)
     types = [TensorType(want[k] if want is not None else
@@ -480,7 +480,8 @@ def _is_tensor(a) -> bool:
     return isinstance(a, Traced) or not is_scalar(a)
 
 
-def _dtype(a) -> dt.DType:
+def dtype_of(a) -> dt.DType:
+    """The tessera dtype of a traced tensor, an array or a Python number."""
     return a.dtype if isinstance(a, Traced) else dt.from_numpy(np.asarray(a).dtype)
 
 
