@@ -14,7 +14,8 @@ are read as their bits and viewed as ml_dtypes' types; a tensor on a GPU is an
 ``ArgumentError`` for a CPU program (``.cpu()`` it), never a silent copy.
 
 Results: when every array argument of a call is a PyTorch tensor, the results come back as
-PyTorch tensors (on the results' own memory, no copy); otherwise NumPy arrays, as always.
+PyTorch tensors (on the results' own memory, no copy); when every one is a JAX array, as JAX
+arrays (JAX copies them onto its device); otherwise NumPy arrays, as always.
 """
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ def _torch():
 def is_torch(x) -> bool:
     torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_jax(x) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Array)
 
 
 def is_foreign(x) -> bool:
@@ -85,12 +91,15 @@ def as_array(x):
 
 
 def results_like(args) -> str | None:
-    """"torch" when every array among the arguments (pytree leaves included) is a PyTorch
-    tensor, else None (NumPy results)."""
+    """"torch" ("jax") when every array among the arguments (pytree leaves included) is a
+    PyTorch tensor (a JAX array), else None (NumPy results)."""
     from .pytree import flatten
     arrays = [a for a in flatten(list(args))[0]
               if isinstance(a, np.ndarray) or hasattr(a, "__dlpack__")]
-    return "torch" if arrays and all(is_torch(a) for a in arrays) else None
+    for kind, test in (("torch", is_torch), ("jax", is_jax)):
+        if arrays and all(test(a) for a in arrays):
+            return kind
+    return None
 
 
 def to_torch_tensor(a):
@@ -105,11 +114,11 @@ def to_torch_tensor(a):
 
 def convert_results(out, kind: str | None):
     """The results of a call in the callers' array type (a pytree of arrays; None stays)."""
-    if kind != "torch":
+    if kind is None:
         return out
     from .pytree import tree_map
-    return tree_map(lambda r: to_torch_tensor(r) if isinstance(r, (np.ndarray, np.generic))
-                    else r, out)
+    convert = to_torch_tensor if kind == "torch" else sys.modules["jax"].numpy.asarray
+    return tree_map(lambda r: convert(r) if isinstance(r, (np.ndarray, np.generic)) else r, out)
 
 
 # ---- tessera functions inside PyTorch ------------------------------------------------------------

@@ -25,7 +25,8 @@ def f32(rng, *shape, lo=-3, hi=3):
 # name -> (inputs from rng, attrs)
 EXAMPLES = {
     **{n: (lambda r: [f32(r, 3, 5)], {}) for n in
-       ["neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "erf"]},
+       ["neg", "stop_gradient", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu", "gelu",
+        "silu", "erf"]},
     "log": (lambda r: [f32(r, 3, 5, lo=0.1)], {}),
     "sqrt": (lambda r: [f32(r, 3, 5, lo=0)], {}),
     "rsqrt": (lambda r: [f32(r, 3, 5, lo=0.1)], {}),

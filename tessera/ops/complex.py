@@ -328,5 +328,5 @@ RULES = {
     "concat": _listed("concat"),
 }
 for _op in ("sum", "mean", "cumsum", "transpose", "reshape", "broadcast_to", "expand_dims",
-            "squeeze", "slice", "take", "take_along_axis", "scatter_add"):
+            "squeeze", "slice", "take", "take_along_axis", "scatter_add", "stop_gradient"):
     RULES[_op] = (lambda op: lambda b, xs, attrs, out: _partwise(b, xs, attrs, out, op))(_op)

@@ -214,6 +214,12 @@ with np.errstate(all="ignore"):
                 lambda a, t: np.maximum(a[0], a[0].dtype.type(0)), helpers={"f": FMAX},
                 doc="max(x, 0); NaN stays NaN")
 
+    # an identity whose result is a constant to autodiff (differentiable=False: a zero
+    # derivative), as jax.lax.stop_gradient and torch's detach
+    elementwise("stop_gradient", 1, unary_same(), {"*": "{0}"}, lambda a, t: a[0].copy(),
+                flops=0, doc="x, with no gradient flowing back through it")
+    REGISTRY["stop_gradient"].differentiable = False
+
     # rounding: exact, so every target gives NumPy's bits; integers are already integral
     # (NumPy 2 keeps their dtype); round is half to even (rint in the default rounding mode)
     for _name, _c, _fn in [("floor", "floor", np.floor), ("ceil", "ceil", np.ceil),
