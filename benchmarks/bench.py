@@ -233,8 +233,8 @@ class Case:
     what: str                                # what it measures, in words
     goal: str                                # the issue's goal, in words
     inputs: Callable                         # (rng, quick) -> list of float32 arrays
-    numpy: Callable                          # NumPy: the peer (float32) and the reference (float64)
-    tessera: ts.Function
+    numpy: Callable | None                   # NumPy: the peer (float32) and the reference (float64)
+    tessera: ts.Function | Callable          # or (*arrays) -> the Function, built when it runs
     torch: Callable | None = None            # (torch, *tensors) -> tensor
     jax: Callable | None = None              # (jax.numpy, *arrays) -> array
     flops: Callable | None = None            # arrays -> FLOPs (for GFLOP/s)
@@ -351,6 +351,91 @@ CASES += [
          atol=1e-5, min_speedup=1.5, min_vs_torch=1.0, pack=complex_parts,
          reference=lambda z: np.fft.fft(z.astype(np.complex128))),
 ]
+
+
+# ---- models that come from elsewhere: a PyTorch model through ts.from_torch, a JAX function
+# through ts.from_jax; each built when its case runs (the imports take seconds, and the case is
+# an error row where transformers or JAX is missing)
+def gpt2_inputs(rng, quick):
+    return [f32(rng, 1 if quick else 4, 64 if quick else 128, 256) * 0.5]
+
+
+def gpt2_model(dtype=None):
+    """A randomly initialised 2-layer GPT-2 (n_embd 256, 4 heads), the same weights each time,
+    taking input embeddings and giving the last hidden state."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(attn_implementation="eager", n_layer=2, n_head=4, n_embd=256,
+                                  n_positions=256, vocab_size=100, bos_token_id=0,
+                                  eos_token_id=0)
+    model = transformers.GPT2Model(cfg).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model.to(dtype) if dtype is not None else model
+
+        def forward(self, x):
+            return self.model(inputs_embeds=x).last_hidden_state
+    return Hidden()
+
+
+def gpt2_tessera(x):
+    import torch
+    fn, params = ts.from_torch(gpt2_model(), torch.from_numpy(x))
+    return ts.function(lambda x: fn(params, x), name="gpt2_imported")
+
+
+def gpt2_torch(t, x):
+    model = _GPT2.get("torch") or _GPT2.setdefault("torch", gpt2_model())
+    return model(x)
+
+
+def gpt2_reference(x):
+    import torch
+    model = _GPT2.get("f64") or _GPT2.setdefault("f64", gpt2_model(torch.float64))
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()
+
+
+_GPT2: dict = {}
+
+
+def jax_mlp(w1, b1, w2, b2, w3, b3, x):
+    """A 784-512-512-10 MLP's forward pass to class probabilities, written in JAX."""
+    import jax
+    h = jax.nn.relu(x @ w1 + b1)
+    h = jax.nn.gelu(h @ w2 + b2, approximate=True)
+    return jax.nn.softmax(h @ w3 + b3, axis=-1)
+
+
+def jax_mlp_inputs(rng, quick):
+    return mlp_inputs(rng, quick)[:-1]
+
+
+def jax_mlp_np(w1, b1, w2, b2, w3, b3, x):
+    h = np.maximum(x @ w1 + b1, 0)
+    return softmax_np(gelu_np(h @ w2 + b2) @ w3 + b3)
+
+
+def jax_mlp_tessera(*arrays):
+    return ts.from_jax(jax_mlp, *arrays)
+
+
+CASES += [
+    Case("gpt2_imported", "a 2-layer GPT-2 (n_embd 256, 4 heads) from transformers, imported by "
+         "ts.from_torch; batch 4 × 128 input embeddings (--quick: 1 × 64)",
+         "≥1× PyTorch (its faster of eager and compiled) on PyTorch's own model",
+         gpt2_inputs, None, gpt2_tessera, torch=gpt2_torch, reference=gpt2_reference,
+         atol=1e-4, min_speedup=None, min_vs_torch=1.0),
+    Case("jax_mlp_imported", "a 784-512-512-10 MLP forward (relu, gelu, softmax) written in JAX, "
+         "converted by ts.from_jax; batch 256 (--quick: 64)",
+         "≥1× the best of NumPy and jax.jit (on JAX's own function)",
+         jax_mlp_inputs, jax_mlp_np, jax_mlp_tessera,
+         jax=lambda jnp, *a: jax_mlp(*a), flops=lambda *a: mlp_flops(*a, None) / 3,
+         atol=1e-4, min_speedup=None, min_vs_peers=1.0),
+]
 PENDING: dict = {}
 
 
@@ -419,7 +504,8 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
     """name -> Impl, or name -> the reason it is not there."""
     pack = case.pack or np.asarray
     impls: dict = {"tessera": Impl(lambda: _untuned(case.tessera, arrays), pack),
-                   "numpy": Impl(lambda: case.numpy(*arrays), pack)}
+                   "numpy": Impl(lambda: case.numpy(*arrays), pack) if case.numpy else
+                   "n/a (no NumPy version of this case)"}
     if tune:
         try:
             impls["tuned"] = tuned_impl(case, arrays, tune, row)
@@ -473,6 +559,8 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
 def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict | None,
              tune: dict | None = None) -> dict:
     arrays = case.inputs(rng, quick)
+    if not isinstance(case.tessera, ts.Function):
+        case.tessera = case.tessera(*arrays)
     row: dict = {"case": case.name, "what": case.what, "goal": case.goal,
                  "shapes": [list(a.shape) for a in arrays], "tolerance": case.atol,
                  "times_ms": {}, "min_ms": {}, "spread": {}, "first_call_ms": {}, "status": {},

@@ -284,8 +284,11 @@ def from_torch(model, *example_inputs):
         env = {}
         for node in graph.nodes:
             if node.op == "placeholder":
-                env[node.name] = kw["params"][places[node.name]] if node.name in places \
-                    else kw[inputs[user.index(node.name)]]
+                if node.name in places:
+                    env[node.name] = kw["params"][places[node.name]]
+                else:
+                    env[node.name] = _example_shaped(kw[inputs[user.index(node.name)]], node,
+                                                     inputs[user.index(node.name)], name)
             elif node.op == "call_function":
                 args = _resolve(node.args, env)
                 kwargs = {k: _resolve(v, env) for k, v in node.kwargs.items()
@@ -304,6 +307,20 @@ def from_torch(model, *example_inputs):
     body.__name__ = body.__qualname__ = name
     body.__doc__ = f"{name}, imported from PyTorch by torch.export (tessera.from_torch)"
     return Function(body, name=name), params
+
+
+def _example_shaped(x, node, param, name):
+    """x, which must have the shape and dtype of the example torch.export saw (its graph holds
+    that shape only: another could reshape silently wrong)."""
+    val = node.meta.get("val")
+    if val is not None:
+        have, want = (tuple(_shape(x)), dtype_of(x).name), (tuple(val.shape), _dtype(val.dtype))
+        if have != want:
+            raise ArgumentError(
+                f"{param} of {name} is {have[1]}{list(have[0])}; the model was exported for "
+                f"{want[1]}{list(want[0])}",
+                hint="import again with ts.from_torch on an example of the new shape")
+    return x
 
 
 def _as_module(fn):

@@ -349,6 +349,7 @@ def from_jax(fn, *example_args):
         bound = body.__signature__.bind(*args, **kw).arguments
         leaves = jax.tree_util.tree_leaves([bound[p] for p in params],
                                            is_leaf=lambda v: v is None)
+        _check_arguments(leaves, closed.jaxpr.invars, name)
         outs = _run(closed.jaxpr, [np.asarray(c) for c in closed.consts], leaves)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -358,6 +359,21 @@ def from_jax(fn, *example_args):
     body.__doc__ = f"{name}, converted from JAX by jax.make_jaxpr (tessera.from_jax)"
     from .function import Function
     return Function(body, name=name)
+
+
+def _check_arguments(leaves, invars, name):
+    """The arguments have the example's shapes and dtypes (the jaxpr holds no other)."""
+    if len(leaves) != len(invars):
+        raise ArgumentError(f"{name} was converted for {len(invars)} array(s) (pytree leaves), "
+                            f"got {len(leaves)}")
+    for i, (x, v) in enumerate(zip(leaves, invars)):
+        have = (tuple(_shape(x)), dtype_of(x).name)
+        want = (tuple(v.aval.shape), _dtype(v.aval.dtype))
+        if have != want:
+            raise ArgumentError(
+                f"argument {i} (a pytree leaf) of {name} is {have[1]}{list(have[0])}; it was "
+                f"converted from JAX for {want[1]}{list(want[0])}", hint="convert again with "
+                "ts.from_jax on examples of the new shapes (a jaxpr holds one shape)")
 
 
 def _parameters(fn, n) -> list:
@@ -388,9 +404,6 @@ def _run(jaxpr, consts, args) -> list:
 
     for v, c in zip(jaxpr.constvars, consts):
         env[v] = np.asarray(c)
-    if len(args) != len(jaxpr.invars):
-        raise ArgumentError(f"the converted function takes {len(jaxpr.invars)} array(s), "
-                            f"got {len(args)}")
     for v, a in zip(jaxpr.invars, args):
         env[v] = a
     for eqn in jaxpr.eqns:

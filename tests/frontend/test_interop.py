@@ -163,6 +163,22 @@ def test_from_torch_attention_block(rng):
                                np.tanh(a @ b.T).sum(0), rtol=1e-5, atol=1e-6)
 
 
+def test_from_torch_holds_the_example_shape(rng):
+    """A flatten then a view baked into the export: another batch would reshape silently wrong,
+    so any other shape or dtype is refused, naming both."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Flatten(0),
+                                torch.nn.Unflatten(0, (2, 3)))
+    fn, params = ts.from_torch(model, torch.zeros(2, 4))
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(fn(params, x), model(torch.from_numpy(x)).numpy(), rtol=1e-6)
+    with pytest.raises(ts.ArgumentError, match=r"float32\[4, 4\]; the model was exported for "
+                                               r"float32\[2, 4\]"):
+        fn(params, rng.standard_normal((4, 4)).astype(np.float32))
+    with pytest.raises(ts.ArgumentError, match="float64"):
+        fn(params, x.astype(np.float64))
+
+
 def test_from_torch_lists_every_unsupported_operator():
     class Odd(torch.nn.Module):
         def forward(self, x):

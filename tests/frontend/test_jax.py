@@ -210,3 +210,13 @@ def test_jax_arrays_in_jax_arrays_out(rng):
     for k, v in f(p, x).items():                         # the same program, the same bits
         np.testing.assert_array_equal(np.asarray(got[k]), v)
     assert isinstance(f(p, jx)["probs"], np.ndarray)     # mixed: NumPy, as always
+
+
+def test_a_new_shape_is_a_clear_error(rng):
+    p, x = params(rng), f32(rng, 8, 6)
+    f = ts.from_jax(mlp, p, x)
+    with pytest.raises(ts.ArgumentError, match=r"float32\[4, 6\].*converted from JAX for "
+                                               r"float32\[8, 6\]"):
+        f(p, f32(rng, 4, 6))
+    with pytest.raises(ts.ArgumentError, match="float64"):
+        f(p, x.astype(np.float64))
