@@ -94,6 +94,31 @@ def _pow_ref(a, b):
                     out).astype(out.dtype)
 
 
+def _pow_by_products(g, n):
+    """x ** k for a constant k of 1 to 4 as products, which vectorise where pow is a call into
+    the C library (GPT-2's gelu has x ** 3.0): float32 and narrower through float64, where x*x is
+    exact and x**3, x**4 round once there and once to the result (pow's own result but for
+    double-rounding ties, well within the library's error bound); float64 only x ** 2 = x*x,
+    rounded once as pow is. Integers keep their exact pow."""
+    x, e = n.inputs
+    if e.node is None or e.node.op != "const" or e.node.attrs["value"].shape != () or \
+            x.type != n.out.type or not n.out.type.dtype.is_float:
+        return None
+    k = float(e.node.attrs["value"])
+    d = n.out.type.dtype
+    if k not in (1, 2, 3, 4) or (d == dt.float64 and k > 2):
+        return None
+    if k == 1:
+        return x
+
+    def op(name, *inputs, **attrs):
+        return g.move_before(g.apply(name, list(inputs), attrs, loc=n.loc, origin=n.origin), n)
+    w = x if d == dt.float64 else op("cast", x, dtype="float64")
+    sq = op("mul", w, w)
+    p = sq if k == 2 else op("mul", sq, w) if k == 3 else op("mul", sq, sq)
+    return p if d == dt.float64 else op("cast", p, dtype=d.name)
+
+
 def _erf_ref(x):
     out = np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), dtype=np.float64)
     return out.astype(x.dtype)
@@ -247,6 +272,7 @@ with np.errstate(all="ignore"):
                               "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
                               " while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }"},
                 doc="a ** b")
+    REGISTRY["pow"].simplify = [_pow_by_products]
     elementwise("atan2", 2, true_divide, {"f": "atan2{F}({0}, {1})"},
                 lambda a, t: np.arctan2(a[0], a[1]), flops=20,
                 doc="the angle of the point (x, y) = (b, a) from the x axis, in (-pi, pi] "

@@ -259,3 +259,38 @@ def test_clamp_is_numpys_clip(rng):
     _same_bits(high, np.minimum(x, np.float32(0.5)))
     with pytest.raises(ts.ArgumentError, match="min, max or both"):
         op.clamp(x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_constant_small_powers_are_products(rng, dtype):
+    """x ** 2.0, 3.0, 4.0 (GPT-2's gelu has x ** 3.0) become products, float32 and narrower
+    through float64: within half an ulp of the exact power but for double-rounding ties (one
+    ulp), x*x exactly x*x; no call of the C library's pow is left."""
+    np_dtype = ts.dtypes.get(dtype).np
+    x = (rng.standard_normal(4099) * 5).astype(np_dtype)
+    x[:4] = [0, -0.0, np.inf, -np.inf]
+    wide = x.astype(np.float64)
+    for k in (1.0, 2.0, 3.0, 4.0):
+        f = ts.function(lambda x: x ** k)
+        got = f(x)
+        assert got.dtype == np_dtype
+        if dtype == "float64" and k > 2:
+            assert "pow" in str(f.lower(x).graph_ir)        # (x*x*x would round twice)
+            assert_close(got, wide ** k)
+            continue
+        assert "pow" not in str(f.lower(x).graph_ir)
+        want = (wide * wide if k == 2 else wide * wide * wide if k == 3
+                else (wide * wide) ** 2 if k == 4 else wide)
+        exact = np.power(x.astype(np.longdouble if np.dtype(np_dtype).itemsize >= 4
+                                  else np.float64).astype(np.longdouble), int(k))
+        with np.errstate(invalid="ignore", over="ignore"):      # overflow to inf, as pow
+            np.testing.assert_array_equal(got, want.astype(np_dtype))   # once from f64
+            finite = np.isfinite(exact.astype(np_dtype))
+        ulps = np.abs(got[finite].astype(np.longdouble) - exact[finite]) / \
+            np.spacing(np.abs(exact[finite].astype(np_dtype))).astype(np.longdouble)
+        assert ulps.max() <= 1
+    y = rng.uniform(0.5, 2, 7).astype(np_dtype)
+    assert "pow" in str(ts.function(lambda x, e: x ** e).lower(y, y).graph_ir)   # not constant
+    g = ts.grad(lambda x: op.sum(x ** 3.0))(y)
+    assert_close(g.astype(np.float64), 3 * y.astype(np.float64) ** 2,
+                 rtol=1e-2 if np.dtype(np_dtype).itemsize == 2 else 1e-6)
