@@ -123,12 +123,27 @@ def _values(prog, arrays: list):
     return out[:k], env, g
 
 
+def _interpreted(prog, arrays: list):
+    """As _values, for a program in parts (tessera/compiler/pipeline.py's SplitProgram): the
+    graph evaluated with the NumPy references, host calls run by the host."""
+    g = prog.graph_ir
+    env = {p.id: _host(a) for p, a in zip(g.params, arrays)}
+
+    def keep(r, n):
+        env[n.out.id] = np.asarray(r, dtype=n.out.type.dtype.np)
+        return env[n.out.id]
+    return g.evaluate(arrays, keep=keep), env, g
+
+
 def checked_call(fn, args, kwargs):
     """A tessera Function's call in debug mode (Function.__call__ comes here)."""
     prog, arrays = fn._program(args, kwargs, fn.target)
-    if not hasattr(prog, "schedule_ir"):          # (every result static: nothing runs)
+    if not hasattr(prog, "graph_ir") or not prog.graph_ir.outputs:   # (nothing runs)
         return _structured(prog, prog.run())
-    results, env, g = _values(prog, list(arrays.values()))
+    if hasattr(prog, "parts"):      # cut at host calls: no probe; the operators interpreted
+        results, env, g = _interpreted(prog, list(arrays.values()))
+    else:
+        results, env, g = _values(prog, list(arrays.values()))
     checks = active()
     if "semantic" in checks:
         for n in _observed(g):

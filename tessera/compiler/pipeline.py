@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ArgumentError, BackendUnavailableError, ShapeError
+from ..errors import ArgumentError, BackendUnavailableError, ShapeError, TesseraError
+from ..ops.host import HOST_OPS
+from ..ops.regions import REGION_OPS
 from ..runtime import isa, tunedb
 from ..runtime.cpu import CpuExecutor
 from ..runtime.profiler import memory_of
 from ..runtime.program import steps_of
 from ..types import type_of_array
-from .graph_ir import Graph
+from .graph_ir import Graph, Node
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .kernels import build_schedule, checked_record, kernel_signature
@@ -237,6 +239,8 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     (graph.output_structure unless `output_structure` says otherwise)."""
     output_structure = output_structure or graph.output_structure
     target = resolve_target(target)
+    if _calls_host(graph):
+        return SplitProgram(graph, target, output_structure, schedule)
     g, prim = prepare(graph)
     schedule = schedule_graph(prim, target, schedule)
     if isa.is_gpu(target):
@@ -251,3 +255,185 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     # cross-compile, but not built: the system compiler targets this machine's architecture
     source, lib = build_program(tile, graph.name, isa.level_of(target).name)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)
+
+
+# ---- graph breaks ---------------------------------------------------------------------------------
+class HostPart:
+    """A host call between two compiled parts: the node, run by the host on the arrays named by
+    its operands."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def run(self, env: dict):
+        n = self.node
+        out = np.asarray(n.attrs["fn"].call([env[v.id] for v in n.inputs]))
+        t = n.out.type
+        if out.shape != tuple(t.shape) or out.dtype != t.dtype.np:
+            raise TesseraError(f"{n.attrs['fn'].name} returned "
+                               f"{type_of_array(out)}, where its first call gave {t}",
+                               location=n.loc, op=n.op,
+                               hint="a host call must give the same shape and dtype each time")
+        env[n.out.id] = out
+
+
+class CompiledPart:
+    """The nodes between two host calls as a program of their own: its parameters are the
+    values they read from before (the function's parameters, earlier parts' results), its
+    results the values read after."""
+
+    def __init__(self, graph: Graph, reads: list, writes: list, program):
+        self.graph, self.reads, self.writes, self.program = graph, reads, writes, program
+
+    def run(self, env: dict):
+        outs = self.program.run(*[env[v.id] for v in self.reads])
+        env.update(zip((v.id for v in self.writes), outs))
+
+
+def _bodies(n) -> list:
+    region = n.attrs.get("region") if n.op in REGION_OPS else None
+    return list(region.bodies.values()) if region is not None else []
+
+
+def _calls_host(graph: Graph) -> bool:
+    return any(n.op in HOST_OPS or any(_calls_host(b) for b in _bodies(n)) for n in graph.nodes)
+
+
+def split_at_host_calls(graph: Graph) -> list:
+    """The graph's nodes in order as compiled parts (graphs) and host calls: [(nodes, host
+    node or None)], each run of nodes ending at the host call after it (None: the last)."""
+    for n in graph.nodes:
+        if any(_calls_host(b) for b in _bodies(n)):
+            raise TesseraError("a host call (a wrapped PyTorch layer) inside a control-flow "
+                               "body is not supported", function=graph.name, location=n.loc,
+                               op=n.op, hint="call it outside the loop, or import the layer "
+                                             "with ts.from_torch")
+    runs, current = [], []
+    for n in graph.nodes:
+        if n.op in HOST_OPS:
+            runs.append((current, n))
+            current = []
+        else:
+            current.append(n)
+    runs.append((current, None))
+    return runs
+
+
+class SplitProgram:
+    """A program with host calls: compiled parts and the host's calls, run in order on one table
+    of arrays (a graph break at each call: fusion does not cross it). Every part is an ordinary
+    program (`parts`), with its own IR levels."""
+
+    def __init__(self, graph: Graph, target: str, output_structure, schedule=None):
+        self.graph_ir, self.target, self.output_structure = graph, target, output_structure
+        if isa.is_gpu(target):
+            raise BackendUnavailableError(
+                "host calls (wrapped PyTorch layers) run in programs for the CPU only",
+                function=graph.name, hint="use target='cpu', or import the layer with "
+                                          "ts.from_torch")
+        self.consts = {n.out.id: n.attrs["value"] for n in graph.nodes if n.op == "const"}
+        const_nodes = {n.out.id: n for n in graph.nodes if n.op == "const"}
+        runs = split_at_host_calls(graph)
+        later = _reads_after(graph, runs)
+        self.parts = []
+        for k, (nodes, host) in enumerate(runs):
+            mine = {n.out.id for n in nodes}
+            writes = [n.out for n in nodes if n.op != "const" and n.out.id in later[k]]
+            if writes:
+                self.parts.append(self._compile(graph, k, nodes, mine, writes, const_nodes,
+                                                target, schedule))
+            if host is not None:
+                self.parts.append(HostPart(host))
+
+    @staticmethod
+    def _compile(graph, k, nodes, mine, writes, const_nodes, target, schedule) -> CompiledPart:
+        g = Graph(f"{graph.name}_part{k}", bindings=graph.bindings)
+        vmap, reads = {}, []
+        for n in nodes:
+            for v in n.inputs:
+                if v.id in mine or v.id in vmap:
+                    continue
+                if v.id in const_nodes:         # a constant of another part: its own copy
+                    c = const_nodes[v.id]
+                    m = Node("const", [], c.attrs, c.out.type, c.loc, c.origin)
+                    g.nodes.append(m)
+                    vmap[v.id] = m.out
+                else:
+                    vmap[v.id] = g.add_param(f"v{len(reads)}", v.type)
+                    reads.append(v)
+            m = Node(n.op, [vmap[v.id] for v in n.inputs], n.attrs, n.out.type, n.loc, n.origin)
+            g.nodes.append(m)
+            vmap[n.out.id] = m.out
+        g.outputs = [vmap[v.id] for v in writes]
+        g.output_structure = "list"
+        return CompiledPart(g, reads, writes, compile_graph(g, target, schedule=schedule))
+
+    def run(self, *arrays) -> list:
+        params = self.graph_ir.params
+        if len(arrays) != len(params):
+            raise ArgumentError(f"program @{self.graph_ir.name} takes {len(params)} arrays, "
+                                f"got {len(arrays)}")
+        env = dict(self.consts)
+        env.update((p.id, np.asarray(a)) for p, a in zip(params, arrays))
+        for part in self.parts:
+            part.run(env)
+        return [np.array(env[v.id]) for v in self.graph_ir.outputs]
+
+    __call__ = _Levels.__call__
+    output_tree = _Levels.output_tree
+
+    @property
+    def kernels(self):
+        return [k for p in self.parts if isinstance(p, CompiledPart) for k in p.program.kernels]
+
+    @property
+    def steps(self):
+        return self.parts
+
+    def _levels(self, what):
+        raise TesseraError(f"program @{self.graph_ir.name} is in parts, cut at its host calls: "
+                           f"its {what} is each part's (prog.parts[i].program.{what})")
+
+    def memory(self):
+        self._levels("memory()")
+
+    schedule_ir = property(lambda self: self._levels("schedule_ir"))
+    tile_ir = property(lambda self: self._levels("tile_ir"))
+    primitive_ir = property(lambda self: self._levels("primitive_ir"))
+
+    @property
+    def target_code(self) -> str:
+        out = []
+        for p in self.parts:
+            out.append(p.program.target_code if isinstance(p, CompiledPart) else
+                       f"/* host call: {p.node.attrs['fn'].name} (a graph break) */")
+        return "\n\n".join(out)
+
+    def save(self, path):
+        raise TesseraError(f"program @{self.graph_ir.name} calls the host (a wrapped PyTorch "
+                           "layer), which a saved file cannot hold",
+                           hint="import the layer with ts.from_torch instead")
+
+    def __str__(self):
+        return "\n\n".join([str(self.graph_ir)] + [
+            str(p.program) if isinstance(p, CompiledPart) else
+            f"host call {p.node.attrs['fn'].name}" for p in self.parts])
+
+    def __repr__(self):
+        hosts = sum(isinstance(p, HostPart) for p in self.parts)
+        parts = len(self.parts) - hosts
+        return (f"<SplitProgram @{self.graph_ir.name} target={self.target}: {parts} compiled "
+                f"part{'s' * (parts != 1)}, {hosts} host call{'s' * (hosts != 1)}>")
+
+
+def _reads_after(graph: Graph, runs) -> list:
+    """Per run of nodes, the ids read after it: by later runs' nodes, later host calls (its
+    own included) and the graph's outputs."""
+    later, seen = [], {v.id for v in graph.outputs}
+    for nodes, host in reversed(runs):
+        if host is not None:
+            seen |= {v.id for v in host.inputs}
+        later.append(set(seen))
+        for n in nodes:
+            seen |= {v.id for v in n.inputs}
+    return list(reversed(later))

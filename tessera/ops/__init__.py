@@ -1,6 +1,6 @@
 """The operator registry, filled by importing each family of operators once."""
-from . import (attention, complex, elementwise, linalg, movement, nn, random,  # noqa: F401
-               reduction, regions, sorting, spectral)
+from . import (attention, complex, elementwise, host, linalg, movement, nn,  # noqa: F401
+               random, reduction, regions, sorting, spectral)
 from .registry import REGISTRY, OpDef, get
 
 __all__ = ["REGISTRY", "OpDef", "get"]

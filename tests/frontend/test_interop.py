@@ -1,5 +1,8 @@
 """Arrays from PyTorch through DLPack, results in the caller's array type, and tessera functions
 as PyTorch autograd functions (tessera/interop.py), against PyTorch itself."""
+import io
+import os
+
 import numpy as np
 import pytest
 
@@ -223,3 +226,83 @@ def test_from_torch_transformers_models(family, rng):
     with torch.no_grad():
         want = Hidden()(ids).numpy()
     np.testing.assert_allclose(fn(params, ids.numpy()), want, atol=2e-5, rtol=1e-5)
+
+
+# ---- a PyTorch layer inside a tessera function: migrate.wrap_pytorch (a graph break) ----------
+def _conv_model(rng):
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    conv = torch.nn.Conv1d(4, 6, 3, padding=1).eval()    # convolution: not in the registry
+    return conv, ts.migrate.wrap_pytorch(conv)
+
+
+def test_wrap_pytorch_runs_the_layer_between_compiled_parts(rng):
+    conv, layer = _conv_model(rng)
+
+    @ts.function
+    def f(x, w):
+        h = op.tanh(x * 2) + 1
+        return op.sum(op.relu(layer(h)) * w)
+
+    x = rng.standard_normal((2, 4, 9)).astype(np.float32)
+    w = rng.standard_normal((2, 6, 9)).astype(np.float32)
+    with torch.no_grad():
+        want = (torch.relu(conv(torch.tanh(torch.from_numpy(x) * 2) + 1))
+                * torch.from_numpy(w)).sum().item()
+    np.testing.assert_allclose(f(x, w), want, rtol=1e-5)
+    prog = f.lower(x, w)
+    assert "host_call(%" in str(prog.graph_ir) and "fn=torch:Conv1d" in str(prog.graph_ir)
+    kinds = [type(p).__name__ for p in prog.parts]
+    assert kinds == ["CompiledPart", "HostPart", "CompiledPart"]
+    first = prog.parts[0].program
+    assert len(first.kernels) == 1 and {n.op for n in first.kernels[0].fuses} >= {"tanh", "add"}
+    assert "/* host call: torch:Conv1d" in prog.target_code
+    # eager: the layer on NumPy arrays, PyTorch's answer
+    with torch.no_grad():
+        np.testing.assert_array_equal(layer(x), conv(torch.from_numpy(x)).numpy())
+    # gradients to the layer's inputs through torch.autograd, as PyTorch's own backward
+    xt = torch.from_numpy(x).requires_grad_()
+    (torch.relu(conv(torch.tanh(xt * 2) + 1)) * torch.from_numpy(w)).sum().backward()
+    np.testing.assert_allclose(ts.grad(f)(x, w), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert ts.grad(f).lower(x, w).parts[3].node.attrs["fn"].name == "torch:Conv1d.vjp[0]"
+    # debug mode looks at every operator, the layer's result included
+    g = ts.function(lambda x: op.log(layer(x)))
+    with ts.debug_mode(), pytest.raises(ts.NumericalError, match="log produced"):
+        g(x)
+
+
+def test_wrap_pytorch_functions_of_several_tensors(rng):
+    bilinear = ts.migrate.wrap_pytorch(lambda a, b, idx: torch.tanh(a[idx] * b).sum(-1))
+    a = rng.standard_normal((5, 3)).astype(np.float64)
+    b = rng.standard_normal(3).astype(np.float64)
+    idx = np.array([4, 0, 2])
+    f = ts.function(lambda a, b, idx: op.sum(bilinear(a * 1.5, b, idx) ** 2))
+    at, bt = torch.from_numpy(a).requires_grad_(), torch.from_numpy(b).requires_grad_()
+    want = (torch.tanh((at * 1.5)[torch.from_numpy(idx)] * bt).sum(-1) ** 2).sum()
+    want.backward()
+    np.testing.assert_allclose(f(a, b, idx), want.item(), rtol=1e-12)
+    ga, gb, gi = ts.grad(f, argnums=(0, 1, 2))(a, b, idx)
+    np.testing.assert_allclose(ga, at.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(gb, bt.grad.numpy(), rtol=1e-10)
+    assert gi is None                                    # an integer operand: no gradient
+
+
+def test_wrap_pytorch_refusals_are_clear(rng):
+    conv, layer = _conv_model(rng)
+    x = rng.standard_normal((2, 4, 9)).astype(np.float32)
+    with pytest.raises(ts.ArgumentError, match="torch:Conv1d refused operands f32\\[2,5,9\\]"):
+        ts.function(lambda x: layer(x))(rng.standard_normal((2, 5, 9)).astype(np.float32))
+    pair = ts.migrate.wrap_pytorch(lambda x: (x, x))
+    with pytest.raises(ts.TesseraError, match="returned tuple, not one tensor"):
+        ts.function(lambda x: pair(x))(x)
+    with pytest.raises(ts.TesseraError, match="inside a control-flow body"):
+        ts.function(lambda x: ts.fori_loop(0, 2, lambda i, c: layer(c[:, :4] * 1.0)[:, :4], x))(x)
+    f = ts.function(lambda x: op.sum(layer(x)))
+    with pytest.raises(ts.BackendUnavailableError, match="CPU only"):
+        f.lower(x, target="cuda")
+    with pytest.raises(ts.TesseraError, match="a saved file cannot hold"):
+        f.lower(x).save("never-written.tsr")
+    with pytest.raises(ts.TesseraError, match="no ONNX form yet: host_call"):
+        f.export(io.BytesIO(), x)
+    with pytest.raises(ts.DifferentiationError, match="derivative of a derivative"):
+        ts.grad(lambda x: op.sum(ts.grad(f)(x)))(x)
+    assert not os.path.exists("never-written.tsr")

@@ -80,7 +80,8 @@ def test_cases_cover_every_operator_and_strategy(programs):
     """A new registry entry is compile-checked on GPUs without touching this file; every
     strategy appears."""
     names = programs["cuda"].keys()
-    assert {n.split("-")[0] for n in names} >= set(ops.REGISTRY)
+    # (host calls never become kernels: a program with one runs on the CPU, in parts)
+    assert {n.split("-")[0] for n in names} >= set(ops.REGISTRY) - set(ops.host.HOST_OPS)
     strategies = {k.strategy for p in programs["cuda"].values() for k in p.kernels}
     want = {"pointwise", "copy", "row", "reduce", "argreduce", "concat", "gather", "contract"}
     assert strategies >= want | {"attention"}
