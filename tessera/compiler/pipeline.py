@@ -69,6 +69,13 @@ class _Levels:
         """The structure of a pytree of results (None for a tensor, a tuple or a list)."""
         return self.graph_ir.output_tree
 
+    def save(self, path, archs=None):
+        """This program in one file that ``ts.load`` runs without a compiler (every IR level,
+        the source, a standalone shared object or, for CUDA, PTX per architecture in `archs`;
+        digests: tessera/compiler/saved.py)."""
+        from .saved import save
+        return save(self, path, archs=archs)
+
     def __call__(self, *arrays):
         out = self.run(*arrays)
         return out[0] if self.output_structure in (None, "single") else \
@@ -102,12 +109,6 @@ class Program(_Levels):
         cross-compiler) compiles, each file a translation unit of its own."""
         return {f"routine_{key.replace(':', '_')}.c": routine_library_source(key)
                 for key in routine_keys(self.tile_ir)}
-
-    def save(self, path):
-        """This program in one file that ``ts.load`` runs without a compiler (every IR level,
-        the C, a standalone shared object, digests: tessera/compiler/saved.py)."""
-        from .saved import save
-        return save(self, path)
 
     def run(self, *arrays):
         """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
@@ -152,6 +153,7 @@ class GPUProgram(_Levels):
         super().__init__(*levels, output_structure)
         self._module = None
         self.flags_errors = self.tile_ir.flags_errors   # else a run need not wait for its kernels
+        self.saved_ptx: dict = {}       # arch -> PTX, from a saved file (no NVRTC needed)
 
     def run(self, *arrays):
         from ..runtime import gpu

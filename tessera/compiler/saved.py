@@ -4,7 +4,10 @@ One file (a zip) holds a compiled CPU program whole: a manifest (format, version
 and its ISA level, the machine, the arguments and results, a SHA-256 digest of every other
 member), the IR levels (pickled: Graph IR, its primitive form, Schedule IR with its knobs, Tile
 IR), the generated C and the routine libraries' C, and one standalone shared object built from
-all of them, which needs no compiler and no kernel cache to load. ``ts.load`` checks the digests
+all of them, which needs no compiler and no kernel cache to load. A CUDA program holds its
+source and the PTX NVRTC made of it for each architecture saved (sm_80 and sm_90 by default),
+which the GPU driver loads (and compiles for a later GPU) with no NVRTC where it runs; a HIP
+program holds its source, compiled where it loads. ``ts.load`` checks the digests
 before mapping anything (a damaged file is an error naming the member, never a crash in the
 loader), refuses a program this machine cannot run (another architecture or ISA level) naming
 both, and with ``recompile=True`` compiles the saved Graph IR for this machine instead (the same
@@ -37,16 +40,54 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def save(programs, path) -> Path:
-    """Write a CPU Program, or a list of them (the same function at several shapes, which
-    ``ts.load`` gives back as one ProgramSet), to `path`; returns the path."""
-    from .pipeline import Program
+# the architectures a saved CUDA program carries PTX for (each runs on its own and every later
+# GPU: the driver compiles PTX for the device it loads on)
+CUDA_ARCHS = ("sm_80", "sm_90")
+
+
+def _levels(program) -> bytes:
+    return pickle.dumps((program.graph_ir, program.primitive_ir, program.schedule_ir,
+                         program.tile_ir, program.target_code, program.target,
+                         program.output_structure), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _gpu_members(program, at: str, archs) -> tuple[dict, dict]:
+    """(members, manifest entry fields) of a CUDA or HIP program: its source, and for CUDA
+    the PTX NVRTC makes of it for each architecture (NVRTC is needed here, not where it loads)."""
+    from ..runtime.gpu import NVRTC_OPTIONS
+    from ..runtime.gpu_toolchain import nvrtc_compile, nvrtc_version
+    members = {f"{at}source/program.{'cu' if program.target == 'cuda' else 'hip'}":
+               program.target_code.encode(), f"{at}levels.pkl": _levels(program)}
+    if program.target != "cuda":            # HIP: compiled where it loads (ROCm's hiprtc)
+        return members, {"archs": []}
+    archs = list(archs or CUDA_ARCHS)
+    for arch in archs:
+        members[f"{at}ptx/{arch}.ptx"] = nvrtc_compile(
+            program.target_code, arch=arch, name=program.graph_ir.name, options=NVRTC_OPTIONS)
+    return members, {"archs": archs, "nvrtc": nvrtc_version()}
+
+
+def save(programs, path, archs=None) -> Path:
+    """Write a Program (CPU, CUDA or HIP), or a list of them (the same function at several
+    shapes, which ``ts.load`` gives back as one ProgramSet), to `path`; returns the path. A
+    CUDA program carries PTX for `archs` (default CUDA_ARCHS)."""
+    from .pipeline import GPUProgram, Program
     programs = list(programs) if isinstance(programs, (list, tuple)) else [programs]
     members, entries = {}, []
     for k, program in enumerate(programs):
+        if isinstance(program, GPUProgram):
+            at = f"p{k}/"
+            gpu_members, fields = _gpu_members(program, at, archs)
+            members.update(gpu_members)
+            entries.append({"name": program.graph_ir.name, "target": program.target,
+                            "level": None, **fields,
+                            "inputs": {p.param_name: str(p.type)
+                                       for p in program.graph_ir.params},
+                            "outputs": [str(v.type) for v in program.graph_ir.outputs]})
+            continue
         if not isinstance(program, Program):
-            raise ArgumentError(f"only CPU programs can be saved yet, not "
-                                f"{type(program).__name__}", hint="lower for target='cpu'")
+            raise ArgumentError(f"a {type(program).__name__} cannot be saved",
+                                hint="save a program from fn.lower(*arrays)")
         if not program._runs_here and program._lib is None:
             raise BackendUnavailableError(f"program @{program.graph_ir.name} is for "
                                           f"{isa.describe(program.level)}, not built here: "
@@ -55,10 +96,7 @@ def save(programs, path) -> Path:
         at = f"p{k}/"
         members.update({f"{at}source/{name}": text.encode() for name, text in sources.items()})
         members[f"{at}lib/program.so"] = toolchain.build_standalone(sources, program.level)
-        members[f"{at}levels.pkl"] = pickle.dumps(
-            (program.graph_ir, program.primitive_ir, program.schedule_ir, program.tile_ir,
-             program.target_code, program.target, program.output_structure),
-            protocol=pickle.HIGHEST_PROTOCOL)
+        members[f"{at}levels.pkl"] = _levels(program)
         entries.append({"name": program.graph_ir.name, "target": program.target,
                         "level": program.level,
                         "inputs": {p.param_name: str(p.type) for p in program.graph_ir.params},
@@ -66,7 +104,7 @@ def save(programs, path) -> Path:
     manifest = {
         "format": FORMAT, "version": VERSION, "tessera": __version__,
         "machine": platform.machine(),
-        "compiler": toolchain.compiler_version(toolchain.find_compiler()),
+        "compiler": _compiler_version(),
         "programs": entries,
         "digests": {name: _sha(data) for name, data in members.items()},
     }
@@ -89,6 +127,13 @@ def save(programs, path) -> Path:
     return path
 
 
+def _compiler_version():
+    try:
+        return toolchain.compiler_version(toolchain.find_compiler())
+    except BackendUnavailableError:         # (a GPU program saved where no C compiler is)
+        return None
+
+
 class ProgramSet:
     """Several programs of one function, one per shape (a saved ``tessera_server`` file): a call
     runs the one whose argument types match, or says which there are."""
@@ -97,9 +142,11 @@ class ProgramSet:
         self.programs = programs
 
     def program_for(self, arrays):
-        types = [(np.asarray(a).dtype, np.shape(a)) for a in arrays]
+        types = [(np.dtype(a.dtype), tuple(a.shape)) if hasattr(a, "shape") and
+                 hasattr(a, "dtype") else (np.asarray(a).dtype, np.shape(a)) for a in arrays]
         for p in self.programs:
-            if types == p._param_types:
+            if types == [(np.dtype(q.type.dtype.np), tuple(q.type.shape))
+                         for q in p.graph_ir.params]:
                 return p
         have = "; ".join(", ".join(str(v.type) for v in p.graph_ir.params)
                          for p in self.programs)
@@ -152,9 +199,14 @@ def load(path, recompile: bool = False):
 
 
 def _load_one(path, manifest, entry, members, at, recompile):
-    from .pipeline import Program, compile_graph
+    from .pipeline import GPUProgram, Program, compile_graph
     levels = pickle.loads(members[at + "levels.pkl"])
     graph_ir, output_structure = levels[0], levels[6]
+    if entry["target"] in ("cuda", "hip"):      # runs where CuPy finds a device (on first run)
+        program = GPUProgram(*levels[:6], output_structure=output_structure)
+        program.saved_ptx = {arch: members[f"{at}ptx/{arch}.ptx"]
+                             for arch in entry.get("archs", [])}
+        return program
     here, level = platform.machine(), entry["level"]
     if not (manifest["machine"] == here and isa.runs_here(level)):
         if recompile:

@@ -151,9 +151,10 @@ class Function:
                batch_sizes=None, batch_argnums=None, **kwargs):
         """This function traced on the example arguments, written to `path`: an ONNX model
         (``format="onnx"``, tessera/onnx.py; returns the ModelProto), or the seeds'
-        ``format="tessera_server"``: the CPU programs for each of `batch_sizes` (the first axis
-        of the arguments in `batch_argnums`, default every array argument) in one saved file
-        that ``ts.load`` serves without a compiler (compiler/saved.py; returns the path)."""
+        ``format="tessera_server"``: the programs for each of `batch_sizes` (the first axis
+        of the arguments in `batch_argnums`, default every array argument; CPU ones unless
+        ``target="cuda"`` or ``"hip"``) in one saved file that ``ts.load`` serves without a
+        compiler (compiler/saved.py; returns the path)."""
         if format == "onnx":
             from ..onnx import export
             return export(self, path, *example, opset_version=opset_version, **kwargs)

@@ -143,8 +143,26 @@ def _functions(module, names) -> tuple:
     return module, {n: module.get_function(n) for n in names}
 
 
+def _saved_module(program, cupy, names):
+    """A loaded file's PTX for the newest saved architecture this device runs (the driver
+    compiles it for the device), or None when there is none."""
+    have = int(device_arch(cupy)[3:])
+    fits = sorted((int(a[3:]), a) for a in program.saved_ptx if int(a[3:]) <= have)
+    if not fits:
+        return None
+    arch = fits[-1][1]
+    path = _private_dir() / f"saved-{arch}-{hashlib.sha256(program.saved_ptx[arch]).hexdigest()[:32]}.ptx"
+    if not path.exists():
+        cache.atomic_write(path, program.saved_ptx[arch])
+    return _functions(cupy.RawModule(path=str(path)), names)
+
+
 def _cuda_module(program, cupy, names) -> tuple:
     source, name = program.target_code, program.graph_ir.name
+    if program.saved_ptx:
+        module = _saved_module(program, cupy, names)
+        if module is not None:
+            return module
     try:
         arch = device_arch(cupy)
         path = ptx_path(source, arch)

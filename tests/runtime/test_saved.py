@@ -140,3 +140,57 @@ def test_tessera_server_export_serves_several_batch_sizes(tmp_path, rng):
         _same_bits(served(xs, w, b), fn(xs, w, b))
     with pytest.raises(ts.ArgumentError, match="no saved program takes these arguments"):
         served(x[:5], w, b)
+
+
+def _needs_nvrtc():
+    from tessera.runtime.gpu_toolchain import nvrtc_library
+    try:
+        nvrtc_library()
+    except ts.BackendUnavailableError:
+        pytest.skip("saving a CUDA program compiles its PTX with NVRTC (the nvidia-cuda-nvrtc "
+                    "wheel of the test extra)")
+
+
+def test_a_cuda_program_saves_its_ptx_per_architecture(tmp_path, rng):
+    """The PTX for each architecture, its source and levels; loaded, the same program (run here
+    by the GPU emulator), whose first run on a device loads the saved PTX (no NVRTC:
+    tests/targets/test_gpu_device.py checks it on one)."""
+    _needs_nvrtc()
+    from gpu_emulator import emulator
+    fn = ts.function(_model)
+    args = _inputs(rng)
+    prog = fn.lower(*args, target="cuda")
+    path = prog.save(tmp_path / "m.tsr", archs=["sm_80", "sm_86", "sm_90"])
+    with zipfile.ZipFile(path) as z:
+        manifest = json.loads(z.read("manifest.json"))
+        entry, = manifest["programs"]
+        assert entry["target"] == "cuda" and entry["archs"] == ["sm_80", "sm_86", "sm_90"]
+        for arch in entry["archs"]:
+            ptx = z.read(f"p0/ptx/{arch}.ptx").decode()
+            assert f".target {arch}" in ptx
+            assert all(f".entry {k.name}(" in ptx for k in prog.kernels)
+        assert z.read("p0/source/program.cu").decode() == prog.target_code
+    loaded = ts.load(path)
+    assert sorted(loaded.saved_ptx) == ["sm_80", "sm_86", "sm_90"]
+    assert loaded.target_code == prog.target_code and str(loaded) == str(prog)
+    got = emulator.run_program(loaded, *args)
+    for g, w in zip(got, fn(*args)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    hip = fn.lower(*args, target="hip").save(tmp_path / "h.tsr")
+    with zipfile.ZipFile(hip) as z:                 # HIP: its source, compiled where it loads
+        assert sorted(z.namelist()) == ["manifest.json", "p0/levels.pkl", "p0/source/program.hip"]
+    assert ts.load(hip).target == "hip"
+
+
+def test_tessera_server_export_for_cuda(tmp_path, rng):
+    _needs_nvrtc()
+    fn = ts.function(lambda x, w: op.tanh(x @ w))
+    x, w = rng.standard_normal((4, 8)).astype(np.float32), \
+        rng.standard_normal((8, 3)).astype(np.float32)
+    path = fn.export(tmp_path / "s.tsr", x, w, format="tessera_server", batch_sizes=[1, 8],
+                     batch_argnums=[0], target="cuda")
+    served = ts.load(path)
+    assert [p.target for p in served.programs] == ["cuda", "cuda"]
+    assert served.program_for([x[:1], w]).graph_ir.params[0].type.shape == (1, 8)
+    with pytest.raises(ts.ArgumentError, match="no saved program takes"):
+        served.program_for([x, w])

@@ -79,3 +79,22 @@ def test_a_phased_transform_profiles_as_one_kernel(target):
     assert all(r["median_ms"] > 0 for r in rows)
     np.testing.assert_allclose(cupy.asnumpy(got), np.fft.fft(cupy.asnumpy(z), axis=-1),
                                rtol=0, atol=2e-3 * np.sqrt(1 << 16))
+
+
+def test_a_saved_cuda_program_runs_from_its_ptx(target, tmp_path, rng):
+    """A saved CUDA program loads its own PTX for this device (the newest saved architecture it
+    runs), compiling nothing: the same bits as the program compiled here."""
+    import numpy as np
+    import tessera as ts
+    from tessera import op
+    if target != "cuda":
+        pytest.skip("PTX is CUDA's")
+    fn = ts.function(lambda x, w: op.softmax(op.tanh(x @ w), axis=-1))
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 48)).astype(np.float32)
+    prog = fn.lower(x, w, target="cuda")
+    loaded = ts.load(prog.save(tmp_path / "m.tsr"))
+    before = ts.cache_stats()["compiles"]
+    got = run_on_device(loaded, x, w)
+    assert ts.cache_stats()["compiles"] == before          # from the file, not NVRTC
+    np.testing.assert_array_equal(got[0], run_on_device(prog, x, w)[0])
