@@ -90,22 +90,8 @@ def _integer_pow(x, y):
     return op.div(1, acc) if y < 0 else acc
 
 
-def _int_div(a, b):
-    """JAX's integer division rounds toward zero; tessera's floor_divide rounds down."""
-    q = op.floor_divide(a, b)
-    inexact = op.mod(a, b) != 0
-    return op.where(op.minimum(inexact, (a < 0) != (b < 0)), q + 1, q)
-
-
 def _div(a, b):
-    return _int_div(a, b) if dtype_of(a).is_int else op.div(a, b)
-
-
-def _rem(a, b):
-    """C's fmod (the dividend's sign) from tessera's mod (the divisor's sign): exact for
-    integers; for floats the mod's own correction is undone, within an ulp of b."""
-    r = op.mod(a, b)
-    return op.where(op.minimum(r != 0, (a < 0) != (b < 0)), r - b, r)
+    return op.trunc_divide(a, b) if dtype_of(a).is_int else op.div(a, b)
 
 
 def _select_n(which, *cases):
@@ -225,7 +211,8 @@ def _reduce(name):
 # primitive name -> a function of its operands and parameters giving tessera values
 PRIMITIVES = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b, **_: a * b,
-    "div": _div, "rem": _rem, "neg": lambda x: -x, "max": lambda a, b: op.maximum(a, b),
+    "div": _div, "rem": lambda a, b: op.fmod(a, b), "neg": lambda x: -x,
+    "max": lambda a, b: op.maximum(a, b),
     "min": lambda a, b: op.minimum(a, b), "pow": lambda a, b: a ** b,
     "integer_pow": _integer_pow, "square": lambda x: x * x,
     "exp": lambda x, **_: op.exp(x), "log": lambda x, **_: op.log(x),

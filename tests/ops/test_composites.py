@@ -83,3 +83,26 @@ def test_static_range_on_a_symbolic_size_says_why():
     with pytest.raises(ts.TracingError, match="symbolic size N") as info:
         f.graph_ir
     assert "ts.static_range(x.shape[0])" in str(info.value) and info.value.hint
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_fmod_and_trunc_divide_match_c(dtype, rng):
+    """C's remainder and quotient toward zero against NumPy's fmod and a truncated true
+    quotient, every sign pairing, zeros, tiny remainders beside large divisors, inf and NaN."""
+    d = np.dtype(dtype)
+    if d.kind == "f":
+        a = np.concatenate([rng.standard_normal(200) * 50, [5.0, -5.0, 1e-30, -1e-30, 7.5, np.inf,
+                                                            np.nan, 0.0, 3.0]]).astype(d)
+        b = np.concatenate([rng.standard_normal(200) * 7, [3.0, 3.0, -1.0, 1.0, np.inf, 2.0,
+                                                           2.0, 1.0, 0.0]]).astype(d)
+    else:
+        a = rng.integers(-1000, 1000, 300).astype(d)
+        b = rng.choice([-13, -4, -1, 1, 3, 7, 250], 300).astype(d)
+    got_r = ts.function(lambda a, b: op.fmod(a, b))(a, b)
+    got_q = ts.function(lambda a, b: op.trunc_divide(a, b))(a, b)
+    with np.errstate(all="ignore"):
+        want_r = np.fmod(a, b)
+        want_q = np.trunc(a / b) if d.kind == "f" else (np.abs(a) // np.abs(b)) * np.sign(a * b)
+    np.testing.assert_array_equal(got_r, want_r.astype(d))         # exact, NaN where NumPy's
+    np.testing.assert_array_equal(got_q, want_q.astype(d))
+    np.testing.assert_array_equal(op.fmod(a, b), want_r.astype(d))  # eager, the same
