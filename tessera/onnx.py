@@ -356,15 +356,24 @@ def _i_slice(node, xs):
     return op.slice(x, starts=a, stops=b, steps=s)
 
 
+def _trailing(node, x):
+    """(the axis a normalisation starts at, x with the axes from there on merged into one,
+    a function giving a merged result x's shape back)."""
+    shape = tuple(x.shape)
+    axis = _attr(node, "axis", -1) % len(shape)
+    if axis == len(shape) - 1:
+        return axis, x, lambda y: y
+    return (axis, op.reshape(x, shape=[math.prod(shape[:axis]), -1]),
+            lambda y: op.reshape(y, shape=list(shape)))
+
+
 def _i_layernorm(node, xs):
     """Normalised over the axes from `axis` on (as one, reshaped); (Y, Mean, InvStdDev)."""
     x = xs[0]
     shape = tuple(x.shape)
-    axis = _attr(node, "axis", -1) % len(shape)
     eps = _attr(node, "epsilon", 1e-5)
-    flat = op.reshape(x, shape=[math.prod(shape[:axis]), -1]) if axis != len(shape) - 1 else x
-    y = op.layernorm(flat, eps=eps, axis=-1)
-    y = op.reshape(y, shape=list(shape)) if axis != len(shape) - 1 else y
+    axis, flat, back = _trailing(node, x)
+    y = back(op.layernorm(flat, eps=eps, axis=-1))
     if len(xs) > 1 and xs[1] is not None:
         y = y * xs[1]
     if len(xs) > 2 and xs[2] is not None:
@@ -715,13 +724,8 @@ def _i_tile(node, xs):
 
 
 def _i_rmsnorm(node, xs):
-    x = xs[0]
-    shape = tuple(x.shape)
-    axis = _attr(node, "axis", -1) % len(shape)
-    eps = _attr(node, "epsilon", 1e-5)
-    flat = op.reshape(x, shape=[math.prod(shape[:axis]), -1]) if axis != len(shape) - 1 else x
-    y = op.rmsnorm(flat, eps=eps, axis=-1)
-    y = op.reshape(y, shape=list(shape)) if axis != len(shape) - 1 else y
+    _, flat, back = _trailing(node, xs[0])
+    y = back(op.rmsnorm(flat, eps=_attr(node, "epsilon", 1e-5), axis=-1))
     return y * xs[1] if len(xs) > 1 and xs[1] is not None else y
 
 
