@@ -187,6 +187,75 @@ def _gather(x, idx, dimension_numbers, slice_sizes, **_):
     return op.take(x, _reshape(idx, _shape(idx)[:-1]), axis=0)
 
 
+def _start(s, n, k):
+    """A slice's start clamped into [0, n - k], as JAX clamps it (a literal stays a number)."""
+    if isinstance(s, np.ndarray) and s.ndim == 0:
+        return min(max(int(s), 0), n - k)
+    return op.clamp(op.cast(s, "int64"), 0, n - k)
+
+
+def _dynamic_slice(x, *starts, slice_sizes):
+    """The window of `slice_sizes` at `starts` (scalars, traced or not): a static slice where
+    the start is known, else a take of the window's indices along that axis."""
+    for d, (s, k) in enumerate(zip(starts, slice_sizes)):
+        n = _shape(x)[d]
+        if k == n:
+            continue
+        at = _start(s, n, k)
+        if isinstance(at, int):
+            x = op.slice(x, starts=[at if j == d else None for j in range(len(_shape(x)))],
+                         stops=[at + k if j == d else None for j in range(len(_shape(x)))],
+                         steps=[1] * len(_shape(x)))
+        else:
+            x = op.take(x, at + np.arange(k, dtype=np.int64), axis=d)
+    return x
+
+
+def _dynamic_update_slice(x, update, *starts):
+    """x with `update` written at `starts` (clamped as JAX does): the update spread over x's
+    shape by a take per axis, then selected where each axis is inside the window."""
+    inside, spread = None, update
+    for d, s in enumerate(starts):
+        n, k = _shape(x)[d], _shape(update)[d]
+        pos = np.arange(n, dtype=np.int64) - _start(s, n, k)       # (a number or traced)
+        spread = op.take(spread, op.clamp(pos, 0, k - 1), axis=d)
+        here = op.minimum(pos >= 0, pos < k)
+        shape = [1] * len(_shape(x))
+        shape[d] = n
+        here = op.reshape(here, shape=shape)
+        inside = here if inside is None else op.minimum(inside, here)
+    return x if inside is None else op.where(inside, spread, x)
+
+
+def _scatter_add(x, idx, updates, dimension_numbers, update_jaxpr=None, **_):
+    """x.at[ids].add(rows): whole rows of axis 0 added at the last index column (in index
+    order, no atomics); other forms are not mapped."""
+    d = dimension_numbers
+    out_rank = len(_shape(updates))
+    if not (tuple(d.inserted_window_dims) == (0,) and tuple(d.scatter_dims_to_operand_dims)
+            == (0,) and not tuple(getattr(d, "operand_batching_dims", ()))
+            and _shape(idx)[-1:] == (1,) and tuple(d.update_window_dims) ==
+            tuple(range(out_rank - len(_shape(x)) + 1, out_rank))):
+        raise TesseraError(f"this form of jax.lax.scatter_add is not mapped ({d})",
+                           hint="tessera maps adds of whole rows along axis 0 "
+                                "(x.at[ids].add(rows))")
+    ids = _reshape(idx, _shape(idx)[:-1])
+    lead = len(_shape(ids))
+    rows = _reshape(updates, [int(np.prod(_shape(ids), dtype=np.int64))] +
+                    list(_shape(updates)[lead:]))
+    return op.scatter_add(x, _reshape(ids, [-1]) if lead != 1 else ids, rows, axis=0)
+
+
+def _reduce_prod(x, axes, **_):
+    """A product along each axis in turn: the last of its running product (in order)."""
+    for axis in sorted(axes, reverse=True):
+        rank = len(_shape(x))
+        x = op.squeeze(op.slice(op.cumprod(x, axis=axis), starts=[
+            -1 if j == axis else None for j in range(rank)], stops=[None] * rank,
+            steps=[1] * rank), axis=axis)
+    return x
+
+
 def _cumulative(name):
     def rule(x, axis, reverse=False):
         if not reverse:
@@ -250,7 +319,9 @@ PRIMITIVES = {
     "transpose": lambda x, permutation: _transpose(x, permutation),
     "concatenate": lambda *xs, dimension: op.concat(list(xs), axis=dimension),
     "slice": _slice, "rev": _rev, "pad": _pad, "split": _split,
-    "iota": _iota, "gather": _gather,
+    "iota": _iota, "gather": _gather, "dynamic_slice": _dynamic_slice,
+    "dynamic_update_slice": _dynamic_update_slice, "scatter-add": _scatter_add,
+    "scatter_add": _scatter_add, "reduce_prod": _reduce_prod,
 }
 def _closed(body):
     """(jaxpr, its constants) of a closed or open jaxpr."""

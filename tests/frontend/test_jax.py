@@ -220,3 +220,27 @@ def test_a_new_shape_is_a_clear_error(rng):
         f(p, f32(rng, 4, 6))
     with pytest.raises(ts.ArgumentError, match="float64"):
         f(p, x.astype(np.float64))
+
+
+def indexing(x, v, i):
+    x = jnp.asarray(x)
+    rows = jax.lax.fori_loop(0, 3, lambda k, c: c + x[k] * 2, jnp.zeros(x.shape[1]))
+    return (rows, jax.lax.dynamic_update_slice(x, v, (1, 2)),
+            jax.lax.dynamic_update_slice(x, v, (i, i + 5)),            # clamped, as JAX
+            x.at[jnp.array([0, 2, 0])].add(v[0, 0]), jnp.prod(x, axis=0), jnp.prod(x[:2]),
+            jax.lax.dynamic_slice(x, (i, i), (2, 3)))
+
+
+def test_dynamic_indexing_scatter_and_products(rng):
+    x, v = f32(rng, 3, 4), f32(rng, 1, 2)
+    for i in (1, -3, 7):                         # inside, and clamped from either side
+        i = np.int32(i)
+        f = ts.from_jax(indexing, x, v, i)
+        for g, w in zip(f(x, v, i), indexing(x, v, i)):
+            close(g, w)
+    loss = lambda x, v, i: sum(jnp.sum(jnp.sin(o)) for o in indexing(x, v, i))   # noqa: E731
+    f = ts.from_jax(loss, x, v, np.int32(1))
+    got = ts.grad(f, argnums=(0, 1))(x, v, np.int32(1))
+    want = jax.grad(loss, argnums=(0, 1))(x, v, np.int32(1))
+    for g, w in zip(got, want):
+        close(g, w, tol=2e-5)
