@@ -28,7 +28,8 @@ LAYERS = [
                    "tessera.control",
                    "tessera.graph", "tessera.autodiff", "tessera.autotune", "tessera.nn",
                    "tessera.optim", "tessera.debug", "tessera.interop",
-                   "tessera.aten", "tessera.jaxpr", "tessera.migrate", "tessera.onnx"]),
+                   "tessera.aten", "tessera.jaxpr", "tessera.migrate", "tessera.onnx",
+                   "tessera.prob"]),
     ("viz", ["tessera.viz"]),
     ("lab", ["tessera.lab"]),
     ("public surface", ["tessera"]),      # the package's __init__: what `import tessera` gives
