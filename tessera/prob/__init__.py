@@ -22,10 +22,12 @@ from .distributions import (Bernoulli, Beta, Categorical, Cauchy, Constraint, Di
                             integer_interval, interval, nonnegative_integer, positive, real,
                             simplex, unit_interval)
 from .handlers import Handler, condition, log_joint, sample, seed, substitute, trace
+from .infer import Posterior, mcmc
+from . import diagnostics
 
 __all__ = ["Distribution", "Normal", "LogNormal", "HalfNormal", "Cauchy", "HalfCauchy",
            "Exponential", "Uniform", "Gamma", "Beta", "StudentT", "Bernoulli", "Categorical",
            "Poisson", "Dirichlet", "MultivariateNormal", "Constraint", "real", "positive",
            "unit_interval", "simplex", "boolean", "nonnegative_integer", "interval",
            "integer_interval", "sample", "trace", "seed", "substitute", "condition",
-           "log_joint", "Handler"]
+           "log_joint", "Handler", "mcmc", "Posterior", "diagnostics"]

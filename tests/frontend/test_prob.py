@@ -192,3 +192,87 @@ def test_model_errors_name_the_site_and_line(rng):
     g = ts.function(lambda x: op.sum(Gamma(2.0, 1.0).log_prob(x)))   # a known one traces
     np.testing.assert_allclose(g(np.array([0.5, 2.0])),
                                stats.gamma(2.0).logpdf([0.5, 2.0]).sum(), rtol=1e-12)
+
+
+# ---- inference ---------------------------------------------------------------------------------
+from tessera.prob import diagnostics, mcmc  # noqa: E402
+
+
+def test_nuts_recovers_the_conjugate_posterior(rng):
+    """Bayesian linear regression with a known noise scale: the posterior of w is Gaussian in
+    closed form. Means within 4 Monte-Carlo standard errors (sd / sqrt(bulk ESS)); sds and
+    correlations within their sampling error."""
+    n, d, sigma, tau = 40, 3, 0.7, 1.5
+    X = rng.normal(size=(n, d))
+    y = X @ rng.normal(size=d) + sigma * rng.normal(size=n)
+    cov = np.linalg.inv(X.T @ X / sigma ** 2 + np.eye(d) / tau ** 2)
+    mean = cov @ X.T @ y / sigma ** 2
+
+    def model(X, y=None):
+        w = sample("w", Normal(0.0, tau, shape=(d,)))
+        return sample("y", Normal(X @ w, sigma), obs=y)
+    post = mcmc(model, num_samples=600, num_warmup=400, num_chains=2,
+                seed=int(rng.integers(1 << 20)))(X, y)
+    w = post.samples["w"]
+    assert w.shape == (2, 600, d) and post.divergences == 0
+    draws = w.reshape(-1, d)
+    for k in range(d):
+        ess = diagnostics.ess_bulk(w[..., k])
+        assert ess > 300 and diagnostics.rhat(w[..., k]) < 1.05
+        mcse = np.sqrt(cov[k, k] / ess)
+        assert abs(draws[:, k].mean() - mean[k]) < 4 * mcse
+        assert abs(draws[:, k].std() / np.sqrt(cov[k, k]) - 1) < 4 / np.sqrt(2 * ess)
+    corr = np.corrcoef(draws.T)
+    want = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
+    np.testing.assert_allclose(corr, want, atol=0.12)
+    table = post.summary()
+    assert list(table.index) == [f"w[{k}]" for k in range(d)]
+    np.testing.assert_allclose(table["mean"], draws.mean(0), rtol=1e-12)
+
+
+def test_hmc_and_nuts_on_a_correlated_gaussian_repeat_bit_for_bit(rng):
+    cov = np.array([[1.0, 0.9], [0.9, 1.0]]) * 2.0
+    mu = np.array([1.0, -1.0])
+
+    def model():
+        sample("x", MultivariateNormal(mu, covariance_matrix=cov))
+    for algorithm, kw in (("NUTS", {}), ("HMC", {"num_steps": 10, "dense_mass": True})):
+        run = mcmc(model, algorithm=algorithm, num_samples=800, num_warmup=400, num_chains=2,
+                   seed=3, **kw)
+        post = run()
+        x = post.flat("x")
+        assert np.all(np.abs(x.mean(0) - mu) < 0.25), algorithm
+        np.testing.assert_allclose(np.cov(x.T), cov, atol=0.5, err_msg=algorithm)
+        np.testing.assert_array_equal(run().samples["x"], post.samples["x"])   # same bits
+
+
+def test_diagnostics_against_known_cases(rng):
+    iid = rng.normal(size=(4, 1000))
+    assert abs(diagnostics.rhat(iid) - 1) < 0.01
+    assert 0.8 < diagnostics.ess_bulk(iid) / 4000 < 1.25
+    shifted = iid + np.arange(4)[:, None]               # chains that disagree
+    assert diagnostics.rhat(shifted) > 1.5
+    rho = 0.9                                           # AR(1): ESS = N (1 - rho) / (1 + rho)
+    ar = np.zeros((4, 4000))
+    noise = rng.normal(size=(4, 4000))
+    for t in range(1, 4000):
+        ar[:, t] = rho * ar[:, t - 1] + noise[:, t]
+    want = 16000 * (1 - rho) / (1 + rho)
+    assert 0.7 < diagnostics.ess_bulk(ar) / want < 1.3
+    p = rng.uniform(1e-6, 1 - 1e-6, 200)
+    np.testing.assert_allclose(diagnostics._normal_quantile(p), stats.norm.ppf(p), rtol=1e-9,
+                               atol=1e-9)
+
+
+def test_posterior_predictive(rng):
+    X = rng.normal(size=(30, 2))
+    y = X @ np.array([1.0, -0.5]) + 0.2 + 0.3 * rng.normal(size=30)
+    post = mcmc(regression, num_samples=200, num_warmup=200, num_chains=1, seed=1)(X, y)
+    draws = post.predict(X[:5], num_draws=150)
+    assert draws.shape == (150, 5)
+    mean, sd = post.uncertainty(X[:5], num_draws=150)
+    w, b = post.flat("w").mean(0), post.flat("b").mean()
+    np.testing.assert_allclose(mean, X[:5] @ w + b, atol=0.2)
+    assert np.all((sd > 0.15) & (sd < 0.6))
+    with pytest.raises(ts.ArgumentError, match="NUTS' or 'HMC'"):
+        mcmc(regression, algorithm="MH")

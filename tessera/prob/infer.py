@@ -1,0 +1,411 @@
+"""MCMC on a model's compiled log density: ``ts.mcmc(model, algorithm="NUTS")(*args)``.
+
+    posterior = ts.mcmc(regression, algorithm="NUTS", num_samples=1000, num_warmup=500,
+                        num_chains=4, seed=0)(X, y)
+    posterior.summary()                   # mean, sd, quantiles, R-hat, bulk and tail ESS per site
+    posterior.predict(X_new)              # posterior predictive draws of the observed site
+    posterior.uncertainty(X_new)          # their mean and sd
+
+The sampler moves in unconstrained space: each unobserved site's support maps the real line
+onto it (tessera/prob/distributions.py), and the potential is minus the log joint there plus
+the log Jacobians. The potential and its gradient are one compiled tessera function
+(``ts.value_and_grad`` over a flat float64 vector); the tree building, the momentum draws and
+the adaptation run in NumPy around it. NUTS is the multinomial No-U-Turn sampler (Betancourt
+2017: biased progressive sampling between subtrees, uniform within them, the generalised
+U-turn criterion), HMC a fixed number of leapfrog steps with a Metropolis correction; both
+adapt the step size by dual averaging (Hoffman and Gelman 2014, target acceptance 0.8) and a
+diagonal (or dense) inverse mass matrix in Stan's windows (75 fast, doubling slow windows from
+25, 50 terminal). Every random number comes from NumPy's counter-based Philox keyed by
+(seed, chain): the same seed gives the same chains bit for bit on every run and thread count.
+A divergent transition (the energy error above 1000) ends its trajectory and is counted, not
+raised.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ArgumentError, TesseraError
+from . import diagnostics
+from .handlers import log_joint, seed as seed_handler, substitute, trace
+
+MAX_DELTA_H = 1000.0
+
+
+# ---- the model in unconstrained space ----------------------------------------------------------
+class _Unconstrained:
+    """A model's unobserved sites laid out in one flat vector, and its compiled potential."""
+
+    def __init__(self, model, args, kwargs, seed_value):
+        with seed_handler(seed_value), trace() as tr:
+            model(*args, **kwargs)
+        self.model, self.args, self.kwargs = model, args, kwargs
+        self.sites = [s for s in tr.sites.values() if not s["observed"]]
+        if not self.sites:
+            raise TesseraError("the model has no unobserved sites to infer")
+        self.shapes, self.sizes, self.ushapes = {}, {}, {}
+        for s in self.sites:
+            value = np.asarray(s["value"])
+            self.shapes[s["name"]] = value.shape
+            u = np.asarray(s["dist"].support.to_unconstrained(value))
+            self.sizes[s["name"]] = u.size
+            self.ushapes[s["name"]] = u.shape
+        self.dim = sum(self.sizes.values())
+        self.observed = {k: v for k, v in tr.sites.items() if v["observed"]}
+        self._value_and_grad = self._compile()
+
+    def split(self, z):
+        """The flat vector as {site: unconstrained array}."""
+        out, at = {}, 0
+        for s in self.sites:
+            n = self.sizes[s["name"]]
+            part = z[at:at + n]
+            out[s["name"]] = part.reshape(self.ushapes[s["name"]]) if hasattr(part, "reshape") \
+                else part
+            at += n
+        return out
+
+    def constrained(self, z) -> dict:
+        """Site values for a point in unconstrained space (NumPy arrays)."""
+        parts = self.split(np.asarray(z, np.float64))
+        return {s["name"]: np.asarray(s["dist"].support.to_constrained(parts[s["name"]]))
+                for s in self.sites}
+
+    def _compile(self):
+        import tessera as ts
+        from .. import op
+
+        def potential(z):
+            values, jac = {}, None
+            at = 0
+            for s in self.sites:
+                n = self.sizes[s["name"]]
+                part = op.slice(z, starts=[at], stops=[at + n], steps=[1])
+                part = op.reshape(part, shape=list(self.ushapes[s["name"]])) \
+                    if self.ushapes[s["name"]] != (n,) else part
+                at += n
+                support = s["dist"].support
+                values[s["name"]] = support.to_constrained(part)
+                lj = op.sum(support.log_abs_det_jacobian(part))
+                jac = lj if jac is None else jac + lj
+            return -(log_joint(self.model, values, *self.args, **self.kwargs) + jac)
+        return ts.value_and_grad(ts.function(potential, name="potential"))
+
+    def value_and_grad(self, z):
+        u, g = self._value_and_grad(np.asarray(z, np.float64))
+        return float(u), np.asarray(g, np.float64)
+
+
+# ---- step size and mass matrix adaptation -----------------------------------------------------
+class _DualAveraging:
+    def __init__(self, step, target=0.8, gamma=0.05, t0=10.0, kappa=0.75):
+        self.mu, self.target, self.gamma, self.t0, self.kappa = \
+            math.log(10 * step), target, gamma, t0, kappa
+        self.t, self.h, self.log_avg = 0, 0.0, 0.0
+
+    def update(self, accept) -> float:
+        self.t += 1
+        eta = 1 / (self.t + self.t0)
+        self.h = (1 - eta) * self.h + eta * (self.target - accept)
+        log_step = self.mu - math.sqrt(self.t) / self.gamma * self.h
+        w = self.t ** -self.kappa
+        self.log_avg = w * log_step + (1 - w) * self.log_avg
+        return math.exp(log_step)
+
+    @property
+    def final(self) -> float:
+        return math.exp(self.log_avg)
+
+
+def _windows(num_warmup):
+    """The ends of Stan's slow windows (the inverse mass matrix is re-estimated at each)."""
+    if num_warmup < 20:
+        return []
+    start, end_buffer = 75, 50
+    if num_warmup < start + end_buffer + 25:
+        start, end_buffer = int(0.15 * num_warmup), int(0.1 * num_warmup)
+    ends, size, at = [], 25, start
+    while at + size <= num_warmup - end_buffer:
+        nxt = at + size
+        if nxt + 2 * size > num_warmup - end_buffer:
+            nxt = num_warmup - end_buffer
+        ends.append(nxt)
+        at, size = nxt, size * 2
+    return ends
+
+
+# ---- the samplers ------------------------------------------------------------------------------
+@dataclass
+class _State:
+    z: np.ndarray
+    u: float
+    grad: np.ndarray
+
+
+class _Kernel:
+    def __init__(self, target: _Unconstrained, rng, dense: bool, max_tree_depth: int,
+                 num_steps: int | None):
+        self.target, self.rng, self.dense = target, rng, dense
+        self.max_depth, self.num_steps = max_tree_depth, num_steps
+        self.inv_mass = np.eye(target.dim) if dense else np.ones(target.dim)
+        self._chol = np.eye(target.dim) if dense else np.ones(target.dim)
+
+    def set_inv_mass(self, inv_mass):
+        self.inv_mass = inv_mass
+        if self.dense:
+            self._chol = np.linalg.cholesky(np.linalg.inv(inv_mass))   # momentum ~ N(0, M)
+        else:
+            self._chol = 1 / np.sqrt(inv_mass)
+
+    def momentum(self):
+        eps = self.rng.standard_normal(self.target.dim)
+        return self._chol @ eps if self.dense else self._chol * eps
+
+    def velocity(self, r):
+        return self.inv_mass @ r if self.dense else self.inv_mass * r
+
+    def kinetic(self, r) -> float:
+        return 0.5 * float(r @ self.velocity(r))
+
+    def leapfrog(self, s: _State, r, step):
+        r = r - 0.5 * step * s.grad
+        z = s.z + step * self.velocity(r)
+        u, g = self.target.value_and_grad(z)
+        r = r - 0.5 * step * g
+        return _State(z, u, g), r
+
+    # -- HMC --------------------------------------------------------------------------------
+    def hmc(self, s: _State, step):
+        r0 = self.momentum()
+        h0 = s.u + self.kinetic(r0)
+        cur, r = s, r0
+        for _ in range(self.num_steps):
+            cur, r = self.leapfrog(cur, r, step)
+            if not math.isfinite(cur.u) or cur.u + self.kinetic(r) - h0 > MAX_DELTA_H:
+                return s, 0.0, True, self.num_steps
+        dh = cur.u + self.kinetic(r) - h0
+        accept = min(1.0, math.exp(-dh)) if math.isfinite(dh) else 0.0
+        return (cur if self.rng.random() < accept else s), accept, False, self.num_steps
+
+    # -- NUTS (multinomial, iterative doubling) ---------------------------------------------
+    def nuts(self, s: _State, step):
+        r0 = self.momentum()
+        h0 = s.u + self.kinetic(r0)
+        left = right = (s, r0)
+        proposal, log_w, r_sum = s, 0.0, r0.copy()
+        stats = {"accept": 0.0, "n": 0, "divergent": False}
+        for depth in range(self.max_depth):
+            direction = 1 if self.rng.random() < 0.5 else -1
+            edge = right if direction > 0 else left
+            sub = self._subtree(edge, direction * step, depth, h0, stats)
+            if sub is None:                       # diverged or turned inside: discarded
+                break
+            sub_left, sub_right, sub_prop, sub_log_w, sub_r = sub
+            if direction > 0:
+                right = sub_right
+            else:
+                left = sub_left
+            # biased progressive sampling: move to the new subtree's proposal
+            if math.log(self.rng.random() + 1e-300) < sub_log_w - log_w:
+                proposal = sub_prop
+            log_w = float(np.logaddexp(log_w, sub_log_w))
+            r_sum = r_sum + sub_r
+            if self._turning(left[1], right[1], r_sum):
+                break
+        accept = stats["accept"] / max(stats["n"], 1)
+        return proposal, accept, stats["divergent"], stats["n"]
+
+    def _turning(self, r_left, r_right, r_sum) -> bool:
+        return float(self.velocity(r_left) @ r_sum) <= 0 or \
+            float(self.velocity(r_right) @ r_sum) <= 0
+
+    def _subtree(self, edge, step, depth, h0, stats):
+        """A subtree of 2^depth leapfrog steps from `edge`: (left, right, proposal, log
+        weight, momentum sum), or None when it diverges or turns within."""
+        if depth == 0:
+            s, r = self.leapfrog(edge[0], edge[1], step)
+            h = s.u + self.kinetic(r)
+            dh = h - h0 if math.isfinite(h) else math.inf
+            stats["n"] += 1
+            stats["accept"] += min(1.0, math.exp(-dh)) if dh > -700 else 1.0
+            if dh > MAX_DELTA_H:
+                stats["divergent"] = True
+                return None
+            return (s, r), (s, r), s, -dh, r.copy()
+        first = self._subtree(edge, step, depth - 1, h0, stats)
+        if first is None:
+            return None
+        f_left, f_right, f_prop, f_log_w, f_r = first
+        nxt = f_right if step > 0 else f_left
+        second = self._subtree(nxt, step, depth - 1, h0, stats)
+        if second is None:
+            return None
+        s_left, s_right, s_prop, s_log_w, s_r = second
+        log_w = float(np.logaddexp(f_log_w, s_log_w))
+        prop = s_prop if math.log(self.rng.random() + 1e-300) < s_log_w - log_w else f_prop
+        r_sum = f_r + s_r
+        left, right = (f_left, s_right) if step > 0 else (s_left, f_right)
+        if self._turning(left[1], right[1], r_sum):
+            return None
+        return left, right, prop, log_w, r_sum
+
+
+def _initial_step(kernel: _Kernel, s: _State) -> float:
+    """Hoffman and Gelman's heuristic: double or halve until one leapfrog step's acceptance
+    crosses one half."""
+    step = 1.0
+    r = kernel.momentum()
+    h0 = s.u + kernel.kinetic(r)
+    new, r1 = kernel.leapfrog(s, r, step)
+    dh = new.u + kernel.kinetic(r1) - h0
+    direction = 1 if math.isfinite(dh) and -dh > math.log(0.5) else -1
+    for _ in range(100):
+        step *= 2.0 ** direction
+        new, r1 = kernel.leapfrog(s, r, step)
+        dh = new.u + kernel.kinetic(r1) - h0
+        ok = math.isfinite(dh) and -dh > math.log(0.5)
+        if (direction == 1 and not ok) or (direction == -1 and ok):
+            break
+    return step
+
+
+def _run_chain(target: _Unconstrained, algorithm, num_warmup, num_samples, rng, dense,
+               max_tree_depth, num_steps, init):
+    kernel = _Kernel(target, rng, dense, max_tree_depth, num_steps)
+    z = rng.uniform(-2, 2, target.dim) if init is None else np.asarray(init, np.float64)
+    for _ in range(100):
+        u, g = target.value_and_grad(z)
+        if math.isfinite(u) and np.all(np.isfinite(g)):
+            break
+        z = rng.uniform(-2, 2, target.dim)
+    else:
+        raise TesseraError("no finite starting point in 100 tries: the model's log density is "
+                           "not finite near the origin of unconstrained space")
+    s = _State(z, u, g)
+    move = kernel.nuts if algorithm == "NUTS" else kernel.hmc
+    step = _initial_step(kernel, s)
+    adapt = _DualAveraging(step)
+    windows, window = _windows(num_warmup), []
+    draws, divergences, steps, accepts = [], 0, 0, []
+    for i in range(num_warmup + num_samples):
+        s, accept, divergent, n = move(s, step)
+        if i < num_warmup:
+            step = adapt.update(accept)
+            window.append(s.z)
+            if windows and i + 1 == windows[0]:
+                windows.pop(0)
+                w = np.asarray(window)
+                k = len(w)
+                if dense:
+                    cov = np.cov(w.T).reshape(target.dim, target.dim)
+                    inv = (k / (k + 5)) * cov + 1e-3 * (5 / (k + 5)) * np.eye(target.dim)
+                else:
+                    inv = (k / (k + 5)) * w.var(axis=0, ddof=1) + 1e-3 * (5 / (k + 5))
+                kernel.set_inv_mass(inv)
+                window = []
+                step = _initial_step(kernel, s)
+                adapt = _DualAveraging(step)
+            if i + 1 == num_warmup:
+                step = adapt.final
+        else:
+            draws.append(s.z)
+            divergences += bool(divergent)
+            steps += n
+            accepts.append(accept)
+    return np.asarray(draws), {"divergences": divergences, "step_size": step,
+                               "num_steps": steps, "accept": float(np.mean(accepts))
+                               if accepts else float("nan"), "inv_mass": kernel.inv_mass}
+
+
+# ---- the user's entry point --------------------------------------------------------------------
+def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4, seed=0,
+         dense_mass=False, max_tree_depth=10, num_steps=None, init=None):
+    """A function of the model's arguments that runs the chains and gives a `Posterior`.
+    ``algorithm``: "NUTS" or "HMC" (``num_steps`` leapfrog steps per move)."""
+    if algorithm not in ("NUTS", "HMC"):
+        raise ArgumentError(f"mcmc's algorithm is 'NUTS' or 'HMC', not {algorithm!r}")
+    if algorithm == "HMC" and not num_steps:
+        raise ArgumentError("HMC needs num_steps (leapfrog steps per move)")
+    if num_samples < 1 or num_warmup < 0 or num_chains < 1:
+        raise ArgumentError("mcmc needs num_samples >= 1, num_warmup >= 0, num_chains >= 1")
+
+    def run(*args, **kwargs):
+        target = _Unconstrained(model, args, kwargs, seed)
+        chains, infos = [], []
+        for c in range(num_chains):
+            rng = np.random.Generator(np.random.Philox(key=[int(seed), c]))
+            draws, info = _run_chain(target, algorithm, num_warmup, num_samples, rng,
+                                     dense_mass, max_tree_depth, num_steps, init)
+            chains.append(draws)
+            infos.append(info)
+        return Posterior(target, np.asarray(chains), infos, seed)
+    return run
+
+
+class Posterior:
+    """The draws of every unobserved site, ``samples[name]``: (chains, draws, *shape)."""
+
+    def __init__(self, target: _Unconstrained, z: np.ndarray, infos: list, seed):
+        self.target, self.infos, self.seed = target, infos, seed
+        values = [[target.constrained(p) for p in chain] for chain in z]
+        self.samples = {s["name"]: np.asarray([[v[s["name"]] for v in chain]
+                                               for chain in values])
+                        for s in target.sites}
+        self.divergences = sum(i["divergences"] for i in infos)
+
+    def __repr__(self):
+        c, d = next(iter(self.samples.values())).shape[:2]
+        return (f"<Posterior: {c} chains x {d} draws of {', '.join(self.samples)}; "
+                f"{self.divergences} divergences>")
+
+    def flat(self, name) -> np.ndarray:
+        x = self.samples[name]
+        return x.reshape((-1,) + x.shape[2:])
+
+    def summary(self, prob=0.9):
+        """A DataFrame: per site and element, mean, sd, the central `prob` interval, the
+        median, split R-hat, bulk and tail ESS."""
+        import pandas as pd
+        lo, hi = (1 - prob) / 2, 1 - (1 - prob) / 2
+        rows = []
+        for name, x in self.samples.items():
+            shape = x.shape[2:]
+            for idx in np.ndindex(*shape):
+                d = x[(slice(None), slice(None)) + idx]
+                label = name + (str(list(idx)) if idx else "")
+                rows.append({"site": label, "mean": d.mean(), "sd": d.std(ddof=1),
+                             f"{lo:.0%}": np.quantile(d, lo), "median": np.median(d),
+                             f"{hi:.0%}": np.quantile(d, hi), "r_hat": diagnostics.rhat(d),
+                             "ess_bulk": diagnostics.ess_bulk(d),
+                             "ess_tail": diagnostics.ess_tail(d)})
+        return pd.DataFrame(rows).set_index("site")
+
+    def predict(self, *args, site=None, num_draws=None, **kwargs):
+        """Posterior predictive draws of the observed site (or `site`), one per posterior
+        draw (the first `num_draws`), as an array (draws, *shape)."""
+        names = list(self.target.observed)
+        name = site or (names[0] if len(names) == 1 else None)
+        if name is None:
+            raise ArgumentError("the model observes several sites: name one with site=",
+                                expected=", ".join(names))
+        out = []
+        total = next(iter(self.samples.values())).shape[0] * \
+            next(iter(self.samples.values())).shape[1]
+        for k in range(min(total, num_draws or total)):
+            values = {n: self.flat(n)[k] for n in self.samples}
+            with seed_handler((int(self.seed) << 24) + k), substitute(values), trace() as tr:
+                self.target.model(*args, **kwargs)
+            if name not in tr.sites:
+                raise ArgumentError(f"the model has no site {name!r}")
+            out.append(np.asarray(tr.sites[name]["value"]))
+        return np.asarray(out)
+
+    def uncertainty(self, *args, **kwargs):
+        """(mean, sd) of the posterior predictive draws."""
+        y = self.predict(*args, **kwargs)
+        return y.mean(axis=0), y.std(axis=0, ddof=1)
+
+
+__all__ = ["mcmc", "Posterior"]
