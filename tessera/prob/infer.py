@@ -74,8 +74,9 @@ class _Unconstrained:
                 for s in self.sites}
 
     def _compile(self):
-        import tessera as ts
         from .. import op
+        from ..autodiff import value_and_grad
+        from ..function import function
 
         def potential(z):
             values, jac = {}, None
@@ -91,7 +92,7 @@ class _Unconstrained:
                 lj = op.sum(support.log_abs_det_jacobian(part))
                 jac = lj if jac is None else jac + lj
             return -(log_joint(self.model, values, *self.args, **self.kwargs) + jac)
-        return ts.value_and_grad(ts.function(potential, name="potential"))
+        return value_and_grad(function(potential, name="potential"))
 
     def value_and_grad(self, z):
         u, g = self._value_and_grad(np.asarray(z, np.float64))
