@@ -23,6 +23,7 @@ from .distributions import (Bernoulli, Beta, Categorical, Cauchy, Constraint, Di
                             simplex, unit_interval)
 from .handlers import Handler, condition, log_joint, sample, seed, substitute, trace
 from .infer import Posterior, mcmc
+from .svi import SVI, AutoMultivariateNormal, AutoNormal, SVIResult, Trace_ELBO
 from . import diagnostics
 
 __all__ = ["Distribution", "Normal", "LogNormal", "HalfNormal", "Cauchy", "HalfCauchy",
@@ -30,4 +31,5 @@ __all__ = ["Distribution", "Normal", "LogNormal", "HalfNormal", "Cauchy", "HalfC
            "Poisson", "Dirichlet", "MultivariateNormal", "Constraint", "real", "positive",
            "unit_interval", "simplex", "boolean", "nonnegative_integer", "interval",
            "integer_interval", "sample", "trace", "seed", "substitute", "condition",
-           "log_joint", "Handler", "mcmc", "Posterior", "diagnostics"]
+           "log_joint", "Handler", "mcmc", "Posterior", "diagnostics", "SVI", "Trace_ELBO",
+           "AutoNormal", "AutoMultivariateNormal", "SVIResult"]

@@ -276,3 +276,42 @@ def test_posterior_predictive(rng):
     assert np.all((sd > 0.15) & (sd < 0.6))
     with pytest.raises(ts.ArgumentError, match="NUTS' or 'HMC'"):
         mcmc(regression, algorithm="MH")
+
+
+def test_svi_fits_the_conjugate_posterior_and_repeats(rng):
+    """A Gaussian posterior in closed form: the mean-field guide's optimum is the mean with
+    scales 1/sqrt(precision_ii); the full-covariance guide's is the posterior itself."""
+    from tessera import optim
+    from tessera.prob import SVI, AutoMultivariateNormal, AutoNormal, Trace_ELBO
+    n, d, sigma, tau = 40, 3, 0.7, 1.5
+    X = rng.normal(size=(n, d))
+    X[:, 1] = X[:, 0] + 0.5 * X[:, 1]                   # correlated columns: a tilted posterior
+    y = X @ rng.normal(size=d) + sigma * rng.normal(size=n)
+    prec = X.T @ X / sigma ** 2 + np.eye(d) / tau ** 2
+    cov = np.linalg.inv(prec)
+    mean = cov @ X.T @ y / sigma ** 2
+
+    def model(X, y=None):
+        w = sample("w", Normal(0.0, tau, shape=(d,)))
+        return sample("y", Normal(X @ w, sigma), obs=y)
+    sd = np.sqrt(np.diag(cov))
+    for guide, steps, lr, particles in ((AutoNormal(model), 1500, 0.02, 8),
+                                        (AutoMultivariateNormal(model), 3000, 0.01, 16)):
+        svi = SVI(model, guide, optim.Adam(lr), loss=Trace_ELBO(num_particles=particles))
+        result = svi.run(5, steps, X, y)
+        assert result.losses[-100:].mean() < result.losses[:10].mean()
+        assert np.all(np.abs(guide.median(result.params)["w"] - mean) < 0.25 * sd)
+        if isinstance(guide, AutoNormal):
+            np.testing.assert_allclose(guide.scale(result.params), 1 / np.sqrt(np.diag(prec)),
+                                       rtol=0.15)
+        else:
+            got = guide.covariance(result.params)
+            np.testing.assert_allclose(np.sqrt(np.diag(got)), sd, rtol=0.15)
+            np.testing.assert_allclose(got / np.outer(np.sqrt(np.diag(got)),
+                                                      np.sqrt(np.diag(got))),
+                                       cov / np.outer(sd, sd), atol=0.1)
+            draws = guide.sample_posterior(1, result.params, 200)["w"]
+            assert draws.shape == (200, d)
+        again = SVI(model, type(guide)(model), optim.Adam(lr),
+                    loss=Trace_ELBO(num_particles=particles)).run(5, 50, X, y)
+        np.testing.assert_array_equal(again.losses, result.losses[:50])    # same bits
