@@ -315,3 +315,34 @@ def test_svi_fits_the_conjugate_posterior_and_repeats(rng):
         again = SVI(model, type(guide)(model), optim.Adam(lr),
                     loss=Trace_ELBO(num_particles=particles)).run(5, 50, X, y)
         np.testing.assert_array_equal(again.losses, result.losses[:50])    # same bits
+
+
+def test_eight_schools_against_quadrature(rng):
+    """The non-centred eight schools: the posterior means and sds of mu and tau within Monte
+    Carlo error of the same posterior integrated on a grid (given tau, the schools' effects
+    integrate out in closed form); the chains agree (R-hat)."""
+    y = np.array([28., 8, -3, 7, -1, 1, 18, 12])
+    sigma = np.array([15., 10, 16, 11, 9, 11, 10, 18])
+
+    def eight(sigma, y=None):
+        mu = sample("mu", Normal(0.0, 5.0))
+        tau = sample("tau", HalfCauchy(5.0))
+        z = sample("theta_tilde", Normal(0.0, 1.0, shape=(8,)))
+        return sample("y", Normal(mu + tau * z, sigma), obs=y)
+    post = mcmc(eight, num_samples=600, num_warmup=400, num_chains=2,
+                seed=int(rng.integers(1 << 20)))(sigma, y)
+    mu = np.linspace(-25, 35, 1201)[:, None]
+    tau = np.exp(np.linspace(np.log(1e-4), np.log(500), 3000))[None, :]
+    s2 = sigma ** 2 + tau[..., None] ** 2
+    lp = (-0.5 * (y - mu[..., None]) ** 2 / s2 - 0.5 * np.log(s2)).sum(-1) \
+        - 0.5 * (mu / 5) ** 2 - np.log(1 + (tau / 5) ** 2) + np.log(tau)   # (d tau = tau dlog)
+    w = np.exp(lp - lp.max())
+    w /= w.sum()
+    for name, grid in (("mu", mu), ("tau", tau)):
+        draws = post.samples[name]
+        ref_mean = float((w * grid).sum())
+        ref_sd = float(np.sqrt((w * grid ** 2).sum() - ref_mean ** 2))
+        ess = diagnostics.ess_bulk(draws)
+        assert diagnostics.rhat(draws) < 1.05 and ess > 200, name
+        assert abs(draws.mean() - ref_mean) < 4 * ref_sd / np.sqrt(ess), name
+        assert abs(draws.std() / ref_sd - 1) < 0.15, name
