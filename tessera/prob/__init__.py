@@ -21,7 +21,8 @@ from .distributions import (Bernoulli, Beta, Categorical, Cauchy, Constraint, Di
                             MultivariateNormal, Normal, Poisson, StudentT, Uniform, boolean,
                             integer_interval, interval, nonnegative_integer, positive, real,
                             simplex, unit_interval)
-from .handlers import Handler, condition, log_joint, sample, seed, substitute, trace
+from .handlers import (Handler, Model, condition, log_joint, probabilistic, sample, seed,
+                       substitute, trace)
 from .infer import Posterior, mcmc
 from .svi import SVI, AutoMultivariateNormal, AutoNormal, SVIResult, Trace_ELBO
 from . import diagnostics
@@ -32,4 +33,4 @@ __all__ = ["Distribution", "Normal", "LogNormal", "HalfNormal", "Cauchy", "HalfC
            "unit_interval", "simplex", "boolean", "nonnegative_integer", "interval",
            "integer_interval", "sample", "trace", "seed", "substitute", "condition",
            "log_joint", "Handler", "mcmc", "Posterior", "diagnostics", "SVI", "Trace_ELBO",
-           "AutoNormal", "AutoMultivariateNormal", "SVIResult"]
+           "AutoNormal", "AutoMultivariateNormal", "SVIResult", "Model", "probabilistic"]

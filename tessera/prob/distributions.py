@@ -206,6 +206,11 @@ class Distribution:
     reparameterized = False
     event_rank = 0
 
+    def __class_getitem__(cls, item):
+        """``Distribution[Tensor["B", "D"]]``: the seeds' annotation of a model's result (the
+        class itself: what the tensor's shape will be is the distribution's to say)."""
+        return cls
+
     def __init__(self, shape=None, **params):
         self.params = {k: _float(v) for k, v in params.items()}
         for k, v in self.params.items():

@@ -189,4 +189,39 @@ def log_joint(model, values: dict, *args, **kwargs):
     return total
 
 
-__all__ = ["sample", "trace", "seed", "substitute", "condition", "log_joint", "Handler"]
+class Model:
+    """``@ts.probabilistic``: a model function, callable as it is, that may end by returning a
+    Distribution (the seeds' ``-> Distribution[Tensor[...]]``): that is the likelihood of the
+    site ``"obs"``, observed at the call's ``obs=`` (drawn under ``seed`` when not given)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "model")
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, obs=None, **kwargs):
+        from .distributions import Distribution
+        out = self.fn(*args, **kwargs)
+        return sample("obs", out, obs=obs) if isinstance(out, Distribution) else out
+
+    def prior(self, seed_value: int, *args, **kwargs) -> dict:
+        """One draw of every site from the prior: {name: value}."""
+        with seed(seed_value), trace() as tr:
+            self(*args, **kwargs)
+        return {k: v["value"] for k, v in tr.sites.items()}
+
+    def log_joint(self, values: dict, *args, **kwargs):
+        return log_joint(self, values, *args, **kwargs)
+
+    def __repr__(self):
+        return f"<probabilistic model {self.__name__}>"
+
+
+def probabilistic(fn) -> Model:
+    """The seeds' ``@tessera.probabilistic``: see Model."""
+    return Model(fn)
+
+
+__all__ = ["sample", "trace", "seed", "substitute", "condition", "log_joint", "Handler",
+           "Model", "probabilistic"]

@@ -346,3 +346,28 @@ def test_eight_schools_against_quadrature(rng):
         assert diagnostics.rhat(draws) < 1.05 and ess > 200, name
         assert abs(draws.mean() - ref_mean) < 4 * ref_sd / np.sqrt(ess), name
         assert abs(draws.std() / ref_sd - 1) < 0.15, name
+
+
+def test_the_seeds_probabilistic_model_returning_a_distribution(rng):
+    """@ts.probabilistic with the seeds' annotation: the returned Distribution is the site
+    "obs", observed at obs= (drawn under seed otherwise); the model is what mcmc takes."""
+    from tessera import Tensor
+    from tessera.prob import Distribution, Gamma
+
+    @ts.probabilistic
+    def bayesian_linear(x: Tensor["B", "In"]) -> Distribution[Tensor["B"]]:
+        W = sample("W", Normal(0.0, 1.0, shape=(x.shape[-1],)))
+        noise_scale = sample("noise_scale", Gamma(2.0, 2.0))
+        return Normal(x @ W, noise_scale)
+
+    X = rng.normal(size=(30, 2))
+    prior = bayesian_linear.prior(3, X)
+    assert set(prior) == {"W", "noise_scale", "obs"} and prior["obs"].shape == (30,)
+    y = X @ np.array([0.7, -1.2]) + 0.2 * rng.normal(size=30)
+    lp = bayesian_linear.log_joint({"W": np.zeros(2), "noise_scale": 0.5}, X, obs=y)
+    want = (stats.norm.logpdf(np.zeros(2)).sum() + stats.gamma(2.0, scale=0.5).logpdf(0.5) +
+            stats.norm(0, 0.5).logpdf(y).sum())
+    np.testing.assert_allclose(lp, want, rtol=1e-12)
+    post = ts.mcmc(bayesian_linear, num_samples=300, num_warmup=200, num_chains=1,
+                   seed=2)(X, obs=y)
+    np.testing.assert_allclose(post.flat("W").mean(0), [0.7, -1.2], atol=0.15)
