@@ -31,7 +31,7 @@ from .jaxpr import from_jax  # noqa: E402
 from . import migrate  # noqa: E402
 from . import onnx  # noqa: E402
 from . import prob  # noqa: E402
-from .prob import mcmc, probabilistic  # noqa: E402
+from .prob import elbo, mcmc, probabilistic, variational  # noqa: E402
 from .compiler.saved import load  # noqa: E402
 
 
@@ -56,7 +56,7 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "float8_e4m3fn", "float8_e5m2", "f16", "bf16", "f32", "f64", "fp8", "fp8_e4m3", "fp8_e5m2",
     "NumericalPolicy", "policy", "to_mixed_precision", "from_dlpack", "to_torch", "from_torch",
-    "from_jax", "migrate", "onnx", "prob", "mcmc", "probabilistic", "load",
+    "from_jax", "migrate", "onnx", "prob", "mcmc", "probabilistic", "variational", "elbo", "load",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
     "AnnotationError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",

@@ -24,7 +24,8 @@ from .distributions import (Bernoulli, Beta, Categorical, Cauchy, Constraint, Di
 from .handlers import (Handler, Model, condition, log_joint, probabilistic, sample, seed,
                        substitute, trace)
 from .infer import Posterior, mcmc
-from .svi import SVI, AutoMultivariateNormal, AutoNormal, SVIResult, Trace_ELBO
+from .svi import (SVI, AutoMultivariateNormal, AutoNormal, SVIResult, Trace_ELBO, Variational,
+                  elbo, kl_divergence, variational)
 from . import diagnostics
 
 __all__ = ["Distribution", "Normal", "LogNormal", "HalfNormal", "Cauchy", "HalfCauchy",
@@ -33,4 +34,5 @@ __all__ = ["Distribution", "Normal", "LogNormal", "HalfNormal", "Cauchy", "HalfC
            "unit_interval", "simplex", "boolean", "nonnegative_integer", "interval",
            "integer_interval", "sample", "trace", "seed", "substitute", "condition",
            "log_joint", "Handler", "mcmc", "Posterior", "diagnostics", "SVI", "Trace_ELBO",
-           "AutoNormal", "AutoMultivariateNormal", "SVIResult", "Model", "probabilistic"]
+           "AutoNormal", "AutoMultivariateNormal", "SVIResult", "Model", "probabilistic",
+           "kl_divergence", "variational", "Variational", "elbo"]

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import op
-from ..errors import ArgumentError
-from .distributions import _normal
+from ..errors import ArgumentError, TesseraError
+from .distributions import Distribution, Normal, _normal
 from .handlers import log_joint, seed as seed_handler, trace
 
 LOG_2PI = math.log(2 * math.pi)
@@ -193,4 +193,63 @@ class SVI:
         return SVIResult({k: np.asarray(v) for k, v in state["params"].items()}, losses, state)
 
 
-__all__ = ["SVI", "Trace_ELBO", "AutoNormal", "AutoMultivariateNormal", "SVIResult"]
+# ---- amortised inference: the seeds' @tessera.variational and an ELBO of an encoder/decoder ----
+def kl_divergence(q, p):
+    """KL(q || p) per element, in closed form: Normal against Normal (shapes broadcast)."""
+    if isinstance(q, Normal) and isinstance(p, Normal):
+        ratio = q.scale / p.scale
+        d = (q.loc - p.loc) / p.scale
+        return 0.5 * (ratio * ratio + d * d - 1) - op.log(ratio)
+    raise TesseraError(f"no closed-form KL({type(q).__name__} || {type(p).__name__}) yet",
+                       hint="use Trace_ELBO, which estimates it by sampling")
+
+
+class Variational:
+    """``@ts.variational``: an encoder, (params, x) -> a reparameterised Distribution q(z | x),
+    checked to be one (its draws must carry gradients back to the params)."""
+
+    def __init__(self, fn):
+        self.fn, self.__name__ = fn, getattr(fn, "__name__", "encoder")
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        q = self.fn(*args, **kwargs)
+        if not isinstance(q, Distribution) or not q.reparameterized:
+            raise TesseraError(f"{self.__name__} must return a reparameterised Distribution "
+                               f"(Normal, LogNormal, ...), not {type(q).__name__}",
+                               hint="the ELBO's gradient flows through its draws")
+        return q
+
+    def __repr__(self):
+        return f"<variational encoder {self.__name__}>"
+
+
+def variational(fn) -> Variational:
+    return Variational(fn)
+
+
+def elbo(encoder, prior=None, num_particles=1):
+    """``@ts.elbo(encoder)`` on a decoder ``(params, z) -> Distribution over x`` gives the loss
+    ``(params, x, seed) -> -ELBO``, averaged over the batch (the first axis): the decoder's log
+    likelihood of x at `num_particles` reparameterised draws of z ~ encoder(params, x), minus
+    the closed-form KL of the encoder's q from `prior` (default Normal(0, 1)), summed over the
+    last (latent / data) axes. Tessera operators throughout: compile it, ``ts.grad`` it."""
+    prior = prior if prior is not None else Normal(0.0, 1.0)
+
+    def wrap(decoder):
+        def neg_elbo(params, x, seed):
+            q = encoder(params, x)
+            kl = op.sum(kl_divergence(q, prior), axis=-1)
+            loglik = None
+            for k in range(num_particles):
+                z = q.sample(seed, offset=k << 32)
+                term = op.sum(decoder(params, z).log_prob(x), axis=-1)
+                loglik = term if loglik is None else loglik + term
+            return -op.mean(loglik / num_particles - kl)
+        neg_elbo.__name__ = f"neg_elbo_{getattr(decoder, '__name__', 'decoder')}"
+        return neg_elbo
+    return wrap
+
+
+__all__ = ["SVI", "Trace_ELBO", "AutoNormal", "AutoMultivariateNormal", "SVIResult",
+           "kl_divergence", "variational", "Variational", "elbo"]
