@@ -72,6 +72,7 @@ endif
 # PyTorch for the CPU and JAX). Ratios are printed and written to benchmarks/results/.
 bench: setup
 	$(BIN)/python -m benchmarks.bench $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.bench_prob $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 
 # PyTorch, which the interop tests check the bridges against (make test) and the benchmarks
 # compare with (make bench): its CPU wheel (about 0.2 GB) rather than PyPI's default Linux wheel,

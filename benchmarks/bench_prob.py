@@ -1,0 +1,162 @@
+"""NUTS against NumPyro: effective samples per second on the same models, data, chain counts and
+draw counts, in one run (issue 17's goal: at least NumPyro's on the CPU).
+
+    .venv/bin/python -m benchmarks.bench_prob [--quick] [--json PATH]
+
+Tessera runs its chains one after another; NumPyro both ways it can on one CPU device
+(chain_method "sequential" and "vectorized"), and the ratio is against its faster. Each runs
+twice: the first run compiles (reported), the second is timed, warm-up included. The figure of merit
+is the smallest bulk ESS over every scalar of every site (tessera.prob.diagnostics for both, so
+the same estimator judges both) divided by the wall time. A sampler that is missing shows why.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import tessera as ts
+from tessera.prob import Bernoulli, HalfCauchy, Normal, diagnostics, sample
+
+RESULTS = Path(__file__).resolve().parent / "results"
+Y8 = np.array([28., 8, -3, 7, -1, 1, 18, 12])
+S8 = np.array([15., 10, 16, 11, 9, 11, 10, 18])
+
+
+def eight_schools(sigma, y=None):
+    mu = sample("mu", Normal(0.0, 5.0))
+    tau = sample("tau", HalfCauchy(5.0))
+    z = sample("theta_tilde", Normal(0.0, 1.0, shape=(8,)))
+    return sample("y", Normal(mu + tau * z, sigma), obs=y)
+
+
+def logistic(X, y=None):
+    w = sample("w", Normal(0.0, 1.0, shape=(X.shape[1],)))
+    b = sample("b", Normal(0.0, 1.0))
+    return sample("y", Bernoulli(logits=X @ w + b), obs=y)
+
+
+def numpyro_models():
+    import numpyro
+    import numpyro.distributions as dist
+
+    def eight(sigma, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+        z = numpyro.sample("theta_tilde", dist.Normal(0.0, 1.0).expand([8]))
+        numpyro.sample("y", dist.Normal(mu + tau * z, sigma), obs=y)
+
+    def logit(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w + b), obs=y)
+    return {"eight_schools": eight, "logistic_1000": logit}
+
+
+def cases(quick):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1000, 5))
+    y = (rng.random(1000) < 1 / (1 + np.exp(-(X @ rng.normal(size=5) + 0.3)))).astype(float)
+    draws = (300, 300) if quick else (1000, 1000)
+    return [("eight_schools", eight_schools, (S8,), {"y": Y8}, draws),
+            ("logistic_1000", logistic, (X,), {"y": y}, draws)]
+
+
+def min_ess(samples: dict) -> float:
+    out = []
+    for x in samples.values():
+        x = np.asarray(x, np.float64)
+        for idx in np.ndindex(*x.shape[2:]):
+            out.append(diagnostics.ess_bulk(x[(slice(None), slice(None)) + idx]))
+    return float(min(out))
+
+
+def run_tessera(model, args, kwargs, warmup, draws, chains):
+    run = ts.mcmc(model, num_samples=draws, num_warmup=warmup, num_chains=chains, seed=0)
+    t = time.perf_counter()
+    run(*args, **kwargs)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    post = run(*args, **kwargs)
+    return first, time.perf_counter() - t, post.samples, post.divergences
+
+
+def run_numpyro(model, args, kwargs, warmup, draws, chains, method="sequential"):
+    import jax
+    from numpyro.infer import MCMC, NUTS
+    mcmc = MCMC(NUTS(model), num_warmup=warmup, num_samples=draws, num_chains=chains,
+                chain_method=method, progress_bar=False)
+    t = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(1), *args, **kwargs)
+    jax.block_until_ready(mcmc.get_samples())
+    wall = time.perf_counter() - t
+    samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    div = int(np.asarray(mcmc.get_extra_fields()["diverging"]).sum())
+    return first, wall, samples, div
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_prob")
+    ap.add_argument("--quick", action="store_true", help="300 warm-up and 300 draws per chain")
+    ap.add_argument("--json", help="where to write the results")
+    args = ap.parse_args(argv)
+    try:
+        peers = numpyro_models()
+        peer_error = None
+    except ImportError as e:
+        peers, peer_error = {}, f"n/i ({e}; pip install numpyro)"
+    rows = []
+    for name, model, margs, kw, (warmup, draws) in cases(args.quick):
+        row = {"case": name, "chains": 4, "warmup": warmup, "draws": draws}
+        vectorized = lambda *a: run_numpyro(*a, method="vectorized")      # noqa: E731
+        for who, runner, m in (("tessera", run_tessera, model),
+                               ("numpyro", run_numpyro, peers.get(name)),
+                               ("numpyro vectorized", vectorized, peers.get(name))):
+            if m is None:
+                row[who] = {"status": peer_error}
+                continue
+            try:
+                first, wall, samples, div = runner(m, margs, kw, warmup, draws, 4)
+                ess = min_ess(samples)
+                row[who] = {"first_s": first, "wall_s": wall, "min_ess_bulk": ess,
+                            "ess_per_s": ess / wall, "divergences": div}
+            except Exception as e:                          # noqa: BLE001
+                row[who] = {"status": f"error ({type(e).__name__}: {e})"}
+        t = row["tessera"]
+        best = max((row[k]["ess_per_s"] for k in ("numpyro", "numpyro vectorized")
+                    if "ess_per_s" in row[k]), default=None)
+        if "ess_per_s" in t and best:
+            row["ratio"] = t["ess_per_s"] / best
+        rows.append(row)
+    print(f"{platform.processor() or platform.machine()}; tessera {ts.__version__}")
+    print(f"{'case':16s} {'sampler':19s} {'first s':>8s} {'wall s':>8s} {'min ESS':>8s} "
+          f"{'ESS/s':>8s} {'div':>4s}")
+    for row in rows:
+        for who in ("tessera", "numpyro", "numpyro vectorized"):
+            r = row[who]
+            if "status" in r:
+                print(f"{row['case']:16s} {who:19s} {r['status']}")
+            else:
+                print(f"{row['case']:16s} {who:19s} {r['first_s']:8.2f} {r['wall_s']:8.2f} "
+                      f"{r['min_ess_bulk']:8.0f} {r['ess_per_s']:8.1f} {r['divergences']:4d}")
+        if "ratio" in row:
+            goal = "met" if row["ratio"] >= 1 else "no"
+            print(f"{'':16s} tessera / NumPyro's best, ESS per second: {row['ratio']:.2f}x "
+                  f"(goal >= 1x: {goal})")
+    out = Path(args.json) if args.json else RESULTS / "prob-latest.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"quick": args.quick, "results": rows}, indent=1, default=str))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
