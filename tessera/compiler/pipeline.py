@@ -333,8 +333,8 @@ class SplitProgram:
                 "host calls (wrapped PyTorch layers) run in programs for the CPU only",
                 function=graph.name, hint="use target='cpu', or import the layer with "
                                           "ts.from_torch")
-        self.consts = {n.out.id: n.attrs["value"] for n in graph.nodes if n.op == "const"}
         const_nodes = {n.out.id: n for n in graph.nodes if n.op == "const"}
+        self.consts = {i: n.attrs["value"] for i, n in const_nodes.items()}
         runs = split_at_host_calls(graph)
         later = _reads_after(graph, runs)
         self.parts = []

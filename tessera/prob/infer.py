@@ -35,35 +35,29 @@ MAX_DELTA_H = 1000.0
 
 
 # ---- the model in unconstrained space ----------------------------------------------------------
-class _Unconstrained:
-    """A model's unobserved sites laid out in one flat vector, and its compiled potential."""
+class Layout:
+    """A model's unobserved sites laid out in one flat unconstrained vector (what MCMC moves
+    and the SVI guides draw): `values(z)` gives the site values on their supports and the log
+    Jacobian of the map, in tessera operators; `constrained(z)` the values as NumPy arrays."""
 
-    def __init__(self, model, args, kwargs, seed_value):
+    def __init__(self, model, args, kwargs, seed_value=0):
         with seed_handler(seed_value), trace() as tr:
             model(*args, **kwargs)
         self.model, self.args, self.kwargs = model, args, kwargs
         self.sites = [s for s in tr.sites.values() if not s["observed"]]
         if not self.sites:
-            raise TesseraError("the model has no unobserved sites to infer")
-        self.shapes, self.sizes, self.ushapes = {}, {}, {}
-        for s in self.sites:
-            value = np.asarray(s["value"])
-            self.shapes[s["name"]] = value.shape
-            u = np.asarray(s["dist"].support.to_unconstrained(value))
-            self.sizes[s["name"]] = u.size
-            self.ushapes[s["name"]] = u.shape
-        self.dim = sum(self.sizes.values())
+            raise ArgumentError("the model has no unobserved sites to infer")
         self.observed = {k: v for k, v in tr.sites.items() if v["observed"]}
-        self._value_and_grad = self._compile()
+        self.ushapes = {s["name"]: np.shape(s["dist"].support.to_unconstrained(
+            np.asarray(s["value"]))) for s in self.sites}
+        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in self.ushapes.items()}
+        self.dim = sum(self.sizes.values())
 
     def split(self, z):
         """The flat vector as {site: unconstrained array}."""
         out, at = {}, 0
-        for s in self.sites:
-            n = self.sizes[s["name"]]
-            part = z[at:at + n]
-            out[s["name"]] = part.reshape(self.ushapes[s["name"]]) if hasattr(part, "reshape") \
-                else part
+        for name, n in self.sizes.items():
+            out[name] = z[at:at + n].reshape(self.ushapes[name])
             at += n
         return out
 
@@ -73,24 +67,37 @@ class _Unconstrained:
         return {s["name"]: np.asarray(s["dist"].support.to_constrained(parts[s["name"]]))
                 for s in self.sites}
 
-    def _compile(self):
+    def values(self, z):
+        """(site values, log |det J|) at a flat point z (a tensor), in tessera operators."""
         from .. import op
+        values, jac, at = {}, None, 0
+        for s in self.sites:
+            name, support = s["name"], s["dist"].support
+            n = self.sizes[name]
+            part = op.slice(z, starts=[at], stops=[at + n], steps=[1])
+            if self.ushapes[name] != (n,):
+                part = op.reshape(part, shape=list(self.ushapes[name]))
+            at += n
+            values[name] = support.to_constrained(part)
+            lj = op.sum(support.log_abs_det_jacobian(part))
+            jac = lj if jac is None else jac + lj
+        return values, jac
+
+
+class _Unconstrained(Layout):
+    """The layout with its potential (minus the log joint plus the log Jacobian) and gradient,
+    one compiled function."""
+
+    def __init__(self, model, args, kwargs, seed_value):
+        super().__init__(model, args, kwargs, seed_value)
+        self._value_and_grad = self._compile()
+
+    def _compile(self):
         from ..autodiff import value_and_grad
         from ..function import function
 
         def potential(z):
-            values, jac = {}, None
-            at = 0
-            for s in self.sites:
-                n = self.sizes[s["name"]]
-                part = op.slice(z, starts=[at], stops=[at + n], steps=[1])
-                part = op.reshape(part, shape=list(self.ushapes[s["name"]])) \
-                    if self.ushapes[s["name"]] != (n,) else part
-                at += n
-                support = s["dist"].support
-                values[s["name"]] = support.to_constrained(part)
-                lj = op.sum(support.log_abs_det_jacobian(part))
-                jac = lj if jac is None else jac + lj
+            values, jac = self.values(z)
             return -(log_joint(self.model, values, *self.args, **self.kwargs) + jac)
         return value_and_grad(function(potential, name="potential"))
 
@@ -409,4 +416,4 @@ class Posterior:
         return y.mean(axis=0), y.std(axis=0, ddof=1)
 
 
-__all__ = ["mcmc", "Posterior"]
+__all__ = ["mcmc", "Posterior", "Layout"]

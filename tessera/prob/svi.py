@@ -21,44 +21,28 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import op
-from ..errors import ArgumentError, TesseraError
+from ..errors import TesseraError
 from .distributions import Distribution, Normal, _normal
-from .handlers import log_joint, seed as seed_handler, trace
+from .handlers import log_joint
+from .infer import Layout
 
 LOG_2PI = math.log(2 * math.pi)
 
 
 class _AutoGuide:
-    """What both guides share: the model's unobserved sites, their unconstrained sizes."""
+    """What both guides share: the model's unobserved sites in one flat unconstrained vector
+    (infer.Layout, as MCMC has them)."""
     def __init__(self, model, init_scale=0.1):
         self.model, self.init_scale = model, float(init_scale)
-        self.sites = None
+        self.layout = None
 
     def _setup(self, args, kwargs):
-        if self.sites is not None:
-            return
-        with seed_handler(0), trace() as tr:
-            self.model(*args, **kwargs)
-        self.sites = [s for s in tr.sites.values() if not s["observed"]]
-        if not self.sites:
-            raise ArgumentError("the model has no unobserved sites to fit a guide to")
-        self.ushapes = {s["name"]: np.shape(np.asarray(
-            s["dist"].support.to_unconstrained(np.asarray(s["value"])))) for s in self.sites}
-        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in self.ushapes.items()}
-        self.dim = sum(self.sizes.values())
-        self.supports = {s["name"]: s["dist"].support for s in self.sites}
+        if self.layout is None:
+            self.layout = Layout(self.model, args, kwargs)
+            self.dim = self.layout.dim
 
     def _values(self, z):
-        """A flat unconstrained point (a tensor) as site values, and the log Jacobian."""
-        values, jac, at = {}, 0.0, 0
-        for name, n in self.sizes.items():
-            part = op.slice(z, starts=[at], stops=[at + n], steps=[1])
-            if self.ushapes[name] != (n,):
-                part = op.reshape(part, shape=list(self.ushapes[name]))
-            at += n
-            values[name] = self.supports[name].to_constrained(part)
-            jac = jac + op.sum(self.supports[name].log_abs_det_jacobian(part))
-        return values, jac
+        return self.layout.values(z)
 
     def _draw(self, params, seed, offset):
         """(site values, log q of them): one reparameterised draw."""
