@@ -357,7 +357,10 @@ def test_checkpointed_loops_keep_fewer_carries_and_the_same_gradients(reverse, r
         np.testing.assert_array_equal(value, plain[0])
         for got, want in zip(grads, plain[1]):
             np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
-    assert ts.check_grad(make(5), h0, xs, w) < 1e-6
+    # finite differences' truncation error grows with the gradient (w's reaches ~100 over 23
+    # steps), so the bound is relative to the largest gradient
+    scale = max(np.abs(g).max() for g in plain[1])
+    assert ts.check_grad(make(5), h0, xs, w) < 1e-6 * scale
     grad_of = lambda ck: ts.grad(make(ck), argnums=(0,)).lower(h0, xs, w).graph_ir  # noqa: E731
     assert sorted(_saved_rows(grad_of(None))) == [n - 2, n]
     # scan: 4 segments of 5 + 3 left over; fori_loop: 4 segments of 5 + 1 left over
