@@ -26,52 +26,64 @@ class CpuExecutor:
         self.buffers = program.tile_ir.buffers
         self.slot_sizes = program.schedule_ir.slots
         self.kernels = len(program.schedule_ir.kernels)
-        self.arenas = threading.local()      # temporaries' memory, kept per calling thread
+        self.threads = threading.local()     # per calling thread: its temporaries and table
         self.table_type = ctypes.c_void_p * max(1, len(self.buffers))
         self.poison = os.environ.get("TESSERA_POISON") == "1"     # read once, when built
+        # what changes from call to call: the inputs (table position, parameter) and the
+        # fresh arrays (position, shape, dtype, poison value, buffer); the rest is fixed
+        self.inputs = [(i, step[1]) for i, step in enumerate(self.plan) if step[0] == "input"]
+        self.allocs = [(i,) + step[1:] for i, step in enumerate(self.plan) if step[0] == "alloc"]
+        wanted = {b.name for b in program.schedule_ir.outputs}
+        self.outputs = [(i, b.name) for i, b in enumerate(self.buffers) if b.name in wanted]
 
-    def slots(self):
-        """This thread's temporary slots (allocated on its first call, then reused)."""
-        arenas = getattr(self.arenas, "slots", None)
-        if arenas is None:
-            arenas = []
-            for i, size in enumerate(self.slot_sizes):
-                try:
-                    arenas.append(np.empty(max(size, 1), dtype=np.uint8))
-                except MemoryError:
-                    b = next(b for b in self.buffers if b.slot == i)
-                    raise no_memory(self.program, b) from None
-            self.arenas.slots = arenas
-        return arenas
+    def prepared(self):
+        """This thread's buffer table with the constants' and temporaries' addresses filled
+        in (its temporary slots allocated on its first call, then reused): a call fills in
+        only the inputs and the fresh arrays."""
+        state = getattr(self.threads, "state", None)
+        if state is not None:
+            return state
+        slots = []
+        for i, size in enumerate(self.slot_sizes):
+            try:
+                slots.append(np.empty(max(size, 1), dtype=np.uint8))
+            except MemoryError:
+                b = next(b for b in self.buffers if b.slot == i)
+                raise no_memory(self.program, b) from None
+        table, ptrs, temps = [None] * len(self.plan), self.table_type(), []
+        for i, step in enumerate(self.plan):
+            if step[0] == "const":
+                table[i] = step[1]
+            elif step[0] == "temp":
+                b = step[4]
+                table[i] = slots[b.slot][:b.nbytes].view(step[2]).reshape(step[1])
+                temps.append((table[i], step[3]))
+            else:
+                continue
+            ptrs[i] = address(table[i])
+        state = self.threads.state = (table, ptrs, temps, slots)
+        return state
 
     def execute(self, inputs: list) -> list:
         """Run on checked inputs (C-contiguous arrays of exactly the specialised types, in
         parameter order): the part of every call that cannot be skipped, kept lean because a
         warm call of a small function is mostly this."""
-        poison = self.poison
-        slots = self.slots() if self.slot_sizes else None
-        table = []
-        for step in self.plan:
-            kind = step[0]
-            if kind == "input":
-                table.append(inputs[step[1]])
-            elif kind == "const":
-                table.append(step[1])
-            elif kind == "temp":
-                b = step[4]
-                arr = slots[b.slot][:b.nbytes].view(step[2]).reshape(step[1])
-                if poison:
-                    arr.fill(step[3])
-                table.append(arr)
-            else:
-                try:
-                    arr = np.empty(step[1], dtype=step[2])
-                except MemoryError:
-                    raise no_memory(self.program, step[4]) from None
-                if poison:
-                    arr.fill(step[3])
-                table.append(arr)
-        ptrs = self.table_type(*[address(a) for a in table])
+        fixed, ptrs, temps, _ = self.prepared()
+        table = fixed.copy()
+        for i, k in self.inputs:
+            a = table[i] = inputs[k]
+            ptrs[i] = address(a)
+        for i, shape, dtype, fill, b in self.allocs:
+            try:
+                a = table[i] = np.empty(shape, dtype=dtype)
+            except MemoryError:
+                raise no_memory(self.program, b) from None
+            if self.poison:
+                a.fill(fill)
+            ptrs[i] = address(a)
+        if self.poison:
+            for a, fill in temps:
+                a.fill(fill)
         recorder = profiler.current()
         if recorder is None:
             status = self.entry(ptrs)
@@ -82,7 +94,7 @@ class CpuExecutor:
                 recorder.record(self.program, list(seconds)[:self.kernels])
         if status:
             raise status_error(self.program, status)
-        return results(self.program, {b.name: arr for b, arr in zip(self.buffers, table)}, np)
+        return results(self.program, {name: table[i] for i, name in self.outputs}, np)
 
 
 def address(a: np.ndarray) -> int:
