@@ -77,3 +77,24 @@ def test_column_reductions_match_the_scalar_order_bitwise(rng):
         full = f(x)
         for j in (0, 13, 36):
             assert full[j:j + 1].tobytes() == f(x[:, j:j + 1]).tobytes()
+
+
+def test_matrix_vector_products_match_the_matrix_product_bitwise(rng):
+    # a product with one row or one or two columns skips the packed micro-kernel (most of a
+    # micro-tile would be padding) for unpacked loops over the same fma chains: its columns
+    # and rows are the bits of the full product's
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal((301, 67)).astype(dtype)
+        w = rng.standard_normal((67, 37)).astype(dtype)
+        f = ts.function(lambda x, w: x @ w)
+        full = f(x, w)
+        for j in (0, 13, 35):
+            assert f(x, w[:, j:j + 1]).tobytes() == full[:, j:j + 1].tobytes()
+            assert f(x, w[:, j:j + 2]).tobytes() == full[:, j:j + 2].tobytes()
+            assert f(x, np.ascontiguousarray(w[:, j])).tobytes() == \
+                np.ascontiguousarray(full[:, j]).tobytes()
+        for i in (0, 150, 300):
+            assert f(x[i], w).tobytes() == full[i].tobytes()
+        np.testing.assert_allclose(full, x.astype(np.float64) @ w, rtol=1e-4 if dtype ==
+                                   np.float32 else 1e-12, atol=1e-4 if dtype == np.float32
+                                   else 1e-12)

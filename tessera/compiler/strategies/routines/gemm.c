@@ -65,6 +65,37 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = edge[r * TS_NR_{S} + j];
 }
 
+/* A product with a vector on either side (one row, or one or two columns): packing and a
+   micro-tile would be mostly padding, so the same fma chains run unpacked; one row runs the
+   columns in the inner loop, where they vectorise when contiguous. */
+static void ts_gemm_narrow_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* B,
+                               int64_t rsb, int64_t csb, {T}* C, int64_t ldc, int64_t K,
+                               int64_t mt, int64_t nt) {
+  if (mt == 1) {
+    for (int64_t j = 0; j < nt; ++j) C[j] = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      {T} a = A[k * csa];
+      const {T}* b = B + k * rsb;
+      for (int64_t j = 0; j < nt; ++j) C[j] = fma{F}(a, b[j * csb], C[j]);
+    }
+    return;
+  }
+  for (int64_t j = 0; j < nt; ++j)      /* eight rows' chains at once, for the latency */
+    for (int64_t i = 0; i < mt; i += 8) {
+      int64_t m = mt - i < 8 ? mt - i : 8;
+      const {T}* a = A + i * rsa;
+      {T} acc[8] = {0};
+      for (int64_t k = 0; k < K; ++k) {
+        {T} b = B[k * rsb + j * csb];
+        if (m == 8)
+          for (int r = 0; r < 8; ++r) acc[r] = fma{F}(a[r * rsa + k * csa], b, acc[r]);
+        else
+          for (int64_t r = 0; r < m; ++r) acc[r] = fma{F}(a[r * rsa + k * csa], b, acc[r]);
+      }
+      for (int64_t r = 0; r < m; ++r) C[(i + r) * ldc + j] = acc[r];
+    }
+}
+
 static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* B, int64_t rsb,
                              int64_t csb, {T}* C, int64_t ldc, int64_t K, int64_t mt,
                              int64_t nt, int64_t KC) {
@@ -73,17 +104,16 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
       for (int64_t j = 0; j < nt; ++j) C[i * ldc + j] = 0;
     return;
   }
+  if (mt == 1 || nt <= 2) {
+    ts_gemm_narrow_{S}(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt);
+    return;
+  }
   if (KC <= 0) KC = 256;
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   {T}* pa = ts_scratch_{S}((size_t)(mp + np) * (size_t)(K < KC ? K : KC));
   if (!pa) {                     /* no memory for packing: the same fma chains, unpacked */
-    for (int64_t i = 0; i < mt; ++i)
-      for (int64_t j = 0; j < nt; ++j) {
-        {T} acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc = fma{F}(A[i * rsa + k * csa], B[k * rsb + j * csb], acc);
-        C[i * ldc + j] = acc;
-      }
+    ts_gemm_narrow_{S}(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt);
     return;
   }
   {T}* pb = pa + mp * (K < KC ? K : KC);
