@@ -9,8 +9,10 @@
 The sampler moves in unconstrained space: each unobserved site's support maps the real line
 onto it (tessera/prob/distributions.py), and the potential is minus the log joint there plus
 the log Jacobians. The potential and its gradient are one compiled tessera function
-(``ts.value_and_grad`` over a flat float64 vector); the tree building, the momentum draws and
-the adaptation run in NumPy around it. NUTS is the multinomial No-U-Turn sampler (Betancourt
+(``ts.value_and_grad`` over a flat float64 vector), and a whole NUTS subtree another: its
+2^depth leapfrog steps in a compiled loop, its U-turn and divergence checks and its proposal
+computed from them in the same call, so a transition costs a call per doubling, not per step.
+The doubling, the momentum draws and the adaptation run in NumPy around them. NUTS is the multinomial No-U-Turn sampler (Betancourt
 2017: biased progressive sampling between subtrees, uniform within them, the generalised
 U-turn criterion), HMC a fixed number of leapfrog steps with a Metropolis correction; both
 adapt the step size by dual averaging (Hoffman and Gelman 2014, target acceptance 0.8) and a
@@ -86,24 +88,119 @@ class Layout:
 
 class _Unconstrained(Layout):
     """The layout with its potential (minus the log joint plus the log Jacobian) and gradient,
-    one compiled function."""
+    one compiled function; a leapfrog trajectory of it and a whole NUTS subtree, two more."""
 
     def __init__(self, model, args, kwargs, seed_value):
         super().__init__(model, args, kwargs, seed_value)
-        self._value_and_grad = self._compile()
+        self._compile()
 
     def _compile(self):
+        from .. import op
         from ..autodiff import value_and_grad
+        from ..control import scan
         from ..function import function
 
         def potential(z):
             values, jac = self.values(z)
             return -(log_joint(self.model, values, *self.args, **self.kwargs) + jac)
-        return value_and_grad(function(potential, name="potential"))
+        grad = value_and_grad(function(potential, name="potential"))
+
+        def velocity(inv_mass, r):         # M^-1 r (a diagonal or dense inverse mass matrix)
+            dense = len(inv_mass.shape) == 2
+            if len(r.shape) == 2:
+                return op.matmul(r, inv_mass) if dense else r * inv_mass
+            return op.matmul(inv_mass, r) if dense else inv_mass * r
+
+        def trajectory(z, r, g, step, inv_mass, ticks):
+            # len(ticks) leapfrog steps from (z, r), g the gradient at z: every step's
+            # position, momentum, potential and gradient, and its energy error against h0
+            def leapfrog(carry, _):
+                z, r, g = carry
+                r = r - 0.5 * step * g
+                z = z + step * velocity(inv_mass, r)
+                u, g = grad(z)
+                r = r - 0.5 * step * g
+                return (z, r, g), (z, r, u, g)
+            return scan(leapfrog, (z, r, g), ticks)[1]
+
+        def energy_error(Z, R, U, inv_mass, h0):
+            V = velocity(inv_mass, R)
+            h = U + 0.5 * op.sum(R * V, axis=1)
+            return V, op.where(op.abs(h) < math.inf, h - h0, math.inf)   # not finite: inf
+
+        def path(z, r, g, step, inv_mass, h0, ticks):
+            Z, R, U, G = trajectory(z, r, g, step, inv_mass, ticks)
+            return Z, R, U, G, energy_error(Z, R, U, inv_mass, h0)[1]
+
+        def rows(*xs):
+            return op.concat([op.reshape(x, [1, -1]) for x in xs], axis=0)
+
+        def subtree(edge, scalars, inv_mass, ticks):
+            # NUTS's subtree of n = len(ticks) = 2^depth steps, what its recursive
+            # construction decides, from all n steps at once: it stops at the first step
+            # that diverges or that ends a block of 2, 4, ... aligned steps (the subtrees it
+            # merges) whose end momenta turn against the block's sum; its proposal is a step
+            # drawn in proportion to exp(-dh), what uniform progressive sampling within it
+            # amounts to. Gives (first failing step or n, whether it diverged there, the
+            # acceptance statistic summed over the steps taken, the log weight, the momentum
+            # sum, the far edge (z, r, u, g), the proposal (z, u, g)). Few arrays in and out,
+            # since each costs the call time: edge = rows (z, r, g), scalars = (step, h0,
+            # uniform); out the scalars and the rows (r sum, edge z, r, g, proposal z, g).
+            z, r, g, step, h0, uniform = edge[0], edge[1], edge[2], \
+                scalars[0], scalars[1], scalars[2]
+            n, d = ticks.shape[0], z.shape[0]
+            Z, R, U, G = trajectory(z, r, g, step, inv_mass, ticks)
+            V, dh = energy_error(Z, R, U, inv_mass, h0)
+            diverged = op.cast(dh > MAX_DELTA_H, "float64")
+            fails, size = diverged, 2
+            while size <= n:
+                m = n // size
+                sums = op.sum(op.reshape(R, [m, size, d]), axis=1)
+                ends = op.reshape(V, [m, size, d])
+                turned = op.maximum(
+                    op.cast(op.sum(ends[:, 0, :] * sums, axis=1) <= 0, "float64"),
+                    op.cast(op.sum(ends[:, size - 1, :] * sums, axis=1) <= 0, "float64"))
+                at_end = op.concat([op.broadcast_to(0.0, [m, size - 1]),
+                                    op.reshape(turned, [m, 1])], axis=1)
+                fails = op.maximum(fails, op.reshape(at_end, [n]))
+                size *= 2
+            steps = np.arange(n, dtype=np.float64)
+            first = op.where(op.max(fails) > 0, op.cast(op.argmax(fails), "float64"), float(n))
+            taken = op.cast(steps <= first, "float64")
+            accept = op.sum(taken * op.minimum(1.0, op.exp(-op.maximum(dh, -700.0))))
+            diverged_first = op.sum(diverged * op.cast(steps == first, "float64"))
+            log_w = -dh
+            top = op.max(log_w)
+            w = op.exp(log_w - top)
+            total = op.sum(w)
+            pick = op.minimum(op.sum(op.cast(op.cumsum(w, axis=0) <= uniform * total,
+                                             "int32")), n - 1)
+            last = n - 1
+            return (rows(first, diverged_first, accept, top + op.log(total), U[last],
+                         op.take(U, pick, axis=0)),
+                    rows(op.sum(R, axis=0), Z[last], R[last], G[last], op.take(Z, pick, axis=0),
+                         op.take(G, pick, axis=0)))
+        self._value_and_grad = grad
+        self._path = function(path, name="leapfrog_path")
+        self._subtree = function(subtree, name="nuts_subtree")
 
     def value_and_grad(self, z):
         u, g = self._value_and_grad(np.asarray(z, np.float64))
         return float(u), np.asarray(g, np.float64)
+
+    def path(self, z, r, g, step, inv_mass, h0, n):
+        """n leapfrog steps (one compiled call): positions, momenta, potentials, gradients,
+        energy errors against h0."""
+        return self._path(z, r, g, np.asarray(step, np.float64), inv_mass,
+                          np.asarray(h0, np.float64), np.zeros(n))
+
+    def subtree(self, s, r, step, inv_mass, h0, uniform, n):
+        """NUTS's subtree of n steps from (state s, momentum r), one compiled call: ((first
+        failing step or n, whether it diverged there, summed acceptance, log weight, far
+        edge's potential, proposal's potential), rows (momentum sum, far edge's z, r, g,
+        proposal's z, g))."""
+        return self._subtree(np.stack([s.z, r, s.grad]), np.array([step, h0, uniform]),
+                             inv_mass, np.zeros(n))
 
 
 # ---- step size and mass matrix adaptation -----------------------------------------------------
@@ -177,25 +274,20 @@ class _Kernel:
     def kinetic(self, r) -> float:
         return 0.5 * float(r @ self.velocity(r))
 
-    def leapfrog(self, s: _State, r, step):
-        r = r - 0.5 * step * s.grad
-        z = s.z + step * self.velocity(r)
-        u, g = self.target.value_and_grad(z)
-        r = r - 0.5 * step * g
-        return _State(z, u, g), r
+    def path(self, s: _State, r, step, n, h0):
+        """n leapfrog steps from (s, r): positions, momenta, potentials, gradients, and
+        energy errors against h0 (inf where the energy is not finite)."""
+        return self.target.path(s.z, r, s.grad, step, self.inv_mass, h0, n)
 
     # -- HMC --------------------------------------------------------------------------------
     def hmc(self, s: _State, step):
         r0 = self.momentum()
-        h0 = s.u + self.kinetic(r0)
-        cur, r = s, r0
-        for _ in range(self.num_steps):
-            cur, r = self.leapfrog(cur, r, step)
-            if not math.isfinite(cur.u) or cur.u + self.kinetic(r) - h0 > MAX_DELTA_H:
-                return s, 0.0, True, self.num_steps
-        dh = cur.u + self.kinetic(r) - h0
-        accept = min(1.0, math.exp(-dh)) if math.isfinite(dh) else 0.0
-        return (cur if self.rng.random() < accept else s), accept, False, self.num_steps
+        z, _, u, g, dh = self.path(s, r0, step, self.num_steps, s.u + self.kinetic(r0))
+        if np.any(dh > MAX_DELTA_H):
+            return s, 0.0, True, self.num_steps
+        accept = min(1.0, math.exp(-dh[-1]))
+        new = _State(z[-1], float(u[-1]), g[-1])
+        return (new if self.rng.random() < accept else s), accept, False, self.num_steps
 
     # -- NUTS (multinomial, iterative doubling) ---------------------------------------------
     def nuts(self, s: _State, step):
@@ -207,14 +299,14 @@ class _Kernel:
         for depth in range(self.max_depth):
             direction = 1 if self.rng.random() < 0.5 else -1
             edge = right if direction > 0 else left
-            sub = self._subtree(edge, direction * step, depth, h0, stats)
+            sub = self._subtree(edge, direction * step, 2 ** depth, h0, stats)
             if sub is None:                       # diverged or turned inside: discarded
                 break
-            sub_left, sub_right, sub_prop, sub_log_w, sub_r = sub
+            sub_edge, sub_prop, sub_log_w, sub_r = sub
             if direction > 0:
-                right = sub_right
+                right = sub_edge
             else:
-                left = sub_left
+                left = sub_edge
             # biased progressive sampling: move to the new subtree's proposal
             if math.log(self.rng.random() + 1e-300) < sub_log_w - log_w:
                 proposal = sub_prop
@@ -229,35 +321,20 @@ class _Kernel:
         return float(self.velocity(r_left) @ r_sum) <= 0 or \
             float(self.velocity(r_right) @ r_sum) <= 0
 
-    def _subtree(self, edge, step, depth, h0, stats):
-        """A subtree of 2^depth leapfrog steps from `edge`: (left, right, proposal, log
-        weight, momentum sum), or None when it diverges or turns within."""
-        if depth == 0:
-            s, r = self.leapfrog(edge[0], edge[1], step)
-            h = s.u + self.kinetic(r)
-            dh = h - h0 if math.isfinite(h) else math.inf
-            stats["n"] += 1
-            stats["accept"] += min(1.0, math.exp(-dh)) if dh > -700 else 1.0
-            if dh > MAX_DELTA_H:
-                stats["divergent"] = True
-                return None
-            return (s, r), (s, r), s, -dh, r.copy()
-        first = self._subtree(edge, step, depth - 1, h0, stats)
-        if first is None:
+    def _subtree(self, edge, step, n, h0, stats):
+        """The subtree of n = 2^depth leapfrog steps from `edge`, one compiled call: (its far
+        edge, its proposal, log weight, momentum sum), or None when it diverges or turns
+        within (`_Unconstrained._compile` says how)."""
+        stat, vec = self.target.subtree(*edge, step, self.inv_mass, h0, self.rng.random(), n)
+        first, diverged, accept, log_w, u, pu = stat.ravel().tolist()
+        first = int(first)
+        stats["accept"] += accept
+        stats["n"] += min(first + 1, n)
+        if first < n:
+            stats["divergent"] = stats["divergent"] or bool(diverged)
             return None
-        f_left, f_right, f_prop, f_log_w, f_r = first
-        nxt = f_right if step > 0 else f_left
-        second = self._subtree(nxt, step, depth - 1, h0, stats)
-        if second is None:
-            return None
-        s_left, s_right, s_prop, s_log_w, s_r = second
-        log_w = float(np.logaddexp(f_log_w, s_log_w))
-        prop = s_prop if math.log(self.rng.random() + 1e-300) < s_log_w - log_w else f_prop
-        r_sum = f_r + s_r
-        left, right = (f_left, s_right) if step > 0 else (s_left, f_right)
-        if self._turning(left[1], right[1], r_sum):
-            return None
-        return left, right, prop, log_w, r_sum
+        r_sum, z, r, g, pz, pg = vec
+        return (_State(z, u, g), r), _State(pz, pu, pg), log_w, r_sum
 
 
 def _initial_step(kernel: _Kernel, s: _State) -> float:
@@ -266,14 +343,13 @@ def _initial_step(kernel: _Kernel, s: _State) -> float:
     step = 1.0
     r = kernel.momentum()
     h0 = s.u + kernel.kinetic(r)
-    new, r1 = kernel.leapfrog(s, r, step)
-    dh = new.u + kernel.kinetic(r1) - h0
-    direction = 1 if math.isfinite(dh) and -dh > math.log(0.5) else -1
+
+    def half_accepted(step):        # (a step whose energy is not finite has dh = inf)
+        return -kernel.path(s, r, step, 1, h0)[4][0] > math.log(0.5)
+    direction = 1 if half_accepted(step) else -1
     for _ in range(100):
         step *= 2.0 ** direction
-        new, r1 = kernel.leapfrog(s, r, step)
-        dh = new.u + kernel.kinetic(r1) - h0
-        ok = math.isfinite(dh) and -dh > math.log(0.5)
+        ok = half_accepted(step)
         if (direction == 1 and not ok) or (direction == -1 and ok):
             break
     return step
@@ -331,7 +407,9 @@ def _run_chain(target: _Unconstrained, algorithm, num_warmup, num_samples, rng, 
 def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4, seed=0,
          dense_mass=False, max_tree_depth=10, num_steps=None, init=None):
     """A function of the model's arguments that runs the chains and gives a `Posterior`.
-    ``algorithm``: "NUTS" or "HMC" (``num_steps`` leapfrog steps per move)."""
+    ``algorithm``: "NUTS" or "HMC" (``num_steps`` leapfrog steps per move). The chains run
+    one after another (threads, one per core, measured slower on two cores: the Python
+    around the compiled calls serialises)."""
     if algorithm not in ("NUTS", "HMC"):
         raise ArgumentError(f"mcmc's algorithm is 'NUTS' or 'HMC', not {algorithm!r}")
     if algorithm == "HMC" and not num_steps:

@@ -246,6 +246,89 @@ def test_hmc_and_nuts_on_a_correlated_gaussian_repeat_bit_for_bit(rng):
         np.testing.assert_array_equal(run().samples["x"], post.samples["x"])   # same bits
 
 
+def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
+    """The compiled subtree (all 2^depth leapfrog steps in one call) against the recursive
+    construction written out in NumPy with the Gaussian's exact gradient: the same first
+    failing step, divergence, summed acceptance, log weight, momentum sum and far edge, and
+    its proposal the leaf that a uniform draw picks in proportion to exp(-dh)."""
+    from tessera.prob.infer import MAX_DELTA_H, _State, _Unconstrained
+    mu, s = rng.normal(size=3), np.array([0.3, 1.0, 2.0])
+
+    def model():
+        sample("x", Normal(mu, s))
+    target = _Unconstrained(model, (), {}, 0)
+    inv_mass = rng.uniform(0.5, 2.0, 3)
+    const = target.value_and_grad(mu)[0]
+
+    def potential(z):
+        return const + 0.5 * np.sum((z - mu) ** 2 / s ** 2), (z - mu) / s ** 2
+
+    def recursive(z, r, step, depth, h0, out):
+        if depth == 0:
+            r = r - 0.5 * step * potential(z)[1]
+            z = z + step * inv_mass * r
+            r = r - 0.5 * step * potential(z)[1]
+            h = potential(z)[0] + 0.5 * r @ (inv_mass * r)
+            dh = h - h0 if np.isfinite(h) else np.inf
+            out["n"] += 1
+            out["accept"] += min(1.0, np.exp(-dh))
+            out["leaves"].append((z, r, dh))
+            if dh > MAX_DELTA_H:
+                out["divergent"] = True
+                return None
+            return (z, r), (z, r), r
+        first = recursive(z, r, step, depth - 1, h0, out)
+        if first is None:
+            return None
+        second = recursive(*first[1], step, depth - 1, h0, out)
+        if second is None:
+            return None
+        near, far, r_sum = first[0], second[1], first[2] + second[2]
+        if inv_mass * near[1] @ r_sum <= 0 or inv_mass * far[1] @ r_sum <= 0:
+            return None
+        return near, far, r_sum
+
+    kinds = set()
+    for trial in range(40):
+        # (a step of 1.5 is unstable for the scale 0.3: the energy error grows ~100x a step)
+        size = [0.05, 0.25, 0.5, 0.7, 1.5][trial % 5]
+        depth = int(rng.integers(2 if size > 1 else 0, 6))
+        step = float(rng.choice([-1, 1]) * size)
+        z0, r0 = mu + s * rng.normal(size=3), rng.normal(size=3) / np.sqrt(inv_mass)
+        u0, g0 = target.value_and_grad(z0)
+        h0 = u0 + 0.5 * r0 @ (inv_mass * r0)
+        uniform = rng.random()
+        ref = {"n": 0, "accept": 0.0, "divergent": False, "leaves": []}
+        want = recursive(z0, r0, step, depth, h0, ref)
+        stat, rows = target.subtree(_State(z0, u0, g0), r0, step, inv_mass, h0, uniform,
+                                    2 ** depth)
+        first, diverged, accept, log_w, u, pu = stat.ravel()
+        r_sum, z, r, g, pz, pg = rows
+        n = 2 ** depth
+        assert min(int(first) + 1, n) == ref["n"]
+        assert bool(diverged) == ref["divergent"]
+        np.testing.assert_allclose(accept, ref["accept"], rtol=1e-9, atol=1e-12)
+        if want is None:
+            kinds.add("divergent" if ref["divergent"] else "turned")
+            assert int(first) < n
+            continue
+        kinds.add("whole")
+        assert int(first) == n
+        leaves_z = np.array([leaf[0] for leaf in ref["leaves"]])
+        dh = np.array([leaf[2] for leaf in ref["leaves"]])
+        np.testing.assert_allclose(log_w, np.logaddexp.reduce(-dh), rtol=1e-9)
+        np.testing.assert_allclose(r_sum, want[2], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(z, want[1][0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(r, want[1][1], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(u, potential(want[1][0])[0], rtol=1e-9)
+        w = np.exp(-dh - np.max(-dh))
+        pick = min(int(np.searchsorted(np.cumsum(w), uniform * w.sum(), "right")), n - 1)
+        np.testing.assert_allclose(pz, leaves_z[pick], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(pg, potential(leaves_z[pick])[1], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(pu, potential(leaves_z[pick])[0], rtol=1e-9)
+    assert kinds == {"whole", "turned", "divergent"}, kinds
+
+
 def test_diagnostics_against_known_cases(rng):
     iid = rng.normal(size=(4, 1000))
     assert abs(diagnostics.rhat(iid) - 1) < 0.01
