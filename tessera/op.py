@@ -140,6 +140,47 @@ def trunc_divide(a, b):
     return _apply("where", _apply("minimum", inexact, signs), _apply("add", q, 1), q)
 
 
+# log Gamma and digamma on x > 0, made of tessera operators (so they run on every target,
+# compiled or eager, and differentiate to any order): the recurrence shifts x to y = x + 16,
+# where Stirling's series to y^-7 (y^-8 for digamma) is below 1e-15 relative
+_GAMMA_SHIFT = 16
+_HALF_LOG_2PI = 0.9189385332046727
+
+
+def lgamma(x):
+    """log Gamma(x) for x > 0 (what the densities need; NaN for x <= 0, inf at 0):
+    log Gamma(x + 16) by Stirling's series less log x(x+1)...(x+15). Absolute error about
+    1e-14 in float64 (the log terms' rounding; 1e-14 relative above 1), 1e-5 in float32."""
+    shift = _apply("log", x)
+    for i in range(1, _GAMMA_SHIFT):
+        shift = _apply("add", shift, _apply("log", _apply("add", x, float(i))))
+    y = _apply("add", x, float(_GAMMA_SHIFT))
+    r = _apply("div", 1.0, y)
+    r2 = _apply("mul", r, r)
+    series = 1 / 1260 - 1 / 1680 * r2            # 1/(12y) - 1/(360y^3) + 1/(1260y^5) - ...
+    series = _apply("mul", r, _apply("sub", 1 / 12, _apply("mul", r2, _apply(
+        "sub", 1 / 360, _apply("mul", r2, series)))))
+    stirling = _apply("add", _apply("sub", _apply("mul", _apply("sub", y, 0.5),
+                                                   _apply("log", y)), y), _HALF_LOG_2PI)
+    return _apply("sub", _apply("add", stirling, series), shift)
+
+
+def digamma(x):
+    """d/dx log Gamma(x) for x > 0: digamma(x + 16) by its asymptotic series less the sum of
+    1/(x + i) for i < 16. Absolute error about 1e-14 in float64, 1e-6 in float32."""
+    shift = _apply("div", 1.0, x)
+    for i in range(1, _GAMMA_SHIFT):
+        shift = _apply("add", shift, _apply("div", 1.0, _apply("add", x, float(i))))
+    y = _apply("add", x, float(_GAMMA_SHIFT))
+    r = _apply("div", 1.0, y)
+    r2 = _apply("mul", r, r)
+    series = 1 / 252 - 1 / 240 * r2              # 1/(12y^2) - 1/(120y^4) + 1/(252y^6) - ...
+    series = _apply("mul", r2, _apply("sub", 1 / 12, _apply("mul", r2, _apply(
+        "sub", 1 / 120, _apply("mul", r2, series)))))
+    asymptotic = _apply("sub", _apply("sub", _apply("log", y), _apply("mul", 0.5, r)), series)
+    return _apply("sub", asymptotic, shift)
+
+
 def einsum(spec, *operands):
     """Einstein summation, ``op.einsum("bij,bjk->bik", a, b)``, lowered to the operators the
     compiler fuses and tiles: a letter only one operand has and the result lacks is summed

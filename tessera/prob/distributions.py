@@ -3,10 +3,10 @@ traces into a tessera function (so a model's log joint and its gradient compile 
 else), with ``mean``, ``variance``, ``support`` and ``sample``.
 
 Parameters are numbers, arrays or traced tensors and broadcast together (the batch shape); a
-value's log density is elementwise over it. Terms that need the log-gamma function (the
-normalising constants of Gamma, Beta, StudentT, Dirichlet, and Poisson's log k!) are computed
-when tracing from parameters known then (constants, data): a traced concentration is a
-``TesseraError`` saying so (tessera has no lgamma operator yet).
+value's log density is elementwise over it. The log-gamma terms (the normalising constants of
+Gamma, Beta, StudentT, Dirichlet, and Poisson's log k!) are exact (``math.lgamma``) for
+parameters known when tracing (constants, data) and ``op.lgamma`` for traced ones, so a
+concentration or a degree of freedom may itself be a site that NUTS or SVI infers.
 
 Sampling is counter-based and needs a seed: the reparameterisable distributions (Normal,
 LogNormal, HalfNormal, Cauchy, HalfCauchy, Exponential, Uniform, MultivariateNormal) transform
@@ -157,16 +157,20 @@ def _softplus(x):
 
 
 def _known(x, what: str):
-    """A parameter needed as a number when tracing (for lgamma): an array, or an error."""
+    """A parameter needed as a number (to draw from): an array, or an error."""
     if isinstance(x, Traced):
         raise TesseraError(f"{what} must be known when tracing (a number or an array, not a "
-                           "traced tensor): its log-normaliser needs lgamma, which tessera "
-                           "has no operator for yet",
+                           "traced tensor): drawing from it runs in NumPy",
                            hint="give it as a constant, or observe the site")
     return np.asarray(x, dtype=np.float64)
 
 
-_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+_math_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _lgamma(x):
+    """log Gamma: exact for a known array, ``op.lgamma`` for a traced tensor."""
+    return op.lgamma(x) if isinstance(x, Traced) else _math_lgamma(np.asarray(x, np.float64))
 
 
 def _float(x):
@@ -391,7 +395,7 @@ class Gamma(Distribution):
 
     def log_prob(self, x):
         a = self.concentration
-        norm = _lgamma(_known(a, "Gamma's concentration"))
+        norm = _lgamma(a)
         return a * op.log(self.rate) + (a - 1) * op.log(x) - self.rate * x - norm
 
     mean = property(lambda self: self._expand(self.concentration / self.rate))
@@ -411,8 +415,7 @@ class Beta(Distribution):
 
     def log_prob(self, x):
         a, b = self.concentration1, self.concentration0
-        ka, kb = _known(a, "Beta's concentration1"), _known(b, "Beta's concentration0")
-        lbeta = _lgamma(ka) + _lgamma(kb) - _lgamma(ka + kb)
+        lbeta = _lgamma(a) + _lgamma(b) - _lgamma(a + b)
         return (a - 1) * op.log(x) + (b - 1) * op.log(1 - x) - lbeta
 
     @property
@@ -436,8 +439,8 @@ class StudentT(Distribution):
         super().__init__(shape, df=df, loc=loc, scale=scale)
 
     def log_prob(self, x):
-        v = _known(self.df, "StudentT's df")
-        norm = _lgamma((v + 1) / 2) - _lgamma(v / 2) - 0.5 * np.log(v * np.pi)
+        v = self.df
+        norm = _lgamma((v + 1) / 2) - _lgamma(v / 2) - 0.5 * op.log(v * np.pi)
         z = (x - self.loc) / self.scale
         return norm - op.log(self.scale) - (self.df + 1) / 2 * op.log(1 + z * z / self.df)
 
@@ -548,8 +551,7 @@ class Poisson(Distribution):
         super().__init__(shape, rate=rate)
 
     def log_prob(self, x):
-        k = _known(x, "a Poisson count")           # (the data: its log k! when tracing)
-        return k * op.log(self.rate) - self.rate - _lgamma(k + 1)
+        return x * op.log(self.rate) - self.rate - _lgamma(x + 1)
 
     mean = property(lambda self: self._expand(self.rate))
     variance = property(lambda self: self._expand(self.rate))
@@ -569,8 +571,7 @@ class Dirichlet(Distribution):
 
     def log_prob(self, x):
         a = self.concentration
-        ka = _known(a, "Dirichlet's concentration")
-        norm = _lgamma(ka).sum(-1) - _lgamma(ka.sum(-1))
+        norm = op.sum(_lgamma(a), axis=-1) - _lgamma(op.sum(a, axis=-1))
         return op.sum((a - 1) * op.log(x), axis=-1) - norm
 
     @property

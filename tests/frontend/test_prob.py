@@ -187,12 +187,45 @@ def test_model_errors_name_the_site_and_line(rng):
     with pytest.raises(ts.ArgumentError, match="no site 'v'"):
         log_joint(regression, {"w": np.zeros(2), "b": 0.0, "sigma": 1.0, "v": 1.0}, X,
                   np.zeros(5))
-    with pytest.raises(ts.TesseraError, match="concentration must be known when tracing"):
-        ts.function(lambda a, x: Gamma(a, 1.0).log_prob(x))(np.float64(2.0), np.float64(1.0))
+    with pytest.raises(ts.TesseraError, match="a parameter drawn from must be known when"):
+        ts.function(lambda a: Gamma(a, 1.0).sample(0))(np.float64(2.0))
+
+
+def test_traced_concentrations_and_df_use_op_lgamma(rng):
+    """A concentration or a df that is itself a site: the log-normaliser by op.lgamma, its
+    gradient digamma's (against SciPy), and NUTS on a latent Gamma shape against the posterior
+    integrated on a grid."""
+    from scipy import special
+    a, x = rng.uniform(0.5, 5.0), rng.uniform(0.1, 3.0, 4)
+    f = ts.function(lambda a, x: op.sum(Gamma(a, 2.0).log_prob(x)) +
+                    op.sum(Beta(a, 1.5).log_prob(x / 4)) + op.sum(StudentT(a, 0.3).log_prob(x)))
+    want = (stats.gamma(a, scale=0.5).logpdf(x).sum() + stats.beta(a, 1.5).logpdf(x / 4).sum() +
+            stats.t(a, 0.3).logpdf(x).sum())
+    np.testing.assert_allclose(f(np.float64(a), x), want, rtol=1e-12)
+    dgamma = np.sum(np.log(2.0) + np.log(x) - special.digamma(a))
+    dbeta = np.sum(np.log(x / 4) - special.digamma(a) + special.digamma(a + 1.5))
+    z2 = (x - 0.3) ** 2
+    dt = np.sum(0.5 * (special.digamma((a + 1) / 2) - special.digamma(a / 2)) - 0.5 / a -
+                0.5 * np.log1p(z2 / a) + (a + 1) / 2 * z2 / (a * a + a * z2))
+    np.testing.assert_allclose(ts.grad(f)(np.float64(a), x), dgamma + dbeta + dt, rtol=1e-10)
     g = ts.function(lambda x: op.sum(Gamma(2.0, 1.0).log_prob(x)))   # a known one traces
     np.testing.assert_allclose(g(np.array([0.5, 2.0])),
                                stats.gamma(2.0).logpdf([0.5, 2.0]).sum(), rtol=1e-12)
 
+    y = rng.gamma(3.0, 1.0, 30)
+
+    def shape_model(y):
+        a = sample("a", HalfNormal(5.0))
+        sample("y", Gamma(a, 1.0), obs=y)
+    grid = np.linspace(1e-3, 12, 20001)
+    logp = stats.halfnorm(scale=5).logpdf(grid) + stats.gamma(grid[:, None]).logpdf(y).sum(1)
+    p = np.exp(logp - logp.max())
+    mean = (grid * p).sum() / p.sum()
+    sd = np.sqrt((grid ** 2 * p).sum() / p.sum() - mean ** 2)
+    post = mcmc(shape_model, num_samples=500, num_warmup=300, num_chains=2,
+                seed=int(rng.integers(1 << 20)))(y)
+    draws = post.samples["a"]
+    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(diagnostics.ess_bulk(draws))
 
 # ---- inference ---------------------------------------------------------------------------------
 from tessera.prob import diagnostics, mcmc  # noqa: E402

@@ -106,3 +106,27 @@ def test_fmod_and_trunc_divide_match_c(dtype, rng):
     np.testing.assert_array_equal(got_r, want_r.astype(d))         # exact, NaN where NumPy's
     np.testing.assert_array_equal(got_q, want_q.astype(d))
     np.testing.assert_array_equal(op.fmod(a, b), want_r.astype(d))  # eager, the same
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lgamma_and_digamma_against_scipy(dtype, rng):
+    """op.lgamma and op.digamma on x > 0 (tiny to large, and around 1 and 2 where lgamma is
+    0) against SciPy: compiled and eager, their gradients digamma's and trigamma's."""
+    from scipy import special
+    x = np.concatenate([np.exp(rng.uniform(np.log(1e-4), np.log(1e5), 400)),
+                        rng.uniform(0.5, 3.0, 200), [1.0, 2.0]]).astype(dtype)
+    x64 = x.astype(np.float64)
+    tol = 1e-13 if dtype == "float64" else 2e-5          # relative above 1, absolute below
+    for f, ref in ((op.lgamma, special.gammaln), (op.digamma, special.digamma)):
+        want = ref(x64)
+        for got in (ts.function(lambda x: f(x))(x), f(x)):
+            assert got.dtype == x.dtype
+            err = np.abs(got - want) / np.maximum(1.0, np.abs(want))
+            assert err.max() < tol, (f.__name__, x64[err.argmax()], err.max())
+    if dtype == "float64":
+        g = ts.grad(lambda x: op.sum(op.lgamma(x)))(x)
+        np.testing.assert_allclose(g, special.digamma(x), rtol=1e-12, atol=1e-12)
+        h = ts.grad(lambda x: op.sum(op.digamma(x)))(x)
+        np.testing.assert_allclose(h, special.polygamma(1, x), rtol=1e-12, atol=1e-12)
+    with np.errstate(all="ignore"):
+        assert np.isnan(op.lgamma(np.array([-0.5, -1.0]))).all()
