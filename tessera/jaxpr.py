@@ -291,6 +291,7 @@ PRIMITIVES = {
     "sqrt": lambda x, **_: op.sqrt(x), "rsqrt": lambda x, **_: op.rsqrt(x),
     "sin": lambda x, **_: op.sin(x), "cos": lambda x, **_: op.cos(x),
     "erf": lambda x: op.erf(x),
+    "lgamma": lambda x: op.lgamma(x), "digamma": lambda x: op.digamma(x),    # (x > 0)
     "erfc": lambda x: 1 - op.erf(x),         # (absolute accuracy only where erfc is tiny: x > 3)
     "atan2": lambda a, b: op.atan2(a, b),
     "abs": lambda x: op.abs(x), "sign": lambda x: op.sign(x),
