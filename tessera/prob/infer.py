@@ -11,8 +11,9 @@ onto it (tessera/prob/distributions.py), and the potential is minus the log join
 the log Jacobians. The potential and its gradient are one compiled tessera function
 (``ts.value_and_grad`` over a flat float64 vector), and a whole NUTS subtree another: its
 2^depth leapfrog steps in a compiled loop, its U-turn and divergence checks and its proposal
-computed from them in the same call, so a transition costs a call per doubling, not per step.
-The doubling, the momentum draws and the adaptation run in NumPy around them. NUTS is the multinomial No-U-Turn sampler (Betancourt
+computed from them in the same call, so a transition costs a call per doubling, not per step
+(and with ``chain_method="vectorized"`` one call per doubling for all the chains). The
+doubling, the momentum draws and the adaptation run in NumPy around them. NUTS is the multinomial No-U-Turn sampler (Betancourt
 2017: biased progressive sampling between subtrees, uniform within them, the generalised
 U-turn criterion), HMC a fixed number of leapfrog steps with a Metropolis correction; both
 adapt the step size by dual averaging (Hoffman and Gelman 2014, target acceptance 0.8) and a
@@ -180,9 +181,14 @@ class _Unconstrained(Layout):
                          op.take(U, pick, axis=0)),
                     rows(op.sum(R, axis=0), Z[last], R[last], G[last], op.take(Z, pick, axis=0),
                          op.take(G, pick, axis=0)))
+        def subtrees(edges, scalars, inv_masses, ticks):
+            # a subtree per chain (one row of each operand a chain), in a loop over them
+            def one(carry, chain):
+                return carry, subtree(*chain, ticks)
+            return scan(one, np.zeros(()), (edges, scalars, inv_masses))[1]
         self._value_and_grad = grad
         self._path = function(path, name="leapfrog_path")
-        self._subtree = function(subtree, name="nuts_subtree")
+        self._subtrees = function(subtrees, name="nuts_subtrees")
 
     def value_and_grad(self, z):
         u, g = self._value_and_grad(np.asarray(z, np.float64))
@@ -194,13 +200,13 @@ class _Unconstrained(Layout):
         return self._path(z, r, g, np.asarray(step, np.float64), inv_mass,
                           np.asarray(h0, np.float64), np.zeros(n))
 
-    def subtree(self, s, r, step, inv_mass, h0, uniform, n):
-        """NUTS's subtree of n steps from (state s, momentum r), one compiled call: ((first
-        failing step or n, whether it diverged there, summed acceptance, log weight, far
-        edge's potential, proposal's potential), rows (momentum sum, far edge's z, r, g,
-        proposal's z, g))."""
-        return self._subtree(np.stack([s.z, r, s.grad]), np.array([step, h0, uniform]),
-                             inv_mass, np.zeros(n))
+    def subtrees(self, edges, scalars, inv_masses, n):
+        """NUTS's subtrees of n steps, one per chain, in one compiled call: edges (chains, 3,
+        dim) the rows z, r, g; scalars (chains, 3) the signed step, h0 and a uniform draw.
+        Gives per chain (first failing step or n, whether it diverged there, summed
+        acceptance, log weight, far edge's potential, proposal's potential) and the rows
+        (momentum sum, far edge's z, r, g, proposal's z, g)."""
+        return self._subtrees(edges, scalars, inv_masses, np.zeros(n))
 
 
 # ---- step size and mass matrix adaptation -----------------------------------------------------
@@ -289,52 +295,61 @@ class _Kernel:
         new = _State(z[-1], float(u[-1]), g[-1])
         return (new if self.rng.random() < accept else s), accept, False, self.num_steps
 
-    # -- NUTS (multinomial, iterative doubling) ---------------------------------------------
-    def nuts(self, s: _State, step):
-        r0 = self.momentum()
-        h0 = s.u + self.kinetic(r0)
-        left = right = (s, r0)
-        proposal, log_w, r_sum = s, 0.0, r0.copy()
-        stats = {"accept": 0.0, "n": 0, "divergent": False}
-        for depth in range(self.max_depth):
-            direction = 1 if self.rng.random() < 0.5 else -1
-            edge = right if direction > 0 else left
-            sub = self._subtree(edge, direction * step, 2 ** depth, h0, stats)
-            if sub is None:                       # diverged or turned inside: discarded
-                break
-            sub_edge, sub_prop, sub_log_w, sub_r = sub
-            if direction > 0:
-                right = sub_edge
-            else:
-                left = sub_edge
-            # biased progressive sampling: move to the new subtree's proposal
-            if math.log(self.rng.random() + 1e-300) < sub_log_w - log_w:
-                proposal = sub_prop
-            log_w = float(np.logaddexp(log_w, sub_log_w))
-            r_sum = r_sum + sub_r
-            if self._turning(left[1], right[1], r_sum):
-                break
-        accept = stats["accept"] / max(stats["n"], 1)
-        return proposal, accept, stats["divergent"], stats["n"]
-
-    def _turning(self, r_left, r_right, r_sum) -> bool:
+    def turning(self, r_left, r_right, r_sum) -> bool:
         return float(self.velocity(r_left) @ r_sum) <= 0 or \
             float(self.velocity(r_right) @ r_sum) <= 0
 
-    def _subtree(self, edge, step, n, h0, stats):
-        """The subtree of n = 2^depth leapfrog steps from `edge`, one compiled call: (its far
-        edge, its proposal, log weight, momentum sum), or None when it diverges or turns
-        within (`_Unconstrained._compile` says how)."""
-        stat, vec = self.target.subtree(*edge, step, self.inv_mass, h0, self.rng.random(), n)
-        first, diverged, accept, log_w, u, pu = stat.ravel().tolist()
-        first = int(first)
-        stats["accept"] += accept
-        stats["n"] += min(first + 1, n)
-        if first < n:
-            stats["divergent"] = stats["divergent"] or bool(diverged)
-            return None
-        r_sum, z, r, g, pz, pg = vec
-        return (_State(z, u, g), r), _State(pz, pu, pg), log_w, r_sum
+
+def _nuts(kernels: list, states: list, steps: list) -> list:
+    """One NUTS transition (multinomial, iterative doubling) of each chain, the chains in
+    lockstep: at each doubling one compiled call builds every chain's subtree (a chain that
+    has stopped rides along, its result unused, so the call's shapes stay put). Each chain
+    draws from its own generator in the order a chain alone would, so its draws are the same
+    whichever chains run beside it. Gives per chain (state, acceptance, divergent, steps)."""
+    target = kernels[0].target
+    chains = range(len(kernels))
+    r0 = [k.momentum() for k in kernels]
+    h0 = [s.u + k.kinetic(r) for s, k, r in zip(states, kernels, r0)]
+    left, right = [(s, r) for s, r in zip(states, r0)], [(s, r) for s, r in zip(states, r0)]
+    proposal, log_w, r_sum = list(states), [0.0] * len(kernels), [r.copy() for r in r0]
+    accept, taken, divergent = [0.0] * len(kernels), [0] * len(kernels), [False] * len(kernels)
+    active = list(chains)
+    inv_masses = np.stack([k.inv_mass for k in kernels])
+    direction = [1] * len(kernels)
+    scalars = np.zeros((len(kernels), 3))
+    for depth in range(kernels[0].max_depth):
+        if not active:
+            break
+        n = 2 ** depth
+        for c in active:
+            direction[c] = 1 if kernels[c].rng.random() < 0.5 else -1
+            scalars[c] = direction[c] * steps[c], h0[c], kernels[c].rng.random()
+        edges = np.stack([np.stack([e[0].z, e[1], e[0].grad]) for e in
+                          (right[c] if direction[c] > 0 else left[c] for c in chains)])
+        stat, rows = target.subtrees(edges, scalars, inv_masses, n)
+        for c in list(active):
+            first, diverged, acc, sub_log_w, u, pu = stat[c].ravel().tolist()
+            first = int(first)
+            accept[c] += acc
+            taken[c] += min(first + 1, n)
+            if first < n:                    # diverged or turned inside: discarded
+                divergent[c] = divergent[c] or bool(diverged)
+                active.remove(c)
+                continue
+            sub_r, z, r, g, pz, pg = rows[c]
+            if direction[c] > 0:
+                right[c] = (_State(z, u, g), r)
+            else:
+                left[c] = (_State(z, u, g), r)
+            # biased progressive sampling: move to the new subtree's proposal
+            if math.log(kernels[c].rng.random() + 1e-300) < sub_log_w - log_w[c]:
+                proposal[c] = _State(pz, pu, pg)
+            log_w[c] = float(np.logaddexp(log_w[c], sub_log_w))
+            r_sum[c] = r_sum[c] + sub_r
+            if kernels[c].turning(left[c][1], right[c][1], r_sum[c]):
+                active.remove(c)
+    return [(proposal[c], accept[c] / max(taken[c], 1), divergent[c], taken[c])
+            for c in chains]
 
 
 def _initial_step(kernel: _Kernel, s: _State) -> float:
@@ -355,78 +370,108 @@ def _initial_step(kernel: _Kernel, s: _State) -> float:
     return step
 
 
-def _run_chain(target: _Unconstrained, algorithm, num_warmup, num_samples, rng, dense,
-               max_tree_depth, num_steps, init):
-    kernel = _Kernel(target, rng, dense, max_tree_depth, num_steps)
-    z = rng.uniform(-2, 2, target.dim) if init is None else np.asarray(init, np.float64)
-    for _ in range(100):
-        u, g = target.value_and_grad(z)
-        if math.isfinite(u) and np.all(np.isfinite(g)):
-            break
-        z = rng.uniform(-2, 2, target.dim)
-    else:
-        raise TesseraError("no finite starting point in 100 tries: the model's log density is "
-                           "not finite near the origin of unconstrained space")
-    s = _State(z, u, g)
-    move = kernel.nuts if algorithm == "NUTS" else kernel.hmc
-    step = _initial_step(kernel, s)
-    adapt = _DualAveraging(step)
-    windows, window = _windows(num_warmup), []
-    draws, divergences, steps, accepts = [], 0, 0, []
-    for i in range(num_warmup + num_samples):
-        s, accept, divergent, n = move(s, step)
-        if i < num_warmup:
-            step = adapt.update(accept)
-            window.append(s.z)
-            if windows and i + 1 == windows[0]:
-                windows.pop(0)
-                w = np.asarray(window)
-                k = len(w)
-                if dense:
-                    cov = np.cov(w.T).reshape(target.dim, target.dim)
-                    inv = (k / (k + 5)) * cov + 1e-3 * (5 / (k + 5)) * np.eye(target.dim)
-                else:
-                    inv = (k / (k + 5)) * w.var(axis=0, ddof=1) + 1e-3 * (5 / (k + 5))
-                kernel.set_inv_mass(inv)
-                window = []
-                step = _initial_step(kernel, s)
-                adapt = _DualAveraging(step)
-            if i + 1 == num_warmup:
-                step = adapt.final
+class _Chain:
+    """One chain's state, adaptation and draws."""
+
+    def __init__(self, target: _Unconstrained, rng, dense, max_tree_depth, num_steps, init,
+                 num_warmup):
+        self.kernel = _Kernel(target, rng, dense, max_tree_depth, num_steps)
+        z = rng.uniform(-2, 2, target.dim) if init is None else np.asarray(init, np.float64)
+        for _ in range(100):
+            u, g = target.value_and_grad(z)
+            if math.isfinite(u) and np.all(np.isfinite(g)):
+                break
+            z = rng.uniform(-2, 2, target.dim)
         else:
-            draws.append(s.z)
-            divergences += bool(divergent)
-            steps += n
-            accepts.append(accept)
-    return np.asarray(draws), {"divergences": divergences, "step_size": step,
-                               "num_steps": steps, "accept": float(np.mean(accepts))
-                               if accepts else float("nan"), "inv_mass": kernel.inv_mass}
+            raise TesseraError("no finite starting point in 100 tries: the model's log density "
+                               "is not finite near the origin of unconstrained space")
+        self.state, self.dense, self.num_warmup = _State(z, u, g), dense, num_warmup
+        self.step = _initial_step(self.kernel, self.state)
+        self.adapt = _DualAveraging(self.step)
+        self.windows, self.window = _windows(num_warmup), []
+        self.draws, self.divergences, self.steps, self.accepts = [], 0, 0, []
+
+    def moved(self, i, state, accept, divergent, n):
+        """After move i: adapt (in warm-up) or keep the draw."""
+        self.state = state
+        if i >= self.num_warmup:
+            self.draws.append(state.z)
+            self.divergences += bool(divergent)
+            self.steps += n
+            self.accepts.append(accept)
+            return
+        self.step = self.adapt.update(accept)
+        self.window.append(state.z)
+        if self.windows and i + 1 == self.windows[0]:
+            self.windows.pop(0)
+            w = np.asarray(self.window)
+            k, dim = len(w), w.shape[1]
+            if self.dense:
+                cov = np.cov(w.T).reshape(dim, dim)
+                inv = (k / (k + 5)) * cov + 1e-3 * (5 / (k + 5)) * np.eye(dim)
+            else:
+                inv = (k / (k + 5)) * w.var(axis=0, ddof=1) + 1e-3 * (5 / (k + 5))
+            self.kernel.set_inv_mass(inv)
+            self.window = []
+            self.step = _initial_step(self.kernel, state)
+            self.adapt = _DualAveraging(self.step)
+        if i + 1 == self.num_warmup:
+            self.step = self.adapt.final
+
+    def result(self):
+        return np.asarray(self.draws), {
+            "divergences": self.divergences, "step_size": self.step, "num_steps": self.steps,
+            "accept": float(np.mean(self.accepts)) if self.accepts else float("nan"),
+            "inv_mass": self.kernel.inv_mass}
+
+
+def _run_chains(target: _Unconstrained, algorithm, num_warmup, num_samples, rngs, dense,
+                max_tree_depth, num_steps, init) -> list:
+    """Chains (one per generator) moved in lockstep: [(draws, info)] in their order."""
+    chains = [_Chain(target, rng, dense, max_tree_depth, num_steps, init, num_warmup)
+              for rng in rngs]
+    for i in range(num_warmup + num_samples):
+        if algorithm == "NUTS":
+            moves = _nuts([c.kernel for c in chains], [c.state for c in chains],
+                          [c.step for c in chains])
+        else:
+            moves = [c.kernel.hmc(c.state, c.step) for c in chains]
+        for chain, move in zip(chains, moves):
+            chain.moved(i, *move)
+    return [c.result() for c in chains]
 
 
 # ---- the user's entry point --------------------------------------------------------------------
 def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4, seed=0,
-         dense_mass=False, max_tree_depth=10, num_steps=None, init=None):
+         dense_mass=False, max_tree_depth=10, num_steps=None, init=None,
+         chain_method="sequential"):
     """A function of the model's arguments that runs the chains and gives a `Posterior`.
-    ``algorithm``: "NUTS" or "HMC" (``num_steps`` leapfrog steps per move). The chains run
-    one after another (threads, one per core, measured slower on two cores: the Python
-    around the compiled calls serialises)."""
+    ``algorithm``: "NUTS" or "HMC" (``num_steps`` leapfrog steps per move). ``chain_method``
+    (NumPyro's names): "sequential" runs the chains one after another; "vectorized" moves
+    them in lockstep, each NUTS doubling one compiled call for all of them (fewer calls; the
+    chains that stopped early ride along). A chain's draws are the same bits either way."""
     if algorithm not in ("NUTS", "HMC"):
         raise ArgumentError(f"mcmc's algorithm is 'NUTS' or 'HMC', not {algorithm!r}")
     if algorithm == "HMC" and not num_steps:
         raise ArgumentError("HMC needs num_steps (leapfrog steps per move)")
     if num_samples < 1 or num_warmup < 0 or num_chains < 1:
         raise ArgumentError("mcmc needs num_samples >= 1, num_warmup >= 0, num_chains >= 1")
+    if chain_method not in ("sequential", "vectorized"):
+        raise ArgumentError(f"mcmc's chain_method is 'sequential' or 'vectorized', not "
+                            f"{chain_method!r}")
 
     def run(*args, **kwargs):
         target = _Unconstrained(model, args, kwargs, seed)
-        chains, infos = [], []
-        for c in range(num_chains):
-            rng = np.random.Generator(np.random.Philox(key=[int(seed), c]))
-            draws, info = _run_chain(target, algorithm, num_warmup, num_samples, rng,
-                                     dense_mass, max_tree_depth, num_steps, init)
-            chains.append(draws)
-            infos.append(info)
-        return Posterior(target, np.asarray(chains), infos, seed)
+        rngs = [np.random.Generator(np.random.Philox(key=[int(seed), c]))
+                for c in range(num_chains)]
+        run_chains = lambda rngs: _run_chains(    # noqa: E731
+            target, algorithm, num_warmup, num_samples, rngs, dense_mass, max_tree_depth,
+            num_steps, init)
+        if chain_method == "vectorized":
+            runs = run_chains(rngs)
+        else:
+            runs = [r for rng in rngs for r in run_chains([rng])]
+        return Posterior(target, np.asarray([r[0] for r in runs]), [r[1] for r in runs], seed)
     return run
 
 

@@ -277,6 +277,9 @@ def test_hmc_and_nuts_on_a_correlated_gaussian_repeat_bit_for_bit(rng):
         assert np.all(np.abs(x.mean(0) - mu) < 0.25), algorithm
         np.testing.assert_allclose(np.cov(x.T), cov, atol=0.5, err_msg=algorithm)
         np.testing.assert_array_equal(run().samples["x"], post.samples["x"])   # same bits
+        lockstep = mcmc(model, algorithm=algorithm, num_samples=800, num_warmup=400,
+                        num_chains=2, seed=3, chain_method="vectorized", **kw)()
+        np.testing.assert_array_equal(lockstep.samples["x"], post.samples["x"])
 
 
 def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
@@ -284,7 +287,7 @@ def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
     construction written out in NumPy with the Gaussian's exact gradient: the same first
     failing step, divergence, summed acceptance, log weight, momentum sum and far edge, and
     its proposal the leaf that a uniform draw picks in proportion to exp(-dh)."""
-    from tessera.prob.infer import MAX_DELTA_H, _State, _Unconstrained
+    from tessera.prob.infer import MAX_DELTA_H, _Unconstrained
     mu, s = rng.normal(size=3), np.array([0.3, 1.0, 2.0])
 
     def model():
@@ -333,10 +336,12 @@ def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
         uniform = rng.random()
         ref = {"n": 0, "accept": 0.0, "divergent": False, "leaves": []}
         want = recursive(z0, r0, step, depth, h0, ref)
-        stat, rows = target.subtree(_State(z0, u0, g0), r0, step, inv_mass, h0, uniform,
-                                    2 ** depth)
-        first, diverged, accept, log_w, u, pu = stat.ravel()
-        r_sum, z, r, g, pz, pg = rows
+        other = rng.normal(size=(3, 3))       # a second chain in the call, beside this one
+        edges = np.stack([np.stack([z0, r0, g0]), other])
+        stat, rows = target.subtrees(edges, np.array([[step, h0, uniform], [0.1, 0.0, 0.5]]),
+                                     np.stack([inv_mass, np.ones(3)]), 2 ** depth)
+        first, diverged, accept, log_w, u, pu = stat[0].ravel()
+        r_sum, z, r, g, pz, pg = rows[0]
         n = 2 ** depth
         assert min(int(first) + 1, n) == ref["n"]
         assert bool(diverged) == ref["divergent"]
