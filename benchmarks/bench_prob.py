@@ -1,5 +1,6 @@
 """NUTS against NumPyro: effective samples per second on the same models, data, chain counts and
-draw counts, in one run (issue 17's goal: at least NumPyro's on the CPU).
+draw counts, in one run (issue 17's goal: at least NumPyro's on the CPU); and SVI's time per
+run and per step against NumPyro's.
 
     .venv/bin/python -m benchmarks.bench_prob [--quick] [--json PATH]
 
@@ -104,6 +105,46 @@ def run_numpyro(model, args, kwargs, warmup, draws, chains, method="sequential")
     return first, wall, samples, div
 
 
+def svi_row(quick) -> dict:
+    """SVI on the logistic regression (AutoNormal, Adam 1e-2, one particle): the wall time of
+    a run of `steps` (the second run: tessera's programs compiled by the first; NumPyro's
+    svi.run compiles its loop on every call) and the time per step once running, from a run
+    ten times as long (so NumPyro's compile time, which varies, cancels to a few per cent)."""
+    steps = 500 if quick else 2000
+    _, _, (X,), kw, _ = cases(quick)[1]
+    row = {"case": "svi_logistic_1000", "steps": steps}
+
+    def timed(run, n):
+        t = time.perf_counter()
+        losses = run(n)
+        return time.perf_counter() - t, float(np.mean(np.asarray(losses)[-100:]))
+
+    def tessera_run(n):
+        from tessera.prob import SVI, AutoNormal, Trace_ELBO
+        svi = SVI(logistic, AutoNormal(logistic), ts.optim.Adam(1e-2), loss=Trace_ELBO(1))
+        return svi.run(0, n, X, **kw).losses
+
+    def numpyro_run(n):
+        import jax
+        import numpyro
+        from numpyro.infer import SVI, Trace_ELBO
+        from numpyro.infer.autoguide import AutoNormal
+        m = numpyro_models()["logistic_1000"]
+        svi = SVI(m, AutoNormal(m), numpyro.optim.Adam(1e-2), Trace_ELBO())
+        out = svi.run(jax.random.PRNGKey(0), n, X, progress_bar=False, **kw).losses
+        return jax.block_until_ready(out)
+    for who, run in (("tessera", tessera_run), ("numpyro", numpyro_run)):
+        try:
+            first, _ = timed(run, steps)
+            wall, loss = timed(run, steps)
+            longer, _ = timed(run, 10 * steps)
+            row[who] = {"first_s": first, "wall_s": wall, "final_loss": loss,
+                        "step_us": (longer - wall) / (9 * steps) * 1e6}
+        except Exception as e:                              # noqa: BLE001
+            row[who] = {"status": f"error ({type(e).__name__}: {e})"}
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_prob")
     ap.add_argument("--quick", action="store_true", help="300 warm-up and 300 draws per chain")
@@ -155,6 +196,20 @@ def main(argv=None) -> int:
             goal = "met" if row["ratio"] >= 1 else "no"
             print(f"{'':16s} tessera's best / NumPyro's best, ESS per second: {row['ratio']:.2f}x "
                   f"(goal >= 1x: {goal})")
+    svi = svi_row(args.quick)
+    print(f"\n{svi['case']} ({svi['steps']} steps)   first s   wall s   us/step  final loss")
+    for who in ("tessera", "numpyro"):
+        r = svi[who]
+        if "status" in r:
+            print(f"{who:28s} {r['status']}")
+        else:
+            print(f"{who:28s} {r['first_s']:8.2f} {r['wall_s']:8.2f} {r['step_us']:9.1f} "
+                  f"{r['final_loss']:10.2f}")
+    if "wall_s" in svi["tessera"] and "wall_s" in svi["numpyro"]:
+        t, n = svi["tessera"], svi["numpyro"]
+        print(f"{'':28s} NumPyro / tessera time: {n['wall_s'] / t['wall_s']:.2f}x a run, "
+              f"{n['step_us'] / t['step_us']:.2f}x a step")
+    rows.append(svi)
     out = Path(args.json) if args.json else RESULTS / "prob-latest.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"quick": args.quick, "results": rows}, indent=1, default=str))

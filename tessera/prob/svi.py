@@ -122,6 +122,9 @@ class Trace_ELBO:
         return -total / self.num_particles
 
 
+RUN_CHUNK = 100     # the steps `SVI.run` takes per compiled call
+
+
 @dataclass
 class SVIResult:
     params: dict
@@ -143,8 +146,11 @@ class SVI:
         return {"params": params, "opt": self.optim.init(params),
                 "seed": np.asarray((int(seed) << 20) % (1 << 62), np.int64)}
 
-    def _step_fn(self, args, kwargs):
+    def _step_fns(self, args, kwargs):
+        """(one step, RUN_CHUNK steps in a compiled loop stacking the losses), compiled
+        functions of (params, optimiser state, seed)."""
         from ..autodiff import value_and_grad
+        from ..control import scan
         from ..function import function
         # the data are constants of the step (a Poisson's counts must be known when tracing):
         # one compiled step per set of data objects, kept with them (so their ids stay theirs)
@@ -156,11 +162,21 @@ class SVI:
                 value, grads = value_and_grad(loss)(params)
                 new_params, new_opt = self.optim.update(grads, opt_state, params)
                 return new_params, new_opt, value
-            self._steps = {key: (function(step, name="svi_step"), args, kwargs)}
-        return self._steps[key][0]
+
+            def steps(params, opt_state, seed):
+                def body(carry, _):
+                    p, o, k = carry
+                    p, o, value = step(p, o, k)
+                    return (p, o, k + 1), value
+                (p, o, _), losses = scan(body, (params, opt_state, seed),
+                                         np.zeros(RUN_CHUNK))
+                return p, o, losses
+            self._steps = {key: (function(step, name="svi_step"),
+                                 function(steps, name="svi_steps"), args, kwargs)}
+        return self._steps[key][:2]
 
     def update(self, state, *args, **kwargs):
-        step = self._step_fn(args, kwargs)
+        step = self._step_fns(args, kwargs)[0]
         params, opt, value = step(state["params"], state["opt"], state["seed"])
         return {"params": params, "opt": opt, "seed": state["seed"] + 1}, float(value)
 
@@ -170,9 +186,18 @@ class SVI:
                                     args, kwargs))
 
     def run(self, seed, num_steps, *args, **kwargs) -> SVIResult:
+        """num_steps updates from `init(seed)`: RUN_CHUNK at a time in one compiled loop, the
+        rest one call each (the same steps, the same bits as calling `update`)."""
         state = self.init(seed, *args, **kwargs)
         losses = np.empty(num_steps)
-        for i in range(num_steps):
+        chunked = self._step_fns(args, kwargs)[1]
+        done = 0
+        while num_steps - done >= RUN_CHUNK:
+            params, opt, losses[done:done + RUN_CHUNK] = chunked(
+                state["params"], state["opt"], state["seed"])
+            state = {"params": params, "opt": opt, "seed": state["seed"] + RUN_CHUNK}
+            done += RUN_CHUNK
+        for i in range(done, num_steps):
             state, losses[i] = self.update(state, *args, **kwargs)
         return SVIResult({k: np.asarray(v) for k, v in state["params"].items()}, losses, state)
 

@@ -433,9 +433,15 @@ def test_svi_fits_the_conjugate_posterior_and_repeats(rng):
                                        cov / np.outer(sd, sd), atol=0.1)
             draws = guide.sample_posterior(1, result.params, 200)["w"]
             assert draws.shape == (200, d)
+        # the same bits again, and step by step as in run's compiled loops of RUN_CHUNK
         again = SVI(model, type(guide)(model), optim.Adam(lr),
-                    loss=Trace_ELBO(num_particles=particles)).run(5, 50, X, y)
-        np.testing.assert_array_equal(again.losses, result.losses[:50])    # same bits
+                    loss=Trace_ELBO(num_particles=particles))
+        state, losses = again.init(5, X, y), []
+        for _ in range(130):
+            state, value = again.update(state, X, y)
+            losses.append(value)
+        np.testing.assert_array_equal(losses, result.losses[:130])
+        np.testing.assert_array_equal(again.run(5, 130, X, y).losses, losses)
 
 
 def test_eight_schools_against_quadrature(rng):
