@@ -13,9 +13,10 @@ the log Jacobians. The potential and its gradient are one compiled tessera funct
 2^depth leapfrog steps in a compiled loop, its U-turn and divergence checks and its proposal
 computed from them in the same call, so a transition costs a call per doubling, not per step
 (and with ``chain_method="vectorized"`` one call per doubling for all the chains). The
-doubling, the momentum draws and the adaptation run in NumPy around them. NUTS is the multinomial No-U-Turn sampler (Betancourt
-2017: biased progressive sampling between subtrees, uniform within them, the generalised
-U-turn criterion), HMC a fixed number of leapfrog steps with a Metropolis correction; both
+doubling, the momentum draws and the adaptation run in NumPy around them. NUTS is the
+multinomial No-U-Turn sampler (Betancourt 2017: biased progressive sampling between subtrees,
+uniform within them, the generalised U-turn criterion, checked also between merged subtrees
+as Stan and NumPyro do), HMC a fixed number of leapfrog steps with a Metropolis correction; both
 adapt the step size by dual averaging (Hoffman and Gelman 2014, target acceptance 0.8) and a
 diagonal (or dense) inverse mass matrix in Stan's windows (75 fast, doubling slow windows from
 25, 50 terminal). Every random number comes from NumPy's counter-based Philox keyed by
@@ -136,17 +137,29 @@ class _Unconstrained(Layout):
         def rows(*xs):
             return op.concat([op.reshape(x, [1, -1]) for x in xs], axis=0)
 
+        def turning(v_begin, v_end, r_sum):
+            # 1 where the momenta at a stretch's two ends (as velocities) turn against the
+            # stretch's momentum sum: the generalised No-U-Turn criterion, rows at once
+            return op.maximum(op.cast(op.sum(v_begin * r_sum, axis=-1) <= 0, "float64"),
+                              op.cast(op.sum(v_end * r_sum, axis=-1) <= 0, "float64"))
+
         def subtree(edge, scalars, inv_mass, ticks):
+            # Merging two halves A then B (in the order built) turns where A's first and B's
+            # last momenta turn against the whole sum, or, as Stan and NumPyro also demand
+            # between the halves, A with B's first step (A's first and B's first against A's
+            # sum plus B's first momentum) or A's last step with B (A's last and B's last
+            # against A's last momentum plus B's sum).
             # NUTS's subtree of n = len(ticks) = 2^depth steps, what its recursive
             # construction decides, from all n steps at once: it stops at the first step
             # that diverges or that ends a block of 2, 4, ... aligned steps (the subtrees it
-            # merges) whose end momenta turn against the block's sum; its proposal is a step
-            # drawn in proportion to exp(-dh), what uniform progressive sampling within it
-            # amounts to. Gives (first failing step or n, whether it diverged there, the
-            # acceptance statistic summed over the steps taken, the log weight, the momentum
-            # sum, the far edge (z, r, u, g), the proposal (z, u, g)). Few arrays in and out,
+            # merges) that turns (`turned`); its proposal is a step drawn in proportion to
+            # exp(-dh), what uniform progressive sampling within it amounts to. Gives (first
+            # failing step or n, whether it diverged there, the acceptance statistic summed
+            # over the steps taken, the log weight, the momentum sum, the far edge (z, r, u,
+            # g), the proposal (z, u, g), the near edge's momentum). Few arrays in and out,
             # since each costs the call time: edge = rows (z, r, g), scalars = (step, h0,
-            # uniform); out the scalars and the rows (r sum, edge z, r, g, proposal z, g).
+            # uniform); out the scalars and the rows (r sum, edge z, r, g, proposal z, g,
+            # first r).
             z, r, g, step, h0, uniform = edge[0], edge[1], edge[2], \
                 scalars[0], scalars[1], scalars[2]
             n, d = ticks.shape[0], z.shape[0]
@@ -155,12 +168,17 @@ class _Unconstrained(Layout):
             diverged = op.cast(dh > MAX_DELTA_H, "float64")
             fails, size = diverged, 2
             while size <= n:
-                m = n // size
-                sums = op.sum(op.reshape(R, [m, size, d]), axis=1)
-                ends = op.reshape(V, [m, size, d])
-                turned = op.maximum(
-                    op.cast(op.sum(ends[:, 0, :] * sums, axis=1) <= 0, "float64"),
-                    op.cast(op.sum(ends[:, size - 1, :] * sums, axis=1) <= 0, "float64"))
+                m, h = n // size, size // 2
+                halves_r = op.reshape(R, [m, 2, h, d])
+                halves_v = op.reshape(V, [m, 2, h, d])
+                sums = op.sum(halves_r, axis=2)               # (block, half, d)
+                a_sum, b_sum = sums[:, 0, :], sums[:, 1, :]
+                a_first_v, a_last_v = halves_v[:, 0, 0, :], halves_v[:, 0, h - 1, :]
+                b_first_v, b_last_v = halves_v[:, 1, 0, :], halves_v[:, 1, h - 1, :]
+                turned = op.maximum(op.maximum(
+                    turning(a_first_v, b_last_v, a_sum + b_sum),
+                    turning(a_first_v, b_first_v, a_sum + halves_r[:, 1, 0, :])),
+                    turning(a_last_v, b_last_v, halves_r[:, 0, h - 1, :] + b_sum))
                 at_end = op.concat([op.broadcast_to(0.0, [m, size - 1]),
                                     op.reshape(turned, [m, 1])], axis=1)
                 fails = op.maximum(fails, op.reshape(at_end, [n]))
@@ -180,7 +198,7 @@ class _Unconstrained(Layout):
             return (rows(first, diverged_first, accept, top + op.log(total), U[last],
                          op.take(U, pick, axis=0)),
                     rows(op.sum(R, axis=0), Z[last], R[last], G[last], op.take(Z, pick, axis=0),
-                         op.take(G, pick, axis=0)))
+                         op.take(G, pick, axis=0), R[0]))
         def subtrees(edges, scalars, inv_masses, ticks):
             # a subtree per chain (one row of each operand a chain), in a loop over them
             def one(carry, chain):
@@ -295,9 +313,10 @@ class _Kernel:
         new = _State(z[-1], float(u[-1]), g[-1])
         return (new if self.rng.random() < accept else s), accept, False, self.num_steps
 
-    def turning(self, r_left, r_right, r_sum) -> bool:
-        return float(self.velocity(r_left) @ r_sum) <= 0 or \
-            float(self.velocity(r_right) @ r_sum) <= 0
+    def turning(self, r_begin, r_end, r_sum) -> bool:
+        """Whether a stretch whose end momenta are r_begin, r_end turns against its sum."""
+        return float(self.velocity(r_begin) @ r_sum) <= 0 or \
+            float(self.velocity(r_end) @ r_sum) <= 0
 
 
 def _nuts(kernels: list, states: list, steps: list) -> list:
@@ -336,17 +355,25 @@ def _nuts(kernels: list, states: list, steps: list) -> list:
                 divergent[c] = divergent[c] or bool(diverged)
                 active.remove(c)
                 continue
-            sub_r, z, r, g, pz, pg = rows[c]
+            sub_r, z, r, g, pz, pg, near_r = rows[c]
+            # the tree's two parts in space, for the checks between them: (sum, the momentum
+            # at the side where they meet)
             if direction[c] > 0:
+                parts = (r_sum[c], right[c][1]), (sub_r, near_r)
                 right[c] = (_State(z, u, g), r)
             else:
+                parts = (sub_r, near_r), (r_sum[c], left[c][1])
                 left[c] = (_State(z, u, g), r)
             # biased progressive sampling: move to the new subtree's proposal
             if math.log(kernels[c].rng.random() + 1e-300) < sub_log_w - log_w[c]:
                 proposal[c] = _State(pz, pu, pg)
             log_w[c] = float(np.logaddexp(log_w[c], sub_log_w))
             r_sum[c] = r_sum[c] + sub_r
-            if kernels[c].turning(left[c][1], right[c][1], r_sum[c]):
+            (left_sum, left_inner), (right_sum, right_inner) = parts
+            k, r_left, r_right = kernels[c], left[c][1], right[c][1]
+            if k.turning(r_left, r_right, r_sum[c]) or \
+                    k.turning(r_left, right_inner, left_sum + right_inner) or \
+                    k.turning(left_inner, r_right, left_inner + right_sum):
                 active.remove(c)
     return [(proposal[c], accept[c] / max(taken[c], 1), divergent[c], taken[c])
             for c in chains]

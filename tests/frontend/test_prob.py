@@ -320,7 +320,12 @@ def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
         if second is None:
             return None
         near, far, r_sum = first[0], second[1], first[2] + second[2]
-        if inv_mass * near[1] @ r_sum <= 0 or inv_mass * far[1] @ r_sum <= 0:
+
+        def turns(r_begin, r_end, rho):
+            return inv_mass * r_begin @ rho <= 0 or inv_mass * r_end @ rho <= 0
+        if turns(near[1], far[1], r_sum) or \
+                turns(near[1], second[0][1], first[2] + second[0][1]) or \
+                turns(first[1][1], far[1], first[1][1] + second[2]):
             return None
         return near, far, r_sum
 
@@ -341,7 +346,7 @@ def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
         stat, rows = target.subtrees(edges, np.array([[step, h0, uniform], [0.1, 0.0, 0.5]]),
                                      np.stack([inv_mass, np.ones(3)]), 2 ** depth)
         first, diverged, accept, log_w, u, pu = stat[0].ravel()
-        r_sum, z, r, g, pz, pg = rows[0]
+        r_sum, z, r, g, pz, pg, near_r = rows[0]
         n = 2 ** depth
         assert min(int(first) + 1, n) == ref["n"]
         assert bool(diverged) == ref["divergent"]
@@ -358,6 +363,7 @@ def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
         np.testing.assert_allclose(r_sum, want[2], rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(z, want[1][0], rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(r, want[1][1], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(near_r, want[0][1], rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(u, potential(want[1][0])[0], rtol=1e-9)
         w = np.exp(-dh - np.max(-dh))
         pick = min(int(np.searchsorted(np.cumsum(w), uniform * w.sum(), "right")), n - 1)
