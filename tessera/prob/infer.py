@@ -115,7 +115,7 @@ class _Unconstrained(Layout):
 
         def trajectory(z, r, g, step, inv_mass, ticks):
             # len(ticks) leapfrog steps from (z, r), g the gradient at z: every step's
-            # position, momentum, potential and gradient, and its energy error against h0
+            # position, momentum, potential and gradient
             def leapfrog(carry, _):
                 z, r, g = carry
                 r = r - 0.5 * step * g
@@ -144,11 +144,6 @@ class _Unconstrained(Layout):
                               op.cast(op.sum(v_end * r_sum, axis=-1) <= 0, "float64"))
 
         def subtree(edge, scalars, inv_mass, ticks):
-            # Merging two halves A then B (in the order built) turns where A's first and B's
-            # last momenta turn against the whole sum, or, as Stan and NumPyro also demand
-            # between the halves, A with B's first step (A's first and B's first against A's
-            # sum plus B's first momentum) or A's last step with B (A's last and B's last
-            # against A's last momentum plus B's sum).
             # NUTS's subtree of n = len(ticks) = 2^depth steps, what its recursive
             # construction decides, from all n steps at once: it stops at the first step
             # that diverges or that ends a block of 2, 4, ... aligned steps (the subtrees it
@@ -159,7 +154,11 @@ class _Unconstrained(Layout):
             # g), the proposal (z, u, g), the near edge's momentum). Few arrays in and out,
             # since each costs the call time: edge = rows (z, r, g), scalars = (step, h0,
             # uniform); out the scalars and the rows (r sum, edge z, r, g, proposal z, g,
-            # first r).
+            # first r). Merging two halves A then B (in the order built) turns where A's first
+            # and B's last momenta turn against the whole sum, or, as Stan and NumPyro also
+            # demand between the halves, A with B's first step (A's first and B's first
+            # against A's sum plus B's first momentum) or A's last step with B (A's last and
+            # B's last against A's last momentum plus B's sum).
             z, r, g, step, h0, uniform = edge[0], edge[1], edge[2], \
                 scalars[0], scalars[1], scalars[2]
             n, d = ticks.shape[0], z.shape[0]
@@ -199,6 +198,7 @@ class _Unconstrained(Layout):
                          op.take(U, pick, axis=0)),
                     rows(op.sum(R, axis=0), Z[last], R[last], G[last], op.take(Z, pick, axis=0),
                          op.take(G, pick, axis=0), R[0]))
+
         def subtrees(edges, scalars, inv_masses, ticks):
             # a subtree per chain (one row of each operand a chain), in a loop over them
             def one(carry, chain):
@@ -223,7 +223,7 @@ class _Unconstrained(Layout):
         dim) the rows z, r, g; scalars (chains, 3) the signed step, h0 and a uniform draw.
         Gives per chain (first failing step or n, whether it diverged there, summed
         acceptance, log weight, far edge's potential, proposal's potential) and the rows
-        (momentum sum, far edge's z, r, g, proposal's z, g)."""
+        (momentum sum, far edge's z, r, g, proposal's z, g, near edge's r)."""
         return self._subtrees(edges, scalars, inv_masses, np.zeros(n))
 
 
@@ -309,7 +309,7 @@ class _Kernel:
         z, _, u, g, dh = self.path(s, r0, step, self.num_steps, s.u + self.kinetic(r0))
         if np.any(dh > MAX_DELTA_H):
             return s, 0.0, True, self.num_steps
-        accept = min(1.0, math.exp(-dh[-1]))
+        accept = 1.0 if dh[-1] <= 0 else math.exp(-dh[-1])
         new = _State(z[-1], float(u[-1]), g[-1])
         return (new if self.rng.random() < accept else s), accept, False, self.num_steps
 
@@ -491,9 +491,10 @@ def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4
         target = _Unconstrained(model, args, kwargs, seed)
         rngs = [np.random.Generator(np.random.Philox(key=[int(seed), c]))
                 for c in range(num_chains)]
-        run_chains = lambda rngs: _run_chains(    # noqa: E731
-            target, algorithm, num_warmup, num_samples, rngs, dense_mass, max_tree_depth,
-            num_steps, init)
+
+        def run_chains(rngs):
+            return _run_chains(target, algorithm, num_warmup, num_samples, rngs, dense_mass,
+                               max_tree_depth, num_steps, init)
         if chain_method == "vectorized":
             runs = run_chains(rngs)
         else:

@@ -152,8 +152,8 @@ class SVI:
         from ..autodiff import value_and_grad
         from ..control import scan
         from ..function import function
-        # the data are constants of the step (a Poisson's counts must be known when tracing):
-        # one compiled step per set of data objects, kept with them (so their ids stay theirs)
+        # the data are constants of the step (exact log-gamma terms, folded): one compiled
+        # step per set of data objects, kept with them (so their ids stay theirs)
         key = tuple(map(id, args)), tuple((k, id(v)) for k, v in sorted(kwargs.items()))
         if key not in self._steps:
             def step(params, opt_state, seed):
