@@ -373,6 +373,37 @@ def test_a_nuts_subtree_decides_what_the_recursive_construction_does(rng):
     assert kinds == {"whole", "turned", "divergent"}, kinds
 
 
+
+THREADS_PROGRAM = """
+import hashlib, numpy as np, tessera as ts
+from tessera.prob import SVI, AutoNormal, Gamma, HalfNormal, Normal, Trace_ELBO, sample
+rng = np.random.default_rng(SEED)
+X, y = rng.normal(size=(20000, 4)), rng.normal(size=20000)    # (big enough to split)
+def model(X, y=None):
+    w = sample("w", Normal(0.0, 1.0, shape=(4,)))
+    a = sample("a", HalfNormal(2.0))
+    sample("y", Normal(X @ w, a), obs=y)
+post = ts.mcmc(model, num_samples=60, num_warmup=60, num_chains=2, seed=SEED)(X, y)
+fit = SVI(model, AutoNormal(model), ts.optim.Adam(0.01), loss=Trace_ELBO(2)).run(SEED, 120, X, y)
+print(hashlib.sha256(post.samples["w"].tobytes() + post.samples["a"].tobytes() +
+                     fit.losses.tobytes()).hexdigest())
+"""
+
+
+def test_chains_and_svi_are_the_same_bits_on_any_thread_count():
+    import os
+    import subprocess
+    import sys
+    seed = str(int.from_bytes(os.urandom(2), "little"))
+    outs = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, OMP_NUM_THREADS=threads)
+        r = subprocess.run([sys.executable, "-c", THREADS_PROGRAM.replace("SEED", seed)],
+                           env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.strip())
+    assert len(outs[0]) == 64 and outs[0] == outs[1], f"seed {seed}"
+
 def test_diagnostics_against_known_cases(rng):
     iid = rng.normal(size=(4, 1000))
     assert abs(diagnostics.rhat(iid) - 1) < 0.01
