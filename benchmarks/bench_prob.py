@@ -1,19 +1,21 @@
 """NUTS against NumPyro: effective samples per second on the same models, data, chain counts and
-draw counts, in one run (issue 17's goal: at least NumPyro's on the CPU); and SVI's time per
-run and per step against NumPyro's.
+draw counts, in one run (issue 17's goal: at least NumPyro's on the CPU), and PyMC's where it is
+installed; and SVI's time per run and per step against NumPyro's.
 
     .venv/bin/python -m benchmarks.bench_prob [--quick] [--json PATH]
 
 Each sampler runs its chains both ways it can on one CPU device (chain_method "sequential" and
-"vectorized"), and the ratio is tessera's faster way against NumPyro's faster. Each runs
-twice: the first run compiles (reported), the second is timed, warm-up included. The figure of merit
-is the smallest bulk ESS over every scalar of every site (tessera.prob.diagnostics for both, so
-the same estimator judges both) divided by the wall time. A sampler that is missing shows why.
+"vectorized"; PyMC in one process, and in one per core), and the ratio is tessera's faster way
+against NumPyro's faster (and PyMC's). Each runs twice: the first run compiles (reported), the
+second is timed, warm-up included. The figure of merit is the smallest bulk ESS over every scalar
+of every site (tessera.prob.diagnostics for all, so the same estimator judges each) divided by
+the wall time. A sampler that is missing shows why.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -88,6 +90,45 @@ def run_tessera(model, args, kwargs, warmup, draws, chains, method="sequential")
     return first, time.perf_counter() - t, post.samples, post.divergences
 
 
+def pymc_models():
+    import pymc as pm
+
+    def eight(sigma, y=None):
+        with pm.Model() as m:
+            mu = pm.Normal("mu", 0.0, 5.0)
+            tau = pm.HalfCauchy("tau", 5.0)
+            z = pm.Normal("theta_tilde", 0.0, 1.0, shape=8)
+            pm.Normal("y", mu + tau * z, sigma=sigma, observed=y)
+        return m
+
+    def logit(X, y=None):
+        with pm.Model() as m:
+            w = pm.Normal("w", 0.0, 1.0, shape=X.shape[1])
+            b = pm.Normal("b", 0.0, 1.0)
+            pm.Bernoulli("y", logit_p=X @ w + b, observed=y)
+        return m
+    return {"eight_schools": eight, "logistic_1000": logit}
+
+
+def run_pymc(build, args, kwargs, warmup, draws, chains, cores=1):
+    import pymc as pm
+    model = build(*args, **kwargs)
+
+    def sample(seed):
+        with model:
+            return pm.sample(draws, tune=warmup, chains=chains, cores=cores, random_seed=seed,
+                             progressbar=False, compute_convergence_checks=False)
+    t = time.perf_counter()
+    sample(0)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    idata = sample(1)
+    wall = time.perf_counter() - t
+    names = [v.name for v in model.free_RVs]
+    samples = {k: np.asarray(idata.posterior[k].values) for k in names}
+    return first, wall, samples, int(np.asarray(idata.sample_stats["diverging"]).sum())
+
+
 def run_numpyro(model, args, kwargs, warmup, draws, chains, method="sequential"):
     import jax
     from numpyro.infer import MCMC, NUTS
@@ -107,9 +148,9 @@ def run_numpyro(model, args, kwargs, warmup, draws, chains, method="sequential")
 
 def svi_row(quick) -> dict:
     """SVI on the logistic regression (AutoNormal, Adam 1e-2, one particle): the wall time of
-    a run of `steps` (the second run: tessera's programs compiled by the first; NumPyro's
-    svi.run compiles its loop on every call) and the time per step once running, from a run
-    ten times as long (so NumPyro's compile time, which varies, cancels to a few per cent)."""
+    a run of `steps` (after a first run that compiles tessera's programs; NumPyro's svi.run
+    compiles its loop on every call) and the time per step once running, from a run ten times
+    as long; each the best of three."""
     steps = 500 if quick else 2000
     _, _, (X,), kw, _ = cases(quick)[1]
     row = {"case": "svi_logistic_1000", "steps": steps}
@@ -136,8 +177,9 @@ def svi_row(quick) -> dict:
     for who, run in (("tessera", tessera_run), ("numpyro", numpyro_run)):
         try:
             first, _ = timed(run, steps)
-            wall, loss = timed(run, steps)
-            longer, _ = timed(run, 10 * steps)
+            # the best of three (NumPyro's compile time inside each run varies)
+            wall, loss = min(timed(run, steps) for _ in range(3))
+            longer = min(timed(run, 10 * steps)[0] for _ in range(3))
             row[who] = {"first_s": first, "wall_s": wall, "final_loss": loss,
                         "step_us": (longer - wall) / (9 * steps) * 1e6}
         except Exception as e:                              # noqa: BLE001
@@ -155,17 +197,28 @@ def main(argv=None) -> int:
         peer_error = None
     except ImportError as e:
         peers, peer_error = {}, f"n/i ({e}; pip install numpyro)"
+    try:
+        pymc_peers = pymc_models()
+        pymc_error = None
+    except ImportError as e:
+        pymc_peers, pymc_error = {}, f"n/i ({e}; pip install pymc)"
+    import logging
+    logging.getLogger("pymc").setLevel(logging.ERROR)       # (its per-run sampler notes)
+    cores = min(4, os.cpu_count() or 1)
     rows = []
     for name, model, margs, kw, (warmup, draws) in cases(args.quick):
         row = {"case": name, "chains": 4, "warmup": warmup, "draws": draws}
         ts_vectorized = lambda *a: run_tessera(*a, method="vectorized")     # noqa: E731
         vectorized = lambda *a: run_numpyro(*a, method="vectorized")      # noqa: E731
+        pymc_parallel = lambda *a: run_pymc(*a, cores=cores)               # noqa: E731
         for who, runner, m in (("tessera", run_tessera, model),
                                ("tessera vectorized", ts_vectorized, model),
                                ("numpyro", run_numpyro, peers.get(name)),
-                               ("numpyro vectorized", vectorized, peers.get(name))):
+                               ("numpyro vectorized", vectorized, peers.get(name)),
+                               ("pymc", run_pymc, pymc_peers.get(name)),
+                               (f"pymc {cores} processes", pymc_parallel, pymc_peers.get(name))):
             if m is None:
-                row[who] = {"status": peer_error}
+                row[who] = {"status": pymc_error if who.startswith("pymc") else peer_error}
                 continue
             try:
                 first, wall, samples, div = runner(m, margs, kw, warmup, draws, 4)
@@ -180,12 +233,16 @@ def main(argv=None) -> int:
                     if "ess_per_s" in row[k]), default=None)
         if ours and best:
             row["ratio"] = ours / best
+        best_pymc = max((row[k]["ess_per_s"] for k in row if k.startswith("pymc")
+                         and "ess_per_s" in row[k]), default=None)
+        if ours and best_pymc:
+            row["ratio_pymc"] = ours / best_pymc
         rows.append(row)
     print(f"{platform.processor() or platform.machine()}; tessera {ts.__version__}")
     print(f"{'case':16s} {'sampler':19s} {'first s':>8s} {'wall s':>8s} {'min ESS':>8s} "
           f"{'ESS/s':>8s} {'div':>4s}")
     for row in rows:
-        for who in ("tessera", "tessera vectorized", "numpyro", "numpyro vectorized"):
+        for who in [k for k in row if isinstance(row[k], dict)]:
             r = row[who]
             if "status" in r:
                 print(f"{row['case']:16s} {who:19s} {r['status']}")
@@ -196,6 +253,9 @@ def main(argv=None) -> int:
             goal = "met" if row["ratio"] >= 1 else "no"
             print(f"{'':16s} tessera's best / NumPyro's best, ESS per second: {row['ratio']:.2f}x "
                   f"(goal >= 1x: {goal})")
+        if "ratio_pymc" in row:
+            print(f"{'':16s} tessera's best / PyMC's best, ESS per second: "
+                  f"{row['ratio_pymc']:.2f}x")
     svi = svi_row(args.quick)
     print(f"\n{svi['case']} ({svi['steps']} steps)   first s   wall s   us/step  final loss")
     for who in ("tessera", "numpyro"):
