@@ -1,5 +1,7 @@
-"""`make notebooks`: execute tutorials in place with a real kernel, as nbval will check them.
+"""`make notebooks`: execute tutorials and worked models in place with a real kernel (in the
+notebook's own folder), as nbval will check them.
 Cells tagged `gpu` run only where a GPU exists; elsewhere they are left as they are."""
+import os
 import sys
 
 import nbformat
@@ -11,7 +13,7 @@ def execute(path: str, gpu: bool):
     kept = [c for c in nb.cells if gpu or "gpu" not in c.metadata.get("tags", [])]
     run = nbformat.v4.new_notebook(cells=kept, metadata=nb.metadata)
     NotebookClient(run, timeout=600, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": "tutorials"}}).execute()
+                   resources={"metadata": {"path": os.path.dirname(path) or "."}}).execute()
     _drop_widget_state(nb)
     nbformat.write(nb, path)        # the kept cells are the same objects, now with outputs
 
