@@ -21,14 +21,14 @@ A compiled training step (tessera.optim for the update):
     loss, params, state = step(params, opt.init(params), x, y, np.int64(0))
 """
 from . import init
-from .attention import MultiHeadAttention, RoPE, TransformerBlock, rope, rope_tables
+from .attention import KVCache, MultiHeadAttention, RoPE, TransformerBlock, rope, rope_tables
 from .init import Key
 from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Module, RMSNorm,
                      Sequential, activation, dropout, linear)
 from .losses import cross_entropy, kl_divergence, mse
 from .precision import MixedPrecision, to_mixed_precision
 
-__all__ = ["ACTIVATIONS", "Dropout", "Embedding", "Key", "LayerNorm", "Linear", "MLP", "Module",
+__all__ = ["ACTIVATIONS", "Dropout", "Embedding", "KVCache", "Key", "LayerNorm", "Linear", "MLP", "Module",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
            "rope", "rope_tables", "MixedPrecision", "to_mixed_precision"]

@@ -367,6 +367,40 @@ def test_transformer_block(norm, rng):
         close(y, want, scale=100)
 
 
+@pytest.mark.parametrize("chunks", [[1] * 7, [3, 1, 2, 1]])
+def test_kv_cache_decoding_equals_the_full_causal_forward(chunks, rng):
+    """Decoding with the seeds' KVCache, a few positions at a time through one compiled step,
+    gives each position the output of the whole causal sequence at once: the prefix is read
+    from the cache, never recomputed."""
+    blk = nn.TransformerBlock(16, 2, mlp_ratio=2, causal=True, rope=True)
+    p = blk.init(int(rng.integers(1 << 30)))
+    x = f32(rng, 2, sum(chunks), 16)
+    full = ts.function(lambda p, x: blk(p, x))(p, x)
+    cache = nn.KVCache(2, 2, 10, 8)
+    step = ts.function(lambda p, x, k, v, m, t: blk.decode(p, x, k, v, m, t))
+    ts.reset_cache_stats()
+    at = 0
+    for t in chunks:
+        y, k, v = step(p, x[:, at:at + t], cache.k, cache.v, cache.mask(t), cache.rope_tables(t))
+        close(y, full[:, at:at + t], scale=50)
+        cache.append(k, v)
+        at += t
+    assert ts.cache_stats()["traces"] == len(set(chunks))     # one step per chunk size
+    assert cache.length == at and cache.keys.shape == (2, 2, at, 8)
+    # the cached keys are the rotated keys of the whole sequence
+    kh = np.asarray(blk.attn._heads(blk.attn.proj["k"](p["attn"]["k"],
+                                    blk.norm1(p["norm1"], x))))
+    close(cache.keys, np_rope(kh), scale=50)
+    with pytest.raises(ArgumentError, match="full"):
+        cache.append(*(np.zeros((2, 2, 11 - at, 8), np.float32),) * 2)
+    with pytest.raises(ArgumentError, match="expected"):
+        cache.append(np.zeros((2, 3, 1, 8)), np.zeros((2, 3, 1, 8)))
+    with pytest.raises(ArgumentError, match="rope tables"):
+        blk.decode(p, x[:, :2], cache.k, cache.v, cache.mask(2), cache.rope_tables(1))
+    with pytest.raises(ArgumentError, match="needs the rope tables"):
+        blk.decode(p, x[:, :1], cache.k, cache.v, cache.mask(1))
+
+
 def test_transformer_block_dropout_is_deterministic(rng):
     blk = nn.TransformerBlock(8, 2, dropout=0.2)
     p = blk.init(0)
