@@ -469,6 +469,27 @@ def _run_chains(target: _Unconstrained, algorithm, num_warmup, num_samples, rngs
 
 
 # ---- the user's entry point --------------------------------------------------------------------
+def _data_key(args, kwargs):
+    """What a run's compiled potential depends on: the data's values (folded into it as
+    constants), so a second run on the same data traces nothing, and data changed in place
+    are never served the old ones. None where an argument's value cannot be keyed."""
+    import hashlib
+
+    def key(v):
+        if isinstance(v, (np.ndarray, np.generic)):
+            a = np.ascontiguousarray(v)
+            return ("array", a.dtype.str, a.shape, hashlib.blake2b(a.tobytes()).hexdigest())
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return (type(v).__name__, v)
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__,) + tuple(key(x) for x in v)
+        if isinstance(v, dict):
+            return ("dict",) + tuple((k, key(x)) for k, x in sorted(v.items()))
+        raise TypeError
+    try:
+        return key(tuple(args)), key(dict(kwargs))
+    except TypeError:
+        return object()             # unkeyable: a fresh compile, as before
 def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4, seed=0,
          dense_mass=False, max_tree_depth=10, num_steps=None, init=None,
          chain_method="sequential"):
@@ -487,8 +508,14 @@ def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4
         raise ArgumentError(f"mcmc's chain_method is 'sequential' or 'vectorized', not "
                             f"{chain_method!r}")
 
+    targets = {}        # the data's contents -> their compiled potential (the last ones only)
+
     def run(*args, **kwargs):
-        target = _Unconstrained(model, args, kwargs, seed)
+        key = _data_key(args, kwargs)
+        if key not in targets:
+            targets.clear()
+            targets[key] = _Unconstrained(model, args, kwargs, seed)
+        target = targets[key]
         rngs = [np.random.Generator(np.random.Philox(key=[int(seed), c]))
                 for c in range(num_chains)]
 
