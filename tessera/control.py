@@ -141,11 +141,27 @@ def while_loop(cond_fn, body, init):
     return tree.unflatten(out)
 
 
-def scan(f, init, xs, reverse: bool = False, checkpoint=None):
+def scan(f, init, xs=None, length=None, reverse: bool = False, checkpoint=None):
     """``carry, y_t = f(carry, x_t)`` for each slice ``x_t`` of xs along its first axis (last
     to first when ``reverse``); returns ``(carry, ys)``, the ys stacked along a new first axis
-    in the order of xs (``ys`` is None when f gives None for y). ``checkpoint=k`` (True: about
-    the square root of the length): reverse mode keeps every k-th carry only (`_segments`)."""
+    in the order of xs (``ys`` is None when f gives None for y). Without xs, ``length`` steps
+    of ``f(carry, None)`` (JAX's spelling); with both, length must be xs's. ``checkpoint=k``
+    (True: about the square root of the length): reverse mode keeps every k-th carry only
+    (`_segments`)."""
+    if xs is None:
+        if length is None:
+            raise ArgumentError("scan needs xs or length=", location=user_location())
+        if not isinstance(length, (int, np.integer)) or isinstance(length, bool) or length < 0:
+            raise ArgumentError(f"scan's length must be a non-negative integer, not "
+                                f"{length!r}", location=user_location())
+        body = f
+        return scan(lambda c, _: body(c, None), init, np.zeros(int(length), np.float32),
+                    reverse=reverse, checkpoint=checkpoint)
+    if length is not None:
+        n = _scan_length(pytree.flatten(xs)[0])
+        if n != length:
+            raise ShapeError(f"scan's length={length!r} is not its xs's length {n}",
+                             location=user_location())
     trace = _tracing(init, xs)
     x_leaves, x_tree = pytree.flatten(xs)
     length = _scan_length(x_leaves)
@@ -215,12 +231,13 @@ def _segments(f, init, xs, reverse, k, length):
     tail = pytree.tree_map(lambda x: x[whole:], xs) if whole < length else None
 
     def segment(carry, x_seg):
-        return scan(f, carry, x_seg, reverse)
+        return scan(f, carry, x_seg, reverse=reverse)
     ys, carry = {}, init
     for name in ("tail", "head") if reverse else ("head", "tail"):
         part = head if name == "head" else tail
         if part is not None:
-            carry, ys[name] = scan(segment if name == "head" else f, carry, part, reverse)
+            carry, ys[name] = scan(segment if name == "head" else f, carry, part,
+                                   reverse=reverse)
     if ys["head"] is None:
         return carry, None
     flat = pytree.tree_map(lambda y: apply("reshape", y, shape=[whole, *y.shape[2:]]),
