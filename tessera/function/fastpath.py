@@ -13,11 +13,15 @@ FAST_ENTRIES = 256
 
 def array_signature(args):
     """The fast path's key: each argument's kind, dtype and shape, or None unless every argument
-    is a plain C-contiguous NumPy or CuPy array."""
+    is a plain C-contiguous NumPy or CuPy array or a NumPy scalar (np.float32(2.0): a 0-d
+    tensor argument, as the binding takes it)."""
     key = []
     cupy = sys.modules.get("cupy")      # (never imported here: a CuPy array means it was)
     for a in args:
         kind = type(a)
+        if isinstance(a, np.generic):
+            key.append((kind, a.dtype, ()))
+            continue
         if kind is not np.ndarray and not (cupy is not None and kind is cupy.ndarray):
             return None
         if not a.flags.c_contiguous:
@@ -34,14 +38,29 @@ def launcher(prog, args, arrays):
     if not isinstance(prog, (Program, GPUProgram)) or prog.has_complex or \
             len(arrays) != len(args):   # (complex arrays go through run's views)
         return None
+    scalars = [k for k, a in enumerate(args) if isinstance(a, np.generic)]
     for arr, a, p in zip(arrays.values(), args, prog.graph_ir.params):
-        if arr is not a or a.dtype != p.type.dtype.np:
+        if isinstance(a, np.generic):       # the binding made it a 0-d array of its own dtype
+            if arr.shape != () or arr.dtype != a.dtype:
+                return None
+        elif arr is not a:
+            return None
+        if a.dtype != p.type.dtype.np:
             return None
     if isinstance(prog, GPUProgram):
+        if scalars:
+            return None
         from ..runtime import gpu
         execute = lambda a: gpu.run(prog, a)                # noqa: E731
-    elif prog._runs_here and all(type(a) is np.ndarray for a in args):
+    elif prog._runs_here and all(type(a) is np.ndarray or isinstance(a, np.generic)
+                                 for a in args):
         execute = prog._execute
+        if scalars:
+            def execute(a, run=prog._execute):
+                a = list(a)
+                for k in scalars:
+                    a[k] = np.asarray(a[k])
+                return run(a)
     else:
         return None
     tree, structure = prog.output_tree, prog.output_structure

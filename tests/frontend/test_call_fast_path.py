@@ -31,6 +31,23 @@ def test_a_warm_call_skips_binding_and_tracing_and_gives_the_same_results(rng):
     assert f(x, w).tobytes() == first.tobytes()
 
 
+def test_numpy_scalars_take_the_fast_path_with_their_own_values(rng):
+    """A NumPy scalar is a 0-d tensor argument: warm calls with it skip the binding too, and
+    each call reads the value it was given (a new value is not a new program)."""
+    f = ts.function(lambda x, s, k: x * s + op.cast(k, "float32"))
+    x = rng.standard_normal(6).astype(np.float32)
+    f(x, np.float32(2.0), np.int64(1))
+    before = ts.cache_stats()
+    for _ in range(3):
+        s, k = np.float32(rng.standard_normal()), np.int64(rng.integers(-5, 5))
+        got = f(x, s, k)
+        np.testing.assert_array_equal(got, x * s + np.float32(k))
+    after = ts.cache_stats()
+    assert after["memory_hits"] - before["memory_hits"] == 3
+    assert after["traces"] == before["traces"] and len(f._fast) == 1
+    np.testing.assert_array_equal(f(x, np.float64(0.5), np.int64(0)), x * np.float32(0.5))
+
+
 def test_new_shapes_dtypes_and_layouts_take_the_full_path(rng):
     x = rng.standard_normal((4, 6)).astype(np.float32)
     w = rng.standard_normal(6).astype(np.float32)
