@@ -782,10 +782,6 @@ def _i_global_pool(kind):
     return read
 
 
-def _softplus(x):
-    return op.maximum(x, 0.0) + op.log(1.0 + op.exp(-op.abs(x)))
-
-
 def _unary_attrs(f):
     return lambda node, xs: f(xs[0], lambda name, default: _attr(node, name, default))
 
@@ -827,19 +823,18 @@ IMPORT.update({
     "Gelu": lambda node, xs: op.gelu(xs[0], approximate=_attr(node, "approximate", "none")
                                      if not isinstance(_attr(node, "approximate"), bytes)
                                      else _attr(node, "approximate").decode()),
-    "Elu": _unary_attrs(lambda x, a: op.where(x > 0, x, a("alpha", 1.0) * (op.exp(x) - 1))),
-    "Celu": _unary_attrs(lambda x, a: op.maximum(x, 0.0) + op.minimum(
-        0.0, a("alpha", 1.0) * (op.exp(x / a("alpha", 1.0)) - 1))),
-    "Selu": _unary_attrs(lambda x, a: a("gamma", 1.0507009873554805) * op.where(
-        x > 0, x, a("alpha", 1.6732632423543772) * (op.exp(x) - 1))),
-    "LeakyRelu": _unary_attrs(lambda x, a: op.where(x >= 0, x, a("alpha", 0.01) * x)),
+    "Elu": _unary_attrs(lambda x, a: op.elu(x, a("alpha", 1.0))),
+    "Celu": _unary_attrs(lambda x, a: op.celu(x, a("alpha", 1.0))),
+    "Selu": _unary_attrs(lambda x, a: a("gamma", 1.0507009873554805) *
+                         op.elu(x, a("alpha", 1.6732632423543772))),
+    "LeakyRelu": _unary_attrs(lambda x, a: op.leaky_relu(x, a("alpha", 0.01))),
     "ThresholdedRelu": _unary_attrs(lambda x, a: op.where(x > a("alpha", 1.0), x, 0.0)),
     "HardSigmoid": _unary_attrs(lambda x, a: op.clamp(a("alpha", 0.2) * x + a("beta", 0.5),
                                                       0.0, 1.0)),
-    "HardSwish": lambda node, xs: xs[0] * op.clamp(xs[0] / 6 + 0.5, 0.0, 1.0),
-    "Softplus": lambda node, xs: _softplus(xs[0]),
-    "Softsign": lambda node, xs: xs[0] / (1 + op.abs(xs[0])),
-    "Mish": lambda node, xs: xs[0] * op.tanh(_softplus(xs[0])),
+    "HardSwish": lambda node, xs: op.hardswish(xs[0]),
+    "Softplus": lambda node, xs: op.softplus(xs[0]),
+    "Softsign": lambda node, xs: op.softsign(xs[0]),
+    "Mish": lambda node, xs: op.mish(xs[0]),
     "Swish": _unary_attrs(lambda x, a: x * op.sigmoid(a("alpha", 1.0) * x)),
     "PRelu": lambda node, xs: op.where(xs[0] < 0, _as_dtype(xs[1], xs[0]) * xs[0], xs[0]),
     "Sinh": lambda node, xs: (op.exp(xs[0]) - op.exp(-xs[0])) / 2,

@@ -39,7 +39,7 @@ def _make(name):
 
 for _name in _ops.REGISTRY:      # (control flow is tessera.fori_loop & co, tessera/control.py)
     if _name not in ("layernorm", "rmsnorm", "attention", "cast", "matmul",
-                     "round_stochastic") + _ops.regions.REGION_OPS + _ops.host.HOST_OPS:
+                     "round_stochastic", "softplus") + _ops.regions.REGION_OPS + _ops.host.HOST_OPS:
         globals()[_name] = _make(_name)
 
 _layernorm = _make("layernorm")
@@ -48,6 +48,7 @@ _attention = _make("attention")
 _cast = _make("cast")
 _matmul = _make("matmul")
 _round_stochastic = _make("round_stochastic")
+_softplus = _make("softplus")
 
 
 def cast(x, dtype, saturate=False):
@@ -118,6 +119,81 @@ def clamp(x, min=None, max=None):
     if min is not None:
         x = _apply("maximum", x, min)
     return x if max is None else _apply("minimum", x, max)
+
+
+# ---- activations beyond the registry's: compositions, differentiated through their parts --------
+def softplus(x, beta=1.0):
+    """log(1 + exp(beta x)) / beta, computed as max(y, 0) + log1p(exp(-|y|)) (y = beta x): no
+    overflow, and the exact value where PyTorch's ``threshold`` switches to x (equal to it
+    there in float32)."""
+    if beta == 1.0:
+        return _softplus(x)
+    return _apply("div", _softplus(_apply("mul", x, float(beta))), float(beta))
+
+
+def log_sigmoid(x):
+    """log(sigmoid(x)) = -softplus(-x), finite for every finite x."""
+    return _apply("neg", _softplus(_apply("neg", x)))
+
+
+def logaddexp(a, b):
+    """log(exp(a) + exp(b)) without overflow: max + log1p(exp(-|a - b|)) (NumPy's; two -inf
+    give -inf)."""
+    top = _apply("maximum", a, b)
+    gap = _apply("where", _apply("eq", a, b), 0.0, _apply("neg", _apply("abs",
+                                                                        _apply("sub", a, b))))
+    return _apply("add", top, _apply("log1p", _apply("exp", gap)))
+
+
+def elu(x, alpha=1.0):
+    """x for x > 0, alpha * expm1(x) below (torch.nn.functional.elu)."""
+    neg = _apply("mul", _apply("expm1", _apply("minimum", x, 0.0)), float(alpha))
+    return _apply("where", _apply("gt", x, 0.0), x, neg)
+
+
+def celu(x, alpha=1.0):
+    """max(0, x) + min(0, alpha * expm1(x / alpha)) (torch's celu)."""
+    a = float(alpha)
+    neg = _apply("mul", _apply("expm1", _apply("div", _apply("minimum", x, 0.0), a)), a)
+    return _apply("where", _apply("gt", x, 0.0), x, neg)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+
+def selu(x):
+    """scale * elu(x, alpha) with the self-normalising constants (Klambauer et al.)."""
+    return _apply("mul", elu(x, _SELU_ALPHA), _SELU_SCALE)
+
+
+def leaky_relu(x, negative_slope=0.01):
+    """x for x >= 0, negative_slope * x below."""
+    return _apply("where", _apply("ge", x, 0.0), x, _apply("mul", x, float(negative_slope)))
+
+
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    """x clamped to [min_val, max_val]."""
+    return clamp(x, float(min_val), float(max_val))
+
+
+def hardsigmoid(x):
+    """clamp(x + 3, 0, 6) / 6 (PyTorch's formula: no cancellation near -3)."""
+    return _apply("div", clamp(_apply("add", x, 3.0), 0.0, 6.0), 6.0)
+
+
+def hardswish(x):
+    """x * clamp(x + 3, 0, 6) / 6."""
+    return _apply("div", _apply("mul", x, clamp(_apply("add", x, 3.0), 0.0, 6.0)), 6.0)
+
+
+def softsign(x):
+    """x / (1 + |x|)."""
+    return _apply("div", x, _apply("add", _apply("abs", x), 1.0))
+
+
+def mish(x):
+    """x * tanh(softplus(x)) (Misra 2019)."""
+    return _apply("mul", x, _apply("tanh", _softplus(x)))
 
 
 def fmod(a, b):

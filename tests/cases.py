@@ -28,6 +28,8 @@ EXAMPLES = {
        ["neg", "stop_gradient", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu", "gelu",
         "silu", "erf"]},
     "log": (lambda r: [f32(r, 3, 5, lo=0.1)], {}),
+    "log1p": (lambda r: [f32(r, 3, 5, lo=-0.9)], {}),
+    **{n: (lambda r: [f32(r, 3, 5) * 4], {}) for n in ["expm1", "softplus"]},
     "sqrt": (lambda r: [f32(r, 3, 5, lo=0)], {}),
     "rsqrt": (lambda r: [f32(r, 3, 5, lo=0.1)], {}),
     **{n: (lambda r: [f32(r, 4, 1, 3), f32(r, 5, 1)], {}) for n in

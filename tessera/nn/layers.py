@@ -40,12 +40,19 @@ ACTIVATIONS = {
     "tanh": op.tanh,
     "sigmoid": op.sigmoid,
     "silu": op.silu,
+    "softplus": op.softplus,
+    "elu": op.elu,
+    "selu": op.selu,
+    "leaky_relu": op.leaky_relu,
+    "mish": op.mish,
+    "hardswish": op.hardswish,
     "identity": lambda x: x,
 }
 
 
 def activation(name):
-    """An activation by name (relu, gelu, gelu_tanh, tanh, sigmoid, silu, identity), a callable
+    """An activation by name (relu, gelu, gelu_tanh, tanh, sigmoid, silu, softplus, elu, selu,
+    leaky_relu, mish, hardswish, identity), a callable
     (returned as is) or None (identity)."""
     if name is None:
         return ACTIVATIONS["identity"]

@@ -161,6 +161,45 @@ GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + 
         "({T})0.7978845608028654 * (x + ({T})0.044715 * x * x * x))); }\n"
         "TS_INLINE {T} ts_gelu_erf{F}({T} x) { return ({T})0.5 * x * "
         "(({T})1 + ts_erf{F}(x * ({T})0.7071067811865476)); }")
+# log(1 + x) and exp(x) - 1 without their cancellation near 0, on our own log and exp: Goldberg's
+# and Kahan's rewrites, log(u) * x / (u - 1) with u = 1 + x and (u - 1) * x / log(u) with
+# u = exp(x): the rounding of u cancels, leaving the error of log or exp plus a few roundings
+# (float32: within 2 ulp, tests/ops/test_elementwise.py). Selects through masks (no branch, so
+# the loop vectorises; an unselected division by zero is an IEEE inf, no trap); the edges: u == 1
+# gives x (its sign of zero too), overflow inf, expm1 of a large negative -1.
+LOG1P = ("TS_INLINE {T} ts_log1p{F}({T} x) {\n"
+         "  {T} u = ({T})1 + x, d = u - ({T})1;\n"
+         "  {T} r = ts_log{F}(u) * (x / ts_sel{F}(d == 0, ({T})1, d));\n"
+         "  r = ts_sel{F}(d == 0, x, r);\n"
+         "  return ts_sel{F}(x == ({T})INFINITY, x, r);\n"
+         "}")
+EXPM1 = ("TS_INLINE {T} ts_expm1{F}({T} x) {\n"
+         "  {T} u = ts_exp{F}(x), d = u - ({T})1, l = ts_log{F}(u);\n"
+         "  {T} r = d * (x / ts_sel{F}(l == 0, ({T})1, l));\n"
+         "  r = ts_sel{F}(d == 0, x, r);\n"
+         "  r = ts_sel{F}(d == -1, ({T})-1, r);\n"
+         "  return ts_sel{F}(u == ({T})INFINITY, u, r);\n"
+         "}")
+# softplus(x) = log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow, and exact where
+# PyTorch's threshold switches to x (the correction is below half an ulp of x there)
+SOFTPLUS = "TS_INLINE {T} ts_softplus{F}({T} x) { return ts_max{F}(x, ({T})0) + ts_log1p{F}(ts_exp{F}(-fabs{F}(x))); }"
+
+
+def _log1p_ref(x):
+    with ref_errstate():
+        return np.log1p(x)
+
+
+def _expm1_ref(x):
+    with ref_errstate():
+        return np.expm1(x)
+
+
+def _softplus_ref(x):
+    with ref_errstate():
+        return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype)
+
+
 # Python's and NumPy's floor division and remainder: the remainder takes the divisor's sign.
 # Floats follow NumPy's divmod step by step (fmod, then a quotient snapped to an integer), so
 # the bits are NumPy's; by zero: a / b and NaN. Integers: by zero 0, and MIN // -1 wraps to MIN
@@ -207,6 +246,18 @@ def math_helpers(*names, extra=()):
     return {"f": _ByDType(tuple(f32) + tuple(extra), tuple(f64) + tuple(extra))}
 
 
+def _with_select(helpers, *more):
+    """Helpers with the mask selects (libm.SELF/SEL) first, and more _ByDType chunks after the
+    math (FMAX before a chunk calling ts_max)."""
+    f = helpers["f"]
+    f32 = [libm.SELF] + [c for c in f if c != libm.SELF]
+    f64 = [libm.SEL] + [c for c in f.f64 if c != libm.SEL]
+    for m in more:
+        f32[1:1] = [c for c in m if c not in f32]
+        f64[1:1] = [c for c in m.f64 if c not in f64]
+    return {"f": _ByDType(tuple(f32), tuple(f64))}
+
+
 with np.errstate(all="ignore"):
     elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})"}, lambda a, t: -a[0],
                 doc="-x")
@@ -226,6 +277,19 @@ with np.errstate(all="ignore"):
     elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},
                 lambda a, t: _sigmoid_ref(a[0]), flops=14,
                 helpers=math_helpers("exp", extra=(SIGMOID,)), doc="1/(1+exp(-x))")
+    elementwise("log1p", 1, unary_float, {"f": "ts_log1p{F}({0})"},
+                lambda a, t: _log1p_ref(a[0]), flops=16,
+                helpers=_with_select(math_helpers("log", extra=(LOG1P,))),
+                doc="log(1 + x), accurate near 0")
+    elementwise("expm1", 1, unary_float, {"f": "ts_expm1{F}({0})"},
+                lambda a, t: _expm1_ref(a[0]), flops=28,
+                helpers=_with_select(math_helpers("exp", "log", extra=(EXPM1,))),
+                doc="exp(x) - 1, accurate near 0")
+    elementwise("softplus", 1, unary_float, {"f": "ts_softplus{F}({0})"},
+                lambda a, t: _softplus_ref(a[0]), flops=30,
+                helpers=_with_select(math_helpers("exp", "log", extra=(LOG1P, SOFTPLUS)),
+                                     FMAX),
+                doc="log(1 + exp(x)), without overflow")
     elementwise("silu", 1, unary_float, {"f": "({0} * ts_sigmoid{F}({0}))"},
                 lambda a, t: (a[0] * _sigmoid_ref(a[0])).astype(a[0].dtype), flops=15,
                 helpers=math_helpers("exp", extra=(SIGMOID,)), doc="x*sigmoid(x)")
@@ -398,6 +462,9 @@ _VJP = {
     "atan2": _atan2_vjp,
     "rsqrt": lambda b, xs, y, g, a: [b.op("mul", g, b.op("mul", b.op("mul", b.op("mul", y, y), y), -0.5))],
     "sigmoid": lambda b, xs, y, g, a: [b.op("mul", g, b.op("mul", y, b.op("sub", 1.0, y)))],
+    "log1p": lambda b, xs, y, g, a: [b.op("div", g, b.op("add", xs[0], 1.0))],
+    "expm1": lambda b, xs, y, g, a: [b.op("mul", g, b.op("add", y, 1.0))],
+    "softplus": lambda b, xs, y, g, a: [b.op("mul", g, b.op("sigmoid", xs[0]))],
     "silu": _silu_vjp,
     "gelu": _gelu_vjp,
     "relu": lambda b, xs, y, g, a: [b.op("where", b.op("gt", xs[0], 0), g, 0)],

@@ -34,7 +34,9 @@ with a refit of the rest), except ts_exp's, which are the Taylor coefficients 1/
 # (seen on an H200).
 FROM_C_LIBRARY = {"sin": ("float32", "float64"), "cos": ("float32", "float64"),
                   "pow": ("float32", "float64"), "atan2": ("float32", "float64"),
-                  "log": ("float64",)}
+                  "log": ("float64",),
+                  # through float64 log (Goldberg's and Kahan's rewrites on it)
+                  "log1p": ("float64",), "expm1": ("float64",), "softplus": ("float64",)}
 
 
 # ---- shared C fragments --------------------------------------------------------------------

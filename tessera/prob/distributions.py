@@ -84,7 +84,7 @@ class _Interval(Constraint):
 
     def log_abs_det_jacobian(self, u):
         # log((hi - lo) * s * (1 - s)) with s = sigmoid(u), written to stay finite for big |u|
-        return op.log(self.hi - self.lo) - _softplus(u) - _softplus(-u)
+        return op.log(self.hi - self.lo) - op.softplus(u) - op.softplus(-u)
 
 
 class _Discrete(Constraint):
@@ -150,10 +150,6 @@ def integer_interval(lo, hi) -> Constraint:
 # ---- helpers ---------------------------------------------------------------------------------
 def _shape(x) -> tuple:
     return tuple(x.shape) if hasattr(x, "shape") else ()
-
-
-def _softplus(x):
-    return op.maximum(x, 0.0) + op.log(1 + op.exp(-op.abs(x)))
 
 
 def _known(x, what: str):
@@ -479,7 +475,7 @@ class Bernoulli(Distribution):
 
     def log_prob(self, x):
         s = self._logits()                          # x log p + (1-x) log(1-p), stably
-        return x * s - _softplus(s)
+        return x * s - op.softplus(s)
 
     @property
     def mean(self):

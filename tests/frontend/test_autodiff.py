@@ -69,7 +69,8 @@ def norm(name):
 CASES = {
     "neg": unary("neg"), "sin": unary("sin"), "cos": unary("cos"), "exp": unary("exp"),
     "tanh": unary("tanh"), "erf": unary("erf"), "sigmoid": unary("sigmoid"),
-    "silu": unary("silu"), "abs": unary("abs", away), "relu": unary("relu", away),
+    "silu": unary("silu"), "log1p": unary("log1p", pos), "expm1": unary("expm1"),
+    "softplus": unary("softplus"), "abs": unary("abs", away), "relu": unary("relu", away),
     "sqrt": unary("sqrt", pos), "log": unary("log", pos), "rsqrt": unary("rsqrt", pos),
     "gelu": unary("gelu") + [(lambda x: op.gelu(x, approximate="tanh"),
                               lambda r: [U(r, 3, 4)])],

@@ -130,3 +130,44 @@ def test_lgamma_and_digamma_against_scipy(dtype, rng):
         np.testing.assert_allclose(h, special.polygamma(1, x), rtol=1e-12, atol=1e-12)
     with np.errstate(all="ignore"):
         assert np.isnan(op.lgamma(np.array([-0.5, -1.0]))).all()
+
+
+# ---- activations composed of registered operators, against PyTorch's ---------------------------
+ACTIVATIONS = {
+    "elu": (lambda x: op.elu(x, 0.7), lambda F, t: F.elu(t, 0.7)),
+    "celu": (lambda x: op.celu(x, 1.3), lambda F, t: F.celu(t, 1.3)),
+    "selu": (op.selu, lambda F, t: F.selu(t)),
+    "leaky_relu": (lambda x: op.leaky_relu(x, 0.2), lambda F, t: F.leaky_relu(t, 0.2)),
+    "hardtanh": (lambda x: op.hardtanh(x, -2.0, 1.5), lambda F, t: F.hardtanh(t, -2.0, 1.5)),
+    "hardsigmoid": (op.hardsigmoid, lambda F, t: F.hardsigmoid(t)),
+    "hardswish": (op.hardswish, lambda F, t: F.hardswish(t)),
+    "softsign": (op.softsign, lambda F, t: F.softsign(t)),
+    "mish": (op.mish, lambda F, t: F.mish(t)),
+    "log_sigmoid": (op.log_sigmoid, lambda F, t: F.logsigmoid(t)),
+    "softplus_beta": (lambda x: op.softplus(x, beta=2.5), lambda F, t: F.softplus(t, 2.5, 1e9)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_activations_match_pytorch(name, dtype, rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is the reference (make setup has it)")
+    import torch.nn.functional as F
+    fn, ref = ACTIVATIONS[name]
+    x = (rng.standard_normal((7, 33)) * 4).astype(dtype)
+    x[0, :3] = [0.0, -3.0, 3.0]                         # kinks and corners
+    want = ref(F, torch.from_numpy(x.astype(np.float64))).numpy()
+    assert_close(ts.function(lambda x: fn(x))(x), want.astype(dtype), scale=8)
+    assert_close(fn(x), want.astype(dtype), scale=8)     # eager
+
+
+def test_logaddexp_matches_numpy_and_activations_differentiate(rng):
+    a, b = rng.standard_normal((4, 9)) * 30, rng.standard_normal(9) * 30
+    a[0, :2] = -np.inf
+    b[:2] = -np.inf
+    assert_close(ts.function(op.logaddexp)(a, b), np.logaddexp(a, b))
+    x = rng.uniform(0.2, 2.0, (3, 5)) * rng.choice([-1.0, 1.0], (3, 5))    # off the kinks
+    for name, (fn, _) in sorted(ACTIVATIONS.items()):
+        if name not in ("hardtanh", "hardsigmoid", "hardswish"):    # their kinks are at +-1, +-3
+            ts.check_grad(fn, x)                         # raises on a mismatch
+    ts.check_grad(op.logaddexp, a[1:], b[2:3] * np.ones(9))

@@ -39,6 +39,9 @@ UNARY = {
                   None),
     "silu": (op.silu, lambda x: x * sig(x), None),
     "erf": (op.erf, erf, None),
+    "log1p": (op.log1p, np.log1p, (-0.99, 50)),
+    "expm1": (op.expm1, np.expm1, (-30, 30)),
+    "softplus": (op.softplus, lambda x: np.logaddexp(x, x.dtype.type(0)), (-40, 40)),
 }
 
 SHAPES = [(), (1,), (7,), (1, 1), (3, 5), (13, 1, 17), (2, 3, 4, 5), (1031,)]
@@ -294,3 +297,40 @@ def test_constant_small_powers_are_products(rng, dtype):
     g = ts.grad(lambda x: op.sum(x ** 3.0))(y)
     assert_close(g.astype(np.float64), 3 * y.astype(np.float64) ** 2,
                  rtol=1e-2 if np.dtype(np_dtype).itemsize == 2 else 1e-6)
+
+
+# ---- log1p, expm1, softplus: accuracy where the naive forms cancel --------------------------------
+def _ulps(got, want, dtype):
+    """|got - want| in units of the last place of want rounded to dtype (want in float64 or
+    long double)."""
+    w = want.astype(dtype)
+    spacing = np.spacing(np.abs(w).astype(dtype)).astype(np.longdouble)
+    return np.abs(got.astype(np.longdouble) - want) / spacing
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_log1p_expm1_softplus_within_two_ulps(dtype, rng):
+    """Against float64 references for float32 and long double ones for float64, on values
+    spread over every scale (tiny ones where log(1 + x) and exp(x) - 1 lose every digit) and
+    on the special values."""
+    mags = 10.0 ** rng.uniform(-30, 1.5, 200_000)
+    x = (mags * rng.choice([-1.0, 1.0], mags.size)).astype(dtype)
+    wide = np.longdouble if dtype == np.float64 else np.float64
+    for name, fn, ref, keep in [
+            ("log1p", op.log1p, np.log1p, lambda x: x > -1),
+            ("expm1", op.expm1, np.expm1, lambda x: x < (88 if dtype == np.float32 else 709)),
+            ("softplus", op.softplus, lambda x: np.logaddexp(x, wide(0)), lambda x: x == x)]:
+        xs = x[keep(x)]
+        got = ts.function(lambda x: fn(x))(xs)
+        with np.errstate(all="ignore"):
+            want = ref(xs.astype(wide))
+        assert _ulps(got, want, dtype).max() <= 2.5, name
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -1.0, -2.0, 1e-45 if dtype ==
+                        np.float32 else 5e-324, 1000.0, -1000.0], dtype)
+    for name, fn, ref in [("log1p", op.log1p, np.log1p), ("expm1", op.expm1, np.expm1),
+                          ("softplus", op.softplus, lambda x: np.logaddexp(x, x.dtype.type(0)))]:
+        got = ts.function(lambda x: fn(x))(special)
+        with np.errstate(all="ignore"):
+            want = ref(special)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        np.testing.assert_array_equal(np.signbit(got[:2]), np.signbit(want[:2]), err_msg=name)

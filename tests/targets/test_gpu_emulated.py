@@ -99,7 +99,7 @@ def test_pointwise_with_broadcasting(target, xs, ys, rng):
 
 
 UNARY = ["neg", "abs", "sqrt", "sin", "cos", "exp", "tanh", "erf", "log", "rsqrt", "sigmoid",
-         "silu", "gelu", "relu"]
+         "silu", "gelu", "relu", "log1p", "expm1", "softplus"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
           "ge"]
 
@@ -112,7 +112,7 @@ def test_every_elementwise_operator(target, dtype, rng):
 
     def fn(x, y):
         ax = op.abs(x) + 0.25                   # inside the domain of sqrt, log, rsqrt, pow
-        return ([getattr(op, name)(ax if name in ("sqrt", "log", "rsqrt") else x)
+        return ([getattr(op, name)(ax if name in ("sqrt", "log", "rsqrt", "log1p") else x)
                  for name in UNARY] + [getattr(op, name)(ax, y) for name in BINARY]
                 + [op.where(x > y, x, y), op.cast(x * 100, "int32"),
                    op.gelu(x, approximate="tanh")])
