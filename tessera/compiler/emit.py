@@ -177,7 +177,8 @@ class Emitter:
             return out
         lf = self.leaf(v, m)
         if lf is not None:
-            out.append(lf)
+            if lf[0].role != "inline":          # (a view of an inlined 0-d constant: its literal)
+                out.append(lf)
             return out
         n = v.node
         if isinstance(n.opdef.lowering, R.Reduce):
@@ -206,6 +207,8 @@ class Emitter:
         lf = self.leaf(v, m)
         if lf is not None:
             b, offset, S = lf
+            if b.role == "inline":              # a broadcast of an inlined 0-d constant
+                return read(b, None)
             load = Load(b.name, self.index(S, idx, offset))
             return self.loads.get(load, load)
         n = v.node

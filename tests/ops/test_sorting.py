@@ -187,6 +187,20 @@ def test_segment_sum_is_add_at_in_row_order(dtype, rng):
     assert op.segment_sum(data, ids, 7).tobytes() == want.tobytes()
 
 
+def test_segment_sum_into_a_large_zero_target(rng):
+    """Big enough for its zero target to be a parallel kernel of its own: a broadcast of an
+    inlined 0-d constant, whose literal the kernel writes (it once loaded from a buffer that no
+    kernel has: an IRVerificationError)."""
+    data = rng.standard_normal((8192, 16)).astype(np.float32)
+    ids = rng.integers(0, 9000, 8192)
+    got = ts.function(lambda d, i: op.segment_sum(d, i, num_segments=9000))(data, ids)
+    want = np.zeros((9000, 16), np.float32)
+    np.add.at(want, ids, data)
+    assert got.tobytes() == want.tobytes()
+    full = ts.function(lambda x: op.broadcast_to(np.float32(1.5), [600, 300]) + x[0, 0])(data)
+    np.testing.assert_array_equal(full, np.full((600, 300), 1.5, np.float32) + data[0, 0])
+
+
 def test_segment_sum_reports_a_bad_id(rng):
     f = ts.function(lambda d, i: op.segment_sum(d, i, num_segments=3))
     with pytest.raises(ts.RuntimeFault, match="out of range"):
