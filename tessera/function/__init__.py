@@ -70,6 +70,11 @@ class Function:
             except TesseraError as e:
                 raise e.with_traceback(None) from None
         key = None if kwargs else fastpath.array_signature(args)
+        leaves = args
+        if key is None and not kwargs and any(type(a) in (dict, list, tuple) for a in args):
+            tree = fastpath.tree_signature(args)
+            if tree is not None:
+                leaves, key = tree
         if key is not None:
             # "cpu" resolves through the environment; the training mode and a policy region
             # are traced in
@@ -78,7 +83,7 @@ class Function:
             if launch is not None:
                 cache.count("memory_hits")
                 try:
-                    return launch(args)
+                    return launch(leaves)
                 except TesseraError as e:
                     raise e.with_traceback(None) from None
         if tracing.inside_trace(args, kwargs):
@@ -86,7 +91,7 @@ class Function:
         try:
             prog, arrays = self._program(args, kwargs, self.target)
             if key is not None and len(self._fast) < fastpath.FAST_ENTRIES:
-                launch = fastpath.launcher(prog, args, arrays)
+                launch = fastpath.launcher(prog, leaves, arrays)
                 if launch is not None:
                     self._fast[key] = launch
             if prog.output_tree is not None:

@@ -1,7 +1,9 @@
 """The call's fast path: arrays whose types were seen before go straight to their program's
 launcher, with no binding, annotation check or tracing (all done the first time): NumPy arrays
 to a CPU program's executor, CuPy arrays to the GPU runtime. Each launcher
-holds a program; a function keeps at most FAST_ENTRIES of them."""
+holds a program; a function keeps at most FAST_ENTRIES of them. Arguments that are pytrees of
+such arrays (a training step's parameters and optimiser state) take it too, keyed by their
+structure: their leaves are the program's parameters in order."""
 from __future__ import annotations
 
 import sys
@@ -28,6 +30,28 @@ def array_signature(args):
             return None
         key.append((kind, a.dtype, a.shape))
     return tuple(key)
+
+
+def tree_signature(args):
+    """(leaves, key) of arguments that are plain dicts, lists and tuples of arrays (as
+    array_signature takes them): the structure (dict keys in order) and the leaves' signature;
+    None for anything else (a namedtuple, a Python number inside: the full path)."""
+    leaves = []
+
+    def shape_of(x):
+        kind = type(x)
+        if kind is dict:
+            return (dict, tuple(x), tuple(shape_of(v) for v in x.values()))
+        if kind is list or kind is tuple:
+            return (kind, tuple(shape_of(v) for v in x))
+        leaves.append(x)
+        return None
+    try:
+        structure = tuple(shape_of(a) for a in args)
+    except TypeError:                   # a dict key that cannot be hashed
+        return None
+    key = array_signature(leaves)
+    return None if key is None else (leaves, (structure, key))
 
 
 def launcher(prog, args, arrays):

@@ -6,6 +6,7 @@ import pytest
 import tessera as ts
 from tessera import Tensor, op
 from tessera.errors import ShapeError
+from tessera.function import fastpath
 from tessera.runtime import isa
 
 
@@ -46,6 +47,46 @@ def test_numpy_scalars_take_the_fast_path_with_their_own_values(rng):
     assert after["memory_hits"] - before["memory_hits"] == 3
     assert after["traces"] == before["traces"] and len(f._fast) == 1
     np.testing.assert_array_equal(f(x, np.float64(0.5), np.int64(0)), x * np.float32(0.5))
+
+
+def test_pytree_arguments_take_the_fast_path_with_the_full_paths_bits(rng, monkeypatch):
+    """A training step's dicts of parameters and optimiser state skip the binding on warm calls
+    (keyed by their structure), and give the full path's bits; another structure (keys in
+    another order, a Python number inside) is a key of its own or the full path."""
+    mlp, opt = ts.nn.MLP([6, 8, 3]), ts.optim.Adam(1e-2)
+
+    def train(params, state, x, y):
+        loss, grads = ts.value_and_grad(lambda p: ts.nn.mse(mlp(p, x), y))(params)
+        params, state = opt.update(grads, state, params)
+        return loss, params, state
+    x, y = rng.standard_normal((5, 6)).astype(np.float32), rng.standard_normal((5, 3)).astype(
+        np.float32)
+
+    def run(step, n=4):
+        params = mlp.init(seed=3)
+        state, losses = opt.init(params), []
+        for _ in range(n):
+            loss, params, state = step(params, state, x, y)
+            losses.append(float(loss))
+        return losses, params
+    fast = ts.function(train)
+    run(fast, 1)
+    before = ts.cache_stats()
+    losses, params = run(fast)
+    after = ts.cache_stats()
+    assert after["memory_hits"] - before["memory_hits"] == 4 and after["traces"] == before["traces"]
+    monkeypatch.setattr(fastpath, "FAST_ENTRIES", 0)
+    full_losses, full_params = run(ts.function(train))
+    assert losses == full_losses
+    for a, b in zip(ts.pytree.leaves(params), ts.pytree.leaves(full_params)):
+        assert a.tobytes() == b.tobytes()
+    # a dict with its keys in another order is another structure: still the right answer
+    f = ts.function(lambda d: d["a"] * 2 + d["b"])
+    a, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_array_equal(f({"a": a, "b": b}), a * 2 + b)
+    np.testing.assert_array_equal(f({"b": b, "a": a}), a * 2 + b)
+    np.testing.assert_array_equal(f({"a": a, "b": b}), a * 2 + b)
+    np.testing.assert_array_equal(f({"a": a, "b": 1.5}), a * 2 + np.float32(1.5))
 
 
 def test_new_shapes_dtypes_and_layouts_take_the_full_path(rng):
