@@ -222,3 +222,15 @@ def test_no_transform_calls_the_c_library(target, rng):
     for src in sources:
         code = re.sub(r"/\*.*?\*/|//[^\n]*", "", src, flags=re.S)       # not the comments
         assert not re.search(r"\b(sin|cos|sinf|cosf)\s*\(", code)
+
+
+def test_small_transforms_run_on_one_thread_and_big_ones_on_all():
+    """Threads only where a transform has a million FLOPs or more, as the other strategies:
+    waking a second thread for 512 short lines cost 60 times their work on a loaded machine."""
+    def knobs(shape, axis):
+        x = np.zeros(shape, np.float32)
+        prog = ts.function(lambda x: op.rfft(x, axis=axis)).lower(x)
+        (k,) = [k for k in prog.schedule_ir.kernels if k.strategy == "fft"]
+        return k.knobs["parallel"]
+    assert knobs((32, 64, 16), 1) is False
+    assert knobs((256, 1024), 1) is True
