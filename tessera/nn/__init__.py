@@ -28,7 +28,8 @@ from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Mo
 from .losses import cross_entropy, kl_divergence, mse
 from .precision import MixedPrecision, to_mixed_precision
 
-__all__ = ["ACTIVATIONS", "Dropout", "Embedding", "KVCache", "Key", "LayerNorm", "Linear", "MLP", "Module",
+__all__ = ["ACTIVATIONS", "Dropout", "Embedding", "KVCache", "Key", "LayerNorm", "Linear", "MLP",
+           "Module",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
            "rope", "rope_tables", "MixedPrecision", "to_mixed_precision"]

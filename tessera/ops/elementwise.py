@@ -182,7 +182,8 @@ EXPM1 = ("TS_INLINE {T} ts_expm1{F}({T} x) {\n"
          "}")
 # softplus(x) = log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow, and exact where
 # PyTorch's threshold switches to x (the correction is below half an ulp of x there)
-SOFTPLUS = "TS_INLINE {T} ts_softplus{F}({T} x) { return ts_max{F}(x, ({T})0) + ts_log1p{F}(ts_exp{F}(-fabs{F}(x))); }"
+SOFTPLUS = ("TS_INLINE {T} ts_softplus{F}({T} x) "
+            "{ return ts_max{F}(x, ({T})0) + ts_log1p{F}(ts_exp{F}(-fabs{F}(x))); }")
 
 
 def _log1p_ref(x):
