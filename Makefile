@@ -1,4 +1,5 @@
-# The two commands of the README: `make test` (set up, then pass every test, notebooks included)
+# The two commands of the README: `make test` (set up, then pass every test, the tutorials and
+# the worked models in notebooks/ included)
 # and `make lab` (set up, then open the tutorials in JupyterLab).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -22,7 +23,7 @@ setup: $(VENV)/.test-stamp $(VENV)/.torch-stamp
 setup-lab: $(VENV)/.lab-stamp $(VENV)/.torch-stamp
 
 test: setup
-	$(BIN)/python -m pytest -q tests tutorials --nbval --nbval-current-env \
+	$(BIN)/python -m pytest -q tests tutorials notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
 # The same kernels built by clang instead of gcc (CI installs Debian's clang and libomp-dev): the
@@ -48,8 +49,11 @@ graphviz:
 		"for Graphviz's: sudo apt-get install graphviz (brew install graphviz on a Mac)"; fi
 
 # JupyterLab refuses to start as root (a container's user) without --allow-root: passed then.
+# It serves the whole project (tutorials/ and the worked models in notebooks/), opening on the
+# tutorials.
 lab: setup-lab graphviz
-	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) tutorials/
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) \
+		--ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/tutorials
 
 # For a machine with an NVIDIA GPU: CuPy, then the device tests (every operator and fused
 # strategy against NumPy, each program run twice for bitwise determinism) and the GPU
@@ -99,6 +103,7 @@ setup-bench: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Re-execute the tutorials in place (after changing them or the compiler's printed forms).
+# Re-execute the tutorials and the worked models in place (after changing them or the
+# compiler's printed forms).
 notebooks: setup
-	$(BIN)/python tests/execute_notebooks.py tutorials/*.ipynb
+	$(BIN)/python tests/execute_notebooks.py tutorials/*.ipynb notebooks/*.ipynb
