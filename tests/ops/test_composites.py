@@ -170,4 +170,6 @@ def test_logaddexp_matches_numpy_and_activations_differentiate(rng):
     for name, (fn, _) in sorted(ACTIVATIONS.items()):
         if name not in ("hardtanh", "hardsigmoid", "hardswish"):    # their kinks are at +-1, +-3
             ts.check_grad(fn, x)                         # raises on a mismatch
-    ts.check_grad(op.logaddexp, a[1:], b[2:3] * np.ones(9))
+    # (moderate values: beside a value of 30, a gradient of 1e-8 is below what central
+    # differences resolve)
+    ts.check_grad(op.logaddexp, a[1:] / 10, b[2:3] * np.ones(9) / 10, atol=1e-6)
