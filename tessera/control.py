@@ -157,14 +157,12 @@ def scan(f, init, xs=None, length=None, reverse: bool = False, checkpoint=None):
         body = f
         return scan(lambda c, _: body(c, None), init, np.zeros(int(length), np.float32),
                     reverse=reverse, checkpoint=checkpoint)
-    if length is not None:
-        n = _scan_length(pytree.flatten(xs)[0])
-        if n != length:
-            raise ShapeError(f"scan's length={length!r} is not its xs's length {n}",
-                             location=user_location())
     trace = _tracing(init, xs)
     x_leaves, x_tree = pytree.flatten(xs)
-    length = _scan_length(x_leaves)
+    asked, length = length, _scan_length(x_leaves)
+    if asked is not None and asked != length:
+        raise ShapeError(f"scan's length={asked!r} is not its xs's length {length}",
+                         location=user_location())
     k = _segment_length(checkpoint, length) if trace is not None else 0
     if k:
         return _segments(f, init, xs, reverse, k, length)

@@ -207,10 +207,8 @@ class Emitter:
         lf = self.leaf(v, m)
         if lf is not None:
             b, offset, S = lf
-            if b.role == "inline":              # a broadcast of an inlined 0-d constant
-                return read(b, None)
-            load = Load(b.name, self.index(S, idx, offset))
-            return self.loads.get(load, load)
+            load = read(b, self.index(S, idx, offset))      # (a view of an inlined constant:
+            return self.loads.get(load, load)               # its literal)
         n = v.node
         if isinstance(n.opdef.lowering, R.View):          # a reshape that only renames axes
             u = n.inputs[0]

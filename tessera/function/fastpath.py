@@ -46,10 +46,7 @@ def tree_signature(args):
             return (kind, tuple(shape_of(v) for v in x))
         leaves.append(x)
         return None
-    try:
-        structure = tuple(shape_of(a) for a in args)
-    except TypeError:                   # a dict key that cannot be hashed
-        return None
+    structure = tuple(shape_of(a) for a in args)
     key = array_signature(leaves)
     return None if key is None else (leaves, (structure, key))
 

@@ -154,6 +154,7 @@ class _ByDType(tuple):
 # branch that keeps a fused loop holding one from vectorising on AVX2 and NEON
 _FMAX = "TS_INLINE {T} ts_max{F}({T} a, {T} b) { return ts_sel{F}((a > b) | (a != a), a, b); }"
 _FMIN = "TS_INLINE {T} ts_min{F}({T} a, {T} b) { return ts_sel{F}((a < b) | (a != a), a, b); }"
+SELECT = _ByDType((libm.SELF,), (libm.SEL,))      # ts_sel{F}: c ? a : b through masks
 FMAX = _ByDType((libm.SELF, _FMAX), (libm.SEL, _FMAX))
 FMIN = _ByDType((libm.SELF, _FMIN), (libm.SEL, _FMIN))
 SIGMOID = "TS_INLINE {T} ts_sigmoid{F}({T} x) { return ({T})1 / (({T})1 + ts_exp{F}(-x)); }"
@@ -238,24 +239,17 @@ FLOOR_DIVMOD_I = (
 def math_helpers(*names, extra=()):
     """Helper chunks for kind "f": our transcendentals (tessera/ops/libm.py) for float32 and,
     as `.f64`, for float64 (float64 log is a thin libm wrapper, ts_log), then the operator's
-    own chunks. Shared chunks are the same strings, dependencies first (ts_exp before ts_erf
-    and ts_sigmoid), each listed once; the renderer emits each distinct chunk once per program."""
+    own chunks (`extra`: a chunk, or a _ByDType of chunks per dtype such as FMAX). Shared
+    chunks are the same strings, dependencies first (ts_exp before ts_erf and ts_sigmoid), each
+    listed once; the renderer emits each distinct chunk once per program."""
     f32, f64 = [], []
     for n in names:
         f32 += [c for c in libm.F32[n] if c not in f32]
         f64 += [c for c in libm.F64[n] if c not in f64]
-    return {"f": _ByDType(tuple(f32) + tuple(extra), tuple(f64) + tuple(extra))}
-
-
-def _with_select(helpers, *more):
-    """Helpers with the mask selects (libm.SELF/SEL) first, and more _ByDType chunks after the
-    math (FMAX before a chunk calling ts_max)."""
-    f = helpers["f"]
-    f32 = [libm.SELF] + [c for c in f if c != libm.SELF]
-    f64 = [libm.SEL] + [c for c in f.f64 if c != libm.SEL]
-    for m in more:
-        f32[1:1] = [c for c in m if c not in f32]
-        f64[1:1] = [c for c in m.f64 if c not in f64]
+    for e in extra:
+        by_dtype = isinstance(e, _ByDType)
+        f32 += [c for c in (e if by_dtype else (e,)) if c not in f32]
+        f64 += [c for c in (e.f64 if by_dtype else (e,)) if c not in f64]
     return {"f": _ByDType(tuple(f32), tuple(f64))}
 
 
@@ -280,16 +274,15 @@ with np.errstate(all="ignore"):
                 helpers=math_helpers("exp", extra=(SIGMOID,)), doc="1/(1+exp(-x))")
     elementwise("log1p", 1, unary_float, {"f": "ts_log1p{F}({0})"},
                 lambda a, t: _log1p_ref(a[0]), flops=16,
-                helpers=_with_select(math_helpers("log", extra=(LOG1P,))),
+                helpers=math_helpers("log", extra=(SELECT, LOG1P)),
                 doc="log(1 + x), accurate near 0")
     elementwise("expm1", 1, unary_float, {"f": "ts_expm1{F}({0})"},
                 lambda a, t: _expm1_ref(a[0]), flops=28,
-                helpers=_with_select(math_helpers("exp", "log", extra=(EXPM1,))),
+                helpers=math_helpers("exp", "log", extra=(SELECT, EXPM1)),
                 doc="exp(x) - 1, accurate near 0")
     elementwise("softplus", 1, unary_float, {"f": "ts_softplus{F}({0})"},
                 lambda a, t: _softplus_ref(a[0]), flops=30,
-                helpers=_with_select(math_helpers("exp", "log", extra=(LOG1P, SOFTPLUS)),
-                                     FMAX),
+                helpers=math_helpers("exp", "log", extra=(FMAX, LOG1P, SOFTPLUS)),
                 doc="log(1 + exp(x)), without overflow")
     elementwise("silu", 1, unary_float, {"f": "({0} * ts_sigmoid{F}({0}))"},
                 lambda a, t: (a[0] * _sigmoid_ref(a[0])).astype(a[0].dtype), flops=15,

@@ -472,7 +472,8 @@ def _run_chains(target: _Unconstrained, algorithm, num_warmup, num_samples, rngs
 def _data_key(args, kwargs):
     """What a run's compiled potential depends on: the data's values (folded into it as
     constants), so a second run on the same data traces nothing, and data changed in place
-    are never served the old ones. None where an argument's value cannot be keyed."""
+    are never served the old ones. A fresh object (so a fresh compile) where an argument's
+    value cannot be keyed."""
     import hashlib
 
     def key(v):
@@ -490,6 +491,8 @@ def _data_key(args, kwargs):
         return key(tuple(args)), key(dict(kwargs))
     except TypeError:
         return object()             # unkeyable: a fresh compile, as before
+
+
 def mcmc(model, algorithm="NUTS", num_samples=1000, num_warmup=500, num_chains=4, seed=0,
          dense_mass=False, max_tree_depth=10, num_steps=None, init=None,
          chain_method="sequential"):
