@@ -165,7 +165,8 @@ GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + 
 # log(1 + x) and exp(x) - 1 without their cancellation near 0, on our own log and exp: Goldberg's
 # and Kahan's rewrites, log(u) * x / (u - 1) with u = 1 + x and (u - 1) * x / log(u) with
 # u = exp(x): the rounding of u cancels, leaving the error of log or exp plus a few roundings
-# (float32: within 2 ulp, tests/ops/test_elementwise.py). Selects through masks (no branch, so
+# (within 2.4 ulp, softplus 2.6, float32 and float64, over 4.8 million values spread across 31
+# decades: tests/ops/test_elementwise.py). Selects through masks (no branch, so
 # the loop vectorises; an unselected division by zero is an IEEE inf, no trap); the edges: u == 1
 # gives x (its sign of zero too), overflow inf, expm1 of a large negative -1.
 LOG1P = ("TS_INLINE {T} ts_log1p{F}({T} x) {\n"
