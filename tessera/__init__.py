@@ -16,6 +16,8 @@ from .function import Function, function, interpret  # noqa: E402
 from . import nn, optim, pytree  # noqa: E402
 from .autodiff import check_grad, grad, jvp, laplacian, value_and_grad, vjp  # noqa: E402
 from .autotune import autotune, kernel  # noqa: E402
+from . import tile  # noqa: E402
+from .tiles import Tile  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
 from .runtime.profiler import machine_peaks, profiler  # noqa: E402
 from .schedule import Schedule  # noqa: E402
@@ -61,6 +63,6 @@ __all__ = [
     "AnnotationError",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
     "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
-    "autotune", "kernel", "debug", "debug_mode", "NumericalError",
+    "autotune", "kernel", "tile", "Tile", "debug", "debug_mode", "NumericalError",
     "profile_memory", "analyze_performance",
 ]

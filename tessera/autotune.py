@@ -218,7 +218,12 @@ class AutotunedFunction:
 
 
 class _KernelTools:
-    """`tessera.kernel`: kernel-level tools (the seeds' `@tessera.kernel.autotune`)."""
+    """`tessera.kernel`: `@ts.kernel` makes a tile kernel (tessera/tiles.py); kernel-level tools
+    (the seeds' `@tessera.kernel.autotune`)."""
+
+    def __call__(self, fn=None, *, target="cpu", schedule=None):
+        from .tiles import kernel as tile_kernel
+        return tile_kernel(fn, target=target, schedule=schedule)
 
     @staticmethod
     def autotune(fn=None, *, space=None, metric="time", timeout_ms=None, cache=None,
@@ -228,6 +233,15 @@ class _KernelTools:
         timeout_ms=200, cache="~/.tessera/autotune.db")` on a tessera function (or a plain
         annotated one). See `tessera.autotune` for the arguments."""
         def wrap(f):
+            from .tiles import KernelFunction, is_tile_kernel
+            if isinstance(f, KernelFunction) or is_tile_kernel(f):
+                kf = f if isinstance(f, KernelFunction) else KernelFunction(f)
+                # each of its functions (one per dtypes and target) tunes itself
+                kf.tuning = functools.partial(
+                    AutotunedFunction, space=space, metric=metric, timeout_ms=timeout_ms,
+                    cache=cache, budget_s=budget_s, search=search, repeats=repeats,
+                    progress=progress, exact=exact, strategy=strategy)
+                return kf
             return AutotunedFunction(f, space=space, metric=metric, timeout_ms=timeout_ms,
                                      cache=cache, budget_s=budget_s, search=search,
                                      repeats=repeats, progress=progress, exact=exact,

@@ -39,7 +39,8 @@ def _make(name):
 
 for _name in _ops.REGISTRY:      # (control flow is tessera.fori_loop & co, tessera/control.py)
     if _name not in ("layernorm", "rmsnorm", "attention", "cast", "matmul",
-                     "round_stochastic", "softplus") + _ops.regions.REGION_OPS + _ops.host.HOST_OPS:
+                     "round_stochastic", "softplus", "tile_program") + _ops.regions.REGION_OPS + \
+            _ops.host.HOST_OPS:
         globals()[_name] = _make(_name)
 
 _layernorm = _make("layernorm")

@@ -69,6 +69,19 @@ def cast_rule(ds, attrs):
     return [dt.result_type(ds[0])], out
 
 
+def _fma_rule(ds, attrs):
+    t = dt.result_type(*ds)
+    check_no_bool(t, "fma")
+    return [t, t, t], t
+
+
+def _fma_ref(a, b, c):
+    d = np.result_type(a, b, c)
+    if d == np.float32:
+        return (a.astype(np.float64) * b + c).astype(np.float32)
+    return a * b + c
+
+
 def elementwise_infer(opdef):
     def infer(types, attrs):
         _, out = opdef.dtype_rule([t.dtype for t in types], {**attrs, "_op": opdef.name})
@@ -365,6 +378,11 @@ with np.errstate(all="ignore"):
     elementwise("where", 3, where_rule, {"f": "ts_sel{F}({0}, {1}, {2})", "*": "({0} ? {1} : {2})"},
                 lambda a, t: np.where(a[0], a[1], a[2]),
                 helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))}, doc="cond ? a : b")
+    # a * b + c rounded once (the C library's fma): the step of every matmul chain, and of a
+    # tile kernel's mma. The reference widens float32 to float64 (the product exact there, the
+    # sum rounded twice: an ulp apart at most, in rare ties); float64's rounds a * b first
+    elementwise("fma", 3, _fma_rule, {"f": "fma{F}({0}, {1}, {2})", "*": "({0} * {1} + {2})"},
+                lambda a, t: _fma_ref(*a), flops=2, doc="a * b + c, rounded once")
     # float64 -> float16: float32 rounded to odd, then once to 16 bits, is the double's own
     # rounding (NumPy's); bfloat16 keeps ml_dtypes' two roundings (through float32), as its
     # reference does
@@ -464,6 +482,7 @@ _VJP = {
     "gelu": _gelu_vjp,
     "relu": lambda b, xs, y, g, a: [b.op("where", b.op("gt", xs[0], 0), g, 0)],
     "add": lambda b, xs, y, g, a: [g, g],
+    "fma": lambda b, xs, y, g, a: [b.op("mul", g, cj(b, xs[1])), b.op("mul", g, cj(b, xs[0])), g],
     "sub": lambda b, xs, y, g, a: [g, b.op("neg", g)],
     "mul": lambda b, xs, y, g, a: [b.op("mul", g, cj(b, xs[1])), b.op("mul", g, cj(b, xs[0]))],
     "div": lambda b, xs, y, g, a: [b.op("div", g, cj(b, xs[1])),

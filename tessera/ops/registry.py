@@ -117,6 +117,12 @@ class Attention:
     Sq x Sk scores never exist in memory."""
 
 
+@dataclass(frozen=True)
+class TileProgram:
+    """A user's tile kernel (tessera/tiles.py): its traced body, run program by program over
+    the blocks of its output."""
+
+
 # ---- the entry ---------------------------------------------------------------------------------
 @dataclass
 class OpDef:

@@ -1,0 +1,595 @@
+"""tile: a user's tile kernel (`@ts.kernel`, tessera/tiles.py), alone.
+
+One program per block of the output. Every tile is a buffer of its static shape (the knobs'
+sizes): a local array on the CPU (the heap past LOCAL_MAX elements), a shared array on GPUs;
+an elementwise value is computed where it is used unless it reads a tile updated in place.
+A load fills its tile from the tensor over the valid part of the block (the rest `other`); a
+reduction runs over the valid part of its axis, in index order; `mma` is one FMA chain per
+element over k in index order (so `acc += mma(a, b)` over a range_k loop gives op.matmul's bits);
+a store writes the valid part of the output block.
+CPU: the programs in parallel, each tile loop serial with its innermost axis vectorised. GPU: a
+block per program, each tile loop over the block's threads with a barrier after it; the same
+chains in the same order, so the same bits as the CPU.
+"""
+from __future__ import annotations
+
+from ... import dtypes as dt
+from ...errors import BackendUnavailableError
+from ...ops import registry as R
+from ...ops.tile_program import sizes
+from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
+from ..tile_ir import (Assign, Barrier, Bin, Cast, Const, Decl, If, Load, Local, Loop, OpCall,
+                       Scratch, Select, Shared, Store, Var, idx_add, idx_mul, linear)
+from .base import Strategy, register
+
+KNOB_OF = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
+CPU_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 64}
+GPU_BLOCK = {"tile_m": 32, "tile_n": 32, "tile_k": 32}
+LOCAL_MAX = 1 << 14             # elements of a CPU tile kept on the stack
+ROW_ELEMENTS = 1 << 14          # a direct use's block: BM rows of at most this many elements
+GPU_SHARED_MAX = 48 * 1024      # static shared memory of a block
+
+
+def _body(k):
+    return k.attrs["kernel"]
+
+
+def _used(k):
+    return [KNOB_OF[n] for n in _body(k).knobs if n in KNOB_OF]
+
+
+class Tiles(Strategy):
+    name = "tile"
+    grows = False
+    fuses_views = False
+    knobs = ("tile_m", "tile_n", "tile_k")
+    aliases = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
+
+    def claims(self, n) -> bool:
+        return isinstance(n.opdef.lowering, R.TileProgram)
+
+    def absorb(self, grp, p, m, users) -> bool:
+        return False
+
+    def node_flops(self, n) -> int:
+        body = n.attrs["kernel"]
+        dims = sizes(body, [v.type for v in n.inputs])
+        return _Sizes(body, dims, {**CPU_BLOCK}).flops()
+
+    def _defaults(self, k, block):
+        body = _body(k)
+        dims = sizes(body, [b.type for b in _operands(k)])
+        out = {}
+        for name in _used(k):
+            out[name] = block[name]
+        # a direct use's block: BM rows, the rest of each row whole
+        row = max((prod(b.type.shape[1:]) for b in _operands(k) if len(b.type.shape) > 1),
+                  default=1)
+        if "tile_m" in out and not any(s.kind == "mma" for s in _walk(body.stmts)):
+            out["tile_m"] = max(1, min(out["tile_m"], ROW_ELEMENTS // max(1, row)))
+        programs = _Sizes(body, dims, out).programs()
+        return out, programs
+
+    def cpu_knobs(self, k) -> dict:
+        knobs, programs = self._defaults(k, CPU_BLOCK)
+        return {"parallel": programs >= 2, **knobs}
+
+    def gpu_knobs(self, k, target) -> dict:
+        knobs, _ = self._defaults(k, GPU_BLOCK)
+        return {"threads": 256, **knobs}
+
+    def space(self, k) -> dict:
+        return {name: [16, 32, 64, 128] for name in _used(k)}
+
+    def invalid(self, k, knobs) -> str | None:
+        body = _body(k)
+        dims = sizes(body, [b.type for b in _operands(k)])
+        n = _Sizes(body, dims, knobs).largest_tile()
+        if n > (1 << 22):
+            return f"a tile of {n} elements"
+        return None
+
+    def lower_cpu(self, k, code):
+        return _Lower(k, code, None).program()
+
+    def lower_gpu(self, k, code, target, knobs):
+        lw = _Lower(k, code, knobs)
+        stmts = lw.program()
+        return stmts, launch_of(lw.programs, knobs["threads"], per_block=True)
+
+
+register(Tiles())
+
+
+def _operands(k):
+    """The kernel's operand buffers, one per parameter of the tile kernel, in order."""
+    return [k.reads[v.id] for v in k.group.root.inputs]
+
+
+def _walk(stmts):
+    for s in stmts:
+        yield s
+        yield from _walk(s.body)
+
+
+class _Sizes:
+    """Sizes of a body at concrete dimensions and knobs."""
+
+    def __init__(self, body, dims, knobs):
+        self.body, self.dims, self.knobs = body, dims, knobs
+
+    def size(self, s) -> int:
+        if s.op == "const":
+            return s.args[0]
+        if s.op == "knob":
+            return self.knobs.get(KNOB_OF.get(s.args[0], s.args[0]), 1)
+        if s.op == "dim":
+            return self.dims[s.args[0]]
+        raise ValueError(s)
+
+    def grid(self) -> list:
+        return [1 if b is None else -(-self.dims[d] // self.size(b)) for d, b in self.body.grid]
+
+    def programs(self) -> int:
+        return prod(self.grid())
+
+    def shape(self, v) -> list:
+        return [self.size(s) for s in v.shape]
+
+    def largest_tile(self) -> int:
+        return max((prod(self.shape(s.out)) for s in _walk(self.body.stmts)
+                    if s.out is not None), default=1)
+
+    def trips(self, loop) -> int:
+        start, stop, step = (self._eval(a) for a in loop.args)
+        return max(0, -(-(stop - start) // step)) if start is not None and stop is not None \
+            else 1
+
+    def _eval(self, e):
+        if e.op in ("const", "knob", "dim"):
+            return self.size(e)
+        if e.op in ("+", "-", "*", "//", "%"):
+            a, b = self._eval(e.args[0]), self._eval(e.args[1])
+            if a is None or b is None:
+                return None
+            return {"+": a + b, "-": a - b, "*": a * b, "//": a // max(b, 1),
+                    "%": a % max(b, 1)}[e.op]
+        return None
+
+    def flops(self) -> int:
+        def count(stmts, times):
+            n = 0
+            for s in stmts:
+                if s.kind == "loop":
+                    n += count(s.body, times * self.trips(s))
+                elif s.kind == "mma":
+                    a = s.args[0]
+                    n += times * 2 * prod(self.shape(s.out)) * self.size(a.shape[1])
+                elif s.out is not None and s.kind in ("elem", "reduce"):
+                    n += times * prod(self.shape(s.args[0] if s.kind == "reduce" else s.out))
+            return n
+        return self.programs() * count(self.body.stmts, 1)
+
+
+class _Lower:
+    """A body's Tile IR: `knobs` None for the CPU, a GPU kernel's knobs otherwise."""
+
+    def __init__(self, k, code, gpu_knobs):
+        self.k, self.code, self.gpu = k, code, gpu_knobs is not None
+        self.body = _body(k)
+        ops = _operands(k)
+        self.bufs = {p.name: b for p, b in zip(self.body.params, ops)}
+        self.dims = sizes(self.body, [b.type for b in ops])
+        self.sz = _Sizes(self.body, self.dims, k.knobs)
+        self.names = Names()
+        self.tiles = {}            # value id -> (buffer name, static shape)
+        self.inline = {}           # value id -> the elem statement computing it where used
+        self.valid = {}            # value id -> per axis, the valid extent (index Expr)
+        self.streams = {}          # value id -> its load statement
+        self.shared = []           # GPU: the block's shared arrays
+        self.pid = {}              # output dimension -> (program index Var, block size)
+        self.vars = {}             # loop variable name -> Var
+        self.programs = self.sz.programs()
+        self.depends = self._depends_on_updates()
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _depends_on_updates(self) -> set:
+        """Ids of elementwise values reading (through other elementwise values) a tile that is
+        updated in place: they are computed where they are made, not where they are used."""
+        out = set()
+        for s in _walk(self.body.stmts):
+            if s.kind == "elem" and any(
+                    getattr(a, "id", None) in self.body.updated or getattr(a, "id", None) in out
+                    for a in s.args):
+                out.add(s.out.id)
+        return out
+
+    def size(self, s) -> int:
+        return self.sz.size(s)
+
+    def ix(self, e):
+        """An index expression of the body as Tile IR."""
+        if e.op in ("const", "knob", "dim"):
+            return Const(self.size(e))
+        if e.op == "var":
+            return self.vars[e.args[0]]
+        if e.op == "pid":
+            axis = e.args[0]
+            return self._pid_of_axis(axis)
+        if e.op == "nprog":
+            g = self.sz.grid()
+            return Const(g[e.args[0]] if e.args[0] < len(g) else 1)
+        a, b = self.ix(e.args[0]), self.ix(e.args[1])
+        if e.op == "+":
+            return idx_add(a, b)
+        if e.op == "*":
+            return idx_mul(a, b)
+        return Bin({"-": "-", "//": "/", "%": "%"}[e.op], a, b)
+
+    def _pid_of_axis(self, axis):
+        d = self.body.grid[axis][0] if axis < len(self.body.grid) else None
+        return self.pid[d][0] if d in self.pid else Const(0)
+
+    def tile(self, v, stmts) -> str:
+        """Declare v's buffer; returns its name (the statements after it go into `stmts`, which
+        may become the body of a heap scratch)."""
+        shape = self.sz.shape(v)
+        n = prod(shape)
+        name = self.names("tl")
+        if self.gpu:
+            self.shared.append(Shared(name, v.dtype, max(1, n)))
+        elif n <= LOCAL_MAX:
+            stmts.append(Local(name, v.dtype, max(1, n)))
+        else:
+            sc = Scratch(name, v.dtype, n, self.code, [])
+            stmts.append(sc)
+            self._into = sc.body
+        self.tiles[v.id] = (name, shape)
+        return name
+
+    def at(self, v, idx) -> object:
+        """v's element at tile index idx (one Expr per axis of v)."""
+        if v.id in self.tiles:
+            name, shape = self.tiles[v.id]
+            idx = [Const(0) if n == 1 else i for i, n in zip(idx, shape)]
+            return Load(name, linear(idx, contiguous(shape)))
+        s = self.inline[v.id]
+        return self._elem_expr(s, idx)
+
+    def _elem_expr(self, s, idx):
+        rank = len(s.out.shape)
+        operand = s.attrs["operand"]
+        args = []
+        for a, d in zip(s.args, operand):
+            if hasattr(a, "shape"):
+                e = self.at(a, idx[rank - len(a.shape):])
+                if a.dtype != d:
+                    e = Cast(d, e)
+            else:
+                e = Const(a, d)
+            args.append(e)
+        attrs = {k: v for k, v in s.attrs.items() if k not in ("op", "operand")}
+        return OpCall(s.attrs["op"], "elem", attrs_key(attrs), operand[-1], s.out.dtype,
+                      tuple(args))
+
+    def valid_of(self, v):
+        return self.valid.get(v.id) or [Const(n) for n in self.sz.shape(v)]
+
+    def loops(self, extents, body_fn, stmts, vector=True):
+        """Loops over `extents` (index Exprs or ints), calling body_fn(idx) for the innermost
+        statements. CPU: nested, the innermost vectorised; GPU: the block's threads over the
+        static `bounds` (the tile's shape), guarded by the valid extents, then a barrier."""
+        if self.gpu:
+            raise AssertionError("use gpu_loops")
+        idx, outer, inner = [], None, stmts
+        for i, e in enumerate(extents):
+            v = self.names("i")
+            kind = "vector" if vector and i == len(extents) - 1 else "serial"
+            lp = Loop(v, e.value if isinstance(e, Const) else e, kind)
+            inner.append(lp)
+            inner = lp.body
+            idx.append(Var(v))
+        inner.extend(body_fn(idx))
+
+    def each(self, shape, extents, body_fn, stmts, vector=True):
+        """body_fn(idx) for every tile index below `extents` (valid parts, index Exprs) of a
+        tile of static `shape`."""
+        if not self.gpu:
+            return self.loops(extents, body_fn, stmts, vector)
+        g = self.names("e")
+        idx = split_index(Var(g), list(shape)) if shape else []
+        cond = None
+        for i, (e, n) in enumerate(zip(extents, shape)):
+            if isinstance(e, Const) and e.value >= n:
+                continue
+            c = Bin("<", idx[i], e)
+            cond = c if cond is None else Bin("&&", cond, c)
+        inner = body_fn(idx)
+        stmts.append(Loop(g, max(1, prod(shape)), "thread",
+                          inner if cond is None else [If(cond, inner)]))
+        stmts.append(Barrier())
+
+    # -- the program -----------------------------------------------------------------------------
+    def program(self):
+        body, names = self.body, self.names
+        grid = self.sz.grid()
+        p = names("prog")
+        inner = []
+        gidx = split_index(Var(p), grid) if grid else []
+        for (d, b), e, n in zip(body.grid, gidx, grid):
+            if b is None:
+                continue
+            v = names("pid")
+            inner.append(Decl(v, dt.int64, e if n > 1 else Const(0)))
+            self.pid[d] = (Var(v), self.size(b))
+        self._into = inner
+        self.emit(body.stmts)
+        kind = "block" if self.gpu else ("parallel" if self.k.knobs.get("parallel") else "serial")
+        if self.gpu:
+            total = sum(s.size * s.dtype.itemsize for s in self.shared)
+            if total > GPU_SHARED_MAX:
+                raise BackendUnavailableError(
+                    f"tile kernel {body.name}: its tiles take {total} bytes of shared memory, "
+                    f"over a block's {GPU_SHARED_MAX}",
+                    hint="smaller blocks: a Schedule or the autotuner's BM/BN/BK")
+            return self.shared + [Loop(p, self.programs, kind, inner)]
+        return [Loop(p, self.programs, kind, inner)]
+
+    def emit(self, stmts):
+        i = 0
+        while i < len(stmts):
+            s = stmts[i]
+            nxt = stmts[i + 1] if i + 1 < len(stmts) else None
+            if s.kind == "mma" and nxt is not None and nxt.kind == "update" and \
+                    nxt.args[1] is s.out and nxt.attrs["op"] == "add" and \
+                    self.body.uses.get(s.out.id, 0) == 1:
+                self.mma(s, into=nxt.args[0])         # acc += mma(a, b): one chain into acc
+                i += 2
+                continue
+            getattr(self, "s_" + s.kind)(s)
+            i += 1
+
+    # -- statements ------------------------------------------------------------------------------
+    def _placement(self, st, k_var=None):
+        """(offsets, valid extents) per axis of a load's tile."""
+        v, p = st.out, self.body.param(st.attrs["param"])
+        ext = self.bufs[p.name].type.shape
+        offs, valid = [], []
+        for i, (place, d, s) in enumerate(zip(st.attrs["place"], p.dims, v.shape)):
+            n, E = self.size(s), ext[i]
+            if place == "whole":
+                offs.append(Const(0))
+                valid.append(Const(E))
+                continue
+            if place == "grid":
+                pid, b = self.pid[d]
+                off = idx_mul(pid, Const(b))
+            elif place == "stream":
+                off = k_var
+            else:
+                off = self.ix(st.attrs["offsets"][i])
+            offs.append(off)
+            valid.append(self._clip(off, n, E, exact=place == "grid" and E % n == 0))
+        return offs, valid
+
+    @staticmethod
+    def _clip(off, n, E, exact=False):
+        """min(n, E - off), at least 0."""
+        if exact:
+            return Const(n)
+        rest = Bin("-", Const(E), off)
+        m = idx_min(rest, Const(n))
+        return Select(Bin("<", m, Const(0)), Const(0), m)
+
+    def s_load(self, st):
+        if "stream" in st.attrs["place"]:
+            self.streams[st.out.id] = st
+            return
+        offs, valid = self._placement(st)
+        self._fill(st.out, st.attrs["param"], offs, valid, st.attrs["other"])
+
+    def s_part(self, st):
+        src = self.streams[st.args[0].id]
+        offs, valid = self._placement(src, self.ix(st.attrs["k"]))
+        self._fill(st.out, src.attrs["param"], offs, valid, src.attrs["other"])
+
+    def _fill(self, v, param, offs, valid, other):
+        stmts = self._into
+        name = self.tile(v, stmts)
+        stmts = self._into
+        shape = self.sz.shape(v)
+        self.valid[v.id] = valid
+        if any(not (isinstance(e, Const) and e.value >= n) for e, n in zip(valid, shape)):
+            self.each(shape, [Const(n) for n in shape],
+                      lambda idx: [Store(name, linear(idx, contiguous(shape)),
+                                         Const(other, v.dtype))], stmts)
+        b = self.bufs[param]
+        strides = contiguous(b.type.shape)
+
+        def body(idx):
+            g = Const(0)
+            for o, i, s in zip(offs, idx, strides):
+                g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
+            e = read(b, g)
+            if b.type.dtype != v.dtype:
+                e = Cast(v.dtype, e)
+            return [Store(name, linear(idx, contiguous(shape)), e)]
+        self.each(shape, valid, body, stmts)
+
+    def s_full(self, st):
+        v = st.out
+        name = self.tile(v, self._into)
+        shape = self.sz.shape(v)
+        self.each(shape, [Const(n) for n in shape],
+                  lambda idx: [Store(name, linear(idx, contiguous(shape)),
+                                     Const(st.attrs["value"], v.dtype))], self._into)
+
+    def s_elem(self, st):
+        v = st.out
+        self.valid[v.id] = self._elem_valid(st)
+        if v.id not in self.depends:
+            self.inline[v.id] = st
+            return
+        name = self.tile(v, self._into)
+        shape = self.sz.shape(v)
+        self.each(shape, [Const(n) for n in shape],
+                  lambda idx: [Store(name, linear(idx, contiguous(shape)),
+                                     self._elem_expr(st, idx))], self._into)
+
+    def _elem_valid(self, st):
+        v = st.out
+        rank = len(v.shape)
+        out = [Const(n) for n in self.sz.shape(v)]
+        for a in st.args:
+            if not hasattr(a, "shape"):
+                continue
+            va = self.valid_of(a)
+            for j, e in enumerate(va):
+                i = rank - len(a.shape) + j
+                if self.size(a.shape[j]) == 1 or isinstance(e, Const) and \
+                        isinstance(out[i], Const) and e.value >= out[i].value:
+                    continue
+                out[i] = e if isinstance(out[i], Const) else idx_min(out[i], e)
+        return out
+
+    def s_reduce(self, st):
+        x, v = st.args[0], st.out
+        axis, op = st.attrs["axis"], st.attrs["op"]
+        name = self.tile(v, self._into)
+        shape = self.sz.shape(v)
+        xshape = self.sz.shape(x)
+        kept = [n for i, n in enumerate(xshape) if i != axis]
+        xd = x.dtype
+        red_ext = self.valid_of(x)[axis]
+        valid = [e for i, e in enumerate(self.valid_of(x)) if i != axis]
+        if st.attrs["keepdim"]:
+            valid.insert(axis, Const(1))
+        self.valid[v.id] = valid
+        acc, r = self.names("acc"), self.names("r")
+
+        def body(idx):
+            full = list(idx[:axis]) + [Var(r)] + list(idx[axis:])
+            combine = OpCall(op, "combine", (), xd, v.dtype, (Var(acc), self.at(x, full)))
+            out_idx = list(idx)
+            if st.attrs["keepdim"]:
+                out_idx.insert(axis, Const(0))
+            return [Decl(acc, v.dtype, OpCall(op, "init", (), xd, v.dtype, ())),
+                    Loop(r, red_ext.value if isinstance(red_ext, Const) else red_ext, "serial",
+                         [Assign(acc, combine)]),
+                    Store(name, linear(out_idx, contiguous(shape)), Var(acc))]
+        self.each(kept, [Const(n) for n in kept], body, self._into, vector=False)
+
+    def mma(self, st, into=None):
+        a, b = st.args
+        v = into if into is not None else st.out
+        if into is None:
+            name = self.tile(v, self._into)
+            shape = self.sz.shape(v)
+            self.each(shape, [Const(n) for n in shape],
+                      lambda idx: [Store(name, linear(idx, contiguous(shape)),
+                                         Const(0, v.dtype))], self._into)
+            self.valid[v.id] = [self.valid_of(a)[0], self.valid_of(b)[1]]
+        name, shape = self.tiles[v.id]
+        m, n = shape
+        kext = self.valid_of(a)[1]
+        d = v.dtype
+
+        def term(i, kk, j, acc):
+            ea, eb = self.at(a, [i, kk]), self.at(b, [kk, j])
+            ea = ea if a.dtype == d else Cast(d, ea)
+            eb = eb if b.dtype == d else Cast(d, eb)
+            return OpCall("fma", "elem", (), d, d, (ea, eb, acc))
+        kv = self.names("kk")
+        at = lambda i, j: linear([i, j], contiguous(shape))    # noqa: E731
+        if self.gpu:
+            s = self.names("s")
+
+            def body(idx):
+                i, j = idx
+                return [Decl(s, d, Load(name, at(i, j))),
+                        Loop(kv, kext.value if isinstance(kext, Const) else kext, "serial",
+                             [Assign(s, term(i, Var(kv), j, Var(s)))]),
+                        Store(name, at(i, j), Var(s))]
+            self.each([m, n], [Const(m), Const(n)], body, self._into, vector=False)
+            return
+        # CPU: i, k, j with j innermost (vectorised): each element still one chain over k in order
+        iv, jv = self.names("i"), self.names("j")
+        self._into.append(Loop(iv, m, "serial", [
+            Loop(kv, kext.value if isinstance(kext, Const) else kext, "serial", [
+                Loop(jv, n, "vector", [
+                    Store(name, at(Var(iv), Var(jv)),
+                          term(Var(iv), Var(kv), Var(jv), Load(name, at(Var(iv), Var(jv)))))])])]))
+
+    def s_mma(self, st):
+        self.mma(st)
+
+    def s_update(self, st):
+        tv, val = st.args
+        name, shape = self.tiles[tv.id]
+        op = st.attrs["op"]
+        d = tv.dtype
+
+        def body(idx):
+            cur = Load(name, linear(idx, contiguous(shape)))
+            if hasattr(val, "shape"):
+                e = self.at(val, idx[len(shape) - len(val.shape):])
+                e = e if val.dtype == d else Cast(d, e)
+            else:
+                e = Const(val, d)
+            return [Store(name, linear(idx, contiguous(shape)),
+                          OpCall(op, "elem", (), d, d, (cur, e)))]
+        self.each(shape, [Const(n) for n in shape], body, self._into)
+
+    def s_loop(self, st):
+        start, stop, step = (self.ix(a) for a in st.args)
+        it, kv = self.names("it"), st.attrs["var"]
+        var = self.names(kv)
+        self.vars[kv] = Var(var)
+        trips = Bin("/", Bin("+", Bin("-", stop, start), Bin("-", step, Const(1))), step)
+        if all(isinstance(e, Const) for e in (start, stop, step)):
+            trips = Const(max(0, -(-(stop.value - start.value) // step.value)))
+        outer = self._into
+        body = [Decl(var, dt.int64, idx_add(start, idx_mul(Var(it), step)))]
+        self._into = body
+        self.emit(st.body)
+        if self.gpu:
+            self._into.append(Barrier())
+        self._into = outer
+        outer.append(Loop(it, trips.value if isinstance(trips, Const) else trips, "serial", body))
+
+    def _store_into(self, v, buf, place_dims, offsets):
+        shape = self.sz.shape(v)
+        ext = buf.type.shape
+        strides = contiguous(ext)
+        offs, valid = [], []
+        for i, (d, n) in enumerate(zip(place_dims, shape)):
+            E = ext[i]
+            if offsets is not None:
+                off = self.ix(offsets[i])
+                offs.append(off)
+                valid.append(self._clip(off, n, E))
+            elif d in self.pid:
+                pid, b = self.pid[d]
+                offs.append(idx_mul(pid, Const(b)))
+                valid.append(self._clip(offs[-1], n, E, exact=E % n == 0))
+            else:
+                offs.append(Const(0))
+                valid.append(Const(min(n, E)))
+
+        def body(idx):
+            g = Const(0)
+            for o, i, s in zip(offs, idx, strides):
+                g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
+            e = self.at(v, idx)
+            if v.dtype != buf.type.dtype:
+                e = Cast(buf.type.dtype, e)
+            return [Store(buf.name, g, e)]
+        self.each(shape, valid, body, self._into)
+
+    def s_store(self, st):
+        p = self.body.param(st.attrs["param"])
+        self._store_into(st.args[0], self.k.output, p.dims, st.attrs["offsets"])
+
+    def s_return(self, st):
+        v = st.args[0]
+        self._store_into(v, self.k.output, v.dims, None)

@@ -1,0 +1,45 @@
+"""tile_program: a user's tile kernel (`@ts.kernel`, tessera/tiles.py) as one Graph IR node.
+
+Its operands are the kernel's parameters in order (a parameter it only stores into is an
+operand for its shape); its `kernel` attribute is the traced body, which the `tile` strategy
+lowers (tessera/compiler/strategies/tiles.py). Its result is the kernel's output.
+"""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..types import TensorType
+from .registry import OpDef, TileProgram, register
+
+
+def sizes(body, types) -> dict:
+    """Each dimension name's size in these operand types."""
+    out = {}
+    for p, t in zip(body.params, types):
+        for d, n in zip(p.dims, t.shape):
+            if out.setdefault(d, n) != n:
+                raise ShapeError(f"dimension {d} of tile kernel {body.name} is {out[d]} and {n}")
+    return out
+
+
+def _infer(types, attrs):
+    body = attrs["kernel"]
+    if len(types) != len(body.params):
+        raise ShapeError(f"tile kernel {body.name} takes {len(body.params)} operands, "
+                         f"got {len(types)}")
+    kind, what = body.output
+    if kind == "store":
+        i = [p.name for p in body.params].index(what)
+        return types[i]
+    dims = sizes(body, types)
+    return TensorType(what.dtype, tuple(dims[d] for d in what.dims))
+
+
+def _reference(arrays, attrs):
+    from ..tiles import interpret
+    return interpret(attrs["kernel"], arrays)
+
+
+register(OpDef(
+    "tile_program", -1, {"kernel": None}, infer=_infer, reference=_reference,
+    lowering=TileProgram(), differentiable=False,
+    doc="a user's tile kernel (@ts.kernel): its body run over the blocks of its output"))

@@ -1,0 +1,85 @@
+"""`tessera.tile`: the builtins of a tile kernel's body (`@ts.kernel`, tessera/tiles.py).
+
+    ctx = tile.context()                    the knobs (ctx.BM ...) and dimensions (ctx.K ...)
+    a = tile.load(A, shape=(ctx.BM, ctx.BK), offset=None, other=0.0, prefetch=None)
+    a_k = tile.load_partition(a, k)         a block of a streamed load, in a range_k loop
+    for k in tile.range_k(0, ctx.K, ctx.BK): ...
+    acc = tile.zeros((ctx.BM, ctx.BN), dtype=f32);  tile.full(shape, value, dtype)
+    acc += tile.mma(a_k, b_k)               one FMA chain per element over k, in order
+    tile.max / sum / min(x, axis=-1, keepdim=False)    in index order
+    tile.exp(x), tile.where(c, a, b), + - * / ...      any elementwise operator of the registry
+    tile.store(C, acc, offset=None)
+    tile.program_id(axis), tile.num_programs(axis)
+
+Called outside a kernel's body they raise a TracingError.
+"""
+from __future__ import annotations
+
+from . import dtypes as _dt
+from . import tiles as _t
+from .errors import DTypeError as _DTypeError
+from .ops import registry as _R
+from .trace import user_location as _where
+
+load = _t.load
+load_partition = _t.load_partition
+store = _t.store
+mma = _t.mma
+program_id = _t.program_id
+num_programs = _t.num_programs
+
+
+def context() -> _t.Context:
+    """The launch's knobs and the problem's dimensions."""
+    return _t.Context(_t.tracer())
+
+
+def range_k(start, stop, step, stages=None):
+    """`for k in tile.range_k(0, ctx.K, ctx.BK)`: k = start, start + step, ... below stop."""
+    return _t.RangeK(start, stop, step, stages)
+
+
+def zeros(shape, dtype=_dt.float32):
+    return _t.full(shape, 0, dtype)
+
+
+def full(shape, value, dtype=None):
+    return _t.full(shape, value, dtype)
+
+
+def max(x, axis=-1, keepdim=False):          # noqa: A001 (the seeds' name)
+    return _t.reduce("max", x, axis, keepdim)
+
+
+def min(x, axis=-1, keepdim=False):          # noqa: A001
+    return _t.reduce("min", x, axis, keepdim)
+
+
+def sum(x, axis=-1, keepdim=False):          # noqa: A001
+    return _t.reduce("sum", x, axis, keepdim)
+
+
+def atomic_add(x, value, offset=None):
+    """Not available: floating-point atomics would make results depend on the order threads
+    arrive in (the numerics contract forbids it), and integer atomics are not built yet."""
+    v = _t.as_value(value)
+    d = v.dtype if v is not None else _dt.get(type(value))
+    if d.is_float:
+        raise _DTypeError("tile.atomic_add of floats: the sum would depend on the order the "
+                          "programs arrive in, and Tessera's results never do",
+                          location=_where(),
+                          hint="reduce within a program (tile.sum), or store partial results "
+                               "and sum them in a second kernel")
+    raise _DTypeError("tile.atomic_add of integers is not supported yet", location=_where())
+
+
+def __getattr__(name):
+    """Every elementwise operator of the registry: tile.exp, tile.where, tile.maximum, ..."""
+    op = _R.REGISTRY.get(name)
+    if op is not None and isinstance(op.lowering, _R.Elementwise):
+        def fn(*args, **attrs):
+            return _t.elementwise(name, *args, **attrs)
+        fn.__name__ = name
+        fn.__doc__ = f"tile.{name}: {op.doc}"
+        return fn
+    raise AttributeError(f"module 'tessera.tile' has no attribute {name!r}")
