@@ -210,6 +210,10 @@ class KernelBody:
     def param(self, name) -> Param:
         return next(p for p in self.params if p.name == name)
 
+    def interpret(self, arrays, knobs=None):
+        """The output computed with NumPy, program by program (the operator's reference)."""
+        return interpret(self, arrays, knobs)
+
     @property
     def inputs(self) -> list:
         """The parameters the program reads: the node's operands, in signature order."""
@@ -909,6 +913,8 @@ class KernelFunction:
         result = self.function(body, target)(*args)
         if body.output[0] == "store":
             out = args[[n for n, _ in self.specs].index(body.output[1])]
+            if hasattr(result, "get") and not hasattr(out, "get"):    # a GPU's result, a
+                result = result.get()                                   # NumPy output
             out[...] = result
             return out
         return result

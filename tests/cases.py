@@ -40,6 +40,7 @@ EXAMPLES = {
        for n in ["mod", "floor_divide"]},
     "pow": (lambda r: [f32(r, 4, 3, lo=0.1), f32(r, 3)], {}),
     "atan2": (lambda r: [f32(r, 4, 3), f32(r, 3)], {}),
+    "fma": (lambda r: [f32(r, 4, 3), f32(r, 3), f32(r, 4, 1)], {}),
     "where": (lambda r: [f32(r, 4, 3) > 0, f32(r, 4, 3), f32(r, 3)], {}),
     "cast": (lambda r: [f32(r, 4, 3) * 10], {"dtype": "int32"}),
     **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in
@@ -142,6 +143,15 @@ def registry_cases(rng):
     return cases
 
 
+def _tile_softmax():
+    from tessera import Tile, tile
+
+    def softmax(x: Tile["R", "C"]) -> Tile["R", "C"]:
+        e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
+        return e / tile.sum(e, axis=-1, keepdim=True)
+    return ts.kernel(softmax)
+
+
 def strategy_cases(rng):
     def u(*shape, d=np.float32):
         return rng.uniform(-2, 2, size=shape).astype(d)
@@ -185,6 +195,9 @@ def strategy_cases(rng):
                                       rng.integers(-9, 9, size=(16,))])
     cases["matmul-int"] = (lambda a, b: a @ b, [rng.integers(-5, 5, size=(3, 4, 5)),
                                                 rng.integers(-5, 5, size=(5, 6))])
+    # a user's tile kernel (tile_program, its own strategy; tests/frontend/test_tile_kernels.py)
+    body = _tile_softmax().body([dt.float32])
+    cases["tile-kernel-f32"] = (lambda x: apply("tile_program", [x], kernel=body), [u(7, 33)])
     # control flow: region steps around their bodies' kernels
     cases["fori_loop-f32"] = (lambda x, w: ts.fori_loop(0, 4, lambda i, c: c * 0.5 + w[i], x),
                           [u(6), u(4, 6)])

@@ -29,7 +29,7 @@ LAYERS = [
                    "tessera.graph", "tessera.autodiff", "tessera.autotune", "tessera.nn",
                    "tessera.optim", "tessera.debug", "tessera.interop",
                    "tessera.aten", "tessera.jaxpr", "tessera.migrate", "tessera.onnx",
-                   "tessera.prob"]),
+                   "tessera.prob", "tessera.tiles", "tessera.tile"]),
     ("viz", ["tessera.viz"]),
     ("lab", ["tessera.lab"]),
     ("public surface", ["tessera"]),      # the package's __init__: what `import tessera` gives

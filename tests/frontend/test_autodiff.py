@@ -143,6 +143,7 @@ CASES = {
              (lambda x: op.topk(x, 2)[0], lambda r: [U(r, 3, 6)])],
     "expand_dims": [(lambda x: op.expand_dims(x, axis=-1), lambda r: [U(r, 2, 3)])],
     "atan2": binary("atan2", U, away),
+    "fma": [(lambda a, b, c: op.fma(a, b, c), lambda r: [U(r, 3, 4), U(r, 4), U(r, 3, 1)])],
     # the transforms (more: tests/ops/test_spectral.py) and their primitives on parts
     "fft": [(lambda z: op.real(op.fft(z, n=6) * op.fft(z, n=6)), lambda r: [Z(r, 3, 5)]),
             (lambda x: op.fft(x, axis=0, norm="ortho"), lambda r: [U(r, 4, 3)])],

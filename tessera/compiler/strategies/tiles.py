@@ -27,6 +27,7 @@ CPU_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 64}
 GPU_BLOCK = {"tile_m": 32, "tile_n": 32, "tile_k": 32}
 LOCAL_MAX = 1 << 14             # elements of a CPU tile kept on the stack
 ROW_ELEMENTS = 1 << 14          # a direct use's block: BM rows of at most this many elements
+GPU_ROW_ELEMENTS = 1 << 11      # (on GPUs, where the block's tiles share 48 KiB)
 GPU_SHARED_MAX = 48 * 1024      # static shared memory of a block
 
 
@@ -56,7 +57,7 @@ class Tiles(Strategy):
         dims = sizes(body, [v.type for v in n.inputs])
         return _Sizes(body, dims, {**CPU_BLOCK}).flops()
 
-    def _defaults(self, k, block):
+    def _defaults(self, k, block, row_elements=ROW_ELEMENTS):
         body = _body(k)
         dims = sizes(body, [b.type for b in _operands(k)])
         out = {}
@@ -66,7 +67,7 @@ class Tiles(Strategy):
         row = max((prod(b.type.shape[1:]) for b in _operands(k) if len(b.type.shape) > 1),
                   default=1)
         if "tile_m" in out and not any(s.kind == "mma" for s in _walk(body.stmts)):
-            out["tile_m"] = max(1, min(out["tile_m"], ROW_ELEMENTS // max(1, row)))
+            out["tile_m"] = max(1, min(out["tile_m"], row_elements // max(1, row)))
         programs = _Sizes(body, dims, out).programs()
         return out, programs
 
@@ -75,8 +76,14 @@ class Tiles(Strategy):
         return {"parallel": programs >= 2, **knobs}
 
     def gpu_knobs(self, k, target) -> dict:
-        knobs, _ = self._defaults(k, GPU_BLOCK)
+        knobs, _ = self._defaults(k, GPU_BLOCK, GPU_ROW_ELEMENTS)
         return {"threads": 256, **knobs}
+
+    def user_knobs(self, schedule) -> dict:
+        out = super().user_knobs(schedule)
+        if schedule.block is not None:
+            out.update(zip(("tile_m", "tile_n", "tile_k"), schedule.block))
+        return out
 
     def space(self, k) -> dict:
         return {name: [16, 32, 64, 128] for name in _used(k)}

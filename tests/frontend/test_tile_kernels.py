@@ -1,0 +1,236 @@
+"""Tile kernels (`@ts.kernel`, tessera/tiles.py): the seeds' matmul_kernel and safe_softmax as
+written, against NumPy on ragged shapes, with f32 and bf16 inputs; the same bits as op.matmul,
+across block sizes and thread settings, and in the CUDA and HIP emulator; errors named at the
+user's line before anything runs. (The CUDA and HIP versions: tests/targets/test_gpu_emulated.py,
+and on a device test_gpu_device.py.)"""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import Tile, bf16, f32, tile
+from tessera.errors import ArgumentError, DTypeError, ShapeError, TracingError
+
+from conftest import assert_within_dot_bound
+
+
+@ts.kernel
+def matmul_kernel(A: Tile["M", "K", bf16], B: Tile["K", "N", bf16], C: Tile["M", "N", f32]):
+    ctx = tile.context()
+    A_shared = tile.load(A, shape=(ctx.BM, ctx.BK), prefetch=2)
+    B_shared = tile.load(B, shape=(ctx.BK, ctx.BN), prefetch=2)
+    accumulator = tile.zeros((ctx.BM, ctx.BN), dtype=f32)
+    for k in tile.range_k(0, ctx.K, ctx.BK):
+        A_tile = tile.load_partition(A_shared, k)
+        B_tile = tile.load_partition(B_shared, k)
+        accumulator += tile.mma(A_tile, B_tile)
+    tile.store(C, accumulator)
+
+
+@ts.kernel
+def matmul_f32(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+    ctx = tile.context()
+    a = tile.load(A, shape=(ctx.BM, ctx.BK))
+    b = tile.load(B, shape=(ctx.BK, ctx.BN))
+    acc = tile.zeros((ctx.BM, ctx.BN))
+    for k in tile.range_k(0, ctx.K, ctx.BK):
+        acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+    tile.store(C, acc)
+
+
+@ts.kernel
+def safe_softmax(x: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
+    max_val = tile.max(x, axis=-1, keepdim=True)
+    exp_x = tile.exp(x - max_val)
+    return exp_x / tile.sum(exp_x, axis=-1, keepdim=True)
+
+
+SHAPES = [(1, 1, 1), (7, 13, 5), (97, 31, 61), (64, 64, 64), (130, 300, 3)]
+
+
+def softmax_ref(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_seed_matmul_f32_matches_numpy_and_op_matmul_bit_for_bit(rng, m, k, n):
+    A = rng.standard_normal((m, k), dtype=np.float32)
+    B = rng.standard_normal((k, n), dtype=np.float32)
+    C = np.full((m, n), np.nan, np.float32)
+    assert matmul_f32(A, B, C) is C
+    assert_within_dot_bound(C, A, B)
+    # one FMA chain per element over k in order: op.matmul's own
+    assert C.tobytes() == ts.function(lambda a, b: a @ b)(A, B).tobytes()
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_seed_matmul_bf16_inputs_accumulate_in_f32(rng, m, k, n):
+    A = rng.standard_normal((m, k)).astype(bf16.np)
+    B = rng.standard_normal((k, n)).astype(bf16.np)
+    C = np.zeros((m, n), np.float32)
+    matmul_kernel(A, B, C)
+    a, b = A.astype(np.float32), B.astype(np.float32)      # exact
+    assert_within_dot_bound(C, a, b)
+
+
+@pytest.mark.parametrize("r,c", [(1, 1), (5, 1000), (130, 7), (64, 64)])
+def test_seed_softmax_matches_numpy(rng, r, c):
+    x = (rng.standard_normal((r, c)) * 5).astype(np.float32)
+    y = safe_softmax(x)
+    assert y.dtype == np.float32 and y.shape == (r, c)
+    np.testing.assert_allclose(y, softmax_ref(x), rtol=2e-6 * np.log2(c + 1) + 1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("block", [(16, 16, 16), (32, 64, 8), (128, 16, 64)])
+def test_block_sizes_and_threads_change_no_bit(rng, block):
+    A = rng.standard_normal((97, 75), dtype=np.float32)
+    B = rng.standard_normal((75, 53), dtype=np.float32)
+    want = matmul_f32(A, B, np.zeros((97, 53), np.float32))
+    for parallel in (True, False):
+        k = ts.kernel(matmul_f32.fn, schedule=ts.Schedule(block=block, parallel=parallel))
+        got = k(A, B, np.zeros((97, 53), np.float32))
+        assert got.tobytes() == want.tobytes()
+        prog = k.lower(A, B, np.zeros((97, 53), np.float32))
+        knobs = prog.schedule_ir.kernels[0].knobs
+        assert (knobs["tile_m"], knobs["tile_n"], knobs["tile_k"]) == block
+
+
+def test_a_fused_epilogue_written_by_hand(rng):
+    @ts.kernel
+    def linear_gelu(X: Tile["M", "K", f32], W: Tile["K", "N", f32], b: Tile["N", f32],
+                    Y: Tile["M", "N", f32]):
+        ctx = tile.context()
+        x = tile.load(X, shape=(ctx.BM, ctx.BK))
+        w = tile.load(W, shape=(ctx.BK, ctx.BN))
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += tile.mma(tile.load_partition(x, k), tile.load_partition(w, k))
+        bias = tile.load(b, shape=(ctx.BN,))
+        tile.store(Y, tile.maximum(acc + bias, 0.0))
+    X = rng.standard_normal((45, 70), dtype=np.float32)
+    W = rng.standard_normal((70, 33), dtype=np.float32)
+    b = rng.standard_normal(33, dtype=np.float32)
+    Y = linear_gelu(X, W, b, np.zeros((45, 33), np.float32))
+    want = np.maximum(X.astype(np.float64) @ W + b, 0)
+    np.testing.assert_allclose(Y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_offsets_from_program_ids(rng):
+    @ts.kernel
+    def scale_rows(X: Tile["R", "C", f32], Y: Tile["R", "C", f32]):
+        ctx = tile.context()
+        row = tile.program_id(0) * ctx.BM
+        x = tile.load(X, shape=(ctx.BM, ctx.C), offset=(row, 0))
+        tile.store(Y, x * 2.0 + 1.0, offset=(row, 0))
+    X = rng.standard_normal((37, 11), dtype=np.float32)
+    Y = scale_rows(X, np.zeros_like(X))
+    np.testing.assert_array_equal(Y, X * 2.0 + 1.0)
+
+
+def test_the_program_is_a_program(rng):
+    x = rng.standard_normal((9, 40), dtype=np.float32)
+    prog = safe_softmax.lower(x)
+    [k] = prog.schedule_ir.kernels
+    assert k.strategy == "tile"
+    assert "strategy=tile" in str(prog.tile_ir)
+    assert "tile kernel safe_softmax" in str(prog.graph_ir)
+    np.testing.assert_array_equal(prog(x), safe_softmax(x))
+    text = safe_softmax.ir(x)
+    assert "reduce(" in text and "test_tile_kernels.py" in text
+
+
+def test_the_reference_interpreter_agrees(rng):
+    from tessera.tiles import interpret
+    A = rng.standard_normal((40, 23), dtype=np.float32)
+    B = rng.standard_normal((23, 17), dtype=np.float32)
+    C = np.zeros((40, 17), np.float32)
+    body = matmul_f32.body([ts.float32] * 3)
+    assert_within_dot_bound(interpret(body, [A, B, C]), A, B)
+    x = rng.standard_normal((13, 29), dtype=np.float32)
+    y = interpret(safe_softmax.body([ts.float32]), [x])
+    np.testing.assert_allclose(y, softmax_ref(x), rtol=1e-5, atol=1e-7)
+
+
+# ---- errors, before anything runs ---------------------------------------------------------------
+def _line_of(fn, text):
+    import inspect
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, s in enumerate(lines) if text in s)
+
+
+def test_mma_of_incompatible_tiles_names_the_line():
+    def bad(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        b = tile.load(B, shape=(ctx.BN, ctx.BK))
+        tile.store(C, tile.mma(a, b))
+    k = ts.kernel(bad)
+    with pytest.raises(ShapeError, match="incompatible") as e:
+        k(np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32))
+    assert e.value.location.lineno == _line_of(bad, "tile.mma")
+
+
+def test_python_if_on_a_tile_is_an_error():
+    def bad(x: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
+        if tile.max(x) > 0:
+            return x
+        return x * 2
+    with pytest.raises(TracingError, match="Python if") as e:
+        ts.kernel(bad)(np.zeros((2, 3), np.float32))
+    assert "tile.where" in e.value.hint
+    assert e.value.location.lineno == _line_of(bad, "if tile.max")
+
+
+def test_float_atomics_are_refused_for_determinism():
+    def bad(x: Tile["R", "C", f32], y: Tile["R", "C", f32]):
+        tile.atomic_add(y, x)
+    with pytest.raises(DTypeError, match="order"):
+        ts.kernel(bad)(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+
+
+def test_a_load_against_the_grid_is_an_error():
+    def bad(A: Tile["M", "K", f32], C: Tile["M", "K", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BN, ctx.K))
+        tile.store(C, tile.load(A, shape=(ctx.BM, ctx.K)) + a)
+    with pytest.raises(ShapeError):
+        ts.kernel(bad)(np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32))
+
+
+def test_a_tile_made_in_a_loop_cannot_leave_it():
+    def bad(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        b = tile.load(B, shape=(ctx.BK, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc = tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+        tile.store(C, acc)
+    with pytest.raises(TracingError, match="loop") as e:
+        ts.kernel(bad)(*(np.zeros((4, 4), np.float32),) * 3)
+    assert "acc +=" in e.value.hint
+
+
+@pytest.mark.parametrize("case", ["dtype", "rank", "size", "overlap", "outside"])
+def test_bad_arguments_write_nothing(case):
+    A = np.ones((6, 5), np.float32)
+    B = np.ones((5, 4), np.float32)
+    C = np.full((6, 4), 7.0, np.float32)
+    if case == "dtype":
+        with pytest.raises(DTypeError, match="bf16|bfloat16"):
+            matmul_kernel(A, B, C)
+    elif case == "rank":
+        with pytest.raises(ShapeError, match="rank"):
+            matmul_f32(A, B, C[0])
+    elif case == "size":
+        with pytest.raises(ShapeError, match="dimension N"):
+            matmul_f32(A, B, np.full((6, 3), 7.0, np.float32))
+    elif case == "overlap":
+        X = np.ones((6, 6), np.float32)
+        with pytest.raises(ArgumentError, match="overlaps"):
+            matmul_f32(X[:, :5], X[:5, :4], X[:, 2:])
+        assert (X == 1).all()
+    else:
+        with pytest.raises(TracingError, match="@ts.kernel|@tessera.kernel"):
+            tile.load(A, shape=(2, 2))
+    assert (C == 7).all()
