@@ -82,6 +82,38 @@ def test_seed_softmax_matches_numpy(rng, r, c):
     np.testing.assert_allclose(y, softmax_ref(x), rtol=2e-6 * np.log2(c + 1) + 1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("r,c", [(3, 17), (37, 1000), (5, 4099)])
+def test_seed_softmax_gives_op_softmax_bits(rng, r, c):
+    # reductions in the row strategy's order (16 lanes for float32, then the lanes in order)
+    x = (rng.standard_normal((r, c)) * 4).astype(np.float32)
+    want = ts.function(lambda v: ts.op.softmax(v, axis=-1))(x)
+    assert safe_softmax(x).tobytes() == want.tobytes()
+
+
+def test_the_fma_chains_and_the_gemm_routine_agree(rng):
+    """A loop that is not the bare `acc += mma(...)` runs the FMA chains from the tiles instead
+    of the GEMM routine: the same bits either way."""
+    @ts.kernel
+    def matmul_and_colsum(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        b = tile.load(B, shape=(ctx.BK, ctx.BN))
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        ones = tile.zeros((ctx.BM, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            b_k = tile.load_partition(b, k)
+            acc += tile.mma(tile.load_partition(a, k), b_k)
+            ones += 0.0
+        tile.store(C, acc + ones)
+    A = rng.standard_normal((70, 130), dtype=np.float32)
+    B = rng.standard_normal((130, 45), dtype=np.float32)
+    got = matmul_and_colsum(A, B, np.zeros((70, 45), np.float32))
+    assert "call ts_gemm" not in str(matmul_and_colsum.lower(A, B, np.zeros((70, 45),
+                                                                         np.float32)).tile_ir)
+    assert "call ts_gemm" in str(matmul_f32.lower(A, B, np.zeros((70, 45), np.float32)).tile_ir)
+    assert got.tobytes() == matmul_f32(A, B, np.zeros((70, 45), np.float32)).tobytes()
+
+
 @pytest.mark.parametrize("block", [(16, 16, 16), (32, 64, 8), (128, 16, 64)])
 def test_block_sizes_and_threads_change_no_bit(rng, block):
     A = rng.standard_normal((97, 75), dtype=np.float32)

@@ -18,9 +18,11 @@ from ...errors import BackendUnavailableError
 from ...ops import registry as R
 from ...ops.tile_program import sizes
 from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
-from ..tile_ir import (Assign, Barrier, Bin, Cast, Const, Decl, If, Load, Local, Loop, OpCall,
-                       Scratch, Select, Shared, Store, Var, idx_add, idx_mul, linear)
+from ..tile_ir import (Addr, Assign, Barrier, Bin, Call, Cast, Const, Decl, If, Load, Local,
+                       Loop, OpCall, Scratch, Select, Shared, Store, Var, idx_add, idx_mul,
+                       linear)
 from .base import Strategy, register
+from .row import EXPENSIVE_FLOPS
 
 KNOB_OF = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
 CPU_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 64}
@@ -29,6 +31,20 @@ LOCAL_MAX = 1 << 14             # elements of a CPU tile kept on the stack
 ROW_ELEMENTS = 1 << 14          # a direct use's block: BM rows of at most this many elements
 GPU_ROW_ELEMENTS = 1 << 11      # (on GPUs, where the block's tiles share 48 KiB)
 GPU_SHARED_MAX = 48 * 1024      # static shared memory of a block
+MMA_ROWS, MMA_WIDTH = 4, 64    # a CPU mma's register block: 4 rows of 64 bytes
+LANES = {4: 16, 8: 8}           # a reduction's accumulators by element size: the row strategy's
+
+
+def _divmod(n, lanes):
+    """(n // lanes, n % lanes) of an index Expr."""
+    if isinstance(n, Const):
+        return Const(n.value // lanes), Const(n.value % lanes)
+    return Bin("/", n, Const(lanes)), Bin("%", n, Const(lanes))
+
+
+def _is(e, op, *args) -> bool:
+    """Is e (a tile program's index expression) this one?"""
+    return e.op == op and tuple(e.args) == args
 
 
 def _body(k):
@@ -190,6 +206,7 @@ class _Lower:
         self.sz = _Sizes(self.body, self.dims, k.knobs)
         self.names = Names()
         self.tiles = {}            # value id -> (buffer name, static shape)
+        self.views = {}            # value id -> (buffer, its index at a tile index): read in place
         self.inline = {}           # value id -> the elem statement computing it where used
         self.valid = {}            # value id -> per axis, the valid extent (index Expr)
         self.streams = {}          # value id -> its load statement
@@ -197,17 +214,24 @@ class _Lower:
         self.pid = {}              # output dimension -> (program index Var, block size)
         self.vars = {}             # loop variable name -> Var
         self.programs = self.sz.programs()
-        self.depends = self._depends_on_updates()
+        self.depends = self._materialised()
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _depends_on_updates(self) -> set:
-        """Ids of elementwise values reading (through other elementwise values) a tile that is
-        updated in place: they are computed where they are made, not where they are used."""
-        out = set()
+    def _materialised(self) -> set:
+        """Ids of the elementwise values computed where they are made (into a tile) rather than
+        where they are used: those reading (through other elementwise values) a tile updated in
+        place, and costly ones (exp, tanh, ...) used more than once."""
+        out, reads_updated, cost = set(), set(self.body.updated), {}
         for s in _walk(self.body.stmts):
-            if s.kind == "elem" and any(
-                    getattr(a, "id", None) in self.body.updated or getattr(a, "id", None) in out
-                    for a in s.args):
+            if s.kind != "elem":
+                continue
+            ins = [a.id for a in s.args if hasattr(a, "id")]
+            cost[s.out.id] = R.get(s.attrs["op"]).lowering.flops + sum(
+                cost.get(i, 0) for i in ins if i not in out)
+            if any(i in reads_updated for i in ins):
+                reads_updated.add(s.out.id)
+                out.add(s.out.id)
+            elif self.body.uses.get(s.out.id, 0) > 1 and cost[s.out.id] >= EXPENSIVE_FLOPS:
                 out.add(s.out.id)
         return out
 
@@ -260,6 +284,11 @@ class _Lower:
             name, shape = self.tiles[v.id]
             idx = [Const(0) if n == 1 else i for i, n in zip(idx, shape)]
             return Load(name, linear(idx, contiguous(shape)))
+        if v.id in self.views:
+            b, where = self.views[v.id]
+            idx = [Const(0) if n == 1 else i for i, n in zip(idx, self.sz.shape(v))]
+            e = read(b, where(idx))
+            return e if b.type.dtype == v.dtype else Cast(v.dtype, e)
         s = self.inline[v.id]
         return self._elem_expr(s, idx)
 
@@ -346,6 +375,9 @@ class _Lower:
         i = 0
         while i < len(stmts):
             s = stmts[i]
+            if s.kind == "loop" and self._gemm_loop(s):
+                i += 1
+                continue
             nxt = stmts[i + 1] if i + 1 < len(stmts) else None
             if s.kind == "mma" and nxt is not None and nxt.kind == "update" and \
                     nxt.args[1] is s.out and nxt.attrs["op"] == "add" and \
@@ -398,26 +430,34 @@ class _Lower:
     def s_part(self, st):
         src = self.streams[st.args[0].id]
         offs, valid = self._placement(src, self.ix(st.attrs["k"]))
-        self._fill(st.out, src.attrs["param"], offs, valid, src.attrs["other"])
+        self._fill(st.out, src.attrs["param"], offs, valid, src.attrs["other"], stream=True)
 
-    def _fill(self, v, param, offs, valid, other):
+    def _fill(self, v, param, offs, valid, other, stream=False):
+        shape = self.sz.shape(v)
+        self.valid[v.id] = valid
+        b = self.bufs[param]
+        strides = contiguous(b.type.shape)
+
+        def where(idx):
+            g = Const(0)
+            for o, i, s in zip(offs, idx, strides):
+                g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
+            return g
+        exact = all(isinstance(e, Const) and e.value >= n for e, n in zip(valid, shape))
+        if exact and not stream and not self.gpu:
+            # on the CPU a whole block inside the tensor is read in place (no copy); a stream's
+            # blocks are copied, packed for the FMA loops
+            self.views[v.id] = (b, where)
+            return
         stmts = self._into
         name = self.tile(v, stmts)
         stmts = self._into
-        shape = self.sz.shape(v)
-        self.valid[v.id] = valid
         if any(not (isinstance(e, Const) and e.value >= n) for e, n in zip(valid, shape)):
             self.each(shape, [Const(n) for n in shape],
                       lambda idx: [Store(name, linear(idx, contiguous(shape)),
                                          Const(other, v.dtype))], stmts)
-        b = self.bufs[param]
-        strides = contiguous(b.type.shape)
-
         def body(idx):
-            g = Const(0)
-            for o, i, s in zip(offs, idx, strides):
-                g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
-            e = read(b, g)
+            e = read(b, where(idx))
             if b.type.dtype != v.dtype:
                 e = Cast(v.dtype, e)
             return [Store(name, linear(idx, contiguous(shape)), e)]
@@ -460,31 +500,64 @@ class _Lower:
         return out
 
     def s_reduce(self, st):
+        """A reduction along one axis in the row strategy's order (op.softmax's bits): LANES
+        accumulators, element i into lane i % LANES, then the lanes combined in order."""
         x, v = st.args[0], st.out
         axis, op = st.attrs["axis"], st.attrs["op"]
         name = self.tile(v, self._into)
         shape = self.sz.shape(v)
-        xshape = self.sz.shape(x)
-        kept = [n for i, n in enumerate(xshape) if i != axis]
-        xd = x.dtype
-        red_ext = self.valid_of(x)[axis]
+        kept = [n for i, n in enumerate(self.sz.shape(x)) if i != axis]
+        xd, od = x.dtype, v.dtype
+        n = self.valid_of(x)[axis]
         valid = [e for i, e in enumerate(self.valid_of(x)) if i != axis]
         if st.attrs["keepdim"]:
             valid.insert(axis, Const(1))
         self.valid[v.id] = valid
-        acc, r = self.names("acc"), self.names("r")
+        lanes = LANES.get(od.itemsize, 8)
+        names = self.names
+
+        def combine(acc, e):
+            return OpCall(op, "combine", (), xd, od, (acc, e))
+
+        def element(idx, i):
+            return self.at(x, list(idx[:axis]) + [i] + list(idx[axis:]))
 
         def body(idx):
-            full = list(idx[:axis]) + [Var(r)] + list(idx[axis:])
-            combine = OpCall(op, "combine", (), xd, v.dtype, (Var(acc), self.at(x, full)))
             out_idx = list(idx)
             if st.attrs["keepdim"]:
                 out_idx.insert(axis, Const(0))
-            return [Decl(acc, v.dtype, OpCall(op, "init", (), xd, v.dtype, ())),
-                    Loop(r, red_ext.value if isinstance(red_ext, Const) else red_ext, "serial",
-                         [Assign(acc, combine)]),
-                    Store(name, linear(out_idx, contiguous(shape)), Var(acc))]
-        self.each(kept, [Const(n) for n in kept], body, self._into, vector=False)
+            chunks, tail = _divmod(n, lanes)
+            init = OpCall(op, "init", (), xd, od, ())
+            c, total, l1 = names("ch"), names("s"), names("l")
+            if not self.gpu:
+                acc, l0, la, lt = names("acc"), names("l"), names("l"), names("l")
+                return [
+                    Local(acc, od, lanes),
+                    Loop(l0, lanes, "vector", [Store(acc, Var(l0), init)]),
+                    Loop(c, chunks, "serial", [Loop(la, lanes, "vector", [Store(
+                        acc, Var(la), combine(Load(acc, Var(la)), element(
+                            idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(la)))))])]),
+                    *([] if tail == Const(0) else [Loop(lt, tail, "vector", [Store(
+                        acc, Var(lt), combine(Load(acc, Var(lt)), element(
+                            idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lt)))))])]),
+                    Decl(total, od, Load(acc, Const(0))),
+                    Loop(l1, lanes - 1, "serial", [Assign(total, combine(
+                        Var(total), Load(acc, idx_add(Var(l1), Const(1)))))]),
+                    Store(name, linear(out_idx, contiguous(shape)), Var(total))]
+            # a GPU thread: the same lanes one after another, each combined in as it ends
+            lane, a = names("lane"), names("a")
+            lane_sum = [
+                Decl(a, od, init),
+                Loop(c, chunks, "serial", [Assign(a, combine(Var(a), element(
+                    idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(lane)))))]),
+                If(Bin("<", Var(lane), tail), [Assign(a, combine(Var(a), element(
+                    idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lane)))))])]
+            return [Decl(total, od, init),
+                    Loop(lane, lanes, "serial", lane_sum + [
+                        If(Bin("==", Var(lane), Const(0)), [Assign(total, Var(a))],
+                           [Assign(total, combine(Var(total), Var(a)))])]),
+                    Store(name, linear(out_idx, contiguous(shape)), Var(total))]
+        self.each(kept, [Const(k) for k in kept], body, self._into, vector=False)
 
     def mma(self, st, into=None):
         a, b = st.args
@@ -519,13 +592,93 @@ class _Lower:
                         Store(name, at(i, j), Var(s))]
             self.each([m, n], [Const(m), Const(n)], body, self._into, vector=False)
             return
-        # CPU: i, k, j with j innermost (vectorised): each element still one chain over k in order
-        iv, jv = self.names("i"), self.names("j")
-        self._into.append(Loop(iv, m, "serial", [
-            Loop(kv, kext.value if isinstance(kext, Const) else kext, "serial", [
-                Loop(jv, n, "vector", [
-                    Store(name, at(Var(iv), Var(jv)),
-                          term(Var(iv), Var(kv), Var(jv), Load(name, at(Var(iv), Var(jv)))))])])]))
+        ke = kext.value if isinstance(kext, Const) else kext
+        rows, width = MMA_ROWS, MMA_WIDTH // d.itemsize
+        if m % rows or n % width:
+            # i, k, j with j innermost (vectorised): each element one chain over k in order
+            iv, jv = self.names("i"), self.names("j")
+            self._into.append(Loop(iv, m, "serial", [Loop(kv, ke, "serial", [
+                Loop(jv, n, "vector", [Store(name, at(Var(iv), Var(jv)), term(
+                    Var(iv), Var(kv), Var(jv), Load(name, at(Var(iv), Var(jv)))))])])]))
+            return
+        # register blocks of rows x width accumulators (the GEMM routine's micro-tile): read
+        # from the tile, the chains over k run in registers, written back; the same chains
+        i0, j0 = self.names("ib"), self.names("jb")
+        regs = self.names("reg")
+
+        def el(rr, jj):
+            return (idx_add(idx_mul(Var(i0), Const(rows)), rr),
+                    idx_add(idx_mul(Var(j0), Const(width)), jj))
+
+        def lanes(body_fn):
+            rv, qv = self.names("r"), self.names("q")
+            return Loop(rv, rows, "serial", [Loop(qv, width, "vector", body_fn(Var(rv), Var(qv)))])
+
+        def reg(rr, jj):
+            return idx_add(idx_mul(rr, Const(width)), jj)
+        self._into.append(Loop(i0, m // rows, "serial", [Loop(j0, n // width, "serial", [
+            Local(regs, d, rows * width),
+            lanes(lambda rr, jj: [Store(regs, reg(rr, jj), Load(name, at(*el(rr, jj))))]),
+            Loop(kv, ke, "serial", [lanes(lambda rr, jj: [Store(regs, reg(rr, jj), term(
+                el(rr, jj)[0], Var(kv), el(rr, jj)[1], Load(regs, reg(rr, jj))))])]),
+            lanes(lambda rr, jj: [Store(name, at(*el(rr, jj)), Load(regs, reg(rr, jj)))])])]))
+
+    def _gemm_loop(self, loop) -> bool:
+        """On the CPU, `for k in range_k(0, K, BK): acc += mma(load_partition(a, k),
+        load_partition(b, k))` over all of K, into a tile of zeros nothing else updates, is the
+        compiler's GEMM routine on the program's block: the same chain per element over k from
+        0 (op.matmul's bits), with the routine's register blocking and packing."""
+        body = loop.body
+        if self.gpu or len(body) != 4 or [s.kind for s in body].count("part") != 2:
+            return False
+        parts = [s for s in body if s.kind == "part"]
+        mma = next((s for s in body if s.kind == "mma"), None)
+        upd = next((s for s in body if s.kind == "update"), None)
+        if mma is None or upd is None or body.index(mma) + 1 != body.index(upd) or \
+                upd.args[1] is not mma.out or upd.attrs["op"] != "add" or \
+                set(mma.args) != {p.out for p in parts} or mma.args[0] is mma.args[1]:
+            return False
+        acc = upd.args[0]
+        made = next((s for s in _walk(self.body.stmts) if s.out is acc), None)
+        if made is None or made.kind != "full" or made.attrs["value"] != 0 or \
+                sum(1 for s in _walk(self.body.stmts) if s.kind == "update" and
+                    s.args[0] is acc) != 1 or acc.dtype not in (dt.float32, dt.float64):
+            return False
+        start, stop, step = loop.args
+        ops = []
+        for operand, axis in ((mma.args[0], 1), (mma.args[1], 0)):
+            part = next(p for p in parts if p.out is operand)
+            src = self.streams.get(part.args[0].id)
+            if src is None or not _is(part.attrs["k"], "var", loop.attrs["var"]):
+                return False
+            p = self.body.param(src.attrs["param"])
+            place = src.attrs["place"]
+            if place[axis] != "stream" or place.index("stream") != axis or \
+                    self.bufs[p.name].type.dtype != acc.dtype or \
+                    step != src.out.shape[axis] or not _is(stop, "dim", p.dims[axis]) or \
+                    not _is(start, "const", 0):
+                return False
+            ops.append((part, src))
+        (pa, sa), (pb, sb) = ops
+        offs_a, valid_a = self._placement(sa, Const(0))
+        offs_b, valid_b = self._placement(sb, Const(0))
+        ba, bb = self.bufs[sa.attrs["param"]], self.bufs[sb.attrs["param"]]
+        st_a, st_b = contiguous(ba.type.shape), contiguous(bb.type.shape)
+        name, shape = self.tiles[acc.id]
+        K = self.dims[self.body.param(sa.attrs["param"]).dims[1]]
+        d = acc.dtype.short
+
+        def base(offs, strides):
+            e = Const(0)
+            for o, st in zip(offs, strides):
+                e = idx_add(e, idx_mul(o, Const(st)))
+            return e
+        self._into.append(Call(f"ts_gemm_tile_{d}", (
+            Addr(ba.name, base(offs_a, st_a)), Const(st_a[0]), Const(st_a[1]),
+            Addr(bb.name, base(offs_b, st_b)), Const(st_b[0]), Const(st_b[1]),
+            Addr(name, Const(0)), Const(shape[1]), Const(K), valid_a[0], valid_b[1], Const(0)),
+            f"gemm:{d}"))
+        return True
 
     def s_mma(self, st):
         self.mma(st)
