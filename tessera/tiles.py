@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from . import dtypes as dt
 from .errors import ArgumentError, DTypeError, ShapeError, TesseraError, TracingError
 from .trace import user_location
+from .types import TensorSpec
 
 KNOBS = ("BM", "BN", "BK", "warps", "stages", "vector")
 BLOCK_KNOBS = ("BM", "BN", "BK")
@@ -897,8 +898,11 @@ class KernelFunction:
             def run(*xs, **named):
                 xs = list(xs) + [named[n] for n in names[len(xs):]]
                 return apply("tile_program", xs, kernel=body)
+            # Tensor annotations from the Tile ones: the function's symbols are the kernel's
+            # dimensions (the explorer lowers it from sizes alone)
             run.__signature__ = inspect.Signature(
-                [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                   annotation=TensorSpec(p.dims, p.dtype))
                  for p in body.params])
             run.__name__ = run.__qualname__ = self.name
             f = Function(run, name=self.name, target=target, schedule=self.schedule)
@@ -918,6 +922,11 @@ class KernelFunction:
             out[...] = result
             return out
         return result
+
+    def as_function(self, target=None):
+        """The tessera function of this kernel at its annotated dtypes (float32 where a Tile
+        annotation names none): what `%%tessera` explores."""
+        return self.function(self.body([s.dtype or dt.float32 for _, s in self.specs]), target)
 
     def lower(self, *args, target=None):
         """The Program for these arguments (Graph, Schedule and Tile IR, target source)."""

@@ -131,7 +131,9 @@ class TesseraMagics(Magics):
                 if isinstance(value, types.FunctionType) and _defined_in(value, filename) and \
                         _tensor_annotated(value):
                     value = ns[name] = _bind(value)
-                if _is_tessera_function(value) and _defined_in(_root(value), filename):
+                if _is_tile_kernel(value) and _defined_in(value.fn, filename):
+                    found[name] = value.as_function()      # the kernel stays as it is in ns
+                elif _is_tessera_function(value) and _defined_in(_root(value), filename):
                     found[name] = value
         return list(found.values())
 
@@ -178,9 +180,12 @@ def _bind(fn):
 
 
 def _as_tessera_function(x):
-    """x as a tessera function (a plain def with Tensor annotations becomes one), or None."""
+    """x as a tessera function (a plain def with Tensor annotations becomes one, a tile kernel
+    its function), or None."""
     if isinstance(x, types.FunctionType) and _tensor_annotated(x):
         return _bind(x)
+    if _is_tile_kernel(x):
+        return x.as_function()
     return x if _is_tessera_function(x) else None
 
 
@@ -189,6 +194,11 @@ def _root(fn):
     while getattr(fn, "transformed", None) is not None:
         fn = fn.transformed
     return getattr(fn, "fn", fn)
+
+
+def _is_tile_kernel(x) -> bool:
+    from ..tiles import KernelFunction
+    return isinstance(x, KernelFunction)
 
 
 def _is_tessera_function(x) -> bool:

@@ -401,3 +401,25 @@ def test_an_error_names_the_cell_that_holds_the_line(shell, rng):
     err = result.error_in_exec
     assert isinstance(err, ts.ShapeError) and str(err.location) == f"In[{n}]:6"
     assert shell.execution_count == n + 3
+
+
+def test_a_tile_kernel_is_explored_profiled_and_tuned(shell, rng):
+    explorer, _ = run_magic(shell, "--shapes R=40,C=300 --profile --autotune --budget 2", '''
+import tessera as ts
+from tessera import Tile, f32, tile
+
+@ts.kernel
+def safe_softmax(x: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
+    m = tile.max(x, axis=-1, keepdim=True)
+    e = tile.exp(x - m)
+    return e / tile.sum(e, axis=-1, keepdim=True)
+''')
+    kernel = shell.user_ns["safe_softmax"]
+    assert isinstance(kernel, ts.tiles.KernelFunction)      # the kernel stays a kernel
+    assert [k for k, _ in explorer.sections] == ["graph", "schedule", "tile", "target", "profile",
+                                                 "autotune"]
+    [k] = explorer.program.schedule_ir.kernels
+    assert k.strategy == "tile" and explorer.profile.launches and explorer.tuning is not None
+    x = rng.standard_normal((40, 300)).astype(np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(explorer.program(x), e / e.sum(-1, keepdims=True), rtol=1e-5)
