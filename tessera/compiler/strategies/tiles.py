@@ -522,42 +522,65 @@ class _Lower:
         def element(idx, i):
             return self.at(x, list(idx[:axis]) + [i] + list(idx[axis:]))
 
+        init = OpCall(op, "init", (), xd, od, ())
+        if self.gpu:
+            return self._gpu_reduce(kept, lanes, n, combine, element, name, shape,
+                                    st.attrs["keepdim"], axis, init, od)
+        chunks, tail = _divmod(n, lanes)
+
         def body(idx):
             out_idx = list(idx)
             if st.attrs["keepdim"]:
                 out_idx.insert(axis, Const(0))
-            chunks, tail = _divmod(n, lanes)
-            init = OpCall(op, "init", (), xd, od, ())
             c, total, l1 = names("ch"), names("s"), names("l")
-            if not self.gpu:
-                acc, l0, la, lt = names("acc"), names("l"), names("l"), names("l")
-                return [
-                    Local(acc, od, lanes),
-                    Loop(l0, lanes, "vector", [Store(acc, Var(l0), init)]),
-                    Loop(c, chunks, "serial", [Loop(la, lanes, "vector", [Store(
-                        acc, Var(la), combine(Load(acc, Var(la)), element(
-                            idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(la)))))])]),
-                    *([] if tail == Const(0) else [Loop(lt, tail, "vector", [Store(
-                        acc, Var(lt), combine(Load(acc, Var(lt)), element(
-                            idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lt)))))])]),
-                    Decl(total, od, Load(acc, Const(0))),
-                    Loop(l1, lanes - 1, "serial", [Assign(total, combine(
-                        Var(total), Load(acc, idx_add(Var(l1), Const(1)))))]),
-                    Store(name, linear(out_idx, contiguous(shape)), Var(total))]
-            # a GPU thread: the same lanes one after another, each combined in as it ends
-            lane, a = names("lane"), names("a")
-            lane_sum = [
-                Decl(a, od, init),
-                Loop(c, chunks, "serial", [Assign(a, combine(Var(a), element(
-                    idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(lane)))))]),
-                If(Bin("<", Var(lane), tail), [Assign(a, combine(Var(a), element(
-                    idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lane)))))])]
-            return [Decl(total, od, init),
-                    Loop(lane, lanes, "serial", lane_sum + [
-                        If(Bin("==", Var(lane), Const(0)), [Assign(total, Var(a))],
-                           [Assign(total, combine(Var(total), Var(a)))])]),
-                    Store(name, linear(out_idx, contiguous(shape)), Var(total))]
+            acc, l0, la, lt = names("acc"), names("l"), names("l"), names("l")
+            return [
+                Local(acc, od, lanes),
+                Loop(l0, lanes, "vector", [Store(acc, Var(l0), init)]),
+                Loop(c, chunks, "serial", [Loop(la, lanes, "vector", [Store(
+                    acc, Var(la), combine(Load(acc, Var(la)), element(
+                        idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(la)))))])]),
+                *([] if tail == Const(0) else [Loop(lt, tail, "vector", [Store(
+                    acc, Var(lt), combine(Load(acc, Var(lt)), element(
+                        idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lt)))))])]),
+                Decl(total, od, Load(acc, Const(0))),
+                Loop(l1, lanes - 1, "serial", [Assign(total, combine(
+                    Var(total), Load(acc, idx_add(Var(l1), Const(1)))))]),
+                Store(name, linear(out_idx, contiguous(shape)), Var(total))]
         self.each(kept, [Const(k) for k in kept], body, self._into, vector=False)
+
+    def _gpu_reduce(self, kept, lanes, n, combine, element, name, shape, keepdim, axis, init,
+                    od):
+        """A thread per lane of each kept element (the same lanes as the CPU's), the partial
+        results in shared memory, then a thread per kept element combining its lanes in order:
+        the CPU's bits."""
+        names = self.names
+        part = names("part")
+        self.shared.append(Shared(part, od, max(1, prod(kept)) * lanes))
+        chunks, tail = _divmod(n, lanes)
+
+        def lane_body(idx):
+            *kidx, lane = idx
+            c, a = names("ch"), names("a")
+            return [Decl(a, od, init),
+                    Loop(c, chunks, "serial", [Assign(a, combine(Var(a), element(
+                        kidx, idx_add(idx_mul(Var(c), Const(lanes)), lane))))]),
+                    If(Bin("<", lane, tail), [Assign(a, combine(Var(a), element(
+                        kidx, idx_add(idx_mul(chunks, Const(lanes)), lane))))]),
+                    Store(part, linear(idx, contiguous(kept + [lanes])), Var(a))]
+        self.each(kept + [lanes], [Const(k) for k in kept + [lanes]], lane_body, self._into)
+
+        def combine_body(idx):
+            total, l1 = names("s"), names("l")
+            at = linear(list(idx) + [Const(0)], contiguous(kept + [lanes]))
+            out_idx = list(idx)
+            if keepdim:
+                out_idx.insert(axis, Const(0))
+            return [Decl(total, od, Load(part, at)),
+                    Loop(l1, lanes - 1, "serial", [Assign(total, combine(
+                        Var(total), Load(part, idx_add(at, idx_add(Var(l1), Const(1))))))]),
+                    Store(name, linear(out_idx, contiguous(shape)), Var(total))]
+        self.each(kept, [Const(k) for k in kept], combine_body, self._into)
 
     def mma(self, st, into=None):
         a, b = st.args
