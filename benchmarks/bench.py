@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 import tessera as ts
-from tessera import Tensor, nn, op
+from tessera import Tensor, Tile, nn, op, tile
 from tessera.runtime import tunedb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +81,39 @@ def attention_written(q: Tensor["B", "H", "S", 64], k: Tensor["B", "H", "S", 64]
 @ts.function
 def matmul_bias_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]) -> Tensor["M", "N"]:
     return op.gelu(x @ w + b, approximate="tanh")
+
+
+# the seeds' tile kernels (@ts.kernel, README "Tile kernels"): matmul_kernel with f32 inputs,
+# safe_softmax as written
+@ts.kernel
+def matmul_kernel(A: Tile["M", "K", ts.float32], B: Tile["K", "N", ts.float32],
+                  C: Tile["M", "N", ts.float32]):
+    ctx = tile.context()
+    A_shared = tile.load(A, shape=(ctx.BM, ctx.BK), prefetch=2)
+    B_shared = tile.load(B, shape=(ctx.BK, ctx.BN), prefetch=2)
+    accumulator = tile.zeros((ctx.BM, ctx.BN), dtype=ts.float32)
+    for k in tile.range_k(0, ctx.K, ctx.BK):
+        A_tile = tile.load_partition(A_shared, k)
+        B_tile = tile.load_partition(B_shared, k)
+        accumulator += tile.mma(A_tile, B_tile)
+    tile.store(C, accumulator)
+
+
+@ts.kernel
+def safe_softmax(x: Tile["R", "C", ts.float32]) -> Tile["R", "C", ts.float32]:
+    max_val = tile.max(x, axis=-1, keepdim=True)
+    exp_x = tile.exp(x - max_val)
+    return exp_x / tile.sum(exp_x, axis=-1, keepdim=True)
+
+
+def tile_function(kernel):
+    """A case's builder: the tessera Function that a call of the tile kernel runs, for the
+    case's arrays (so the tuned column and the profiler see it as any function). The call
+    `kernel(A, B, C)` adds its argument checks and, for a stored output, the copy of the result
+    into the caller's array; the Function, like `a @ b`, returns a new array."""
+    def build(*arrays):
+        return kernel.function(kernel.body([ts.dtypes.get(a.dtype) for a in arrays]))
+    return build
 
 
 # ---- NumPy: the reference (run in float64) and a peer (run in float32) ---------------------------
@@ -250,6 +283,10 @@ class Case:
     min_peak_share: float | None = None      # share of the probe's FMA peak
     reference: Callable | None = None        # float64 reference if not `numpy` on float64 inputs
     pack: Callable | None = None             # several outputs -> one flat array to compare
+    # a tile kernel's goal: within a factor of tessera's own routine for the same result
+    tessera_base: Callable | None = None     # (*arrays) -> that routine's result, timed alike
+    tessera_base_name: str = ""              # what it is, in words
+    max_vs_base: float | None = None         # goal: tessera's time at most this x the routine's
 
 
 def f32(rng, *shape):
@@ -331,6 +368,24 @@ CASES = [
          mlp_inputs, mlp_step_np, mlp_step, torch=mlp_step_torch, jax=mlp_step_jax,
          flops=mlp_flops, atol=1e-4, min_speedup=None, min_vs_torch=1.2,
          pack=lambda outs: np.concatenate([np.ravel(np.asarray(o, np.float64)) for o in outs])),
+]
+CASES += [
+    Case("tile_matmul_2048", "the seeds' matmul_kernel (a tile kernel) with f32 inputs, "
+         "2048×2048 @ 2048×2048 (--quick: 1024)",
+         "within 1.3× the time of tessera's own GEMM routine (a @ b)",
+         lambda r, q: [f32(r, 2048 >> q, 2048 >> q), f32(r, 2048 >> q, 2048 >> q),
+                       np.zeros((2048 >> q, 2048 >> q), np.float32)],
+         lambda a, b, c: a @ b, tile_function(matmul_kernel),
+         torch=lambda t, a, b, c: a @ b, jax=lambda jnp, a, b, c: a @ b,
+         flops=mm_flops, bytes=lambda a, b, c: mm_bytes(a, b), min_speedup=None,
+         tessera_base=lambda a, b, c: matmul(a, b), tessera_base_name="a @ b", max_vs_base=1.3),
+    Case("tile_softmax_4096", "the seeds' safe_softmax (a tile kernel) over the last axis of "
+         "4096×4096 (--quick: 1024×4096)",
+         "within 1.2× the time of tessera's fused op.softmax",
+         lambda r, q: [f32(r, 1024 if q else 4096, 4096)], softmax_np, tile_function(safe_softmax),
+         torch=lambda t, x: t.softmax(x, -1), jax=lambda jnp, x: _jax_nn().softmax(x, axis=-1),
+         flops=lambda x: 5 * x.size, bytes=lambda x: 8 * x.size, min_speedup=None,
+         tessera_base=softmax, tessera_base_name="op.softmax", max_vs_base=1.2),
 ]
 CASES += [
     Case("rfft_4096x1024", "rfft of 4096 rows of 1024 f32 (--quick: 1024 rows)",
@@ -515,6 +570,8 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
         impls["tuned"] = "n/a (--tune 0)"
     if case.numpy_base is not None:
         impls["numpy base"] = Impl(lambda: case.numpy_base(*arrays), None)
+    if case.tessera_base is not None:
+        impls["tessera base"] = Impl(lambda: _untuned(case.tessera_base, arrays), pack)
     torch = peers.get("torch")
     if not isinstance(torch, str) and case.torch is not None:
         ta = [torch.from_numpy(a) for a in arrays]
@@ -562,6 +619,7 @@ def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict
     if not isinstance(case.tessera, ts.Function):
         case.tessera = case.tessera(*arrays)
     row: dict = {"case": case.name, "what": case.what, "goal": case.goal,
+                 **({"tessera_base": case.tessera_base_name} if case.tessera_base else {}),
                  "shapes": [list(a.shape) for a in arrays], "tolerance": case.atol,
                  "times_ms": {}, "min_ms": {}, "spread": {}, "first_call_ms": {}, "status": {},
                  "errors": {}}
@@ -690,6 +748,14 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
         best = min(rivals, key=rivals.get)
         r = rivals[best] / tt
         parts.append((r >= goal, f"{r:.2f}× {who} ({best}) (goal ≥{goal:g}×)"))
+    if case.max_vs_base is not None:
+        base_t = times.get("tessera base")
+        if base_t is None:
+            parts.append((None, f"tessera's {case.tessera_base_name} did not run"))
+        else:
+            r = row["time_vs_tessera_base"] = tt / base_t
+            parts.append((r <= case.max_vs_base, f"{r:.2f}× the time of tessera's "
+                          f"{case.tessera_base_name} (goal ≤{case.max_vs_base:g}×)"))
     if case.min_peak_share is not None:
         share = row.get("tessera_peak_share")
         parts.append((None, "FMA peak unknown (no tessera.machine_peaks)") if share is None
@@ -926,6 +992,9 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
             facts.append(f"search {tn['search_s']:.0f} s: " + "; ".join(changed[:3]))
         if "numpy base" in r["times_ms"]:
             facts.append(f"NumPy matmul alone {r['times_ms']['numpy base']:.2f} ms")
+        if "tessera base" in r["times_ms"]:
+            facts.append(f"tessera's {r.get('tessera_base', 'own routine')} "
+                         f"{r['times_ms']['tessera base']:.2f} ms")
         if bp:
             facts.append(f"best peer {r['best_peer']}")
         if r.get("speedup_vs_numpy_by_min"):

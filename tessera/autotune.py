@@ -97,6 +97,9 @@ def autotune(fn, *args, budget_s: float = 60.0, search: str = "grid", space: dic
     """
     settings = _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, progress,
                          exact, strategy, force)
+    from .tiles import KernelFunction
+    if isinstance(fn, KernelFunction):          # a tile kernel: its function at these dtypes
+        fn = fn.function(fn.checked_body(args))
     return _autotune(_as_function(fn), args, kwargs, settings, space, cache, kernels)
 
 

@@ -923,6 +923,19 @@ class KernelFunction:
             return out
         return result
 
+    def checked_body(self, args) -> KernelBody:
+        """The body for these arguments, after the call's checks (dtypes, ranks, sizes)."""
+        return self._check(args, user_location())
+
+    @property
+    def results(self) -> dict:
+        """@ts.kernel.autotune: the searches' results (argument types -> TuneResult) of every
+        dtype and target this kernel ran at."""
+        out = {}
+        for f in self.functions.values():
+            out.update(getattr(f, "results", {}))
+        return out
+
     def as_function(self, target=None):
         """The tessera function of this kernel at its annotated dtypes (float32 where a Tile
         annotation names none): what `%%tessera` explores."""

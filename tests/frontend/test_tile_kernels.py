@@ -266,3 +266,26 @@ def test_bad_arguments_write_nothing(case):
         with pytest.raises(TracingError, match="@ts.kernel|@tessera.kernel"):
             tile.load(A, shape=(2, 2))
     assert (C == 7).all()
+
+
+def test_interpret_and_eager_run_the_body_with_numpy(rng):
+    x = rng.standard_normal((6, 21)).astype(np.float32)
+    f = safe_softmax.as_function()
+    np.testing.assert_allclose(ts.interpret(f, x), softmax_ref(x), rtol=1e-5, atol=1e-7)
+
+
+def test_the_autotuner_takes_a_tile_kernel(rng, tmp_path):
+    A = rng.standard_normal((96, 64), dtype=np.float32)
+    B = rng.standard_normal((64, 80), dtype=np.float32)
+    C = np.zeros((96, 80), np.float32)
+    space = {"BM": [16, 32], "BN": [16, 32], "BK": [32]}
+    with ts.runtime.tunedb.using(str(tmp_path / "t.db")):
+        result = ts.autotune(matmul_f32, A, B, C, space=space, budget_s=10, progress=False)
+    assert {"tile_m", "tile_n"} <= set(result.best[next(iter(result.best))])
+
+    @ts.kernel.autotune(space=space, cache=str(tmp_path / "k.db"), budget_s=10, progress=False)
+    def tuned(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        matmul_f32.fn(A, B, C)          # a kernel's Python body, traced inside another
+    got = tuned(A, B, C)
+    assert got.tobytes() == matmul_f32(A, B, C.copy()).tobytes()      # no knob changes a bit
+    assert len(tuned.results) == 1 and "knobs (tuned)" in str(tuned.lower(A, B, C).schedule_ir)

@@ -26,6 +26,7 @@ from .row import EXPENSIVE_FLOPS
 
 KNOB_OF = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
 CPU_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 64}
+CPU_MMA_BLOCK = {"tile_m": 128, "tile_n": 128}
 GPU_BLOCK = {"tile_m": 32, "tile_n": 32, "tile_k": 32}
 LOCAL_MAX = 1 << 14             # elements of a CPU tile kept on the stack
 ROW_ELEMENTS = 1 << 14          # a direct use's block: BM rows of at most this many elements
@@ -89,6 +90,12 @@ class Tiles(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         knobs, programs = self._defaults(k, CPU_BLOCK)
+        if any(s.kind == "mma" for s in _walk(_body(k).stmts)):
+            # larger output blocks amortise the packing of the GEMM routine's operands, where
+            # there are still blocks for every thread
+            big, n = self._defaults(k, {**CPU_BLOCK, **CPU_MMA_BLOCK})
+            if n >= 4:
+                knobs, programs = big, n
         return {"parallel": programs >= 2, **knobs}
 
     def gpu_knobs(self, k, target) -> dict:
