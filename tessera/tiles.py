@@ -876,8 +876,7 @@ class KernelFunction:
                 raise ArgumentError(f"output {body.output[1]!r} of {self.name} is read-only",
                                     location=where)
             for p, a in zip(body.params, args):
-                if p.read and p.name != body.output[1] and a is not out and \
-                        np.shares_memory(np.asarray(a) if isinstance(a, np.ndarray) else a, out):
+                if p.read and p.name != body.output[1] and a is not out and _overlap(a, out):
                     raise ArgumentError(f"output {body.output[1]!r} of {self.name} overlaps "
                                         f"input {p.name!r}", location=where,
                                         hint="pass a separate output array")
@@ -949,6 +948,18 @@ class KernelFunction:
     def ir(self, *args) -> str:
         """The traced tile statements for these arguments' dtypes."""
         return self._check(args, user_location()).text()
+
+
+def _overlap(a, b) -> bool:
+    """Do arrays a and b share memory (NumPy's check; device arrays by their byte ranges)?"""
+    import numpy as np
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.shares_memory(a, b)
+    ia, ib = (getattr(x, "__cuda_array_interface__", None) for x in (a, b))
+    if ia is None or ib is None:
+        return False                    # one on the host, one on a device
+    lo_a, lo_b = ia["data"][0], ib["data"][0]
+    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
 
 
 def is_tile_kernel(fn) -> bool:

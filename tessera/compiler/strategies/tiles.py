@@ -14,7 +14,7 @@ chains in the same order, so the same bits as the CPU.
 from __future__ import annotations
 
 from ... import dtypes as dt
-from ...errors import BackendUnavailableError
+from ...errors import BackendUnavailableError, TesseraError
 from ...ops import registry as R
 from ...ops.tile_program import sizes
 from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
@@ -22,12 +22,15 @@ from ..tile_ir import (Addr, Assign, Barrier, Bin, Call, Cast, Const, Decl, If, 
                        Loop, OpCall, Scratch, Select, Shared, Store, Var, idx_add, idx_mul,
                        linear)
 from .base import Strategy, register
+from .routines import gpu_gemm
 from .row import EXPENSIVE_FLOPS
 
 KNOB_OF = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
 CPU_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 64}
 CPU_MMA_BLOCK = {"tile_m": 128, "tile_n": 128}
 GPU_BLOCK = {"tile_m": 32, "tile_n": 32, "tile_k": 32}
+GPU_MMA_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 16}    # the SIMT GEMM routine's 16 per
+                                                              # thread, 33 KiB of shared memory
 LOCAL_MAX = 1 << 14             # elements of a CPU tile kept on the stack
 ROW_ELEMENTS = 1 << 14          # a direct use's block: BM rows of at most this many elements
 GPU_ROW_ELEMENTS = 1 << 11      # (on GPUs, where the block's tiles share 48 KiB)
@@ -99,7 +102,9 @@ class Tiles(Strategy):
         return {"parallel": programs >= 2, **knobs}
 
     def gpu_knobs(self, k, target) -> dict:
-        knobs, _ = self._defaults(k, GPU_BLOCK, GPU_ROW_ELEMENTS)
+        mma = any(s.kind == "mma" for s in _walk(_body(k).stmts))
+        knobs, _ = self._defaults(k, {**GPU_BLOCK, **(GPU_MMA_BLOCK if mma else {})},
+                                  GPU_ROW_ELEMENTS)
         return {"threads": 256, **knobs}
 
     def user_knobs(self, schedule) -> dict:
@@ -123,7 +128,7 @@ class Tiles(Strategy):
         return _Lower(k, code, None).program()
 
     def lower_gpu(self, k, code, target, knobs):
-        lw = _Lower(k, code, knobs)
+        lw = _Lower(k, code, knobs, target)
         stmts = lw.program()
         return stmts, launch_of(lw.programs, knobs["threads"], per_block=True)
 
@@ -204,8 +209,10 @@ class _Sizes:
 class _Lower:
     """A body's Tile IR: `knobs` None for the CPU, a GPU kernel's knobs otherwise."""
 
-    def __init__(self, k, code, gpu_knobs):
+    def __init__(self, k, code, gpu_knobs, target="cpu"):
         self.k, self.code, self.gpu = k, code, gpu_knobs is not None
+        self.target, self.gpu_knobs = target, gpu_knobs
+        self.routine_shared = 0    # GPU: static shared bytes of the routines the kernel calls
         self.body = _body(k)
         ops = _operands(k)
         self.bufs = {p.name: b for p, b in zip(self.body.params, ops)}
@@ -369,7 +376,7 @@ class _Lower:
         self.emit(body.stmts)
         kind = "block" if self.gpu else ("parallel" if self.k.knobs.get("parallel") else "serial")
         if self.gpu:
-            total = sum(s.size * s.dtype.itemsize for s in self.shared)
+            total = sum(s.size * s.dtype.itemsize for s in self.shared) + self.routine_shared
             if total > GPU_SHARED_MAX:
                 raise BackendUnavailableError(
                     f"tile kernel {body.name}: its tiles take {total} bytes of shared memory, "
@@ -659,7 +666,7 @@ class _Lower:
         compiler's GEMM routine on the program's block: the same chain per element over k from
         0 (op.matmul's bits), with the routine's register blocking and packing."""
         body = loop.body
-        if self.gpu or len(body) != 4 or [s.kind for s in body].count("part") != 2:
+        if len(body) != 4 or [s.kind for s in body].count("part") != 2:
             return False
         parts = [s for s in body if s.kind == "part"]
         mma = next((s for s in body if s.kind == "mma"), None)
@@ -697,17 +704,32 @@ class _Lower:
         name, shape = self.tiles[acc.id]
         K = self.dims[self.body.param(sa.attrs["param"]).dims[1]]
         d = acc.dtype.short
+        fn, key = f"ts_gemm_tile_{d}", f"gemm:{d}"
+        if self.gpu:
+            # the GPU GEMM routine (SIMT for float32 and float64: the same chains, the CPU's
+            # bits) on the block's tile, with the kernel's block sizes and threads
+            tiles = (shape[0], shape[1], self.k.knobs.get("tile_k", 16),
+                     self.gpu_knobs["threads"])
+            try:
+                fn, _ = gpu_gemm.gemm_routine(self.target, d, *tiles)
+                smem = gpu_gemm.simt_plan(d, *tiles)["smem"]
+            except TesseraError:
+                return False              # knobs the routine cannot take: the FMA chains
+            self.routine_shared += smem
+            key = ":".join(map(str, ("gemm", d, *tiles)))
 
         def base(offs, strides):
             e = Const(0)
             for o, st in zip(offs, strides):
                 e = idx_add(e, idx_mul(o, Const(st)))
             return e
-        self._into.append(Call(f"ts_gemm_tile_{d}", (
-            Addr(ba.name, base(offs_a, st_a)), Const(st_a[0]), Const(st_a[1]),
-            Addr(bb.name, base(offs_b, st_b)), Const(st_b[0]), Const(st_b[1]),
-            Addr(name, Const(0)), Const(shape[1]), Const(K), valid_a[0], valid_b[1], Const(0)),
-            f"gemm:{d}"))
+        args = (Addr(ba.name, base(offs_a, st_a)), Const(st_a[0]), Const(st_a[1]),
+                Addr(bb.name, base(offs_b, st_b)), Const(st_b[0]), Const(st_b[1]),
+                Addr(name, Const(0)), Const(shape[1]), Const(K), valid_a[0], valid_b[1])
+        if self.gpu:
+            self._into += [Call(fn, args, key), Barrier()]
+        else:
+            self._into.append(Call(fn, args + (Const(0),), key))     # KC: the routine's own
         return True
 
     def s_mma(self, st):
