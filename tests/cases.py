@@ -4,6 +4,7 @@ strategy's shapes). Registering an operator without an example fails tests/ops/t
 import numpy as np
 
 import tessera as ts
+from tessera import Tile, tile
 from tessera import dtypes as dt
 from tessera import ops
 from tessera.compiler.graph_ir import Graph, make_attrs
@@ -143,13 +144,24 @@ def registry_cases(rng):
     return cases
 
 
-def _tile_softmax():
-    from tessera import Tile, tile
+# tile kernels (@ts.kernel) the tests share: a float32 matmul with the bare range_k loop and the
+# seeds' safe_softmax (tests/frontend/test_tile_kernels.py holds the seeds' texts as written)
+@ts.kernel
+def tile_matmul(A: Tile["M", "K", dt.float32], B: Tile["K", "N", dt.float32],
+                C: Tile["M", "N", dt.float32]):
+    ctx = tile.context()
+    a = tile.load(A, shape=(ctx.BM, ctx.BK))
+    b = tile.load(B, shape=(ctx.BK, ctx.BN))
+    acc = tile.zeros((ctx.BM, ctx.BN))
+    for k in tile.range_k(0, ctx.K, ctx.BK):
+        acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+    tile.store(C, acc)
 
-    def softmax(x: Tile["R", "C"]) -> Tile["R", "C"]:
-        e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
-        return e / tile.sum(e, axis=-1, keepdim=True)
-    return ts.kernel(softmax)
+
+@ts.kernel
+def tile_softmax(x: Tile["R", "C"]) -> Tile["R", "C"]:
+    e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
+    return e / tile.sum(e, axis=-1, keepdim=True)
 
 
 def strategy_cases(rng):
@@ -196,7 +208,7 @@ def strategy_cases(rng):
     cases["matmul-int"] = (lambda a, b: a @ b, [rng.integers(-5, 5, size=(3, 4, 5)),
                                                 rng.integers(-5, 5, size=(5, 6))])
     # a user's tile kernel (tile_program, its own strategy; tests/frontend/test_tile_kernels.py)
-    body = _tile_softmax().body([dt.float32])
+    body = tile_softmax.body([dt.float32])
     cases["tile-kernel-f32"] = (lambda x: apply("tile_program", [x], kernel=body), [u(7, 33)])
     # control flow: region steps around their bodies' kernels
     cases["fori_loop-f32"] = (lambda x, w: ts.fori_loop(0, 4, lambda i, c: c * 0.5 + w[i], x),

@@ -10,6 +10,7 @@ import tessera as ts
 from tessera import Tile, bf16, f32, tile
 from tessera.errors import ArgumentError, DTypeError, ShapeError, TracingError
 
+from cases import tile_matmul as matmul_f32
 from conftest import assert_within_dot_bound
 
 
@@ -24,17 +25,6 @@ def matmul_kernel(A: Tile["M", "K", bf16], B: Tile["K", "N", bf16], C: Tile["M",
         B_tile = tile.load_partition(B_shared, k)
         accumulator += tile.mma(A_tile, B_tile)
     tile.store(C, accumulator)
-
-
-@ts.kernel
-def matmul_f32(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
-    ctx = tile.context()
-    a = tile.load(A, shape=(ctx.BM, ctx.BK))
-    b = tile.load(B, shape=(ctx.BK, ctx.BN))
-    acc = tile.zeros((ctx.BM, ctx.BN))
-    for k in tile.range_k(0, ctx.K, ctx.BK):
-        acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
-    tile.store(C, acc)
 
 
 @ts.kernel

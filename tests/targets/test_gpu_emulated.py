@@ -601,27 +601,12 @@ def test_a_barrier_missing_from_generated_code_is_caught(target, rng):
 
 # ---- tile kernels (@ts.kernel): a block per program, the CPU's bits ---------------------------
 def test_tile_kernels_give_the_cpu_bits(rng, target):
-    from tessera import Tile, f32, tile
-
-    @ts.kernel
-    def matmul(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
-        ctx = tile.context()
-        a = tile.load(A, shape=(ctx.BM, ctx.BK))
-        b = tile.load(B, shape=(ctx.BK, ctx.BN))
-        acc = tile.zeros((ctx.BM, ctx.BN))
-        for k in tile.range_k(0, ctx.K, ctx.BK):
-            acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
-        tile.store(C, acc)
-
-    @ts.kernel
-    def softmax(x: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
-        e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
-        return e / tile.sum(e, axis=-1, keepdim=True)
+    from cases import tile_matmul, tile_softmax
     A = rng.standard_normal((37, 45), dtype=np.float32)
     B = rng.standard_normal((45, 29), dtype=np.float32)
     C = np.zeros((37, 29), np.float32)
-    got = run_twice(matmul.lower(A, B, C, target=target), (A, B, C))[0]
-    assert got.tobytes() == matmul(A, B, C.copy()).tobytes()
+    got = run_twice(tile_matmul.lower(A, B, C, target=target), (A, B, C))[0]
+    assert got.tobytes() == tile_matmul(A, B, C.copy()).tobytes()
     x = (rng.standard_normal((23, 101)) * 4).astype(np.float32)
-    got = run_twice(softmax.lower(x, target=target), (x,))[0]
-    assert got.tobytes() == softmax(x).tobytes()
+    got = run_twice(tile_softmax.lower(x, target=target), (x,))[0]
+    assert got.tobytes() == tile_softmax(x).tobytes()
