@@ -286,12 +286,12 @@ class Tracer:
         self.depth_of[v.id] = len(self.loops)
         return v
 
-    def emit(self, kind, out, args, attrs=None, body=None) -> Stmt:
+    def emit(self, kind, out, args, attrs=None, body=None, loc=None) -> Stmt:
         for a in args:
             if isinstance(a, Value):
                 self.check_scope(a)
                 self.body.uses[a.id] = self.body.uses.get(a.id, 0) + 1
-        s = Stmt(kind, out, tuple(args), attrs or {}, user_location(), body or [])
+        s = Stmt(kind, out, tuple(args), attrs or {}, loc or user_location(), body or [])
         self.block.append(s)
         return s
 
@@ -839,7 +839,7 @@ class KernelFunction:
                     raise TracingError("a tile kernel has one output: it stores into a "
                                        "parameter and returns a tile")
                 body.output = ("return", v)
-                t.emit("return", None, (v,))
+                t.emit("return", None, (v,), loc=v.loc)    # (the caller's frame varies)
         finally:
             _state.tracer = before
         resolve(body)
