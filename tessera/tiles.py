@@ -66,9 +66,6 @@ class _TileMeta(type):
                     raise ArgumentError(f"Tile[...] takes dimension names then an optional "
                                         f"dtype, not {it!r}", location=user_location(),
                                         hint='Tile["M", "K", bf16]') from None
-        if len(set(dims)) != len(dims):
-            raise ArgumentError(f"Tile[...] names a dimension twice: {dims}",
-                                location=user_location())
         return TileSpec(tuple(dims), dtype)
 
 
@@ -276,14 +273,14 @@ class Tracer:
         self.body = body
         self.block = body.stmts                  # where statements go (a loop's body inside it)
         self.loops: list = []                    # open range_k loops (their Stmt)
-        self.depth_of: dict = {}                 # value id -> the loop depth it was made at
+        self.made_in: dict = {}                  # value id -> the loops open where it was made
         self.direct: dict = {}                   # parameter name -> its direct-use Value
 
     def new(self, shape, dtype, dims, kind="tile", param="") -> Value:
         b = self.body
         v = Value(b.n, tuple(shape), dtype, list(dims), user_location(), kind, param)
         b.n += 1
-        self.depth_of[v.id] = len(self.loops)
+        self.made_in[v.id] = tuple(id(lp) for lp in self.loops)
         return v
 
     def emit(self, kind, out, args, attrs=None, body=None, loc=None) -> Stmt:
@@ -296,11 +293,23 @@ class Tracer:
         return s
 
     def check_scope(self, v: Value):
-        if self.depth_of.get(v.id, 0) > len(self.loops):
+        made, now = self.made_in.get(v.id, ()), tuple(id(lp) for lp in self.loops)
+        if now[:len(made)] != made:
             raise TracingError(f"{v} was made inside a tile.range_k loop that has ended",
                                location=user_location(),
                                hint="carry a tile through a loop by updating it in place: "
                                     "acc = tile.zeros(...) before the loop, acc += ... inside")
+
+    def check_index(self, e: "Ix", what: str):
+        """A loop variable in e must belong to an open range_k loop."""
+        open_vars = {lp.attrs["var"] for lp in self.loops}
+        stack = [e]
+        while stack:
+            x = stack.pop()
+            if x.op == "var" and x.args[0] not in open_vars:
+                raise TracingError(f"{what} uses the variable of a tile.range_k loop that has "
+                                   "ended", location=user_location())
+            stack += [a for a in x.args if isinstance(a, Ix)]
 
     def use_knob(self, name):
         if name not in self.body.knobs:
@@ -343,7 +352,7 @@ class ParamRef:
         t, p = self._t, self._p
         v = t.direct.get(p.name)
         if v is None:
-            if p.dims:
+            if len(p.dims) > 1:
                 t.use_knob("BM")
             shape = [Ix("knob", ("BM",)) if i == 0 and len(p.dims) > 1 else Ix("dim", (d,))
                      for i, d in enumerate(p.dims)]
@@ -365,7 +374,8 @@ def _value_method(name):
 
 
 for _m in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
-           "__rtruediv__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__"):
+           "__rtruediv__", "__neg__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__",
+           "__eq__", "__ne__", "__pow__", "__rpow__", "__mod__", "__floordiv__", "__abs__"):
     setattr(ParamRef, _m, _value_method(_m))
 
 
@@ -409,6 +419,15 @@ class TileValue:
     def __gt__(self, o): return elementwise("gt", self, o)
     def __ge__(self, o): return elementwise("ge", self, o)
 
+    def __eq__(self, o): return elementwise("eq", self, o)            # noqa: E704
+    def __ne__(self, o): return elementwise("ne", self, o)            # noqa: E704
+    __hash__ = None
+    def __pow__(self, o): return elementwise("pow", self, o)
+    def __rpow__(self, o): return elementwise("pow", o, self)
+    def __mod__(self, o): return elementwise("mod", self, o)
+    def __floordiv__(self, o): return elementwise("floor_divide", self, o)
+    def __abs__(self): return elementwise("abs", self)
+
     def __iadd__(self, o): return update(self, "add", o)
     def __isub__(self, o): return update(self, "sub", o)
     def __imul__(self, o): return update(self, "mul", o)
@@ -448,10 +467,15 @@ def _check_param(x, what) -> ParamRef:
 def _offsets(offsets, rank, what):
     if offsets is None:
         return None
+    if not isinstance(offsets, (tuple, list)):
+        offsets = (offsets,)
     if not isinstance(offsets, (tuple, list)) or len(offsets) != rank:
         raise ShapeError(f"{what}: offset needs one index per axis ({rank})",
                          received=repr(offsets), location=user_location())
-    return tuple(ix(o, "an offset") for o in offsets)
+    out = tuple(ix(o, "an offset") for o in offsets)
+    for o in out:
+        tracer().check_index(o, what)
+    return out
 
 
 def load(x, shape=None, *, offset=None, other=0.0, prefetch=None) -> TileValue:
@@ -486,6 +510,7 @@ def load_partition(stream, k) -> TileValue:
         raise ArgumentError("tile.load_partition takes a tile made by tile.load",
                             location=user_location())
     k = ix(k, "tile.load_partition's index")
+    t.check_index(k, "tile.load_partition")
     if not t.loops:
         raise TracingError("tile.load_partition outside a tile.range_k loop",
                            location=user_location(),
@@ -635,8 +660,8 @@ def update(target: TileValue, op, value):
                          location=user_location(),
                          received=f"{_type(tv)} {op}= {_type(v) if v else value}")
     if v is not None:
-        tv.dims = [a or b for a, b in zip(tv.dims, v.dims[-len(tv.dims):] if len(v.dims) ==
-                                          len(tv.dims) else [None] * len(tv.dims))]
+        vd = [None] * (len(tv.dims) - len(v.dims)) + list(v.dims)
+        tv.dims = [a or b for a, b in zip(tv.dims, vd)]
     t.body.updated.add(tv.id)
     t.emit("update", None, (tv, v if v is not None else value), {"op": op})
     return target
@@ -691,14 +716,21 @@ class RangeK:
             t.block = outer
 
 
+def _axis(axis, what) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int) or axis < 0:
+        raise ArgumentError(f"{what} takes an axis of the grid (0, 1, ...), not {axis!r}",
+                            location=user_location())
+    return axis
+
+
 def program_id(axis) -> Ix:
     tracer()
-    return Ix("pid", (int(axis),))
+    return Ix("pid", (_axis(axis, "tile.program_id"),))
 
 
 def num_programs(axis) -> Ix:
     tracer()
-    return Ix("nprog", (int(axis),))
+    return Ix("nprog", (_axis(axis, "tile.num_programs"),))
 
 
 # ---- after tracing: the grid and each load's placement ------------------------------------------
@@ -738,6 +770,12 @@ def resolve(body: KernelBody):
                              hint="a reduction over a program's block covers only that block")
         else:
             grid.append((d, s))
+    named = [d for d, s in grid if s is not None]
+    if len(set(named)) != len(named):
+        raise ShapeError(f"tile kernel {body.name}: two axes of its output run over the same "
+                         f"dimension, so a program's block of it is ambiguous",
+                         received=" x ".join(map(str, dims)),
+                         hint="give the output's axes different dimension names")
     body.grid = grid
     gridded = {d: s for d, s in grid if s is not None}
     for st in _all(body.stmts):
@@ -762,6 +800,12 @@ def resolve(body: KernelBody):
                                       f"ctx.{d})")
             else:
                 place.append("stream")
+        if out.kind == "stream" and "stream" not in place:
+            raise ShapeError(f"tile.load_partition of a tile.load of {p.name} that has no "
+                             f"axis in blocks the grid does not walk: nothing to partition",
+                             location=st.loc, received=_type(out),
+                             hint="load_partition takes a load with one axis in blocks of a "
+                                  "dimension the output does not have (ctx.BK of K)")
         if "stream" in place and out.kind != "stream":
             axis = place.index("stream")
             raise ShapeError(f"tile.load of {p.name}: its axis {axis} takes blocks of "
@@ -1000,7 +1044,7 @@ def interpret(body: KernelBody, arrays, knobs=None):
     named = dict(zip([p.name for p in body.params], arrays))
     kind, what = body.output
     if kind == "store":
-        dst = np.zeros_like(named[what])
+        dst = np.array(named[what])         # what no program stores keeps the caller's values
         out_dims = body.param(what).dims
     else:
         dst = np.zeros([dims[d] for d in what.dims], what.dtype.np)
@@ -1031,10 +1075,15 @@ def interpret(body: KernelBody, arrays, knobs=None):
             for i, place in enumerate(st.attrs["place"]):
                 offs.append(0 if place == "whole" else at[p.dims[i]] if place == "grid" else
                             k if place == "stream" else ix(st.attrs["offsets"][i]))
-            vd = [max(0, min(n, E - o)) for n, E, o in zip(shape, src.shape, offs)]
-            t[tuple(slice(0, n) for n in vd)] = src[tuple(slice(o, o + n)
-                                                          for o, n in zip(offs, vd))]
-            env[v.id], valid[v.id] = t, vd
+            lo = [max(0, -o) for o in offs]
+            hi = [max(0, min(n, E - o)) for n, E, o in zip(shape, src.shape, offs)]
+            if all(a < b for a, b in zip(lo, hi)):
+                t[tuple(slice(a, b) for a, b in zip(lo, hi))] = \
+                    src[tuple(slice(o + a, o + b) for o, a, b in zip(offs, lo, hi))]
+            # an explicit offset's tile is valid whole (what lies outside is `other`)
+            env[v.id] = t
+            valid[v.id] = [n if place == "offset" else h
+                           for n, h, place in zip(shape, hi, st.attrs["place"])]
 
         def val(a, d=None):
             if isinstance(a, Value):
@@ -1076,11 +1125,18 @@ def interpret(body: KernelBody, arrays, knobs=None):
                     if st.attrs["keepdim"]:
                         r = np.expand_dims(r, ax)
                     env[v.id] = np.asarray(r).astype(v.dtype.np)
+                    kept = [m for i, m in enumerate(valid.get(st.args[0].id, x.shape))
+                            if i != ax]
+                    if st.attrs["keepdim"]:
+                        kept.insert(ax, 1)
+                    valid[v.id] = kept
                 elif st.kind == "mma":
                     a, b = st.args
-                    kv = valid.get(a.id, env[a.id].shape)[1]
+                    va, vb = valid.get(a.id, env[a.id].shape), valid.get(b.id, env[b.id].shape)
+                    kv = min(va[1], vb[0])
                     env[v.id] = (env[a.id][:, :kv].astype(np.float64) @
                                  env[b.id][:kv].astype(np.float64)).astype(v.dtype.np)
+                    valid[v.id] = [va[0], vb[1]]
                 elif st.kind == "update":
                     tv, x = st.args
                     r = R.run_reference(R.get(st.attrs["op"]),
@@ -1095,9 +1151,11 @@ def interpret(body: KernelBody, arrays, knobs=None):
                     x = env[st.args[0].id]
                     offs = [ix(o) for o in st.attrs["offsets"]] if st.attrs.get("offsets") \
                         else [at.get(d, 0) for d in out_dims]
-                    n = [max(0, min(s, E - o)) for s, E, o in zip(x.shape, dst.shape, offs)]
-                    dst[tuple(slice(o, o + m) for o, m in zip(offs, n))] = \
-                        x[tuple(slice(0, m) for m in n)].astype(dst.dtype)
+                    lo = [max(0, -o) for o in offs]
+                    hi = [max(0, min(s, E - o)) for s, E, o in zip(x.shape, dst.shape, offs)]
+                    if all(a < b for a, b in zip(lo, hi)):
+                        dst[tuple(slice(o + a, o + b) for o, a, b in zip(offs, lo, hi))] = \
+                            x[tuple(slice(a, b) for a, b in zip(lo, hi))].astype(dst.dtype)
         run(body.stmts)
     return dst
 

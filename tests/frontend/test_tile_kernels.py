@@ -279,3 +279,143 @@ def test_the_autotuner_takes_a_tile_kernel(rng, tmp_path):
     got = tuned(A, B, C)
     assert got.tobytes() == matmul_f32(A, B, C.copy()).tobytes()      # no knob changes a bit
     assert len(tuned.results) == 1 and "knobs (tuned)" in str(tuned.lower(A, B, C).schedule_ir)
+
+
+# ---- edge cases (each once a bug): offsets below 0, partial stores, nested loops, aliasing ----
+def _check(kernel, args, want):
+    got = kernel(*[a.copy() for a in args])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ts.interpret(kernel.as_function(), *args), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_offsets_below_zero_read_other_and_write_nothing_outside(rng):
+    @ts.kernel
+    def previous_row(X: Tile["R", "C", f32], Y: Tile["R", "C", f32]):
+        ctx = tile.context()
+        row = tile.program_id(0) * ctx.BM
+        tile.store(Y, tile.load(X, shape=(ctx.BM, ctx.C), offset=(row - 1, 0)),
+                   offset=(row, 0))
+
+    @ts.kernel
+    def next_row(X: Tile["R", "C", f32], Y: Tile["R", "C", f32]):
+        ctx = tile.context()
+        row = tile.program_id(0) * ctx.BM
+        tile.store(Y, tile.load(X, shape=(ctx.BM, ctx.C), offset=(row, 0)),
+                   offset=(row - 1, 0))
+    X = rng.standard_normal((9, 5)).astype(np.float32)
+    k = ts.kernel(previous_row.fn, schedule=ts.Schedule(block=(4, 4)))
+    _check(k, [X, np.zeros_like(X)], np.vstack([np.zeros((1, 5)), X[:-1]]))
+    k = ts.kernel(next_row.fn, schedule=ts.Schedule(block=(4, 4)))
+    # the programs store rows -1..10, each the tile read at +1 (row -1 and rows past 8 are
+    # outside: dropped; row 8 is X's row 9, outside X: `other`)
+    _check(k, [X, np.full_like(X, 7.0)], np.vstack([X[1:], np.zeros((1, 5))]))
+
+
+def test_a_partial_store_keeps_the_callers_values(rng):
+    @ts.kernel
+    def first_rows(X: Tile["R", "C", f32], Y: Tile["R", "C", f32]):
+        x = tile.load(X, shape=(2, tile.context().C), offset=(0, 0))
+        tile.store(Y, x * 10.0, offset=(0, 0))
+    X = rng.standard_normal((6, 3)).astype(np.float32)
+    _check(first_rows, [X, np.full_like(X, 7.0)], np.vstack([X[:2] * 10, np.full((4, 3), 7)]))
+
+
+def test_accumulators_in_nested_loops_and_reading_themselves(rng):
+    @ts.kernel
+    def twice(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        b = tile.load(B, shape=(ctx.BK, ctx.BN))
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        for _ in tile.range_k(0, 2, 1):
+            for k in tile.range_k(0, ctx.K, ctx.BK):
+                acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+        tile.store(C, acc)
+
+    @ts.kernel
+    def plus_product(X: Tile["R", "C", f32], W: Tile["C", "C", f32]) -> Tile["R", "C", f32]:
+        ctx = tile.context()
+        acc = tile.zeros((ctx.BM, ctx.C))
+        acc += tile.load(X, shape=(ctx.BM, ctx.C))
+        acc += tile.mma(acc, tile.load(W, shape=(ctx.C, ctx.C)))     # reads acc, then adds
+        return acc
+    A = rng.standard_normal((20, 30)).astype(np.float32)
+    B = rng.standard_normal((30, 10)).astype(np.float32)
+    _check(twice, [A, B, np.zeros((20, 10), np.float32)], 2 * (A.astype(np.float64) @ B))
+    X = rng.standard_normal((9, 4)).astype(np.float32)
+    W = rng.standard_normal((4, 4)).astype(np.float32)
+    _check(plus_product, [X, W], X + X.astype(np.float64) @ W)
+
+
+def test_updates_comparisons_and_masked_operands(rng):
+    @ts.kernel
+    def shifted(X: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
+        x = X * 2.0
+        x += 1.0
+        return tile.where(X == 0.5, -1.0, x)
+
+    @ts.kernel
+    def col_sums(A: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BK, ctx.BN), other=float("nan"))   # NaN past K
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += tile.mma(tile.full((ctx.BM, ctx.BK), 1.0), tile.load_partition(a, k))
+        tile.store(C, acc)
+    X = np.round(rng.standard_normal((5, 8)) * 2) / 4
+    X = X.astype(np.float32)
+    _check(shifted, [X], np.where(X == 0.5, -1.0, X * 2 + 1))
+    A = rng.standard_normal((5, 3)).astype(np.float32)
+    _check(col_sums, [A, np.zeros((4, 3), np.float32)], np.tile(A.sum(0), (4, 1)))
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 5)])
+def test_empty_tensors(shape):
+    x = np.zeros(shape, np.float32)
+    assert safe_softmax(x).shape == shape
+    C = matmul_f32(np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32),
+                   np.full((3, 4), 7.0, np.float32))
+    np.testing.assert_array_equal(C, np.zeros((3, 4)))
+
+
+def test_more_mistakes_are_named():
+    def two_axes_one_dim(X: Tile["N", "K", f32], Y: Tile["K", "N", f32]) -> Tile["N", "N"]:
+        ctx = tile.context()
+        a = tile.load(X, shape=(ctx.BM, ctx.BK))
+        b = tile.load(Y, shape=(ctx.BK, ctx.BM))
+        acc = tile.zeros((ctx.BM, ctx.BM))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+        return acc
+
+    def partition_of_a_whole_load(A: Tile["M", "K", f32], C: Tile["M", "K", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.K))
+        acc = tile.zeros((ctx.BM, ctx.K))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += tile.load_partition(a, k)
+        tile.store(C, acc)
+
+    def sibling_loops(A: Tile["M", "K", f32], C: Tile["M", "K", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        acc = tile.zeros((ctx.BM, ctx.BK))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            t = tile.load_partition(a, k)
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += t
+        tile.store(C, acc)
+
+    def loop_variable_after_its_loop(X: Tile["R", "C", f32], Y: Tile["R", "C", f32]):
+        ctx = tile.context()
+        for k in tile.range_k(0, ctx.R, ctx.BM):
+            pass
+        tile.store(Y, tile.load(X, shape=(ctx.BM, ctx.C), offset=(k, 0)), offset=(0, 0))
+    x = np.zeros((4, 4), np.float32)
+    for fn, err, what in [(two_axes_one_dim, ShapeError, "same dimension"),
+                          (partition_of_a_whole_load, ShapeError, "nothing to partition"),
+                          (sibling_loops, TracingError, "loop that has ended"),
+                          (loop_variable_after_its_loop, TracingError, "loop that has ended")]:
+        with pytest.raises(err, match=what):
+            ts.kernel(fn)(*[x] * (len(fn.__annotations__) - ("return" in fn.__annotations__)))

@@ -46,6 +46,43 @@ def _divmod(n, lanes):
     return Bin("/", n, Const(lanes)), Bin("%", n, Const(lanes))
 
 
+def _below_zero(off, nonneg):
+    """How far an offset lies below 0 (0 when it does not): where a tile enters the tensor.
+    `nonneg`: the index variables known to be at least 0 (program ids, loops from 0 up)."""
+    if isinstance(off, Const):
+        return Const(max(0, -off.value))
+    if _at_least_zero(off, nonneg):
+        return Const(0)
+    return Select(Bin("<", off, Const(0)), Bin("-", Const(0), off), Const(0))
+
+
+def _at_least_zero(e, nonneg) -> bool:
+    if isinstance(e, Const):
+        return e.value >= 0
+    if isinstance(e, Var):
+        return e.name in nonneg
+    return isinstance(e, Bin) and e.op in ("+", "*", "/", "%") and \
+        _at_least_zero(e.a, nonneg) and _at_least_zero(e.b, nonneg)
+
+
+def _least(a, b):
+    if a == b:
+        return a
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(min(a.value, b.value))
+    return idx_min(a, b)
+
+
+def _span(lo, hi):
+    """hi - lo, at least 0."""
+    if lo == Const(0):
+        return hi
+    if isinstance(lo, Const) and isinstance(hi, Const):
+        return Const(max(0, hi.value - lo.value))
+    d = Bin("-", hi, lo)
+    return Select(Bin("<", d, Const(0)), Const(0), d)
+
+
 def _is(e, op, *args) -> bool:
     """Is e (a tile program's index expression) this one?"""
     return e.op == op and tuple(e.args) == args
@@ -125,12 +162,17 @@ class Tiles(Strategy):
         return None
 
     def lower_cpu(self, k, code):
-        return _Lower(k, code, None).program()
+        lw = _Lower(k, code, None)
+        return lw.keep_output() + lw.program()
 
     def lower_gpu(self, k, code, target, knobs):
         lw = _Lower(k, code, knobs, target)
-        stmts = lw.program()
-        return stmts, launch_of(lw.programs, knobs["threads"], per_block=True)
+        keep, stmts = lw.keep_output(), lw.program()
+        main = stmts, launch_of(lw.programs, knobs["threads"], per_block=True)
+        if not keep:
+            return main
+        # the copy is done, across the whole grid, before any program writes
+        return [(keep, launch_of(max(1, k.output.type.numel()), knobs["threads"])), main]
 
 
 register(Tiles())
@@ -227,6 +269,7 @@ class _Lower:
         self.shared = []           # GPU: the block's shared arrays
         self.pid = {}              # output dimension -> (program index Var, block size)
         self.vars = {}             # loop variable name -> Var
+        self.nonneg = set()        # index variables known to be at least 0
         self.programs = self.sz.programs()
         self.depends = self._materialised()
 
@@ -242,7 +285,7 @@ class _Lower:
             ins = [a.id for a in s.args if hasattr(a, "id")]
             cost[s.out.id] = R.get(s.attrs["op"]).lowering.flops + sum(
                 cost.get(i, 0) for i in ins if i not in out)
-            if any(i in reads_updated for i in ins):
+            if any(i in reads_updated for i in ins) or s.out.id in self.body.updated:
                 reads_updated.add(s.out.id)
                 out.add(s.out.id)
             elif self.body.uses.get(s.out.id, 0) > 1 and cost[s.out.id] >= EXPENSIVE_FLOPS:
@@ -346,6 +389,8 @@ class _Lower:
         tile of static `shape`."""
         if not self.gpu:
             return self.loops(extents, body_fn, stmts, vector)
+        if prod(shape) == 0:
+            return
         g = self.names("e")
         idx = split_index(Var(g), list(shape)) if shape else []
         cond = None
@@ -360,6 +405,18 @@ class _Lower:
         stmts.append(Barrier())
 
     # -- the program -----------------------------------------------------------------------------
+    def keep_output(self) -> list:
+        """A store at explicit offsets may leave parts of the output to no program: those keep
+        the caller's values, copied into the output first (a grid loop on GPUs)."""
+        st = next((s for s in self.body.stmts if s.kind == "store"), None)
+        if st is None or st.attrs["offsets"] is None:
+            return []
+        src = self.bufs[st.attrs["param"]]
+        i = self.names("i")
+        n = self.k.output.type.numel()
+        kind = "grid" if self.gpu else "parallel+vector"
+        return [Loop(i, n, kind, [Store(self.k.output.name, Var(i), read(src, Var(i)))])]
+
     def program(self):
         body, names = self.body, self.names
         grid = self.sz.grid()
@@ -370,6 +427,7 @@ class _Lower:
             if b is None:
                 continue
             v = names("pid")
+            self.nonneg.add(v)
             inner.append(Decl(v, dt.int64, e if n > 1 else Const(0)))
             self.pid[d] = (Var(v), self.size(b))
         self._into = inner
@@ -395,6 +453,7 @@ class _Lower:
             nxt = stmts[i + 1] if i + 1 < len(stmts) else None
             if s.kind == "mma" and nxt is not None and nxt.kind == "update" and \
                     nxt.args[1] is s.out and nxt.attrs["op"] == "add" and \
+                    nxt.args[0] not in s.args and \
                     self.body.uses.get(s.out.id, 0) == 1:
                 self.mma(s, into=nxt.args[0])         # acc += mma(a, b): one chain into acc
                 i += 2
@@ -404,32 +463,36 @@ class _Lower:
 
     # -- statements ------------------------------------------------------------------------------
     def _placement(self, st, k_var=None):
-        """(offsets, valid extents) per axis of a load's tile."""
+        """Per axis of a load's tile: (offset in the tensor, the tile's first and end index
+        inside the tensor, the valid extent reductions and mma run over). An explicit
+        `offset=` gives the whole tile as valid (what lies outside the tensor is `other`, as
+        Triton's masked loads); the grid's and a stream's blocks end at the tensor's edge."""
         v, p = st.out, self.body.param(st.attrs["param"])
         ext = self.bufs[p.name].type.shape
-        offs, valid = [], []
+        out = []
         for i, (place, d, s) in enumerate(zip(st.attrs["place"], p.dims, v.shape)):
             n, E = self.size(s), ext[i]
             if place == "whole":
-                offs.append(Const(0))
-                valid.append(Const(E))
+                out.append((Const(0), Const(0), Const(E), Const(E)))
                 continue
             if place == "grid":
                 pid, b = self.pid[d]
                 off = idx_mul(pid, Const(b))
-            elif place == "stream":
-                off = k_var
-            else:
-                off = self.ix(st.attrs["offsets"][i])
-            offs.append(off)
-            valid.append(self._clip(off, n, E, exact=place == "grid" and E % n == 0))
-        return offs, valid
+                hi = self._clip(off, n, E, exact=E % n == 0)
+                out.append((off, Const(0), hi, hi))
+                continue
+            off = k_var if place == "stream" else self.ix(st.attrs["offsets"][i])
+            hi = self._clip(off, n, E)
+            out.append((off, _below_zero(off, self.nonneg), hi, hi if place == "stream" else Const(n)))
+        return [list(x) for x in zip(*out)] if out else [[], [], [], []]
 
     @staticmethod
     def _clip(off, n, E, exact=False):
         """min(n, E - off), at least 0."""
         if exact:
             return Const(n)
+        if isinstance(off, Const):
+            return Const(max(0, min(n, E - off.value)))
         rest = Bin("-", Const(E), off)
         m = idx_min(rest, Const(n))
         return Select(Bin("<", m, Const(0)), Const(0), m)
@@ -438,15 +501,15 @@ class _Lower:
         if "stream" in st.attrs["place"]:
             self.streams[st.out.id] = st
             return
-        offs, valid = self._placement(st)
-        self._fill(st.out, st.attrs["param"], offs, valid, st.attrs["other"])
+        self._fill(st.out, st.attrs["param"], *self._placement(st), st.attrs["other"])
 
     def s_part(self, st):
         src = self.streams[st.args[0].id]
-        offs, valid = self._placement(src, self.ix(st.attrs["k"]))
-        self._fill(st.out, src.attrs["param"], offs, valid, src.attrs["other"], stream=True)
+        self._fill(st.out, src.attrs["param"], *self._placement(src, self.ix(st.attrs["k"])),
+                   src.attrs["other"], stream=True)
 
-    def _fill(self, v, param, offs, valid, other, stream=False):
+    def _fill(self, v, param, offs, los, his, valid, other, stream=False):
+        """v's tile: the tensor's elements at offs + [lo, hi) per axis, `other` elsewhere."""
         shape = self.sz.shape(v)
         self.valid[v.id] = valid
         b = self.bufs[param]
@@ -457,8 +520,9 @@ class _Lower:
             for o, i, s in zip(offs, idx, strides):
                 g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
             return g
-        exact = all(isinstance(e, Const) and e.value >= n for e, n in zip(valid, shape))
-        if exact and not stream and not self.gpu:
+        inside = all(lo == Const(0) and isinstance(hi, Const) and hi.value >= n
+                     for lo, hi, n in zip(los, his, shape))
+        if inside and not stream and not self.gpu and v.id not in self.body.updated:
             # on the CPU a whole block inside the tensor is read in place (no copy); a stream's
             # blocks are copied, packed for the FMA loops
             self.views[v.id] = (b, where)
@@ -466,16 +530,18 @@ class _Lower:
         stmts = self._into
         name = self.tile(v, stmts)
         stmts = self._into
-        if any(not (isinstance(e, Const) and e.value >= n) for e, n in zip(valid, shape)):
+        if not inside:
             self.each(shape, [Const(n) for n in shape],
                       lambda idx: [Store(name, linear(idx, contiguous(shape)),
                                          Const(other, v.dtype))], stmts)
+
         def body(idx):
+            idx = [idx_add(lo, i) for lo, i in zip(los, idx)]
             e = read(b, where(idx))
             if b.type.dtype != v.dtype:
                 e = Cast(v.dtype, e)
             return [Store(name, linear(idx, contiguous(shape)), e)]
-        self.each(shape, valid, body, stmts)
+        self.each(shape, [_span(lo, hi) for lo, hi in zip(los, his)], body, stmts)
 
     def s_full(self, st):
         v = st.out
@@ -608,7 +674,7 @@ class _Lower:
             self.valid[v.id] = [self.valid_of(a)[0], self.valid_of(b)[1]]
         name, shape = self.tiles[v.id]
         m, n = shape
-        kext = self.valid_of(a)[1]
+        kext = _least(self.valid_of(a)[1], self.valid_of(b)[0])
         d = v.dtype
 
         def term(i, kk, j, acc):
@@ -666,7 +732,8 @@ class _Lower:
         compiler's GEMM routine on the program's block: the same chain per element over k from
         0 (op.matmul's bits), with the routine's register blocking and packing."""
         body = loop.body
-        if len(body) != 4 or [s.kind for s in body].count("part") != 2:
+        if loop not in self.body.stmts or len(body) != 4 or \
+                [s.kind for s in body].count("part") != 2:
             return False
         parts = [s for s in body if s.kind == "part"]
         mma = next((s for s in body if s.kind == "mma"), None)
@@ -697,8 +764,8 @@ class _Lower:
                 return False
             ops.append((part, src))
         (pa, sa), (pb, sb) = ops
-        offs_a, valid_a = self._placement(sa, Const(0))
-        offs_b, valid_b = self._placement(sb, Const(0))
+        offs_a, _, valid_a, _ = self._placement(sa, Const(0))
+        offs_b, _, valid_b, _ = self._placement(sb, Const(0))
         ba, bb = self.bufs[sa.attrs["param"]], self.bufs[sb.attrs["param"]]
         st_a, st_b = contiguous(ba.type.shape), contiguous(bb.type.shape)
         name, shape = self.tiles[acc.id]
@@ -757,6 +824,8 @@ class _Lower:
         it, kv = self.names("it"), st.attrs["var"]
         var = self.names(kv)
         self.vars[kv] = Var(var)
+        if _at_least_zero(start, self.nonneg):        # k = start + it * step, step >= 1
+            self.nonneg.add(var)
         trips = Bin("/", Bin("+", Bin("-", stop, start), Bin("-", step, Const(1))), step)
         if all(isinstance(e, Const) for e in (start, stop, step)):
             trips = Const(max(0, -(-(stop.value - start.value) // step.value)))
@@ -773,22 +842,24 @@ class _Lower:
         shape = self.sz.shape(v)
         ext = buf.type.shape
         strides = contiguous(ext)
-        offs, valid = [], []
+        offs, los, his = [], [], []
         for i, (d, n) in enumerate(zip(place_dims, shape)):
             E = ext[i]
             if offsets is not None:
                 off = self.ix(offsets[i])
-                offs.append(off)
-                valid.append(self._clip(off, n, E))
+                lo, hi = _below_zero(off, self.nonneg), self._clip(off, n, E)
             elif d in self.pid:
                 pid, b = self.pid[d]
-                offs.append(idx_mul(pid, Const(b)))
-                valid.append(self._clip(offs[-1], n, E, exact=E % n == 0))
+                off, lo = idx_mul(pid, Const(b)), Const(0)
+                hi = self._clip(off, n, E, exact=E % n == 0)
             else:
-                offs.append(Const(0))
-                valid.append(Const(min(n, E)))
+                off, lo, hi = Const(0), Const(0), Const(min(n, E))
+            offs.append(off)
+            los.append(lo)
+            his.append(hi)
 
         def body(idx):
+            idx = [idx_add(lo, i) for lo, i in zip(los, idx)]
             g = Const(0)
             for o, i, s in zip(offs, idx, strides):
                 g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
@@ -796,7 +867,7 @@ class _Lower:
             if v.dtype != buf.type.dtype:
                 e = Cast(buf.type.dtype, e)
             return [Store(buf.name, g, e)]
-        self.each(shape, valid, body, self._into)
+        self.each(shape, [_span(lo, hi) for lo, hi in zip(los, his)], body, self._into)
 
     def s_store(self, st):
         p = self.body.param(st.attrs["param"])
