@@ -93,11 +93,9 @@ def _gpu_here() -> bool:
     return bool(runnable_targets())
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def _serve(home: Path):
     """(base URL, token, the folder it serves): JupyterLab serving copies of the notebooks.
     Without a GPU, cells tagged gpu are left out of the copies, as nbval skips them."""
-    home = tmp_path_factory.mktemp("lab")
     served = home / "served"
     gpu = _gpu_here()
     for rel in NOTEBOOKS:
@@ -138,6 +136,20 @@ def lab(tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    yield from _serve(tmp_path_factory.mktemp("lab"))
+
+
+@pytest.fixture(scope="module")
+def notebook7(tmp_path_factory):
+    """A server of its own for Notebook 7's pages. jupyter_server's static handler caches where it
+    found a file by the file's name alone, for every static route of the process, and MathJax's
+    fonts have the same names under /static/notebook/ and /static/lab/: once a Notebook 7 page has
+    loaded them, the lab's page is refused them (403, "not in root static directory")."""
+    yield from _serve(tmp_path_factory.mktemp("notebook7"))
 
 
 @pytest.fixture(scope="module")
@@ -300,11 +312,11 @@ def _check_saved(page: Page, nb, where: str):
 
 
 @pytest.mark.parametrize("rel", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_saved_outputs_in_notebook_7(lab, browser, rel):
+def test_saved_outputs_in_notebook_7(notebook7, browser, rel):
     """Notebook 7's page for the same file: its own front end, the same untrusted rendering."""
     if _missing("notebook"):
         pytest.skip("Notebook 7 is not installed (pip install -e '.[test]')")
-    base, token, served = lab
+    base, token, served = notebook7
     nb = nbformat.read(served / rel, as_version=4)
     page = Page(browser, base, token, rel, len(nb.cells), app="notebooks")
     try:
