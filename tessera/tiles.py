@@ -379,7 +379,7 @@ for _m in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", 
     setattr(ParamRef, _m, _value_method(_m))
 
 
-def as_value(x, what="an operand"):
+def as_value(x):
     if isinstance(x, ParamRef):
         return x._value()
     if isinstance(x, TileValue):
@@ -696,7 +696,6 @@ class RangeK:
     def __init__(self, start, stop, step, stages):
         self.start, self.stop, self.step = ix(start), ix(stop), size_of(step, "range_k's step")
         self.stages = stages
-        self.done = False
 
     def __iter__(self):
         t = tracer()

@@ -271,7 +271,7 @@ class _Lower:
         self.vars = {}             # loop variable name -> Var
         self.nonneg = set()        # index variables known to be at least 0
         self.programs = self.sz.programs()
-        self.depends = self._materialised()
+        self.materialised = self._materialised()
 
     # -- helpers ---------------------------------------------------------------------------------
     def _materialised(self) -> set:
@@ -368,13 +368,10 @@ class _Lower:
     def valid_of(self, v):
         return self.valid.get(v.id) or [Const(n) for n in self.sz.shape(v)]
 
-    def loops(self, extents, body_fn, stmts, vector=True):
-        """Loops over `extents` (index Exprs or ints), calling body_fn(idx) for the innermost
-        statements. CPU: nested, the innermost vectorised; GPU: the block's threads over the
-        static `bounds` (the tile's shape), guarded by the valid extents, then a barrier."""
-        if self.gpu:
-            raise AssertionError("use gpu_loops")
-        idx, outer, inner = [], None, stmts
+    def _cpu_loops(self, extents, body_fn, stmts, vector=True):
+        """CPU loops over `extents` (index Exprs), nested, the innermost vectorised, with
+        body_fn(idx)'s statements innermost."""
+        idx, inner = [], stmts
         for i, e in enumerate(extents):
             v = self.names("i")
             kind = "vector" if vector and i == len(extents) - 1 else "serial"
@@ -386,9 +383,10 @@ class _Lower:
 
     def each(self, shape, extents, body_fn, stmts, vector=True):
         """body_fn(idx) for every tile index below `extents` (valid parts, index Exprs) of a
-        tile of static `shape`."""
+        tile of static `shape`: CPU loops, or the block's threads over the tile's elements
+        (guarded by the extents) and a barrier after them."""
         if not self.gpu:
-            return self.loops(extents, body_fn, stmts, vector)
+            return self._cpu_loops(extents, body_fn, stmts, vector)
         if prod(shape) == 0:
             return
         g = self.names("e")
@@ -400,7 +398,7 @@ class _Lower:
             c = Bin("<", idx[i], e)
             cond = c if cond is None else Bin("&&", cond, c)
         inner = body_fn(idx)
-        stmts.append(Loop(g, max(1, prod(shape)), "thread",
+        stmts.append(Loop(g, prod(shape), "thread",
                           inner if cond is None else [If(cond, inner)]))
         stmts.append(Barrier())
 
@@ -554,7 +552,7 @@ class _Lower:
     def s_elem(self, st):
         v = st.out
         self.valid[v.id] = self._elem_valid(st)
-        if v.id not in self.depends:
+        if v.id not in self.materialised:
             self.inline[v.id] = st
             return
         name = self.tile(v, self._into)
