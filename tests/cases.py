@@ -209,7 +209,7 @@ def strategy_cases(rng):
                                                 rng.integers(-5, 5, size=(5, 6))])
     # a user's tile kernel (tile_program, its own strategy; tests/frontend/test_tile_kernels.py)
     body = tile_softmax.body([dt.float32])
-    cases["tile-kernel-f32"] = (lambda x: apply("tile_program", [x], kernel=body), [u(7, 33)])
+    cases["tile_program-f32"] = (lambda x: apply("tile_program", [x], kernel=body), [u(7, 33)])
     # control flow: region steps around their bodies' kernels
     cases["fori_loop-f32"] = (lambda x, w: ts.fori_loop(0, 4, lambda i, c: c * 0.5 + w[i], x),
                           [u(6), u(4, 6)])
