@@ -201,6 +201,7 @@ class KernelBody:
         self.stmts: list = []
         self.knobs: list = []                    # the knobs the body uses, in KNOBS order
         self.output = None                       # ("store", param name) or ("return", Value)
+        self.out_dtype = None                    # a returned tile's stored dtype, if annotated
         self.n = 0
         self.updated: set = set()                # ids of values updated in place
         self.uses: dict = {}                     # value id -> how many statements read it
@@ -850,6 +851,11 @@ class KernelFunction:
                 raise ArgumentError(f"tile kernel {self.name}: *args, **kwargs and "
                                     f"keyword-only parameters are not supported ({p.name})")
             self.specs.append((p.name, p.annotation))
+        ret = sig.return_annotation
+        if ret is not sig.empty and not isinstance(ret, TileSpec):
+            raise ArgumentError(f"tile kernel {self.name}: the return annotation must be a "
+                                f"Tile[...], not {ret!r}")
+        self.returns = ret if isinstance(ret, TileSpec) else None
         self.tuning = None              # @ts.kernel.autotune: wraps each function
         self.bodies: dict = {}          # parameter dtypes -> KernelBody
         self.functions: dict = {}       # (parameter dtypes, target) -> Function
@@ -881,12 +887,26 @@ class KernelFunction:
                 if body.output is not None:
                     raise TracingError("a tile kernel has one output: it stores into a "
                                        "parameter and returns a tile")
+                self._check_return(v, body)
                 body.output = ("return", v)
                 t.emit("return", None, (v,), loc=v.loc)    # (the caller's frame varies)
         finally:
             _state.tracer = before
         resolve(body)
         return body
+
+    def _check_return(self, v: Value, body: KernelBody):
+        """The returned tile against the return annotation: the same dimensions in order; its
+        dtype, if named, is what the result is stored as (rounded once)."""
+        spec = self.returns
+        if spec is None:
+            return
+        if tuple(v.dims) != tuple(spec.dims):
+            raise ShapeError(f"tile kernel {self.name} returns a tile over "
+                             f"[{', '.join(str(d) for d in v.dims)}], its annotation says "
+                             f"{spec!r}", location=v.loc, received=_type(v))
+        if spec.dtype is not None:
+            body.out_dtype = spec.dtype
 
     # -- calls -------------------------------------------------------------------------------------
     def _check(self, args, where):
@@ -1046,7 +1066,7 @@ def interpret(body: KernelBody, arrays, knobs=None):
         dst = np.array(named[what])         # what no program stores keeps the caller's values
         out_dims = body.param(what).dims
     else:
-        dst = np.zeros([dims[d] for d in what.dims], what.dtype.np)
+        dst = np.zeros([dims[d] for d in what.dims], (body.out_dtype or what.dtype).np)
         out_dims = what.dims
 
     for pid in np.ndindex(*grid):

@@ -31,7 +31,7 @@ def _infer(types, attrs):
         i = [p.name for p in body.params].index(what)
         return types[i]
     dims = sizes(body, types)
-    return TensorType(what.dtype, tuple(dims[d] for d in what.dims))
+    return TensorType(body.out_dtype or what.dtype, tuple(dims[d] for d in what.dims))
 
 
 def _reference(arrays, attrs):

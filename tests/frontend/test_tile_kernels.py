@@ -419,3 +419,21 @@ def test_more_mistakes_are_named():
                           (loop_variable_after_its_loop, TracingError, "loop that has ended")]:
         with pytest.raises(err, match=what):
             ts.kernel(fn)(*[x] * (len(fn.__annotations__) - ("return" in fn.__annotations__)))
+
+
+def test_the_return_annotation_is_checked_and_names_the_stored_dtype(rng):
+    def transposed(x: Tile["R", "C", f32]) -> Tile["C", "R", f32]:
+        return x * 2.0
+    with pytest.raises(ShapeError, match="annotation"):
+        ts.kernel(transposed)(np.zeros((2, 3), np.float32))
+
+    @ts.kernel
+    def softmax_bf16(x: Tile["R", "C", f32]) -> Tile["R", "C", bf16]:
+        e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
+        return e / tile.sum(e, axis=-1, keepdim=True)
+    x = rng.standard_normal((5, 40)).astype(np.float32)
+    y = softmax_bf16(x)
+    assert y.dtype == bf16.np
+    # rounded once from the float32 result
+    np.testing.assert_array_equal(y, safe_softmax(x).astype(bf16.np))
+    assert ts.interpret(softmax_bf16.as_function(), x).dtype == bf16.np

@@ -1,7 +1,7 @@
 """tile: a user's tile kernel (`@ts.kernel`, tessera/tiles.py), alone.
 
 One program per block of the output. Every tile is a buffer of its static shape (the knobs'
-sizes): a local array on the CPU (the heap past LOCAL_MAX elements), a shared array on GPUs;
+sizes): a local array on the CPU (the heap past LOCAL_MAX_BYTES), a shared array on GPUs;
 an elementwise value is computed where it is used unless it reads a tile updated in place.
 A load fills its tile from the tensor over the valid part of the block (the rest `other`); a
 reduction runs over the valid part of its axis, in index order; `mma` is one FMA chain per
@@ -31,7 +31,7 @@ CPU_MMA_BLOCK = {"tile_m": 128, "tile_n": 128}
 GPU_BLOCK = {"tile_m": 32, "tile_n": 32, "tile_k": 32}
 GPU_MMA_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 16}    # the SIMT GEMM routine's 16 per
                                                               # thread, 33 KiB of shared memory
-LOCAL_MAX = 1 << 14             # elements of a CPU tile kept on the stack
+LOCAL_MAX_BYTES = 1 << 16       # a CPU tile kept on the stack (larger ones: the heap)
 ROW_ELEMENTS = 1 << 14          # a direct use's block: BM rows of at most this many elements
 GPU_ROW_ELEMENTS = 1 << 11      # (on GPUs, where the block's tiles share 48 KiB)
 GPU_SHARED_MAX = 48 * 1024      # static shared memory of a block
@@ -326,7 +326,7 @@ class _Lower:
         name = self.names("tl")
         if self.gpu:
             self.shared.append(Shared(name, v.dtype, max(1, n)))
-        elif n <= LOCAL_MAX:
+        elif n * v.dtype.itemsize <= LOCAL_MAX_BYTES:
             stmts.append(Local(name, v.dtype, max(1, n)))
         else:
             sc = Scratch(name, v.dtype, n, self.code, [])
