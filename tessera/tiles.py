@@ -25,6 +25,7 @@ write only what lies inside the output.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -37,7 +38,7 @@ KNOBS = ("BM", "BN", "BK", "warps", "stages", "vector")
 BLOCK_KNOBS = ("BM", "BN", "BK")
 
 
-# ---- Tile[...] annotations ------------------------------------------------------------------------
+# ---- Tile[...] annotations -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TileSpec:
     dims: tuple                 # dimension names, one per axis
@@ -144,7 +145,7 @@ def size_of(x, what) -> Ix:
 ONE = Ix("const", (1,))
 
 
-# ---- the traced body ---------------------------------------------------------------------------
+# ---- the traced body -----------------------------------------------------------------------------
 @dataclass(eq=False)
 class Value:
     """A tile value: its shape (sizes), dtype, the dimension each axis runs over (None where
@@ -252,7 +253,6 @@ class KernelBody:
 
 
 def _short(loc) -> str:
-    import os
     return f"{os.path.basename(loc.filename)}:{loc.lineno}" if loc is not None else ""
 
 
@@ -451,7 +451,7 @@ def wrap(t, v: Value) -> TileValue:
     return TileValue(t, v)
 
 
-# ---- the builtins' semantics (tessera.tile is their public face) ------------------------------------
+# ---- the builtins' semantics (tessera.tile is their public face) ---------------------------------
 def _shape(shape, what) -> tuple:
     if not isinstance(shape, (tuple, list)):
         shape = (shape,)
@@ -733,7 +733,7 @@ def num_programs(axis) -> Ix:
     return Ix("nprog", (_axis(axis, "tile.num_programs"),))
 
 
-# ---- after tracing: the grid and each load's placement ------------------------------------------
+# ---- after tracing: the grid and each load's placement -------------------------------------------
 def resolve(body: KernelBody):
     """Tie the output's axes to the grid and check every load against it. Sets
     body.grid: [(dim, block size Ix or None for whole)] per output axis; each load statement's
@@ -826,7 +826,7 @@ def resolve(body: KernelBody):
                                  hint="use the partitions tile.load_partition gives")
 
 
-# ---- the kernel a user calls ----------------------------------------------------------------------
+# ---- the kernel a user calls ---------------------------------------------------------------------
 class KernelFunction:
     """`@ts.kernel def f(A: Tile[...], ...)`: call it with arrays to run it; `lower(...)` gives
     its Program. A parameter the body stores into is the output: the kernel computes it into a
@@ -909,39 +909,46 @@ class KernelFunction:
             body.out_dtype = spec.dtype
 
     # -- calls -------------------------------------------------------------------------------------
-    def _check(self, args, where):
+    def _output_arg(self, body, args):
+        return args[[n for n, _ in self.specs].index(body.output[1])]
+
+    def _check(self, args):
+        """The body for these arguments' dtypes, after checking them; an error names the
+        caller's line (found only then: calls pay nothing for it)."""
         import numpy as np
         if len(args) != len(self.specs):
             raise ArgumentError(f"tile kernel {self.name} takes {len(self.specs)} arrays, got "
-                                f"{len(args)}", location=where)
+                                f"{len(args)}", location=user_location())
         sizes, dtypes = {}, []
         for (name, spec), a in zip(self.specs, args):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 raise ArgumentError(f"argument {name!r} of {self.name} must be an array, not "
-                                    f"{type(a).__name__}", location=where)
+                                    f"{type(a).__name__}", location=user_location())
             d = dt.get(a.dtype)
             if spec.dtype is not None and d != spec.dtype:
                 raise DTypeError(f"argument {name!r} of {self.name} is {d.name}, its annotation "
-                                 f"{spec!r} says {spec.dtype.name}", location=where,
+                                 f"{spec!r} says {spec.dtype.name}", location=user_location(),
                                  hint=f"convert it: {name}.astype(...)")
             if len(a.shape) != len(spec.dims):
                 raise ShapeError(f"argument {name!r} of {self.name} has rank {len(a.shape)}, "
-                                 f"its annotation {spec!r} rank {len(spec.dims)}", location=where)
+                                 f"its annotation {spec!r} rank {len(spec.dims)}",
+                                 location=user_location())
             for dname, n in zip(spec.dims, a.shape):
                 if sizes.setdefault(dname, n) != n:
                     raise ShapeError(f"dimension {dname} is {sizes[dname]} in one argument "
-                                     f"and {n} in {name!r} of {self.name}", location=where)
+                                     f"and {n} in {name!r} of {self.name}",
+                                     location=user_location())
             dtypes.append(d)
         body = self.body(dtypes)
         if body.output[0] == "store":
-            out = args[[n for n, _ in self.specs].index(body.output[1])]
+            out = self._output_arg(body, args)
             if isinstance(out, np.ndarray) and not out.flags.writeable:
                 raise ArgumentError(f"output {body.output[1]!r} of {self.name} is read-only",
-                                    location=where)
+                                    location=user_location())
             for p, a in zip(body.params, args):
                 if p.read and p.name != body.output[1] and a is not out and _overlap(a, out):
                     raise ArgumentError(f"output {body.output[1]!r} of {self.name} overlaps "
-                                        f"input {p.name!r}", location=where,
+                                        f"input {p.name!r}", location=user_location(),
                                         hint="pass a separate output array")
         return body
 
@@ -974,11 +981,10 @@ class KernelFunction:
         return f
 
     def __call__(self, *args, target=None):
-        where = user_location()
-        body = self._check(args, where)
+        body = self._check(args)
         result = self.function(body, target)(*args)
         if body.output[0] == "store":
-            out = args[[n for n, _ in self.specs].index(body.output[1])]
+            out = self._output_arg(body, args)
             if hasattr(result, "get") and not hasattr(out, "get"):    # a GPU's result, a
                 result = result.get()                                   # NumPy output
             out[...] = result
@@ -987,7 +993,7 @@ class KernelFunction:
 
     def checked_body(self, args) -> KernelBody:
         """The body for these arguments, after the call's checks (dtypes, ranks, sizes)."""
-        return self._check(args, user_location())
+        return self._check(args)
 
     @property
     def results(self) -> dict:
@@ -1005,12 +1011,12 @@ class KernelFunction:
 
     def lower(self, *args, target=None):
         """The Program for these arguments (Graph, Schedule and Tile IR, target source)."""
-        body = self._check(args, user_location())
+        body = self._check(args)
         return self.function(body, target).lower(*args)
 
     def ir(self, *args) -> str:
         """The traced tile statements for these arguments' dtypes."""
-        return self._check(args, user_location()).text()
+        return self._check(args).text()
 
 
 def _overlap(a, b) -> bool:

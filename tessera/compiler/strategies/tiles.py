@@ -65,6 +65,14 @@ def _at_least_zero(e, nonneg) -> bool:
         _at_least_zero(e.a, nonneg) and _at_least_zero(e.b, nonneg)
 
 
+def _flat(offs, idx, strides):
+    """The flat index of tile index idx of a tile at offs in a tensor of these strides."""
+    g = Const(0)
+    for o, i, st in zip(offs, idx, strides):
+        g = idx_add(g, idx_mul(idx_add(o, i), Const(st)))
+    return g
+
+
 def _least(a, b):
     if a == b:
         return a
@@ -123,14 +131,14 @@ class Tiles(Strategy):
         # a direct use's block: BM rows, the rest of each row whole
         row = max((prod(b.type.shape[1:]) for b in _operands(k) if len(b.type.shape) > 1),
                   default=1)
-        if "tile_m" in out and not any(s.kind == "mma" for s in _walk(body.stmts)):
+        if "tile_m" in out and not _has_mma(body):
             out["tile_m"] = max(1, min(out["tile_m"], row_elements // max(1, row)))
         programs = _Sizes(body, dims, out).programs()
         return out, programs
 
     def cpu_knobs(self, k) -> dict:
         knobs, programs = self._defaults(k, CPU_BLOCK)
-        if any(s.kind == "mma" for s in _walk(_body(k).stmts)):
+        if _has_mma(_body(k)):
             # larger output blocks amortise the packing of the GEMM routine's operands, where
             # there are still blocks for every thread
             big, n = self._defaults(k, {**CPU_BLOCK, **CPU_MMA_BLOCK})
@@ -139,7 +147,7 @@ class Tiles(Strategy):
         return {"parallel": programs >= 2, **knobs}
 
     def gpu_knobs(self, k, target) -> dict:
-        mma = any(s.kind == "mma" for s in _walk(_body(k).stmts))
+        mma = _has_mma(_body(k))
         knobs, _ = self._defaults(k, {**GPU_BLOCK, **(GPU_MMA_BLOCK if mma else {})},
                                   GPU_ROW_ELEMENTS)
         return {"threads": 256, **knobs}
@@ -181,6 +189,10 @@ register(Tiles())
 def _operands(k):
     """The kernel's operand buffers, one per parameter of the tile kernel, in order."""
     return [k.reads[v.id] for v in k.group.root.inputs]
+
+
+def _has_mma(body) -> bool:
+    return any(s.kind == "mma" for s in _walk(body.stmts))
 
 
 def _walk(stmts):
@@ -481,7 +493,8 @@ class _Lower:
                 continue
             off = k_var if place == "stream" else self.ix(st.attrs["offsets"][i])
             hi = self._clip(off, n, E)
-            out.append((off, _below_zero(off, self.nonneg), hi, hi if place == "stream" else Const(n)))
+            valid = hi if place == "stream" else Const(n)
+            out.append((off, _below_zero(off, self.nonneg), hi, valid))
         return [list(x) for x in zip(*out)] if out else [[], [], [], []]
 
     @staticmethod
@@ -514,10 +527,7 @@ class _Lower:
         strides = contiguous(b.type.shape)
 
         def where(idx):
-            g = Const(0)
-            for o, i, s in zip(offs, idx, strides):
-                g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
-            return g
+            return _flat(offs, idx, strides)
         inside = all(lo == Const(0) and isinstance(hi, Const) and hi.value >= n
                      for lo, hi, n in zip(los, his, shape))
         if inside and not stream and not self.gpu and v.id not in self.body.updated:
@@ -783,13 +793,9 @@ class _Lower:
             self.routine_shared += smem
             key = ":".join(map(str, ("gemm", d, *tiles)))
 
-        def base(offs, strides):
-            e = Const(0)
-            for o, st in zip(offs, strides):
-                e = idx_add(e, idx_mul(o, Const(st)))
-            return e
-        args = (Addr(ba.name, base(offs_a, st_a)), Const(st_a[0]), Const(st_a[1]),
-                Addr(bb.name, base(offs_b, st_b)), Const(st_b[0]), Const(st_b[1]),
+        args = (Addr(ba.name, _flat(offs_a, [Const(0)] * 2, st_a)), Const(st_a[0]),
+                Const(st_a[1]), Addr(bb.name, _flat(offs_b, [Const(0)] * 2, st_b)),
+                Const(st_b[0]), Const(st_b[1]),
                 Addr(name, Const(0)), Const(shape[1]), Const(K), valid_a[0], valid_b[1])
         if self.gpu:
             self._into += [Call(fn, args, key), Barrier()]
@@ -858,9 +864,7 @@ class _Lower:
 
         def body(idx):
             idx = [idx_add(lo, i) for lo, i in zip(los, idx)]
-            g = Const(0)
-            for o, i, s in zip(offs, idx, strides):
-                g = idx_add(g, idx_mul(idx_add(o, i), Const(s)))
+            g = _flat(offs, idx, strides)
             e = self.at(v, idx)
             if v.dtype != buf.type.dtype:
                 e = Cast(buf.type.dtype, e)
