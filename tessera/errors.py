@@ -138,6 +138,20 @@ class GradientCheckError(TesseraError, AssertionError):
     """``tessera.check_grad`` found a gradient that disagrees with finite differences."""
 
 
+class ShardingError(TesseraError):
+    """A sharded tensor's layout is not possible: a mesh axis the mesh lacks, a dimension that
+    does not divide by its mesh axes, two meshes in one operation (tessera.dist)."""
+
+
+class RankFailure(TesseraError):
+    """A rank of a distributed run failed (or died, or ran past its time): raised in the
+    launching process with the rank and its error (tessera.dist.launch)."""
+
+    def __init__(self, message: str, *, rank: int | None = None, **kw):
+        self.rank = rank
+        super().__init__(message, **kw)
+
+
 def enrich(err: TesseraError, *, function=None, location=None, op=None) -> TesseraError:
     """The error with what it did not know yet filled in: the function, the line, the operator."""
     if err.function is None and function:

@@ -293,6 +293,10 @@ _UFUNC_OPS = None
 def apply(name: str, *args, **attrs):
     opdef = ops.get(name)
     flat = list(args[0]) if opdef.nin == -1 else list(args)
+    for a in flat:      # a sharded tensor (tessera.dist) runs the operator by its own rules
+        hook = getattr(type(a), "__tessera_apply__", None)
+        if hook is not None:
+            return hook(opdef, args, attrs)
     trace = current_trace()
     if not getattr(_state, "in_policy", False):
         policy = _policy_for(flat, trace)

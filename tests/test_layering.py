@@ -29,7 +29,8 @@ LAYERS = [
                    "tessera.graph", "tessera.autodiff", "tessera.autotune", "tessera.nn",
                    "tessera.optim", "tessera.debug", "tessera.interop",
                    "tessera.aten", "tessera.jaxpr", "tessera.migrate", "tessera.onnx",
-                   "tessera.prob", "tessera.tiles", "tessera.tile"]),
+                   "tessera.prob", "tessera.tiles", "tessera.tile", "tessera.dist",
+                   "tessera.collectives"]),
     ("viz", ["tessera.viz"]),
     ("lab", ["tessera.lab"]),
     ("public surface", ["tessera"]),      # the package's __init__: what `import tessera` gives

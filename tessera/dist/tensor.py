@@ -1,0 +1,372 @@
+"""`DTensor`: a tensor split over a mesh, and how operators run on it.
+
+A DTensor holds its global shape and dtype, its `Layout` and the blocks of the ranks this
+process holds (every rank on virtual devices, its own under MPI). Any ``op.*`` given a DTensor
+comes here (trace.apply asks its operands for ``__tessera_apply__``): a sharding rule chooses the
+result's layout and the layouts its operands need, `redistribute` moves the operands (the
+collectives it inserts are the rule's cost), and every rank runs the operator on its blocks with
+the compiled kernel the single-process program uses. Rules, by the operator's kind:
+
+- elementwise: the result keeps its operands' splits (an operand split differently, or not at
+  all, is moved or sliced); a pending sum passes through add, sub, neg, and mul or div by a
+  value without one; any other operator takes the reduction first (relu of a pending sum is not
+  the sum of relus);
+- matmul: rows and columns keep their splits; a contraction over a split dimension gives a pending
+  sum (the other operand sliced to match when it is whole); an axis wanted by both the rows and
+  the columns gathers the right operand's;
+- transpose: the splits move with the dimensions;
+- sum, mean, max, min: a reduced dimension's axes become a pending sum, mean, max or min;
+- operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
+- anything else: its operands gathered whole, the result replicated (correct, not fast).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from .. import ops
+from ..errors import ShardingError, TesseraError, enrich
+from .collectives import redistribute
+from .layout import Layout, Mesh, ShardSpec, at_user_line
+
+_LINEAR_SUM = {"add", "sub", "neg"}
+_AXIS_OPS = {"softmax", "log_softmax", "layernorm", "rmsnorm", "cumsum", "cumprod", "logcumsumexp",
+             "sort", "argsort", "flip"}
+
+
+class DTensor:
+    """A tensor split over a mesh. ``repr`` shows its type with the layout:
+    ``DTensor(f32[1024@dp, 1024] on Mesh(dp=4; virtual))``."""
+
+    __array_priority__ = 1000          # x * dtensor: NumPy defers to our operators
+
+    def __init__(self, mesh: Mesh, shape, dtype, layout: Layout, blocks: dict):
+        self.mesh, self.shape, self.layout = mesh, tuple(int(s) for s in shape), layout
+        self.dtype = np.dtype(dtype)
+        self.blocks = blocks
+
+    # ---- what a user sees --------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def local(self) -> np.ndarray:
+        """This process's block (under MPI, one rank per process)."""
+        if len(self.blocks) != 1:
+            raise ShardingError("on virtual devices this process holds every block",
+                                hint="x.blocks[rank], or dist.gather(x) for the whole tensor")
+        return next(iter(self.blocks.values()))
+
+    @property
+    def type_str(self) -> str:
+        return self.layout.type_str(self.shape, dt.from_numpy(self.dtype).short)
+
+    def __repr__(self):
+        return f"DTensor({self.type_str} on {self.mesh})"
+
+    def __array__(self, *a, **k):
+        raise ShardingError("a sharded tensor is not an array here: its blocks live on the mesh",
+                            hint="dist.gather(x) brings the whole tensor to every rank")
+
+    def __len__(self):
+        return self.shape[0]
+
+    # ---- operators -------------------------------------------------------------------------------
+    @classmethod
+    def __tessera_apply__(cls, opdef, args, attrs):
+        try:
+            return _apply(opdef, list(args), attrs)
+        except TesseraError as e:
+            from ..trace import user_location
+            raise enrich(e, location=user_location(), op=opdef.name)
+
+    def _op(self, name, *args, **attrs):
+        from ..trace import apply
+        return apply(name, *args, **attrs)
+
+    def __add__(self, o): return self._op("add", self, o)
+    def __radd__(self, o): return self._op("add", o, self)
+    def __sub__(self, o): return self._op("sub", self, o)
+    def __rsub__(self, o): return self._op("sub", o, self)
+    def __mul__(self, o): return self._op("mul", self, o)
+    def __rmul__(self, o): return self._op("mul", o, self)
+    def __truediv__(self, o): return self._op("div", self, o)
+    def __rtruediv__(self, o): return self._op("div", o, self)
+    def __matmul__(self, o): return self._op("matmul", self, o)
+    def __rmatmul__(self, o): return self._op("matmul", o, self)
+    def __neg__(self): return self._op("neg", self)
+    def __pow__(self, o): return self._op("pow", self, o)
+
+    @property
+    def T(self):
+        return self._op("transpose", self)
+
+    def sum(self, axis=None, keepdim=False): return self._op("sum", self, axis=axis, keepdim=keepdim)
+    def mean(self, axis=None, keepdim=False): return self._op("mean", self, axis=axis, keepdim=keepdim)
+    def max(self, axis=None, keepdim=False): return self._op("max", self, axis=axis, keepdim=keepdim)
+
+
+# ---- making and gathering -------------------------------------------------------------------------
+def _layout_of(layout, shape, mesh, name):
+    if layout is None:
+        return Layout.replicated(len(shape))
+    if isinstance(layout, Layout):
+        layout.check(shape, mesh, name)
+        return layout
+    if not isinstance(layout, ShardSpec):
+        raise ShardingError(f"{name}: layout must be a dist.ShardSpec", received=repr(layout))
+    return layout.layout(shape, mesh, name)
+
+
+@at_user_line
+def tensor(shape, layout=None, mesh=None, dtype="float32", init="zeros", seed=0):
+    """A new sharded tensor: each rank makes only its block. ``init``: "zeros", "ones", or
+    "uniform" (op.random_uniform's numbers for ``seed``, by the element's global index, so the
+    same tensor on any mesh)."""
+    if not isinstance(mesh, Mesh):
+        raise ShardingError("dist.tensor needs mesh=dist.Mesh(...)", received=repr(mesh))
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    lay = _layout_of(layout, shape, mesh, "dist.tensor")
+    d = dt.get(dtype)
+    blocks = {}
+    for r in mesh.engine.ranks:
+        sl = lay.block(shape, mesh, r)
+        local = tuple(s.stop - s.start for s in sl)
+        if init in ("zeros", "ones"):
+            blocks[r] = np.full(local, 0 if init == "zeros" else 1, dtype=d.np)
+        elif init == "uniform":
+            idx = np.ravel_multi_index(np.meshgrid(*[np.arange(s.start, s.stop) for s in sl],
+                                                   indexing="ij"), shape) if shape else 0
+            from ..ops.random import _reference
+            u = _reference([np.int64(seed), np.asarray(idx, np.int64)],
+                           {"dtype": "float64" if d.name == "float64" else "float32"})
+            blocks[r] = np.asarray(u).astype(d.np)
+        else:
+            raise ShardingError(f"unknown init {init!r}", expected="zeros, ones or uniform")
+    return DTensor(mesh, shape, d.np, lay, blocks)
+
+
+@at_user_line
+def shard(x, layout, mesh: Mesh):
+    """The NumPy array ``x`` (the same on every rank) split as ``layout`` says: each rank keeps
+    its block, no communication."""
+    if not isinstance(mesh, Mesh):
+        raise ShardingError("dist.shard needs a dist.Mesh", received=repr(mesh))
+    x = np.asarray(x)
+    lay = _layout_of(layout, x.shape, mesh, "dist.shard")
+    if lay.partial:
+        raise ShardingError("dist.shard cannot make a pending reduction")
+    blocks = {r: np.ascontiguousarray(x[lay.block(x.shape, mesh, r)]) for r in mesh.engine.ranks}
+    return DTensor(mesh, x.shape, x.dtype, lay, blocks)
+
+
+@at_user_line
+def gather(x) -> np.ndarray:
+    """The whole tensor as a NumPy array on every rank (pending reductions taken)."""
+    if not isinstance(x, DTensor):
+        return np.asarray(x)
+    whole = redistribute(x, Layout.replicated(x.ndim))
+    return next(iter(whole.blocks.values())).copy()
+
+
+# ---- operators on sharded tensors -----------------------------------------------------------------
+def _apply(opdef, args, attrs):
+    from ..compiler.graph_ir import check_op
+    from ..ops.registry import is_scalar, operand_dtypes
+    from ..types import TensorType
+
+    packed = opdef.nin == -1
+    flat = list(args[0]) if packed else list(args)
+    meshes = {a.mesh for a in flat if isinstance(a, DTensor)}
+    if len(meshes) > 1:
+        raise ShardingError(f"{opdef.name} got tensors on different meshes",
+                            received=" and ".join(map(repr, meshes)))
+    mesh = meshes.pop()
+    # plain arrays are replicated on every rank; numbers stay numbers
+    flat = [a if isinstance(a, DTensor) or is_scalar(a) else
+            shard(np.asarray(a), None, mesh) for a in flat]
+    kinds = [dt.from_numpy(a.dtype) if isinstance(a, DTensor) else a for a in flat]
+    want = operand_dtypes(opdef, kinds, attrs)
+    types = [TensorType(want[k] if want else dt.from_numpy(a.dtype), a.shape)
+             if isinstance(a, DTensor) else TensorType(want[k] if want else dt.float64, ())
+             for k, a in enumerate(flat)]
+    full_attrs, out_type = check_op(opdef, attrs, types)
+    tensors = [k for k, a in enumerate(flat) if isinstance(a, DTensor)]
+    layouts, out_layout = _rule(opdef, full_attrs, [flat[k] for k in tensors], out_type)
+    for k, lay in zip(tensors, layouts):
+        flat[k] = redistribute(flat[k], lay)
+    local = _local_function(opdef.name, attrs, packed,
+                            tuple(None if k in tensors else flat[k] for k in range(len(flat))))
+    blocks = _run(mesh, local, {r: [flat[k].blocks[r] for k in tensors]
+                                for r in mesh.engine.ranks})
+    out = DTensor(mesh, out_type.shape, out_type.dtype.np, out_layout, blocks)
+    want_shape = out_layout.local_shape(out.shape, mesh)
+    for b in blocks.values():
+        if b.shape != want_shape:        # a rule's mistake, never a silent wrong answer
+            raise ShardingError(f"{opdef.name}: a block of shape {b.shape} where the layout "
+                                f"{out_layout} gives {want_shape}")
+    return out
+
+
+def _rule(opdef, attrs, xs, out_type):
+    """(the layout each DTensor operand needs, the result's layout)."""
+    name = opdef.name
+    from ..ops.registry import Elementwise
+    if isinstance(opdef.lowering, Elementwise):
+        return _elementwise(name, xs, out_type)
+    if name == "matmul" and all(x.ndim >= 2 for x in xs) and len(xs) == 2:
+        return _matmul(xs)
+    if name == "transpose" and len(xs) == 1:
+        x = xs[0]
+        perm = attrs["perm"]
+        return [x.layout], Layout(tuple(x.layout.dims[p] for p in perm), x.layout.partial)
+    if name in ("sum", "mean", "max", "min") and len(xs) == 1:
+        return _reduction(name, xs[0], attrs)
+    if name in _AXIS_OPS and len(xs) == 1:
+        x = xs[0]
+        axes = attrs.get("axis")
+        axes = [axes] if isinstance(axes, int) else list(axes or [])
+        axes = [a % x.ndim for a in axes]
+        dims = [() if d in axes else x.layout.dims[d] for d in range(x.ndim)]
+        lay = Layout(tuple(dims))
+        return [lay], lay if out_type.shape == x.shape else Layout.replicated(len(out_type.shape))
+    return [Layout.replicated(x.ndim) for x in xs], Layout.replicated(len(out_type.shape))
+
+
+def _elementwise(name, xs, out_type):
+    rank = len(out_type.shape)
+    out_dims = [()] * rank
+    used = set()
+    for x in xs:                           # the first operand that splits a dimension decides
+        off = rank - x.ndim
+        for d, axes in enumerate(x.layout.dims):
+            if axes and x.shape[d] == out_type.shape[off + d] and not out_dims[off + d] and \
+                    not used & set(axes):
+                out_dims[off + d] = axes
+                used |= set(axes)
+    partial = _elementwise_partial(name, xs)
+    need = []
+    for x in xs:
+        off = rank - x.ndim
+        dims = tuple(out_dims[off + d] if x.shape[d] == out_type.shape[off + d] else ()
+                     for d in range(x.ndim))
+        need.append(Layout(dims, tuple(sorted(partial.items())) if x.layout.partial else ()))
+    return need, Layout(tuple(out_dims), tuple(sorted(partial.items())))
+
+
+def _elementwise_partial(name, xs):
+    """The pending reductions that pass through; the others are taken first."""
+    pend = [x.layout.partial_axes for x in xs]
+    if not any(pend):
+        return {}
+    sums = all(op == "sum" for p in pend for op in p.values())
+    if name in _LINEAR_SUM and sums and all(p == pend[0] for p in pend):
+        return pend[0]
+    if name in ("mul", "div") and sums and sum(bool(p) for p in pend) == 1 and \
+            (name == "mul" or pend[0]):
+        return next(p for p in pend if p)
+    return {}
+
+
+def _matmul(xs):
+    a, b = xs
+    if a.layout.partial and b.layout.partial:
+        b_lay = Layout(b.layout.dims)      # one pending sum at a time: b's taken first
+    else:
+        b_lay = b.layout
+    # only a pending sum passes through a product
+    sums = all(op == "sum" for lay in (a.layout, b_lay) for op in lay.partial_axes.values())
+    ad, bd = list(a.layout.dims), list(b_lay.dims)
+    ka, kb = ad[-1], bd[-2]
+    if ka and kb and ka != kb:
+        ka = kb = ()
+    k = ka or kb
+    m, n = ad[-2], bd[-1]
+    taken = set(k)
+    m = () if taken & set(m) else m
+    taken |= set(m)
+    n = () if taken & set(n) else n
+    taken |= set(n)
+    batch = len(ad) - 2, len(bd) - 2
+    out_batch_rank = max(batch)
+    out_batch = [()] * out_batch_rank
+    for dims, nb in ((ad, batch[0]), (bd, batch[1])):
+        for d in range(nb):
+            o = out_batch_rank - nb + d
+            if dims[d] and not out_batch[o] and not taken & set(dims[d]):
+                out_batch[o] = dims[d]
+                taken |= set(dims[d])
+    a_batch = [out_batch[out_batch_rank - batch[0] + d] if a.shape[d] != 1 else ()
+               for d in range(batch[0])]
+    b_batch = [out_batch[out_batch_rank - batch[1] + d] if b.shape[d] != 1 else ()
+               for d in range(batch[1])]
+    keep_a = a.layout.partial_axes if sums else {}
+    keep_b = b_lay.partial_axes if sums else {}
+    a_need = Layout(tuple(a_batch + [m, k]), tuple(sorted(keep_a.items())))
+    b_need = Layout(tuple(b_batch + [k, n]), tuple(sorted(keep_b.items())))
+    partial = {**keep_a, **keep_b, **{ax: "sum" for ax in k}}
+    return [a_need, b_need], Layout(tuple(out_batch + [m, n]), tuple(sorted(partial.items())))
+
+
+def _reduction(name, x, attrs):
+    axes = attrs["axis"]
+    axes = list(range(x.ndim)) if axes is None else [a % x.ndim for a in axes]
+    pend = x.layout.partial_axes
+    passes = (name in ("sum", "mean") and all(op == "sum" for op in pend.values())) or \
+        (name in ("max", "min") and all(op == name for op in pend.values()))
+    keep = pend if passes else {}
+    new = {ax: name for d in axes for ax in x.layout.dims[d]}
+    need = Layout(x.layout.dims, tuple(sorted(keep.items())))
+    dims = [() if d in axes else x.layout.dims[d] for d in range(x.ndim)]
+    if not attrs["keepdim"]:
+        dims = [dims[d] for d in range(x.ndim) if d not in axes]
+    return [need], Layout(tuple(dims), tuple(sorted({**keep, **new}.items())))
+
+
+# ---- the local kernels: the compiled single-process operator, one per (operator, attributes) --------
+_LOCAL: dict = {}
+
+
+def _local_function(name, attrs, packed, consts):
+    """A compiled function of the tensor operands (numbers and attributes baked in)."""
+    key = (name, repr(sorted(attrs.items())), packed, repr(consts))
+    fn = _LOCAL.get(key)
+    if fn is None:
+        from .. import function
+        from ..trace import apply
+
+        def body(*tensors):
+            it = iter(tensors)
+            flat = [next(it) if c is None else c for c in consts]
+            return apply(name, flat, **attrs) if packed else apply(name, *flat, **attrs)
+        body.__name__ = f"local_{name}"
+        fn = _LOCAL[key] = function(_fixed_arity(body, sum(c is None for c in consts)))
+    return fn
+
+
+def _fixed_arity(fn, n):
+    """A function of exactly n positional parameters (tessera.function binds by signature)."""
+    names = ", ".join(f"x{i}" for i in range(n))
+    scope = {"fn": fn}
+    exec(f"def {fn.__name__}({names}):\n    return fn({names})\n", scope)
+    return scope[fn.__name__]
+
+
+_COMPILED: set = set()
+
+
+def _run(mesh, fn, operands: dict) -> dict:
+    """fn on every held rank's operand blocks. Under MPI rank 0 compiles a new kernel first and
+    the others wait, then load it from the shared cache (n gccs would fight over the cores)."""
+    eng = mesh.engine
+    some = next(iter(operands.values()))
+    key = (id(fn), tuple((b.shape, b.dtype.str) for b in some))
+    first = eng.name == "mpi" and key not in _COMPILED
+    if first and eng.rank != 0:
+        eng.barrier()
+    out = {r: np.asarray(fn(*blocks)) for r, blocks in operands.items()}
+    if first and eng.rank == 0:
+        eng.barrier()
+    _COMPILED.add(key)
+    return out
