@@ -121,10 +121,9 @@ def _spread(n: int, k: int) -> list:
             m //= p
         p += 1
     sizes = [1] * k
-    for f in sorted(factors, reverse=True):
-        i = min(range(k), key=lambda j: (sizes[j], -j))     # the smallest; later axes first
-        sizes[i] *= f
-    return sizes
+    for f in sorted(factors, reverse=True):     # each factor to the smallest axis so far
+        sizes[sizes.index(min(sizes))] *= f
+    return sorted(sizes)                        # the later axes the larger
 
 
 @dataclass(frozen=True)

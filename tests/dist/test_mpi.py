@@ -1,0 +1,119 @@
+"""tessera.dist on real MPI ranks (mpi4py and the mpich wheel, 4 ranks oversubscribing the
+machine's cores), launched with dist.launch: the same programs give the bits they give on
+virtual devices, the collectives the bits of their fixed tree, and a failed, dying or hanging
+rank is a RankFailure in the launching process."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import dist, op
+from tessera.errors import RankFailure, ShardingError
+
+pytest.importorskip("mpi4py", reason="the test extra installs mpi4py (pip install mpi4py mpich)")
+
+
+def _programs(seed):
+    """The seeds' example, a contraction over a split dimension, reductions: run on whatever
+    engine the mesh finds (MPI under dist.launch, virtual devices here)."""
+    mesh = dist.Mesh(axes=["dp"], devices=range(4))
+    X = dist.tensor((64, 24), layout=dist.ShardSpec(("row",), ("dp",)), mesh=mesh,
+                    init="uniform", seed=seed)
+    Y = op.pipeline([op.matmul(X, X.T), op.relu, op.layernorm])
+    A = dist.tensor((16, 32), layout=dist.ShardSpec.per_dim(None, "dp"), mesh=mesh,
+                    init="uniform", seed=seed + 1)
+    B = dist.tensor((32, 8), layout=dist.ShardSpec.per_dim("dp", None), mesh=mesh,
+                    init="uniform", seed=seed + 2)
+    C = op.relu(A @ B - 4.0)
+    return {"Y": dist.gather(Y), "C": dist.gather(C), "sum": dist.gather(X.sum(axis=0)),
+            "max": dist.gather(X.max(axis=0)), "layout": Y.type_str, "engine": mesh.engine.name}
+
+
+def test_mpi_ranks_give_the_virtual_devices_bits(rng):
+    seed = int(rng.integers(1 << 30))
+    results = dist.launch(_programs, 4, seed)
+    here = _programs(seed)
+    assert here["engine"] == "virtual"
+    assert [r["engine"] for r in results] == ["mpi"] * 4
+    for r in results:
+        assert r["layout"] == "f32[64@dp, 64]"
+        for k in ("Y", "C", "sum", "max"):
+            np.testing.assert_array_equal(r[k], here[k])
+    x = op.random_uniform((64, 24), seed)
+    np.testing.assert_array_equal(here["Y"], ts.function(
+        lambda a: op.layernorm(op.relu(op.matmul(a, a.T))))(x))
+
+
+def _reduce_per_rank(seed, n):
+    rank = dist.rank()
+    mine = np.random.default_rng(seed + rank).standard_normal(n).astype(np.float32)
+    mesh = dist.Mesh(axes=["dp"], devices=range(dist.world_size()))
+    grads = {"w": mine, "b": [mine[:5] * 2]}
+    out = ts.collectives.all_reduce(grads, op="sum", axis="dp", mesh=mesh)
+    gathered = ts.collectives.all_gather(mine[:6], axis="dp", mesh=mesh)
+    return out["w"], out["b"][0], gathered
+
+
+@pytest.mark.parametrize("n", [7, 1 << 20])      # MPI would pick another algorithm for each
+def test_all_reduce_of_each_ranks_array_is_the_fixed_tree(rng, n):
+    seed = int(rng.integers(1 << 30))
+    results = dist.launch(_reduce_per_rank, 4, seed, n)
+    terms = [np.random.default_rng(seed + r).standard_normal(n).astype(np.float32)
+             for r in range(4)]
+    want = (terms[0] + terms[1]) + (terms[2] + terms[3])
+    want_b = (terms[0][:5] * 2 + terms[1][:5] * 2) + (terms[2][:5] * 2 + terms[3][:5] * 2)
+    for w, b, g in results:
+        np.testing.assert_array_equal(w, want)
+        np.testing.assert_array_equal(b, want_b)
+        np.testing.assert_array_equal(g, np.concatenate([t[:6] for t in terms]))
+
+
+def _fails_on_rank_2():
+    if dist.rank() == 2:
+        raise ValueError("rank two is unhappy")
+    mesh = dist.Mesh(axes=["dp"], devices=range(4))
+    return dist.gather(dist.tensor((8,), dist.ShardSpec(("row",), ("dp",)), mesh))
+
+
+def test_a_rank_that_raises_is_a_rank_failure_naming_it():
+    with pytest.raises(RankFailure, match="rank 2 of 4 failed") as e:
+        dist.launch(_fails_on_rank_2, 4, timeout=120)
+    assert e.value.rank == 2
+    assert "rank two is unhappy" in str(e.value) and "_fails_on_rank_2" in str(e.value)
+
+
+def _hangs():
+    import time
+    print("started")
+    if dist.rank() == 1:
+        time.sleep(600)
+    return dist.rank()
+
+
+def test_a_hanging_rank_is_killed_at_the_timeout(capsys):
+    with pytest.raises(RankFailure, match="ran past 8 s"):
+        dist.launch(_hangs, 2, timeout=8)
+
+
+def _wrong_mesh():
+    return dist.Mesh(axes=["dp"], devices=range(2))
+
+
+def test_a_mesh_that_is_not_the_ranks_is_an_error():
+    with pytest.raises(RankFailure, match="ShardingError") as e:
+        dist.launch(_wrong_mesh, 4, timeout=120)
+    assert "mpiexec -n 2" in str(e.value)
+
+
+def test_output_arrives_in_rank_order(capsys):
+    def hello():
+        print(f"hello from {dist.rank()} of {dist.world_size()}")
+        return dist.rank() * 10
+    assert dist.launch(hello, 3) == [0, 10, 20]
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"[rank {r}] hello from {r} of 3" for r in range(3)]
+
+
+def test_a_plain_collective_needs_mpi_here():
+    with pytest.raises(ShardingError, match="one process per device"):
+        ts.collectives.all_reduce(np.ones(2), axis="dp",
+                                  mesh=dist.Mesh(axes=["dp"], devices=range(2)))
