@@ -10,7 +10,8 @@ from .numerics import NumericalPolicy, policy  # noqa: E402
 from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
                      CompilerNotFoundError, DifferentiationError, DTypeError,
                      GradientCheckError, IRVerificationError, RankError, ResourceError,
-                     RuntimeFault, ShapeError, SymbolicValueError, SymbolMismatchError,
+                     RankFailure, RuntimeFault, ShapeError, ShardingError,
+                     SymbolicValueError, SymbolMismatchError,
                      TesseraError, TracingError, UnsupportedDTypeError)
 from .function import Function, function, interpret  # noqa: E402
 from . import nn, optim, pytree  # noqa: E402
@@ -61,7 +62,7 @@ __all__ = [
     "NumericalPolicy", "policy", "to_mixed_precision", "from_dlpack", "to_torch", "from_torch",
     "from_jax", "migrate", "onnx", "prob", "mcmc", "probabilistic", "variational", "elbo", "load",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",
-    "AnnotationError",
+    "AnnotationError", "ShardingError", "RankFailure",
     "CompileError", "BackendUnavailableError", "CompilerNotFoundError", "IRVerificationError",
     "RuntimeFault", "SymbolicValueError", "RankError", "SymbolMismatchError", "TracingError", "ResourceError", "cache_stats", "reset_cache_stats", "errors", "profiler", "machine_peaks",
     "autotune", "kernel", "tile", "Tile", "debug", "debug_mode", "NumericalError",

@@ -64,58 +64,98 @@ def slice_blocks(mesh, blocks, axis, dim):
     return {r: np.split(b, p, axis=dim)[mesh.coords(r)[axis]] for r, b in blocks.items()}
 
 
-def redistribute(x, layout, why: str = ""):
-    """``x`` (a DTensor) in ``layout``: pending reductions taken (a reduce-scatter where the
-    target splits a dimension over that axis, else an all-reduce), axes leaving a dimension
-    gathered (minor first), a dimension's split moved to another by one all-to-all, axes joining
-    a dimension sliced locally. Returns x itself when nothing changes."""
-    from .tensor import DTensor
-    if x.layout == layout:
-        return x
-    mesh, blocks = x.mesh, dict(x.blocks)
-    dims = [list(d) for d in x.layout.dims]
-    partial = x.layout.partial_axes
-    want_partial = layout.partial_axes
-    for axis, op in list(partial.items()):
+def moves(src, dst) -> list:
+    """The collectives taking a tensor from layout ``src`` to ``dst``, in order: pending
+    reductions taken (a reduce-scatter where ``dst`` splits a dimension over that axis, else an
+    all-reduce), an axis moved from the end of one dimension's split to another's by one
+    all-to-all, axes leaving a dimension gathered (minor first), axes joining one sliced
+    locally. Each is (kind, axis, details)."""
+    out = []
+    dims = [list(d) for d in src.dims]
+    partial, want_partial = src.partial_axes, dst.partial_axes
+    for axis, op in partial.items():
         if want_partial.get(axis) == op:
             continue
         if axis in want_partial:
             raise ShardingError(f"a pending {op} over {axis!r} cannot become a pending "
                                 f"{want_partial[axis]}")
-        target = [d for d, axes in enumerate(layout.dims)
-                  if axes == tuple(dims[d]) + (axis,)]
+        target = [d for d, axes in enumerate(dst.dims) if axes == tuple(dims[d]) + (axis,)]
         if target:
-            blocks = reduce_scatter_blocks(mesh, blocks, axis, op, target[0])
+            out.append(("reduce_scatter", axis, {"op": op, "dim": target[0]}))
             dims[target[0]].append(axis)
         else:
-            blocks = reduce_blocks(mesh, blocks, axis, op)
-        del partial[axis]
+            out.append(("all_reduce", axis, {"op": op}))
     for axis in want_partial:
         if axis not in partial:
             raise ShardingError(f"a value cannot be made a pending reduction over {axis!r}")
-    # one all-to-all moves an axis from the end of one dimension to the end of another
     for d, axes in enumerate(dims):
-        if axes and tuple(axes) != layout.dims[d][:len(axes)]:
+        if axes and tuple(axes) != dst.dims[d][:len(axes)]:
             a = axes[-1]
-            to = [e for e, want in enumerate(layout.dims)
-                  if e != d and want == tuple(dims[e]) + (a,)]
+            to = [e for e, want in enumerate(dst.dims) if e != d and want == tuple(dims[e]) + (a,)]
             if to:
-                blocks = all_to_all_blocks(mesh, blocks, a, to[0], d)
+                out.append(("all_to_all", a, {"split_dim": to[0], "concat_dim": d}))
                 axes.pop()
                 dims[to[0]].append(a)
     for d, axes in enumerate(dims):
-        want = layout.dims[d]
+        want = dst.dims[d]
         keep = 0
         while keep < min(len(axes), len(want)) and axes[keep] == want[keep]:
             keep += 1
         for a in reversed(axes[keep:]):
-            blocks = gather_blocks(mesh, blocks, a, d)
+            out.append(("all_gather", a, {"dim": d}))
         del axes[keep:]
-    for d, want in enumerate(layout.dims):
+    for d, want in enumerate(dst.dims):
         for a in want[len(dims[d]):]:
-            blocks = slice_blocks(mesh, blocks, a, d)
-            dims[d].append(a)
-    return DTensor(mesh, x.shape, x.dtype, layout, blocks)
+            out.append(("slice", a, {"dim": d}))
+    return out
+
+
+def apply_moves(mesh, blocks: dict, steps) -> dict:
+    for kind, axis, kw in steps:
+        if kind == "reduce_scatter":
+            blocks = reduce_scatter_blocks(mesh, blocks, axis, kw["op"], kw["dim"])
+        elif kind == "all_reduce":
+            blocks = reduce_blocks(mesh, blocks, axis, kw["op"])
+        elif kind == "all_to_all":
+            blocks = all_to_all_blocks(mesh, blocks, axis, kw["split_dim"], kw["concat_dim"])
+        elif kind == "all_gather":
+            blocks = gather_blocks(mesh, blocks, axis, kw["dim"])
+        else:
+            blocks = slice_blocks(mesh, blocks, axis, kw["dim"])
+    return blocks
+
+
+def bytes_moved(mesh, steps, local_bytes: int) -> list:
+    """Bytes each rank receives for each step, from the block size before it (the cost the
+    sharding rules weigh and comm_report lists): a gather receives the p-1 other blocks, an
+    all-reduce (all-to-all, tree, all-gather) twice (p-1)/p of the block, a reduce-scatter and
+    an all-to-all (p-1)/p of it, a slice nothing."""
+    out, b = [], local_bytes
+    for kind, axis, _ in steps:
+        p = mesh.shape[axis]
+        if kind == "all_gather":
+            out.append((p - 1) * b)
+            b *= p
+        elif kind == "all_reduce":
+            out.append(2 * (p - 1) * b // p)
+        elif kind == "reduce_scatter":
+            out.append((p - 1) * b // p)
+            b //= p
+        elif kind == "all_to_all":
+            out.append((p - 1) * b // p)
+        else:
+            out.append(0)
+            b //= p
+    return out
+
+
+def redistribute(x, layout):
+    """``x`` (a DTensor) in ``layout`` (see `moves`); x itself when nothing changes."""
+    from .tensor import DTensor
+    if x.layout == layout:
+        return x
+    blocks = apply_moves(x.mesh, dict(x.blocks), moves(x.layout, layout))
+    return DTensor(x.mesh, x.shape, x.dtype, layout, blocks)
 
 
 # ---- the public collectives ---------------------------------------------------------------------
@@ -174,6 +214,11 @@ def all_reduce(x, op="sum", axis=None, mesh=None):
                 raise ShardingError(f"all_reduce over {ax!r}, which splits a dimension of "
                                     "the tensor", hint="all_gather it, or reduce over "
                                                        "another axis")
+            pending = v.layout.partial_axes.get(ax) if isinstance(v, DTensor) else None
+            if pending is not None and pending != op:
+                raise ShardingError(f"the tensor holds a pending {pending} over {ax!r}: an "
+                                    f"all_reduce with op={op!r} would not give its value",
+                                    hint=f"op={pending!r}, or dist.gather(x)")
             out = reduce_blocks(m, out, ax, op)
         if not isinstance(v, DTensor):
             return out[m.engine.ranks[0]]

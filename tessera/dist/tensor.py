@@ -13,13 +13,15 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
   the sum of relus);
 - matmul: rows and columns keep their splits; a contraction over a split dimension gives a pending
   sum (the other operand sliced to match when it is whole); an axis wanted by both the rows and
-  the columns gathers the right operand's;
+  the columns is gathered on the smaller operand (the right one when equal);
 - transpose: the splits move with the dimensions;
 - sum, mean, max, min: a reduced dimension's axes become a pending sum, mean, max or min;
 - operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
 - anything else: its operands gathered whole, the result replicated (correct, not fast).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -81,6 +83,12 @@ class DTensor:
             from ..trace import user_location
             raise enrich(e, location=user_location(), op=opdef.name)
 
+    @classmethod
+    def __tessera_call__(cls, fn, args, kwargs):
+        """A tessera function called with sharded tensors (tessera/dist/spmd.py)."""
+        from .spmd import call
+        return call(fn, args, kwargs)
+
     def _op(self, name, *args, **attrs):
         from ..trace import apply
         return apply(name, *args, **attrs)
@@ -105,6 +113,7 @@ class DTensor:
     def sum(self, axis=None, keepdim=False): return self._op("sum", self, axis=axis, keepdim=keepdim)
     def mean(self, axis=None, keepdim=False): return self._op("mean", self, axis=axis, keepdim=keepdim)
     def max(self, axis=None, keepdim=False): return self._op("max", self, axis=axis, keepdim=keepdim)
+    def min(self, axis=None, keepdim=False): return self._op("min", self, axis=axis, keepdim=keepdim)
 
 
 # ---- making and gathering -------------------------------------------------------------------------
@@ -200,6 +209,7 @@ def _apply(opdef, args, attrs):
                             tuple(None if k in tensors else flat[k] for k in range(len(flat))))
     blocks = _run(mesh, local, {r: [flat[k].blocks[r] for k in tensors]
                                 for r in mesh.engine.ranks})
+    blocks = {r: np.asarray(b) for r, b in blocks.items()}
     out = DTensor(mesh, out_type.shape, out_type.dtype.np, out_layout, blocks)
     want_shape = out_layout.local_shape(out.shape, mesh)
     for b in blocks.values():
@@ -283,6 +293,8 @@ def _matmul(xs):
         ka = kb = ()
     k = ka or kb
     m, n = ad[-2], bd[-1]
+    if set(m) & set(n) and math.prod(a.shape) < math.prod(b.shape):
+        m = ()                  # an axis wanted by both: the smaller operand is gathered
     taken = set(k)
     m = () if taken & set(m) else m
     taken |= set(m)
@@ -365,7 +377,7 @@ def _run(mesh, fn, operands: dict) -> dict:
     first = eng.name == "mpi" and key not in _COMPILED
     if first and eng.rank != 0:
         eng.barrier()
-    out = {r: np.asarray(fn(*blocks)) for r, blocks in operands.items()}
+    out = {r: fn(*blocks) for r, blocks in operands.items()}
     if first and eng.rank == 0:
         eng.barrier()
     _COMPILED.add(key)

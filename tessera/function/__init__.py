@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .. import debug, dtypes as dt, interop, numerics
+from .. import debug, dtypes as dt, interop, numerics, pytree
 from ..compiler.graph_ir import Graph
 from ..errors import ArgumentError, SymbolicValueError, TesseraError
 from ..runtime import cache
@@ -88,6 +88,12 @@ class Function:
                     raise e.with_traceback(None) from None
         if tracing.inside_trace(args, kwargs):
             return self._inline(args, kwargs)
+        sharded = _call_hook(args, kwargs)
+        if sharded is not None:        # sharded tensors (tessera.dist): planned and run SPMD
+            try:
+                return sharded(self, args, kwargs)
+            except TesseraError as e:
+                raise e.with_traceback(None) from None
         try:
             prog, arrays = self._program(args, kwargs, self.target)
             if key is not None and len(self._fast) < fastpath.FAST_ENTRIES:
@@ -212,6 +218,15 @@ class Function:
         except TesseraError as e:
             raise e.with_traceback(None) from None
         return structured(g, out)
+
+
+def _call_hook(args, kwargs):
+    """An argument's type that runs calls itself (``__tessera_call__``: a sharded tensor)."""
+    for x in pytree.flatten((args, kwargs))[0]:
+        hook = getattr(type(x), "__tessera_call__", None)
+        if hook is not None:
+            return hook
+    return None
 
 
 def function(fn=None, *, name: str | None = None, target: str = "cpu", schedule=None,
