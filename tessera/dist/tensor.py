@@ -361,8 +361,9 @@ def _fixed_arity(fn, n):
     """A function of exactly n positional parameters (tessera.function binds by signature)."""
     names = ", ".join(f"x{i}" for i in range(n))
     scope = {"fn": fn}
-    exec(f"def {fn.__name__}({names}):\n    return fn({names})\n", scope)
-    return scope[fn.__name__]
+    exec(f"def local({names}):\n    return fn({names})\n", scope)
+    scope["local"].__name__ = scope["local"].__qualname__ = fn.__name__
+    return scope["local"]
 
 
 _COMPILED: set = set()
