@@ -259,3 +259,19 @@ def test_bad_layouts_are_errors_naming_the_line(mesh4):
         ts.collectives.all_reduce(dist.tensor((8,), ROW, mesh4), axis="dp")
     with pytest.raises(ShardingError, match="unknown dimension"):
         dist.ShardSpec(("rows",), ("dp",))
+
+
+def test_batch_mean_is_the_tree_over_micro_batches(rng):
+    """The mean of 8 micro-batches' gradients: the tree ((g0+g1)+(g2+g3))+((g4+g5)+(g6+g7))
+    over 8, exactly, on 1, 2 or 4 devices; and the whole batch's gradient to rounding."""
+    x = rng.standard_normal((32, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 3)).astype(np.float32)
+    grad = ts.grad(lambda w, xb: op.mean(op.tanh(xb @ w) ** 2))
+    micro = [grad(w, x[4 * j:4 * j + 4]) for j in range(8)]
+    pair = [micro[i] + micro[i + 1] for i in range(0, 8, 2)]
+    want = ((pair[0] + pair[1]) + (pair[2] + pair[3])) / np.float32(8)
+    for n in (1, 2, 4):
+        mesh = dist.Mesh(axes=["dp"], devices=range(n))
+        got = dist.batch_mean(lambda xb: grad(w, xb), x, micro_batches=8, mesh=mesh)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(want, grad(w, x), rtol=1e-5, atol=1e-6)

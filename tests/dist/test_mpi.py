@@ -117,3 +117,48 @@ def test_a_plain_collective_needs_mpi_here():
     with pytest.raises(ShardingError, match="one process per device"):
         ts.collectives.all_reduce(np.ones(2), axis="dp",
                                   mesh=dist.Mesh(axes=["dp"], devices=range(2)))
+
+
+def _train(seed, steps=3, virtual_devices=None):
+    """A small MLP trained with Adam, the gradient a batch_mean over 8 micro-batches."""
+    import tessera as ts
+    from tessera import dist, op
+    g = np.random.default_rng(seed)
+    x = g.standard_normal((64, 10)).astype(np.float32)
+    y = g.standard_normal((64, 1)).astype(np.float32)
+    params = {"w1": g.standard_normal((10, 16)).astype(np.float32) * 0.3,
+              "w2": g.standard_normal((16, 1)).astype(np.float32) * 0.3}
+    n = virtual_devices or dist.world_size()
+    mesh = dist.Mesh(axes=["dp"], devices=range(n))
+
+    def loss(p, xb, yb):
+        h = op.tanh(xb @ p["w1"])
+        return op.mean((h @ p["w2"] - yb) ** 2)
+    vg = ts.value_and_grad(loss)
+    opt = ts.optim.Adam(1e-2)
+    state = opt.init(params)
+    update = ts.function(lambda g_, s, p: opt.update(g_, s, p))
+    for _ in range(steps):
+        value, grads = dist.batch_mean(lambda b: vg(params, b[0], b[1]), (x, y),
+                                       micro_batches=8, axis="dp", mesh=mesh)
+        params, state = update(grads, state, params)
+    return value, params
+
+
+def test_data_parallel_training_has_the_same_bits_on_1_2_and_4_ranks(rng):
+    seed = int(rng.integers(1 << 30))
+    one = _train(seed, virtual_devices=1)
+    four_virtual = _train(seed, virtual_devices=4)
+    runs = [dist.launch(_train, n, seed)[0] for n in (2, 4)]
+    for value, params in [four_virtual] + runs:
+        np.testing.assert_array_equal(value, one[0])
+        for k in params:
+            np.testing.assert_array_equal(params[k], one[1][k])
+
+
+def test_batch_mean_checks_its_shares():
+    mesh = dist.Mesh(axes=["dp"], devices=range(4))
+    with pytest.raises(ShardingError, match="power of two"):
+        dist.batch_mean(lambda b: b, np.ones((12, 2)), micro_batches=12, mesh=mesh)
+    with pytest.raises(ShardingError, match="equal micro-batches"):
+        dist.batch_mean(lambda b: b, np.ones((10, 2)), micro_batches=8, mesh=mesh)
