@@ -40,9 +40,10 @@ def formatters() -> dict:
     from ..compiler.pipeline import GPUProgram, Program
     from ..compiler.schedule_ir import Schedule
     from ..compiler.tile_ir import TileProgram
+    from ..dist.spmd import Plan
     from ..function import Function
     return {Function: _explorer, Program: _explorer, GPUProgram: _explorer, Graph: _graph,
-            Schedule: _schedule, TileProgram: _tile}
+            Schedule: _schedule, TileProgram: _tile, Plan: _graph}
 
 
 def register(ipython):

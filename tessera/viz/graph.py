@@ -90,6 +90,9 @@ def _source(obj, level: str):
 def drawing(obj, *, clusters: bool = True, failing=None, title=None,
             level: str = "graph") -> Drawing:
     """The boxes, edges and clusters of obj's Graph IR (see the module's docstring)."""
+    from ..dist.spmd import Plan
+    if isinstance(obj, Plan):
+        return sharded_drawing(obj, title)
     graph, schedule, prim, default_failing = _source(obj, level)
     if failing is None:
         failing = default_failing
@@ -154,6 +157,46 @@ def drawing(obj, *, clusters: bool = True, failing=None, title=None,
             k = schedule.kernels[ki]
             lines = [(k.op, "head"), (" ".join(k.fused_labels()), "attr")]
             d.boxes.append(Box(f"k{ki}", "part", lines, cluster=ki))
+    return d
+
+
+def sharded_drawing(plan, title=None) -> Drawing:
+    """A sharded plan (tessera.dist): every edge labelled with its sharded type
+    (``f32[1024@dp, 1024]``), each inserted collective a box of its own (its steps, the bytes
+    each rank receives, the line that needed it), the mesh in the title."""
+    from ..dist.spmd import Collective
+    graph = plan.graph
+    names = graph.names()
+    d = Drawing(title or f"@{graph.name} on {plan.mesh}")
+    box_of = {}
+    for k, p in enumerate(graph.params):
+        box_of[(p.id, plan.layouts[p.id])] = f"p{k}"
+        d.boxes.append(Box(f"p{k}", "param", [(f"%{p.param_name}", "head"),
+                                              (plan.type_of(p), "attr")]))
+    c = 0
+    for i, it in enumerate(plan.items):
+        if isinstance(it, Collective):
+            lines = [(" then ".join(kind for kind, _, _ in it.steps), "head")]
+            lines += [(f"over {axis}: {b:,} bytes per rank", "attr")
+                      for (_, axis, _), b in zip(it.steps, it.bytes)]
+            if it.loc is not None:
+                lines.append((f"for {it.loc}", "loc"))
+            d.boxes.append(Box(f"c{c}", "collective", lines))
+            d.edges.append(Edge(box_of[(it.src.id, it.before)], f"c{c}",
+                                plan.type_of(it.src, it.before)))
+            box_of[(it.src.id, it.after)] = f"c{c}"
+            c += 1
+            continue
+        j = graph.nodes.index(it)
+        d.boxes.append(Box(f"n{j}", "const" if it.op == "const" else "op",
+                           _node_lines(it, names)))
+        for (vid, lay), v in zip(plan.reads.get(id(it), []), it.inputs):
+            d.edges.append(Edge(box_of[(vid, lay)], f"n{j}", plan.type_of(v, lay)))
+        box_of[(it.out.id, plan.layouts[it.out.id])] = f"n{j}"
+    for j, v in enumerate(graph.outputs):
+        label = "return" if len(graph.outputs) == 1 else f"return #{j}"
+        d.boxes.append(Box(f"o{j}", "output", [(label, "head")]))
+        d.edges.append(Edge(box_of[(v.id, plan.layouts[v.id])], f"o{j}", plan.type_of(v)))
     return d
 
 
@@ -417,9 +460,9 @@ def _wrap(text: str, width: int) -> list:
 
 # ---- DOT -----------------------------------------------------------------------------------------
 FILL = {"param": "#e8f0fe", "op": "#ffffff", "const": "#f4f4f4", "output": "#e6f4ea",
-        "part": "#ffffff", "failing": "#fde2e1"}
+        "part": "#ffffff", "failing": "#fde2e1", "collective": "#fef7e0"}
 SHAPE = {"param": "box", "op": "box", "const": "box", "output": "box", "part": "box",
-         "failing": "box"}
+         "failing": "box", "collective": "box"}
 FONT = {"head": (11, "#202124"), "attr": (9, "#3c4043"), "loc": (8, "#80868b"),
         "note": (8, "#1a73e8")}
 RED = "#d93025"

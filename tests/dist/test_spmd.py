@@ -113,3 +113,14 @@ def test_control_flow_in_a_sharded_function_is_a_clear_error(rng, mesh4):
     f = ts.function(lambda a: ts.fori_loop(0, 3, lambda i, c: c * 2.0, a))
     with pytest.raises(ts.ShardingError, match="control flow"):
         f(X)
+
+
+def test_the_plan_is_drawn_with_its_layouts_and_collectives(rng, mesh4):
+    from tessera import viz
+    X = dist.shard(rng.standard_normal((16, 8)).astype(np.float32), ROW, mesh4)
+    p = dist.plan(seeds, X)
+    dot = viz.graph_dot(p)
+    assert 'label="f32[16@dp, 8]"' in dot and 'label="f32[8, 16]"' in dot
+    assert "all_gather" in dot and "over dp: 384 bytes per rank" in dot
+    assert '"c0" -> "n1"' in dot and "Mesh(dp=4; virtual)" in dot
+    assert viz.graph_image(p).svg.startswith("<svg")
