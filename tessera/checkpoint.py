@@ -496,6 +496,16 @@ def _restore_dtensor(path, data, e, mesh, layouts, meshes):
         target = meshes[saved_mesh]
     else:
         target = mesh
+    total = 0                           # the saved blocks must tile the tensor
+    for b in e["blocks"]:
+        if len(b["slices"]) != len(shape) or \
+                not all(0 <= lo <= hi <= n for (lo, hi), n in zip(b["slices"], shape)):
+            raise CheckpointError(f"{path}: block {b['file']} of {where} lies outside its "
+                                  f"shape {list(shape)}; the manifest is damaged")
+        total += math.prod(hi - lo for lo, hi in b["slices"])
+    if total != math.prod(shape):
+        raise CheckpointError(f"{path}: the blocks of {where} hold {total} elements, its shape "
+                              f"{list(shape)} {math.prod(shape)}; the manifest is damaged")
     saved = Layout(tuple(tuple(a) for a in e["layout"]["dims"]))
     if isinstance(layouts, dict):
         spec = layouts.get(where, saved)
@@ -534,8 +544,6 @@ def _assemble(path, data, e, want, storage, cache):
     filled = 0
     for b in e["blocks"]:
         have = [slice(lo, hi) for lo, hi in b["slices"]]
-        if len(have) != len(want):
-            raise ValueError(f"block {b['file']} has {len(have)} dimensions")
         cut = [(max(w.start, h.start), min(w.stop, h.stop)) for w, h in zip(want, have)]
         if any(lo >= hi for lo, hi in cut):
             continue

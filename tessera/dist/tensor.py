@@ -15,6 +15,7 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
   sum (the other operand sliced to match when it is whole); an axis wanted by both the rows and
   the columns is gathered on the smaller operand (the right one when equal);
 - transpose: the splits move with the dimensions;
+- attention: batch and heads keep their splits, the sequence and feature dimensions are gathered;
 - sum, mean, max, min: a reduced dimension's axes become a pending sum, mean, max or min;
 - operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
 - anything else: its operands gathered whole, the result replicated (correct, not fast).
@@ -231,6 +232,8 @@ def _rule(opdef, attrs, xs, out_type):
         x = xs[0]
         perm = attrs["perm"]
         return [x.layout], Layout(tuple(x.layout.dims[p] for p in perm), x.layout.partial)
+    if name == "attention":
+        return _batched(xs, out_type, core=2)
     if name in ("sum", "mean", "max", "min") and len(xs) == 1:
         return _reduction(name, xs[0], attrs)
     if name in _AXIS_OPS and len(xs) == 1:
@@ -263,6 +266,28 @@ def _elementwise(name, xs, out_type):
                      for d in range(x.ndim))
         need.append(Layout(dims, tuple(sorted(partial.items())) if x.layout.partial else ()))
     return need, Layout(tuple(out_dims), tuple(sorted(partial.items())))
+
+
+def _batched(xs, out_type, core):
+    """An operator over the last ``core`` dimensions, batched over the others (attention: heads
+    and batch split, sequence and features whole)."""
+    rank = len(out_type.shape)
+    out_dims, used = [()] * rank, set()
+    for x in xs:
+        off = rank - x.ndim
+        for d in range(max(0, x.ndim - core)):
+            axes = x.layout.dims[d]
+            if axes and x.shape[d] == out_type.shape[off + d] and not out_dims[off + d] and \
+                    not used & set(axes):
+                out_dims[off + d] = axes
+                used |= set(axes)
+    need = []
+    for x in xs:
+        off = rank - x.ndim
+        dims = [out_dims[off + d] if d < x.ndim - core and x.shape[d] == out_type.shape[off + d]
+                else () for d in range(x.ndim)]
+        need.append(Layout(tuple(dims)))
+    return need, Layout(tuple(out_dims))
 
 
 def _elementwise_partial(name, xs):

@@ -124,3 +124,34 @@ def test_the_plan_is_drawn_with_its_layouts_and_collectives(rng, mesh4):
     assert "all_gather" in dot and "over dp: 384 bytes per rank" in dot
     assert '"c0" -> "n1"' in dot and "Mesh(dp=4; virtual)" in dot
     assert viz.graph_image(p).svg.startswith("<svg")
+
+
+def test_a_tensor_parallel_mlp_takes_one_all_reduce(rng):
+    """Megatron's MLP: the first weight split by columns, the second by rows; the hidden
+    activations stay split, and the output is a pending sum: one all-reduce when it is needed."""
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    x = rng.standard_normal((8, 12)).astype(np.float32)
+    w1 = rng.standard_normal((12, 16)).astype(np.float32)
+    w2 = rng.standard_normal((16, 12)).astype(np.float32)
+
+    @ts.function
+    def mlp(x, w1, w2):
+        return op.gelu(x @ w1) @ w2
+    W1 = dist.shard(w1, dist.ShardSpec.per_dim(None, "tp"), mesh)
+    W2 = dist.shard(w2, dist.ShardSpec.per_dim("tp", None), mesh)
+    p = dist.plan(mlp, x, W1, W2)
+    assert p.comm_report().empty          # nothing moves inside; x is whole on every rank
+    Y = mlp(x, W1, W2)
+    assert Y.type_str == "f32[8, 12] +sum@tp"
+    np.testing.assert_allclose(dist.gather(Y), mlp(x, w1, w2), rtol=1e-4, atol=1e-4)
+
+
+def test_attention_with_heads_split(rng, mesh4):
+    q, k, v = (rng.standard_normal((2, 4, 16, 8)).astype(np.float32) for _ in range(3))
+    heads = dist.ShardSpec.per_dim(None, "dp")
+    att = ts.function(lambda q, k, v: op.attention(q, k, v, causal=True))
+    Q, K, V = (dist.shard(t, heads, mesh4) for t in (q, k, v))
+    O = att(Q, K, V)
+    assert O.type_str == "f32[2, 4@dp, 16, 8]" and dist.plan(att, Q, K, V).comm_report().empty
+    np.testing.assert_array_equal(dist.gather(O), att(q, k, v))
+    np.testing.assert_array_equal(dist.gather(op.attention(Q, K, V, causal=True)), att(q, k, v))
