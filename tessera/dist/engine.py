@@ -28,14 +28,26 @@ def under_mpi() -> bool:
 
 
 def engine_for(mesh):
+    """MPI under mpiexec (NCCL for a CUDA mesh whose ranks each have a GPU of their own), else
+    virtual devices."""
     if under_mpi():
         eng = MPIEngine.world()
         if eng.size > 1 or mesh.size == 1:
             if eng.size != mesh.size:
                 raise ShardingError(f"the mesh has {mesh.size} devices and mpiexec started "
                                     f"{eng.size} ranks", hint=f"mpiexec -n {mesh.size} ...")
+            if mesh.target == "cuda" and NCCLEngine.usable(eng):
+                return NCCLEngine.world(eng)
             return eng
     return VirtualEngine(mesh.size)
+
+
+def on_gpu(x) -> bool:
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def to_host(x):
+    return x.get() if on_gpu(x) else x
 
 
 def tree_reduce(terms: list, op: str) -> np.ndarray:
@@ -46,15 +58,15 @@ def tree_reduce(terms: list, op: str) -> np.ndarray:
     wide = np.float32 if dtype.itemsize == 2 and dtype.kind not in "iub" else None
     level = [t.astype(wide) if wide else t for t in terms]
     fn = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
-    while len(level) > 1:
+    while len(level) > 1:       # (NumPy's ufuncs take CuPy arrays to CuPy's: the same IEEE ops)
         nxt = [fn(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
     out = level[0]
     if op == "mean":
-        out = out / np.asarray(len(terms), dtype=out.dtype)
-    return np.asarray(out, dtype=dtype)
+        out = out / out.dtype.type(len(terms))
+    return out.astype(dtype, copy=False) if out.ndim else out.reshape(()).astype(dtype)
 
 
 class VirtualEngine:
@@ -108,7 +120,8 @@ class MPIEngine:
     def exchange(self, mesh, axes, sends: dict) -> dict:
         from mpi4py import MPI
         comm = self._comm(mesh, axes)
-        pieces = [np.ascontiguousarray(p) for p in sends[self.rank]]
+        device = any(on_gpu(p) for p in sends[self.rank])     # CuPy blocks: staged via host
+        pieces = [np.ascontiguousarray(to_host(p)) for p in sends[self.rank]]
         meta = comm.alltoall([(p.shape, p.dtype) for p in pieces])
         send_bytes = [p.reshape(-1).view(np.uint8) for p in pieces]
         scounts = [b.size for b in send_bytes]
@@ -121,6 +134,9 @@ class MPIEngine:
         for (shape, dtype), n in zip(meta, rcounts):
             out.append(rbuf[at:at + n].view(dtype).reshape(shape))
             at += n
+        if device:
+            import cupy
+            out = [cupy.asarray(x) for x in out]
         return {self.rank: out}
 
     def barrier(self):
@@ -129,3 +145,69 @@ class MPIEngine:
 
 def _displs(counts):
     return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
+
+
+class NCCLEngine:
+    """One MPI rank per GPU, blocks exchanged by NCCL's send and receive (through CuPy) in one
+    group per exchange; MPI only starts the ranks and hands out NCCL's ids. NCCL refuses two
+    ranks on one GPU: there the MPI engine stages CuPy blocks through the host instead."""
+    name = "nccl"
+    _world = None
+
+    @staticmethod
+    def usable(mpi) -> bool:
+        try:
+            import cupy
+            from cupy.cuda import nccl  # noqa: F401
+            gpus = cupy.cuda.runtime.getDeviceCount()
+        except Exception:                # no CuPy, no NCCL, no GPU: MPI stages through the host
+            return False
+        local = mpi.comm.Split_type(split_type=_shared_type()).Get_size()
+        return gpus >= local
+
+    @classmethod
+    def world(cls, mpi) -> "NCCLEngine":
+        if cls._world is None:
+            cls._world = cls(mpi)
+        return cls._world
+
+    def __init__(self, mpi):
+        import cupy
+        self.mpi, self.rank, self.size, self.ranks = mpi, mpi.rank, mpi.size, mpi.ranks
+        local = mpi.comm.Split_type(split_type=_shared_type())
+        cupy.cuda.Device(local.Get_rank()).use()
+        self._comms: dict = {}
+
+    def _comm(self, mesh, axes):
+        from cupy.cuda import nccl
+        key = (tuple(mesh.shape.items()), tuple(axes))
+        if key not in self._comms:
+            group = self.mpi._comm(mesh, axes)
+            uid = group.bcast(nccl.get_unique_id() if group.Get_rank() == 0 else None, root=0)
+            self._comms[key] = nccl.NcclCommunicator(group.Get_size(), uid, group.Get_rank())
+        return self._comms[key]
+
+    def exchange(self, mesh, axes, sends: dict) -> dict:
+        import cupy
+        from cupy.cuda import nccl
+        comm = self._comm(mesh, axes)
+        group = self.mpi._comm(mesh, axes)
+        pieces = [cupy.ascontiguousarray(cupy.asarray(p)) for p in sends[self.rank]]
+        meta = group.alltoall([(p.shape, p.dtype) for p in pieces])
+        out = [cupy.empty(shape, dtype) for shape, dtype in meta]
+        stream = cupy.cuda.get_current_stream()
+        nccl.groupStart()
+        for j, (p, r) in enumerate(zip(pieces, out)):
+            comm.send(p.data.ptr, p.nbytes, nccl.NCCL_UINT8, j, stream.ptr)
+            comm.recv(r.data.ptr, r.nbytes, nccl.NCCL_UINT8, j, stream.ptr)
+        nccl.groupEnd()
+        stream.synchronize()
+        return {self.rank: out}
+
+    def barrier(self):
+        self.mpi.barrier()
+
+
+def _shared_type():
+    from mpi4py import MPI
+    return MPI.COMM_TYPE_SHARED

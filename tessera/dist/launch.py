@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,14 +40,18 @@ def world_size() -> int:
     return MPIEngine.world().size
 
 
-def mpiexec() -> str:
-    """The launcher beside this Python (the mpich wheel's), else the system's."""
+def mpiexec() -> list:
+    """The launcher: TESSERA_MPIEXEC (a command line, for the launcher of the MPI library
+    mpi4py was built with: ``"mpiexec --oversubscribe"`` for Open MPI, ``"srun"``), else the
+    one beside this Python (the mpich wheel's), else the system's."""
+    if os.environ.get("TESSERA_MPIEXEC"):
+        return shlex.split(os.environ["TESSERA_MPIEXEC"])
     here = Path(sys.executable).parent / "mpiexec"
     found = str(here) if here.exists() else shutil.which("mpiexec")
     if found is None:
         raise BackendUnavailableError("no mpiexec found", hint="pip install mpi4py mpich (or "
-                                      "your cluster's MPI module)")
-    return found
+                                      "your cluster's MPI module, and TESSERA_MPIEXEC)")
+    return [found]
 
 
 def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = None, **kwargs):
@@ -67,7 +72,8 @@ def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = N
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
         env.pop("TESSERA_DIST", None)
-        cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
+        env["TESSERA_LAUNCH_NPROCS"] = str(nprocs)
+        cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
                "tessera.dist.worker", str(job)]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -81,6 +87,9 @@ def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = N
                               "killed", hint="a rank waiting in a collective the others never "
                                              "reached? raise timeout= for long jobs") from None
         _print_outputs(job, nprocs)
+        mismatch = sorted(job.glob("mismatch.*"))
+        if mismatch:
+            raise RankFailure(f"dist.launch: {mismatch[0].read_text()}")
         errors = sorted(job.glob("error.*"), key=lambda p: int(p.suffix[1:]))
         if errors:
             r = int(errors[0].suffix[1:])

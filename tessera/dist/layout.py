@@ -35,10 +35,13 @@ class Mesh:
     (``axes={"tp": 2, "dp": 2}`` or ``shape=(2, 2)``) or inferred (the device count's prime
     factors spread as evenly as possible, the later axes taking the larger). Under ``mpiexec``
     the devices are MPI ranks and the mesh needs exactly that many; elsewhere they are virtual
-    devices in this process (every block held here), for a notebook on one machine."""
+    devices in this process (every block held here), for a notebook on one machine.
+    ``target="cuda"``: the blocks are CuPy arrays and every kernel is CUDA (each MPI rank on its
+    node's GPU of its rank, exchanging by NCCL; ranks sharing a GPU, and virtual devices, share
+    the current one)."""
 
     @at_user_line
-    def __init__(self, axes, devices=None, shape=None):
+    def __init__(self, axes, devices=None, shape=None, target="cpu"):
         if isinstance(axes, dict):
             names, sizes = list(axes), [int(v) for v in axes.values()]
         else:
@@ -57,6 +60,9 @@ class Mesh:
             raise ShardingError(f"mesh axes {dict(zip(names, sizes))} do not hold "
                                 f"{len(devices)} devices", expected="axis sizes whose product "
                                 "is the device count")
+        if target not in ("cpu", "cuda"):
+            raise ShardingError(f"a mesh's target is 'cpu' or 'cuda', not {target!r}")
+        self.target = target            # where the blocks live and the kernels run
         self.axis_names = tuple(names)
         self.shape = dict(zip(names, sizes))
         self.devices = tuple(devices)
@@ -102,15 +108,16 @@ class Mesh:
         return axes
 
     def __eq__(self, other):
-        return isinstance(other, Mesh) and (self.shape, self.devices) == (other.shape,
-                                                                          other.devices)
+        return isinstance(other, Mesh) and (self.shape, self.devices, self.target) == \
+            (other.shape, other.devices, other.target)
 
     def __hash__(self):
-        return hash((tuple(self.shape.items()), self.devices))
+        return hash((tuple(self.shape.items()), self.devices, self.target))
 
     def __repr__(self):
         axes = ", ".join(f"{k}={v}" for k, v in self.shape.items())
-        return f"Mesh({axes}; {self.engine.name})"
+        where = "" if self.target == "cpu" else f", {self.target}"
+        return f"Mesh({axes}; {self.engine.name}{where})"
 
 
 def _spread(n: int, k: int) -> list:

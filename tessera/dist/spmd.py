@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..compiler.graph_ir import format_attrs
 from ..errors import ShardingError
 from .collectives import apply_moves, bytes_moved, moves
 from .layout import Layout
@@ -78,7 +79,9 @@ class Plan:
                 continue
             var[(it.out.id, self.layouts[it.out.id])] = names[it.out.id]
             args = ", ".join(var[r] for r in self.reads.get(id(it), []))
-            rows.append((f"{names[it.out.id]} = {it.op}({args})", self.type_of(it.out),
+            attrs = format_attrs(it.attrs)
+            rows.append((f"{names[it.out.id]} = {it.op}({args})" + (f" {attrs}" if attrs else ""),
+                         self.type_of(it.out),
                          f"# {it.loc}" if it.loc else ""))
         w1 = min(max((len(r[0]) for r in rows), default=0), 56)
         w2 = min(max((len(r[1]) for r in rows), default=0), 30)
@@ -139,7 +142,7 @@ class Plan:
             operands = {r: [env[v][r] for v in ins] for r in mesh.engine.ranks}
             got = _run(mesh, fn, operands)
             for j, var in enumerate(outs):
-                env[var] = {r: np.asarray(got[r][j]) for r in got}
+                env[var] = {r: got[r][j] for r in got}
         out = []
         for v in self.graph.outputs:
             lay = self.layouts[v.id]
@@ -153,7 +156,13 @@ def plan(graph, mesh, param_layouts: list) -> Plan:
     layouts = {p.id: lay for p, lay in zip(graph.params, param_layouts)}
     have = {(p.id, layouts[p.id]) for p in graph.params}
     items, reads = [], {}
+    live = {v.id for v in graph.outputs}        # a result nobody uses is neither moved nor run
+    for n in reversed(graph.nodes):
+        if n.out.id in live:
+            live.update(v.id for v in n.inputs)
     for n in graph.nodes:
+        if n.out.id not in live:
+            continue
         if n.op == "const":
             layouts[n.out.id] = Layout.replicated(len(n.out.shape))
             have.add((n.out.id, layouts[n.out.id]))
@@ -222,11 +231,12 @@ def _segment(p: Plan):
                 if var not in made and var not in ins:
                     ins.append(var)
         outs = [var for var in [(n.out.id, layouts[n.out.id]) for n in run] if var in later]
-        out.append((_segment_function(p.graph.name, run, reads, ins, outs, layouts), ins, outs))
+        out.append((_segment_function(p.graph.name, run, reads, ins, outs, layouts,
+                                      p.mesh.target), ins, outs))
     return out
 
 
-def _segment_function(name, run, reads, ins, outs, layouts):
+def _segment_function(name, run, reads, ins, outs, layouts, target):
     """One tessera function replaying the run's operators on local blocks."""
     from .. import function
     from ..trace import apply
@@ -241,7 +251,7 @@ def _segment_function(name, run, reads, ins, outs, layouts):
                 env[var] = apply(n.op, *[env[x] for x in reads[id(n)]], **n.attrs)
         return tuple(env[v] for v in outs)
     body.__name__ = f"{name}_part"
-    return function(_fixed_arity(body, len(ins)))
+    return function(_fixed_arity(body, len(ins)), target=target)
 
 
 # ---- the call ----------------------------------------------------------------------------------
@@ -276,7 +286,7 @@ def prepare(fn, args, kwargs):
         x = holders[id(a)][0] if id(a) in holders else None
         if x is None:
             from .tensor import shard
-            x = shard(np.asarray(a), None, mesh)
+            x = shard(a, None, mesh)
         inputs.append(x)
         key.append((name, x.shape, x.dtype.str, x.layout))
     cache = fn.__dict__.setdefault("_spmd_plans", {})

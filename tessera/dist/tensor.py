@@ -30,6 +30,7 @@ from .. import dtypes as dt
 from .. import ops
 from ..errors import ShardingError, TesseraError, enrich
 from .collectives import redistribute
+from .engine import on_gpu
 from .layout import Layout, Mesh, ShardSpec, at_user_line
 
 _LINEAR_SUM = {"add", "sub", "neg"}
@@ -144,14 +145,14 @@ def tensor(shape, layout=None, mesh=None, dtype="float32", init="zeros", seed=0)
         sl = lay.block(shape, mesh, r)
         local = tuple(s.stop - s.start for s in sl)
         if init in ("zeros", "ones"):
-            blocks[r] = np.full(local, 0 if init == "zeros" else 1, dtype=d.np)
+            blocks[r] = _placed(mesh, np.full(local, 0 if init == "zeros" else 1, dtype=d.np))
         elif init == "uniform":
             idx = np.ravel_multi_index(np.meshgrid(*[np.arange(s.start, s.stop) for s in sl],
                                                    indexing="ij"), shape) if shape else 0
             from ..ops.random import _reference
             u = _reference([np.int64(seed), np.asarray(idx, np.int64)],
                            {"dtype": "float64" if d.name == "float64" else "float32"})
-            blocks[r] = np.asarray(u).astype(d.np)
+            blocks[r] = _placed(mesh, np.asarray(u).astype(d.np))
         else:
             raise ShardingError(f"unknown init {init!r}", expected="zeros, ones or uniform")
     return DTensor(mesh, shape, d.np, lay, blocks)
@@ -163,17 +164,26 @@ def shard(x, layout, mesh: Mesh):
     its block, no communication."""
     if not isinstance(mesh, Mesh):
         raise ShardingError("dist.shard needs a dist.Mesh", received=repr(mesh))
-    x = np.asarray(x)
+    x = x if on_gpu(x) else np.asarray(x)
     lay = _layout_of(layout, x.shape, mesh, "dist.shard")
     if lay.partial:
         raise ShardingError("dist.shard cannot make a pending reduction")
-    blocks = {r: np.ascontiguousarray(x[lay.block(x.shape, mesh, r)]) for r in mesh.engine.ranks}
+    blocks = {r: _placed(mesh, x[lay.block(x.shape, mesh, r)]) for r in mesh.engine.ranks}
     return DTensor(mesh, x.shape, x.dtype, lay, blocks)
 
 
 @at_user_line
+def _placed(mesh, block):
+    """A block where the mesh keeps them: a contiguous NumPy array, or a CuPy one."""
+    if mesh.target == "cuda":
+        import cupy
+        return cupy.ascontiguousarray(cupy.asarray(block))
+    return np.ascontiguousarray(block)
+
+
 def gather(x) -> np.ndarray:
-    """The whole tensor as a NumPy array on every rank (pending reductions taken)."""
+    """The whole tensor on every rank (pending reductions taken): a NumPy array, or a CuPy one
+    on a CUDA mesh."""
     if not isinstance(x, DTensor):
         return np.asarray(x)
     whole = redistribute(x, Layout.replicated(x.ndim))
@@ -194,8 +204,7 @@ def _apply(opdef, args, attrs):
                             received=" and ".join(map(repr, meshes)))
     mesh = meshes.pop()
     # plain arrays are replicated on every rank; numbers stay numbers
-    flat = [a if isinstance(a, DTensor) or is_scalar(a) else
-            shard(np.asarray(a), None, mesh) for a in flat]
+    flat = [a if isinstance(a, DTensor) or is_scalar(a) else shard(a, None, mesh) for a in flat]
     kinds = [dt.from_numpy(a.dtype) if isinstance(a, DTensor) else a for a in flat]
     want = operand_dtypes(opdef, kinds, attrs)
     types = [TensorType(want[k] if want else dt.from_numpy(a.dtype), a.shape)
@@ -207,10 +216,11 @@ def _apply(opdef, args, attrs):
     for k, lay in zip(tensors, layouts):
         flat[k] = redistribute(flat[k], lay)
     local = _local_function(opdef.name, attrs, packed,
-                            tuple(None if k in tensors else flat[k] for k in range(len(flat))))
+                            tuple(None if k in tensors else flat[k] for k in range(len(flat))),
+                            mesh.target)
     blocks = _run(mesh, local, {r: [flat[k].blocks[r] for k in tensors]
                                 for r in mesh.engine.ranks})
-    blocks = {r: np.asarray(b) for r, b in blocks.items()}
+    blocks = {r: b if on_gpu(b) else np.asarray(b) for r, b in blocks.items()}
     out = DTensor(mesh, out_type.shape, out_type.dtype.np, out_layout, blocks)
     want_shape = out_layout.local_shape(out.shape, mesh)
     for b in blocks.values():
@@ -365,9 +375,9 @@ def _reduction(name, x, attrs):
 _LOCAL: dict = {}
 
 
-def _local_function(name, attrs, packed, consts):
+def _local_function(name, attrs, packed, consts, target="cpu"):
     """A compiled function of the tensor operands (numbers and attributes baked in)."""
-    key = (name, repr(sorted(attrs.items())), packed, repr(consts))
+    key = (name, repr(sorted(attrs.items())), packed, repr(consts), target)
     fn = _LOCAL.get(key)
     if fn is None:
         from .. import function
@@ -378,7 +388,8 @@ def _local_function(name, attrs, packed, consts):
             flat = [next(it) if c is None else c for c in consts]
             return apply(name, flat, **attrs) if packed else apply(name, *flat, **attrs)
         body.__name__ = f"local_{name}"
-        fn = _LOCAL[key] = function(_fixed_arity(body, sum(c is None for c in consts)))
+        fn = _LOCAL[key] = function(_fixed_arity(body, sum(c is None for c in consts)),
+                                    target=target)
     return fn
 
 

@@ -23,7 +23,15 @@ def _write(path: Path, data: bytes):
 
 def main(job: Path):
     from mpi4py import MPI
-    rank = MPI.COMM_WORLD.Get_rank()
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    want = int(os.environ.get("TESSERA_LAUNCH_NPROCS", size))
+    if size != want:            # every process a world of its own: the wrong launcher
+        _write(job / f"mismatch.{os.getpid()}",
+               f"this process is rank {rank} of a world of {size} where {want} ranks were "
+               f"started: the launcher is not one of the MPI library mpi4py uses "
+               f"({MPI.Get_library_version().splitlines()[0].strip()}); set "
+               "TESSERA_MPIEXEC to that library's mpiexec".encode())
+        sys.exit(1)
     fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
     out = io.StringIO()
     try:

@@ -162,3 +162,18 @@ def test_batch_mean_checks_its_shares():
         dist.batch_mean(lambda b: b, np.ones((12, 2)), micro_batches=12, mesh=mesh)
     with pytest.raises(ShardingError, match="equal micro-batches"):
         dist.batch_mean(lambda b: b, np.ones((10, 2)), micro_batches=8, mesh=mesh)
+
+
+def test_a_launcher_of_another_mpi_is_a_clear_error(monkeypatch, tmp_path):
+    """mpiexec from one MPI and mpi4py on another start n worlds of one rank each: said so."""
+    fake = tmp_path / "singletons"
+    fake.write_text('#!/bin/bash\nshift 2\nfor i in 1 2; do env -u PMI_SIZE -u PMI_RANK '
+                    '-u PMI_FD -u PMI_PORT -u PMI_ID "$@" & done; wait\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("TESSERA_MPIEXEC", str(fake))
+    with pytest.raises(RankFailure, match="TESSERA_MPIEXEC"):
+        dist.launch(_hello_plain, 2, timeout=120)
+
+
+def _hello_plain():
+    return dist.rank()
