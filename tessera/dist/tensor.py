@@ -35,7 +35,7 @@ from .layout import Layout, Mesh, ShardSpec, at_user_line
 
 _LINEAR_SUM = {"add", "sub", "neg"}
 _AXIS_OPS = {"softmax", "log_softmax", "layernorm", "rmsnorm", "cumsum", "cumprod", "logcumsumexp",
-             "sort", "argsort", "flip"}
+             "sort", "argsort"}
 
 
 class DTensor:
@@ -106,6 +106,16 @@ class DTensor:
     def __matmul__(self, o): return self._op("matmul", self, o)
     def __rmatmul__(self, o): return self._op("matmul", o, self)
     def __neg__(self): return self._op("neg", self)
+    def __lt__(self, o): return self._op("lt", self, o)
+    def __le__(self, o): return self._op("le", self, o)
+    def __gt__(self, o): return self._op("gt", self, o)
+    def __ge__(self, o): return self._op("ge", self, o)
+    __hash__ = object.__hash__
+
+    def __getitem__(self, key):
+        """Indexing gathers the tensor (the result is whole on every rank: correct, not fast;
+        inside a tessera function indexing is planned like any operator)."""
+        return shard(gather(self)[key], None, self.mesh)
     def __pow__(self, o): return self._op("pow", self, o)
 
     @property
@@ -249,11 +259,12 @@ def _rule(opdef, attrs, xs, out_type):
     if name in _AXIS_OPS and len(xs) == 1:
         x = xs[0]
         axes = attrs.get("axis")
-        axes = [axes] if isinstance(axes, int) else list(axes or [])
+        axes = range(x.ndim) if axes is None else [axes] if isinstance(axes, int) else axes
         axes = [a % x.ndim for a in axes]
-        dims = [() if d in axes else x.layout.dims[d] for d in range(x.ndim)]
-        lay = Layout(tuple(dims))
-        return [lay], lay if out_type.shape == x.shape else Layout.replicated(len(out_type.shape))
+        if out_type.shape != x.shape:
+            return [Layout.replicated(x.ndim)], Layout.replicated(len(out_type.shape))
+        lay = Layout(tuple(() if d in axes else x.layout.dims[d] for d in range(x.ndim)))
+        return [lay], lay
     return [Layout.replicated(x.ndim) for x in xs], Layout.replicated(len(out_type.shape))
 
 

@@ -155,3 +155,16 @@ def test_attention_with_heads_split(rng, mesh4):
     assert O.type_str == "f32[2, 4@dp, 16, 8]" and dist.plan(att, Q, K, V).comm_report().empty
     np.testing.assert_array_equal(dist.gather(O), att(q, k, v))
     np.testing.assert_array_equal(dist.gather(op.attention(Q, K, V, causal=True)), att(q, k, v))
+
+
+@pytest.mark.parametrize("body", [
+    lambda v: v[2:5] * 2, lambda v: op.reshape(v, (4, 8)) + 1, lambda v: op.cumsum(v, axis=0),
+    lambda v: op.argmax(v, axis=1), lambda v: op.softmax(v, axis=0),
+    lambda v: op.exp(v).sum(axis=1, keepdim=True) / v, lambda v: op.where(v > 0.5, v, -v)])
+def test_operators_with_and_without_rules_give_the_single_process_bits(rng, mesh4, body):
+    """Row-split inputs through indexing, reshapes, scans, argmax, softmax over the split axis
+    and comparisons: what has no rule is gathered first, and every result is right."""
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    f = ts.function(body)
+    np.testing.assert_array_equal(dist.gather(f(dist.shard(x, ROW, mesh4))), f(x))
+    np.testing.assert_array_equal(dist.gather(body(dist.shard(x, ROW, mesh4))), f(x))
