@@ -22,14 +22,14 @@ from ..compiler.graph_ir import format_attrs
 from ..errors import ShardingError
 from .collectives import apply_moves, bytes_moved, moves
 from .layout import Layout
-from .tensor import DTensor, _fixed_arity, _rule, _run
+from .tensor import DTensor, _fixed_arity, _rule, _run, local_attrs
 
 
 class _Abstract:
-    """What a sharding rule reads of an operand: its global shape and its layout."""
+    """What a sharding rule reads of an operand: its global shape, layout and mesh."""
 
-    def __init__(self, shape, layout):
-        self.shape, self.layout = tuple(shape), layout
+    def __init__(self, shape, layout, mesh):
+        self.shape, self.layout, self.mesh = tuple(shape), layout, mesh
 
     @property
     def ndim(self):
@@ -177,7 +177,7 @@ def plan(graph, mesh, param_layouts: list) -> Plan:
         seen = [layouts[v.id] if not layouts[v.id].partial or
                 (v.id, Layout(layouts[v.id].dims)) not in have else Layout(layouts[v.id].dims)
                 for v in n.inputs]
-        xs = [_Abstract(v.shape, lay) for v, lay in zip(n.inputs, seen)]
+        xs = [_Abstract(v.shape, lay, mesh) for v, lay in zip(n.inputs, seen)]
         need, out = _rule(n.opdef, n.attrs, xs, n.out.type)
         for v, lay in zip(n.inputs, need):
             if (v.id, lay) in have:
@@ -231,12 +231,12 @@ def _segment(p: Plan):
                 if var not in made and var not in ins:
                     ins.append(var)
         outs = [var for var in [(n.out.id, layouts[n.out.id]) for n in run] if var in later]
-        out.append((_segment_function(p.graph.name, run, reads, ins, outs, layouts,
-                                      p.mesh.target), ins, outs))
+        out.append((_segment_function(p.graph.name, run, reads, ins, outs, layouts, p.mesh),
+                    ins, outs))
     return out
 
 
-def _segment_function(name, run, reads, ins, outs, layouts, target):
+def _segment_function(name, run, reads, ins, outs, layouts, mesh):
     """One tessera function replaying the run's operators on local blocks."""
     from .. import function
     from ..trace import apply
@@ -248,10 +248,11 @@ def _segment_function(name, run, reads, ins, outs, layouts, target):
             if n.op == "const":
                 env[var] = n.attrs["value"]
             else:
-                env[var] = apply(n.op, *[env[x] for x in reads[id(n)]], **n.attrs)
+                attrs = local_attrs(n.op, n.attrs, layouts[n.out.id], mesh)
+                env[var] = apply(n.op, *[env[x] for x in reads[id(n)]], **attrs)
         return tuple(env[v] for v in outs)
     body.__name__ = f"{name}_part"
-    return function(_fixed_arity(body, len(ins)), target=target)
+    return function(_fixed_arity(body, len(ins)), target=mesh.target)
 
 
 # ---- the call ----------------------------------------------------------------------------------

@@ -225,7 +225,8 @@ def _apply(opdef, args, attrs):
     layouts, out_layout = _rule(opdef, full_attrs, [flat[k] for k in tensors], out_type)
     for k, lay in zip(tensors, layouts):
         flat[k] = redistribute(flat[k], lay)
-    local = _local_function(opdef.name, attrs, packed,
+    local = _local_function(opdef.name, local_attrs(opdef.name, full_attrs, out_layout, mesh),
+                            packed,
                             tuple(None if k in tensors else flat[k] for k in range(len(flat))),
                             mesh.target)
     blocks = _run(mesh, local, {r: [flat[k].blocks[r] for k in tensors]
@@ -256,6 +257,15 @@ def _rule(opdef, attrs, xs, out_type):
         return _batched(xs, out_type, core=2)
     if name in ("sum", "mean", "max", "min") and len(xs) == 1:
         return _reduction(name, xs[0], attrs)
+    if name == "reshape" and xs[0].ndim and out_type.shape:
+        # a split of the first dimension is p contiguous runs of the elements: it stays the
+        # first dimension's split when that divides (batch and sequence merged, experts split)
+        x, parts = xs[0], 1
+        for a in x.layout.dims[0]:
+            parts *= x.mesh.shape[a]
+        if x.layout.dims[0] and not any(x.layout.dims[1:]) and out_type.shape[0] % parts == 0:
+            dims = (x.layout.dims[0],) + ((),) * (len(out_type.shape) - 1)
+            return [x.layout], Layout(dims, x.layout.partial)
     if name in _AXIS_OPS and len(xs) == 1:
         x = xs[0]
         axes = attrs.get("axis")
@@ -266,6 +276,16 @@ def _rule(opdef, attrs, xs, out_type):
         lay = Layout(tuple(() if d in axes else x.layout.dims[d] for d in range(x.ndim)))
         return [lay], lay
     return [Layout.replicated(x.ndim) for x in xs], Layout.replicated(len(out_type.shape))
+
+
+def local_attrs(name, attrs, out_layout, mesh) -> dict:
+    """An operator's attributes for the blocks: sizes in them are the global tensor's."""
+    if name == "reshape" and out_layout.dims and out_layout.dims[0]:
+        shape = list(attrs["shape"])
+        for a in out_layout.dims[0]:
+            shape[0] //= mesh.shape[a]
+        return {**attrs, "shape": shape}
+    return attrs
 
 
 def _elementwise(name, xs, out_type):

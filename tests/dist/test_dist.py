@@ -173,9 +173,9 @@ def test_operators_over_an_axis_gather_that_axis(rng, mesh4):
     np.testing.assert_array_equal(dist.gather(S), want)
     np.testing.assert_array_equal(dist.gather(op.softmax(Xr, axis=-1)), want)
     # an operator without a rule: operands gathered, result replicated, still right
-    R = op.reshape(Xr, (12, 8))
-    assert R.type_str == "f32[12, 8]"
-    np.testing.assert_array_equal(dist.gather(R), x.reshape(12, 8))
+    R = op.concat([Xr, Xr], axis=1)
+    assert R.type_str == "f32[8, 24]"
+    np.testing.assert_array_equal(dist.gather(R), np.concatenate([x, x], axis=1))
 
 
 def test_all_reduce_is_one_tree_in_rank_order(rng, mesh4):

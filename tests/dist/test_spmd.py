@@ -168,3 +168,20 @@ def test_operators_with_and_without_rules_give_the_single_process_bits(rng, mesh
     f = ts.function(body)
     np.testing.assert_array_equal(dist.gather(f(dist.shard(x, ROW, mesh4))), f(x))
     np.testing.assert_array_equal(dist.gather(body(dist.shard(x, ROW, mesh4))), f(x))
+
+
+def test_a_reshape_keeps_a_leading_split(rng, mesh4):
+    """[B@dp, S, D] -> [B*S@dp, D] and back: the split stays (the blocks' shapes are local),
+    nothing moves, the single-process bits."""
+    x = rng.standard_normal((8, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    f = ts.function(lambda v, w: op.reshape(op.reshape(v, (48, 5)) @ w, (8, 6, 3)))
+    X = dist.shard(x, ROW, mesh4)
+    p = dist.plan(f, X, w)
+    assert p.comm_report().empty, str(p)
+    Y = f(X, w)
+    assert Y.type_str == "f32[8@dp, 6, 3]"
+    np.testing.assert_array_equal(dist.gather(Y), f(x, w))
+    np.testing.assert_array_equal(dist.gather(op.reshape(X, (48, 5))), x.reshape(48, 5))
+    # a reshape the split does not divide gathers first
+    np.testing.assert_array_equal(dist.gather(op.reshape(X, (2, 120))), x.reshape(2, 120))
