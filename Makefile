@@ -60,7 +60,7 @@ lab: setup-lab graphviz
 # benchmarks, whose table lands in benchmarks/results/. GPU_PYTHON=python3 runs them with an
 # interpreter that already has CuPy, NumPy and pytest (a machine without network), this tree
 # on its path, instead of the virtual environment.
-GPU_TESTS = tests/targets/test_gpu_device.py tests/targets/test_gpu_routines.py
+GPU_TESTS = tests/targets/test_gpu_device.py tests/targets/test_gpu_routines.py tests/dist/test_gpu.py
 ifdef GPU_PYTHON
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu $(GPU_TESTS)
@@ -77,6 +77,7 @@ endif
 bench: setup
 	$(BIN)/python -m benchmarks.bench $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.bench_prob $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
+	$(BIN)/python -m benchmarks.bench_dist $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 
 # PyTorch, which the interop tests check the bridges against (make test) and the benchmarks
 # compare with (make bench): its CPU wheel (about 0.2 GB) rather than PyPI's default Linux wheel,

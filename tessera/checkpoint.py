@@ -82,7 +82,7 @@ def save(path, params, opt_state=None, step=0) -> None:
             blocks, created = _begin(path)
         except Exception as e:
             failure = e
-    got = group.bcast(("error", _say(failure)) if failure else ("ok", blocks))
+    got = group.bcast(("error", _say(failure)) if failure is not None else ("ok", blocks))
     if failure is not None:
         raise failure
     if got[0] == "error":
@@ -96,7 +96,7 @@ def save(path, params, opt_state=None, step=0) -> None:
             written[fname] = _write_npy(os.path.join(path, blocks, fname), arr)
     except BaseException as e:          # Ctrl-C too: rank 0 removes the blocks directory
         failure = e
-    reports = group.gather((group.rank, written, _say(failure) if failure else None))
+    reports = group.gather((group.rank, written, None if failure is None else _say(failure)))
 
     if group.rank == 0:
         try:
@@ -112,7 +112,7 @@ def save(path, params, opt_state=None, step=0) -> None:
         except BaseException as e:
             _abandon(path, blocks, created)
             outcome = e
-        group.bcast(_say(outcome) if outcome else None)
+        group.bcast(None if outcome is None else _say(outcome))
         if outcome is not None:
             raise outcome
     else:
@@ -221,7 +221,8 @@ def _plan(leaves, rank):
         elif isinstance(x, (bool, int, float, str)):
             entry = {"kind": "value", "value": x}
         else:
-            raise ArgumentError(f"{where}: a {type(x).__name__} cannot be saved in a checkpoint",
+            raise ArgumentError(f"{where}: a leaf of type {type(x).__name__} cannot be saved in "
+                                "a checkpoint",
                                 expected="NumPy arrays, Python numbers, strings or DTensors",
                                 hint="np.asarray(x) first if it is an array of another library")
         entries.append({"path": where, **entry})
@@ -510,7 +511,11 @@ def _restore_dtensor(path, data, e, mesh, layouts, meshes):
     if isinstance(layouts, dict):
         spec = layouts.get(where, saved)
     elif layouts is not None:
-        spec = layouts(where, shape, saved)
+        try:
+            spec = layouts(where, shape, saved)
+        except Exception as err:        # the caller's function: not a damaged manifest
+            raise ArgumentError(f"loading {path}: layouts({where!r}, ...) raised "
+                                f"{type(err).__name__}: {err}") from err
     else:
         spec = saved
     try:

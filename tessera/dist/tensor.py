@@ -17,6 +17,7 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
 - transpose: the splits move with the dimensions;
 - attention: batch and heads keep their splits, the sequence and feature dimensions are gathered;
 - sum, mean, max, min: a reduced dimension's axes become a pending sum, mean, max or min;
+- reshape: a split of the first dimension alone stays the first dimension's where it divides;
 - operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
 - anything else: its operands gathered whole, the result replicated (correct, not fast).
 """
