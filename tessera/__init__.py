@@ -34,7 +34,7 @@ from .jaxpr import from_jax  # noqa: E402
 from . import migrate  # noqa: E402
 from . import onnx  # noqa: E402
 from . import prob  # noqa: E402
-from . import collectives, dist  # noqa: E402
+from . import checkpoint, collectives, dist  # noqa: E402
 from .prob import elbo, mcmc, probabilistic, variational  # noqa: E402
 from .compiler.saved import load  # noqa: E402
 
@@ -53,7 +53,7 @@ def unload_ipython_extension(ipython):
 
 
 __all__ = [
-    "op", "graph", "dist", "collectives", "function", "Function", "interpret", "static_range", "is_training", "training",
+    "op", "graph", "dist", "collectives", "checkpoint", "function", "Function", "interpret", "static_range", "is_training", "training",
     "fori_loop", "while_loop", "scan", "cond", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",

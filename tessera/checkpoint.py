@@ -457,10 +457,13 @@ def _import(name):
         obj = importlib.import_module(module)
         for part in qual.split("."):
             obj = getattr(obj, part)
-        return obj
     except (ImportError, AttributeError):
         raise CheckpointError(f"the checkpoint holds a namedtuple {name} that cannot be "
                               "imported here") from None
+    # only a namedtuple class is ever called: a manifest naming anything else is refused
+    if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
+        raise CheckpointError(f"the checkpoint names {name} as a namedtuple, and it is not one")
+    return obj
 
 
 def _np_dtype(name) -> np.dtype:

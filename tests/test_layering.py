@@ -30,7 +30,7 @@ LAYERS = [
                    "tessera.optim", "tessera.debug", "tessera.interop",
                    "tessera.aten", "tessera.jaxpr", "tessera.migrate", "tessera.onnx",
                    "tessera.prob", "tessera.tiles", "tessera.tile", "tessera.dist",
-                   "tessera.collectives"]),
+                   "tessera.collectives", "tessera.checkpoint"]),
     ("viz", ["tessera.viz"]),
     ("lab", ["tessera.lab"]),
     ("public surface", ["tessera"]),      # the package's __init__: what `import tessera` gives

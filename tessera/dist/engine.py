@@ -11,6 +11,7 @@ and any message size (MPI_Allreduce picks its algorithm, and so its rounding, by
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -140,7 +141,12 @@ class MPIEngine:
         return {self.rank: out}
 
     def barrier(self):
-        self.comm.Barrier()
+        """Every rank here. Waiting ranks sleep between polls: MPI's own barrier spins, and on
+        an oversubscribed machine the spinning ranks starve the one they wait for (rank 0
+        compiling a kernel)."""
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            time.sleep(0.002)
 
 
 def _displs(counts):

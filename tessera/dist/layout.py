@@ -108,11 +108,13 @@ class Mesh:
         return axes
 
     def __eq__(self, other):
-        return isinstance(other, Mesh) and (self.shape, self.devices, self.target) == \
-            (other.shape, other.devices, other.target)
+        return isinstance(other, Mesh) and self._key() == other._key()
+
+    def _key(self):
+        return tuple(self.shape.items()), self.devices, self.target      # axis order counts
 
     def __hash__(self):
-        return hash((tuple(self.shape.items()), self.devices, self.target))
+        return hash(self._key())
 
     def __repr__(self):
         axes = ", ".join(f"{k}={v}" for k, v in self.shape.items())

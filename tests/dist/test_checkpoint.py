@@ -382,7 +382,7 @@ TRAIN = textwrap.dedent('''
 
 
 def test_a_run_killed_at_a_random_moment_resumes_to_the_same_bits(rng, tmp_path):
-    steps = 40
+    steps = 80
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     root = str(Path(ts.__file__).resolve().parents[1])
