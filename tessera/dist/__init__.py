@@ -8,6 +8,7 @@ process) on named axes; ``dist.ShardSpec`` says which tensor dimension each axis
 ``dist.launch`` runs a function on n MPI ranks from a notebook.
 """
 from .data_parallel import batch_mean
+from .pipeline import Pipeline
 from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter, scatter
 from .layout import Layout, Mesh, Partial, ShardSpec
 from .launch import launch, rank, world_size
@@ -16,4 +17,4 @@ from .tensor import DTensor, gather, shard, tensor
 
 __all__ = ["Mesh", "ShardSpec", "Partial", "Layout", "DTensor", "tensor", "shard", "gather",
            "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "scatter", "launch",
-           "rank", "world_size", "batch_mean", "plan"]
+           "rank", "world_size", "batch_mean", "plan", "Pipeline"]

@@ -140,6 +140,21 @@ class MPIEngine:
             out = [cupy.asarray(x) for x in out]
         return {self.rank: out}
 
+    # point to point (a pipeline's activations and cotangents), pickled: any array
+    def isend(self, obj, dest: int, tag: int = 0):
+        return self.comm.isend(obj, dest=dest, tag=tag)
+
+    def recv(self, source: int, tag: int = 0):
+        req = self.comm.irecv(source=source, tag=tag)
+        while True:                      # sleeping between polls, as the barrier does
+            done, obj = req.test()
+            if done:
+                return obj
+            time.sleep(0.0005)
+
+    def bcast(self, obj, root: int = 0):
+        return self.comm.bcast(obj, root=root)
+
     def barrier(self):
         """Every rank here. Waiting ranks sleep between polls: MPI's own barrier spins, and on
         an oversubscribed machine the spinning ranks starve the one they wait for (rank 0

@@ -275,3 +275,13 @@ def test_batch_mean_is_the_tree_over_micro_batches(rng):
         got = dist.batch_mean(lambda xb: grad(w, xb), x, micro_batches=8, mesh=mesh)
         np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(want, grad(w, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_pipeline_checks_its_stages_and_batch():
+    mesh = dist.Mesh(axes=["pp"], devices=range(2))
+    with pytest.raises(ShardingError, match="3 stages on a mesh axis of 2"):
+        dist.Pipeline([lambda p, h: h] * 3, mesh=mesh, loss=lambda y, t: op.mean(y))
+    pipe = dist.Pipeline([lambda p, h: h * p] * 2, mesh=mesh, loss=lambda y, t: op.mean(y - t))
+    with pytest.raises(ShardingError, match="equal micro-batches"):
+        pipe.value_and_grad([np.float32(1), np.float32(2)], np.ones((10, 2), np.float32),
+                            np.ones((10, 2), np.float32), micro_batches=4)

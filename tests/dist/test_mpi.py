@@ -177,3 +177,55 @@ def test_a_launcher_of_another_mpi_is_a_clear_error(monkeypatch, tmp_path):
 
 def _hello_plain():
     return dist.rank()
+
+
+def _pipeline_run(seed, micro_batches, n_stages=4):
+    """A 4-stage tanh MLP trained through dist.Pipeline (stage s on rank s)."""
+    import tessera as ts
+    from tessera import dist, op
+    g = np.random.default_rng(seed)
+    params = [{"w": g.standard_normal((8, 8)).astype(np.float32) * 0.5,
+               "b": g.standard_normal(8).astype(np.float32) * 0.1} for _ in range(n_stages)]
+    x = g.standard_normal((32, 8)).astype(np.float32)
+    y = g.standard_normal((32, 8)).astype(np.float32)
+    mesh = dist.Mesh(axes=["pp"], devices=range(n_stages))
+
+    def stage(p, h):
+        return op.tanh(h @ p["w"] + p["b"])
+    pipe = dist.Pipeline([stage] * n_stages, mesh=mesh, axis="pp",
+                         loss=lambda out, t: op.mean((out - t) ** 2))
+    loss, grads = pipe.value_and_grad(params, x, y, micro_batches=micro_batches)
+    return loss, grads, mesh.engine.name, dist.rank()
+
+
+@pytest.mark.parametrize("micro_batches", [8, 2])       # 2 < 4 stages: no steady state
+def test_a_pipeline_on_4_ranks_gives_the_virtual_devices_bits(rng, micro_batches):
+    seed = int(rng.integers(1 << 30))
+    here_loss, here_grads, engine, _ = _pipeline_run(seed, micro_batches)
+    assert engine == "virtual"
+    for loss, grads, engine, rank in dist.launch(_pipeline_run, 4, seed, micro_batches):
+        assert engine == "mpi"
+        np.testing.assert_array_equal(loss, here_loss)
+        for s, g in enumerate(grads):            # each rank holds its own stage's gradients
+            if s != rank:
+                assert g is None
+                continue
+            for k in g:
+                np.testing.assert_array_equal(g[k], here_grads[s][k])
+    # against the whole model's gradient (the mean over the batch), within rounding
+    g = np.random.default_rng(seed)
+    params = [{"w": g.standard_normal((8, 8)).astype(np.float32) * 0.5,
+               "b": g.standard_normal(8).astype(np.float32) * 0.1} for _ in range(4)]
+    x = g.standard_normal((32, 8)).astype(np.float32)
+    y = g.standard_normal((32, 8)).astype(np.float32)
+
+    def whole(ps, xb, yb):
+        h = xb
+        for p in ps:
+            h = op.tanh(h @ p["w"] + p["b"])
+        return op.mean((h - yb) ** 2)
+    loss, grads = ts.value_and_grad(whole)(params, x, y)
+    np.testing.assert_allclose(here_loss, loss, rtol=1e-5)
+    for s in range(4):
+        for k in ("w", "b"):
+            np.testing.assert_allclose(here_grads[s][k], grads[s][k], rtol=1e-4, atol=1e-6)
