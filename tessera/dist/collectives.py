@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShardingError
-from .engine import tree_reduce
+from .engine import on_gpu, tree_reduce
 from .layout import REDUCTIONS, at_user_line
 
 
@@ -33,6 +33,12 @@ def gather_blocks(mesh, blocks, axis, dim):
 def reduce_blocks(mesh, blocks, axis, op):
     """Every member's block reduced elementwise (tree in rank order); every member gets it."""
     p = _members(mesh, axis)
+    if p == 1:                          # one term: the tree is the term itself
+        return {r: tree_reduce([b], op) for r, b in blocks.items()}
+    if mesh.engine.name == "mpi" and not any(map(on_gpu, blocks.values())):
+        # MPI's buffers straight from and into the arrays (the same tree, the same bits)
+        return {r: mesh.engine.all_reduce_flat(mesh, (axis,), b, op)
+                for r, b in blocks.items()}
     shapes = {r: b.shape for r, b in blocks.items()}
     chunks = {r: np.array_split(b.reshape(-1), p) for r, b in blocks.items()}
     got = mesh.engine.exchange(mesh, (axis,), chunks)
@@ -203,6 +209,9 @@ def all_reduce(x, op="sum", axis=None, mesh=None):
     blocks are the terms (a pending reduction over ``axis`` is thereby taken); the result is
     replicated over ``axis``."""
     _check_op(op)
+    packed = _packed_all_reduce(x, op, axis, mesh)
+    if packed is not None:
+        return packed
 
     def one(v):
         from .tensor import DTensor
@@ -225,6 +234,33 @@ def all_reduce(x, op="sum", axis=None, mesh=None):
         part = {k: p for k, p in v.layout.partial_axes.items() if k not in a}
         return DTensor(m, v.shape, v.dtype, v.layout.with_partial(part), out)
     return _map(one, x)
+
+
+def _packed_all_reduce(x, op, axis, mesh):
+    """A pytree of plain arrays (a data-parallel step's gradients) under MPI: the leaves of each
+    dtype packed into one buffer and reduced by one all-reduce, as DDP's buckets are (the tree
+    is elementwise: the same bits as leaf by leaf). None where that does not apply."""
+    from ..pytree import flatten
+    from .tensor import DTensor
+    leaves, treedef = flatten(x)
+    if mesh is None or mesh.engine.name != "mpi" or not leaves or \
+            any(isinstance(v, DTensor) or on_gpu(v) for v in leaves):
+        return None
+    axes = mesh.check_axis(axis)
+    arrays = [np.asarray(v) for v in leaves]
+    out = [None] * len(arrays)
+    for dtype in {a.dtype for a in arrays}:
+        idx = [i for i, a in enumerate(arrays) if a.dtype == dtype]
+        flat = np.concatenate([arrays[i].reshape(-1) for i in idx]) if len(idx) > 1 else \
+            arrays[idx[0]].reshape(-1)
+        for ax in axes:
+            flat = reduce_blocks(mesh, {0: flat}, ax, op)[0]
+        at = 0
+        for i in idx:
+            n = arrays[i].size
+            out[i] = flat[at:at + n].reshape(arrays[i].shape)
+            at += n
+    return treedef.unflatten(out)
 
 
 @at_user_line

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ShardingError
 from ..pytree import flatten
-from .collectives import reduce_blocks
+from .collectives import _packed_all_reduce, reduce_blocks
 from .engine import tree_reduce
 from .layout import at_user_line
 
@@ -49,12 +49,14 @@ def batch_mean(fn, batch, micro_batches: int, axis: str = "dp", mesh=None):
             parts.append(fn(micro))
         blocks[r] = _tree_combine(parts)
     out_leaves, out_def = flatten(next(iter(blocks.values())))
-    total = []
-    for i in range(len(out_leaves)):
-        per_rank = {r: np.asarray(flatten(b)[0][i]) for r, b in blocks.items()}
-        summed = next(iter(reduce_blocks(mesh, per_rank, a, "sum").values()))
-        total.append(summed / np.asarray(k, summed.dtype))
-    return out_def.unflatten(total)
+    if mesh.engine.name == "mpi":       # this rank's subtotals, packed into one all-reduce
+        (mine,) = blocks.values()
+        sums = flatten(_packed_all_reduce(mine, "sum", a, mesh))[0]
+    else:
+        sums = [next(iter(reduce_blocks(mesh, {r: np.asarray(flatten(b)[0][i])
+                                                for r, b in blocks.items()}, a, "sum").values()))
+                for i in range(len(out_leaves))]
+    return out_def.unflatten([np.asarray(t) / np.asarray(k, np.asarray(t).dtype) for t in sums])
 
 
 def _tree_combine(parts):

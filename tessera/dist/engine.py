@@ -140,6 +140,28 @@ class MPIEngine:
             out = [cupy.asarray(x) for x in out]
         return {self.rank: out}
 
+    def all_reduce_flat(self, mesh, axes, block, op):
+        """`collectives.reduce_blocks` on one host array with MPI's buffers and no copies:
+        chunk j of the flattened block to member j (an all-to-all), the tree over the members'
+        chunks, the reduced chunks gathered into the result."""
+        from mpi4py import MPI
+        comm = self._comm(mesh, axes)
+        p, me = comm.Get_size(), comm.Get_rank()
+        flat = np.ascontiguousarray(block).reshape(-1)
+        size = flat.dtype.itemsize
+        counts = [len(c) for c in np.array_split(np.empty(flat.size, np.uint8), p)]
+        nbytes = [c * size for c in counts]
+        mine = np.empty(p * counts[me], flat.dtype)
+        comm.Alltoallv([flat.view(np.uint8), nbytes, _displs(nbytes), MPI.BYTE],
+                       [mine.view(np.uint8), [nbytes[me]] * p,
+                        [k * nbytes[me] for k in range(p)], MPI.BYTE])
+        reduced = np.ascontiguousarray(
+            tree_reduce([mine[k * counts[me]:(k + 1) * counts[me]] for k in range(p)], op))
+        out = np.empty(flat.size, flat.dtype)
+        comm.Allgatherv([reduced.view(np.uint8), MPI.BYTE],
+                        [out.view(np.uint8), nbytes, _displs(nbytes), MPI.BYTE])
+        return out.reshape(block.shape)
+
     # point to point (a pipeline's activations and cotangents), pickled: any array
     def isend(self, obj, dest: int, tag: int = 0):
         return self.comm.isend(obj, dest=dest, tag=tag)
