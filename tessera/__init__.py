@@ -53,7 +53,8 @@ def unload_ipython_extension(ipython):
 
 
 __all__ = [
-    "op", "graph", "dist", "collectives", "checkpoint", "function", "Function", "interpret", "static_range", "is_training", "training",
+    "op", "graph", "function", "Function", "interpret", "static_range", "is_training", "training",
+    "dist", "collectives", "checkpoint",
     "fori_loop", "while_loop", "scan", "cond", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",

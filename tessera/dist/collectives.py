@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShardingError
+from ..pytree import tree_map
 from .engine import on_gpu, tree_reduce
 from .layout import REDUCTIONS, at_user_line
 
@@ -165,14 +166,6 @@ def redistribute(x, layout):
 
 
 # ---- the public collectives ---------------------------------------------------------------------
-def _map(fn, x):
-    if isinstance(x, dict):
-        return {k: _map(fn, v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map(fn, v) for v in x)
-    return fn(x)
-
-
 def _mesh_for(x, mesh):
     from .tensor import DTensor
     if isinstance(x, DTensor):
@@ -233,7 +226,7 @@ def all_reduce(x, op="sum", axis=None, mesh=None):
             return out[m.engine.ranks[0]]
         part = {k: p for k, p in v.layout.partial_axes.items() if k not in a}
         return DTensor(m, v.shape, v.dtype, v.layout.with_partial(part), out)
-    return _map(one, x)
+    return tree_map(one, x)
 
 
 def _packed_all_reduce(x, op, axis, mesh):
@@ -278,7 +271,7 @@ def all_gather(x, axis=None, mesh=None, dim=0):
             if a in d:
                 d.remove(a)
         return redistribute(v, v.layout.with_dims(dims))
-    return _map(one, x)
+    return tree_map(one, x)
 
 
 @at_user_line
@@ -300,7 +293,7 @@ def reduce_scatter(x, op="sum", axis=None, mesh=None, dim=0):
         layout = v.layout.with_dims(dims).with_partial(part)
         layout.check(v.shape, m, "reduce_scatter's result")
         return DTensor(m, v.shape, v.dtype, layout, out)
-    return _map(one, x)
+    return tree_map(one, x)
 
 
 @at_user_line
@@ -322,7 +315,7 @@ def all_to_all(x, axis=None, mesh=None, split_dim=0, concat_dim=1):
         dims[concat_dim].remove(a)
         dims[split_dim].append(a)
         return redistribute(v, v.layout.with_dims(dims))
-    return _map(one, x)
+    return tree_map(one, x)
 
 
 @at_user_line
@@ -342,7 +335,7 @@ def scatter(x, axis=None, mesh=None, dim=0):
         layout = v.layout.with_dims(dims)
         layout.check(v.shape, v.mesh, "scatter's result")
         return redistribute(v, layout)
-    return _map(one, x)
+    return tree_map(one, x)
 
 
 def _spec_for_dim(rank, dim, axis):

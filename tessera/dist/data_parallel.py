@@ -47,7 +47,7 @@ def batch_mean(fn, batch, micro_batches: int, axis: str = "dp", mesh=None):
         for j in range(c * (k // p), (c + 1) * (k // p)):
             micro = treedef.unflatten([x[j * size:(j + 1) * size] for x in leaves])
             parts.append(fn(micro))
-        blocks[r] = _tree_combine(parts)
+        blocks[r] = tree_sum(parts)
     out_leaves, out_def = flatten(next(iter(blocks.values())))
     if mesh.engine.name == "mpi":       # this rank's subtotals, packed into one all-reduce
         (mine,) = blocks.values()
@@ -59,7 +59,7 @@ def batch_mean(fn, batch, micro_batches: int, axis: str = "dp", mesh=None):
     return out_def.unflatten([np.asarray(t) / np.asarray(k, np.asarray(t).dtype) for t in sums])
 
 
-def _tree_combine(parts):
+def tree_sum(parts):
     """The micro-batches' results summed leaf by leaf, by the fixed tree."""
     flat = [flatten(x)[0] for x in parts]
     treedef = flatten(parts[0])[1]

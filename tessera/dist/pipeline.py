@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShardingError
-from ..pytree import flatten
-from .engine import tree_reduce
+from ..pytree import tree_map
+from .data_parallel import tree_sum
 from .layout import at_user_line
 
 
@@ -131,12 +131,6 @@ class Pipeline:
 
 
 def _tree_mean(parts):
-    """Micro-batch gradients (pytrees) combined leaf by leaf by the fixed tree, over their
-    count."""
-    flat = [flatten(x)[0] for x in parts]
-    treedef = flatten(parts[0])[1]
-    out = []
-    for i in range(len(flat[0])):
-        total = tree_reduce([np.asarray(f[i]) for f in flat], "sum")
-        out.append(total / np.asarray(len(parts), total.dtype))
-    return treedef.unflatten(out)
+    """Micro-batch results (pytrees) summed leaf by leaf by the fixed tree, over their count."""
+    total = tree_sum(parts)
+    return tree_map(lambda t: t / np.asarray(len(parts), t.dtype), total)

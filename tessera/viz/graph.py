@@ -174,7 +174,7 @@ def sharded_drawing(plan, title=None) -> Drawing:
         d.boxes.append(Box(f"p{k}", "param", [(f"%{p.param_name}", "head"),
                                               (plan.type_of(p), "attr")]))
     c = 0
-    for i, it in enumerate(plan.items):
+    for it in plan.items:
         if isinstance(it, Collective):
             lines = [(" then ".join(kind for kind, _, _ in it.steps), "head")]
             lines += [(f"over {axis}: {b:,} bytes per rank", "attr")
