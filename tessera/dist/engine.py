@@ -1,10 +1,10 @@
 """The engines that move blocks between devices, and the one order every reduction takes.
 
-Two engines share one primitive, `exchange`: within each group of a mesh axis, every member sends
+The engines share one primitive, `exchange`: within each group of a mesh axis, every member sends
 one array to every member (an all-to-all); gathers and reductions are built on it in
 tessera/dist/collectives.py. `MPIEngine` is MPI through mpi4py, one process per device (under
-``mpiexec``); `VirtualEngine` holds every device's block in this process (a notebook on one
-machine). Reductions never use MPI's own: `tree_reduce` combines the members' terms by one fixed
+``mpiexec``); `NCCLEngine` moves a CUDA mesh's blocks by NCCL between ranks with a GPU each;
+`VirtualEngine` holds every device's block in this process (a notebook on one machine). Reductions never use MPI's own: `tree_reduce` combines the members' terms by one fixed
 pairwise tree in rank order, so a result has the same bits under either engine, any MPI library
 and any message size (MPI_Allreduce picks its algorithm, and so its rounding, by size).
 """
@@ -249,6 +249,9 @@ class NCCLEngine:
 
     def barrier(self):
         self.mpi.barrier()
+
+    def __getattr__(self, name):         # the rest (point to point, broadcast) is MPI's
+        return getattr(self.mpi, name)
 
 
 def _shared_type():
