@@ -185,3 +185,30 @@ def test_a_reshape_keeps_a_leading_split(rng, mesh4):
     np.testing.assert_array_equal(dist.gather(op.reshape(X, (48, 5))), x.reshape(48, 5))
     # a reshape the split does not divide gathers first
     np.testing.assert_array_equal(dist.gather(op.reshape(X, (2, 120))), x.reshape(2, 120))
+
+
+def test_zero_1_sharded_optimizer_state(rng, mesh4):
+    """The seeds' ZeRO step: parameters scattered over dp (no communication), each rank's
+    gradient a pending sum reduce-scattered onto its shard, Adam's update run on the shards of
+    the parameters and moments, the parameters gathered again: the replicated update's bits."""
+    w = {"w": rng.standard_normal((16, 8)).astype(np.float32)}
+    grads = [{"w": rng.standard_normal((16, 8)).astype(np.float32)} for _ in range(4)]
+    opt = ts.optim.Adam(1e-2)
+    update = ts.function(lambda g, s, p: opt.update(g, s, p))
+    # replicated: the gradient is the tree of the four ranks' gradients
+    total = {"w": (grads[0]["w"] + grads[1]["w"]) + (grads[2]["w"] + grads[3]["w"])}
+    want, _ = update(total, opt.init(w), w)
+    # sharded: each rank holds a quarter of the rows of the parameters and moments
+    P = ts.collectives.scatter({"w": dist.shard(w["w"], None, mesh4)}, axis="dp", mesh=mesh4)
+    state = opt.init(w)
+    S = {"step": state["step"],
+         "m": ts.collectives.scatter({"w": dist.shard(state["m"]["w"], None, mesh4)}, axis="dp"),
+         "v": ts.collectives.scatter({"w": dist.shard(state["v"]["w"], None, mesh4)}, axis="dp")}
+    G = {"w": dist.DTensor(mesh4, (16, 8), np.float32, dist.Layout(((), ())),
+                           {r: grads[r]["w"] for r in range(4)})}
+    G = ts.collectives.reduce_scatter(G, axis="dp", dim=0)
+    assert G["w"].type_str == "f32[16@dp, 8]" and P["w"].type_str == "f32[16@dp, 8]"
+    new, S = update(G, S, P)
+    assert new["w"].type_str == "f32[16@dp, 8]" and S["m"]["w"].type_str == "f32[16@dp, 8]"
+    np.testing.assert_array_equal(dist.gather(ts.collectives.all_gather(new["w"], axis="dp")),
+                                  want["w"])
