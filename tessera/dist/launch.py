@@ -94,15 +94,14 @@ def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = N
         if errors:
             r = int(errors[0].suffix[1:])
             raise RankFailure(f"rank {r} of {nprocs} failed:\n{errors[0].read_text()}", rank=r)
-        results = []
-        for r in range(nprocs):
-            path = job / f"result.{r}"
-            if not path.exists():
-                raise RankFailure(f"rank {r} of {nprocs} died without a result (exit code "
-                                  f"{proc.returncode})", rank=r,
-                                  received=launcher_out.decode(errors="replace")[-2000:])
-            results.append(pickle.loads(path.read_bytes()))
-        return results
+        missing = [r for r in range(nprocs) if not (job / f"result.{r}").exists()]
+        if missing:     # a rank died (killed, os._exit, a crash): the launcher ended the rest
+            raise RankFailure(f"rank(s) {', '.join(map(str, missing))} of {nprocs} ended "
+                              f"without a result (mpiexec's exit code {proc.returncode}): a "
+                              "rank died and the launcher stopped the others",
+                              rank=missing[0],
+                              received=launcher_out.decode(errors="replace")[-2000:])
+        return [pickle.loads((job / f"result.{r}").read_bytes()) for r in range(nprocs)]
     finally:
         shutil.rmtree(job, ignore_errors=True)
 

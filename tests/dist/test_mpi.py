@@ -287,3 +287,18 @@ def test_expert_parallel_moe_with_all_to_all(rng, capacity):
             want = probs[t, e] * layer(x_all[r][t:t + 1], experts[e])[0]
             np.testing.assert_array_equal(out[t], want)
     assert (dropped == 0) == (capacity == 16)
+
+
+def _dies_on_rank_1():
+    import os
+    mesh = dist.Mesh(axes=["dp"], devices=range(3))
+    if dist.rank() == 1:
+        os._exit(3)             # no exception, no MPI_Finalize: the process is just gone
+    return ts.collectives.all_reduce(np.ones(4), axis="dp", mesh=mesh)
+
+
+def test_a_rank_that_dies_is_a_rank_failure_not_a_hang():
+    """The others wait in a collective for the dead rank: the launcher ends them, and the
+    launching process gets a RankFailure saying so (not the timeout's "ran past")."""
+    with pytest.raises(RankFailure, match="ended without a result"):
+        dist.launch(_dies_on_rank_1, 3, timeout=120)
