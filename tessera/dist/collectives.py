@@ -196,13 +196,16 @@ def _check_op(op):
 
 
 @at_user_line
-def all_reduce(x, op="sum", axis=None, mesh=None):
+def all_reduce(x, op="sum", axis=None, mesh=None, order="tree"):
     """Every device's value reduced (``op``: sum, mean, max or min) over the mesh ``axis``, in
     a fixed tree order: the same bits on every run, engine and message size. On a DTensor the
     blocks are the terms (a pending reduction over ``axis`` is thereby taken); the result is
-    replicated over ``axis``."""
+    replicated over ``axis``. ``order="native"`` (arrays under MPI) opts out for speed: MPI's
+    own MPI_Allreduce, whose rounding changes with the message size, rank count and library."""
     _check_op(op)
-    packed = _packed_all_reduce(x, op, axis, mesh)
+    if order not in ("tree", "native"):
+        raise ShardingError(f"order must be 'tree' or 'native', not {order!r}")
+    packed = _packed_all_reduce(x, op, axis, mesh, native=order == "native")
     if packed is not None:
         return packed
 
@@ -229,7 +232,7 @@ def all_reduce(x, op="sum", axis=None, mesh=None):
     return tree_map(one, x)
 
 
-def _packed_all_reduce(x, op, axis, mesh):
+def _packed_all_reduce(x, op, axis, mesh, native=False):
     """A pytree of plain arrays (a data-parallel step's gradients) under MPI: the leaves of each
     dtype packed into one buffer and reduced by one all-reduce, as DDP's buckets are (the tree
     is elementwise: the same bits as leaf by leaf). None where that does not apply."""
@@ -247,7 +250,8 @@ def _packed_all_reduce(x, op, axis, mesh):
         flat = np.concatenate([arrays[i].reshape(-1) for i in idx]) if len(idx) > 1 else \
             arrays[idx[0]].reshape(-1)
         for ax in axes:
-            flat = reduce_blocks(mesh, {0: flat}, ax, op)[0]
+            flat = mesh.engine.native_all_reduce(mesh, (ax,), flat, op) if native else \
+                reduce_blocks(mesh, {0: flat}, ax, op)[0]
         at = 0
         for i in idx:
             n = arrays[i].size

@@ -50,7 +50,8 @@ def _reduce_per_rank(seed, n):
     grads = {"w": mine, "b": [mine[:5] * 2]}
     out = ts.collectives.all_reduce(grads, op="sum", axis="dp", mesh=mesh)
     gathered = ts.collectives.all_gather(mine[:6], axis="dp", mesh=mesh)
-    return out["w"], out["b"][0], gathered
+    native = ts.collectives.all_reduce(mine, op="sum", axis="dp", mesh=mesh, order="native")
+    return out["w"], out["b"][0], gathered, native
 
 
 @pytest.mark.parametrize("n", [7, 1 << 20])      # MPI would pick another algorithm for each
@@ -61,10 +62,12 @@ def test_all_reduce_of_each_ranks_array_is_the_fixed_tree(rng, n):
              for r in range(4)]
     want = (terms[0] + terms[1]) + (terms[2] + terms[3])
     want_b = (terms[0][:5] * 2 + terms[1][:5] * 2) + (terms[2][:5] * 2 + terms[3][:5] * 2)
-    for w, b, g in results:
+    for w, b, g, native in results:
         np.testing.assert_array_equal(w, want)
         np.testing.assert_array_equal(b, want_b)
         np.testing.assert_array_equal(g, np.concatenate([t[:6] for t in terms]))
+        # MPI's own order: the same sum to rounding, its bits not promised
+        np.testing.assert_allclose(native, want, rtol=1e-5, atol=1e-5)
 
 
 def _fails_on_rank_2():
