@@ -49,9 +49,11 @@ def batch_mean(fn, batch, micro_batches: int, axis: str = "dp", mesh=None):
             parts.append(fn(micro))
         blocks[r] = tree_sum(parts)
     out_leaves, out_def = flatten(next(iter(blocks.values())))
-    if mesh.engine.name == "mpi":       # this rank's subtotals, packed into one all-reduce
-        (mine,) = blocks.values()
-        sums = flatten(_packed_all_reduce(mine, "sum", a, mesh))[0]
+    # under MPI this rank's subtotals are packed into one all-reduce (None elsewhere)
+    packed = _packed_all_reduce(next(iter(blocks.values())), "sum", a, mesh) \
+        if len(blocks) == 1 else None
+    if packed is not None:
+        sums = flatten(packed)[0]
     else:
         sums = [next(iter(reduce_blocks(mesh, {r: np.asarray(flatten(b)[0][i])
                                                 for r, b in blocks.items()}, a, "sum").values()))
