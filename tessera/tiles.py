@@ -276,6 +276,7 @@ class Tracer:
         self.loops: list = []                    # open range_k loops (their Stmt)
         self.made_in: dict = {}                  # value id -> the loops open where it was made
         self.direct: dict = {}                   # parameter name -> its direct-use Value
+        self.broken = None                       # where a range_k loop was left by a break
 
     def new(self, shape, dtype, dims, kind="tile", param="") -> Value:
         b = self.body
@@ -711,6 +712,9 @@ class RangeK:
         t.block = s.body
         try:
             yield Ix("var", (var,))
+        except GeneratorExit:       # the body left the loop (a break): noted, refused below
+            t.broken = s.loc
+            raise
         finally:
             t.loops.pop()
             t.block = outer
@@ -880,6 +884,11 @@ class KernelFunction:
         _state.tracer = t
         try:
             ret = self.fn(*[ParamRef(t, p) for p in params])
+            if t.broken is not None:
+                raise TracingError("a break in a tile.range_k loop: the loop is traced once and "
+                                   "runs for every k, so the break would be ignored",
+                                   location=t.broken,
+                                   hint="narrow the loop's range instead (range_k's stop)")
             if ret is not None:
                 v = as_value(ret)
                 if v is None:

@@ -233,6 +233,22 @@ def test_a_tile_made_in_a_loop_cannot_leave_it():
     assert "acc +=" in e.value.hint
 
 
+def test_a_break_in_range_k_is_an_error():
+    """The loop is traced once and runs for every k: a break would be silently ignored."""
+    def bad(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        b = tile.load(B, shape=(ctx.BK, ctx.BN))
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+            break
+        tile.store(C, acc)
+    with pytest.raises(TracingError, match="break") as e:
+        ts.kernel(bad)(*(np.zeros((4, 4), np.float32),) * 3)
+    assert e.value.location.lineno == _line_of(bad, "for k in tile.range_k")
+
+
 @pytest.mark.parametrize("case", ["dtype", "rank", "size", "overlap", "outside"])
 def test_bad_arguments_write_nothing(case):
     A = np.ones((6, 5), np.float32)
