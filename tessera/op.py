@@ -5,6 +5,8 @@ node; on NumPy arrays it runs eagerly through the operator's NumPy reference.
 """
 from __future__ import annotations
 
+import inspect as _inspect
+
 from . import ops as _ops
 from .errors import ArgumentError as _ArgumentError
 from .trace import apply as _apply
@@ -16,7 +18,11 @@ def _make(name):
     attr_names = list(opdef.attrs)
     nin = 1 if opdef.nin == -1 else opdef.nin
 
+    operands = ["x"] if nin == 1 else [f"x{i}" for i in range(nin)]
+
     def fn(*args, **kwargs):
+        if len(args) < nin:                 # operands by name (x, x0, x1 ...), as bound
+            args = args + tuple(kwargs.pop(n) for n in operands[len(args):] if n in kwargs)
         if len(args) < nin:
             raise _ArgumentError(f"op.{name} takes {nin} tensor operand(s), got {len(args)}")
         tensors, rest = args[:nin], args[nin:]
@@ -31,7 +37,12 @@ def _make(name):
         return _apply(name, *tensors, **attrs)
 
     fn.__name__ = fn.__qualname__ = name
-    sig = ", ".join(["x"] if nin == 1 else [f"x{i}" for i in range(nin)])
+    # the signature a reader (and ts.function's binding) sees: operands, then attributes
+    P = _inspect.Parameter
+    fn.__signature__ = _inspect.Signature(
+        [P(n, P.POSITIONAL_OR_KEYWORD) for n in operands] +
+        [P(k, P.POSITIONAL_OR_KEYWORD, default=v) for k, v in opdef.attrs.items()])
+    sig = ", ".join(operands)
     sig += "".join(f", {k}={v!r}" for k, v in opdef.attrs.items())
     fn.__doc__ = f"op.{name}({sig})\n\n{opdef.doc}"
     return fn

@@ -38,3 +38,18 @@ def test_compiled_interpreted_eager_agree_with_reference(name, rng):
     assert_close(ts.interpret(f, *args), want, scale=4)
     assert_close(apply(*args), want, scale=4)     # eager
     assert hasattr(ts.op, name)
+
+
+def test_an_operator_is_a_function_tessera_can_compile(rng):
+    """op.gelu, op.softmax, op.add: their signatures name the operands and the attributes, so
+    ts.function(op.softmax) compiles them as written (it refused their *args before)."""
+    import inspect
+    from tessera import op
+    x, y = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    assert str(inspect.signature(op.softmax)) == "(x, axis=-1)"
+    assert list(inspect.signature(op.add).parameters) == ["x0", "x1"]
+    np.testing.assert_array_equal(ts.function(op.softmax)(x),
+                                  ts.function(lambda v: op.softmax(v, axis=-1))(x))
+    np.testing.assert_array_equal(ts.function(op.add)(x, y), x + y)
+    np.testing.assert_array_equal(ts.function(op.gelu)(x), ts.function(lambda v: op.gelu(v))(x))
+    np.testing.assert_array_equal(op.softmax(x=x), op.softmax(x))       # by name, eagerly too
