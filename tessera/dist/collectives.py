@@ -245,7 +245,7 @@ def _packed_all_reduce(x, op, axis, mesh, native=False):
     axes = mesh.check_axis(axis)
     arrays = [np.asarray(v) for v in leaves]
     out = [None] * len(arrays)
-    for dtype in {a.dtype for a in arrays}:
+    for dtype in sorted({a.dtype for a in arrays}, key=lambda d: d.str):   # one order on every rank
         idx = [i for i, a in enumerate(arrays) if a.dtype == dtype]
         flat = np.concatenate([arrays[i].reshape(-1) for i in idx]) if len(idx) > 1 else \
             arrays[idx[0]].reshape(-1)

@@ -4,8 +4,9 @@ The engines share one primitive, `exchange`: within each group of a mesh axis, e
 one array to every member (an all-to-all); gathers and reductions are built on it in
 tessera/dist/collectives.py. `MPIEngine` is MPI through mpi4py, one process per device (under
 ``mpiexec``); `NCCLEngine` moves a CUDA mesh's blocks by NCCL between ranks with a GPU each;
-`VirtualEngine` holds every device's block in this process (a notebook on one machine). Reductions never use MPI's own: `tree_reduce` combines the members' terms by one fixed
-pairwise tree in rank order, so a result has the same bits under either engine, any MPI library
+`VirtualEngine` holds every device's block in this process (a notebook on one machine).
+Reductions never use MPI's own: `tree_reduce` combines the members' terms by one fixed pairwise
+tree in rank order, so a result has the same bits under either engine, any MPI library
 and any message size (MPI_Allreduce picks its algorithm, and so its rounding, by size).
 """
 from __future__ import annotations

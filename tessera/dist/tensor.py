@@ -123,13 +123,17 @@ class DTensor:
     def T(self):
         return self._op("transpose", self)
 
-    def sum(self, axis=None, keepdim=False): return self._op("sum", self, axis=axis, keepdim=keepdim)
-    def mean(self, axis=None, keepdim=False): return self._op("mean", self, axis=axis, keepdim=keepdim)
-    def max(self, axis=None, keepdim=False): return self._op("max", self, axis=axis, keepdim=keepdim)
-    def min(self, axis=None, keepdim=False): return self._op("min", self, axis=axis, keepdim=keepdim)
+    def sum(self, axis=None, keepdim=False): return self._op("sum", self, axis=axis,
+                                                           keepdim=keepdim)
+    def mean(self, axis=None, keepdim=False): return self._op("mean", self, axis=axis,
+                                                            keepdim=keepdim)
+    def max(self, axis=None, keepdim=False): return self._op("max", self, axis=axis,
+                                                           keepdim=keepdim)
+    def min(self, axis=None, keepdim=False): return self._op("min", self, axis=axis,
+                                                           keepdim=keepdim)
 
 
-# ---- making and gathering -------------------------------------------------------------------------
+# ---- making and gathering -----------------------------------------------------------------------
 def _layout_of(layout, shape, mesh, name):
     if layout is None:
         return Layout.replicated(len(shape))
@@ -201,7 +205,7 @@ def gather(x) -> np.ndarray:
     return next(iter(whole.blocks.values())).copy()
 
 
-# ---- operators on sharded tensors -----------------------------------------------------------------
+# ---- operators on sharded tensors ---------------------------------------------------------------
 def _apply(opdef, args, attrs):
     from ..compiler.graph_ir import check_op
     from ..ops.registry import is_scalar, operand_dtypes
@@ -403,7 +407,7 @@ def _reduction(name, x, attrs):
     return [need], Layout(tuple(dims), tuple(sorted({**keep, **new}.items())))
 
 
-# ---- the local kernels: the compiled single-process operator, one per (operator, attributes) --------
+# ---- the local kernels: the compiled single-process operator, one per (operator, attributes) ----
 _LOCAL: dict = {}
 
 
