@@ -1,7 +1,7 @@
 """Rich display of Tessera's objects as a cell's value, while the extension is loaded: a
-Function or a Program shows its explorer, a Graph IR its drawing (an image output of its own,
-which renders in an untrusted notebook too), a Schedule IR its kernel table, a Tile IR its
-highlighted text. Each keeps its plain text beside, so nothing is lost where HTML is not shown.
+Function or a Program shows its explorer, a Graph IR (or a sharded plan) its drawing (an image
+output of its own, which renders in an untrusted notebook too), a Schedule IR its kernel table,
+a Tile IR its highlighted text, a mesh its devices and a sharded tensor its blocks (a table). Each keeps its plain text beside, so nothing is lost where HTML is not shown.
 """
 from __future__ import annotations
 
@@ -34,16 +34,22 @@ def _tile(t, include=None, exclude=None):
     return {"text/plain": str(t), "text/html": code_html(t, "ir")}
 
 
+def _blocks(x, include=None, exclude=None):
+    return {"text/plain": repr(x), "text/html": viz.block_html(x)}
+
+
 def formatters() -> dict:
     """type -> mimebundle function, for IPython's mimebundle formatter."""
     from ..compiler.graph_ir import Graph
     from ..compiler.pipeline import GPUProgram, Program
     from ..compiler.schedule_ir import Schedule
     from ..compiler.tile_ir import TileProgram
+    from ..dist import DTensor, Mesh
     from ..dist.spmd import Plan
     from ..function import Function
     return {Function: _explorer, Program: _explorer, GPUProgram: _explorer, Graph: _graph,
-            Schedule: _schedule, TileProgram: _tile, Plan: _graph}
+            Schedule: _schedule, TileProgram: _tile, Plan: _graph, DTensor: _blocks,
+            Mesh: _blocks}
 
 
 def register(ipython):

@@ -13,6 +13,7 @@ imported by the functions that need them. Every HTML and SVG text is the same fo
     highlight_html(text, language)                             C / CUDA / HIP / IR as HTML
     figure_svg(fig), figure_png(fig), html_table(rows)         rendering helpers
     img_html(svg, alt)                                         an SVG as an <img> inside HTML
+    block_rows(x), block_html(x)                               a mesh's devices, a DTensor's blocks
 """
 from .code import highlight_html
 from .figures import autotune_figure, figure_png, figure_svg, profile_figure, roofline_figure
@@ -20,10 +21,11 @@ from .graph import graph_dot
 from .image import Image, figure_image, graph_image, img_html
 from .save import save_svg
 from .svg import graph_svg
-from .tables import (autotune_rows, autotune_table, html_table, profile_rows, profile_table,
-                     schedule_rows, schedule_table)
+from .tables import (autotune_rows, autotune_table, block_html, block_rows, html_table,
+                     profile_rows, profile_table, schedule_rows, schedule_table)
 
 __all__ = ["graph_dot", "graph_svg", "save_svg", "schedule_rows", "schedule_table",
            "highlight_html", "profile_rows", "profile_table", "profile_figure", "roofline_figure",
            "autotune_rows", "autotune_table", "autotune_figure", "figure_svg", "figure_png",
-           "html_table", "Image", "graph_image", "figure_image", "img_html"]
+           "html_table", "Image", "graph_image", "figure_image", "img_html", "block_rows",
+           "block_html"]

@@ -137,3 +137,28 @@ def html_table(rows, columns=None, headers=HEADERS) -> str:
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div style="overflow-x:auto"><table class="tessera-table"><thead><tr>{head}</tr>'
             f'</thead><tbody>{"".join(body)}</tbody></table></div>')
+
+
+def block_rows(x) -> list[dict]:
+    """A mesh's devices, one row each: the rank, its coordinate on every axis and, for a sharded
+    tensor (tessera.dist), the block it holds (its slices of each dimension, its shape) and
+    whether the block is a pending term."""
+    from ..dist import DTensor
+    mesh = x.mesh if isinstance(x, DTensor) else x
+    rows = []
+    for r in range(mesh.size):
+        row = {"rank": r, **mesh.coords(r)}
+        if isinstance(x, DTensor):
+            sl = x.layout.block(x.shape, mesh, r)
+            row["block"] = "[" + ", ".join(f"{s.start}:{s.stop}" for s in sl) + "]"
+            row["shape"] = "x".join(str(s.stop - s.start) for s in sl) or "scalar"
+            if x.layout.partial:
+                row["holds"] = " ".join(f"a term of the {op} over {a}"
+                                        for a, op in x.layout.partial)
+        rows.append(row)
+    return rows
+
+
+def block_html(x) -> str:
+    """`block_rows` as HTML under the tensor's (or mesh's) text."""
+    return f"<div><code>{escape(repr(x))}</code>{html_table(block_rows(x))}</div>"

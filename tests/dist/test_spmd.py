@@ -212,3 +212,19 @@ def test_zero_1_sharded_optimizer_state(rng, mesh4):
     assert new["w"].type_str == "f32[16@dp, 8]" and S["m"]["w"].type_str == "f32[16@dp, 8]"
     np.testing.assert_array_equal(dist.gather(ts.collectives.all_gather(new["w"], axis="dp")),
                                   want["w"])
+
+
+def test_a_sharded_tensor_shows_its_blocks(mesh4):
+    """In the notebook a DTensor (and a mesh) displays a table: each device's coordinates and
+    the block it holds, pending terms said."""
+    from tessera import viz
+    mesh = dist.Mesh(axes=["tp", "dp"], devices=range(4))
+    X = dist.tensor((8, 6), dist.ShardSpec(("row",), ("tp",)), mesh)
+    rows = viz.block_rows(X)
+    assert rows[2] == {"rank": 2, "tp": 1, "dp": 0, "block": "[4:8, 0:6]", "shape": "4x6"}
+    assert viz.block_rows(mesh)[3] == {"rank": 3, "tp": 1, "dp": 1}
+    assert viz.block_rows(X.sum(axis=0))[0]["holds"] == "a term of the sum over tp"
+    html = viz.block_html(X)
+    assert "f32[8@tp, 6]" in html and "<table" in html and "[4:8, 0:6]" in html
+    from tessera.lab.display import formatters
+    assert formatters()[dist.DTensor](X)["text/html"] == html
