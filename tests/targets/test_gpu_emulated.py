@@ -610,3 +610,36 @@ def test_tile_kernels_give_the_cpu_bits(rng, target):
     x = (rng.standard_normal((23, 101)) * 4).astype(np.float32)
     got = run_twice(tile_softmax.lower(x, target=target), (x,))[0]
     assert got.tobytes() == tile_softmax(x).tobytes()
+
+
+def test_a_bf16_tile_matmul_takes_the_tensor_cores_on_cuda(rng):
+    """The seeds' matmul_kernel (bf16 operands, an f32 accumulator) on CUDA calls the
+    tensor-core routine with an f32 output (the emulator runs its portable form): the f32
+    accumulator rounded to bf16 is op.matmul's bf16 result on CUDA bit for bit (the same mma
+    order), within f32 accumulation of the exact product; HIP keeps the SIMT chains."""
+    import tessera as ts
+    from tessera import Tile, bf16, f32, tile
+    from tessera.dtypes import bfloat16
+
+    @ts.kernel
+    def matmul_kernel(A: Tile["M", "K", bf16], B: Tile["K", "N", bf16],
+                      C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK), prefetch=True)
+        b = tile.load(B, shape=(ctx.BK, ctx.BN), prefetch=True)
+        acc = tile.zeros((ctx.BM, ctx.BN), dtype=f32)
+        for k in tile.range_k(0, ctx.K, ctx.BK):
+            acc += tile.mma(tile.load_partition(a, k), tile.load_partition(b, k))
+        tile.store(C, acc)
+    A = rng.standard_normal((70, 96)).astype(bfloat16.np)
+    B = rng.standard_normal((96, 40)).astype(bfloat16.np)
+    C = np.zeros((70, 40), np.float32)
+    prog = matmul_kernel.lower(A, B, C, target="cuda")
+    assert "_f32out" in prog.target_code and "tsg_gemm_mma_bf16" in prog.target_code
+    got = run_twice(prog, (A, B, C))[0]
+    exact = A.astype(np.float64) @ B.astype(np.float64)
+    bound = 96 * 2.0 ** -23 * (np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)))
+    assert (np.abs(got - exact) <= bound).all()
+    mm = run_twice(ts.function(lambda a, b: a @ b).lower(A, B, target="cuda"), (A, B))[0]
+    assert got.astype(bfloat16.np).tobytes() == np.asarray(mm).astype(bfloat16.np).tobytes()
+    assert "tsg_gemm_mma" not in matmul_kernel.lower(A, B, C, target="hip").target_code

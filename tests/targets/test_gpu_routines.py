@@ -56,14 +56,14 @@ def unit(lang, pieces, defines=""):
     return "\n".join(out)
 
 
-def gemm_kernel(kname, routine, dtype, tile_m, tile_n, threads):
+def gemm_kernel(kname, routine, dtype, tile_m, tile_n, threads, out=None):
     """Block t of the grid-stride loop computes C's tile t: back-to-back calls per block when
-    the grid is smaller than the tile count."""
-    T = STORE[dtype]
+    the grid is smaller than the tile count. C is `out`'s (default: the inputs' dtype)."""
+    T, TC = STORE[dtype], STORE[out or dtype]
     return f"""
 extern "C" __global__ void __launch_bounds__({threads}) {kname}(
     const {T}* A, long long a_rs, long long a_cs, const {T}* B, long long b_rs, long long b_cs,
-    {T}* C, long long ldc, long long M, long long N, long long K) {{
+    {TC}* C, long long ldc, long long M, long long N, long long K) {{
   const long long tn = (N + {tile_n} - 1) / {tile_n}, tiles = (M + {tile_m} - 1) / {tile_m} * tn;
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {{
     const long long i0 = t / tn * {tile_m}, j0 = t % tn * {tile_n};
@@ -297,12 +297,12 @@ def place(emu, x, layout):
 class Gemm:
     """One routine in an emulator module; `run` multiplies device-representation matrices."""
 
-    def __init__(self, emu, lang_routine, dtype, knobs, portable=False):
+    def __init__(self, emu, lang_routine, dtype, knobs, portable=False, out=None):
         name, chunks = lang_routine
-        self.emu, self.dtype, self.knobs = emu, dtype, knobs
+        self.emu, self.dtype, self.knobs, self.out = emu, dtype, knobs, out
         defines = "#define TSG_PORTABLE_MMA 1\n" if portable else ""
         src = unit("cuda", chunks, defines) + gemm_kernel("gemm", name, dtype, knobs[0],
-                                                           knobs[1], knobs[3])
+                                                           knobs[1], knobs[3], out)
         self.module = emu.compile_source(src, name)
 
     def run(self, a, b, la="row", lb="row", grid=None, reverse=False, shift_a=False):
@@ -314,7 +314,8 @@ class Gemm:
             A2 = emu.device_empty(A.size + 1, A.dtype)
             A2[1:] = A.ravel()
             A = A2.ctypes.data + A.itemsize
-        C = emu.device_empty((M, N), a.dtype, fill=0x7fff if a.dtype == np.uint16 else np.nan)
+        c_dtype = np.float32 if self.out == "f32" else a.dtype
+        C = emu.device_empty((M, N), c_dtype, fill=0x7fff if c_dtype == np.uint16 else np.nan)
         tm, tn, _, threads = self.knobs
         tiles = -(-M // tm) * -(-N // tn)
         emu.launch(self.module, "gemm", grid or max(1, tiles), threads,
@@ -374,6 +375,29 @@ def test_tensor_core_gemm_data_movement(emu, rng, dtype, knobs):
         got = g.run(a, b, la, lb, shift_a=shift)
         check_16bit(got, a64, b64, dtype)
         assert g.run(a, b, la, lb, grid=1, reverse=True, shift_a=shift).tobytes() == got.tobytes()
+
+
+@pytest.mark.parametrize("dtype,knobs", [("bf16", (64, 64, 32, 128)), ("f16", (32, 64, 16, 128))])
+def test_tensor_core_gemm_with_an_f32_output(emu, rng, dtype, knobs):
+    """out="f32" (a tile kernel's f32 accumulator): the accumulator itself, so rounding it to
+    the 16-bit dtype gives the 16-bit routine's output bit for bit; within the f32
+    accumulation's bound of the exact product."""
+    g16 = Gemm(emu, GG.mma_routine(dtype, *knobs), dtype, knobs, portable=True)
+    g32 = Gemm(emu, GG.mma_routine(dtype, *knobs, out="f32"), dtype, knobs, portable=True,
+               out="f32")
+    tm, tn, tk, _ = knobs
+    for (m, n, k), la, lb in [((tm + 5, tn + 3, tk + 9), "row", "row"),
+                              ((2 * tm - 1, tn + 7, 3 * tk + 1), "col", "col")]:
+        a, a64 = as_dtype(rng.standard_normal((m, k)), dtype)
+        b, b64 = as_dtype(rng.standard_normal((k, n)), dtype)
+        wide = g32.run(a, b, la, lb)
+        assert wide.dtype == np.float32 and not np.isnan(wide).any()
+        narrow = g16.run(a, b, la, lb)
+        rounded = wide.astype(np.float16).view(np.uint16) if dtype == "f16" else to_bf16(wide)
+        np.testing.assert_array_equal(rounded, narrow)
+        want = a64 @ b64
+        tol = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
+        assert (np.abs(wide - want) <= tol + 1e-30).all()
 
 
 def test_tensor_core_shared_layout_is_a_conflict_free_permutation(emu):

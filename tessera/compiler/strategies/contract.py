@@ -152,6 +152,9 @@ class Contract(Strategy):
         return c_gemm.HALF_ROUTINE
 
     def gpu_routine(self, lang, name, dtype, sizes):
+        if ">" in dtype:        # "bf16>f32": 16-bit operands into f32 (a tile kernel's acc)
+            src, out = dtype.split(">")
+            return list(gpu_gemm.mma_routine(src, *sizes, out=out)[1])
         return list(gpu_gemm.gemm_routine(lang, dtype, *sizes)[1])
 
 

@@ -734,6 +734,14 @@ class _Lower:
                 el(rr, jj)[0], Var(kv), el(rr, jj)[1], Load(regs, reg(rr, jj))))])]),
             lanes(lambda rr, jj: [Store(name, at(*el(rr, jj)), Load(regs, reg(rr, jj)))])])]))
 
+    def _gemm_inputs(self, acc_dtype) -> tuple:
+        """The operand dtypes the GEMM routine takes into an accumulator of acc_dtype: its own,
+        and on CUDA 16-bit ones into f32 (tensor cores)."""
+        if self.gpu and acc_dtype == dt.float32 and \
+                gpu_gemm.uses_tensor_cores(self.target, "bf16"):
+            return (acc_dtype, dt.float16, dt.bfloat16)
+        return (acc_dtype,)
+
     def _gemm_loop(self, loop) -> bool:
         """On the CPU, `for k in range_k(0, K, BK): acc += mma(load_partition(a, k),
         load_partition(b, k))` over all of K, into a tile of zeros nothing else updates, is the
@@ -766,7 +774,7 @@ class _Lower:
             p = self.body.param(src.attrs["param"])
             place = src.attrs["place"]
             if place[axis] != "stream" or place.index("stream") != axis or \
-                    self.bufs[p.name].type.dtype != acc.dtype or \
+                    self.bufs[p.name].type.dtype not in self._gemm_inputs(acc.dtype) or \
                     step != src.out.shape[axis] or not _is(stop, "dim", p.dims[axis]) or \
                     not _is(start, "const", 0):
                 return False
@@ -780,14 +788,23 @@ class _Lower:
         K = self.dims[self.body.param(sa.attrs["param"]).dims[1]]
         d = acc.dtype.short
         fn, key = f"ts_gemm_tile_{d}", f"gemm:{d}"
+        opd = ba.type.dtype.short           # the operands' dtype (16-bit into f32: tensor cores)
+        if opd != bb.type.dtype.short:
+            return False
         if self.gpu:
-            # the GPU GEMM routine (SIMT for float32 and float64: the same chains, the CPU's
-            # bits) on the block's tile, with the kernel's block sizes and threads
+            # the GPU GEMM routine on the block's tile, with the kernel's block sizes and
+            # threads: SIMT for float32 and float64 (the same chains, the CPU's bits), tensor
+            # cores for 16-bit operands into the f32 accumulator (the GPU matmul's order)
             tiles = (shape[0], shape[1], self.k.knobs.get("tile_k", 16),
                      self.gpu_knobs["threads"])
             try:
-                fn, _ = gpu_gemm.gemm_routine(self.target, d, *tiles)
-                smem = gpu_gemm.simt_plan(d, *tiles)["smem"]
+                if opd != d:
+                    fn, _ = gpu_gemm.mma_routine(opd, *tiles, out=d)
+                    smem = gpu_gemm.mma_plan(opd, *tiles)["smem"]
+                    d = f"{opd}>{d}"
+                else:
+                    fn, _ = gpu_gemm.gemm_routine(self.target, d, *tiles)
+                    smem = gpu_gemm.simt_plan(d, *tiles)["smem"]
             except TesseraError:
                 return False              # knobs the routine cannot take: the FMA chains
             self.routine_shared += smem

@@ -3,10 +3,20 @@
    ldmatrix.trans), else k-contiguous (As[m][k]); BKN: B is k-contiguous (Bs[n][k]), else
    n-contiguous (Bs[k][n], ldmatrix.trans). Warp (wm, wn) of WM x WN owns a WTM x WTN tile:
    MI x NI mma tiles of 16 x 8. */
-template <int DT, int BM, int BN, int BK, int NT, int WM, int WN, int ST, bool AMN, bool BKN>
+/* The output C: 16-bit like the inputs (the f32 accumulator rounded once), or the f32
+   accumulator itself (a tile kernel's acc += tile.mma(a, b)). */
+template <typename TC, int DT> struct tsg_mma_out {
+  static __device__ __forceinline__ TC cvt(float x) { return tsg_dt<DT>::out(x); }
+};
+template <int DT> struct tsg_mma_out<float, DT> {
+  static __device__ __forceinline__ float cvt(float x) { return x; }
+};
+
+template <int DT, int BM, int BN, int BK, int NT, int WM, int WN, int ST, bool AMN, bool BKN,
+          typename TC>
 __device__ __forceinline__ void tsg_gemm_mma_body(
     tsg_u16* smem, const tsg_u16* A, long long a_rs, long long a_cs, const tsg_u16* B,
-    long long b_rs, long long b_cs, tsg_u16* C, long long ldc, long long K, long long mt,
+    long long b_rs, long long b_cs, TC* C, long long ldc, long long K, long long mt,
     long long nt, bool a_vec, bool b_vec) {
   enum { WTM = BM / WM, WTN = BN / WN, MI = WTM / 16, NI = WTN / 8,
          AW = AMN ? BM : BK, BW = BKN ? BK : BN, ASZ = BM * BK, BSZ = BK * BN };
@@ -80,14 +90,14 @@ __device__ __forceinline__ void tsg_gemm_mma_body(
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int r = wm * WTM + i * 16 + g + 8 * (q >> 1), c = wn * WTN + j * 8 + 2 * t + (q & 1);
-        if (r < mt && c < nt) C[r * ldc + c] = tsg_dt<DT>::out(acc[i][j][q]);
+        if (r < mt && c < nt) C[r * ldc + c] = tsg_mma_out<TC, DT>::cvt(acc[i][j][q]);
       }
 }
 
-template <int DT, int BM, int BN, int BK, int NT, int WM, int WN, int ST>
+template <int DT, int BM, int BN, int BK, int NT, int WM, int WN, int ST, typename TC>
 __device__ __forceinline__ void tsg_gemm_mma(const tsg_u16* A, long long a_rs, long long a_cs,
                                              const tsg_u16* B, long long b_rs, long long b_cs,
-                                             tsg_u16* C, long long ldc, long long K,
+                                             TC* C, long long ldc, long long K,
                                              long long mt, long long nt) {
   __shared__ tsg_u16 smem[ST * (BM * BK + BK * BN)] __attribute__((aligned(128)));
   /* each operand keeps its global layout in shared memory: the unit stride picks it */
@@ -97,8 +107,9 @@ __device__ __forceinline__ void tsg_gemm_mma(const tsg_u16* A, long long a_rs, l
   const bool b_vec = (bkn || b_cs == 1) && ((unsigned long long)B & 15) == 0 && b_ld % 8 == 0;
   __syncthreads();                     /* the previous call's last reads are done */
 #define TSG_BODY(am, bk)                                                                      \
-  tsg_gemm_mma_body<DT, BM, BN, BK, NT, WM, WN, ST, am, bk>(smem, A, a_rs, a_cs, B, b_rs, b_cs,  \
-                                                            C, ldc, K, mt, nt, a_vec, b_vec)
+  tsg_gemm_mma_body<DT, BM, BN, BK, NT, WM, WN, ST, am, bk, TC>(smem, A, a_rs, a_cs, B, b_rs,  \
+                                                                b_cs, C, ldc, K, mt, nt, a_vec,  \
+                                                                b_vec)
   if (amn) {
     if (bkn) TSG_BODY(true, true); else TSG_BODY(true, false);
   } else {

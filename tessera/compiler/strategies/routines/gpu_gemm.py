@@ -228,23 +228,31 @@ def simt_routine(lang: str, dtype: str, tile_m: int, tile_n: int, tile_k: int,
             f"{p['TM']}, {p['TN']}>")
     doc = (f"{tile_m}x{tile_n}x{tile_k} SIMT GEMM, {threads} threads of {p['TM']}x{p['TN']}, "
            f"{p['smem']} B shared")
-    wrapper = specialise(_WRAPPER, doc=doc, name=name, T=STORAGE[dtype], call=call)
+    wrapper = specialise(_WRAPPER, doc=doc, name=name, T=STORAGE[dtype], TC=STORAGE[dtype],
+                         call=call)
     return name, [COMMON[lang], _SIMT, wrapper]
 
 
 def mma_routine(dtype: str, tile_m: int, tile_n: int, tile_k: int,
-                threads: int) -> tuple[str, list[str]]:
-    """The CUDA tensor-core routine (f16/bf16 inputs and output, f32 accumulation, sm_80+)."""
+                threads: int, out: str | None = None) -> tuple[str, list[str]]:
+    """The CUDA tensor-core routine (f16/bf16 inputs, f32 accumulation, sm_80+); its output in
+    the inputs' dtype, or with ``out="f32"`` the f32 accumulator itself (a tile kernel's
+    ``acc += tile.mma(a, b)`` with an f32 accumulator)."""
+    if out not in (None, dtype, "f32"):
+        raise UnsupportedDTypeError(f"mma_routine writes {dtype} or f32, not {out}")
+    out = None if out == dtype else out
     check_lang_dtype("cuda", dtype, "mma_routine")
     if dtype not in ("f16", "bf16"):
         raise UnsupportedDTypeError(f"mma_routine: tensor cores take f16 or bf16, not {dtype}")
     tile_m, tile_n, tile_k, threads = int(tile_m), int(tile_n), int(tile_k), int(threads)
     p = mma_plan(dtype, tile_m, tile_n, tile_k, threads)
-    name = f"tsg_gemm_mma_{dtype}_{tile_m}x{tile_n}x{tile_k}_t{threads}"
+    name = f"tsg_gemm_mma_{dtype}_{tile_m}x{tile_n}x{tile_k}_t{threads}" + \
+        ("_f32out" if out else "")
+    tc = STORAGE["f32"] if out else STORAGE[dtype]
     call = (f"tsg_gemm_mma<{DT_CODE[dtype]}, {tile_m}, {tile_n}, {tile_k}, {threads}, "
-            f"{p['WM']}, {p['WN']}, {p['stages']}>")
+            f"{p['WM']}, {p['WN']}, {p['stages']}, {tc}>")
     doc = (f"{tile_m}x{tile_n}x{tile_k} tensor-core GEMM, {threads // 32} warps, "
            f"{p['WM']}x{p['WN']} of them computing, {p['stages']} stages, {p['smem']} B shared, "
            f"{p['accumulators']} f32 accumulators/thread")
-    wrapper = specialise(_WRAPPER, doc=doc, name=name, T=STORAGE[dtype], call=call)
+    wrapper = specialise(_WRAPPER, doc=doc, name=name, T=STORAGE[dtype], TC=tc, call=call)
     return name, [COMMON["cuda"], MMA_OPS, _MMA, wrapper]
