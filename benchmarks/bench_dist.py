@@ -95,6 +95,9 @@ def reference_step(params, x, y):
     return float(out[0]), out[1:]
 
 
+_REF: dict = {}                     # the float64 reference step, computed once
+
+
 def step_error(loss, new_params) -> tuple[float, float]:
     """(the loss' relative error, the largest over the parameters of |update - reference
     update| / |reference update| in the Frobenius norm; the update is lr x the gradient). The

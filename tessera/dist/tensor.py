@@ -28,7 +28,6 @@ import math
 import numpy as np
 
 from .. import dtypes as dt
-from .. import ops
 from ..errors import ShardingError, TesseraError, enrich
 from .collectives import redistribute
 from .engine import on_gpu

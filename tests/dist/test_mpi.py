@@ -184,7 +184,6 @@ def _hello_plain():
 
 def _pipeline_run(seed, micro_batches, n_stages=4):
     """A 4-stage tanh MLP trained through dist.Pipeline (stage s on rank s)."""
-    import tessera as ts
     from tessera import dist, op
     g = np.random.default_rng(seed)
     params = [{"w": g.standard_normal((8, 8)).astype(np.float32) * 0.5,
