@@ -885,8 +885,8 @@ class KernelFunction:
         try:
             ret = self.fn(*[ParamRef(t, p) for p in params])
             if t.broken is not None:
-                raise TracingError("a break in a tile.range_k loop: the loop is traced once and "
-                                   "runs for every k, so the break would be ignored",
+                raise TracingError("a break (or return) out of a tile.range_k loop: the loop is "
+                                   "traced once and runs for every k, so it would be ignored",
                                    location=t.broken,
                                    hint="narrow the loop's range instead (range_k's stop)")
             if ret is not None:
