@@ -198,19 +198,23 @@ def mlp_step_torch(t, w1, b1, w2, b2, w3, b3, x, y):
     return [loss.detach()] + [p.detach() - MLP_LR * g for p, g in zip(params, grads)]
 
 
+def mlp_loss_jax(ps, x, y):
+    """The MLP's cross-entropy in JAX (ps: w1, b1, w2, b2, w3, b3; relu between layers)."""
+    import jax
+    import jax.numpy as jnp
+    h = x
+    for i in range(0, 6, 2):
+        h = h @ ps[i] + ps[i + 1]
+        if i < 4:
+            h = jnp.maximum(h, 0)
+    logp = jax.nn.log_softmax(h)
+    return -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
+
+
 def mlp_step_jax(jnp, w1, b1, w2, b2, w3, b3, x, y):
     import jax
-
-    def loss_fn(ps):
-        h = x
-        for i in range(0, 6, 2):
-            h = h @ ps[i] + ps[i + 1]
-            if i < 4:
-                h = jnp.maximum(h, 0)
-        logp = jax.nn.log_softmax(h)
-        return -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
     ps = [w1, b1, w2, b2, w3, b3]
-    loss, grads = jax.value_and_grad(loss_fn)(ps)
+    loss, grads = jax.value_and_grad(lambda ps: mlp_loss_jax(ps, x, y))(ps)
     return [loss] + [p - MLP_LR * g for p, g in zip(ps, grads)]
 
 

@@ -343,17 +343,10 @@ def jax_child(cfg: dict, ranks, out_path: str):
     A, B = tp_inputs(cfg["tp_n"])
     flat = init_params()
 
-    def loss_fn(ps, xb, yb):
-        h = xb
-        for i in range(0, 6, 2):
-            h = h @ ps[i] + ps[i + 1]
-            if i < 4:
-                h = jnp.maximum(h, 0)
-        logp = jax.nn.log_softmax(h)
-        return -jnp.take_along_axis(logp, yb[:, None], axis=1).mean()
+    from .bench import mlp_loss_jax
 
     def local(ps, xb, yb):
-        loss, g = jax.value_and_grad(loss_fn)(ps, xb, yb)
+        loss, g = jax.value_and_grad(mlp_loss_jax)(ps, xb, yb)
         g = jax.lax.pmean(g, "dp")
         return jax.lax.pmean(loss, "dp"), [p - LR * gi for p, gi in zip(ps, g)]
 

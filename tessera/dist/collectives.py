@@ -20,20 +20,16 @@ from .layout import REDUCTIONS, at_user_line
 
 
 # ---- on blocks: {rank: ndarray} for the ranks this process holds --------------------------------
-def _members(mesh, axis):
-    return mesh.shape[axis]
-
-
 def gather_blocks(mesh, blocks, axis, dim):
     """Each member's block concatenated along ``dim`` in the axis' order."""
-    sends = {r: [b] * _members(mesh, axis) for r, b in blocks.items()}
+    sends = {r: [b] * mesh.shape[axis] for r, b in blocks.items()}
     got = mesh.engine.exchange(mesh, (axis,), sends)
     return {r: np.concatenate(got[r], axis=dim) for r in blocks}
 
 
 def reduce_blocks(mesh, blocks, axis, op):
     """Every member's block reduced elementwise (tree in rank order); every member gets it."""
-    p = _members(mesh, axis)
+    p = mesh.shape[axis]
     if p == 1:                          # one term: the tree is the term itself
         return {r: tree_reduce([b], op) for r, b in blocks.items()}
     if mesh.engine.name == "mpi" and not any(map(on_gpu, blocks.values())):
@@ -50,7 +46,7 @@ def reduce_blocks(mesh, blocks, axis, op):
 
 def reduce_scatter_blocks(mesh, blocks, axis, op, dim):
     """The members' blocks reduced, each member keeping its part of ``dim``."""
-    p = _members(mesh, axis)
+    p = mesh.shape[axis]
     sends = {r: np.split(b, p, axis=dim) for r, b in blocks.items()}
     got = mesh.engine.exchange(mesh, (axis,), sends)
     return {r: tree_reduce(got[r], op) for r in blocks}
@@ -59,7 +55,7 @@ def reduce_scatter_blocks(mesh, blocks, axis, op, dim):
 def all_to_all_blocks(mesh, blocks, axis, split_dim, concat_dim):
     """Split each block along ``split_dim``, member j getting part j; the parts received are
     concatenated along ``concat_dim`` in the axis' order."""
-    p = _members(mesh, axis)
+    p = mesh.shape[axis]
     sends = {r: np.split(b, p, axis=split_dim) for r, b in blocks.items()}
     got = mesh.engine.exchange(mesh, (axis,), sends)
     return {r: np.concatenate(got[r], axis=concat_dim) for r in blocks}
@@ -67,7 +63,7 @@ def all_to_all_blocks(mesh, blocks, axis, split_dim, concat_dim):
 
 def slice_blocks(mesh, blocks, axis, dim):
     """Each rank keeps its part of ``dim`` along ``axis`` (no communication)."""
-    p = _members(mesh, axis)
+    p = mesh.shape[axis]
     return {r: np.split(b, p, axis=dim)[mesh.coords(r)[axis]] for r, b in blocks.items()}
 
 

@@ -292,47 +292,38 @@ def local_attrs(name, attrs, out_layout, mesh) -> dict:
     return attrs
 
 
-def _elementwise(name, xs, out_type):
-    rank = len(out_type.shape)
-    out_dims = [()] * rank
-    used = set()
-    for x in xs:                           # the first operand that splits a dimension decides
-        off = rank - x.ndim
-        for d, axes in enumerate(x.layout.dims):
-            if axes and x.shape[d] == out_type.shape[off + d] and not out_dims[off + d] and \
-                    not used & set(axes):
-                out_dims[off + d] = axes
-                used |= set(axes)
-    partial = _elementwise_partial(name, xs)
-    need = []
-    for x in xs:
-        off = rank - x.ndim
-        dims = tuple(out_dims[off + d] if x.shape[d] == out_type.shape[off + d] else ()
-                     for d in range(x.ndim))
-        need.append(Layout(dims, tuple(sorted(partial.items())) if x.layout.partial else ()))
-    return need, Layout(tuple(out_dims), tuple(sorted(partial.items())))
-
-
-def _batched(xs, out_type, core):
-    """An operator over the last ``core`` dimensions, batched over the others (attention: heads
-    and batch split, sequence and features whole)."""
-    rank = len(out_type.shape)
+def _broadcast(xs, out_shape, core=0):
+    """The result's splits over its broadcast dimensions (all but the last ``core``: the first
+    operand splitting a dimension decides, an axis used once), and each operand's (a dimension
+    it broadcasts from size 1, or a core one, whole)."""
+    rank = len(out_shape)
     out_dims, used = [()] * rank, set()
     for x in xs:
         off = rank - x.ndim
         for d in range(max(0, x.ndim - core)):
             axes = x.layout.dims[d]
-            if axes and x.shape[d] == out_type.shape[off + d] and not out_dims[off + d] and \
+            if axes and x.shape[d] == out_shape[off + d] and not out_dims[off + d] and \
                     not used & set(axes):
                 out_dims[off + d] = axes
                 used |= set(axes)
-    need = []
-    for x in xs:
-        off = rank - x.ndim
-        dims = [out_dims[off + d] if d < x.ndim - core and x.shape[d] == out_type.shape[off + d]
-                else () for d in range(x.ndim)]
-        need.append(Layout(tuple(dims)))
-    return need, Layout(tuple(out_dims))
+    each = [tuple(out_dims[rank - x.ndim + d]
+                  if d < x.ndim - core and x.shape[d] == out_shape[rank - x.ndim + d] else ()
+                  for d in range(x.ndim)) for x in xs]
+    return tuple(out_dims), each
+
+
+def _elementwise(name, xs, out_type):
+    out_dims, each = _broadcast(xs, out_type.shape)
+    partial = tuple(sorted(_elementwise_partial(name, xs).items()))
+    return ([Layout(dims, partial if x.layout.partial else ()) for x, dims in zip(xs, each)],
+            Layout(out_dims, partial))
+
+
+def _batched(xs, out_type, core):
+    """An operator over the last ``core`` dimensions, batched over the others (attention: heads
+    and batch split, sequence and features whole)."""
+    out_dims, each = _broadcast(xs, out_type.shape, core)
+    return [Layout(dims) for dims in each], Layout(out_dims)
 
 
 def _elementwise_partial(name, xs):

@@ -173,7 +173,7 @@ def sharded_drawing(plan, title=None) -> Drawing:
         box_of[(p.id, plan.layouts[p.id])] = f"p{k}"
         d.boxes.append(Box(f"p{k}", "param", [(f"%{p.param_name}", "head"),
                                               (plan.type_of(p), "attr")]))
-    c = 0
+    c, index = 0, {id(n): j for j, n in enumerate(graph.nodes)}
     for it in plan.items:
         if isinstance(it, Collective):
             lines = [(" then ".join(kind for kind, _, _ in it.steps), "head")]
@@ -187,7 +187,7 @@ def sharded_drawing(plan, title=None) -> Drawing:
             box_of[(it.src.id, it.after)] = f"c{c}"
             c += 1
             continue
-        j = graph.nodes.index(it)
+        j = index[id(it)]
         d.boxes.append(Box(f"n{j}", "const" if it.op == "const" else "op",
                            _node_lines(it, names)))
         for (vid, lay), v in zip(plan.reads.get(id(it), []), it.inputs):
