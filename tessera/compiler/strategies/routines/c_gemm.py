@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from . import routine_text, specialise
 
-MR = 6                         # micro-tile rows; columns are two vectors (NR = 2 * lanes)
-DEFAULT_TILE = {"f32": (256, 512, 256), "f64": (128, 256, 256)}    # rows, cols per task; K block
+MR = 6                         # micro-tile rows as the tiling heuristics count them (the C
+                               # micro-kernel has its own per ISA: gemm_isa.h)
+DEFAULT_TILE = {"f32": (512, 512, 256), "f64": (128, 256, 256)}    # rows, cols per task; K block
 MIN_TASKS = 8                  # split smaller products finer, so both cores get work
 
 # the chunks: ISA macros (plain C), per-thread scratch memory and the routine ({S}: f32 or f64,

@@ -1,9 +1,15 @@
-#define TS_NR_{S} (2 * TS_VL_{S})
+#define TS_NR_{S} (TS_NV * TS_VL_{S})
 /* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. */
 static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int64_t csa,
                           {T}* pa) {
   for (int64_t ir = 0; ir < mc; ir += TS_MR, pa += TS_MR * kc) {
     int64_t m = mc - ir < TS_MR ? mc - ir : TS_MR;
+    if (m == TS_MR) {                  /* whole micro-panels: no test per element */
+      for (int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 16
+        for (int r = 0; r < TS_MR; ++r) pa[k * TS_MR + r] = A[(ir + r) * rsa + k * csa];
+      continue;
+    }
     for (int64_t k = 0; k < kc; ++k)
       for (int64_t r = 0; r < TS_MR; ++r)
         pa[k * TS_MR + r] = r < m ? A[(ir + r) * rsa + k * csa] : ({T})0;
@@ -27,10 +33,10 @@ static void ts_pack_b_{S}(int64_t kc, int64_t nc, const {T}* B, int64_t rsb, int
   }
 }
 
-/* C[0:m, 0:n] (+)= a-panel @ b-panel over kc: MR x NR accumulators in registers. */
+/* C[0:m, 0:n] (+)= a-panel @ b-panel over kc: MR x NV vector accumulators in registers. */
 static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict b,
                          {T}* restrict c, int64_t ldc, int64_t m, int64_t n, int first) {
-  ts_v_{S} c0[TS_MR], c1[TS_MR];
+  ts_v_{S} acc[TS_MR][TS_NV];
   {T} edge[TS_MR * TS_NR_{S}];
   int full = m == TS_MR && n == TS_NR_{S};
   {T}* src = c;
@@ -43,23 +49,26 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
     src = edge;
     ld = TS_NR_{S};
   }
-  for (int r = 0; r < TS_MR; ++r) {
-    c0[r] = first ? ts_vzero_{S}() : ts_vload_{S}(src + r * ld);
-    c1[r] = first ? ts_vzero_{S}() : ts_vload_{S}(src + r * ld + TS_VL_{S});
-  }
+#pragma GCC unroll 16
+  for (int r = 0; r < TS_MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < TS_NV; ++v)
+      acc[r][v] = first ? ts_vzero_{S}() : ts_vload_{S}(src + r * ld + v * TS_VL_{S});
   for (int64_t k = 0; k < kc; ++k) {
-    ts_v_{S} b0 = ts_vload_{S}(b + k * TS_NR_{S});
-    ts_v_{S} b1 = ts_vload_{S}(b + k * TS_NR_{S} + TS_VL_{S});
+    ts_v_{S} bv[TS_NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < TS_NV; ++v) bv[v] = ts_vload_{S}(b + k * TS_NR_{S} + v * TS_VL_{S});
+#pragma GCC unroll 16
     for (int r = 0; r < TS_MR; ++r) {
       ts_v_{S} ar = ts_vset1_{S}(a[k * TS_MR + r]);
-      c0[r] = ts_vfma_{S}(ar, b0, c0[r]);
-      c1[r] = ts_vfma_{S}(ar, b1, c1[r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < TS_NV; ++v) acc[r][v] = ts_vfma_{S}(ar, bv[v], acc[r][v]);
     }
   }
-  for (int r = 0; r < TS_MR; ++r) {
-    ts_vstore_{S}(src + r * ld, c0[r]);
-    ts_vstore_{S}(src + r * ld + TS_VL_{S}, c1[r]);
-  }
+#pragma GCC unroll 16
+  for (int r = 0; r < TS_MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < TS_NV; ++v) ts_vstore_{S}(src + r * ld + v * TS_VL_{S}, acc[r][v]);
   if (!full)
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = edge[r * TS_NR_{S} + j];

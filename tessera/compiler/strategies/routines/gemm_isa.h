@@ -1,9 +1,17 @@
 #include <stdlib.h>
 #include <string.h>
+/* One micro-kernel shape per instruction set: TS_MR rows of A broadcast against TS_NV vectors
+   of B's columns, TS_MR * TS_NV accumulators in registers (f32: AVX-512 8 x 32 in 16 of its 32
+   registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32). The shape only decides which
+   chains run side by side: every element is the same fma chain over k, so the same bits. */
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 #if defined(__AVX512F__)
+#define TS_MR 8
+#define TS_NV 2
 #define TS_VL_f32 16
 #define TS_VL_f64 8
 typedef __m512 ts_v_f32;
@@ -19,6 +27,8 @@ typedef __m512d ts_v_f64;
 #define ts_vfma_f64(a, b, c) _mm512_fmadd_pd(a, b, c)
 #define ts_vzero_f64() _mm512_setzero_pd()
 #elif defined(__AVX2__) && defined(__FMA__)
+#define TS_MR 6
+#define TS_NV 2
 #define TS_VL_f32 8
 #define TS_VL_f64 4
 typedef __m256 ts_v_f32;
@@ -33,7 +43,26 @@ typedef __m256d ts_v_f64;
 #define ts_vset1_f64(x) _mm256_set1_pd(x)
 #define ts_vfma_f64(a, b, c) _mm256_fmadd_pd(a, b, c)
 #define ts_vzero_f64() _mm256_setzero_pd()
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define TS_MR 8
+#define TS_NV 3
+#define TS_VL_f32 4
+#define TS_VL_f64 2
+typedef float32x4_t ts_v_f32;
+typedef float64x2_t ts_v_f64;
+#define ts_vload_f32(p) vld1q_f32(p)
+#define ts_vstore_f32(p, v) vst1q_f32(p, v)
+#define ts_vset1_f32(x) vdupq_n_f32(x)
+#define ts_vfma_f32(a, b, c) vfmaq_f32(c, a, b)
+#define ts_vzero_f32() vdupq_n_f32(0.0f)
+#define ts_vload_f64(p) vld1q_f64(p)
+#define ts_vstore_f64(p, v) vst1q_f64(p, v)
+#define ts_vset1_f64(x) vdupq_n_f64(x)
+#define ts_vfma_f64(a, b, c) vfmaq_f64(c, a, b)
+#define ts_vzero_f64() vdupq_n_f64(0.0)
 #else
+#define TS_MR 6
+#define TS_NV 2
 #define TS_VL_f32 1
 #define TS_VL_f64 1
 typedef float ts_v_f32;
@@ -49,4 +78,3 @@ typedef double ts_v_f64;
 #define ts_vfma_f64(a, b, c) fma(a, b, c)
 #define ts_vzero_f64() 0.0
 #endif
-#define TS_MR 6
