@@ -5,7 +5,7 @@ from . import dtypes, errors, op  # noqa: E402
 from . import graph  # noqa: E402
 from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: E402
                      float64, int32, int64)
-from .dtypes import bf16, f16, f32, f64, fp8, fp8_e4m3, fp8_e5m2  # noqa: E402  (the seeds')
+from .dtypes import bf16, f16, f32, f64, fp8, fp8_e4m3, fp8_e5m2, i32, i64  # noqa: E402  (seeds')
 from .numerics import NumericalPolicy, policy  # noqa: E402
 from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
                      CompilerNotFoundError, DifferentiationError, DTypeError,
@@ -60,6 +60,7 @@ __all__ = [
     "DifferentiationError", "GradientCheckError",
     "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
     "float8_e4m3fn", "float8_e5m2", "f16", "bf16", "f32", "f64", "fp8", "fp8_e4m3", "fp8_e5m2",
+    "i32", "i64",
     "NumericalPolicy", "policy", "to_mixed_precision", "from_dlpack", "to_torch", "from_torch",
     "from_jax", "migrate", "onnx", "prob", "mcmc", "probabilistic", "variational", "elbo", "load",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",

@@ -127,6 +127,7 @@ complex128 = DType("complex128", "c128", "c", 16, "", "float64")
 
 # the seeds' short names (fp8: the e4m3fn format, the usual one for weights and activations)
 f16, bf16, f32, f64 = float16, bfloat16, float32, float64
+i32, i64 = int32, int64
 fp8 = fp8_e4m3 = float8_e4m3fn
 fp8_e5m2 = float8_e5m2
 

@@ -9,6 +9,7 @@
     tile.max / sum / min(x, axis=-1, keepdim=False)    in index order
     tile.exp(x), tile.where(c, a, b), + - * / ...      any elementwise operator of the registry
     tile.store(C, acc, offset=None)
+    tile.atomic_add(H, tile, offset=None) / (H, value, index=idx)   integers only
     tile.program_id(axis), tile.num_programs(axis)
 
 Called outside a kernel's body they raise a TracingError.
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 from . import dtypes as _dt
 from . import tiles as _t
-from .errors import DTypeError as _DTypeError
 from .ops import registry as _R
-from .trace import user_location as _where
 
 load = _t.load
 load_partition = _t.load_partition
@@ -59,18 +58,13 @@ def sum(x, axis=-1, keepdim=False):          # noqa: A001
     return _t.reduce("sum", x, axis, keepdim)
 
 
-def atomic_add(x, value, offset=None):
-    """Not available: floating-point atomics would make results depend on the order threads
-    arrive in (the numerics contract forbids it), and integer atomics are not built yet."""
-    v = _t.as_value(value)
-    d = v.dtype if v is not None else _dt.get(type(value))
-    if d.is_float:
-        raise _DTypeError("tile.atomic_add of floats: the sum would depend on the order the "
-                          "programs arrive in, and Tessera's results never do",
-                          location=_where(),
-                          hint="reduce within a program (tile.sum), or store partial results "
-                               "and sum them in a second kernel")
-    raise _DTypeError("tile.atomic_add of integers is not supported yet", location=_where())
+def atomic_add(x, value, offset=None, index=None):
+    """`tile.atomic_add(H, tile)` adds a tile into H's block (placed as tile.store places it),
+    `tile.atomic_add(H, 1, index=idx)` adds into H[idx[e]] for every valid element e (a
+    histogram). Every program adds into H, which starts from the caller's values (in-out).
+    Integers only (int32, int64): floating-point atomics would make results depend on the order
+    the programs arrive in, which the numerics contract forbids."""
+    return _t.atomic_add(x, value, offset=offset, index=index)
 
 
 def __getattr__(name):

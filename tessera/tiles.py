@@ -30,7 +30,8 @@ import threading
 from dataclasses import dataclass, field
 
 from . import dtypes as dt
-from .errors import ArgumentError, DTypeError, ShapeError, TesseraError, TracingError
+from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, TesseraError,
+                     TracingError)
 from .trace import user_location
 from .types import TensorSpec
 
@@ -201,7 +202,7 @@ class KernelBody:
         self.params = params                     # Param, in the signature's order
         self.stmts: list = []
         self.knobs: list = []                    # the knobs the body uses, in KNOBS order
-        self.output = None                       # ("store", param name) or ("return", Value)
+        self.output = None                       # ("store" or "atomic", param name), ("return", Value)
         self.out_dtype = None                    # a returned tile's stored dtype, if annotated
         self.n = 0
         self.updated: set = set()                # ids of values updated in place
@@ -683,12 +684,76 @@ def store(x, value, *, offset=None):
         raise TracingError("tile.store inside a tile.range_k loop", location=user_location(),
                            hint="accumulate in the loop, store once after it")
     if t.body.output is not None:
-        raise TracingError("a tile kernel has one output: a second tile.store or a store "
-                           "beside a return", location=user_location())
+        raise TracingError("a tile kernel has one output: a second tile.store, or a store "
+                           "beside a return or an atomic_add", location=user_location())
     p.written = True
     t.body.output = ("store", p.name)
     t.emit("store", None, (v,), {"param": p.name,
                                  "offsets": _offsets(offset, len(p.dims), "tile.store")})
+
+
+ATOMIC_DTYPES = (dt.int32, dt.int64)     # the widths GPUs add atomically
+
+
+def atomic_add(x, value, *, offset=None, index=None):
+    """x[block] += value (a tile of x's rank, placed as tile.store places it), or with
+    `index=`: x[index[e]] += value[e] for every valid element e of an integer tile (x of rank
+    1; value a tile of index's shape or a number). Every program adds into x, which starts
+    from the caller's values. Integers only: their sums do not depend on the order the
+    programs arrive in."""
+    t = tracer()
+    p = _check_param(x, "tile.atomic_add")._p
+    v, iv = as_value(value), None
+    vd = v.dtype if v is not None else dt.get(type(value)) if _is_number(value) else None
+    if vd is None:
+        raise ArgumentError(f"tile.atomic_add into {p.name} takes a tile or a number, not "
+                            f"{value!r}", location=user_location())
+    if p.dtype.is_float or vd.is_float:
+        raise DTypeError("tile.atomic_add of floats: the sum would depend on the order the "
+                         "programs arrive in, and Tessera's results never do",
+                         location=user_location(),
+                         hint="reduce within a program (tile.sum), or store partial results "
+                              "and sum them in a second kernel")
+    if p.dtype not in ATOMIC_DTYPES:
+        raise DTypeError(f"tile.atomic_add into {p.name} ({p.dtype.name}): atomics add int32 "
+                         f"or int64", location=user_location(),
+                         hint="count into an int32 or int64 array")
+    if index is not None:
+        iv = as_value(index)
+        if iv is None or iv.dtype.is_float or iv.dtype.is_bool:
+            raise ArgumentError("tile.atomic_add's index is a tile of integers",
+                                location=user_location(), received=repr(index))
+        if len(p.dims) != 1:
+            raise ShapeError(f"tile.atomic_add with index= adds into a rank-1 parameter; "
+                             f"{p.name} has rank {len(p.dims)}", location=user_location())
+        if offset is not None:
+            raise ArgumentError("tile.atomic_add takes offset= or index=, not both",
+                                location=user_location())
+        if v is not None and v.shape != iv.shape:
+            raise ShapeError("tile.atomic_add: the values' tile and the index tile differ in "
+                             "shape", location=user_location(),
+                             received=f"{_type(v)} at {_type(iv)}")
+    elif v is None:
+        raise ArgumentError(f"tile.atomic_add of a number into {p.name} needs index= (the "
+                            f"elements to add it to)", location=user_location(),
+                            hint="or add a tile: tile.full(shape, value, dtype)")
+    elif len(v.shape) != len(p.dims):
+        raise ShapeError(f"tile.atomic_add of a rank-{len(v.shape)} tile into {p.name} "
+                         f"(rank {len(p.dims)})", location=user_location(), received=_type(v),
+                         expected=f"Tile[{', '.join(p.dims)}]")
+    if t.body.output is not None and t.body.output != ("atomic", p.name):
+        raise TracingError("a tile kernel has one output: tile.atomic_add into "
+                           f"{p.name} beside another store, return or atomic_add",
+                           location=user_location())
+    p.read = p.written = True          # the adds start from the caller's values
+    t.body.output = ("atomic", p.name)
+    t.emit("atomic", None, (v if v is not None else value, iv),
+           {"param": p.name, "offsets": _offsets(offset, len(p.dims), "tile.atomic_add")})
+
+
+def _is_number(x) -> bool:
+    from .ops.registry import is_scalar
+    return is_scalar(x) and not isinstance(x, bool)
 
 
 class RangeK:
@@ -747,6 +812,11 @@ def resolve(body: KernelBody):
         raise TracingError(f"tile kernel {body.name} neither stores into a parameter nor "
                            "returns a tile", hint="end it with tile.store(C, acc) or "
                                                   "return a tile")
+    if kind == "atomic":
+        body.grid = _load_grid(body)
+        _place_loads(body)
+        _place_atomics(body)
+        return
     if kind == "store":
         st = next(s for s in body.stmts if s.kind == "store")
         v, dims, offsets = st.args[0], body.param(what).dims, st.attrs["offsets"]
@@ -781,7 +851,42 @@ def resolve(body: KernelBody):
                          received=" x ".join(map(str, dims)),
                          hint="give the output's axes different dimension names")
     body.grid = grid
-    gridded = {d: s for d, s in grid if s is not None}
+    _place_loads(body)
+
+
+def _load_grid(body) -> list:
+    """An atomic kernel's grid: the axes its loads take in blocks (neither whole nor streamed
+    by load_partition), in the order the body first loads them."""
+    grid = []
+    for st in _all(body.stmts):
+        if st.kind != "load" or st.attrs["offsets"] is not None or st.out.kind == "stream":
+            continue
+        for d, s in zip(body.param(st.attrs["param"]).dims, st.out.shape):
+            if not (s.op == "dim" and s.args[0] == d) and d not in [g for g, _ in grid]:
+                grid.append((d, s))
+    return grid
+
+
+def _place_atomics(body):
+    """A block atomic_add is placed as a store is: along an axis the grid walks, at the
+    program's block (the tile must be that block); along any other, at 0 (or offset=)."""
+    gridded = {d: s for d, s in body.grid}
+    for st in _all(body.stmts):
+        if st.kind != "atomic" or st.args[1] is not None or st.attrs["offsets"] is not None:
+            continue
+        p, v = body.param(st.attrs["param"]), st.args[0]
+        for i, (d, s) in enumerate(zip(p.dims, v.shape)):
+            if d in gridded and gridded[d] != s:
+                raise ShapeError(f"tile.atomic_add into {p.name}: the grid walks {d} in blocks "
+                                 f"of {gridded[d]}, the tile's axis {i} is {s}",
+                                 location=st.loc, received=_type(v),
+                                 hint=f"add a tile of the program's block of {d}, or place it "
+                                      f"with offset=")
+
+
+def _place_loads(body):
+    """Each load's placement against the grid (attrs["place"])."""
+    gridded = {d: s for d, s in body.grid if s is not None}
     for st in _all(body.stmts):
         if st.kind != "load":
             continue
@@ -949,7 +1054,7 @@ class KernelFunction:
                                      location=user_location())
             dtypes.append(d)
         body = self.body(dtypes)
-        if body.output[0] == "store":
+        if body.output[0] != "return":
             out = self._output_arg(body, args)
             if isinstance(out, np.ndarray) and not out.flags.writeable:
                 raise ArgumentError(f"output {body.output[1]!r} of {self.name} is read-only",
@@ -992,7 +1097,7 @@ class KernelFunction:
     def __call__(self, *args, target=None):
         body = self._check(args)
         result = self.function(body, target)(*args)
-        if body.output[0] == "store":
+        if body.output[0] != "return":
             out = self._output_arg(body, args)
             if hasattr(result, "get") and not hasattr(out, "get"):    # a GPU's result, a
                 result = result.get()                                   # NumPy output
@@ -1077,7 +1182,7 @@ def interpret(body: KernelBody, arrays, knobs=None):
     grid = [1 if b is None else -(-dims[d] // size(b)) for d, b in body.grid]
     named = dict(zip([p.name for p in body.params], arrays))
     kind, what = body.output
-    if kind == "store":
+    if kind in ("store", "atomic"):
         dst = np.array(named[what])         # what no program stores keeps the caller's values
         out_dims = body.param(what).dims
     else:
@@ -1181,15 +1286,37 @@ def interpret(body: KernelBody, arrays, knobs=None):
                     for kk in range(start, stop, step):
                         vars_[st.attrs["var"]] = kk
                         run(st.body)
-                elif st.kind in ("store", "return"):
+                elif st.kind == "atomic" and st.args[1] is not None:
+                    add_at(st)
+                elif st.kind in ("store", "return", "atomic"):
                     x = env[st.args[0].id]
                     offs = [ix(o) for o in st.attrs["offsets"]] if st.attrs.get("offsets") \
                         else [at.get(d, 0) for d in out_dims]
                     lo = [max(0, -o) for o in offs]
                     hi = [max(0, min(s, E - o)) for s, E, o in zip(x.shape, dst.shape, offs)]
                     if all(a < b for a, b in zip(lo, hi)):
-                        dst[tuple(slice(o + a, o + b) for o, a, b in zip(offs, lo, hi))] = \
-                            x[tuple(slice(a, b) for a, b in zip(lo, hi))].astype(dst.dtype)
+                        into = tuple(slice(o + a, o + b) for o, a, b in zip(offs, lo, hi))
+                        part = x[tuple(slice(a, b) for a, b in zip(lo, hi))].astype(dst.dtype)
+                        if st.kind == "atomic":
+                            dst[into] += part
+                        else:
+                            dst[into] = part
+
+        def add_at(st):
+            """x[index[e]] += value[e] over the index tile's valid elements."""
+            value, index = st.args
+            idx = env[index.id]
+            n = valid.get(index.id, idx.shape)
+            keep = tuple(slice(0, m) for m in n)
+            idx = idx[keep].astype(np.int64).ravel()
+            vals = np.broadcast_to(val(value, dst.dtype), env[index.id].shape)[keep].ravel() \
+                if isinstance(value, Value) else np.full(idx.shape, value, dst.dtype)
+            bad = (idx < -len(dst)) | (idx >= len(dst))
+            if bad.any():
+                raise RuntimeFault(f"tile.atomic_add into {what}: index {idx[bad][0]} is out "
+                                   f"of range for {len(dst)} elements", location=st.loc,
+                                   hint="indices must lie in [-n, n) for an axis of size n")
+            np.add.at(dst, idx, vals.astype(dst.dtype))
         run(body.stmts)
     return dst
 

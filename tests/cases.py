@@ -144,8 +144,9 @@ def registry_cases(rng):
     return cases
 
 
-# tile kernels (@ts.kernel) the tests share: a float32 matmul with the bare range_k loop and the
-# seeds' safe_softmax (tests/frontend/test_tile_kernels.py holds the seeds' texts as written)
+# tile kernels (@ts.kernel) the tests share: a float32 matmul with the bare range_k loop, the
+# seeds' safe_softmax (tests/frontend/test_tile_kernels.py holds their texts as written) and two
+# kernels of integer atomics
 @ts.kernel
 def tile_matmul(A: Tile["M", "K", dt.float32], B: Tile["K", "N", dt.float32],
                 C: Tile["M", "N", dt.float32]):
@@ -162,6 +163,21 @@ def tile_matmul(A: Tile["M", "K", dt.float32], B: Tile["K", "N", dt.float32],
 def tile_softmax(x: Tile["R", "C"]) -> Tile["R", "C"]:
     e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
     return e / tile.sum(e, axis=-1, keepdim=True)
+
+
+@ts.kernel
+def tile_histogram(x: Tile["N"], counts: Tile["B"]):
+    """counts[x[i]] += 1 for every i: integer atomics, from blocks of x."""
+    ctx = tile.context()
+    tile.atomic_add(counts, 1, index=tile.load(x, shape=(ctx.BM,)))
+
+
+@ts.kernel
+def tile_column_sums(x: Tile["R", "C"], total: Tile["One", "C"]):
+    """total += the column sums of x: each program's block summed, then added atomically."""
+    ctx = tile.context()
+    xb = tile.load(x, shape=(ctx.BM, ctx.C))
+    tile.atomic_add(total, tile.sum(xb, axis=0, keepdim=True))
 
 
 def strategy_cases(rng):
@@ -210,6 +226,11 @@ def strategy_cases(rng):
     # a user's tile kernel (tile_program, its own strategy; tests/frontend/test_tile_kernels.py)
     body = tile_softmax.body([dt.float32])
     cases["tile_program-f32"] = (lambda x: apply("tile_program", [x], kernel=body), [u(7, 33)])
+    for d in (np.int32, np.int64):
+        hist = tile_histogram.body([dt.get(d)] * 2)
+        cases[f"tile_program-atomic-{dt.get(d).short}"] = (
+            lambda x, c, hist=hist: apply("tile_program", [x, c], kernel=hist),
+            [rng.integers(0, 9, 100).astype(d), np.zeros(9, d)])
     # control flow: region steps around their bodies' kernels
     cases["fori_loop-f32"] = (lambda x, w: ts.fori_loop(0, 4, lambda i, c: c * 0.5 + w[i], x),
                           [u(6), u(4, 6)])

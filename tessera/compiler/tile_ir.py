@@ -269,6 +269,19 @@ class Store(Stmt):
 
 
 @dataclass
+class AtomicAdd(Stmt):
+    """buf[index] += value, atomically: integers only (a tile kernel's tile.atomic_add), whose
+    sums do not depend on the order threads arrive in."""
+    exprs = ("index", "value")
+    buf: str
+    index: Expr
+    value: Expr
+
+    def head(self) -> str:
+        return f"atomic {self.buf}[{self.index}] += {self.value}"
+
+
+@dataclass
 class VecLoad(Stmt):
     """Declares `name`, `lanes` consecutive elements buf[index], buf[index + 1], ... read in
     one access (index a multiple of lanes, buf aligned to the whole access); lane l is read as
@@ -537,7 +550,7 @@ class TileKernel:
                     if s.name not in scope:
                         raise IRVerificationError(f"{self.name}: assigns undeclared {s.name}")
                     _check_expr(s.value, scope, names, self.name)
-                elif isinstance(s, Store):
+                elif isinstance(s, (Store, AtomicAdd)):
                     if s.buf not in outs:
                         raise IRVerificationError(f"{self.name}: stores to {s.buf}, not an output")
                     if isinstance(s.index, Const) and not 0 <= s.index.value < sizes[s.buf]:

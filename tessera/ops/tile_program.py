@@ -27,7 +27,7 @@ def _infer(types, attrs):
         raise ShapeError(f"tile kernel {body.name} takes {len(body.params)} operands, "
                          f"got {len(types)}")
     kind, what = body.output
-    if kind == "store":
+    if kind in ("store", "atomic"):
         i = [p.name for p in body.params].index(what)
         return types[i]
     dims = sizes(body, types)

@@ -10,6 +10,7 @@ import tessera as ts
 from tessera import Tile, bf16, f32, tile
 from tessera.errors import ArgumentError, DTypeError, ShapeError, TracingError
 
+from cases import tile_column_sums, tile_histogram
 from cases import tile_matmul as matmul_f32
 from conftest import assert_within_dot_bound
 
@@ -453,3 +454,73 @@ def test_the_return_annotation_is_checked_and_names_the_stored_dtype(rng):
     # rounded once from the float32 result
     np.testing.assert_array_equal(y, safe_softmax(x).astype(bf16.np))
     assert ts.interpret(softmax_bf16.as_function(), x).dtype == bf16.np
+
+
+# ---- integer atomics ----------------------------------------------------------------------------
+@pytest.mark.parametrize("n,bins", [(1, 1), (7, 3), (1000, 37), (4099, 256)])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_a_histogram_by_atomic_adds_is_numpys(rng, n, bins, dtype):
+    x = rng.integers(0, bins, n).astype(dtype)
+    start = rng.integers(-5, 5, bins).astype(dtype)      # the adds start from these (in-out)
+    counts = start.copy()
+    assert tile_histogram(x, counts) is counts
+    np.testing.assert_array_equal(counts, start + np.bincount(x, minlength=bins))
+    # any block size, threads or not: the same integers
+    for block, parallel in [((16, 16, 16), True), ((128, 16, 16), False)]:
+        k = ts.kernel(tile_histogram.fn, schedule=ts.Schedule(block=block, parallel=parallel))
+        np.testing.assert_array_equal(k(x, start.copy()), counts)
+    # negative indices count from the end, as NumPy's add.at
+    counts = start.copy()
+    tile_histogram(x - bins, counts)
+    np.testing.assert_array_equal(counts, start + np.bincount(x, minlength=bins))
+
+
+def test_block_atomic_adds_and_the_interpreter(rng):
+    x = rng.integers(-1000, 1000, (301, 13)).astype(np.int64)
+    total = rng.integers(-9, 9, (1, 13)).astype(np.int64)
+    want = total + x.sum(0, keepdims=True)
+    np.testing.assert_array_equal(tile_column_sums(x, total.copy()), want)
+    body = tile_column_sums.body([ts.int64, ts.int64])
+    np.testing.assert_array_equal(body.interpret([x, total.copy()], {"BM": 16}), want)
+    xs = rng.integers(0, 9, 50).astype(np.int32)
+    np.testing.assert_array_equal(
+        tile_histogram.body([ts.int32, ts.int32]).interpret([xs, np.zeros(9, np.int32)]),
+        np.bincount(xs, minlength=9))
+    # int32 sums wrap as C's and NumPy's do: the same bits whatever the order
+    big = np.full((64, 2), 2**30, np.int32)
+    got = tile_column_sums(big, np.zeros((1, 2), np.int32))
+    np.testing.assert_array_equal(got, big.sum(0, keepdims=True, dtype=np.int32))
+
+
+def test_atomic_mistakes_are_named_and_write_nothing():
+    counts = np.full(4, 7, np.int32)
+    with pytest.raises(ts.RuntimeFault, match="out of range") as e:
+        tile_histogram(np.array([1, 4, 2], np.int32), counts)
+    assert (counts == 7).all()
+    assert e.value.location.lineno > 0
+
+    def into_bool(x: Tile["N", ts.int32], m: Tile["N", ts.bool_]):
+        tile.atomic_add(m, tile.load(x), index=tile.load(x))
+
+    def beside_a_store(x: Tile["N", ts.int32], y: Tile["N", ts.int32]):
+        tile.store(y, tile.load(x))
+        tile.atomic_add(y, tile.load(x))
+
+    def a_number_without_index(x: Tile["N", ts.int32], y: Tile["N", ts.int32]):
+        tile.atomic_add(y, 1)
+
+    def index_into_a_matrix(x: Tile["N", ts.int32], y: Tile["N", "N", ts.int32]):
+        tile.atomic_add(y, 1, index=tile.load(x))
+
+    def float_index(x: Tile["N", f32], y: Tile["N", ts.int32]):
+        tile.atomic_add(y, 1, index=tile.load(x))
+    i = np.zeros(4, np.int32)
+    for fn, args, err, what in [
+            (into_bool, (i, np.zeros(4, bool)), DTypeError, "int32 or int64"),
+            (beside_a_store, (i, i.copy()), TracingError, "one output"),
+            (a_number_without_index, (i, i.copy()), ArgumentError, "needs index="),
+            (index_into_a_matrix, (i, np.zeros((4, 4), np.int32)), ShapeError, "rank-1"),
+            (float_index, (np.zeros(4, np.float32), i.copy()), ArgumentError, "integers")]:
+        with pytest.raises(err, match=what) as e:
+            ts.kernel(fn)(*args)
+        assert e.value.location.lineno == _line_of(fn, "tile.atomic_add")

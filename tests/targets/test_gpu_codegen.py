@@ -151,9 +151,13 @@ def test_no_floating_point_atomics_and_a_plain_status_store(programs):
     for target, progs in programs.items():
         src = one_unit(progs, target)
         assert not re.search(r"atomic\w*\s*\(\s*(\(\s*(float|double)\s*\*|&?\s*(out|t)\d)", src)
-        # the one atomic: a big whole-tensor reduction's ticket, an int of the workspace
+        # the atomics: a big whole-tensor reduction's ticket, an int of the workspace, and a
+        # tile kernel's integer atomic_add (into an int or unsigned long long)
         tickets = re.findall(r"atomic\w*\(([^,]*),", src)
-        assert tickets and all(re.fullmatch(r"ts_status \+ \d+", t) for t in tickets)
+        assert tickets and all(re.fullmatch(r"ts_status \+ \d+", t) or
+                               re.fullmatch(r"\((int|unsigned long long)\*\)\(out\d+ \+ .*\)", t)
+                               for t in tickets)
+        assert any(t.startswith("(unsigned long long*)") for t in tickets)
     take = render_cuda(programs["cuda"]["take-float32"])
     assert "*ts_status = 1;" in take and "int* ts_status)" in take
 

@@ -612,6 +612,22 @@ def test_tile_kernels_give_the_cpu_bits(rng, target):
     assert got.tobytes() == tile_softmax(x).tobytes()
 
 
+def test_integer_atomics_give_numpys_counts_in_any_order(rng, target):
+    """tile.atomic_add as atomicAdd (int32, and int64 through unsigned long long): the
+    emulator's reversed run adds in another order and must give the same integers."""
+    from cases import tile_column_sums, tile_histogram
+    for d in (np.int32, np.int64):
+        x = rng.integers(-40, 40, 1000).astype(d)
+        start = rng.integers(-5, 5, 40).astype(d)
+        got = run_twice(tile_histogram.lower(x, start, target=target), (x, start))[0]
+        np.testing.assert_array_equal(got, start + np.bincount(x % 40, minlength=40))
+    x = rng.integers(-1000, 1000, (301, 13)).astype(np.int64)
+    total = np.ones((1, 13), np.int64)
+    got = run_twice(tile_column_sums.lower(x, total, target=target), (x, total))[0]
+    np.testing.assert_array_equal(got, 1 + x.sum(0, keepdims=True))
+    assert "atomicAdd" in tile_column_sums.lower(x, total, target=target).target_code
+
+
 def test_a_bf16_tile_matmul_takes_the_tensor_cores_on_cuda(rng, target):
     """The seeds' matmul_kernel (bf16 operands, an f32 accumulator) on CUDA calls the
     tensor-core routine with an f32 output (the emulator runs its portable form): the f32

@@ -18,9 +18,9 @@ from ...errors import BackendUnavailableError, TesseraError
 from ...ops import registry as R
 from ...ops.tile_program import sizes
 from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
-from ..tile_ir import (Addr, Assign, Barrier, Bin, Call, Cast, Const, Decl, If, Load, Local,
-                       Loop, OpCall, Scratch, Select, Shared, Store, Var, idx_add, idx_mul,
-                       linear)
+from ..tile_ir import (Addr, Assign, AtomicAdd, Barrier, Bin, Call, Cast, CheckIndex, Const, Decl,
+                       If, Load, Local, Loop, OpCall, Scratch, Select, Shared, Store, Var,
+                       idx_add, idx_mul, linear)
 from .base import Strategy, register
 from .routines import gpu_gemm
 from .row import EXPENSIVE_FLOPS
@@ -416,12 +416,14 @@ class _Lower:
 
     # -- the program -----------------------------------------------------------------------------
     def keep_output(self) -> list:
-        """A store at explicit offsets may leave parts of the output to no program: those keep
-        the caller's values, copied into the output first (a grid loop on GPUs)."""
+        """A store at explicit offsets may leave parts of the output to no program, and atomic
+        adds start from the caller's values: those are copied into the output first (a grid
+        loop on GPUs)."""
+        kind, param = self.body.output
         st = next((s for s in self.body.stmts if s.kind == "store"), None)
-        if st is None or st.attrs["offsets"] is None:
+        if kind != "atomic" and (st is None or st.attrs["offsets"] is None):
             return []
-        src = self.bufs[st.attrs["param"]]
+        src = self.bufs[param]
         i = self.names("i")
         n = self.k.output.type.numel()
         kind = "grid" if self.gpu else "parallel+vector"
@@ -859,7 +861,7 @@ class _Lower:
         self._into = outer
         outer.append(Loop(it, trips.value if isinstance(trips, Const) else trips, "serial", body))
 
-    def _store_into(self, v, buf, place_dims, offsets):
+    def _store_into(self, v, buf, place_dims, offsets, atomic=False):
         shape = self.sz.shape(v)
         ext = buf.type.shape
         strides = contiguous(ext)
@@ -885,12 +887,35 @@ class _Lower:
             e = self.at(v, idx)
             if v.dtype != buf.type.dtype:
                 e = Cast(buf.type.dtype, e)
-            return [Store(buf.name, g, e)]
-        self.each(shape, [_span(lo, hi) for lo, hi in zip(los, his)], body, self._into)
+            return [AtomicAdd(buf.name, g, e) if atomic else Store(buf.name, g, e)]
+        self.each(shape, [_span(lo, hi) for lo, hi in zip(los, his)], body, self._into,
+                  vector=not atomic)
 
     def s_store(self, st):
         p = self.body.param(st.attrs["param"])
         self._store_into(st.args[0], self.k.output, p.dims, st.attrs["offsets"])
+
+    def s_atomic(self, st):
+        """tile.atomic_add: a block added where a store would write it, or each valid element
+        of an index tile's (a bad index reports the kernel's status code, as a gather's)."""
+        value, index = st.args
+        out = self.k.output
+        if index is None:
+            p = self.body.param(st.attrs["param"])
+            self._store_into(value, out, p.dims, st.attrs["offsets"], atomic=True)
+            return
+        d, n = out.type.dtype, out.type.shape[0]
+
+        def body(idx):
+            iv = self.names("ix")
+            if hasattr(value, "shape"):
+                add = self.at(value, idx)
+                add = add if value.dtype == d else Cast(d, add)
+            else:
+                add = Const(value, d)
+            return [Decl(iv, dt.int64, Cast(dt.int64, self.at(index, idx))),
+                    CheckIndex(iv, n, self.code), AtomicAdd(out.name, Var(iv), add)]
+        self.each(self.sz.shape(index), self.valid_of(index), body, self._into, vector=False)
 
     def s_return(self, st):
         v = st.args[0]

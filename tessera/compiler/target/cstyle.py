@@ -23,9 +23,9 @@ import math
 from ... import dtypes as dt
 from ...ops import registry as R
 from ..strategies.routines import narrow_conversions, specialise
-from ..tile_ir import (Addr, Aligned, Assign, Bin, Call, Cast, CheckIndex, Const, Decl, If, Load,
-                       Local, Loop, OpCall, Select, Shared, Store, TileKernel, TileProgram, Var,
-                       all_statements, walk_exprs)
+from ..tile_ir import (Addr, Aligned, Assign, AtomicAdd, Bin, Call, Cast, CheckIndex, Const, Decl,
+                       If, Load, Local, Loop, OpCall, Select, Shared, Store, TileKernel,
+                       TileProgram, Var, all_statements, walk_exprs)
 
 INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
               "bool": ("0", "1")}
@@ -220,6 +220,8 @@ class CStyleRenderer:
             out.append(f"{pad}{s.name} = {self.expr(s.value)};")
         elif isinstance(s, Store):
             out.append(f"{pad}{s.buf}[{self.expr(s.index)}] = {self.stored(s.buf, s.value)};")
+        elif isinstance(s, AtomicAdd):
+            out.extend(pad + line for line in self.atomic_add(s, k))
         elif isinstance(s, CheckIndex):
             out.append(f"{pad}if ({s.name} < 0) {s.name} += {s.extent};")
             out.append(f"{pad}if ({s.name} < 0 || {s.name} >= {s.extent}) {{")
@@ -228,6 +230,10 @@ class CStyleRenderer:
             out.append(pad + "}")
         else:
             raise TypeError(f"cannot render {s!r}")
+
+    def atomic_add(self, s, k: TileKernel) -> list[str]:
+        """An integer add into a parameter that other threads add into too (OpenMP's)."""
+        return ["#pragma omp atomic", f"{s.buf}[{self.expr(s.index)}] += {self.expr(s.value)};"]
 
     def flag_error(self, code: int) -> list[str]:
         return [f"ts_status = {code};"]

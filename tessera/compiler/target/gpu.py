@@ -95,6 +95,14 @@ class GpuRenderer(CStyleRenderer):
         self._halves = {**self._halves, **{s.name: s.dtype for s in all_statements(k.body)
                                            if isinstance(s, VecLoad) and s.dtype.is_narrow}}
 
+    def atomic_add(self, s, k: TileKernel) -> list[str]:
+        """atomicAdd: int32 as int, int64 through CUDA's unsigned long long overload (two's
+        complement: the same bits)."""
+        at, v = f"{s.buf} + ({self.expr(s.index)})", self.expr(s.value)
+        if self._dtypes[s.buf] == dt.int64:
+            return [f"atomicAdd((unsigned long long*)({at}), (unsigned long long)({v}));"]
+        return [f"atomicAdd((int*)({at}), (int)({v}));"]
+
     def block_reduce(self, s: BlockReduce, block: int) -> list[str]:
         """A shuffle-down tree in each warp (lane i combines lane i + o, o halving), then thread 0
         combines the warps' results in order; the result goes through scratch[warps] to every
