@@ -202,7 +202,7 @@ class KernelBody:
         self.params = params                     # Param, in the signature's order
         self.stmts: list = []
         self.knobs: list = []                    # the knobs the body uses, in KNOBS order
-        self.output = None                       # ("store" or "atomic", param name), ("return", Value)
+        self.output = None                       # ("store" | "atomic", param) or ("return", v)
         self.out_dtype = None                    # a returned tile's stored dtype, if annotated
         self.n = 0
         self.updated: set = set()                # ids of values updated in place
