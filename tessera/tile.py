@@ -3,7 +3,7 @@
     ctx = tile.context()                    the knobs (ctx.BM ...) and dimensions (ctx.K ...)
     a = tile.load(A, shape=(ctx.BM, ctx.BK), offset=None, other=0.0, prefetch=None)
     a_k = tile.load_partition(a, k)         a block of a streamed load, in a range_k loop
-    for k in tile.range_k(0, ctx.K, ctx.BK): ...
+    for k in tile.range_k(0, ctx.K, ctx.BK, stages=None): ...   (stages: GPU pipelining)
     acc = tile.zeros((ctx.BM, ctx.BN), dtype=f32);  tile.full(shape, value, dtype)
     acc += tile.mma(a_k, b_k)               one FMA chain per element over k, in order
     tile.max / sum / min(x, axis=-1, keepdim=False)    in index order
@@ -34,7 +34,9 @@ def context() -> _t.Context:
 
 
 def range_k(start, stop, step, stages=None):
-    """`for k in tile.range_k(0, ctx.K, ctx.BK)`: k = start, start + step, ... below stop."""
+    """`for k in tile.range_k(0, ctx.K, ctx.BK)`: k = start, start + step, ... below stop.
+    `stages=n` (default: the largest prefetch= of the loads it partitions): on GPUs each
+    partition is loaded n - 1 iterations ahead into a ring of n buffers; the same bits."""
     return _t.RangeK(start, stop, step, stages)
 
 

@@ -145,8 +145,8 @@ def registry_cases(rng):
 
 
 # tile kernels (@ts.kernel) the tests share: a float32 matmul with the bare range_k loop, the
-# seeds' safe_softmax (tests/frontend/test_tile_kernels.py holds their texts as written) and two
-# kernels of integer atomics
+# seeds' safe_softmax (tests/frontend/test_tile_kernels.py holds their texts as written), a matmul
+# whose loop is not the bare one, with 1, 2 or 3 stages, and two kernels of integer atomics
 @ts.kernel
 def tile_matmul(A: Tile["M", "K", dt.float32], B: Tile["K", "N", dt.float32],
                 C: Tile["M", "N", dt.float32]):
@@ -163,6 +163,24 @@ def tile_matmul(A: Tile["M", "K", dt.float32], B: Tile["K", "N", dt.float32],
 def tile_softmax(x: Tile["R", "C"]) -> Tile["R", "C"]:
     e = tile.exp(x - tile.max(x, axis=-1, keepdim=True))
     return e / tile.sum(e, axis=-1, keepdim=True)
+
+
+def _abs_matmul(stages):
+    def abs_matmul(A: Tile["M", "K", dt.float32], B: Tile["K", "N", dt.float32],
+                   C: Tile["M", "N", dt.float32]):
+        """|A| @ B: not the bare GEMM loop, so the kernel keeps its own partitions (on GPUs in
+        rings of `stages` buffers)."""
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK))
+        b = tile.load(B, shape=(ctx.BK, ctx.BN))
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK, stages=stages):
+            acc += tile.mma(tile.abs(tile.load_partition(a, k)), tile.load_partition(b, k))
+        tile.store(C, acc)
+    return ts.kernel(abs_matmul)
+
+
+tile_abs_matmul = {n: _abs_matmul(n) for n in (1, 2, 3)}      # by stages
 
 
 @ts.kernel
@@ -226,6 +244,9 @@ def strategy_cases(rng):
     # a user's tile kernel (tile_program, its own strategy; tests/frontend/test_tile_kernels.py)
     body = tile_softmax.body([dt.float32])
     cases["tile_program-f32"] = (lambda x: apply("tile_program", [x], kernel=body), [u(7, 33)])
+    piped = tile_abs_matmul[3].body([dt.float32] * 3)
+    cases["tile_program-stages"] = (lambda a, b, c: apply("tile_program", [a, b, c], kernel=piped),
+                                    [u(37, 75), u(75, 29), u(37, 29)])
     for d in (np.int32, np.int64):
         hist = tile_histogram.body([dt.get(d)] * 2)
         cases[f"tile_program-atomic-{dt.get(d).short}"] = (

@@ -456,6 +456,19 @@ def test_the_return_annotation_is_checked_and_names_the_stored_dtype(rng):
     assert ts.interpret(softmax_bf16.as_function(), x).dtype == bf16.np
 
 
+def test_stages_change_no_bit_and_nothing_on_the_cpu(rng):
+    """range_k's stages (and load's prefetch) pipeline the partitions on GPUs
+    (tests/targets/test_gpu_emulated.py); on the CPU the same program runs."""
+    from cases import tile_abs_matmul
+    A = rng.standard_normal((37, 75), dtype=np.float32)
+    B = rng.standard_normal((75, 29), dtype=np.float32)
+    want = tile_abs_matmul[1](A, B, np.zeros((37, 29), np.float32))
+    assert_within_dot_bound(want, np.abs(A), B)
+    for stages in (2, 3):
+        got = tile_abs_matmul[stages](A, B, np.zeros((37, 29), np.float32))
+        assert got.tobytes() == want.tobytes()
+
+
 # ---- integer atomics ----------------------------------------------------------------------------
 @pytest.mark.parametrize("n,bins", [(1, 1), (7, 3), (1000, 37), (4099, 256)])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])

@@ -612,6 +612,28 @@ def test_tile_kernels_give_the_cpu_bits(rng, target):
     assert got.tobytes() == tile_softmax(x).tobytes()
 
 
+def test_pipelined_range_k_loops_give_the_same_bits(rng, target):
+    """range_k(stages=2 or 3): each partition in a ring of shared buffers, loaded stages - 1
+    iterations ahead (one barrier per iteration): the CPU's bits, in the reversed run too."""
+    from cases import tile_abs_matmul
+    A = rng.standard_normal((37, 75), dtype=np.float32)
+    B = rng.standard_normal((75, 29), dtype=np.float32)
+    C = np.zeros((37, 29), np.float32)
+    want = tile_abs_matmul[1](A, B, C.copy())
+    assert_within_dot_bound(want, np.abs(A), B)
+    for stages in (1, 2, 3):
+        prog = tile_abs_matmul[stages].lower(A, B, C, target=target)
+        rings = [s for k in prog.tile_ir.kernels for s in k.body
+                 if type(s).__name__ == "Shared" and s.name.startswith("ring")]
+        assert len(rings) == (2 if stages > 1 else 0)
+        kn = prog.tile_ir.kernels[0].knobs
+        if stages > 1:                  # stages copies of the BM x BK and BK x BN partitions
+            assert sorted(s.size for s in rings) == sorted(
+                stages * kn["tile_k"] * n for n in (kn["tile_m"], kn["tile_n"]))
+        got = run_twice(prog, (A, B, C))[0]
+        assert got.tobytes() == want.tobytes()
+
+
 def test_integer_atomics_give_numpys_counts_in_any_order(rng, target):
     """tile.atomic_add as atomicAdd (int32, and int64 through unsigned long long): the
     emulator's reversed run adds in another order and must give the same integers."""

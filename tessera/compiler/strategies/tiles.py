@@ -37,6 +37,7 @@ GPU_ROW_ELEMENTS = 1 << 11      # (on GPUs, where the block's tiles share 48 KiB
 GPU_SHARED_MAX = 48 * 1024      # static shared memory of a block
 MMA_ROWS, MMA_WIDTH = 4, 64    # a CPU mma's register block: 4 rows of 64 bytes
 LANES = {4: 16, 8: 8}           # a reduction's accumulators by element size: the row strategy's
+MAX_STAGES = 4                  # a pipelined range_k loop's buffers per partition (GPUs)
 
 
 def _divmod(n, lanes):
@@ -281,6 +282,8 @@ class _Lower:
         self.shared = []           # GPU: the block's shared arrays
         self.pid = {}              # output dimension -> (program index Var, block size)
         self.vars = {}             # loop variable name -> Var
+        self.ring = {}             # GPU: a pipelined partition's id -> (ring buffer, shape, size)
+        self.base = {}             # value id -> the offset of its current slot in its buffer
         self.nonneg = set()        # index variables known to be at least 0
         self.programs = self.sz.programs()
         self.materialised = self._materialised()
@@ -352,7 +355,8 @@ class _Lower:
         if v.id in self.tiles:
             name, shape = self.tiles[v.id]
             idx = [Const(0) if n == 1 else i for i, n in zip(idx, shape)]
-            return Load(name, linear(idx, contiguous(shape)))
+            at = linear(idx, contiguous(shape))
+            return Load(name, idx_add(self.base[v.id], at) if v.id in self.base else at)
         if v.id in self.views:
             b, where = self.views[v.id]
             idx = [Const(0) if n == 1 else i for i, n in zip(idx, self.sz.shape(v))]
@@ -518,6 +522,9 @@ class _Lower:
 
     def s_part(self, st):
         src = self.streams[st.args[0].id]
+        if st.out.id in self.ring:      # pipelined: already filled; its slot and valid part
+            self.valid[st.out.id] = self._placement(src, self.ix(st.attrs["k"]))[3]
+            return
         self._fill(st.out, src.attrs["param"], *self._placement(src, self.ix(st.attrs["k"])),
                    src.attrs["other"], stream=True)
 
@@ -847,19 +854,112 @@ class _Lower:
         it, kv = self.names("it"), st.attrs["var"]
         var = self.names(kv)
         self.vars[kv] = Var(var)
+        self.nonneg.add(it)
         if _at_least_zero(start, self.nonneg):        # k = start + it * step, step >= 1
             self.nonneg.add(var)
         trips = Bin("/", Bin("+", Bin("-", stop, start), Bin("-", step, Const(1))), step)
         if all(isinstance(e, Const) for e in (start, stop, step)):
             trips = Const(max(0, -(-(stop.value - start.value) // step.value)))
+        stages = self._stages(st)
+        if stages > 1:
+            return self._pipelined(st, it, var, start, step, trips, stages)
         outer = self._into
         body = [Decl(var, dt.int64, idx_add(start, idx_mul(Var(it), step)))]
         self._into = body
         self.emit(st.body)
         if self.gpu:
-            self._into.append(Barrier())
+            self._end_with_barrier()
         self._into = outer
         outer.append(Loop(it, trips.value if isinstance(trips, Const) else trips, "serial", body))
+
+    # -- a pipelined range_k loop (GPUs): its partitions loaded stages - 1 iterations ahead ------
+    def _stages(self, loop) -> int:
+        """How many buffers each partition of this loop gets on a GPU: range_k's `stages`, else
+        the largest `prefetch` of the loads it partitions; 1 (no pipelining) on the CPU, for a
+        loop without partitions or updating one, or where the buffers would take over half of
+        a block's shared memory."""
+        parts = [s for s in loop.body if s.kind == "part"]
+        if not self.gpu or not parts or any(p.out.id in self.body.updated for p in parts):
+            return 1
+        n = loop.attrs.get("stages")
+        if n is None:
+            n = max((self.streams[p.args[0].id].attrs.get("prefetch") or 1 for p in parts))
+        n = self.size(n) if hasattr(n, "op") else int(n)
+        n = max(1, min(n, MAX_STAGES))
+        size = sum(prod(self.sz.shape(p.out)) * p.out.dtype.itemsize for p in parts)
+        return n if n * size <= GPU_SHARED_MAX // 2 else 1
+
+    def _pipelined(self, st, it, var, start, step, trips, stages):
+        """The loop with each partition in a ring of `stages` shared buffers: before the loop
+        the first stages - 1 blocks are loaded; iteration i loads block i + stages - 1 into the
+        slot iteration i - 1 read (free since the barrier that ended it) while it computes on
+        slot i % stages, loaded at least one barrier earlier. One barrier per iteration instead
+        of one more per partition, and the loads of later blocks overlap this one's compute.
+        The same values in the same order: the same bits."""
+        kv = st.attrs["var"]
+        parts = [s for s in st.body if s.kind == "part"]
+        for p in parts:
+            v, shape = p.out, self.sz.shape(p.out)
+            name = self.names("ring")
+            self.shared.append(Shared(name, v.dtype, stages * max(1, prod(shape))))
+            self.tiles[v.id] = (name, shape)
+            self.ring[v.id] = (name, shape, max(1, prod(shape)))
+
+        def k_of(i):                                   # the loop variable at iteration i
+            return idx_add(start, idx_mul(i, step))
+
+        def fills(i, slot):
+            self.vars[kv] = k_of(i)
+            out = [x for p in parts for x in self._ring_fill(p, slot)]
+            return out if isinstance(trips, Const) and isinstance(i, Const) and \
+                i.value < trips.value else [If(Bin("<", i, trips), out, uniform=True)]
+        outer = self._into
+        for j in range(stages - 1):
+            if not (isinstance(trips, Const) and j >= trips.value):
+                outer.extend(fills(Const(j), Const(j)))
+        outer.append(Barrier())
+        ahead = idx_add(Var(it), Const(stages - 1))
+        body = [Decl(var, dt.int64, k_of(Var(it)))]
+        body.extend(fills(ahead, Bin("%", ahead, Const(stages))))
+        self.vars[kv] = Var(var)
+        for p in parts:
+            self.base[p.out.id] = idx_mul(Bin("%", Var(it), Const(stages)),
+                                          Const(self.ring[p.out.id][2]))
+        self._into = body
+        self.emit(st.body)
+        self._end_with_barrier()
+        self._into = outer
+        outer.append(Loop(it, trips.value if isinstance(trips, Const) else trips, "serial", body))
+
+    def _end_with_barrier(self):
+        """A GPU loop's body ends with a barrier (the next iteration overwrites its tiles); the
+        last tile step's own barrier is that one."""
+        if not (self._into and isinstance(self._into[-1], Barrier)):
+            self._into.append(Barrier())
+
+    def _ring_fill(self, st, slot) -> list:
+        """A partition's block at the loop variable's current binding into ring slot `slot`:
+        one pass over the block's threads (`other` outside the tensor), no barrier."""
+        v, src = st.out, self.streams[st.args[0].id]
+        name, shape, n = self.ring[v.id]
+        offs, los, his, _ = self._placement(src, self.ix(st.attrs["k"]))
+        b = self.bufs[src.attrs["param"]]
+        g = self.names("e")
+        idx = split_index(Var(g), list(shape)) if shape else []
+        cond = None
+        for i, lo, hi, m in zip(idx, los, his, shape):
+            tests = [] if lo == Const(0) else [Bin(">=", i, lo)]
+            if not (isinstance(hi, Const) and hi.value >= m):
+                tests.append(Bin("<", i, hi))
+            for c in tests:
+                cond = c if cond is None else Bin("&&", cond, c)
+        e = read(b, _flat(offs, idx, contiguous(b.type.shape)))
+        if b.type.dtype != v.dtype:
+            e = Cast(v.dtype, e)
+        if cond is not None:
+            e = Select(cond, e, Const(src.attrs["other"], v.dtype))
+        at = idx_add(idx_mul(slot, Const(n)), linear(idx, contiguous(shape)))
+        return [Loop(g, prod(shape), "thread", [Store(name, at, e)])] if prod(shape) else []
 
     def _store_into(self, v, buf, place_dims, offsets, atomic=False):
         shape = self.sz.shape(v)
