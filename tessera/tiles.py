@@ -496,6 +496,7 @@ def load(x, shape=None, *, offset=None, other=0.0, prefetch=None) -> TileValue:
         if s.op == "knob":
             t.use_knob(s.args[0])
     offsets = _offsets(offset, len(p.dims), "tile.load")
+    prefetch = _buffers(prefetch, "tile.load's prefetch")
     p.read = True
     # an axis in blocks of a dimension it does not span whole may be a stream: decided once the
     # grid is known (resolve); the value is a tile until then
@@ -756,18 +757,29 @@ def _is_number(x) -> bool:
     return is_scalar(x) and not isinstance(x, bool)
 
 
+def _buffers(n, what):
+    """A number of buffers (range_k's stages, load's prefetch): None, a positive int or a knob
+    (ctx.stages)."""
+    if n is None or isinstance(n, Ix) and n.op == "knob" or \
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        return n
+    raise ArgumentError(f"{what} is a number of buffers (1, 2, 3 ...) or ctx.stages, not "
+                        f"{n!r}", location=user_location())
+
+
 class RangeK:
     """`for k in tile.range_k(start, stop, step)`: a loop over blocks of a dimension (the body
     is traced once, with k symbolic)."""
 
     def __init__(self, start, stop, step, stages):
         self.start, self.stop, self.step = ix(start), ix(stop), size_of(step, "range_k's step")
-        self.stages = stages
+        self.stages = _buffers(stages, "tile.range_k's stages")
 
     def __iter__(self):
         t = tracer()
-        if self.step.op == "knob":
-            t.use_knob(self.step.args[0])
+        for e in (self.step, self.stages):
+            if isinstance(e, Ix) and e.op == "knob":
+                t.use_knob(e.args[0])
         var = f"k{len(t.loops)}"
         s = Stmt("loop", None, (self.start, self.stop, self.step),
                  {"var": var, "stages": self.stages}, user_location())

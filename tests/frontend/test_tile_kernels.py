@@ -468,6 +468,30 @@ def test_stages_change_no_bit_and_nothing_on_the_cpu(rng):
         got = tile_abs_matmul[stages](A, B, np.zeros((37, 29), np.float32))
         assert got.tobytes() == want.tobytes()
 
+    # stages=ctx.stages takes the knob (a Schedule's stages, or the autotuner's)
+    def knob(A: Tile["M", "K", f32], B: Tile["K", "N", f32], C: Tile["M", "N", f32]):
+        ctx = tile.context()
+        a, b = tile.load(A, shape=(ctx.BM, ctx.BK)), tile.load(B, shape=(ctx.BK, ctx.BN))
+        acc = tile.zeros((ctx.BM, ctx.BN))
+        for k in tile.range_k(0, ctx.K, ctx.BK, stages=ctx.stages):
+            acc += tile.mma(tile.abs(tile.load_partition(a, k)), tile.load_partition(b, k))
+        tile.store(C, acc)
+    C = np.zeros((37, 29), np.float32)
+    for n in (1, 3):
+        k = ts.kernel(knob, schedule=ts.Schedule(block=(32, 32, 16), stages=n))
+        assert k(A, B, C.copy()).tobytes() == want.tobytes()
+        rings = [s for s in k.lower(A, B, C, target="cuda").tile_ir.kernels[0].body
+                 if getattr(s, "name", "").startswith("ring")]
+        assert [s.size for s in rings] == ([n * 32 * 16, n * 16 * 32] if n > 1 else [])
+
+    def bad(A: Tile["M", "K", f32], C: Tile["M", "K", f32]):
+        ctx = tile.context()
+        a = tile.load(A, shape=(ctx.BM, ctx.BK), prefetch=0.5)
+        tile.store(C, a)
+    with pytest.raises(ArgumentError, match="number of buffers") as e:
+        ts.kernel(bad)(np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32))
+    assert e.value.location.lineno == _line_of(bad, "prefetch=")
+
 
 # ---- integer atomics ----------------------------------------------------------------------------
 @pytest.mark.parametrize("n,bins", [(1, 1), (7, 3), (1000, 37), (4099, 256)])

@@ -157,6 +157,8 @@ class Tiles(Strategy):
         out = super().user_knobs(schedule)
         if schedule.block is not None:
             out.update(zip(("tile_m", "tile_n", "tile_k"), schedule.block))
+        if schedule.stages is not None:            # ctx.stages (pipelined loops on GPUs)
+            out["stages"] = schedule.stages
         return out
 
     def space(self, k) -> dict:
