@@ -759,9 +759,10 @@ def _is_number(x) -> bool:
 
 def _buffers(n, what):
     """A number of buffers (range_k's stages, load's prefetch): None, a positive int or a knob
-    (ctx.stages)."""
-    if n is None or isinstance(n, Ix) and n.op == "knob" or \
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+    (ctx.stages); True is double buffering, False none."""
+    if isinstance(n, bool):
+        return 2 if n else 1
+    if n is None or isinstance(n, Ix) and n.op == "knob" or isinstance(n, int) and n >= 1:
         return n
     raise ArgumentError(f"{what} is a number of buffers (1, 2, 3 ...) or ctx.stages, not "
                         f"{n!r}", location=user_location())
