@@ -339,11 +339,10 @@ def jax_child(cfg: dict, ranks, out_path: str):
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+    from .bench import mlp_loss_jax
     x, y = data()
     A, B = tp_inputs(cfg["tp_n"])
     flat = init_params()
-
-    from .bench import mlp_loss_jax
 
     def local(ps, xb, yb):
         loss, g = jax.value_and_grad(mlp_loss_jax)(ps, xb, yb)

@@ -870,14 +870,14 @@ def resolve(body: KernelBody):
 def _load_grid(body) -> list:
     """An atomic kernel's grid: the axes its loads take in blocks (neither whole nor streamed
     by load_partition), in the order the body first loads them."""
-    grid = []
+    grid = {}                           # dimension -> its block (first load first)
     for st in _all(body.stmts):
         if st.kind != "load" or st.attrs["offsets"] is not None or st.out.kind == "stream":
             continue
         for d, s in zip(body.param(st.attrs["param"]).dims, st.out.shape):
-            if not (s.op == "dim" and s.args[0] == d) and d not in [g for g, _ in grid]:
-                grid.append((d, s))
-    return grid
+            if not (s.op == "dim" and s.args[0] == d):
+                grid.setdefault(d, s)
+    return list(grid.items())
 
 
 def _place_atomics(body):

@@ -122,14 +122,17 @@ class DTensor:
     def T(self):
         return self._op("transpose", self)
 
-    def sum(self, axis=None, keepdim=False): return self._op("sum", self, axis=axis,
-                                                           keepdim=keepdim)
-    def mean(self, axis=None, keepdim=False): return self._op("mean", self, axis=axis,
-                                                            keepdim=keepdim)
-    def max(self, axis=None, keepdim=False): return self._op("max", self, axis=axis,
-                                                           keepdim=keepdim)
-    def min(self, axis=None, keepdim=False): return self._op("min", self, axis=axis,
-                                                           keepdim=keepdim)
+    def sum(self, axis=None, keepdim=False):
+        return self._op("sum", self, axis=axis, keepdim=keepdim)
+
+    def mean(self, axis=None, keepdim=False):
+        return self._op("mean", self, axis=axis, keepdim=keepdim)
+
+    def max(self, axis=None, keepdim=False):
+        return self._op("max", self, axis=axis, keepdim=keepdim)
+
+    def min(self, axis=None, keepdim=False):
+        return self._op("min", self, axis=axis, keepdim=keepdim)
 
 
 # ---- making and gathering -----------------------------------------------------------------------

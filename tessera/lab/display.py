@@ -1,7 +1,8 @@
 """Rich display of Tessera's objects as a cell's value, while the extension is loaded: a
 Function or a Program shows its explorer, a Graph IR (or a sharded plan) its drawing (an image
 output of its own, which renders in an untrusted notebook too), a Schedule IR its kernel table,
-a Tile IR its highlighted text, a mesh its devices and a sharded tensor its blocks (a table). Each keeps its plain text beside, so nothing is lost where HTML is not shown.
+a Tile IR its highlighted text, a mesh its devices and a sharded tensor its blocks (a table).
+Each keeps its plain text beside, so nothing is lost where HTML is not shown.
 """
 from __future__ import annotations
 

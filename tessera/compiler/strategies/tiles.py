@@ -426,8 +426,8 @@ class _Lower:
         adds start from the caller's values: those are copied into the output first (a grid
         loop on GPUs)."""
         kind, param = self.body.output
-        st = next((s for s in self.body.stmts if s.kind == "store"), None)
-        if kind != "atomic" and (st is None or st.attrs["offsets"] is None):
+        if kind == "return" or kind == "store" and all(
+                s.attrs["offsets"] is None for s in self.body.stmts if s.kind == "store"):
             return []
         src = self.bufs[param]
         i = self.names("i")
@@ -886,7 +886,7 @@ class _Lower:
         n = loop.attrs.get("stages")
         if n is None:
             n = max((self.streams[p.args[0].id].attrs.get("prefetch") or 1 for p in parts))
-        n = self.size(n) if hasattr(n, "op") else int(n)
+        n = self.size(n) if hasattr(n, "op") else n         # a knob (ctx.stages), or a count
         n = max(1, min(n, MAX_STAGES))
         size = sum(prod(self.sz.shape(p.out)) * p.out.dtype.itemsize for p in parts)
         return n if n * size <= GPU_SHARED_MAX // 2 else 1
@@ -910,7 +910,7 @@ class _Lower:
         def k_of(i):                                   # the loop variable at iteration i
             return idx_add(start, idx_mul(i, step))
 
-        def fills(i, slot):
+        def fills(i, slot):                            # (the partitions' k read at iteration i)
             self.vars[kv] = k_of(i)
             out = [x for p in parts for x in self._ring_fill(p, slot)]
             return out if isinstance(trips, Const) and isinstance(i, Const) and \
