@@ -14,7 +14,7 @@ LAYERS = [
               "tessera.numerics", "tessera.types", "tessera.pytree"]),
     ("operators", ["tessera.ops"]),
     ("runtime", ["tessera.runtime"]),
-    ("IR data", ["tessera.compiler.graph_ir", "tessera.compiler.schedule_ir",
+    ("IR data", ["tessera.compiler.graph_ir", "tessera.compiler.schedule_ir", "tessera.compiler.dynamic",
                  "tessera.compiler.tile_ir"]),
     ("graph passes", ["tessera.compiler.passes", "tessera.compiler.backward",
                       "tessera.compiler.groups"]),

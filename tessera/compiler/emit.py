@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..ops import registry as R
 from ..ops.movement import contiguous_strides
 from .groups import LEAF, identity_map, is_reshape, map_from, squeezes_only
+from .dynamic import is_dynamic, scalar_value
 from .schedule_ir import Kernel
 from .tile_ir import (Bin, Const, Decl, Expr, Load, Loop, OpCall, Param, Select, Store, Var,
                       idx_add, idx_mul, substitute)
@@ -88,7 +89,7 @@ def nest(extents, names, parallel: bool, simd: bool):
 def read(b, index) -> Expr:
     """Element `index` of buffer b; a 0-d constant the scheduler inlined is its literal."""
     if b.role == "inline":
-        return Const(b.data.item(), b.type.dtype)
+        return Const(scalar_value(b.data), b.type.dtype)
     return Load(b.name, index)
 
 
@@ -326,11 +327,11 @@ def idx_min(a, b):
 
 
 def idx_div(a, e: int):
-    return a if e == 1 else Bin("/", a, Const(e))
+    return a if e == 1 and not is_dynamic(e) else Bin("/", a, Const(e))
 
 
 def idx_mod(a, e: int):
-    return Const(0) if e == 1 else Bin("%", a, Const(e))
+    return Const(0) if e == 1 and not is_dynamic(e) else Bin("%", a, Const(e))
 
 
 def unflatten(flat, extents):

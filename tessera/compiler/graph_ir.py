@@ -18,6 +18,7 @@ from ..errors import (ArgumentError, DTypeError, IRVerificationError, RuntimeFau
                       SymbolicValueError, TesseraError, UnsupportedDTypeError)
 from ..ops.regions import REGION_OPS
 from ..types import TensorType
+from .dynamic import is_dynamic, size_constant
 
 _ids = itertools.count()
 
@@ -245,6 +246,8 @@ class Graph:
             raise DTypeError(f"the constant {value!r} does not fit in {dt.get(dtype).name}: {e}",
                              hint="cast the tensor to a wider dtype first") from None
         arr = dt.native(arr)
+        if is_dynamic(value):           # a count of a dynamic size: computed in the C
+            arr = size_constant(arr, value)
         arr.setflags(write=False)
         t = TensorType(dt.from_numpy(arr.dtype), tuple(arr.shape))
         node = Node("const", [], {"value": arr}, t, loc, origin)

@@ -2,21 +2,24 @@
 loaded shared object, wrapped in a Program that runs on NumPy arrays."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..errors import ArgumentError, BackendUnavailableError, ShapeError, TesseraError
 from ..ops.host import HOST_OPS
 from ..ops.regions import REGION_OPS
-from ..runtime import isa, tunedb
+from ..runtime import cache, isa, tunedb
 from ..runtime.cpu import CpuExecutor
 from ..runtime.profiler import memory_of
 from ..runtime.program import steps_of
 from ..types import type_of_array
+from . import dynamic
 from .graph_ir import Graph, Node
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .kernels import build_schedule, checked_record, kernel_signature
-from .target.c import build_program, routine_library_source
+from .target.c import build_generic_program, build_program, routine_library_source
 from .target.cstyle import routine_keys
 
 TARGETS = ("cpu", "cuda", "hip")
@@ -93,10 +96,13 @@ class Program(_Levels):
     """A Tessera function specialised to concrete shapes, with every IR level to read."""
 
     def __init__(self, graph_ir: Graph, primitive_ir: Graph, schedule_ir, tile_ir, target_code,
-                 target, library, output_structure=None):
+                 target, library, output_structure=None, dynamic_sizes=None):
         super().__init__(graph_ir, primitive_ir, schedule_ir, tile_ir, target_code, target,
                          output_structure)
         self._lib = library             # None: built for another architecture, not built here
+        # {symbol: size} this program runs a shape-generic library at (target_code is that
+        # library's source: compiler/dynamic.py); None for a specialised one
+        self.dynamic_sizes = dynamic_sizes
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
         self.level = isa.level_of(target).name
         self._runs_here = isa.runs_here(self.level)
@@ -257,6 +263,51 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     # cross-compile, but not built: the system compiler targets this machine's architecture
     source, lib = build_program(tile, graph.name, isa.level_of(target).name)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)
+
+
+# ---- shape-generic programs (compiler/dynamic.py) -------------------------------------------------
+class ShapeGeneric:
+    """A compiled shape-generic library and the frozen tile program it was rendered from."""
+
+    def __init__(self, frozen, source: str, library):
+        self.structure = dynamic.structure(frozen)
+        self.source, self.library = source, library
+
+    def serves(self, here: tuple, sizes: dict) -> bool:
+        """Whether this library, at these sizes, runs exactly the tile program whose
+        structure (evaluated at the sizes) is `here`."""
+        return dynamic.instantiate(self.structure, sizes) == here
+
+
+def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
+                    output_structure=None, schedule=None):
+    """The program of a graph traced with DynamicSizes for the dynamic symbols (`sizes`: each
+    symbol's size in this call), running one of `generics` (ShapeGeneric libraries of the same
+    function, earlier sizes) where one serves it, else a new shape-generic library, which joins
+    `generics`. A graph with host calls or control flow, or for a GPU or another architecture,
+    gets a specialised program."""
+    output_structure = output_structure or graph.output_structure
+    target = resolve_target(target)
+    level = isa.level_of(target).name if isa.is_cpu(target) else None
+    if _calls_host(graph) or isa.is_gpu(target) or not isa.same_arch(level):
+        return compile_graph(graph, target, output_structure, schedule)
+    g, prim = prepare(graph)
+    sched = schedule_graph(prim, target, schedule)
+    tile = lower_schedule(sched).verify()
+    if tile.steps is not None:
+        source, lib = build_program(tile, graph.name, level)
+        return Program(g, prim, sched, tile, source, target, lib, output_structure)
+    here = dynamic.instantiate(dynamic.structure(tile), sizes)
+    generic = next((gen for gen in generics if gen.serves(here, sizes)), None)
+    if generic is not None:
+        cache.count("dynamic_reuses")
+    else:
+        frozen = replace(tile, kernels=dynamic.freeze(tile.kernels))
+        source, lib = build_generic_program(frozen, graph.name, level, list(sizes))
+        generic = ShapeGeneric(frozen, source, lib)
+        generics.append(generic)
+    return Program(g, prim, sched, tile, generic.source, target, generic.library,
+                   output_structure, dynamic_sizes={s: int(v) for s, v in sizes.items()})
 
 
 # ---- graph breaks ---------------------------------------------------------------------------------

@@ -99,6 +99,8 @@ def save(programs, path, archs=None) -> Path:
         members[f"{at}levels.pkl"] = _levels(program)
         entries.append({"name": program.graph_ir.name, "target": program.target,
                         "level": program.level,
+                        # a shape-generic library's sizes (compiler/dynamic.py)
+                        "dynamic_sizes": program.dynamic_sizes,
                         "inputs": {p.param_name: str(p.type) for p in program.graph_ir.params},
                         "outputs": [str(v.type) for v in program.graph_ir.outputs]})
     manifest = {
@@ -224,4 +226,5 @@ def _load_one(path, manifest, entry, members, at, recompile):
             return compile_graph(graph_ir, "cpu", output_structure)
         raise BackendUnavailableError(f"{path}: its shared object does not load here: {e}",
                                       hint="ts.load(..., recompile=True)") from None
-    return Program(*levels[:6], lib, output_structure)
+    return Program(*levels[:6], lib, output_structure,
+                   dynamic_sizes=entry.get("dynamic_sizes"))

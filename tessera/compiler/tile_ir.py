@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from .. import dtypes as dt
+from .dynamic import is_dynamic
 from ..errors import IRVerificationError
 from .graph_ir import format_attrs, format_value
 
@@ -36,6 +37,8 @@ class Const(Expr):
     dtype: object = None          # a DType, or None for an index constant
 
     def __str__(self):
+        if is_dynamic(self.value) and self.dtype is not None and self.dtype.is_float:
+            return format_value(float(self.value))
         return format_value(self.value)
 
 
@@ -128,10 +131,16 @@ class Aligned(Expr):
         return f"aligned({self.buf}, {self.bytes})"
 
 
+def _is(e, value) -> bool:
+    """e is the constant `value` at every size (a dynamic size is 0 or 1 only at some:
+    compiler/dynamic.py)."""
+    return isinstance(e, Const) and e.value == value and not is_dynamic(e.value)
+
+
 def idx_add(a, b):
-    if isinstance(a, Const) and a.value == 0:
+    if _is(a, 0):
         return b
-    if isinstance(b, Const) and b.value == 0:
+    if _is(b, 0):
         return a
     if isinstance(a, Const) and isinstance(b, Const):
         return Const(a.value + b.value)
@@ -140,9 +149,9 @@ def idx_add(a, b):
 
 def idx_mul(a, b):
     if isinstance(b, Const):
-        if b.value == 0:
+        if _is(b, 0):
             return Const(0)
-        if b.value == 1:
+        if _is(b, 1):
             return a
         if isinstance(a, Const):
             return Const(a.value * b.value)

@@ -42,7 +42,7 @@ class Function:
     _may_return_none = False     # a transform's result may be None (no gradient)
 
     def __init__(self, fn, name: str | None = None, target: str = "cpu", schedule=None,
-                 policy=None):
+                 policy=None, dynamic=()):
         if not callable(fn):
             raise ArgumentError(f"tessera.function needs a Python function, got {fn!r}")
         functools.update_wrapper(self, fn)
@@ -56,7 +56,8 @@ class Function:
         # a numerical policy around the whole body (tessera/numerics.py)
         self.policy = self.signature.policy = None if policy is None else \
             numerics.as_policy(policy)
-        self.programs = ProgramCache(self.signature, fn, self._may_return_none)
+        self.dynamic = _dynamic_symbols(dynamic, self.signature, self.name)
+        self.programs = ProgramCache(self.signature, fn, self._may_return_none, self.dynamic)
         self._fast: dict = {}           # (CPU target env, array types) -> launcher
 
     def __repr__(self):
@@ -205,7 +206,7 @@ class Function:
     def with_schedule(self, schedule) -> "Function":
         """The same function compiled with these knobs (a new Function; this one is unchanged)."""
         return Function(self.fn, name=self.name, target=self.target, schedule=schedule,
-                        policy=self.policy)
+                        policy=self.policy, dynamic=self.dynamic)
 
     def interpret(self, *args, **kwargs):
         """Run the traced graph with each operator's NumPy reference (no compiler involved)."""
@@ -220,6 +221,21 @@ class Function:
         return structured(g, out)
 
 
+def _dynamic_symbols(dynamic, sig, name) -> tuple:
+    """The checked names of `dynamic=`: symbols of the annotations."""
+    names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic or ())
+    known = sig.symbols()
+    for s in names:
+        if s not in known:
+            raise ArgumentError(f"dynamic={names!r} names {s!r}, which no annotation of "
+                                f"{name} uses", function=name, location=sig.def_loc,
+                                expected=" or ".join(map(repr, known)) or "a symbol of a "
+                                "Tensor[...] annotation",
+                                hint="annotate the parameters whose sizes vary, e.g. "
+                                     "x: Tensor[\"B\", 784], and name their symbols")
+    return names
+
+
 def _call_hook(args, kwargs):
     """An argument's type that runs calls itself (``__tessera_call__``: a sharded tensor)."""
     for x in pytree.flatten((args, kwargs))[0]:
@@ -230,13 +246,18 @@ def _call_hook(args, kwargs):
 
 
 def function(fn=None, *, name: str | None = None, target: str = "cpu", schedule=None,
-             policy=None):
+             policy=None, dynamic=()):
     """Decorator: compile a Python function with Tessera. ``@function`` or
     ``@function(name=..., schedule=tessera.Schedule(block=(96, 256)))``; ``policy=`` a
-    tessera.NumericalPolicy for every operator of its body (tessera/numerics.py)."""
+    tessera.NumericalPolicy for every operator of its body (tessera/numerics.py);
+    ``dynamic=("B", "S")``: symbols of the annotations whose sizes vary from call to call, so
+    that a program compiled at one size serves the others where it computes exactly what theirs
+    would (compiler/dynamic.py; CPU targets)."""
     if fn is None:
-        return lambda f: Function(f, name=name, target=target, schedule=schedule, policy=policy)
-    return Function(fn, name=name, target=target, schedule=schedule, policy=policy)
+        return lambda f: Function(f, name=name, target=target, schedule=schedule, policy=policy,
+                                  dynamic=dynamic)
+    return Function(fn, name=name, target=target, schedule=schedule, policy=policy,
+                    dynamic=dynamic)
 
 
 def interpret(fn, *args, **kwargs):

@@ -12,8 +12,10 @@ from .binding import Signature, static_key
 
 
 class ProgramCache:
-    def __init__(self, sig: Signature, fn, may_return_none: bool):
+    def __init__(self, sig: Signature, fn, may_return_none: bool, dynamic=()):
         self.sig, self.fn, self.may_return_none = sig, fn, may_return_none
+        self.dynamic = tuple(dynamic)   # the symbols whose sizes compile once (dynamic.py)
+        self.generics: dict = {}        # key without the dynamic sizes -> [ShapeGeneric]
         self.by_key: dict = {}          # concrete key -> Program
         self.checked: set = set()       # signatures whose symbolic trace has been checked
         self.last = None                # the program of the latest call
@@ -35,15 +37,44 @@ class ProgramCache:
             self.last = prog
             return prog, arrays
         self.check_symbolic(arrays, statics, bindings)
-        g = self.trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)
-        tracing.check_graph_return(self.sig, g, bindings, bindings)
-        if not g.outputs:                       # nothing to compute: every result is static
-            prog = NoProgram(g)
+        sizes = {s: bindings[s] for s in self.dynamic if s in bindings}
+        if sizes and target.startswith("cpu"):
+            prog = self.dynamic_program(key, arrays, statics, bindings, sizes, target, schedule)
         else:
-            prog = compile_graph(g, target, schedule=schedule)
+            g = self.trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)
+            tracing.check_graph_return(self.sig, g, bindings, bindings)
+            prog = compile_graph(g, target, schedule=schedule) if g.outputs else NoProgram(g)
         self.by_key[key] = prog
         self.last = prog
         return prog, arrays
+
+    def dynamic_program(self, key, arrays, statics, bindings, sizes, target, schedule):
+        """The program of a call whose dynamic symbols have these sizes: traced with each as a
+        DynamicSize, run by a shape-generic library of an earlier size where one serves it
+        (compiler/dynamic.py)."""
+        from ..compiler.dynamic import DynamicSize
+        from ..compiler.pipeline import compile_dynamic
+        symbolic = {s: DynamicSize.symbol(s, v) for s, v in sizes.items()}
+        traced = {**bindings, **symbolic}
+        types = {}
+        for n, a in arrays.items():
+            t = type_of_array(a)
+            dims = self.sig.spec_dims(n)
+            if dims is not None and len(dims) == len(t.shape):    # ("B": B's DynamicSize)
+                t = t.with_shape(symbolic.get(str(d), n) for d, n in zip(dims, t.shape))
+            types[n] = t
+        g = self.trace(types, statics, traced)
+        tracing.check_graph_return(self.sig, g, bindings, bindings)
+        if not g.outputs:
+            return NoProgram(g)
+        # the generics of the same call but for these sizes (the arrays' dynamic dimensions
+        # read as their symbols)
+        shapes = tuple((n, str(a.dtype), tuple(t.shape)) for (n, a), t in
+                       zip(arrays.items(), types.values()))
+        family = (key[0], _symbolic_key(shapes)) + key[2:] + (
+            tuple(sorted((s, v) for s, v in bindings.items() if s not in sizes)),)
+        generics = self.generics.setdefault(family, [])
+        return compile_dynamic(g, target, sizes, generics, schedule=schedule)
 
     def check_symbolic(self, arrays, statics, bindings):
         """Trace once per signature with the annotations' symbols for sizes and check the
@@ -81,3 +112,9 @@ class NoProgram:
 
     def run(self, *arrays):
         return []
+
+
+def _symbolic_key(shapes) -> tuple:
+    """Shapes with each dynamic size written as its form (the same for every size)."""
+    from ..compiler.dynamic import form_key
+    return tuple((n, d, tuple(form_key(x) for x in shape)) for n, d, shape in shapes)

@@ -10,7 +10,7 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 _stats_lock = threading.Lock()
 _stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "traces": 0, "rebuilt_corrupt": 0,
-          "tuned_hits": 0}
+          "tuned_hits": 0, "dynamic_reuses": 0}
 
 
 def cache_dir() -> Path:
@@ -25,7 +25,8 @@ def cache_enabled() -> bool:
 
 def cache_stats() -> dict:
     """Counters since the process started (or since reset_cache_stats): compiles run, disk
-    cache hits, in-memory hits, traces."""
+    cache hits, in-memory hits, traces, and dynamic_reuses: calls at a new size of a dynamic
+    symbol that a shape-generic program compiled earlier served (compiles avoided)."""
     return dict(_stats)
 
 

@@ -27,7 +27,11 @@ class CpuExecutor:
         self.slot_sizes = program.schedule_ir.slots
         self.kernels = len(program.schedule_ir.kernels)
         self.threads = threading.local()     # per calling thread: its temporaries and table
-        self.table_type = ctypes.c_void_p * max(1, len(self.buffers))
+        # a shape-generic library (compiler/dynamic.py) reads the sizes of the dynamic symbols
+        # from the slot after the buffers
+        sizes = getattr(program, "dynamic_sizes", None)
+        self.sizes = None if sizes is None else np.array(list(sizes.values()), dtype=np.int64)
+        self.table_type = ctypes.c_void_p * max(1, len(self.buffers) + (sizes is not None))
         self.poison = os.environ.get("TESSERA_POISON") == "1"     # read once, when built
         # what changes from call to call: the inputs (table position, parameter) and the
         # fresh arrays (position, shape, dtype, poison value, buffer); the rest is fixed
@@ -61,6 +65,8 @@ class CpuExecutor:
             else:
                 continue
             ptrs[i] = address(table[i])
+        if self.sizes is not None:
+            ptrs[len(self.buffers)] = address(self.sizes)
         state = self.threads.state = (table, ptrs, temps, slots)
         return state
 

@@ -6,6 +6,7 @@ order and vectorises. GPU: adjacent threads own adjacent columns (coalesced read
 """
 from __future__ import annotations
 
+from ..dynamic import is_dynamic
 from ..emit import launch_of, loop_nest, prod, reduction_plan, split_index
 from ..groups import identity_map
 from ..schedule_ir import Kernel
@@ -75,13 +76,17 @@ def lower_column_reduce(k: Kernel, code):
             dst.append(upd)
         n_red = em.extent(red_ids[-1]) if red_ids else 1
         chunks, tail = divmod(n_red, lanes)
-        if chunks:
+        # (a dynamic extent keeps both loops at every size: see compiler/dynamic.py)
+        if chunks or is_dynamic(n_red):
             c, l2 = names("ch"), names("l")
             lane_loop = Loop(l2, lanes, "serial")
             update(lane_loop.body, Var(l2), idx_add(idx_mul(Var(c), Const(lanes)), Var(l2)))
             target.append(Loop(c, chunks, "serial", [lane_loop]))
-        for t in range(tail):
-            update(target, Const(t), Const(chunks * lanes + t))
+        if tail or is_dynamic(n_red):   # the last elements, element t into lane t
+            t = names("tl")
+            tail_loop = Loop(t, tail, "serial")
+            update(tail_loop.body, Var(t), idx_add(Const(chunks * lanes), Var(t)))
+            target.append(tail_loop)
         stmts.extend(r_outer)
         j3, l3, s_ = names("j"), names("l"), names("s")
         point = {**idx, inner: idx_add(start, Var(j3))}
@@ -96,7 +101,7 @@ def lower_column_reduce(k: Kernel, code):
     full, rest = divmod(width, jb)
     b = names("b")
     row.append(Loop(b, full, "serial", block(idx_mul(Var(b), Const(jb)), jb)))
-    if rest:
+    if rest or is_dynamic(width):
         row.extend(block(Const(full * jb), rest))
     return outer if body is not None else row
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ... import dtypes as dt
 from ...errors import ArgumentError
 from ...ops import registry as R
+from ..dynamic import is_dynamic
 from ..emit import (WARP, Emitter, idx_min, launch_of, loop_nest, prod, reduction_plan,
                     split_index, store_all)
 from ..groups import Group, identity_map, is_column, is_elementwise, is_reduce, reduce_out_map
@@ -280,13 +281,14 @@ def _row_reduction(em: Emitter, n, row_body, idx, red_loops, lanes, start=Const(
             lane_body.append(Store(em.k.output.name, em.out_index(point), v))
         lane_body.append(Store(acc, Var(lane_var),
                                OpCall(n.op, "combine", (), xd, od, (Load(acc, Var(lane_var)), v))))
-    if chunks:
+    # (a dynamic extent keeps both loops at every size: see compiler/dynamic.py)
+    if chunks or is_dynamic(n_inner):
         c, lane = names("ch"), names("l")
         lane_loop = Loop(lane, lanes, "vector")
         update(lane_loop.body, lane,
                idx_add(start, idx_add(idx_mul(Var(c), Const(lanes)), Var(lane))))
         target.append(Loop(c, chunks, "serial", [lane_loop]))
-    if tail:
+    if tail or is_dynamic(n_inner):
         lane = names("l")
         tail_loop = Loop(lane, tail, "vector")
         update(tail_loop.body, lane, idx_add(start, idx_add(Const(chunks * lanes), Var(lane))))

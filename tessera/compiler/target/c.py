@@ -7,6 +7,7 @@ import re
 
 from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
+from ..dynamic import C_HELPERS, c_expr, is_dynamic
 from ..strategies import routine_owner
 from ..strategies.routines import half_conversions, routine_text, specialise
 from ..tile_ir import Loop, Scratch, TileKernel, TileProgram
@@ -75,6 +76,13 @@ class CRenderer(CStyleRenderer):
     def flag_error(self, code: int):
         return ["#pragma omp atomic write", f"ts_status = {code};"]
 
+    def size_args(self) -> list[str]:
+        return []
+
+    def read_sizes(self, slot: int) -> list[str]:
+        """The entry point's lines reading the sizes from the table's slot `slot`."""
+        return []
+
     def entry(self, program: TileProgram) -> str:
         """Two entry points: the plain one, and a timed one that writes each launch's seconds
         (monotonic clock) into `t` for the profiler."""
@@ -90,19 +98,51 @@ class CRenderer(CStyleRenderer):
             for p, a in zip(k.params, args):
                 const = "const " if p.mode == "in" else ""
                 casts.append(f"({const}{self.storage_type(types[a])}*)b[{index[a]}]")
-            calls.append(f"{name}({', '.join(casts)})")
-        lines = [f"int {ENTRY}(void** b) {{", "  int s = 0;"]
+            calls.append(f"{name}({', '.join(casts + self.size_args())})")
+        sizes = self.read_sizes(len(program.buffers))
+        lines = [f"int {ENTRY}(void** b) {{", "  int s = 0;", *sizes]
         lines += [f"  if ((s = {c})) return s;" for c in calls]
         lines += ["  return 0;", "}", "",
                   "static double ts_now(void) {",
                   "  struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);",
                   "  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;", "}", "",
-                  f"int {ENTRY}_timed(void** b, double* t) {{", "  int s = 0;", "  double t0;"]
+                  f"int {ENTRY}_timed(void** b, double* t) {{", "  int s = 0;", "  double t0;",
+                  *sizes]
         for i, c in enumerate(calls):
             lines += [f"  t0 = ts_now(); s = {c}; t[{i}] = ts_now() - t0;",
                       "  if (s) return s;"]
         lines += ["  return 0;", "}"]
         return "\n".join(lines)
+
+
+class ShapeGenericC(CRenderer):
+    """C for a shape-generic program (compiler/dynamic.py): a size computed from the dynamic
+    symbols is its expression in them; every kernel takes the symbols' sizes after its buffers,
+    and the entry points read them from the buffer table's slot after the buffers (int64s, in
+    the order of `symbols`)."""
+
+    def __init__(self, level: str | None, symbols: list):
+        super().__init__(level)
+        self.symbols = list(symbols)
+
+    def prelude(self) -> str:
+        return super().prelude() + "\n\n" + C_HELPERS
+
+    def literal(self, value, d) -> str:
+        if is_dynamic(value):
+            text = c_expr(value)
+            return text if d is None else f"(({self.ctype(d)}){text})"
+        return super().literal(value, d)
+
+    def size_params(self) -> list[str]:
+        return [f"const int64_t ts_size_{s}" for s in self.symbols]
+
+    def size_args(self) -> list[str]:
+        return [f"ts_size_{s}" for s in self.symbols]
+
+    def read_sizes(self, slot: int) -> list[str]:
+        return [f"  const int64_t ts_size_{s} = ((const int64_t*)b[{slot}])[{i}];"
+                for i, s in enumerate(self.symbols)]
 
 
 class ControlFlow:
@@ -285,6 +325,14 @@ def routine_declarations(keys) -> str:
                       "gemm.c, attention.c),",
                       "   each compiled once per ISA level and compiler; this program is linked "
                       "against them */"] + [_routine_library(key)[1] for key in keys])
+
+
+def build_generic_program(program: TileProgram, name: str, level: str, symbols: list):
+    """(C source, loaded library) of a shape-generic tile program (launches only)."""
+    source = ShapeGenericC(level, symbols).render(program)
+    link = tuple(build_library(routine_library_source(key), f"the routine library {key}", level)
+                 for key in routine_keys(program))
+    return source, build(source, name, level, link)
 
 
 def build_program(program: TileProgram, name: str, level: str):

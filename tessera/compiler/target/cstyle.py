@@ -189,7 +189,8 @@ class CStyleRenderer:
         if isinstance(s, Loop):
             out.extend(pad + line for line in self.loop_header(s, k))
             it = self.index_type
-            extent = s.extent if isinstance(s.extent, int) else self.expr(s.extent)
+            extent = self.literal(s.extent, None) if isinstance(s.extent, int) else \
+                self.expr(s.extent)
             start, step = self.loop_range(s)
             out.append(f"{pad}for ({it} {s.var} = {start}; {s.var} < {extent}; {step}) {{")
             for c in s.body:
@@ -256,7 +257,7 @@ class CStyleRenderer:
 
     def kernel(self, k: TileKernel) -> str:
         self.begin_kernel(k)
-        params = ", ".join(self.param_decl(p) for p in k.params)
+        params = ", ".join([self.param_decl(p) for p in k.params] + self.size_params())
         names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
         lines = [f"/* {k.strategy}: {k.origin}{names} */",
                  f"{self.kernel_qualifier()} {k.name}({params}) {{", "  int ts_status = 0;"]
@@ -264,6 +265,10 @@ class CStyleRenderer:
             self.stmt(s, k, 1, lines)
         lines += ["  return ts_status;", "}"]
         return "\n".join(lines)
+
+    def size_params(self) -> list[str]:
+        """Parameters every kernel takes after its buffers (a shape-generic program's sizes)."""
+        return []
 
     def kernel_qualifier(self) -> str:
         return "static int"

@@ -1,0 +1,246 @@
+"""Shape-generic programs: one compiled library serving every size of a function's dynamic
+symbols (``ts.function(f, dynamic=("B",))``).
+
+A dynamic symbol's size enters the trace as a `DynamicSize`: an int, equal to the call's size,
+for every decision the compiler makes (a loop unrolled, a tile picked, a knob chosen), that
+also remembers how each size derived from it was computed (B * 32, (B + 15) // 16, B % 16).
+Lowered, the program's Tile IR holds these sizes where it holds numbers; rendered, each is its
+expression in the symbols, which the generated code takes as arguments. So the C computes, at
+run time, what the compiler computed for the first size.
+
+What the compiler decided from the value (an unrolled tail, a tile size) holds only for some
+sizes. So a program is never reused on faith: a call at a new size lowers the function again
+(Python only, no C compiler) and runs a generic library only where its Tile IR, evaluated at
+the new sizes, is exactly the new size's Tile IR, buffers and calls included. Then every
+statement, in order, is what the specialised program would run: the same bits (the numerics
+contract: a sum's order depends on the shapes, never on how they were compiled). Where it is
+not, the new size's program is compiled, itself generic, and serves its own sizes (a bucket:
+the sizes whose decisions it shares).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import numpy as np
+
+# Python's floor division and modulo (C's / and % truncate toward zero)
+C_HELPERS = """\
+static inline int64_t ts_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t ts_floormod(int64_t a, int64_t b) { return a - ts_floordiv(a, b) * b; }"""
+
+
+class DynamicSize(int):
+    """A size whose value is known now and whose form in the dynamic symbols is kept:
+    ("sym", name) or (op, a, b) with a, b DynamicSizes or ints."""
+
+    def __new__(cls, value: int, form):
+        self = int.__new__(cls, value)
+        self.form = form
+        return self
+
+    @classmethod
+    def symbol(cls, name: str, value: int) -> "DynamicSize":
+        return cls(value, ("sym", name))
+
+    def __reduce__(self):           # pickled (a cache key) as the plain number it equals
+        return (int, (int(self),))
+
+
+def _make(op: str, a, b):
+    # (x * 1, x + 0 and the like are x: the forms stay short)
+    if type(b) is not DynamicSize and ((op in "+-" and b == 0) or (op in ("*", "//") and b == 1)):
+        return a
+    if type(a) is not DynamicSize and ((op == "+" and a == 0) or (op == "*" and a == 1)):
+        return b
+    return DynamicSize(_OPS[op](int(a), int(b)), (op, a, b))
+
+
+def _combine(op: str):
+    def forward(a, b):
+        if type(b) is bool or not isinstance(b, int):
+            return NotImplemented
+        return _make(op, a, b)
+
+    def backward(a, b):
+        if type(b) is bool or not isinstance(b, int):
+            return NotImplemented
+        return _make(op, b, a)
+    return forward, backward
+
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
+        "%": operator.mod}
+for _op, _name in (("+", "add"), ("-", "sub"), ("*", "mul"), ("//", "floordiv"), ("%", "mod")):
+    _f, _b = _combine(_op)
+    setattr(DynamicSize, f"__{_name}__", _f)
+    setattr(DynamicSize, f"__r{_name}__", _b)
+
+
+def _pow(a, p):
+    if type(p) is not int or p < 0:
+        return NotImplemented
+    out = 1
+    for _ in range(p):
+        out = out * a
+    return out
+
+
+DynamicSize.__pow__ = _pow
+DynamicSize.__neg__ = lambda a: DynamicSize(-int(a), ("-", 0, a))
+DynamicSize.__pos__ = lambda a: a
+DynamicSize.__divmod__ = lambda a, b: (a // b, a % b)
+DynamicSize.__rdivmod__ = lambda a, b: (b // a, b % a) if isinstance(b, int) else NotImplemented
+
+
+def is_dynamic(x) -> bool:
+    return isinstance(x, DynamicSize)
+
+
+class SizeConstant(np.ndarray):
+    """A 0-d constant of the Graph IR whose value is a DynamicSize (`size`): a mean's count.
+    The emitter reads it as that size, so the C computes it from the symbols."""
+    size = None
+
+
+def size_constant(arr: np.ndarray, size: DynamicSize) -> np.ndarray:
+    out = arr.view(SizeConstant)
+    out.size = size
+    return out
+
+
+def scalar_value(arr: np.ndarray):
+    """A 0-d constant's value: its DynamicSize when it has one, else the number."""
+    size = getattr(arr, "size", None) if type(arr) is SizeConstant else None
+    return size if size is not None else arr.item()
+
+
+def evaluate(x, sizes: dict):
+    """x at these sizes of the symbols (a plain int), x itself when it is not a DynamicSize."""
+    if not isinstance(x, DynamicSize):
+        return x
+    form = x.form
+    if form[0] == "sym":
+        return sizes[form[1]]
+    return _OPS[form[0]](evaluate(form[1], sizes), evaluate(form[2], sizes))
+
+
+def c_expr(x) -> str:
+    """x as a C expression of int64_t (the symbols are ts_size_<name>)."""
+    if not isinstance(x, DynamicSize):
+        return f"{int(x)}LL" if abs(int(x)) > 2 ** 31 - 1 else str(int(x))
+    form = x.form
+    if form[0] == "sym":
+        return f"ts_size_{form[1]}"
+    a, b = c_expr(form[1]), c_expr(form[2])
+    if form[0] == "//":
+        return f"ts_floordiv({a}, {b})"
+    if form[0] == "%":
+        return f"ts_floormod({a}, {b})"
+    return f"({a} {form[0]} {b})"
+
+
+def form_key(x):
+    """A hashable stand-in for x that is the same at every size: its form (a plain int is
+    itself)."""
+    if not isinstance(x, DynamicSize):
+        return x
+    f = x.form
+    return f if f[0] == "sym" else (f[0], form_key(f[1]), form_key(f[2]))
+
+
+def symbols_of(x, into: set) -> set:
+    if isinstance(x, DynamicSize):
+        if x.form[0] == "sym":
+            into.add(x.form[1])
+        else:
+            symbols_of(x.form[1], into)
+            symbols_of(x.form[2], into)
+    return into
+
+
+def instantiate(x, sizes: dict):
+    """A copy of an IR object (dataclasses, lists, tuples, dicts) with every DynamicSize
+    replaced by its value at `sizes`."""
+    if isinstance(x, DynamicSize):
+        return evaluate(x, sizes)
+    if isinstance(x, (list, tuple)):
+        items = [instantiate(v, sizes) for v in x]
+        return items if isinstance(x, list) else tuple(items)
+    if isinstance(x, dict):
+        return {k: instantiate(v, sizes) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        changes = {f.name: instantiate(getattr(x, f.name), sizes)
+                   for f in dataclasses.fields(x)}
+        return dataclasses.replace(x, **changes) if any(
+            changes[k] is not getattr(x, k) for k in changes) else x
+    return x
+
+
+def _rendered(owner, field: str) -> bool:
+    """Whether the C renders this field of a Tile IR object through its expression (where a
+    DynamicSize stays one): an index constant's value and a loop's extent."""
+    kind = type(owner).__name__
+    return (kind == "Const" and field == "value") or (kind == "Loop" and field == "extent")
+
+
+def freeze(x, owner=None, field: str = ""):
+    """A copy of a tile program for a shape-generic build: sizes the C renders as expressions
+    stay DynamicSizes, every other (a local array's length, a knob) becomes the number it is
+    now, as the C will hold it."""
+    if isinstance(x, DynamicSize):
+        return x if _rendered(owner, field) else int(x)
+    if isinstance(x, (list, tuple)):
+        items = [freeze(v, owner, field) for v in x]
+        return items if isinstance(x, list) else tuple(items)
+    if isinstance(x, dict):
+        return {k: freeze(v, owner, field) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: freeze(getattr(x, f.name), x, f.name)
+                                         for f in dataclasses.fields(x) if f.init})
+    return x
+
+
+def structure(tile) -> tuple:
+    """What a tile program's C is made of: its kernels (names, strategies, parameters' names,
+    dtypes and modes, bodies, knobs), its launches and its buffer table (names, roles, dtypes,
+    in order). Two programs with equal structures render the same C; sizes of buffers and the
+    data of constants are not part of it (the runtime passes them)."""
+    return (tuple((k.name, k.strategy, tuple((p.name, p.dtype, p.mode) for p in k.params),
+                   k.body, k.knobs, k.launch) for k in tile.kernels),
+            tuple((name, tuple(args)) for name, args in tile.calls),
+            tuple((b.name, b.role, b.type.dtype) for b in tile.buffers),
+            tile.steps)
+
+
+def first_difference(a, b, path: str = "") -> str | None:
+    """Where two IR objects first differ (a path and both values), or None when equal."""
+    if type(a) is not type(b) and not (isinstance(a, int) and isinstance(b, int)):
+        return f"{path}: {a!r} / {b!r}"
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} / {len(b)} items"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(a, dict):
+        if a.keys() != b.keys():
+            return f"{path}: keys {sorted(a)} / {sorted(b)}"
+        for k in a:
+            d = first_difference(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        for f in dataclasses.fields(a):
+            d = first_difference(getattr(a, f.name), getattr(b, f.name),
+                                 f"{path}.{type(a).__name__}.{f.name}")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{path}: {a!r} / {b!r}"

@@ -1,0 +1,167 @@
+"""Dynamic shapes (`ts.function(f, dynamic=("B",))`, compiler/dynamic.py): a program compiled at
+one size serves the others where it computes exactly what theirs would. Each case runs on fresh
+random inputs at random sizes: the results equal NumPy's (the independent reference), and bit
+for bit the specialised function's; calls served by an earlier library run no C compiler."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import Tensor, op
+from tessera.errors import ArgumentError
+
+from conftest import assert_close
+
+
+def _loss(params, x, y):
+    h = op.tanh(op.matmul(x, params["w1"]) + params["b1"])
+    z = op.matmul(h, params["w2"]) + params["b2"]
+    return op.mean((z - y) * (z - y))
+
+
+def mlp_step(params, x: Tensor["B", 24], y: Tensor["B", 5]):
+    return ts.value_and_grad(_loss)(params, x, y)
+
+
+def mlp_step_numpy(params, x, y):
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    h = np.tanh(x @ p["w1"] + p["b1"])
+    z = h @ p["w2"] + p["b2"]
+    loss = np.mean((z - y) ** 2)
+    dz = 2 * (z - y) / z.size
+    dh = dz @ p["w2"].T * (1 - h * h)
+    return loss, {"w1": x.T @ dh, "b1": dh.sum(0), "w2": h.T @ dz, "b2": dz.sum(0)}
+
+
+def norm_softmax(x: Tensor["B", "S", 40], g: Tensor[40]):
+    return op.softmax(op.layernorm(x) * g, axis=-1), op.sum(x, axis=1), op.mean(x)
+
+
+def norm_softmax_numpy(x, g):
+    x64 = x.astype(np.float64)
+    m = x64.mean(-1, keepdims=True)
+    n = (x64 - m) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * g
+    e = np.exp(n - n.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True), x64.sum(1), x64.mean()
+
+
+def attention(q: Tensor[2, "S", 16], k: Tensor[2, "S", 16], v: Tensor[2, "S", 16]):
+    return op.attention(q, k, v, causal=True)
+
+
+def attention_numpy(q, k, v):
+    s = np.einsum("bqd,bkd->bqk", q.astype(np.float64), k.astype(np.float64)) / 4.0
+    n = s.shape[-1]
+    s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+
+
+def embed_max(t: Tensor["B", 7, ts.int32], E: Tensor[30, 12]):
+    return op.max(op.gather(E, t), axis=1)
+
+
+def _params(rng):
+    return {"w1": rng.standard_normal((24, 32)).astype(np.float32) * 0.3,
+            "b1": rng.standard_normal(32).astype(np.float32),
+            "w2": rng.standard_normal((32, 5)).astype(np.float32) * 0.3,
+            "b2": rng.standard_normal(5).astype(np.float32)}
+
+
+def _equal(a, b):
+    if isinstance(a, dict):
+        return all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return all(_equal(x, y) for x, y in zip(a, b))
+    return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def _sizes(rng, lo, hi, n):
+    return [int(s) for s in rng.choice(np.arange(lo, hi), size=n, replace=False)]
+
+
+def test_training_step_any_batch_size(rng):
+    params = _params(rng)
+    dyn, spec = ts.function(mlp_step, dynamic=("B",)), ts.function(mlp_step)
+    sizes = _sizes(rng, 17, 120, 8)
+    for b in sizes:
+        x = rng.standard_normal((b, 24)).astype(np.float32)
+        y = rng.standard_normal((b, 5)).astype(np.float32)
+        got = dyn(params, x, y)
+        assert _equal(got, spec(params, x, y)), f"B={b}: not the specialised program's bits"
+        loss, grads = mlp_step_numpy(params, x, y)
+        assert_close(got[0], np.float32(loss), rtol=1e-5, atol=1e-6)
+        for k in grads:
+            assert_close(got[1][k], grads[k].astype(np.float32), rtol=1e-4, atol=1e-5)
+    generics = sum(len(g) for g in dyn.programs.generics.values())
+    assert generics < len(sizes), "every size compiled a library of its own"
+
+
+def test_a_new_size_runs_no_compiler(rng):
+    f = ts.function(norm_softmax, dynamic=("B", "S"))
+    g = rng.standard_normal(40).astype(np.float32)
+    first = rng.standard_normal((3, 20, 40)).astype(np.float32)
+    f(first, g)
+    ts.reset_cache_stats()
+    shapes = [(int(b), int(s)) for b, s in zip(rng.integers(1, 9, 4), rng.integers(17, 31, 4))
+              if (int(b), int(s)) != (3, 20)]
+    for b, s in dict.fromkeys(shapes):
+        x = rng.standard_normal((b, s, 40)).astype(np.float32)
+        got = f(x, g)
+        want = norm_softmax_numpy(x, g)
+        for a, w in zip(got, want):
+            assert_close(a, w.astype(np.float32), rtol=1e-5, atol=1e-6)
+        p = f.lower(x, g)
+        assert p.dynamic_sizes == {"B": b, "S": s}
+        assert "ts_size_B" in p.target_code and "ts_size_S" in p.target_code
+        assert f"f32[{b}, {s}, 40]" in str(p.tile_ir)     # the levels read are this size's
+    stats = ts.cache_stats()
+    assert stats["compiles"] == 0 and stats["disk_hits"] == 0, stats
+    assert stats["dynamic_reuses"] == len(dict.fromkeys(shapes))
+
+
+def test_attention_over_sequence_lengths(rng):
+    dyn, spec = ts.function(attention, dynamic=("S",)), ts.function(attention)
+    for s in _sizes(rng, 20, 90, 6):
+        q, k, v = (rng.standard_normal((2, s, 16)).astype(np.float32) for _ in range(3))
+        got = dyn(q, k, v)
+        assert np.array_equal(got, spec(q, k, v)), f"S={s}"
+        assert_close(got, attention_numpy(q, k, v).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_integer_gather_and_reduction(rng):
+    dyn, spec = ts.function(embed_max, dynamic="B"), ts.function(embed_max)
+    E = rng.standard_normal((30, 12)).astype(np.float32)
+    for b in _sizes(rng, 1, 60, 6):
+        t = rng.integers(-30, 30, (b, 7)).astype(np.int32)
+        got = dyn(t, E)
+        assert np.array_equal(got, spec(t, E))
+        assert np.array_equal(got, E[t].max(axis=1))
+
+
+def test_buckets_where_the_compiler_decides_by_size(rng):
+    """Sizes whose loops differ (serial or parallel, another tile) get a library of their own;
+    every size still gives the specialised program's bits."""
+    dyn = ts.function(norm_softmax, dynamic=("B",))
+    spec = ts.function(norm_softmax)
+    g = rng.standard_normal(40).astype(np.float32)
+    for b in (1, 2, 15, 16, 17, 64, 200, 1000, 3):
+        x = rng.standard_normal((b, 5, 40)).astype(np.float32)
+        assert _equal(dyn(x, g), spec(x, g)), f"B={b}"
+
+
+def test_saved_program_of_a_generic_library(rng, tmp_path):
+    f = ts.function(norm_softmax, dynamic=("B",))
+    g = rng.standard_normal(40).astype(np.float32)
+    f(rng.standard_normal((4, 3, 40)).astype(np.float32), g)
+    x = rng.standard_normal((6, 3, 40)).astype(np.float32)
+    p = f.lower(x, g)
+    assert p.dynamic_sizes == {"B": 6}
+    p.save(tmp_path / "p.tsr")
+    q = ts.load(tmp_path / "p.tsr")
+    assert _equal(q(x, g), f(x, g))
+
+
+def test_dynamic_names_a_symbol_of_the_annotations():
+    with pytest.raises(ArgumentError, match="'T'.*no annotation"):
+        ts.function(norm_softmax, dynamic=("B", "T"))
