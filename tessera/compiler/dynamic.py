@@ -143,6 +143,27 @@ def c_expr(x) -> str:
     return f"({a} {form[0]} {b})"
 
 
+def representative(x):
+    """x with each dynamic symbol at the power of two at or above its size (a plain int; x
+    itself when it is not dynamic). The strategies choose knobs (tiles, serial or parallel) by
+    it, so that the sizes of a bucket (2**(k-1), 2**k] share their knobs and one generic library
+    serves them all; knobs never change a result's bits."""
+    if not isinstance(x, DynamicSize):
+        return x
+    leaves = {}
+
+    def collect(y):
+        if isinstance(y, DynamicSize):
+            if y.form[0] == "sym":
+                v = int(y)
+                leaves[y.form[1]] = 1 << (v - 1).bit_length() if v > 1 else v
+            else:
+                collect(y.form[1])
+                collect(y.form[2])
+    collect(x)
+    return evaluate(x, leaves)
+
+
 def form_key(x):
     """A hashable stand-in for x that is the same at every size: its form (a plain int is
     itself)."""
@@ -150,16 +171,6 @@ def form_key(x):
         return x
     f = x.form
     return f if f[0] == "sym" else (f[0], form_key(f[1]), form_key(f[2]))
-
-
-def symbols_of(x, into: set) -> set:
-    if isinstance(x, DynamicSize):
-        if x.form[0] == "sym":
-            into.add(x.form[1])
-        else:
-            symbols_of(x.form[1], into)
-            symbols_of(x.form[2], into)
-    return into
 
 
 def instantiate(x, sizes: dict):
@@ -215,32 +226,3 @@ def structure(tile) -> tuple:
             tuple((b.name, b.role, b.type.dtype) for b in tile.buffers),
             tile.steps)
 
-
-def first_difference(a, b, path: str = "") -> str | None:
-    """Where two IR objects first differ (a path and both values), or None when equal."""
-    if type(a) is not type(b) and not (isinstance(a, int) and isinstance(b, int)):
-        return f"{path}: {a!r} / {b!r}"
-    if isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            return f"{path}: {len(a)} / {len(b)} items"
-        for i, (x, y) in enumerate(zip(a, b)):
-            d = first_difference(x, y, f"{path}[{i}]")
-            if d:
-                return d
-        return None
-    if isinstance(a, dict):
-        if a.keys() != b.keys():
-            return f"{path}: keys {sorted(a)} / {sorted(b)}"
-        for k in a:
-            d = first_difference(a[k], b[k], f"{path}.{k}")
-            if d:
-                return d
-        return None
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        for f in dataclasses.fields(a):
-            d = first_difference(getattr(a, f.name), getattr(b, f.name),
-                                 f"{path}.{type(a).__name__}.{f.name}")
-            if d:
-                return d
-        return None
-    return None if a == b else f"{path}: {a!r} / {b!r}"

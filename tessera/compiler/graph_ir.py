@@ -246,7 +246,9 @@ class Graph:
             raise DTypeError(f"the constant {value!r} does not fit in {dt.get(dtype).name}: {e}",
                              hint="cast the tensor to a wider dtype first") from None
         arr = dt.native(arr)
-        if is_dynamic(value):           # a count of a dynamic size: computed in the C
+        if is_dynamic(value) and arr.dtype.kind in "fi" and arr.dtype.itemsize >= 4:
+            # a count of a dynamic size, computed in the C: converted there as NumPy did here
+            # (to float32 or float64 rounding to nearest; 16-bit floats keep the number)
             arr = size_constant(arr, value)
         arr.setflags(write=False)
         t = TensorType(dt.from_numpy(arr.dtype), tuple(arr.shape))

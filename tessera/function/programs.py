@@ -60,8 +60,9 @@ class ProgramCache:
         for n, a in arrays.items():
             t = type_of_array(a)
             dims = self.sig.spec_dims(n)
-            if dims is not None and len(dims) == len(t.shape):    # ("B": B's DynamicSize)
-                t = t.with_shape(symbolic.get(str(d), n) for d, n in zip(dims, t.shape))
+            if dims is not None and len(dims) == len(t.shape):
+                # (a dimension is a number or one name: "B" is B's DynamicSize)
+                t = t.with_shape(symbolic.get(str(d), size) for d, size in zip(dims, t.shape))
             types[n] = t
         g = self.trace(types, statics, traced)
         tracing.check_graph_return(self.sig, g, bindings, bindings)

@@ -14,6 +14,7 @@ from ... import dtypes as dt
 from ...errors import ArgumentError, DTypeError
 from ...ops import libm
 from ...ops import registry as R
+from ..dynamic import representative
 from ..emit import (Names, batch_strides, contiguous, idx_div, idx_min, idx_mod, launch_of,
                     operand, unflatten)
 from ..groups import Group, is_view, unit_inner_stride
@@ -47,14 +48,14 @@ class Attention(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         """block_q halved until the problem has MIN_TASKS tasks (both cores get work)."""
-        shape = k.group.anchor.out.type.shape
+        shape = [representative(d) for d in k.group.anchor.out.type.shape]   # (see contract)
         heads = 1
         for e in shape[:-2]:
             heads *= e
         bq = c_attention.DEFAULT_BLOCKS["block_q"]
         while bq > 16 and heads * -(-shape[-2] // bq) < c_attention.MIN_TASKS:
             bq //= 2
-        return {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "block_q": bq}
+        return {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "block_q": bq}
 
     def gpu_knobs(self, k, target) -> dict:
         anchor = k.group.anchor

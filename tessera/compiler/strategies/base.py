@@ -12,6 +12,7 @@ compiler file outside a strategy names one.
 """
 from __future__ import annotations
 
+from ..dynamic import representative
 from ..groups import Group, identity_map, is_elementwise, is_view, squeezes_only
 
 PARALLEL_MIN_ELEMENTS = 1 << 16     # below this, starting threads costs more than it saves
@@ -73,7 +74,8 @@ class Strategy:
 
     # -- knobs -----------------------------------------------------------------------------------
     def cpu_knobs(self, k) -> dict:
-        return {"parallel": k.output.type.numel() >= PARALLEL_MIN_ELEMENTS, "simd": True}
+        return {"parallel": representative(k.output.type.numel()) >= PARALLEL_MIN_ELEMENTS,
+                "simd": True}
 
     def gpu_knobs(self, k, target: str) -> dict:
         return {"threads": GPU_THREADS}

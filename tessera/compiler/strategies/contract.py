@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from ... import dtypes as dt
 from ...ops import registry as R
+from ..dynamic import representative
 from ..emit import (Emitter, Names, batch_strides, contiguous, grid_from_cpu_nests, idx_div,
                     idx_min, idx_mod, launch_of, loop_nest, operand, read, unflatten)
 from ..groups import Group, identity_map, is_elementwise, is_view
@@ -86,7 +87,7 @@ class Contract(Strategy):
         return 2 * n.out.type.numel() * n.inputs[0].type.shape[-1]
 
     def cpu_knobs(self, k) -> dict:
-        knobs = {"parallel": k.flops >= PARALLEL_MIN_FLOPS, "simd": True}
+        knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
         if k.output.type.dtype.is_float:
             knobs.update(gemm_tiles(k.group.anchor, k.output.type.dtype.compute.short))
         return knobs
@@ -167,7 +168,7 @@ def gemm_tiles(c, dtype_short: str) -> dict:
     count."""
     mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
     MR = c_gemm.MR
-    shape = c.out.type.shape
+    shape = [representative(d) for d in c.out.type.shape]     # (a dynamic size: its bucket's)
     M, N = shape[-2], shape[-1]
     batch = 1
     for d in shape[:-2]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ... import dtypes as dt
 from ...errors import ArgumentError
 from ...ops import registry as R
-from ..dynamic import is_dynamic
+from ..dynamic import is_dynamic, representative
 from ..emit import (WARP, Emitter, idx_min, launch_of, loop_nest, prod, reduction_plan,
                     split_index, store_all)
 from ..groups import Group, identity_map, is_column, is_elementwise, is_reduce, reduce_out_map
@@ -55,7 +55,7 @@ class Reduction(Strategy):
         return n.inputs[0].type.numel()
 
     def cpu_knobs(self, k) -> dict:
-        return {"parallel": prod(k.group.domain) >= PARALLEL_MIN_ELEMENTS,
+        return {"parallel": representative(prod(k.group.domain)) >= PARALLEL_MIN_ELEMENTS,
                 "lanes": LANES.get(k.output.type.dtype.compute.itemsize, 8)}
 
     def user_knobs(self, schedule) -> dict:

@@ -7,6 +7,7 @@ CPU: the p lines in parallel, r the vector lanes. GPU: a thread per (p, r).
 from __future__ import annotations
 
 from ...ops import registry as R
+from ..dynamic import representative
 from ..emit import Names, finish, launch_of, nest_keep, read, split_index
 from ..tile_ir import Bin, Const, Load, Loop, Store, Var, idx_add, idx_mul
 from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
@@ -25,7 +26,7 @@ class Scatter(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         return {"parallel": gather_shape(k)[0] >= 2 and
-                k.inputs[2].type.numel() >= PARALLEL_MIN_ELEMENTS}
+                representative(k.inputs[2].type.numel()) >= PARALLEL_MIN_ELEMENTS}
 
     def lower_cpu(self, k, code):
         names = Names()
