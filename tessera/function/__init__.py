@@ -222,9 +222,11 @@ class Function:
 
 
 def _dynamic_symbols(dynamic, sig, name) -> tuple:
-    """The checked names of `dynamic=`: symbols of the annotations."""
-    names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic or ())
+    """The checked names of `dynamic=`: symbols of the annotations (True: all of them)."""
     known = sig.symbols()
+    if dynamic is True:
+        return tuple(known)
+    names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic or ())
     for s in names:
         if s not in known:
             raise ArgumentError(f"dynamic={names!r} names {s!r}, which no annotation of "
@@ -250,9 +252,9 @@ def function(fn=None, *, name: str | None = None, target: str = "cpu", schedule=
     """Decorator: compile a Python function with Tessera. ``@function`` or
     ``@function(name=..., schedule=tessera.Schedule(block=(96, 256)))``; ``policy=`` a
     tessera.NumericalPolicy for every operator of its body (tessera/numerics.py);
-    ``dynamic=("B", "S")``: symbols of the annotations whose sizes vary from call to call, so
-    that a program compiled at one size serves the others where it computes exactly what theirs
-    would (compiler/dynamic.py; CPU targets)."""
+    ``dynamic=("B", "S")``: symbols of the annotations whose sizes vary from call to call (True:
+    every symbol), so that a program compiled at one size serves the others where it computes
+    exactly what theirs would (compiler/dynamic.py; CPU targets)."""
     if fn is None:
         return lambda f: Function(f, name=name, target=target, schedule=schedule, policy=policy,
                                   dynamic=dynamic)

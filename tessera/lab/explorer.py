@@ -146,10 +146,16 @@ class Explorer:
             from ..runtime.isa import is_cpu
             language = "c" if is_cpu(prog.target) else prog.target
             helpers, kernels = split_target_code(prog)
+            sizes = getattr(prog, "dynamic_sizes", None)
+            note = "" if not sizes else (
+                "<p>A shape-generic library: its C reads " +
+                ", ".join(f"<code>{s}</code>" for s in sizes) + " at run time and serves every "
+                "size whose Tile IR it runs exactly; this program runs it with " +
+                ", ".join(f"{s}={v}" for s, v in sizes.items()) + ".</p>")
             if not helpers:
-                return code_html(kernels, language)
+                return note + code_html(kernels, language)
             n = helpers.count("\n") + 1
-            return (code_html(kernels, language) +
+            return (note + code_html(kernels, language) +
                     f"<details><summary>the {n} lines before the kernels: prelude, our math "
                     f"functions, conversions and routine declarations</summary>"
                     f"{code_html(helpers, language)}</details>")

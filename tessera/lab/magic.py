@@ -37,6 +37,10 @@ class TesseraMagics(Magics):
                               help="search the kernels' knobs and show the candidates")
     @magic_arguments.argument("--budget", type=float, default=10.0, metavar="SECONDS",
                               help="the autotuning budget (default 10 s)")
+    @magic_arguments.argument("--dynamic", default="", metavar="B,S",
+                              help="symbols whose sizes vary from call to call: the cell's "
+                                   "functions compile shape-generic libraries for them "
+                                   "(ts.function(f, dynamic=...))")
     @magic_arguments.argument("--name", default=None,
                               help="which function of the cell to explore (default: the last "
                                    "one defined)")
@@ -72,7 +76,8 @@ class TesseraMagics(Magics):
         if args.function:
             raise UsageError("%%tessera takes no function name; use --name to pick one of the "
                              "cell's functions")
-        defined = self._run_cell(cell)
+        dynamic = tuple(s.strip() for s in args.dynamic.split(",") if s.strip())
+        defined = self._run_cell(cell, dynamic)
         ns = self.shell.user_ns
         if args.name is not None:
             chosen = _as_tessera_function(ns.get(args.name))
@@ -106,11 +111,12 @@ class TesseraMagics(Magics):
                              "program")
         return _explore(fn, sizes, options)
 
-    def _run_cell(self, cell: str) -> list:
+    def _run_cell(self, cell: str, dynamic=()) -> list:
         """Run the cell in the user's namespace a statement at a time, as IPython does, binding
         each annotated plain function as a tessera one as soon as its `def` has run (so the
         cell's own later lines call the compiled function, and an error leaves every function
-        defined before it bound). Returns the tessera functions the cell defined, in order."""
+        defined before it bound), dynamic in those of `dynamic`'s symbols it has. Returns the
+        tessera functions the cell defined, in order."""
         __tracebackhide__ = True
         shell = self.shell
         # one blank line for the %%tessera line, so code line numbers are the cell's own
@@ -130,7 +136,7 @@ class TesseraMagics(Magics):
                 found.pop(name, None)           # rebound: now last, or gone
                 if isinstance(value, types.FunctionType) and _defined_in(value, filename) and \
                         _tensor_annotated(value):
-                    value = ns[name] = _bind(value)
+                    value = ns[name] = _bind(value, dynamic)
                 if _is_tile_kernel(value) and _defined_in(value.fn, filename):
                     found[name] = value.as_function()      # the kernel stays as it is in ns
                 elif _is_tessera_function(value) and _defined_in(_root(value), filename):
@@ -168,11 +174,14 @@ def _resolve_target(name: str) -> str:
     return next((t for t in ("cuda", "hip") if t in runnable), "cpu")
 
 
-def _bind(fn):
-    """A plain annotated function as a tessera function; an error names its `def` line."""
+def _bind(fn, dynamic=()):
+    """A plain annotated function as a tessera function, dynamic in those of `dynamic`'s
+    symbols its annotations use; an error names its `def` line."""
     from ..function import Function, def_location
     try:
-        return Function(fn)
+        f = Function(fn)
+        mine = tuple(s for s in dynamic if s in f.symbols())
+        return Function(fn, dynamic=mine) if mine else f
     except TesseraError as e:
         if e.location is None:
             e.location = def_location(fn)

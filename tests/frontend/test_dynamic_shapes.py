@@ -165,3 +165,5 @@ def test_saved_program_of_a_generic_library(rng, tmp_path):
 def test_dynamic_names_a_symbol_of_the_annotations():
     with pytest.raises(ArgumentError, match="'T'.*no annotation"):
         ts.function(norm_softmax, dynamic=("B", "T"))
+    assert ts.function(norm_softmax, dynamic=True).dynamic == ("B", "S")
+    assert ts.function(norm_softmax, dynamic="S").dynamic == ("S",)

@@ -114,6 +114,19 @@ def bad(x: Tensor["B", "S", "D"], w: Tensor["E", "F"]):
     assert "return op.matmul(y, w)" not in _text(page) and f"matmul at In[{n}]:6" in page
 
 
+def test_dynamic_compiles_a_shape_generic_library(shell):
+    explorer, _ = run_magic(shell, "--shapes B=3,S=8,D=4 --dynamic B", ATTENTION)
+    assert explorer.program.dynamic_sizes == {"B": 3}
+    page = _drawn(explorer._repr_mimebundle_()["text/html"])
+    assert "ts_size_B" in page and "shape-generic library" in page
+    fn = shell.user_ns["attention"]
+    assert fn.dynamic == ("B",)
+    x = np.random.default_rng(0).standard_normal((4, 8, 4)).astype(np.float32)
+    ts.reset_cache_stats()
+    fn(x, x, x)                             # a new size of B, in 3's bucket: the library serves it
+    assert ts.cache_stats()["dynamic_reuses"] == 1
+
+
 def test_bad_options_are_usage_errors(shell):
     with pytest.raises(UsageError):
         shell.run_cell_magic("tessera", "--target tpu", ATTENTION)
