@@ -101,20 +101,20 @@ def is_dynamic(x) -> bool:
 
 
 class SizeConstant(np.ndarray):
-    """A 0-d constant of the Graph IR whose value is a DynamicSize (`size`): a mean's count.
-    The emitter reads it as that size, so the C computes it from the symbols."""
-    size = None
+    """A 0-d constant of the Graph IR whose value is a DynamicSize (`dynamic_value`): a mean's
+    count. The emitter reads it as that size, so the C computes it from the symbols."""
+    dynamic_value = None
 
 
 def size_constant(arr: np.ndarray, size: DynamicSize) -> np.ndarray:
     out = arr.view(SizeConstant)
-    out.size = size
+    out.dynamic_value = size
     return out
 
 
 def scalar_value(arr: np.ndarray):
     """A 0-d constant's value: its DynamicSize when it has one, else the number."""
-    size = getattr(arr, "size", None) if type(arr) is SizeConstant else None
+    size = arr.dynamic_value if type(arr) is SizeConstant else None
     return size if size is not None else arr.item()
 
 
