@@ -191,11 +191,14 @@ def instantiate(x, sizes: dict):
     return x
 
 
+_RENDERED = {("Const", "value"), ("Loop", "extent"), ("Scratch", "size")}
+
+
 def _rendered(owner, field: str) -> bool:
     """Whether the C renders this field of a Tile IR object through its expression (where a
-    DynamicSize stays one): an index constant's value and a loop's extent."""
-    kind = type(owner).__name__
-    return (kind == "Const" and field == "value") or (kind == "Loop" and field == "extent")
+    DynamicSize stays one): an index constant's value, a loop's extent, a heap scratch's
+    length."""
+    return (type(owner).__name__, field) in _RENDERED
 
 
 def freeze(x, owner=None, field: str = ""):

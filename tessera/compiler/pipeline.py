@@ -305,7 +305,8 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
         frozen = replace(tile, kernels=dynamic.freeze(tile.kernels))
         source, lib = build_generic_program(frozen, graph.name, level, list(sizes))
         generic = ShapeGeneric(frozen, source, lib)
-        generics.append(generic)
+        if all(gen.source != source for gen in generics):   # (threads may race to one)
+            generics.append(generic)
     return Program(g, prim, sched, tile, generic.source, target, generic.library,
                    output_structure, dynamic_sizes={s: int(v) for s, v in sizes.items()})
 

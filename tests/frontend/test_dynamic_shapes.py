@@ -139,6 +139,22 @@ def test_integer_gather_and_reduction(rng):
         assert np.array_equal(got, E[t].max(axis=1))
 
 
+def column_sums(x: Tensor["B", "S"]):
+    return op.sum(op.exp(x), axis=0)
+
+
+def test_column_reduction_over_both_dynamic_sizes(rng):
+    """A column reduction's accumulators are sized for the widest block of the width's bucket,
+    so every (B, S) of one pair of buckets shares a library."""
+    dyn, spec = ts.function(column_sums, dynamic=True), ts.function(column_sums)
+    for b, s in zip(rng.integers(65, 129, 5), rng.integers(33, 65, 5)):
+        x = rng.standard_normal((int(b), int(s))).astype(np.float32)
+        got = dyn(x)
+        assert np.array_equal(got, spec(x))
+        assert_close(got, np.exp(x.astype(np.float64)).sum(0).astype(np.float32))
+    assert sum(len(g) for g in dyn.programs.generics.values()) == 1
+
+
 def test_buckets_where_the_compiler_decides_by_size(rng):
     """Sizes whose loops differ (serial or parallel, another tile) get a library of their own;
     every size still gives the specialised program's bits."""

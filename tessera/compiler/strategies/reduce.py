@@ -6,7 +6,7 @@ order and vectorises. GPU: adjacent threads own adjacent columns (coalesced read
 """
 from __future__ import annotations
 
-from ..dynamic import is_dynamic
+from ..dynamic import is_dynamic, representative
 from ..emit import launch_of, loop_nest, prod, reduction_plan, split_index
 from ..groups import identity_map
 from ..schedule_ir import Kernel
@@ -50,7 +50,8 @@ def lower_column_reduce(k: Kernel, code):
     outer, body, idx = loop_nest(em, outer_ids, k.knobs.get("parallel"), False)
     row = [] if body is None else body
     acc = names("acc")
-    row.append(Local(acc, od, lanes * jb))
+    # (a dynamic width: room for its bucket's widest block, the same for every size of it)
+    row.append(Local(acc, od, lanes * min(representative(width), COLUMN_BLOCK)))
     init = OpCall(n.op, "init", (), xd, od, ())
 
     def block(start, cols):

@@ -316,7 +316,8 @@ def _chunked_reduction(em: Emitter, n, row_body, red_loop, lanes, parallel: bool
     size = max(WHOLE_CHUNK, -(-total_n // MAX_CHUNKS))
     full, rest = divmod(total_n, size)
     part, c = names("part"), names("ch")
-    row_body.append(Local(part, od, full + (1 if rest else 0)))
+    # (a dynamic size: room for the chunks of its bucket's largest, the same for all of it)
+    row_body.append(Local(part, od, -(-representative(total_n) // size)))
     chunk = []
     s_ = _row_reduction(em, n, chunk, {}, [red_loop], lanes, idx_mul(Var(c), Const(size)), size)
     chunk.append(Store(part, Var(c), s_))

@@ -65,7 +65,8 @@ class CRenderer(CStyleRenderer):
             return super().stmt(s, k, depth, out)
         pad, T = "  " * depth, self.ctype(s.dtype)     # (the builtins need no stdlib.h)
         out += [f"{pad}{{",
-                f"{pad}  {T}* {s.name} = ({T}*)__builtin_malloc((size_t){s.size} * sizeof({T}));",
+                f"{pad}  {T}* {s.name} = ({T}*)__builtin_malloc((size_t){self.literal(s.size, None)}"
+                f" * sizeof({T}));",
                 f"{pad}  if (!{s.name}) {{",
                 *(pad + "    " + line for line in self.flag_error(-s.code)),
                 f"{pad}  }} else {{"]
