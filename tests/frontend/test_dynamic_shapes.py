@@ -96,6 +96,21 @@ def test_training_step_any_batch_size(rng):
     assert sum(len(g) for g in dyn.programs.generics.values()) == 1
 
 
+def test_a_transform_of_a_dynamic_function_is_dynamic(rng):
+    f = ts.function(tanh_dot, dynamic=("B",))
+    g, gs = ts.grad(f), ts.grad(ts.function(tanh_dot))
+    assert g.dynamic == ("B",)
+    for b in (40, 57, 63):
+        x = rng.standard_normal((b, 6)).astype(np.float32)
+        assert np.array_equal(g(x), gs(x))
+        assert_close(g(x), (np.tanh(x) + x * (1 - np.tanh(x) ** 2)).astype(np.float32))
+    assert sum(len(v) for v in g.programs.generics.values()) == 1
+
+
+def tanh_dot(x: Tensor["B", 6]):
+    return op.sum(op.tanh(x) * x)
+
+
 def test_a_new_size_runs_no_compiler(rng):
     f = ts.function(norm_softmax, dynamic=("B", "S"))
     g = rng.standard_normal(40).astype(np.float32)
