@@ -24,13 +24,14 @@ import operator
 
 import numpy as np
 
-# Python's floor division and modulo (C's / and % truncate toward zero)
+# Python's floor division and modulo (C's / and % truncate toward zero), for the C and the GPU
+# renderers (`TS_INLINE`: each target's qualifiers)
 C_HELPERS = """\
-static inline int64_t ts_floordiv(int64_t a, int64_t b) {
+TS_INLINE int64_t ts_floordiv(int64_t a, int64_t b) {
   int64_t q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-static inline int64_t ts_floormod(int64_t a, int64_t b) { return a - ts_floordiv(a, b) * b; }"""
+TS_INLINE int64_t ts_floormod(int64_t a, int64_t b) { return a - ts_floordiv(a, b) * b; }"""
 
 
 class DynamicSize(int):
@@ -219,12 +220,16 @@ def freeze(x, owner=None, field: str = ""):
 
 
 def structure(tile) -> tuple:
-    """What a tile program's C is made of: its kernels (names, strategies, parameters' names,
-    dtypes and modes, bodies, knobs), its launches and its buffer table (names, roles, dtypes,
-    in order). Two programs with equal structures render the same C; sizes of buffers and the
-    data of constants are not part of it (the runtime passes them)."""
+    """What a tile program's code is made of: its kernels (names, strategies, parameters'
+    names, dtypes and modes, bodies, knobs, a GPU kernel's block, shared memory and workspace),
+    its launches and its buffer table (names, roles, dtypes, in order). Two programs with equal
+    structures render the same code; sizes of buffers, the data of constants and a GPU launch's
+    grid (its loops stride over whatever grid runs them) are not part of it: the runtime passes
+    them."""
     return (tuple((k.name, k.strategy, tuple((p.name, p.dtype, p.mode) for p in k.params),
-                   k.body, k.knobs, k.launch) for k in tile.kernels),
+                   k.body, k.knobs, k.launch and {key: v for key, v in k.launch.items()
+                                                 if key != "grid"})
+                  for k in tile.kernels),
             tuple((name, tuple(args)) for name, args in tile.calls),
             tuple((b.name, b.role, b.type.dtype) for b in tile.buffers),
             tile.steps)

@@ -155,8 +155,9 @@ class GPUProgram(_Levels):
     (on CuPy arrays, or NumPy arrays copied to the device) needs CuPy and a device, and the
     module is compiled on the first run."""
 
-    def __init__(self, *levels, output_structure=None):
+    def __init__(self, *levels, output_structure=None, dynamic_sizes=None):
         super().__init__(*levels, output_structure)
+        self.dynamic_sizes = dynamic_sizes      # as Program's: a shape-generic module's sizes
         self._module = None
         self.flags_errors = self.tile_ir.flags_errors   # else a run need not wait for its kernels
         self.saved_ptx: dict = {}       # arch -> PTX, from a saved file (no NVRTC needed)
@@ -265,7 +266,7 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)
 
 
-# ---- shape-generic programs (compiler/dynamic.py) -------------------------------------------------
+# ---- shape-generic programs (compiler/dynamic.py) ------------------------------------------------
 class ShapeGeneric:
     """A compiled shape-generic library and the frozen tile program it was rendered from."""
 
@@ -282,33 +283,46 @@ class ShapeGeneric:
 def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
                     output_structure=None, schedule=None):
     """The program of a graph traced with DynamicSizes for the dynamic symbols (`sizes`: each
-    symbol's size in this call), running one of `generics` (ShapeGeneric libraries of the same
-    function, earlier sizes) where one serves it, else a new shape-generic library, which joins
-    `generics`. A graph with host calls or control flow, or for a GPU or another architecture,
-    gets a specialised program."""
+    symbol's size in this call), running one of `generics` (ShapeGeneric libraries or GPU
+    modules of the same function, earlier sizes) where one serves it, else a new shape-generic
+    one, which joins `generics`. A graph with host calls or control flow, or for another CPU
+    architecture, gets a specialised program."""
     output_structure = output_structure or graph.output_structure
     target = resolve_target(target)
-    level = isa.level_of(target).name if isa.is_cpu(target) else None
-    if _calls_host(graph) or isa.is_gpu(target) or not isa.same_arch(level):
+    gpu = isa.is_gpu(target)
+    level = None if gpu else isa.level_of(target).name
+    if _calls_host(graph) or not (gpu or isa.same_arch(level)):
         return compile_graph(graph, target, output_structure, schedule)
     g, prim = prepare(graph)
     sched = schedule_graph(prim, target, schedule)
-    tile = lower_schedule(sched).verify()
-    if tile.steps is not None:
-        source, lib = build_program(tile, graph.name, level)
-        return Program(g, prim, sched, tile, source, target, lib, output_structure)
+    if gpu:
+        from .lower import lower_schedule_gpu
+        tile = lower_schedule_gpu(sched, target).verify()
+    else:
+        tile = lower_schedule(sched).verify()
+    if tile.steps is not None:          # control flow: specialised
+        return compile_graph(graph, target, output_structure, schedule)
     here = dynamic.instantiate(dynamic.structure(tile), sizes)
     generic = next((gen for gen in generics if gen.serves(here, sizes)), None)
     if generic is not None:
         cache.count("dynamic_reuses")
     else:
         frozen = replace(tile, kernels=dynamic.freeze(tile.kernels))
-        source, lib = build_generic_program(frozen, graph.name, level, list(sizes))
+        if gpu:                 # (the module is compiled when it first runs, as any GPU one)
+            from .target.gpu import render_cuda, render_hip
+            source = (render_cuda if target == "cuda" else render_hip)(frozen, list(sizes))
+            lib = None
+        else:
+            source, lib = build_generic_program(frozen, graph.name, level, list(sizes))
         generic = ShapeGeneric(frozen, source, lib)
         if all(gen.source != source for gen in generics):   # (threads may race to one)
             generics.append(generic)
+    values = {s: int(v) for s, v in sizes.items()}
+    if gpu:
+        return GPUProgram(g, prim, sched, tile, generic.source, target,
+                          output_structure=output_structure, dynamic_sizes=values)
     return Program(g, prim, sched, tile, generic.source, target, generic.library,
-                   output_structure, dynamic_sizes={s: int(v) for s, v in sizes.items()})
+                   output_structure, dynamic_sizes=values)
 
 
 # ---- graph breaks ---------------------------------------------------------------------------------

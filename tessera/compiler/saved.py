@@ -81,6 +81,7 @@ def save(programs, path, archs=None) -> Path:
             members.update(gpu_members)
             entries.append({"name": program.graph_ir.name, "target": program.target,
                             "level": None, **fields,
+                            "dynamic_sizes": program.dynamic_sizes,
                             "inputs": {p.param_name: str(p.type)
                                        for p in program.graph_ir.params},
                             "outputs": [str(v.type) for v in program.graph_ir.outputs]})
@@ -205,7 +206,8 @@ def _load_one(path, manifest, entry, members, at, recompile):
     levels = pickle.loads(members[at + "levels.pkl"])
     graph_ir, output_structure = levels[0], levels[6]
     if entry["target"] in ("cuda", "hip"):      # runs where CuPy finds a device (on first run)
-        program = GPUProgram(*levels[:6], output_structure=output_structure)
+        program = GPUProgram(*levels[:6], output_structure=output_structure,
+                             dynamic_sizes=entry.get("dynamic_sizes"))
         program.saved_ptx = {arch: members[f"{at}ptx/{arch}.ptx"]
                              for arch in entry.get("archs", [])}
         return program

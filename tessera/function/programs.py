@@ -38,7 +38,7 @@ class ProgramCache:
             return prog, arrays
         self.check_symbolic(arrays, statics, bindings)
         sizes = {s: bindings[s] for s in self.dynamic if s in bindings}
-        if sizes and target.startswith("cpu"):
+        if sizes:
             prog = self.dynamic_program(key, arrays, statics, bindings, sizes, target, schedule)
         else:
             g = self.trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)

@@ -40,6 +40,7 @@ from .gpu_toolchain import NVRTC_OPTIONS
 HIP_OPTIONS = ("-std=c++17", "-ffp-contract=off")
 WARP_SIZE = {"cuda": 32, "hip": 64}     # what the renderers' shuffle trees are written for
 _load_lock = threading.Lock()           # one compile per program, whatever the threads
+_generic_modules: dict = {}     # (target, source, device) -> a shape-generic module, loaded
 
 
 def _cupy():
@@ -196,7 +197,12 @@ def load_module(program, cupy):
     names = [k.name for k in program.tile_ir.kernels]
     if not names:                       # every result is an input or a constant
         return None, {}
+    # the programs of one shape-generic module (every size it serves) share it, loaded once
+    shared = (program.target, program.target_code, cupy.cuda.Device().id) \
+        if getattr(program, "dynamic_sizes", None) else None
     with _load_lock:
+        if shared is not None and shared in _generic_modules:
+            program._module = _generic_modules[shared]
         if program._module is None:
             warp = _properties(cupy).get("warpSize", WARP_SIZE[program.target])
             if warp != WARP_SIZE[program.target]:
@@ -209,6 +215,8 @@ def load_module(program, cupy):
                                                             options=HIP_OPTIONS), names)
             else:
                 program._module = _cuda_module(program, cupy, names)
+            if shared is not None:
+                _generic_modules[shared] = program._module
     return program._module
 
 
@@ -315,6 +323,8 @@ def run(program, arrays) -> list:
                 arr.fill(d.poison)
             table[b.name] = arr
     status = _status_word(program, cupy)
+    # a shape-generic module's kernels take the sizes last (compiler/dynamic.py)
+    sizes = tuple(np.int64(v) for v in (program.dynamic_sizes or {}).values())
     kernels = {k.name: k for k in program.tile_ir.kernels}
     phases = program.tile_ir.phases
     order = {phase: i for i, ks in enumerate(phases.values())
@@ -327,8 +337,8 @@ def run(program, arrays) -> list:
         if recorder is not None:
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record()
-        functions[name]((launch["grid"],), (launch["block"],), tuple(arrays) + (status,),
-                        shared_mem=launch["shared"])
+        functions[name]((launch["grid"],), (launch["block"],),
+                        tuple(arrays) + (status,) + sizes, shared_mem=launch["shared"])
         if recorder is not None:
             end.record()
             events.append((order[name], start, end))

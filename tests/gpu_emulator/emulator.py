@@ -364,11 +364,13 @@ def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None 
             table[b.name] = device_empty(tuple(b.type.shape), npd, fill=_poison(npd))
     status = device_empty((1 + program.tile_ir.workspace,), np.int32, fill=0)   # + workspace
     kernels = {k.name: k for k in program.tile_ir.kernels}
+    # a shape-generic module's kernels take the sizes last, by value (int64: pointer-sized)
+    sizes = [int(v) for v in (getattr(program, "dynamic_sizes", None) or {}).values()]
 
     def launch_one(name, arrays):
         cfg = kernels[name].launch
         grid = cfg["grid"] if max_blocks is None else min(cfg["grid"], max_blocks)
-        launch(module, name, grid, cfg["block"], list(arrays) + [status],
+        launch(module, name, grid, cfg["block"], list(arrays) + [status] + sizes,
                cfg.get("shared", 0), reverse=reverse, time_limit=time_limit)
         if status[0]:
             raise status_error(program, int(status[0]))

@@ -258,3 +258,31 @@ def test_hip_row_blocks_are_whole_wavefronts():
         else:
             with pytest.raises(ts.ArgumentError, match="warps of 64"):
                 lower_schedule_gpu(sched, target)
+
+
+def dynamic_cases(x: ts.Tensor["B", "S", 32], w: ts.Tensor[32, 32]):
+    h = ts.op.layernorm(x @ w)
+    return (ts.op.softmax(h), ts.op.sum(h, axis=1), ts.op.attention(h, h, h),
+            ts.op.sort(h, axis=1), ts.op.mean(h))
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_shape_generic_modules_compile(target):
+    """A dynamic function's module (compiler/dynamic.py): sizes as expressions of ts_size_B and
+    ts_size_S, which every kernel takes after ts_status; compiled by NVRTC or hipcc."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 20, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 32)).astype(np.float32)
+    prog = ts.function(dynamic_cases, dynamic=True).lower(x, w, target=target)
+    source = prog.target_code
+    assert prog.dynamic_sizes == {"B": 3, "S": 20}
+    n = len(prog.tile_ir.kernels)
+    assert source.count("int* ts_status, const int64_t ts_size_B, const int64_t ts_size_S)") == n
+    if target == "cuda":
+        nvrtc_or_skip()
+        for arch in ("sm_80", "sm_90"):
+            assert tc.nvrtc_compile(source, arch=arch, name="dynamic.cu").count(b".entry ") == n
+    else:
+        hipcc_or_skip()
+        code = tc.hip_compile_check(source, arch="gfx90a")
+        assert code[:4] == b"\x7fELF" or b"__CLANG_OFFLOAD_BUNDLE__" in code[:64]

@@ -683,3 +683,29 @@ def test_a_bf16_tile_matmul_takes_the_tensor_cores_on_cuda(rng, target):
     assert (np.abs(got - exact) <= bound).all()
     mm = run_twice(ts.function(lambda a, b: a @ b).lower(A, B, target="cuda"), (A, B))[0]
     assert got.astype(bfloat16.np).tobytes() == np.asarray(mm).astype(bfloat16.np).tobytes()
+
+
+# ---- dynamic shapes ------------------------------------------------------------------------------
+def rows_and_columns(x: ts.Tensor["B", 40], g: ts.Tensor[40]):
+    return op.softmax(op.layernorm(x) * g), op.sum(x * x, axis=0), x @ op.transpose(x)
+
+
+def test_a_shape_generic_module_serves_other_sizes(target, rng):
+    """A dynamic function lowered for the GPU: one module (the sizes are its kernels' last
+    arguments) for every size of a bucket, with the specialised module's bits."""
+    dyn = ts.function(rows_and_columns, dynamic=("B",))
+    g = rng.standard_normal(40).astype(np.float32)
+    sources = set()
+    ts.reset_cache_stats()
+    for b in (40, 47, 33, 64):
+        x = rng.standard_normal((b, 40)).astype(np.float32)
+        prog = dyn.lower(x, g, target=target)
+        assert prog.dynamic_sizes == {"B": b}
+        sources.add(prog.target_code)
+        got = run_twice(prog, [x, g])
+        want = run_program(ts.function(rows_and_columns).lower(x, g, target=target), x, g)
+        for a, w, c in zip(got, want, cpu(rows_and_columns, x, g)):
+            assert a.tobytes() == w.tobytes(), f"B={b}: not the specialised module's bits"
+            assert_close(a, c, scale=4)
+    assert len(sources) == 1 and "ts_size_B" in sources.pop()
+    assert ts.cache_stats()["dynamic_reuses"] == 3

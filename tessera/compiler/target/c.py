@@ -7,11 +7,10 @@ import re
 
 from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
-from ..dynamic import C_HELPERS, c_expr, is_dynamic
 from ..strategies import routine_owner
 from ..strategies.routines import half_conversions, routine_text, specialise
 from ..tile_ir import Loop, Scratch, TileKernel, TileProgram
-from .cstyle import CStyleRenderer, routine_keys
+from .cstyle import CStyleRenderer, ShapeGeneric, routine_keys
 
 
 class CRenderer(CStyleRenderer):
@@ -65,8 +64,8 @@ class CRenderer(CStyleRenderer):
             return super().stmt(s, k, depth, out)
         pad, T = "  " * depth, self.ctype(s.dtype)     # (the builtins need no stdlib.h)
         out += [f"{pad}{{",
-                f"{pad}  {T}* {s.name} = ({T}*)__builtin_malloc((size_t){self.literal(s.size, None)}"
-                f" * sizeof({T}));",
+                f"{pad}  {T}* {s.name} = ({T}*)__builtin_malloc("
+                f"(size_t){self.literal(s.size, None)} * sizeof({T}));",
                 f"{pad}  if (!{s.name}) {{",
                 *(pad + "    " + line for line in self.flag_error(-s.code)),
                 f"{pad}  }} else {{"]
@@ -116,27 +115,9 @@ class CRenderer(CStyleRenderer):
         return "\n".join(lines)
 
 
-class ShapeGenericC(CRenderer):
-    """C for a shape-generic program (compiler/dynamic.py): a size computed from the dynamic
-    symbols is its expression in them; every kernel takes the symbols' sizes after its buffers,
-    and the entry points read them from the buffer table's slot after the buffers (int64s, in
-    the order of `symbols`)."""
-
-    def __init__(self, level: str | None, symbols: list):
-        super().__init__(level)
-        self.symbols = list(symbols)
-
-    def prelude(self) -> str:
-        return super().prelude() + "\n\n" + C_HELPERS
-
-    def literal(self, value, d) -> str:
-        if is_dynamic(value):
-            text = c_expr(value)
-            return text if d is None else f"(({self.ctype(d)}){text})"
-        return super().literal(value, d)
-
-    def size_params(self) -> list[str]:
-        return [f"const int64_t ts_size_{s}" for s in self.symbols]
+class ShapeGenericC(ShapeGeneric, CRenderer):
+    """C for a shape-generic program: the entry points read the sizes from the buffer table's
+    slot after the buffers (int64s, in the order of `symbols`) and pass them to every kernel."""
 
     def size_args(self) -> list[str]:
         return [f"ts_size_{s}" for s in self.symbols]
@@ -330,7 +311,7 @@ def routine_declarations(keys) -> str:
 
 def build_generic_program(program: TileProgram, name: str, level: str, symbols: list):
     """(C source, loaded library) of a shape-generic tile program (launches only)."""
-    source = ShapeGenericC(level, symbols).render(program)
+    source = ShapeGenericC(symbols, level).render(program)
     link = tuple(build_library(routine_library_source(key), f"the routine library {key}", level)
                  for key in routine_keys(program))
     return source, build(source, name, level, link)

@@ -22,6 +22,7 @@ import math
 
 from ... import dtypes as dt
 from ...ops import registry as R
+from ..dynamic import C_HELPERS, c_expr, is_dynamic
 from ..strategies.routines import narrow_conversions, specialise
 from ..tile_ir import (Addr, Aligned, Assign, AtomicAdd, Bin, Call, Cast, CheckIndex, Const, Decl,
                        If, Load, Local, Loop, OpCall, Select, Shared, Store, TileKernel,
@@ -303,6 +304,28 @@ class CStyleRenderer:
 
     def entry(self, program: TileProgram) -> str:
         raise NotImplementedError
+
+
+class ShapeGeneric:
+    """A renderer of a shape-generic program (compiler/dynamic.py), before a target's renderer
+    in the bases: a size computed from the dynamic symbols is its expression in them, and every
+    kernel takes the symbols' sizes (int64) after its other parameters."""
+
+    def __init__(self, symbols: list, *args):
+        super().__init__(*args)
+        self.symbols = list(symbols)
+
+    def prelude(self) -> str:
+        return super().prelude() + "\n\n" + C_HELPERS
+
+    def literal(self, value, d) -> str:
+        if is_dynamic(value):
+            text = c_expr(value)
+            return text if d is None else f"(({self.ctype(d)}){text})"
+        return super().literal(value, d)
+
+    def size_params(self) -> list[str]:
+        return [f"const int64_t ts_size_{s}" for s in self.symbols]
 
 
 def routine_keys(program: TileProgram) -> list[str]:

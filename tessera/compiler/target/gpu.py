@@ -16,7 +16,7 @@ from ... import dtypes as dt
 from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, Ticket, TileKernel,
                        TileProgram, Var, VecLoad, VecStore, Workspace, all_statements)
 from ..strategies import routine_owner
-from .cstyle import CStyleRenderer
+from .cstyle import CStyleRenderer, ShapeGeneric
 
 FULL_MASK = "0xffffffffu"
 
@@ -159,11 +159,13 @@ class GpuRenderer(CStyleRenderer):
     def kernel(self, k: TileKernel) -> str:
         self.begin_kernel(k)
         self._work_base = self._work_bases.get(k.name, 0)
-        params = ", ".join([self.param_decl(p) for p in k.params] + ["int* ts_status"])
+        params = ", ".join([self.param_decl(p) for p in k.params] + ["int* ts_status"] +
+                           self.size_params())
         names = "".join(f"; {p.name} is %{p.label}" for p in k.params if p.label)
         L = k.launch
+        grid = "per call" if self.size_params() else L["grid"]    # (a generic's: its size's)
         lines = [f"/* {k.strategy}: {k.origin}{names} */",
-                 f"/* launch: grid {L['grid']}, block {L['block']}, "
+                 f"/* launch: grid {grid}, block {L['block']}, "
                  f"dynamic shared {L['shared']} */",
                  f'extern "C" __global__ void __launch_bounds__({L["block"]}) '
                  f"{k.name}({params}) {{"]
@@ -234,9 +236,18 @@ class HipRenderer(GpuRenderer):
         return f"__shfl_down({v}, {offset}, {self.warp})"
 
 
-def render_cuda(program: TileProgram) -> str:
-    return CudaRenderer().render(program)
+class ShapeGenericCuda(ShapeGeneric, CudaRenderer):
+    """CUDA for a shape-generic program: the sizes are the kernels' last arguments."""
 
 
-def render_hip(program: TileProgram) -> str:
-    return HipRenderer().render(program)
+class ShapeGenericHip(ShapeGeneric, HipRenderer):
+    """HIP for a shape-generic program."""
+
+
+def render_cuda(program: TileProgram, symbols=None) -> str:
+    """CUDA C++ of a tile program (shape-generic in `symbols` when given)."""
+    return (ShapeGenericCuda(symbols) if symbols else CudaRenderer()).render(program)
+
+
+def render_hip(program: TileProgram, symbols=None) -> str:
+    return (ShapeGenericHip(symbols) if symbols else HipRenderer()).render(program)
