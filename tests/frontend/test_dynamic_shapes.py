@@ -181,6 +181,22 @@ def test_buckets_where_the_compiler_decides_by_size(rng):
         assert _equal(dyn(x, g), spec(x, g)), f"B={b}"
 
 
+def scaled_by_python(x: Tensor["B", 8]):
+    return x * (1.0 / x.shape[0]) + float(x.shape[0] % 3)     # sizes computed in Python
+
+
+def test_sizes_computed_in_python_are_never_reused_on_faith(rng):
+    """A constant the function computes from B in Python is a number in the Tile IR, another
+    at every size: no library serves a size it was not compiled for, and every result is right."""
+    dyn = ts.function(scaled_by_python, dynamic=("B",))
+    ts.reset_cache_stats()
+    for b in (40, 41, 42, 43):
+        x = rng.standard_normal((b, 8)).astype(np.float32)
+        assert np.array_equal(dyn(x), ts.function(scaled_by_python)(x))
+        assert_close(dyn(x), (x * np.float32(1.0 / b) + np.float32(b % 3)))
+    assert ts.cache_stats()["dynamic_reuses"] == 0
+
+
 def test_saved_program_of_a_generic_library(rng, tmp_path):
     f = ts.function(norm_softmax, dynamic=("B",))
     g = rng.standard_normal(40).astype(np.float32)
