@@ -174,22 +174,31 @@ def form_key(x):
     return f if f[0] == "sym" else (f[0], form_key(f[1]), form_key(f[2]))
 
 
-def instantiate(x, sizes: dict):
-    """A copy of an IR object (dataclasses, lists, tuples, dicts) with every DynamicSize
-    replaced by its value at `sizes`."""
-    if isinstance(x, DynamicSize):
-        return evaluate(x, sizes)
-    if isinstance(x, (list, tuple)):
-        items = [instantiate(v, sizes) for v in x]
-        return items if isinstance(x, list) else tuple(items)
-    if isinstance(x, dict):
-        return {k: instantiate(v, sizes) for k, v in x.items()}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        changes = {f.name: instantiate(getattr(x, f.name), sizes)
-                   for f in dataclasses.fields(x)}
-        return dataclasses.replace(x, **changes) if any(
-            changes[k] is not getattr(x, k) for k in changes) else x
-    return x
+_FIELDS: dict = {}      # dataclass -> its fields' names (dataclasses.fields is slow)
+
+
+def _fields_of(cls) -> tuple:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def same_at(a, b, sizes: dict) -> bool:
+    """Whether two IR objects (dataclasses, lists, tuples, dicts, numbers) are equal with every
+    DynamicSize in either evaluated at `sizes`."""
+    if isinstance(a, DynamicSize) or isinstance(b, DynamicSize):
+        return evaluate(a, sizes) == evaluate(b, sizes)
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is list or kind is tuple:
+        return len(a) == len(b) and all(same_at(x, y, sizes) for x, y in zip(a, b))
+    if kind is dict:
+        return a.keys() == b.keys() and all(same_at(a[k], b[k], sizes) for k in a)
+    if dataclasses.is_dataclass(kind):
+        return all(same_at(getattr(a, f), getattr(b, f), sizes) for f in _fields_of(kind))
+    return a == b
 
 
 _RENDERED = {("Const", "value"), ("Loop", "extent"), ("Scratch", "size")}

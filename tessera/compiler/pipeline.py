@@ -276,8 +276,8 @@ class ShapeGeneric:
 
     def serves(self, here: tuple, sizes: dict) -> bool:
         """Whether this library, at these sizes, runs exactly the tile program whose
-        structure (evaluated at the sizes) is `here`."""
-        return dynamic.instantiate(self.structure, sizes) == here
+        structure is `here`."""
+        return dynamic.same_at(self.structure, here, sizes)
 
 
 def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
@@ -302,7 +302,7 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
         tile = lower_schedule(sched).verify()
     if tile.steps is not None:          # control flow: specialised
         return compile_graph(graph, target, output_structure, schedule)
-    here = dynamic.instantiate(dynamic.structure(tile), sizes)
+    here = dynamic.structure(tile)
     generic = next((gen for gen in generics if gen.serves(here, sizes)), None)
     if generic is not None:
         cache.count("dynamic_reuses")
