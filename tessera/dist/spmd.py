@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..compiler.graph_ir import format_attrs
-from ..errors import ShardingError
+from ..errors import IRVerificationError, ShardingError
 from .collectives import apply_moves, bytes_moved, moves
 from .layout import Layout
 from .tensor import DTensor, _fixed_arity, _rule, _run, local_attrs
@@ -179,6 +179,12 @@ def plan(graph, mesh, param_layouts: list) -> Plan:
                 for v in n.inputs]
         xs = [_Abstract(v.shape, lay, mesh) for v, lay in zip(n.inputs, seen)]
         need, out = _rule(n.opdef, n.attrs, xs, n.out.type)
+        try:                # a rule's layouts are layouts: each axis used once, blocks divide
+            for v, lay in [*zip(n.inputs, need), (n.out, out)]:
+                lay.check(v.shape, mesh, f"the layout of {n.op}")
+        except ShardingError as e:
+            raise IRVerificationError(f"the sharding rule of {n.op} gave an invalid layout: "
+                                      f"{e.summary}", location=n.loc, op=n.op) from None
         for v, lay in zip(n.inputs, need):
             if (v.id, lay) in have:
                 continue

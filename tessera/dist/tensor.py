@@ -17,7 +17,9 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
 - transpose: the splits move with the dimensions;
 - attention: batch and heads keep their splits, the sequence and feature dimensions are gathered;
 - sum, mean, max, min: a reduced dimension's axes become a pending sum, mean, max or min;
-- reshape: a split of the first dimension alone stays the first dimension's where it divides;
+- reshape: a split of the first dimension of a group of merged or split dimensions moves to the
+  group's first output dimension where it divides (heads split out of a split feature dimension
+  keep the split); any other split is gathered first;
 - operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
 - anything else: its operands gathered whole, the result replicated (correct, not fast).
 """
@@ -265,14 +267,7 @@ def _rule(opdef, attrs, xs, out_type):
     if name in ("sum", "mean", "max", "min") and len(xs) == 1:
         return _reduction(name, xs[0], attrs)
     if name == "reshape" and xs[0].ndim and out_type.shape:
-        # a split of the first dimension is p contiguous runs of the elements: it stays the
-        # first dimension's split when that divides (batch and sequence merged, experts split)
-        x, parts = xs[0], 1
-        for a in x.layout.dims[0]:
-            parts *= x.mesh.shape[a]
-        if x.layout.dims[0] and not any(x.layout.dims[1:]) and out_type.shape[0] % parts == 0:
-            dims = (x.layout.dims[0],) + ((),) * (len(out_type.shape) - 1)
-            return [x.layout], Layout(dims, x.layout.partial)
+        return _reshape(xs[0], tuple(out_type.shape))
     if name in _AXIS_OPS and len(xs) == 1:
         x = xs[0]
         axes = attrs.get("axis")
@@ -285,12 +280,62 @@ def _rule(opdef, attrs, xs, out_type):
     return [Layout.replicated(x.ndim) for x in xs], Layout.replicated(len(out_type.shape))
 
 
+def reshape_groups(ins: tuple, outs: tuple) -> list | None:
+    """[(input dimensions, output dimensions)] of a reshape: the shortest runs of each side
+    with equal products, in order (None for a shape with a zero)."""
+    if 0 in ins or 0 in outs:
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(ins) or j < len(outs):
+        gi, go, pi, po = [], [], 1, 1
+        if i < len(ins):
+            gi, pi, i = [i], ins[i], i + 1
+        if j < len(outs):
+            go, po, j = [j], outs[j], j + 1
+        while pi != po:
+            if pi < po and i < len(ins):
+                gi.append(i)
+                pi *= ins[i]
+                i += 1
+            elif po < pi and j < len(outs):
+                go.append(j)
+                po *= outs[j]
+                j += 1
+            else:
+                return None
+        groups.append((gi, go))
+    return groups
+
+
+def _reshape(x, out_shape):
+    """A split of a group's first input dimension is p contiguous runs of the group's
+    elements: it becomes the split of the group's first output dimension when that divides
+    (batch and sequence merged, heads split out of the features and merged back, experts
+    split); any other split of the group is gathered first."""
+    groups = reshape_groups(tuple(x.shape), out_shape)
+    if groups is None:
+        return [Layout.replicated(x.ndim)], Layout.replicated(len(out_shape))
+    need, out = list(x.layout.dims), [()] * len(out_shape)
+    for gi, go in groups:
+        axes = x.layout.dims[gi[0]] if gi else ()
+        parts = math.prod(x.mesh.shape[a] for a in axes)
+        if axes and go and not any(x.layout.dims[d] for d in gi[1:]) and \
+                out_shape[go[0]] % parts == 0:
+            out[go[0]] = axes
+        else:
+            for d in gi:
+                need[d] = ()
+    partial = x.layout.partial
+    return [Layout(tuple(need), partial)], Layout(tuple(out), partial)
+
+
 def local_attrs(name, attrs, out_layout, mesh) -> dict:
     """An operator's attributes for the blocks: sizes in them are the global tensor's."""
-    if name == "reshape" and out_layout.dims and out_layout.dims[0]:
+    if name == "reshape" and any(out_layout.dims):
         shape = list(attrs["shape"])
-        for a in out_layout.dims[0]:
-            shape[0] //= mesh.shape[a]
+        for d, axes in enumerate(out_layout.dims):
+            for a in axes:
+                shape[d] //= mesh.shape[a]
         return {**attrs, "shape": shape}
     return attrs
 
@@ -317,7 +362,11 @@ def _broadcast(xs, out_shape, core=0):
 
 def _elementwise(name, xs, out_type):
     out_dims, each = _broadcast(xs, out_type.shape)
-    partial = tuple(sorted(_elementwise_partial(name, xs).items()))
+    split = {a for axes in out_dims for a in axes}
+    # (a pending reduction over an axis the result is split by is taken first: one axis cannot
+    # both split a dimension and hold terms of a sum)
+    partial = tuple(sorted((a, op) for a, op in _elementwise_partial(name, xs).items()
+                           if a not in split))
     return ([Layout(dims, partial if x.layout.partial else ()) for x, dims in zip(xs, each)],
             Layout(out_dims, partial))
 
@@ -377,8 +426,13 @@ def _matmul(xs):
                for d in range(batch[0])]
     b_batch = [out_batch[out_batch_rank - batch[1] + d] if b.shape[d] != 1 else ()
                for d in range(batch[1])]
-    keep_a = a.layout.partial_axes if sums else {}
-    keep_b = b_lay.partial_axes if sums else {}
+    # a pending sum passes through unless its axis splits a dimension of the result (then it is
+    # taken first: an axis cannot both split the rows and hold terms of their sum)
+    split = taken | {a for axes in out_batch for a in axes}
+    keep_a = {ax: op for ax, op in a.layout.partial_axes.items() if ax not in split} \
+        if sums else {}
+    keep_b = {ax: op for ax, op in b_lay.partial_axes.items() if ax not in split} \
+        if sums else {}
     a_need = Layout(tuple(a_batch + [m, k]), tuple(sorted(keep_a.items())))
     b_need = Layout(tuple(b_batch + [k, n]), tuple(sorted(keep_b.items())))
     partial = {**keep_a, **keep_b, **{ax: "sum" for ax in k}}

@@ -228,3 +228,75 @@ def test_a_sharded_tensor_shows_its_blocks(mesh4):
     assert "f32[8@tp, 6]" in html and "<table" in html and "[4:8, 0:6]" in html
     from tessera.lab.display import formatters
     assert formatters()[dist.DTensor](X)["text/html"] == html
+
+
+def test_tensor_parallel_attention_moves_nothing_until_its_output(rng):
+    """Megatron's attention: q, k, v projections split by columns over tp, the heads taken out
+    of the split feature dimension by a reshape (the split moves to the heads), attention per
+    head, the heads merged back and the output projection split by rows: a pending sum over tp,
+    the only collective. Its bits are the tree of the two halves' products."""
+    mesh = dist.Mesh(axes=["dp", "tp"], devices=range(4))
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    wq, wk, wv = (rng.standard_normal((8, 32)).astype(np.float32) for _ in range(3))
+    wo = rng.standard_normal((32, 8)).astype(np.float32)
+
+    def heads(t):                  # [B*S, H*Dh] -> [B, H, S, Dh]
+        return op.permute(op.reshape(t, (2, 8, 4, 8)), 0, 2, 1, 3)
+
+    def att(x, wq, wk, wv, wo):
+        o = op.attention(heads(x @ wq), heads(x @ wk), heads(x @ wv), causal=True)
+        return op.reshape(op.permute(o, 0, 2, 1, 3), (16, -1)) @ wo
+    f = ts.function(att)
+    cols, rows = dist.ShardSpec.per_dim(None, "tp"), dist.ShardSpec.per_dim("tp", None)
+    args = (dist.shard(x, dist.ShardSpec.per_dim("dp", None), mesh),
+            *(dist.shard(w, cols, mesh) for w in (wq, wk, wv)), dist.shard(wo, rows, mesh))
+    plan = dist.plan(f, *args)
+    assert plan.comm_report().empty, str(plan)      # the pending sum is taken by gather
+    Y = f(*args)
+    assert Y.type_str == "f32[16@dp, 8] +sum@tp"
+    half = ts.function(lambda x, wq, wk, wv, wo: op.reshape(op.permute(op.attention(
+        *(op.permute(op.reshape(x @ w, (2, 8, 2, 8)), 0, 2, 1, 3) for w in (wq, wk, wv)),
+        causal=True), 0, 2, 1, 3), (16, -1)) @ wo)
+    p0, p1 = (half(x, wq[:, s], wk[:, s], wv[:, s], wo[s]) for s in (slice(0, 16), slice(16, 32)))
+    np.testing.assert_array_equal(dist.gather(Y), p0 + p1)
+    np.testing.assert_allclose(dist.gather(Y), f(x, wq, wk, wv, wo), rtol=1e-4, atol=1e-5)
+
+
+def test_a_pending_sum_is_taken_before_its_axis_splits_a_result(rng):
+    """y = (x @ w1) @ w2 with w1 split by columns and w2 by rows over tp is a pending sum over tp;
+    the gradient of mean(y * y) multiplies it by the tp-split activations: the sum must be taken
+    first (an axis cannot both split the rows and hold terms of their sum). Found by checking
+    the gradient against the single process: it was wrong by the size of its entries."""
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    w1 = (0.3 * rng.standard_normal((8, 32))).astype(np.float32)
+    w2 = (0.3 * rng.standard_normal((32, 8))).astype(np.float32)
+    g = ts.grad(lambda x, w1, w2: op.mean(((x @ w1) @ w2) * ((x @ w1) @ w2)), argnums=(1, 2))
+    W1 = dist.shard(w1, dist.ShardSpec.per_dim(None, "tp"), mesh)
+    W2 = dist.shard(w2, dist.ShardSpec.per_dim("tp", None), mesh)
+    for got, want in zip(g(x, W1, W2), g(x, w1, w2)):
+        assert "+sum@tp" not in got.type_str
+        np.testing.assert_allclose(dist.gather(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_tensor_parallel_attention_gradients(rng):
+    """The gradients of a Megatron attention block's weights (heads split over tp, the batch
+    over dp) against the single process's."""
+    mesh = dist.Mesh(axes=["dp", "tp"], devices=range(4))
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    ws = [(0.3 * rng.standard_normal((8, 32))).astype(np.float32) for _ in range(3)]
+    wo = (0.3 * rng.standard_normal((32, 8))).astype(np.float32)
+
+    def heads(t):
+        return op.permute(op.reshape(t, (2, 8, 4, 8)), 0, 2, 1, 3)
+
+    def loss(x, wq, wk, wv, wo):
+        o = op.attention(heads(x @ wq), heads(x @ wk), heads(x @ wv), causal=True)
+        y = op.reshape(op.permute(o, 0, 2, 1, 3), (16, -1)) @ wo
+        return op.mean(y * y)
+    g = ts.grad(loss, argnums=(1, 2, 3, 4))
+    cols, rows = dist.ShardSpec.per_dim(None, "tp"), dist.ShardSpec.per_dim("tp", None)
+    got = g(dist.shard(x, dist.ShardSpec.per_dim("dp", None), mesh),
+            *(dist.shard(w, cols, mesh) for w in ws), dist.shard(wo, rows, mesh))
+    for a, want in zip(got, g(x, *ws, wo)):
+        np.testing.assert_allclose(dist.gather(a), want, rtol=1e-4, atol=1e-6)
