@@ -231,7 +231,7 @@ def freeze(x, owner=None, field: str = ""):
 def structure(tile) -> tuple:
     """What a tile program's code is made of: its kernels (names, strategies, parameters'
     names, dtypes and modes, bodies, knobs, a GPU kernel's block, shared memory and workspace),
-    its launches and its buffer table (names, roles, dtypes, in order). Two programs with equal
+    its launches, its buffer table (names, roles, dtypes, in order) and its control flow. Two programs with equal
     structures render the same code; sizes of buffers, the data of constants and a GPU launch's
     grid (its loops stride over whatever grid runs them) are not part of it: the runtime passes
     them."""
@@ -241,5 +241,37 @@ def structure(tile) -> tuple:
                   for k in tile.kernels),
             tuple((name, tuple(args)) for name, args in tile.calls),
             tuple((b.name, b.role, b.type.dtype) for b in tile.buffers),
-            tile.steps)
+            _steps(tile.steps), {name: _buffer(b) for name, b in tile.views.items()})
+
+
+def _buffer(b) -> tuple | None:
+    """What control-flow code reads of a buffer: its name, role and dtype, its bytes (copied
+    and strided by), and what a view stands for (an inline constant: its value)."""
+    if b is None:
+        return None
+    if b.role == "inline":
+        data = b.data.tolist()
+    elif b.role == "slice":
+        data = (b.data[0].name, b.data[1])
+    else:
+        data = b.data.name if b.role == "alias" else None
+    return b.name, b.role, b.type.dtype, b.nbytes, data
+
+
+def _steps(steps) -> tuple | None:
+    """A program's control flow as its entry point runs it: kernels by name, regions with their
+    kind, loop variable, bounds, buffers and bodies."""
+    if steps is None:
+        return None
+    out = []
+    for st in steps:
+        if not hasattr(st, "bodies"):
+            out.append(st.name)
+            continue
+        out.append((st.kind, st.var, dict(st.attrs), tuple(map(_buffer, st.operands)),
+                    tuple(map(_buffer, st.results)), _buffer(st.counter),
+                    {j: _buffer(b) for j, b in st.staging.items()},
+                    {role: (_steps(body), tuple(map(_buffer, outs)))
+                     for role, (body, outs) in st.bodies.items()}))
+    return tuple(out)
 

@@ -285,8 +285,8 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
     """The program of a graph traced with DynamicSizes for the dynamic symbols (`sizes`: each
     symbol's size in this call), running one of `generics` (ShapeGeneric libraries or GPU
     modules of the same function, earlier sizes) where one serves it, else a new shape-generic
-    one, which joins `generics`. A graph with host calls or control flow, or for another CPU
-    architecture, gets a specialised program."""
+    one, which joins `generics`. A graph with host calls, or for another CPU architecture, gets
+    a specialised program."""
     output_structure = output_structure or graph.output_structure
     target = resolve_target(target)
     gpu = isa.is_gpu(target)
@@ -300,8 +300,6 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
         tile = lower_schedule_gpu(sched, target).verify()
     else:
         tile = lower_schedule(sched).verify()
-    if tile.steps is not None:          # control flow: specialised
-        return compile_graph(graph, target, output_structure, schedule)
     here = dynamic.structure(tile)
     generic = next((gen for gen in generics if gen.serves(here, sizes)), None)
     if generic is not None:

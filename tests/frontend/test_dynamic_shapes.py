@@ -197,6 +197,32 @@ def test_sizes_computed_in_python_are_never_reused_on_faith(rng):
     assert ts.cache_stats()["dynamic_reuses"] == 0
 
 
+def rnn(xs: Tensor["S", "B", 8], w: Tensor[8, 8], h0: Tensor["B", 8]):
+    def step(h, x):
+        h = op.tanh(x @ w + h)
+        return h, h * 2.0
+    return ts.scan(step, h0, xs)
+
+
+def test_control_flow_over_a_dynamic_length(rng):
+    """A scan over S steps of a batch of B: the loop's length and the bytes it strides by are
+    expressions of the sizes in the entry point, so one library serves every (S, B)."""
+    dyn, spec = ts.function(rnn, dynamic=True), ts.function(rnn)
+    w = (0.5 * rng.standard_normal((8, 8))).astype(np.float32)
+    for s, b in ((5, 3), (7, 3), (6, 4), (9, 4)):
+        xs = rng.standard_normal((s, b, 8)).astype(np.float32)
+        h0 = rng.standard_normal((b, 8)).astype(np.float32)
+        got = dyn(xs, w, h0)
+        assert _equal(got, spec(xs, w, h0))
+        h, ys = h0.astype(np.float64), []
+        for x in xs.astype(np.float64):
+            h = np.tanh(x @ w + h)
+            ys.append(2 * h)
+        assert_close(got[0], h.astype(np.float32), rtol=1e-5, atol=1e-5)
+        assert_close(got[1], np.array(ys, np.float32), rtol=1e-5, atol=1e-5)
+    assert sum(len(g) for g in dyn.programs.generics.values()) == 1
+
+
 def test_saved_program_of_a_generic_library(rng, tmp_path):
     f = ts.function(norm_softmax, dynamic=("B",))
     g = rng.standard_normal(40).astype(np.float32)

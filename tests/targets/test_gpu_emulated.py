@@ -709,3 +709,24 @@ def test_a_shape_generic_module_serves_other_sizes(target, rng):
             assert_close(a, c, scale=4)
     assert len(sources) == 1 and "ts_size_B" in sources.pop()
     assert ts.cache_stats()["dynamic_reuses"] == 3
+
+
+def scan_rows(xs: ts.Tensor["S", "B", 8], h0: ts.Tensor["B", 8]):
+    return ts.scan(lambda h, x: (op.tanh(x + h), h * 2.0), h0, xs)
+
+
+def test_a_shape_generic_module_under_control_flow(target, rng):
+    """A scan whose length is dynamic: the host runs the steps of each size's program, the
+    kernels of the one generic module."""
+    dyn = ts.function(scan_rows, dynamic=True)
+    sources = set()
+    for s, b in ((5, 3), (7, 3), (6, 4)):
+        xs = rng.standard_normal((s, b, 8)).astype(np.float32)
+        h0 = rng.standard_normal((b, 8)).astype(np.float32)
+        prog = dyn.lower(xs, h0, target=target)
+        sources.add(prog.target_code)
+        got = run_twice(prog, [xs, h0])
+        want = run_program(ts.function(scan_rows).lower(xs, h0, target=target), xs, h0)
+        for a, w in zip(got, want):
+            assert a.tobytes() == w.tobytes()
+    assert len(sources) == 1

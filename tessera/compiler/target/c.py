@@ -141,12 +141,22 @@ class ControlFlow:
         self.args = dict(program.calls)
         self.order = {k.name: i for i, k in enumerate(program.kernels)}
 
+    def bound(self, n) -> str:
+        """An int64 loop bound (a shape-generic program's: an expression of its sizes)."""
+        text = self.r.literal(n, None)
+        return f"{text}LL" if text.lstrip("-").isdigit() else text
+
+    def bytes(self, n) -> str:
+        """A byte count, as size_t."""
+        text = self.r.literal(n, None)
+        return f"{text}u" if text.isdigit() else f"(size_t)({text})"
+
     def ptr(self, b) -> str:
         if b.role == "alias":
             return self.ptr(b.data)
         if b.role == "slice":
             base, var = b.data
-            return f"(void*)((char*){self.ptr(base)} + (size_t){var} * {b.nbytes}u)"
+            return f"(void*)((char*){self.ptr(base)} + (size_t){var} * {self.bytes(b.nbytes)})"
         return f"b[{self.index[b.name]}]"
 
     def buffer(self, name: str):
@@ -158,7 +168,7 @@ class ControlFlow:
         for p, a in zip(tk.params, self.args[k.name]):
             const = "const " if p.mode == "in" else ""
             casts.append(f"({const}{self.r.storage_type(p.dtype)}*){self.ptr(self.buffer(a))}")
-        return f"{k.name}({', '.join(casts)})"
+        return f"{k.name}({', '.join(casts + self.r.size_args())})"
 
     def copy(self, dst, src, pad: str) -> list[str]:
         if src.role != "inline" and self.ptr(dst) == self.ptr(src):
@@ -173,7 +183,7 @@ class ControlFlow:
             if d.is_narrow:
                 value = self.r.narrow(d, value)
             return [f"{pad}*({self.r.storage_type(d)}*){dst} = {value};"]
-        return [f"{pad}memcpy({dst}, {self.ptr(src)}, {nbytes}u);"]
+        return [f"{pad}memcpy({dst}, {self.ptr(src)}, {self.bytes(nbytes)});"]
 
     def scalar(self, b) -> str:
         if b.role == "inline":
@@ -226,11 +236,13 @@ class ControlFlow:
         if kind == "fori_loop":
             lo, hi, var = st.attrs["lo"], st.attrs["hi"], st.var
             ctype = self.r.storage_type(st.counter.type.dtype)
-            out += [f"{inner}for (int64_t {var} = {lo}LL; {var} < {hi}LL; ++{var}) {{",
+            out += [f"{inner}for (int64_t {var} = {self.bound(lo)}; {var} < {self.bound(hi)}; "
+                    f"++{var}) {{",
                     f"{inner}  *({ctype}*){self.ptr(st.counter)} = ({ctype}){var};"]
             for stack, c in zip(st.results[carries:], st.results[:carries]):   # save=true
-                out.append(f"{inner}  memcpy((char*){self.ptr(stack)} + (size_t)({var} - {lo}LL)"
-                           f" * {c.nbytes}u, {self.ptr(c)}, {c.nbytes}u);")
+                out.append(f"{inner}  memcpy((char*){self.ptr(stack)} + (size_t)({var} - "
+                           f"{self.bound(lo)}) * {self.bytes(c.nbytes)}, {self.ptr(c)}, "
+                           f"{self.bytes(c.nbytes)});")
         elif kind == "while_loop":
             cond, (pred,) = st.bodies["cond"]
             out += [f"{inner}for (;;) {{"]
@@ -239,24 +251,26 @@ class ControlFlow:
         else:                                     # scan
             n, var = st.attrs["length"], st.var
             first, step = (n - 1, "--") if st.attrs["reverse"] else (0, "++")
-            test = f"{var} > -1" if st.attrs["reverse"] else f"{var} < {n}LL"
-            out += [f"{inner}for (int64_t {var} = {first}LL; {test}; {step}{var}) {{"]
+            test = f"{var} > -1" if st.attrs["reverse"] else f"{var} < {self.bound(n)}"
+            out += [f"{inner}for (int64_t {var} = {self.bound(first)}; {test}; {step}{var}) {{"]
         out += self.steps(body, inner + "  ", timed, True)
         for ys, y in zip(st.results[carries:] if kind == "scan" else [], outputs[carries:]):
             # (the ys before the carries move)
-            dst = f"(void*)((char*){self.ptr(ys)} + (size_t){st.var} * {y.nbytes}u)"
+            dst = f"(void*)((char*){self.ptr(ys)} + (size_t){st.var} * {self.bytes(y.nbytes)})"
             out += self.assign(dst, y, y.nbytes, inner + "  ")
         out += self.carry_back(st, outputs, inner + "  ")
         return out + [f"{inner}}}", f"{pad}}}"]
 
     def entry(self) -> str:
-        lines = [f"int {ENTRY}(void** b) {{", "  int s = 0;"]
+        sizes = self.r.read_sizes(len(self.p.buffers))
+        lines = [f"int {ENTRY}(void** b) {{", "  int s = 0;", *sizes]
         lines += self.steps(self.p.steps, "  ", False, False)
         lines += ["  return s;", "}", "",
                   "static double ts_now(void) {",
                   "  struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);",
                   "  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;", "}", "",
-                  f"int {ENTRY}_timed(void** b, double* t) {{", "  int s = 0;", "  double t0;"]
+                  f"int {ENTRY}_timed(void** b, double* t) {{", "  int s = 0;", "  double t0;",
+                  *sizes]
         lines += self.steps(self.p.steps, "  ", True, False)
         lines += ["  return s;", "}"]
         return "\n".join(lines)
