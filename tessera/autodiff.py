@@ -61,7 +61,7 @@ class Transformed(Function):
                          schedule=schedule or getattr(transformed, "schedule", None))
         self.signature.def_loc = def_location(base) or self.signature.def_loc
         # a dynamic function's transform is dynamic in the same symbols (compiler/dynamic.py)
-        self.dynamic = self.programs.dynamic = tuple(
+        self.programs.dynamic = tuple(
             s for s in getattr(transformed, "dynamic", ()) if s in self.symbols())
         self.transformed = transformed
         self._wrt = tuple(wrt)                # parameter names whose leaves are differentiated

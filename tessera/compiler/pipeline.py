@@ -250,20 +250,27 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     target = resolve_target(target)
     if _calls_host(graph):
         return SplitProgram(graph, target, output_structure, schedule)
-    g, prim = prepare(graph)
-    schedule = schedule_graph(prim, target, schedule)
+    g, prim, schedule, tile = lower_graph(graph, target, schedule)
     if isa.is_gpu(target):
-        from .lower import lower_schedule_gpu
         from .target.gpu import render_cuda, render_hip
-        tile = lower_schedule_gpu(schedule, target).verify()
         source = (render_cuda if target == "cuda" else render_hip)(tile)
         return GPUProgram(g, prim, schedule, tile, source, target,
                           output_structure=output_structure)
-    tile = lower_schedule(schedule).verify()
     # a level of another architecture (armv8-a on x86) is lowered to C, to read or to
     # cross-compile, but not built: the system compiler targets this machine's architecture
     source, lib = build_program(tile, graph.name, isa.level_of(target).name)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)
+
+
+def lower_graph(graph: Graph, target: str, schedule=None) -> tuple:
+    """(canonical Graph IR, primitive Graph IR, Schedule IR, verified Tile IR) of a graph for
+    a resolved target."""
+    g, prim = prepare(graph)
+    sched = schedule_graph(prim, target, schedule)
+    if isa.is_gpu(target):
+        from .lower import lower_schedule_gpu
+        return g, prim, sched, lower_schedule_gpu(sched, target).verify()
+    return g, prim, sched, lower_schedule(sched).verify()
 
 
 # ---- shape-generic programs (compiler/dynamic.py) ------------------------------------------------
@@ -293,13 +300,7 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
     level = None if gpu else isa.level_of(target).name
     if _calls_host(graph) or not (gpu or isa.same_arch(level)):
         return compile_graph(graph, target, output_structure, schedule)
-    g, prim = prepare(graph)
-    sched = schedule_graph(prim, target, schedule)
-    if gpu:
-        from .lower import lower_schedule_gpu
-        tile = lower_schedule_gpu(sched, target).verify()
-    else:
-        tile = lower_schedule(sched).verify()
+    g, prim, sched, tile = lower_graph(graph, target, schedule)
     here = dynamic.structure(tile)
     generic = next((gen for gen in generics if gen.serves(here, sizes)), None)
     if generic is not None:

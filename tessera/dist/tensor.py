@@ -363,10 +363,7 @@ def _broadcast(xs, out_shape, core=0):
 def _elementwise(name, xs, out_type):
     out_dims, each = _broadcast(xs, out_type.shape)
     split = {a for axes in out_dims for a in axes}
-    # (a pending reduction over an axis the result is split by is taken first: one axis cannot
-    # both split a dimension and hold terms of a sum)
-    partial = tuple(sorted((a, op) for a, op in _elementwise_partial(name, xs).items()
-                           if a not in split))
+    partial = tuple(sorted(_unsplit(_elementwise_partial(name, xs), split).items()))
     return ([Layout(dims, partial if x.layout.partial else ()) for x, dims in zip(xs, each)],
             Layout(out_dims, partial))
 
@@ -390,6 +387,13 @@ def _elementwise_partial(name, xs):
             (name == "mul" or pend[0]):
         return next(p for p in pend if p)
     return {}
+
+
+def _unsplit(partial: dict, split: set) -> dict:
+    """The pending reductions that pass on to a result split over `split`: not one over an
+    axis the result is split by (that one is taken first: an axis cannot both split a
+    dimension and hold terms of a sum)."""
+    return {a: op for a, op in partial.items() if a not in split}
 
 
 def _matmul(xs):
@@ -426,13 +430,9 @@ def _matmul(xs):
                for d in range(batch[0])]
     b_batch = [out_batch[out_batch_rank - batch[1] + d] if b.shape[d] != 1 else ()
                for d in range(batch[1])]
-    # a pending sum passes through unless its axis splits a dimension of the result (then it is
-    # taken first: an axis cannot both split the rows and hold terms of their sum)
     split = taken | {a for axes in out_batch for a in axes}
-    keep_a = {ax: op for ax, op in a.layout.partial_axes.items() if ax not in split} \
-        if sums else {}
-    keep_b = {ax: op for ax, op in b_lay.partial_axes.items() if ax not in split} \
-        if sums else {}
+    keep_a = _unsplit(a.layout.partial_axes, split) if sums else {}
+    keep_b = _unsplit(b_lay.partial_axes, split) if sums else {}
     a_need = Layout(tuple(a_batch + [m, k]), tuple(sorted(keep_a.items())))
     b_need = Layout(tuple(b_batch + [k, n]), tuple(sorted(keep_b.items())))
     partial = {**keep_a, **keep_b, **{ax: "sum" for ax in k}}

@@ -56,12 +56,17 @@ class Function:
         # a numerical policy around the whole body (tessera/numerics.py)
         self.policy = self.signature.policy = None if policy is None else \
             numerics.as_policy(policy)
-        self.dynamic = _dynamic_symbols(dynamic, self.signature, self.name)
-        self.programs = ProgramCache(self.signature, fn, self._may_return_none, self.dynamic)
+        self.programs = ProgramCache(self.signature, fn, self._may_return_none,
+                                     _dynamic_symbols(dynamic, self.signature, self.name))
         self._fast: dict = {}           # (CPU target env, array types) -> launcher
 
     def __repr__(self):
         return f"<tessera.function {self.name}({self.signature!r})>"
+
+    @property
+    def dynamic(self) -> tuple:
+        """The symbols whose sizes vary from call to call (compiler/dynamic.py)."""
+        return self.programs.dynamic
 
     # -- a call ----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

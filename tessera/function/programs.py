@@ -72,8 +72,7 @@ class ProgramCache:
         # read as their symbols)
         shapes = tuple((n, str(a.dtype), tuple(t.shape)) for (n, a), t in
                        zip(arrays.items(), types.values()))
-        family = (key[0], _symbolic_key(shapes)) + key[2:] + (
-            tuple(sorted((s, v) for s, v in bindings.items() if s not in sizes)),)
+        family = (key[0], _symbolic_key(shapes)) + key[2:]
         generics = self.generics.setdefault(family, [])
         return compile_dynamic(g, target, sizes, generics, schedule=schedule)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..dynamic import representative
 from ..emit import Names, axis_groups, finish, grid_from_cpu_nests, nest, read
 from ..schedule_ir import Kernel
 from ..tile_ir import Assign, Const, Decl, Loop, OpCall, Select, Store, Var, linear
-from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
+from .base import Strategy, register, worth_threads
 
 
 class ArgReduce(Strategy):
@@ -24,7 +23,7 @@ class ArgReduce(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         return {"parallel": k.output.type.numel() >= 2 and
-                representative(k.inputs[0].type.numel()) >= PARALLEL_MIN_ELEMENTS}
+                worth_threads(k.inputs[0].type.numel())}
 
     def lower_cpu(self, k, code):
         return lower_argreduce(k, code)

@@ -16,6 +16,12 @@ from ..dynamic import representative
 from ..groups import Group, identity_map, is_elementwise, is_view, squeezes_only
 
 PARALLEL_MIN_ELEMENTS = 1 << 16     # below this, starting threads costs more than it saves
+
+
+def worth_threads(elements) -> bool:
+    """Whether a kernel over this many elements runs in parallel (a dynamic size is judged by
+    its bucket's, so every size of the bucket decides alike: compiler/dynamic.py)."""
+    return representative(elements) >= PARALLEL_MIN_ELEMENTS
 PARALLEL_MIN_FLOPS = 1 << 20
 GPU_THREADS = 256                   # threads per block of elementwise kernels
 
@@ -74,8 +80,7 @@ class Strategy:
 
     # -- knobs -----------------------------------------------------------------------------------
     def cpu_knobs(self, k) -> dict:
-        return {"parallel": representative(k.output.type.numel()) >= PARALLEL_MIN_ELEMENTS,
-                "simd": True}
+        return {"parallel": worth_threads(k.output.type.numel()), "simd": True}
 
     def gpu_knobs(self, k, target: str) -> dict:
         return {"threads": GPU_THREADS}

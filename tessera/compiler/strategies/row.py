@@ -22,7 +22,7 @@ from ..groups import Group, identity_map, is_column, is_elementwise, is_reduce, 
 from ..schedule_ir import Kernel
 from ..tile_ir import (Assign, Bin, BlockReduce, Cast, Const, Decl, Expr, If, Load, Local, Loop, OpCall,
                        Shared, Store, ThreadIndex, Ticket, Var, Workspace, idx_add, idx_mul)
-from .base import PARALLEL_MIN_ELEMENTS, REGISTRY, Strategy, register
+from .base import REGISTRY, Strategy, register, worth_threads
 
 EXPENSIVE_FLOPS = 8     # an elementwise op this costly (exp, erf, tanh polynomials) is not worth
                         # evaluating again on every pass of a row kernel
@@ -55,7 +55,7 @@ class Reduction(Strategy):
         return n.inputs[0].type.numel()
 
     def cpu_knobs(self, k) -> dict:
-        return {"parallel": representative(prod(k.group.domain)) >= PARALLEL_MIN_ELEMENTS,
+        return {"parallel": worth_threads(prod(k.group.domain)),
                 "lanes": LANES.get(k.output.type.dtype.compute.itemsize, 8)}
 
     def user_knobs(self, schedule) -> dict:

@@ -6,10 +6,9 @@ grid, a thread per line.
 from __future__ import annotations
 
 from ...ops import registry as R
-from ..dynamic import representative
 from ..emit import Names, axis_groups, contiguous, finish, grid_from_cpu_nests, nest, read
 from ..tile_ir import Assign, Decl, Loop, OpCall, Store, Var, linear
-from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
+from .base import Strategy, register, worth_threads
 
 
 class Scan(Strategy):
@@ -24,8 +23,7 @@ class Scan(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         lines = k.output.type.numel() // max(1, k.output.type.shape[k.attrs["axis"]])
-        return {"parallel": lines >= 2 and
-                representative(k.inputs[0].type.numel()) >= PARALLEL_MIN_ELEMENTS}
+        return {"parallel": lines >= 2 and worth_threads(k.inputs[0].type.numel())}
 
     def lower_cpu(self, k, code):
         return lower_scan(k)

@@ -7,10 +7,9 @@ CPU: the p lines in parallel, r the vector lanes. GPU: a thread per (p, r).
 from __future__ import annotations
 
 from ...ops import registry as R
-from ..dynamic import representative
 from ..emit import Names, finish, launch_of, nest_keep, read, split_index
 from ..tile_ir import Bin, Const, Load, Loop, Store, Var, idx_add, idx_mul
-from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
+from .base import Strategy, register, worth_threads
 from .gather import gather_shape, load_index
 
 
@@ -26,7 +25,7 @@ class Scatter(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         return {"parallel": gather_shape(k)[0] >= 2 and
-                representative(k.inputs[2].type.numel()) >= PARALLEL_MIN_ELEMENTS}
+                worth_threads(k.inputs[2].type.numel())}
 
     def lower_cpu(self, k, code):
         names = Names()

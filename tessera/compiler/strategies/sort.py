@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from ... import dtypes as dt
 from ...ops import registry as R
-from ..dynamic import representative
 from ..emit import (Names, axis_groups, contiguous, finish, idx_min, launch_of, nest, read,
                     split_index)
 from ..tile_ir import (Assign, Bin, Const, Decl, Load, Loop, OpCall, Scratch, Select, Store, Var,
                        idx_add, idx_mul, linear)
-from .base import PARALLEL_MIN_ELEMENTS, Strategy, register
+from .base import Strategy, register, worth_threads
 
 
 class Sort(Strategy):
@@ -34,7 +33,7 @@ class Sort(Strategy):
     def cpu_knobs(self, k) -> dict:
         t = k.inputs[0].type
         lines = t.numel() // max(1, t.shape[k.attrs["axis"]])
-        return {"parallel": lines >= 2 and representative(t.numel()) >= PARALLEL_MIN_ELEMENTS}
+        return {"parallel": lines >= 2 and worth_threads(t.numel())}
 
     def lower_cpu(self, k, code):
         return merge_sort(k, code)
