@@ -255,7 +255,10 @@ def _segment_function(name, run, reads, ins, outs, layouts, mesh):
                 env[var] = n.attrs["value"]
             else:
                 attrs = local_attrs(n.op, n.attrs, layouts[n.out.id], mesh)
-                env[var] = apply(n.op, *[env[x] for x in reads[id(n)]], **attrs)
+                xs = [env[x] for x in reads[id(n)]]
+                # an operator of a list of operands (concat) takes them as one list
+                env[var] = apply(n.op, xs, **attrs) if n.opdef.nin == -1 else \
+                    apply(n.op, *xs, **attrs)
         return tuple(env[v] for v in outs)
     body.__name__ = f"{name}_part"
     return function(_fixed_arity(body, len(ins)), target=mesh.target)

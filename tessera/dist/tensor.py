@@ -13,7 +13,9 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
   the sum of relus);
 - matmul: rows and columns keep their splits; a contraction over a split dimension gives a pending
   sum (the other operand sliced to match when it is whole); an axis wanted by both the rows and
-  the columns is gathered on the smaller operand (the right one when equal);
+  the columns is gathered on the smaller operand (the right one when equal); where the batch
+  dimensions' splits conflict with these, the way moving the fewest bytes wins (experts split
+  over an axis take their tokens by an all-to-all rather than have their weights gathered);
 - transpose: the splits move with the dimensions;
 - attention: batch and heads keep their splits, the sequence and feature dimensions are gathered;
 - sum, mean, max, min: a reduced dimension's axes become a pending sum, mean, max or min;
@@ -21,6 +23,8 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
   group's first output dimension where it divides (heads split out of a split feature dimension
   keep the split); any other split is gathered first;
 - operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
+- routing (argmax, argmin, topk's argsort, slice and take_along_axis, take, expand_dims,
+  squeeze): the dimension picked from whole, the others keep their splits;
 - anything else: its operands gathered whole, the result replicated (correct, not fast).
 """
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import ShardingError, TesseraError, enrich
-from .collectives import redistribute
+from .collectives import bytes_moved, moves, redistribute
 from .engine import on_gpu
 from .layout import Layout, Mesh, ShardSpec, at_user_line
 
@@ -268,6 +272,45 @@ def _rule(opdef, attrs, xs, out_type):
         return _reduction(name, xs[0], attrs)
     if name == "reshape" and xs[0].ndim and out_type.shape:
         return _reshape(xs[0], tuple(out_type.shape))
+    if name in ("expand_dims", "squeeze") and len(xs) == 1:
+        # dimensions of size 1 come and go; the others keep their splits
+        x, shape = xs[0], tuple(out_type.shape)
+        kept = [d for d in range(x.ndim) if x.shape[d] != 1]
+        dims, it = [], iter(kept)
+        for n in shape:
+            dims.append(x.layout.dims[next(it)] if n != 1 else ())
+        need = tuple(x.layout.dims[d] if d in kept else () for d in range(x.ndim))
+        return [Layout(need)], Layout(tuple(dims))
+    if name == "take" and len(xs) == 2 and xs[0].ndim:
+        # rows picked by split indices (an embedding of a batch split over dp): the table's
+        # picked dimension whole, the indices' splits carried into the result
+        x, idx = xs
+        ax = attrs["axis"] % x.ndim
+        keep = [() if d == ax else x.layout.dims[d] for d in range(x.ndim)]
+        used = {a for axes in keep for a in axes}
+        idims = [() if used & set(axes) else axes for axes in idx.layout.dims]
+        return [Layout(tuple(keep)), Layout(tuple(idims))], \
+            Layout(tuple(keep[:ax] + idims + keep[ax + 1:]))
+    if name in ("argmax", "argmin") and len(xs) == 1 and xs[0].ndim:
+        x = xs[0]
+        ax = attrs["axis"] % x.ndim
+        dims = [() if d == ax else x.layout.dims[d] for d in range(x.ndim)]
+        out = dims if attrs.get("keepdim") else dims[:ax] + dims[ax + 1:]
+        return [Layout(tuple(dims))], Layout(tuple(out))
+    if name == "slice" and len(xs) == 1 and xs[0].ndim:
+        # a dimension sliced is whole; one kept whole keeps its split (topk's first k)
+        x = xs[0]
+        dims = tuple(x.layout.dims[d] if (attrs["starts"][d], attrs["stops"][d],
+                                          attrs["steps"][d]) == (0, x.shape[d], 1) else ()
+                     for d in range(x.ndim))
+        return [Layout(dims)], Layout(dims)
+    if name == "take_along_axis" and len(xs) == 2 and xs[0].ndim == xs[1].ndim:
+        # the other dimensions keep the splits of the indices (topk's picks)
+        x, idx = xs
+        ax = attrs["axis"] % x.ndim
+        dims = tuple(() if d == ax or x.shape[d] != idx.shape[d] else idx.layout.dims[d]
+                     for d in range(x.ndim))
+        return [Layout(dims), Layout(dims)], Layout(dims)
     if name in _AXIS_OPS and len(xs) == 1:
         x = xs[0]
         axes = attrs.get("axis")
@@ -337,6 +380,12 @@ def local_attrs(name, attrs, out_layout, mesh) -> dict:
             for a in axes:
                 shape[d] //= mesh.shape[a]
         return {**attrs, "shape": shape}
+    if name == "slice" and any(out_layout.dims):
+        stops = list(attrs["stops"])
+        for d, axes in enumerate(out_layout.dims):
+            for a in axes:
+                stops[d] //= mesh.shape[a]
+        return {**attrs, "stops": stops}
     return attrs
 
 
@@ -397,6 +446,47 @@ def _unsplit(partial: dict, split: set) -> dict:
 
 
 def _matmul(xs):
+    """Each way of giving the mesh axes to the product's dimensions (see `_matmul_claims`),
+    the one moving the fewest bytes: a batch split of the larger operand kept and the smaller
+    one moved (experts split over an axis: the tokens sent to them by one all-to-all, not the
+    experts' weights gathered)."""
+    best = None
+    for order in _CLAIM_ORDERS:
+        need, out = _matmul_claims(xs, order)
+        cost = sum(_move_cost(x, lay) for x, lay in zip(xs, need)) + _pending_cost(xs, out)
+        if best is None or cost < best[0]:
+            best = cost, need, out
+    return list(best[1]), best[2]
+
+
+# the orders in which a product's dimensions claim the mesh axes: contraction, rows, columns,
+# then the batch (the rule's default), or the batch first, the larger operand's or the smaller's
+_CLAIM_ORDERS = (("k", "m", "n", "ba", "bb"), ("big", "small", "k", "m", "n"),
+                 ("small", "big", "k", "m", "n"))
+
+
+def _move_cost(x, lay) -> int:
+    """Elements each rank receives to take ``x`` to ``lay`` (the collectives' cost)."""
+    if x.layout == lay:
+        return 0
+    block = math.prod(x.layout.local_shape(x.shape, x.mesh))
+    return sum(bytes_moved(x.mesh, moves(x.layout, lay), block))
+
+
+def _pending_cost(xs, out) -> int:
+    """A pending sum of the product costs at least a reduce-scatter of its block later."""
+    a, b = xs
+    shape = [max(p, q) for p, q in zip((1,) * (b.ndim - a.ndim) + tuple(a.shape[:-2]),
+                                       (1,) * (a.ndim - b.ndim) + tuple(b.shape[:-2]))]
+    shape = (*shape, a.shape[-2], b.shape[-1])
+    block = math.prod(out.local_shape(shape, a.mesh))
+    return sum((a.mesh.shape[ax] - 1) * block // a.mesh.shape[ax] for ax, _ in out.partial)
+
+
+def _matmul_claims(xs, order):
+    """(the operands' layouts, the product's) when the contraction ``k``, rows ``m``, columns
+    ``n`` and each operand's batch dimensions (``ba``, ``bb``; ``big`` and ``small`` by size)
+    claim their splits in ``order``, each axis going to the first claim."""
     a, b = xs
     if a.layout.partial and b.layout.partial:
         b_lay = Layout(b.layout.dims)      # one pending sum at a time: b's taken first
@@ -408,35 +498,39 @@ def _matmul(xs):
     ka, kb = ad[-1], bd[-2]
     if ka and kb and ka != kb:
         ka = kb = ()
-    k = ka or kb
-    m, n = ad[-2], bd[-1]
-    if set(m) & set(n) and math.prod(a.shape) < math.prod(b.shape):
-        m = ()                  # an axis wanted by both: the smaller operand is gathered
-    taken = set(k)
-    m = () if taken & set(m) else m
-    taken |= set(m)
-    n = () if taken & set(n) else n
-    taken |= set(n)
+    want = {"k": ka or kb, "m": ad[-2], "n": bd[-1]}
+    if set(want["m"]) & set(want["n"]) and math.prod(a.shape) < math.prod(b.shape):
+        want["m"] = ()          # an axis wanted by both: the smaller operand is gathered
     batch = len(ad) - 2, len(bd) - 2
     out_batch_rank = max(batch)
     out_batch = [()] * out_batch_rank
-    for dims, nb in ((ad, batch[0]), (bd, batch[1])):
+    larger = 0 if math.prod(a.shape) >= math.prod(b.shape) else 1
+    names = {"ba": 0, "bb": 1, "big": larger, "small": 1 - larger}
+    got, taken = {}, set()
+    for claim in order:
+        if claim in want:
+            axes = () if taken & set(want[claim]) else want[claim]
+            got[claim] = axes
+            taken |= set(axes)
+            continue
+        j = names[claim]
+        dims, nb = (ad, bd)[j], batch[j]
         for d in range(nb):
             o = out_batch_rank - nb + d
             if dims[d] and not out_batch[o] and not taken & set(dims[d]):
                 out_batch[o] = dims[d]
                 taken |= set(dims[d])
+    k, m, n = got["k"], got["m"], got["n"]
     a_batch = [out_batch[out_batch_rank - batch[0] + d] if a.shape[d] != 1 else ()
                for d in range(batch[0])]
     b_batch = [out_batch[out_batch_rank - batch[1] + d] if b.shape[d] != 1 else ()
                for d in range(batch[1])]
-    split = taken | {a for axes in out_batch for a in axes}
-    keep_a = _unsplit(a.layout.partial_axes, split) if sums else {}
-    keep_b = _unsplit(b_lay.partial_axes, split) if sums else {}
+    keep_a = _unsplit(a.layout.partial_axes, taken) if sums else {}
+    keep_b = _unsplit(b_lay.partial_axes, taken) if sums else {}
     a_need = Layout(tuple(a_batch + [m, k]), tuple(sorted(keep_a.items())))
     b_need = Layout(tuple(b_batch + [k, n]), tuple(sorted(keep_b.items())))
     partial = {**keep_a, **keep_b, **{ax: "sum" for ax in k}}
-    return [a_need, b_need], Layout(tuple(out_batch + [m, n]), tuple(sorted(partial.items())))
+    return (a_need, b_need), Layout(tuple(out_batch + [m, n]), tuple(sorted(partial.items())))
 
 
 def _reduction(name, x, attrs):

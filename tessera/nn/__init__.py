@@ -26,10 +26,11 @@ from .init import Key
 from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Module, RMSNorm,
                      Sequential, activation, dropout, linear)
 from .losses import cross_entropy, kl_divergence, mse
+from .moe import MixtureOfExperts, TopKRouter
 from .precision import MixedPrecision, to_mixed_precision
 
 __all__ = ["ACTIVATIONS", "Dropout", "Embedding", "KVCache", "Key", "LayerNorm", "Linear", "MLP",
-           "Module",
+           "Module", "MixtureOfExperts", "TopKRouter",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
            "rope", "rope_tables", "MixedPrecision", "to_mixed_precision"]

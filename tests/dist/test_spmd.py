@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import dist, op
+from tessera import dist, nn, op
 from tessera.dist.spmd import plan_for
 
 ROW = dist.ShardSpec(("row",), ("dp",))
@@ -300,3 +300,84 @@ def test_tensor_parallel_attention_gradients(rng):
             *(dist.shard(w, cols, mesh) for w in ws), dist.shard(wo, rows, mesh))
     for a, want in zip(got, g(x, *ws, wo)):
         np.testing.assert_allclose(dist.gather(a), want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_batched_matmul_moves_its_smaller_operand(rng):
+    """Experts split over dp, tokens split over dp by group: the tokens go to their experts by
+    one all-to-all (the weights are larger); with more tokens than weights the weights are
+    gathered instead. Both have the single process's bits (no sum crosses ranks)."""
+    mesh = dist.Mesh(axes=["dp"], devices=range(2))
+    w = rng.standard_normal((4, 1, 8, 64)).astype(np.float32)
+    W = dist.shard(w, dist.ShardSpec.per_dim("dp", None, None, None), mesh)
+    for groups, moved in ((2, "all_to_all"), (64, "all_gather")):
+        x = rng.standard_normal((4, groups, 3, 8)).astype(np.float32)
+        X = dist.shard(x, dist.ShardSpec.per_dim(None, "dp", None, None), mesh)
+        p = plan_for(ts.function(lambda a, b: a @ b), X, W)
+        kinds = [row["collective"] for row in p.comm_report().to_dict("records")]
+        assert kinds == [moved]
+        Y = op.matmul(X, W)
+        assert Y.type_str == ("f32[4@dp, 2, 3, 64]" if moved == "all_to_all"
+                              else f"f32[4, {groups}@dp, 3, 64]")
+        np.testing.assert_array_equal(dist.gather(Y), ts.function(lambda a, b: a @ b)(x, w))
+
+
+def test_routing_operators_keep_a_batch_split(rng, mesh4):
+    """topk (argsort, slice, take_along_axis), argmax, expand_dims, squeeze and take along an
+    unsplit axis keep the rows' split, moving nothing, with the single process's bits."""
+    x = rng.standard_normal((8, 5, 6)).astype(np.float32)
+    table = rng.standard_normal((11, 4)).astype(np.float32)
+    ids = rng.integers(0, 11, (8, 5))
+
+    def routing(x, table, ids):
+        vals, idx = op.topk(x, 2, axis=-1)
+        best = op.argmax(x, axis=-1)
+        return vals, idx, op.squeeze(op.expand_dims(best, -1), -1), op.take(table, ids, axis=0)
+    f = ts.function(routing)
+    args = (dist.shard(x, ROW, mesh4), table, dist.shard(ids, ROW, mesh4))
+    assert len(plan_for(f, *args).comm_report()) == 0
+    for got, want in zip(f(*args), f(x, table, ids)):
+        assert "@dp" in got.type_str.split(",")[0]
+        np.testing.assert_array_equal(dist.gather(got), want)
+
+
+def test_a_mixture_of_experts_is_planned_expert_parallel(rng):
+    """nn.MixtureOfExperts with its groups and experts split over dp (and, inside each expert,
+    the hidden dimension over tp): the plan sends the tokens to their experts and back by two
+    all-to-alls and gathers nothing; with experts split over dp alone the output has the
+    single process's bits; the gradients agree with the single process's to rounding, the
+    experts' own split over dp with no pending sum."""
+    mesh = dist.Mesh(axes=["dp", "tp"], devices=range(4))
+    moe = nn.MixtureOfExperts(16, 64, 4, top_k=2, capacity_factor=1.0)
+    p = moe.init(int(rng.integers(1 << 30)))
+    x = rng.standard_normal((4, 12, 16)).astype(np.float32)
+    f = ts.function(lambda p, x: moe(p, x))
+    X = dist.shard(x, dist.ShardSpec.per_dim("dp", None, None), mesh)
+    by_expert = dist.ShardSpec.per_dim("dp", None, None)
+    sp = {"router": {"w": p["router"]["w"]}, "w1": dist.shard(p["w1"], by_expert, mesh),
+          "w2": dist.shard(p["w2"], by_expert, mesh)}
+    report = plan_for(f, sp, X).comm_report()
+    assert list(report["collective"]) == ["all_to_all", "all_to_all"]
+    assert set(report["axis"]) == {"dp"}
+    np.testing.assert_array_equal(dist.gather(f(sp, X)), f(p, x))
+
+    tp = {"router": {"w": p["router"]["w"]},
+          "w1": dist.shard(p["w1"], dist.ShardSpec.per_dim("dp", None, "tp"), mesh),
+          "w2": dist.shard(p["w2"], dist.ShardSpec.per_dim("dp", "tp", None), mesh)}
+    assert "all_gather" not in set(plan_for(f, tp, X).comm_report()["collective"])
+    loss = ts.grad(lambda p, x: op.mean(moe(p, x) ** 2))
+    got, want = loss(tp, X), loss(p, x)
+    assert got["w1"].type_str == "f32[4@dp, 16, 64@tp]"
+    for k in ("w1", "w2"):
+        np.testing.assert_allclose(dist.gather(got[k]), want[k], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(dist.gather(got["router"]["w"]), want["router"]["w"],
+                               rtol=1e-4, atol=1e-7)
+
+
+def test_a_concat_in_a_sharded_function(rng, mesh4):
+    """An operator of a list of operands (concat, and the adjoint of a slice) runs in a planned
+    segment as in a single-process one."""
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+    f = ts.function(lambda x: op.concat([x, op.exp(x)], axis=1))
+    np.testing.assert_array_equal(dist.gather(f(dist.shard(x, ROW, mesh4))), f(x))
+    g = ts.grad(lambda x: op.sum(op.concat([x, x * x], axis=1)[:, 1:4]))
+    np.testing.assert_allclose(dist.gather(g(dist.shard(x, ROW, mesh4))), g(x), rtol=1e-6)

@@ -463,3 +463,63 @@ def test_mse_and_kl(rng):
         p0 = np.log(np.array([[0.5, 0.0, 0.5, 0.0]], np.float32))
     q = np.log(np.full((1, 4), 0.25, np.float32))
     close(nn.kl_divergence(p0, q, from_logits=False), np.log(2))
+
+
+def _moe_by_token(p, x, top_k, capacity):
+    """MixtureOfExperts token by token in float64: each group's first choices before its
+    second choices, in token order, an expert full after `capacity` tokens."""
+    e_count = p["w1"].shape[0]
+    out = np.zeros(x.shape)
+    silu = lambda v: v / (1 + np.exp(-v))
+    dropped = 0
+    for g in range(x.shape[0]):
+        logits = x[g].astype(np.float64) @ p["router"]["w"]
+        order = np.argsort(-logits, axis=-1, kind="stable")[:, :top_k]
+        top = np.take_along_axis(logits, order, -1)
+        gates = np.exp(top - top.max(-1, keepdims=True))
+        gates /= gates.sum(-1, keepdims=True)
+        used = np.zeros(e_count, int)
+        for j in range(top_k):
+            for s in range(x.shape[1]):
+                e = order[s, j]
+                if used[e] == capacity:
+                    dropped += 1
+                    continue
+                used[e] += 1
+                out[g, s] += gates[s, j] * (silu(x[g, s] @ p["w1"][e]) @ p["w2"][e])
+    return out, dropped
+
+
+@pytest.mark.parametrize("top_k,capacity_factor", [(1, 2.0), (2, 1.0), (2, 0.5)])
+def test_mixture_of_experts_against_a_token_loop(rng, top_k, capacity_factor):
+    """Top-k routing with GPT-OSS's gates (a softmax of the k logits), capacity in token order
+    with first choices first, dropped tokens contributing 0; the balancing loss is 1 for an even
+    load and E for all tokens on one expert; gradients against finite differences."""
+    moe = nn.MixtureOfExperts(16, 24, 4, top_k=top_k, capacity_factor=capacity_factor)
+    p = moe.init(int(rng.integers(1 << 30)))
+    x = rng.standard_normal((3, 10, 16)).astype(np.float32)
+    y, aux = ts.function(lambda p, x: moe(p, x, return_aux=True))(p, x)
+    want, dropped = _moe_by_token(p, x, top_k, moe.router.capacity(10))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    if capacity_factor == 0.5:          # 20 choices for 4 x 3 slots: some dropped
+        assert dropped >= 8
+    probs = np.exp(x @ p["router"]["w"])
+    probs /= probs.sum(-1, keepdims=True)
+    f = np.bincount(probs.argmax(-1).ravel(), minlength=4) / 30
+    np.testing.assert_allclose(aux, 4 * np.sum(f * probs.mean((0, 1))), rtol=1e-5)
+
+    def loss(w2):
+        return op.mean(moe({**p, "w2": w2}, x) ** 2)
+    g = ts.grad(loss)(p["w2"])
+    d = rng.standard_normal(p["w2"].shape)
+    d /= np.linalg.norm(d)
+    h = 1e-3
+    fd = (float(loss(p["w2"] + h * d.astype(np.float32))) -
+          float(loss(p["w2"] - h * d.astype(np.float32)))) / (2 * h)
+    np.testing.assert_allclose(np.sum(g * d), fd, rtol=2e-2, atol=1e-6)
+
+
+def test_mixture_of_experts_refuses_a_flat_input():
+    moe = nn.MixtureOfExperts(8, 8, 2)
+    with pytest.raises(ts.TesseraError, match="groups, tokens"):
+        moe(moe.init(0), np.zeros((5, 8), np.float32))
