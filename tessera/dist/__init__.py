@@ -13,8 +13,8 @@ from .collectives import all_gather, all_reduce, all_to_all, reduce_scatter, sca
 from .layout import Layout, Mesh, Partial, ShardSpec
 from .launch import launch, rank, world_size
 from .spmd import plan_for as plan
-from .tensor import DTensor, gather, shard, tensor
+from .tensor import DTensor, gather, shard, shard_tree, tensor
 
-__all__ = ["Mesh", "ShardSpec", "Partial", "Layout", "DTensor", "tensor", "shard", "gather",
+__all__ = ["Mesh", "ShardSpec", "Partial", "Layout", "DTensor", "tensor", "shard", "shard_tree", "gather",
            "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "scatter", "launch",
            "rank", "world_size", "batch_mean", "plan", "Pipeline"]

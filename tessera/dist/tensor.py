@@ -24,7 +24,8 @@ the compiled kernel the single-process program uses. Rules, by the operator's ki
   keep the split); any other split is gathered first;
 - operators over an axis (softmax, layernorm, cumsum ...): that dimension gathered first;
 - routing (argmax, argmin, topk's argsort, slice and take_along_axis, take, expand_dims,
-  squeeze): the dimension picked from whole, the others keep their splits;
+  squeeze) and reductions no pending value stands for (logsumexp, var): the dimension picked
+  from or reduced whole, the others keep their splits;
 - anything else: its operands gathered whole, the result replicated (correct, not fast).
 """
 from __future__ import annotations
@@ -196,6 +197,32 @@ def shard(x, layout, mesh: Mesh):
 
 
 @at_user_line
+def shard_tree(tree, layouts, mesh: Mesh):
+    """Every array leaf of a pytree (model parameters, optimizer state) sharded by
+    ``layouts``: a function ``(path, shape) -> ShardSpec or None`` or a dict from path to
+    ShardSpec (absent: replicated), where a leaf's path is its keys joined by "/"
+    (``"blocks/0/attn/q/w"``, as `ts.checkpoint` names them). Numbers stay numbers."""
+    from ..pytree import flatten
+    from ..ops.registry import is_scalar
+    flat, treedef = flatten(tree)
+    paths = ["/".join(str(k) for k in keys) for keys in treedef.paths()]
+    if isinstance(layouts, dict):
+        unknown = sorted(set(layouts) - set(paths))
+        if unknown:
+            raise ShardingError(f"layouts names {unknown}, which are no leaves of the tree",
+                                hint=f"the paths are like {paths[:3]}")
+        pick = lambda path, shape: layouts.get(path)
+    elif callable(layouts):
+        pick = layouts
+    else:
+        raise ShardingError("layouts must be a function (path, shape) -> ShardSpec or a dict",
+                            received=repr(layouts))
+    out = [x if is_scalar(x) or isinstance(x, DTensor) else
+           shard(x, pick(path, tuple(np.shape(x))), mesh) for path, x in zip(paths, flat)]
+    return treedef.unflatten(out)
+
+
+@at_user_line
 def _placed(mesh, block):
     """A block where the mesh keeps them: a contiguous NumPy array, or a CuPy one."""
     if mesh.target == "cuda":
@@ -291,11 +318,15 @@ def _rule(opdef, attrs, xs, out_type):
         idims = [() if used & set(axes) else axes for axes in idx.layout.dims]
         return [Layout(tuple(keep)), Layout(tuple(idims))], \
             Layout(tuple(keep[:ax] + idims + keep[ax + 1:]))
-    if name in ("argmax", "argmin") and len(xs) == 1 and xs[0].ndim:
+    if name in ("argmax", "argmin", "logsumexp", "var") and len(xs) == 1 and xs[0].ndim:
+        # a reduction no pending value can stand for: its axes whole, the others keep their
+        # splits (cross-entropy's logsumexp over a batch split over dp)
         x = xs[0]
-        ax = attrs["axis"] % x.ndim
-        dims = [() if d == ax else x.layout.dims[d] for d in range(x.ndim)]
-        out = dims if attrs.get("keepdim") else dims[:ax] + dims[ax + 1:]
+        axes = attrs["axis"]
+        axes = range(x.ndim) if axes is None else [axes] if isinstance(axes, int) else axes
+        axes = {a % x.ndim for a in axes}
+        dims = [() if d in axes else x.layout.dims[d] for d in range(x.ndim)]
+        out = dims if attrs.get("keepdim") else [dims[d] for d in range(x.ndim) if d not in axes]
         return [Layout(tuple(dims))], Layout(tuple(out))
     if name == "slice" and len(xs) == 1 and xs[0].ndim:
         # a dimension sliced is whole; one kept whole keeps its split (topk's first k)
@@ -360,6 +391,9 @@ def _reshape(x, out_shape):
         return [Layout.replicated(x.ndim)], Layout.replicated(len(out_shape))
     need, out = list(x.layout.dims), [()] * len(out_shape)
     for gi, go in groups:
+        # dimensions of size 1 in a group hold no split and are passed over
+        gi = [d for d in gi if x.shape[d] != 1] or gi
+        go = [d for d in go if out_shape[d] != 1] or go
         axes = x.layout.dims[gi[0]] if gi else ()
         parts = math.prod(x.mesh.shape[a] for a in axes)
         if axes and go and not any(x.layout.dims[d] for d in gi[1:]) and \

@@ -381,3 +381,38 @@ def test_a_concat_in_a_sharded_function(rng, mesh4):
     np.testing.assert_array_equal(dist.gather(f(dist.shard(x, ROW, mesh4))), f(x))
     g = ts.grad(lambda x: op.sum(op.concat([x, x * x], axis=1)[:, 1:4]))
     np.testing.assert_allclose(dist.gather(g(dist.shard(x, ROW, mesh4))), g(x), rtol=1e-6)
+
+
+def test_cross_entropy_and_unit_dimensions_keep_a_batch_split(rng, mesh4):
+    """logsumexp (cross-entropy's) and var reduce a whole dimension and keep the batch's split;
+    a reshape dropping or adding a dimension of size 1 keeps a split next to it."""
+    logits = rng.standard_normal((8, 5, 7)).astype(np.float32)
+    labels = rng.integers(0, 7, (8, 5))
+    w = rng.standard_normal((2, 1, 8, 3)).astype(np.float32)
+
+    def f(z, y, w):
+        return (nn.cross_entropy(z, y, reduction="none"), op.var(z, axis=-1),
+                op.reshape(w, (2, 8, 3)), op.reshape(op.reshape(w, (2, 8, 3)), (2, 1, 8, 3)))
+    f = ts.function(f)
+    W = dist.shard(w, dist.ShardSpec.per_dim(None, None, "dp", None), mesh4)
+    args = (dist.shard(logits, ROW, mesh4), dist.shard(labels, ROW, mesh4), W)
+    assert len(plan_for(f, *args).comm_report()) == 0
+    got = f(*args)
+    assert [g.type_str for g in got] == ["f32[8@dp, 5]", "f32[8@dp, 5]", "f32[2, 8@dp, 3]",
+                                         "f32[2, 1, 8@dp, 3]"]
+    for a, b in zip(got, f(logits, labels, w)):
+        np.testing.assert_array_equal(dist.gather(a), b)
+
+
+def test_shard_tree_lays_out_a_pytree(mesh4):
+    params = {"attn": [{"w": np.arange(32.0).reshape(4, 8)}], "scale": 2.0,
+              "b": np.ones(3, np.float32)}
+    by_fn = dist.shard_tree(params, lambda path, shape: COL if path == "attn/0/w" else None,
+                            mesh4)
+    by_dict = dist.shard_tree(params, {"attn/0/w": COL}, mesh4)
+    for t in (by_fn, by_dict):
+        assert t["attn"][0]["w"].type_str == "f64[4, 8@dp]" and t["scale"] == 2.0
+        assert t["b"].type_str == "f32[3]"
+        np.testing.assert_array_equal(dist.gather(t["attn"][0]["w"]), params["attn"][0]["w"])
+    with pytest.raises(ts.ShardingError, match="no leaves"):
+        dist.shard_tree(params, {"attn/w": COL}, mesh4)
