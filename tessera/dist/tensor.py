@@ -225,10 +225,11 @@ def shard_tree(tree, layouts, mesh: Mesh):
 @at_user_line
 def _placed(mesh, block):
     """A block where the mesh keeps them: a contiguous NumPy array, or a CuPy one."""
+    # (ascontiguousarray would make a 0-d block 1-d)
     if mesh.target == "cuda":
         import cupy
-        return cupy.ascontiguousarray(cupy.asarray(block))
-    return np.ascontiguousarray(block)
+        return cupy.asarray(block, order="C")
+    return np.asarray(block, order="C")
 
 
 def gather(x) -> np.ndarray:

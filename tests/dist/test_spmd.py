@@ -416,3 +416,16 @@ def test_shard_tree_lays_out_a_pytree(mesh4):
         np.testing.assert_array_equal(dist.gather(t["attn"][0]["w"]), params["attn"][0]["w"])
     with pytest.raises(ts.ShardingError, match="no leaves"):
         dist.shard_tree(params, {"attn/w": COL}, mesh4)
+
+
+def test_a_0d_value_stays_0d(mesh4, tmp_path):
+    """A replicated scalar (an optimizer's step count) keeps its shape through dist.shard and a
+    sharded function, so a checkpoint of the state saves."""
+    step = dist.shard(np.zeros((), np.int64), None, mesh4)
+    x = dist.shard(np.ones((8, 2), np.float32), ROW, mesh4)
+    f = ts.function(lambda x, s: (x * 2.0, s + 1))
+    y, s = f(x, step)
+    assert {b.shape for b in step.blocks.values()} == {b.shape for b in s.blocks.values()} == {()}
+    ts.checkpoint.save(tmp_path / "ck", {"x": y}, {"step": s}, step=1)
+    _, state, _ = ts.checkpoint.load(tmp_path / "ck", mesh=mesh4)
+    assert dist.gather(state["step"]) == 1
