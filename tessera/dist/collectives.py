@@ -243,11 +243,13 @@ def _packed_all_reduce(x, op, axis, mesh, native=False):
     out = [None] * len(arrays)
     for dtype in sorted({a.dtype for a in arrays}, key=lambda d: d.str):   # one order on every rank
         idx = [i for i, a in enumerate(arrays) if a.dtype == dtype]
-        flat = np.concatenate([arrays[i].reshape(-1) for i in idx]) if len(idx) > 1 else \
+        owned = len(idx) > 1          # a buffer of ours: reduced in place
+        flat = np.concatenate([arrays[i].reshape(-1) for i in idx]) if owned else \
             arrays[idx[0]].reshape(-1)
         for ax in axes:
             flat = mesh.engine.native_all_reduce(mesh, (ax,), flat, op) if native else \
-                reduce_blocks(mesh, {0: flat}, ax, op)[0]
+                mesh.engine.all_reduce_flat(mesh, (ax,), flat, op, out=flat if owned else None)
+            owned = True
         at = 0
         for i in idx:
             n = arrays[i].size

@@ -110,6 +110,7 @@ class MPIEngine:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.ranks = (self.rank,)
         self._groups: dict = {}
+        self._buffers: dict = {}
 
     def _comm(self, mesh, axes):
         key = (tuple(mesh.shape.items()), tuple(axes))
@@ -141,27 +142,48 @@ class MPIEngine:
             out = [cupy.asarray(x) for x in out]
         return {self.rank: out}
 
-    def all_reduce_flat(self, mesh, axes, block, op):
-        """`collectives.reduce_blocks` on one host array with MPI's buffers and no copies:
-        chunk j of the flattened block to member j (an all-to-all), the tree over the members'
-        chunks, the reduced chunks gathered into the result."""
-        from mpi4py import MPI
+    def all_reduce_flat(self, mesh, axes, block, op, out=None):
+        """`collectives.reduce_blocks` on one host array with MPI's buffers: chunk j of the
+        flattened block to member j, the tree over the members' chunks, the reduced chunks
+        sent to every member. Each step is p - 1 rounds of pairwise ``Sendrecv`` (round s: to
+        member me + s, from me - s), several times faster than MPICH's Alltoallv and Allgatherv
+        on one machine for the same bytes; the chunks arrive in scratch kept between calls
+        (fresh pages cost a fault each). ``out``: where the result goes (``block`` itself when
+        the caller owns it), else a new array."""
         comm = self._comm(mesh, axes)
         p, me = comm.Get_size(), comm.Get_rank()
         flat = np.ascontiguousarray(block).reshape(-1)
-        size = flat.dtype.itemsize
-        counts = [len(c) for c in np.array_split(np.empty(flat.size, np.uint8), p)]
-        nbytes = [c * size for c in counts]
-        mine = np.empty(p * counts[me], flat.dtype)
-        comm.Alltoallv([flat.view(np.uint8), nbytes, _displs(nbytes), MPI.BYTE],
-                       [mine.view(np.uint8), [nbytes[me]] * p,
-                        [k * nbytes[me] for k in range(p)], MPI.BYTE])
-        reduced = np.ascontiguousarray(
-            tree_reduce([mine[k * counts[me]:(k + 1) * counts[me]] for k in range(p)], op))
-        out = np.empty(flat.size, flat.dtype)
-        comm.Allgatherv([reduced.view(np.uint8), MPI.BYTE],
-                        [out.view(np.uint8), nbytes, _displs(nbytes), MPI.BYTE])
+        bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.empty(flat.size, np.uint8),
+                                                                   p)])
+        part = lambda a, k: a[bounds[k]:bounds[k + 1]]
+        got = self._scratch((p, bounds[me + 1] - bounds[me]), flat.dtype)
+        for s in range(1, p):
+            to, frm = (me + s) % p, (me - s) % p
+            comm.Sendrecv(_bytes(part(flat, to)), dest=to, recvbuf=_bytes(got[frm]),
+                          source=frm)
+        terms = [part(flat, k) if k == me else got[k] for k in range(p)]
+        if p == 2 and flat.dtype.kind == "f" and flat.dtype.itemsize >= 4:
+            reduced = _pair(terms[0], terms[1], op, got[me])   # tree_reduce's operations
+        else:
+            reduced = np.ascontiguousarray(tree_reduce(terms, op))
+        out = np.empty(flat.size, flat.dtype) if out is None else out.reshape(-1)
+        part(out, me)[...] = reduced
+        for s in range(1, p):
+            to, frm = (me + s) % p, (me - s) % p
+            comm.Sendrecv(_bytes(reduced), dest=to, recvbuf=_bytes(part(out, frm)),
+                          source=frm)
         return out.reshape(block.shape)
+
+    def _scratch(self, shape, dtype):
+        """A buffer of this shape and dtype, the same one each call (a few kept)."""
+        key = (tuple(int(n) for n in shape), np.dtype(dtype).str)
+        buf = self._buffers.pop(key, None)
+        if buf is None:
+            buf = np.empty(key[0], dtype)
+        self._buffers[key] = buf
+        while len(self._buffers) > 4:
+            del self._buffers[next(iter(self._buffers))]
+        return buf
 
     def native_all_reduce(self, mesh, axes, flat, op):
         """MPI_Allreduce itself (``order="native"``): fast, in whatever order MPI picks."""
@@ -194,6 +216,22 @@ class MPIEngine:
         req = self.comm.Ibarrier()
         while not req.Test():
             time.sleep(0.002)
+
+
+def _bytes(a):
+    """A contiguous array's memory as bytes (MPI takes no 16-bit float dtype)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def _pair(a, b, op, out):
+    """tree_reduce([a, b], op) for 32- and 64-bit floats, written into ``out``."""
+    if op in ("sum", "mean"):
+        np.add(a, b, out=out)
+        if op == "mean":
+            np.divide(out, out.dtype.type(2), out=out)
+    else:
+        (np.maximum if op == "max" else np.minimum)(a, b, out=out)
+    return out
 
 
 def _displs(counts):

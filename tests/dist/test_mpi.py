@@ -70,6 +70,50 @@ def test_all_reduce_of_each_ranks_array_is_the_fixed_tree(rng, n):
         np.testing.assert_allclose(native, want, rtol=1e-5, atol=1e-5)
 
 
+def _reduce_each_way(seed, n):
+    """Every op and dtype of the pairwise all-reduce, a pytree packed into one buffer (reduced in
+    place) and a single array (reduced into a new one), called twice (the scratch reused)."""
+    rank = dist.rank()
+    g = np.random.default_rng(seed + rank)
+    mesh = dist.Mesh(axes=["dp"], devices=range(dist.world_size()))
+    arrays = {"f32": g.standard_normal(n).astype(np.float32), "f64": g.standard_normal(n),
+              "i32": g.integers(-1000, 1000, n).astype(np.int32),
+              "bf16": g.standard_normal(n).astype(ts.bf16.np)}
+    kept = {k: v.copy() for k, v in arrays.items()}
+    out = {}
+    for op in ("sum", "mean", "max", "min"):
+        for _ in range(2):
+            out[op] = ts.collectives.all_reduce({**arrays, "pair": [arrays["f32"][:3]]}, op=op,
+                                                axis="dp", mesh=mesh)
+        out[op + " alone"] = ts.collectives.all_reduce(arrays["f32"], op=op, axis="dp",
+                                                       mesh=mesh)
+    assert all(np.array_equal(arrays[k], kept[k]) for k in arrays)      # inputs untouched
+    return out
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_every_op_and_dtype_reduces_by_the_tree(rng, ranks):
+    seed, n = int(rng.integers(1 << 30)), int(rng.integers(5, 3000))
+    from tessera.dist.engine import tree_reduce
+    terms = []
+    for r in range(ranks):
+        g = np.random.default_rng(seed + r)
+        terms.append({"f32": g.standard_normal(n).astype(np.float32), "f64": g.standard_normal(n),
+                      "i32": g.integers(-1000, 1000, n).astype(np.int32),
+                      "bf16": g.standard_normal(n).astype(ts.bf16.np)})
+    for got in dist.launch(_reduce_each_way, ranks, seed, n):
+        for op in ("sum", "mean", "max", "min"):
+            for k in ("f32", "f64", "i32", "bf16"):
+                if op == "mean" and k == "i32":
+                    continue
+                want = tree_reduce([t[k] for t in terms], op)
+                np.testing.assert_array_equal(got[op][k], want, err_msg=f"{op} {k}")
+            np.testing.assert_array_equal(got[op]["pair"][0], tree_reduce(
+                [t["f32"][:3] for t in terms], op))
+            np.testing.assert_array_equal(got[op + " alone"], tree_reduce(
+                [t["f32"] for t in terms], op))
+
+
 def _fails_on_rank_2():
     if dist.rank() == 2:
         raise ValueError("rank two is unhappy")
