@@ -121,22 +121,19 @@ class MPIEngine:
         return self._groups[key]
 
     def exchange(self, mesh, axes, sends: dict) -> dict:
-        from mpi4py import MPI
+        """Pairwise ``Sendrecv`` rounds (round s: to member me + s, from me - s) after the
+        shapes and dtypes are exchanged: several times faster than MPICH's Alltoallv on one
+        machine."""
         comm = self._comm(mesh, axes)
-        device = any(on_gpu(p) for p in sends[self.rank])     # CuPy blocks: staged via host
-        pieces = [np.ascontiguousarray(to_host(p)) for p in sends[self.rank]]
-        meta = comm.alltoall([(p.shape, p.dtype) for p in pieces])
-        send_bytes = [p.reshape(-1).view(np.uint8) for p in pieces]
-        scounts = [b.size for b in send_bytes]
-        rcounts = [int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in meta]
-        sbuf = np.concatenate(send_bytes) if send_bytes else np.zeros(0, np.uint8)
-        rbuf = np.empty(sum(rcounts), np.uint8)
-        comm.Alltoallv([sbuf, scounts, _displs(scounts), MPI.BYTE],
-                       [rbuf, rcounts, _displs(rcounts), MPI.BYTE])
-        out, at = [], 0
-        for (shape, dtype), n in zip(meta, rcounts):
-            out.append(rbuf[at:at + n].view(dtype).reshape(shape))
-            at += n
+        p, me = comm.Get_size(), comm.Get_rank()
+        device = any(on_gpu(x) for x in sends[self.rank])     # CuPy blocks: staged via host
+        pieces = [np.ascontiguousarray(to_host(x)) for x in sends[self.rank]]
+        meta = comm.alltoall([(x.shape, x.dtype) for x in pieces])
+        out = [np.empty(shape, dtype) for shape, dtype in meta]
+        out[me][...] = pieces[me]
+        for s in range(1, p):
+            to, frm = (me + s) % p, (me - s) % p
+            comm.Sendrecv(_bytes(pieces[to]), dest=to, recvbuf=_bytes(out[frm]), source=frm)
         if device:
             import cupy
             out = [cupy.asarray(x) for x in out]
@@ -232,10 +229,6 @@ def _pair(a, b, op, out):
     else:
         (np.maximum if op == "max" else np.minimum)(a, b, out=out)
     return out
-
-
-def _displs(counts):
-    return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
 
 
 class NCCLEngine:

@@ -81,12 +81,12 @@ def _reduce_each_way(seed, n):
               "bf16": g.standard_normal(n).astype(ts.bf16.np)}
     kept = {k: v.copy() for k, v in arrays.items()}
     out = {}
-    for op in ("sum", "mean", "max", "min"):
+    for kind in ("sum", "mean", "max", "min"):
         for _ in range(2):
-            out[op] = ts.collectives.all_reduce({**arrays, "pair": [arrays["f32"][:3]]}, op=op,
-                                                axis="dp", mesh=mesh)
-        out[op + " alone"] = ts.collectives.all_reduce(arrays["f32"], op=op, axis="dp",
-                                                       mesh=mesh)
+            out[kind] = ts.collectives.all_reduce({**arrays, "pair": [arrays["f32"][:3]]},
+                                                  op=kind, axis="dp", mesh=mesh)
+        out[kind + " alone"] = ts.collectives.all_reduce(arrays["f32"], op=kind, axis="dp",
+                                                         mesh=mesh)
     assert all(np.array_equal(arrays[k], kept[k]) for k in arrays)      # inputs untouched
     return out
 
@@ -102,16 +102,16 @@ def test_every_op_and_dtype_reduces_by_the_tree(rng, ranks):
                       "i32": g.integers(-1000, 1000, n).astype(np.int32),
                       "bf16": g.standard_normal(n).astype(ts.bf16.np)})
     for got in dist.launch(_reduce_each_way, ranks, seed, n):
-        for op in ("sum", "mean", "max", "min"):
+        for kind in ("sum", "mean", "max", "min"):
             for k in ("f32", "f64", "i32", "bf16"):
-                if op == "mean" and k == "i32":
+                if kind == "mean" and k == "i32":
                     continue
-                want = tree_reduce([t[k] for t in terms], op)
-                np.testing.assert_array_equal(got[op][k], want, err_msg=f"{op} {k}")
-            np.testing.assert_array_equal(got[op]["pair"][0], tree_reduce(
-                [t["f32"][:3] for t in terms], op))
-            np.testing.assert_array_equal(got[op + " alone"], tree_reduce(
-                [t["f32"] for t in terms], op))
+                want = tree_reduce([t[k] for t in terms], kind)
+                np.testing.assert_array_equal(got[kind][k], want, err_msg=f"{kind} {k}")
+            np.testing.assert_array_equal(got[kind]["pair"][0], tree_reduce(
+                [t["f32"][:3] for t in terms], kind))
+            np.testing.assert_array_equal(got[kind + " alone"], tree_reduce(
+                [t["f32"] for t in terms], kind))
 
 
 def _fails_on_rank_2():
