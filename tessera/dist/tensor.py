@@ -409,18 +409,14 @@ def _reshape(x, out_shape):
 
 def local_attrs(name, attrs, out_layout, mesh) -> dict:
     """An operator's attributes for the blocks: sizes in them are the global tensor's."""
-    if name == "reshape" and any(out_layout.dims):
-        shape = list(attrs["shape"])
+    # a reshape's target shape and a slice's stops along split (whole) dimensions
+    key = {"reshape": "shape", "slice": "stops"}.get(name)
+    if key and any(out_layout.dims):
+        sizes = list(attrs[key])
         for d, axes in enumerate(out_layout.dims):
             for a in axes:
-                shape[d] //= mesh.shape[a]
-        return {**attrs, "shape": shape}
-    if name == "slice" and any(out_layout.dims):
-        stops = list(attrs["stops"])
-        for d, axes in enumerate(out_layout.dims):
-            for a in axes:
-                stops[d] //= mesh.shape[a]
-        return {**attrs, "stops": stops}
+                sizes[d] //= mesh.shape[a]
+        return {**attrs, key: sizes}
     return attrs
 
 
