@@ -17,5 +17,5 @@ from .spmd import plan_for as plan
 from .tensor import DTensor, gather, shard, shard_tree, tensor
 
 __all__ = ["Mesh", "ShardSpec", "Partial", "Layout", "DTensor", "tensor", "shard", "shard_tree",
-           "gather", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "scatter", "launch",
-           "rank", "world_size", "batch_mean", "plan", "Pipeline"]
+           "gather", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "scatter",
+           "launch", "rank", "world_size", "batch_mean", "plan", "Pipeline"]

@@ -1,7 +1,7 @@
 """The seeds' ``MixtureOfExperts`` and ``TopKRouter``: top-k routing with a fixed capacity per
 expert, written as dense dispatch and combine tensors (GShard's formulation).
 
-Every token group (a sequence: the input's leading axes) routes its tokens on its own: each
+Every token group (a sequence: the input's first axis) routes its tokens on its own: each
 token's k best experts by the router's logits, its gates the softmax of those k logits
 (GPT-OSS's), and each expert takes at most ``capacity`` tokens of a group, first choices
 before second choices and in token order; the rest are dropped (their share of the output is
