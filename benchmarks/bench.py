@@ -4,7 +4,7 @@ checked against a float64 NumPy reference; ratios are printed and written to
 benchmarks/results/, never asserted (benchmarks are not tests).
 
     python -m benchmarks.bench [--only softmax_4096,matmul_1024] [--repeat 7] [--quick]
-                               [--json PATH] [--wait-quiet S] [--list]
+                               [--json PATH] [--wait-quiet S] [--list] [--as-avx2]
 """
 from __future__ import annotations
 
@@ -846,7 +846,8 @@ def machine(peers: dict) -> dict:
                   if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                   "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                      "MKL_NUM_THREADS", "TESSERA_CACHE_DIR",
-                                                     "TESSERA_NO_CACHE") if k in os.environ}}
+                                                     "TESSERA_NO_CACHE", *AS_AVX2)
+                          if k in os.environ}}
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
         info["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
@@ -937,6 +938,8 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
     built = f"tessera built for {level}" + (
         f" (this CPU runs {info['host_isa_level']})" if info.get("host_isa_level") != level
         else "")
+    if all(info.get("env", {}).get(k) == v for k, v in AS_AVX2.items()):
+        built += "; every peer held to AVX2 (--as-avx2)"
     p(f"\n{info['cpu']}, {info['cores']} cores ({', '.join(info.get('simd', []))}); "
       f"{built}; {peaks_text}")
     p(f"numpy {info['numpy']} ({info['numpy_blas']}); torch {info['torch']}; jax {info['jax']}; "
@@ -1027,6 +1030,17 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
         p(f"{name:<18}  not a case yet: {why}")
 
 
+# An AVX2-only machine on an AVX-512 one: tessera's code for x86-64-v3, and each peer's own switch
+# (PyTorch's ATen kernels and torch.compile's C++, oneDNN, MKL, XLA's code generator, NumPy's
+# dispatched loops, OpenBLAS's kernels). What a peer picks without a switch (XLA's library calls)
+# may still use AVX-512: the JSON's machine.env records the settings.
+AS_AVX2 = {"TESSERA_CPU_TARGET": "x86-64-v3", "ATEN_CPU_CAPABILITY": "avx2",
+           "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+           "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
+           "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+           "OPENBLAS_CORETYPE": "Haswell"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.bench",
@@ -1047,7 +1061,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-db", metavar="PATH",
                     help="autotuning database to use (default: a fresh one for this run, so "
                          "the column shows what a search within the budget finds)")
+    ap.add_argument("--as-avx2", action="store_true",
+                    help="measure as an AVX2-only machine would: tessera's x86-64-v3 target "
+                         "and every peer held to AVX2 (see AS_AVX2)")
     args = ap.parse_args(argv)
+    if args.as_avx2 and any(os.environ.get(k) != v for k, v in AS_AVX2.items()):
+        # the peers read these when they are imported, and NumPy is already: start again
+        os.environ.update(AS_AVX2)
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.bench",
+                                  *(sys.argv[1:] if argv is None else argv)])
     if args.list:
         for c in CASES:
             print(f"{c.name:<18} {c.what}\n{'':<18} goal: {c.goal}")
