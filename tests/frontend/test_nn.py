@@ -493,16 +493,16 @@ def _moe_by_token(p, x, top_k, capacity):
 @pytest.mark.parametrize("top_k,capacity_factor", [(1, 2.0), (2, 1.0), (2, 0.5)])
 def test_mixture_of_experts_against_a_token_loop(rng, top_k, capacity_factor):
     """Top-k routing with GPT-OSS's gates (a softmax of the k logits), capacity in token order
-    with first choices first, dropped tokens contributing 0; the balancing loss is 1 for an even
-    load and E for all tokens on one expert; gradients against finite differences."""
+    with first choices first, dropped tokens contributing 0; the balancing loss against its
+    formula; gradients against finite differences."""
     moe = nn.MixtureOfExperts(16, 24, 4, top_k=top_k, capacity_factor=capacity_factor)
     p = moe.init(int(rng.integers(1 << 30)))
     x = rng.standard_normal((3, 10, 16)).astype(np.float32)
     y, aux = ts.function(lambda p, x: moe(p, x, return_aux=True))(p, x)
     want, dropped = _moe_by_token(p, x, top_k, moe.router.capacity(10))
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-    if capacity_factor == 0.5:          # 20 choices for 4 x 3 slots: some dropped
-        assert dropped >= 8
+    if capacity_factor == 0.5:          # per group 20 choices for 4 x 3 slots: 8 dropped
+        assert dropped >= 24
     probs = np.exp(x @ p["router"]["w"])
     probs /= probs.sum(-1, keepdims=True)
     f = np.bincount(probs.argmax(-1).ravel(), minlength=4) / 30
