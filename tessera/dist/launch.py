@@ -106,6 +106,32 @@ def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = N
         shutil.rmtree(job, ignore_errors=True)
 
 
+class Module:
+    """A module a `%%tessera --mesh` cell reads, sent by name (each rank imports it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def run_source(source: str, inputs: dict, axes: dict, filename: str = "<cell>"):
+    """One rank's run of a `%%tessera --mesh` cell: ``source`` executed with the notebook's
+    values it reads (``inputs``; modules re-imported) and ``mesh``, the mesh of every rank on
+    ``axes``. Returns the value of its last line when that is an expression, else None."""
+    import ast
+    import importlib
+    from .layout import Mesh
+    ns = {"__name__": "__mesh_cell__"}
+    for name, value in inputs.items():
+        ns[name] = importlib.import_module(value.name) if isinstance(value, Module) else value
+    ns["mesh"] = Mesh(axes=dict(axes))
+    tree = ast.parse(source, filename)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, filename, "exec"), ns)
+    if last is None:
+        return None
+    return eval(compile(ast.Expression(last.value), filename, "eval"), ns)
+
+
 def _print_outputs(job: Path, nprocs: int):
     for r in range(nprocs):
         path = job / f"output.{r}"

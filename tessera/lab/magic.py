@@ -44,6 +44,14 @@ class TesseraMagics(Magics):
     @magic_arguments.argument("--name", default=None,
                               help="which function of the cell to explore (default: the last "
                                    "one defined)")
+    @magic_arguments.argument("--mesh", default=None, metavar="dp=2,tp=2",
+                              help="run the cell on MPI ranks instead, one per device of a mesh "
+                                   "with these axes: there `mesh` is that mesh and the "
+                                   "notebook's values the cell reads are copied in; each rank's "
+                                   "output is shown in rank order, and the cell's value is the "
+                                   "list of every rank's last expression")
+    @magic_arguments.argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                              help="with --mesh: how long the ranks may run (default 600 s)")
     @line_cell_magic
     def tessera(self, line, cell=None):
         """Compile the tessera functions a cell defines and explore the last one.
@@ -60,6 +68,10 @@ class TesseraMagics(Magics):
         """
         __tracebackhide__ = True    # an error in the cell shows the cell's frames, not ours
         args = magic_arguments.parse_argstring(self.tessera, line)
+        if args.mesh is not None:
+            if cell is None or args.function:
+                raise UsageError("--mesh runs a cell: %%tessera --mesh dp=4 on its own line")
+            return _run_on_mesh(self.shell, cell, args.mesh, args.timeout)
         try:
             sizes = parse_shapes(args.shapes)
         except ArgumentError as e:
@@ -142,6 +154,55 @@ class TesseraMagics(Magics):
                 elif _is_tessera_function(value) and _defined_in(_root(value), filename):
                     found[name] = value
         return list(found.values())
+
+
+def _parse_mesh(spec: str) -> dict:
+    """'dp=2,tp=2' -> {'dp': 2, 'tp': 2}."""
+    axes = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, eq, size = part.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier() or not size.strip().isdigit() or \
+                int(size) < 1 or name in axes:
+            raise UsageError(f"--mesh {spec!r}: each axis as name=size, sizes positive, "
+                             "names distinct (--mesh dp=2,tp=2)")
+        axes[name] = int(size)
+    if not axes:
+        raise UsageError("--mesh needs axes: --mesh dp=4")
+    return axes
+
+
+def _run_on_mesh(shell, cell: str, spec: str, timeout: float):
+    """The cell on as many MPI ranks as the mesh has devices (`dist.launch`), with the
+    notebook's values it reads (modules by name); the list of the ranks' last values."""
+    import math
+
+    from ..dist.launch import Module, launch, run_source
+    try:
+        from cloudpickle import dumps
+    except ImportError:             # launch says what to install
+        dumps = repr
+    axes = _parse_mesh(spec)
+    tree = ast.parse(cell)
+    reads = {n.id for n in ast.walk(tree)
+             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    inputs = {}
+    for name in sorted(reads):
+        if name == "mesh" or name.startswith("_") or name not in shell.user_ns:
+            continue
+        value = shell.user_ns[name]
+        if isinstance(value, types.ModuleType):
+            inputs[name] = Module(value.__name__)
+            continue
+        try:
+            dumps(value)
+        except Exception as e:                              # noqa: BLE001
+            raise UsageError(f"--mesh: the notebook's {name!r} cannot be copied to the ranks "
+                             f"({type(e).__name__}: {e}); make it in the cell") from None
+        inputs[name] = value
+    results = launch(run_source, math.prod(axes.values()), cell, inputs, axes,
+                     timeout=timeout)
+    return None if all(r is None for r in results) else results
 
 
 def _explore(fn, sizes, options, build=True):

@@ -436,3 +436,39 @@ def safe_softmax(x: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
     x = rng.standard_normal((40, 300)).astype(np.float32)
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(explorer.program(x), e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+MESH_CELL = '''
+from tessera import collectives, dist
+mine = a * np.float32(dist.rank() + 1)
+print("rank", dist.rank(), "of", mesh.size, "on", mesh.engine.name)
+collectives.all_reduce(mine, op="sum", axis="dp", mesh=mesh)
+'''
+
+
+def test_mesh_runs_the_cell_on_mpi_ranks(shell, rng):
+    """%%tessera --mesh dp=2: the cell on 2 MPI ranks, `mesh` their mesh, the notebook's `a`
+    and `np` copied in, each rank's output in rank order, the ranks' last values as the cell's:
+    the fixed tree's sum, bit for bit."""
+    pytest.importorskip("mpi4py", reason="--mesh runs MPI ranks (the test extra has mpi4py)")
+    a = rng.standard_normal(7).astype(np.float32)
+    shell.user_ns.update(a=a, np=np)
+    result, cap = run_magic(shell, "--mesh dp=2", MESH_CELL)
+    assert len(result) == 2
+    for got in result:
+        np.testing.assert_array_equal(got, a * np.float32(1) + a * np.float32(2))
+    lines = [line for line in cap.stdout.splitlines() if line.startswith("[rank")]
+    assert lines == ["[rank 0] rank 0 of 2 on mpi", "[rank 1] rank 1 of 2 on mpi"]
+
+
+def test_mesh_errors_name_the_rank_and_line(shell):
+    pytest.importorskip("mpi4py", reason="--mesh runs MPI ranks (the test extra has mpi4py)")
+    with pytest.raises(ts.RankFailure, match=r"(?s)rank 1 of 2.*line 3"):
+        run_magic(shell, "--mesh dp=2", "from tessera import dist\nx = 1\n"
+                  "assert dist.rank() == 0, 'only rank 0'\n")
+    for bad in ("dp", "dp=0", "dp=2,dp=2", "2=dp"):
+        with pytest.raises(UsageError, match="--mesh"):
+            run_magic(shell, f"--mesh {bad}", "x = 1\n")
+    shell.user_ns["gen"] = (i for i in range(3))
+    with pytest.raises(UsageError, match="'gen' cannot be copied"):
+        run_magic(shell, "--mesh dp=2", "list(gen)\n")
