@@ -64,7 +64,8 @@ class TesseraMagics(Magics):
         graph traced so far with the failing operator marked.
 
         As a line magic, `%tessera fn --shapes B=8` explores a function defined earlier, and a
-        bare `%tessera` prints what this machine can target.
+        bare `%tessera` prints what this machine can target. `%%tessera --mesh dp=4` runs the
+        cell on MPI ranks instead (see the option).
         """
         __tracebackhide__ = True    # an error in the cell shows the cell's frames, not ours
         args = magic_arguments.parse_argstring(self.tessera, line)
