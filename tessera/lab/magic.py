@@ -185,8 +185,10 @@ def _run_on_mesh(shell, cell: str, spec: str, timeout: float):
         dumps = repr
     axes = _parse_mesh(spec)
     tree = ast.parse(cell)
-    reads = {n.id for n in ast.walk(tree)
-             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    reads = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+    # a name the cell also assigns may not need the notebook's value: sent when it can be
+    assigned = {n.id for n in names if not isinstance(n.ctx, ast.Load)}
     inputs = {}
     for name in sorted(reads):
         if name == "mesh" or name.startswith("_") or name not in shell.user_ns:
@@ -198,6 +200,8 @@ def _run_on_mesh(shell, cell: str, spec: str, timeout: float):
         try:
             dumps(value)
         except Exception as e:                              # noqa: BLE001
+            if name in assigned:
+                continue
             raise UsageError(f"--mesh: the notebook's {name!r} cannot be copied to the ranks "
                              f"({type(e).__name__}: {e}); make it in the cell") from None
         inputs[name] = value

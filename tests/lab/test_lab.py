@@ -472,3 +472,12 @@ def test_mesh_errors_name_the_rank_and_line(shell):
     shell.user_ns["gen"] = (i for i in range(3))
     with pytest.raises(UsageError, match="'gen' cannot be copied"):
         run_magic(shell, "--mesh dp=2", "list(gen)\n")
+
+
+def test_mesh_leaves_behind_what_the_cell_makes_itself(shell):
+    """A notebook value that cannot be copied is left behind when the cell assigns the name
+    itself."""
+    pytest.importorskip("mpi4py", reason="--mesh runs MPI ranks (the test extra has mpi4py)")
+    shell.user_ns["gen"] = (i for i in range(3))
+    result, _ = run_magic(shell, "--mesh dp=2", "gen = [1, 2]\nsum(gen)\n")
+    assert result == [3, 3]
