@@ -160,8 +160,8 @@ def _flatten_trees(params, opt_state):
     for name, tree in (("params", params), ("opt_state", opt_state)):
         flat, treedef = flatten(tree)
         trees[name] = _encode_tree(treedef, name)
-        for keys, x in zip(treedef.paths(), flat):
-            leaves.append(("/".join([name] + [str(k) for k in keys]), x))
+        for path, x in zip(treedef.path_names(), flat):
+            leaves.append((f"{name}/{path}" if path else name, x))
     return trees, leaves
 
 

@@ -68,6 +68,11 @@ class TreeDef:
             keys = self.meta._fields
         return [(k,) + p for k, c in zip(keys, self.children) for p in c.paths()]
 
+    def path_names(self) -> list[str]:
+        """Per leaf, its keys joined by "/" ("blocks/0/attn/q/w": how checkpoints and layouts
+        name leaves)."""
+        return ["/".join(str(k) for k in keys) for keys in self.paths()]
+
     def __eq__(self, other):
         return isinstance(other, TreeDef) and self._key == other._key
 

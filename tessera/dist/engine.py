@@ -52,23 +52,28 @@ def to_host(x):
     return x.get() if on_gpu(x) else x
 
 
-def tree_reduce(terms: list, op: str) -> np.ndarray:
+def tree_reduce(terms: list, op: str, out=None) -> np.ndarray:
     """The terms combined pairwise in rank order, ((t0 t1) (t2 t3)) ..., an odd last term carried
     up; 16-bit floats combined in float32 and rounded once. ``mean`` is the sum divided by the
-    count."""
+    count. ``out`` (an array of the terms' shape and dtype, 32- or 64-bit floats): where the
+    last combination is written, with no new array."""
     dtype = terms[0].dtype
     wide = np.float32 if dtype.itemsize == 2 and dtype.kind not in "iub" else None
     level = [t.astype(wide) if wide else t for t in terms]
     fn = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
+    into = out if out is not None and not wide and dtype.kind == "f" and len(terms) > 1 else None
     while len(level) > 1:       # (NumPy's ufuncs take CuPy arrays to CuPy's: the same IEEE ops)
-        nxt = [fn(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        last = len(level) == 2 and into is not None
+        nxt = [fn(level[i], level[i + 1], out=into) if last else fn(level[i], level[i + 1])
+               for i in range(0, len(level) - 1, 2)]
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
-    out = level[0]
+    res = level[0]
     if op == "mean":
-        out = out / out.dtype.type(len(terms))
-    return out.astype(dtype, copy=False) if out.ndim else out.reshape(()).astype(dtype)
+        res = np.divide(res, res.dtype.type(len(terms)), out=into) if into is not None else \
+            res / res.dtype.type(len(terms))
+    return res.astype(dtype, copy=False) if res.ndim else res.reshape(()).astype(dtype)
 
 
 class VirtualEngine:
@@ -121,19 +126,16 @@ class MPIEngine:
         return self._groups[key]
 
     def exchange(self, mesh, axes, sends: dict) -> dict:
-        """Pairwise ``Sendrecv`` rounds (round s: to member me + s, from me - s) after the
-        shapes and dtypes are exchanged: several times faster than MPICH's Alltoallv on one
-        machine."""
+        """`_pairwise` rounds after the shapes and dtypes are exchanged: several times faster
+        than MPICH's Alltoallv on one machine."""
         comm = self._comm(mesh, axes)
-        p, me = comm.Get_size(), comm.Get_rank()
+        me = comm.Get_rank()
         device = any(on_gpu(x) for x in sends[self.rank])     # CuPy blocks: staged via host
         pieces = [np.ascontiguousarray(to_host(x)) for x in sends[self.rank]]
         meta = comm.alltoall([(x.shape, x.dtype) for x in pieces])
         out = [np.empty(shape, dtype) for shape, dtype in meta]
         out[me][...] = pieces[me]
-        for s in range(1, p):
-            to, frm = (me + s) % p, (me - s) % p
-            comm.Sendrecv(_bytes(pieces[to]), dest=to, recvbuf=_bytes(out[frm]), source=frm)
+        _pairwise(comm, lambda to: pieces[to], lambda frm: out[frm])
         if device:
             import cupy
             out = [cupy.asarray(x) for x in out]
@@ -142,33 +144,23 @@ class MPIEngine:
     def all_reduce_flat(self, mesh, axes, block, op, out=None):
         """`collectives.reduce_blocks` on one host array with MPI's buffers: chunk j of the
         flattened block to member j, the tree over the members' chunks, the reduced chunks
-        sent to every member. Each step is p - 1 rounds of pairwise ``Sendrecv`` (round s: to
-        member me + s, from me - s), several times faster than MPICH's Alltoallv and Allgatherv
-        on one machine for the same bytes; the chunks arrive in scratch kept between calls
-        (fresh pages cost a fault each). ``out``: where the result goes (``block`` itself when
-        the caller owns it), else a new array."""
+        sent to every member. Each step is `_pairwise` rounds, several times faster than MPICH's
+        Alltoallv and Allgatherv on one machine for the same bytes; the chunks arrive in scratch
+        kept between calls, where the tree's last sum is written too. ``out``: where the result
+        goes (``block`` itself when the caller owns it), else a new array."""
         comm = self._comm(mesh, axes)
         p, me = comm.Get_size(), comm.Get_rank()
         flat = np.ascontiguousarray(block).reshape(-1)
-        bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.empty(flat.size, np.uint8),
-                                                                   p)])
+        q, r = divmod(flat.size, p)           # np.array_split's chunks: the first r one longer
+        bounds = [k * q + min(k, r) for k in range(p + 1)]
         part = lambda a, k: a[bounds[k]:bounds[k + 1]]
         got = self._scratch((p, bounds[me + 1] - bounds[me]), flat.dtype)
-        for s in range(1, p):
-            to, frm = (me + s) % p, (me - s) % p
-            comm.Sendrecv(_bytes(part(flat, to)), dest=to, recvbuf=_bytes(got[frm]),
-                          source=frm)
+        _pairwise(comm, lambda to: part(flat, to), lambda frm: got[frm])
         terms = [part(flat, k) if k == me else got[k] for k in range(p)]
-        if p == 2 and flat.dtype.kind == "f" and flat.dtype.itemsize >= 4:
-            reduced = _pair(terms[0], terms[1], op, got[me])   # tree_reduce's operations
-        else:
-            reduced = np.ascontiguousarray(tree_reduce(terms, op))
+        reduced = np.ascontiguousarray(tree_reduce(terms, op, out=got[me]))
         out = np.empty(flat.size, flat.dtype) if out is None else out.reshape(-1)
         part(out, me)[...] = reduced
-        for s in range(1, p):
-            to, frm = (me + s) % p, (me - s) % p
-            comm.Sendrecv(_bytes(reduced), dest=to, recvbuf=_bytes(part(out, frm)),
-                          source=frm)
+        _pairwise(comm, lambda to: reduced, lambda frm: part(out, frm))
         return out.reshape(block.shape)
 
     def _scratch(self, shape, dtype):
@@ -220,15 +212,13 @@ def _bytes(a):
     return a.reshape(-1).view(np.uint8)
 
 
-def _pair(a, b, op, out):
-    """tree_reduce([a, b], op) for 32- and 64-bit floats, written into ``out``."""
-    if op in ("sum", "mean"):
-        np.add(a, b, out=out)
-        if op == "mean":
-            np.divide(out, out.dtype.type(2), out=out)
-    else:
-        (np.maximum if op == "max" else np.minimum)(a, b, out=out)
-    return out
+def _pairwise(comm, send, recv):
+    """Every member sends ``send(j)`` to member j and receives ``recv(j)``'s bytes from it, in
+    p - 1 rounds of ``Sendrecv`` (round s: to me + s, from me - s), deadlock-free."""
+    p, me = comm.Get_size(), comm.Get_rank()
+    for s in range(1, p):
+        to, frm = (me + s) % p, (me - s) % p
+        comm.Sendrecv(_bytes(send(to)), dest=to, recvbuf=_bytes(recv(frm)), source=frm)
 
 
 class NCCLEngine:

@@ -22,7 +22,7 @@ from ..compiler.graph_ir import format_attrs
 from ..errors import IRVerificationError, ShardingError
 from .collectives import apply_moves, bytes_moved, moves
 from .layout import Layout
-from .tensor import DTensor, _fixed_arity, _rule, _run, local_attrs
+from .tensor import DTensor, _fixed_arity, _rule, _run, apply_local, local_attrs
 
 
 class _Abstract:
@@ -245,7 +245,6 @@ def _segment(p: Plan):
 def _segment_function(name, run, reads, ins, outs, layouts, mesh):
     """One tessera function replaying the run's operators on local blocks."""
     from .. import function
-    from ..trace import apply
 
     def body(*blocks):
         env = dict(zip(ins, blocks))
@@ -255,10 +254,8 @@ def _segment_function(name, run, reads, ins, outs, layouts, mesh):
                 env[var] = n.attrs["value"]
             else:
                 attrs = local_attrs(n.op, n.attrs, layouts[n.out.id], mesh)
-                xs = [env[x] for x in reads[id(n)]]
-                # an operator of a list of operands (concat) takes them as one list
-                env[var] = apply(n.op, xs, **attrs) if n.opdef.nin == -1 else \
-                    apply(n.op, *xs, **attrs)
+                env[var] = apply_local(n.op, n.opdef.nin == -1,
+                                       [env[x] for x in reads[id(n)]], attrs)
         return tuple(env[v] for v in outs)
     body.__name__ = f"{name}_part"
     return function(_fixed_arity(body, len(ins)), target=mesh.target)

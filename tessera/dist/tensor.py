@@ -205,7 +205,7 @@ def shard_tree(tree, layouts, mesh: Mesh):
     from ..pytree import flatten
     from ..ops.registry import is_scalar
     flat, treedef = flatten(tree)
-    paths = ["/".join(str(k) for k in keys) for keys in treedef.paths()]
+    paths = treedef.path_names()
     if isinstance(layouts, dict):
         unknown = sorted(set(layouts) - set(paths))
         if unknown:
@@ -289,7 +289,7 @@ def _rule(opdef, attrs, xs, out_type):
     if isinstance(opdef.lowering, Elementwise):
         return _elementwise(name, xs, out_type)
     if name == "matmul" and all(x.ndim >= 2 for x in xs) and len(xs) == 2:
-        return _matmul(xs)
+        return _matmul(xs, tuple(out_type.shape))
     if name == "transpose" and len(xs) == 1:
         x = xs[0]
         perm = attrs["perm"]
@@ -323,9 +323,7 @@ def _rule(opdef, attrs, xs, out_type):
         # a reduction no pending value can stand for: its axes whole, the others keep their
         # splits (cross-entropy's logsumexp over a batch split over dp)
         x = xs[0]
-        axes = attrs["axis"]
-        axes = range(x.ndim) if axes is None else [axes] if isinstance(axes, int) else axes
-        axes = {a % x.ndim for a in axes}
+        axes = _axes(attrs.get("axis"), x.ndim)
         dims = [() if d in axes else x.layout.dims[d] for d in range(x.ndim)]
         out = dims if attrs.get("keepdim") else [dims[d] for d in range(x.ndim) if d not in axes]
         return [Layout(tuple(dims))], Layout(tuple(out))
@@ -345,14 +343,18 @@ def _rule(opdef, attrs, xs, out_type):
         return [Layout(dims), Layout(dims)], Layout(dims)
     if name in _AXIS_OPS and len(xs) == 1:
         x = xs[0]
-        axes = attrs.get("axis")
-        axes = range(x.ndim) if axes is None else [axes] if isinstance(axes, int) else axes
-        axes = [a % x.ndim for a in axes]
+        axes = _axes(attrs.get("axis"), x.ndim)
         if out_type.shape != x.shape:
             return [Layout.replicated(x.ndim)], Layout.replicated(len(out_type.shape))
         lay = Layout(tuple(() if d in axes else x.layout.dims[d] for d in range(x.ndim)))
         return [lay], lay
     return [Layout.replicated(x.ndim) for x in xs], Layout.replicated(len(out_type.shape))
+
+
+def _axes(axis, ndim: int) -> list:
+    """An operator's axis attribute (None: all; an int; a list) as sorted dimensions."""
+    axes = range(ndim) if axis is None else [axis] if isinstance(axis, int) else axis
+    return sorted({a % ndim for a in axes})
 
 
 def reshape_groups(ins: tuple, outs: tuple) -> list | None:
@@ -476,7 +478,7 @@ def _unsplit(partial: dict, split: set) -> dict:
     return {a: op for a, op in partial.items() if a not in split}
 
 
-def _matmul(xs):
+def _matmul(xs, out_shape):
     """Each way of giving the mesh axes to the product's dimensions (see `_matmul_claims`),
     the one moving the fewest bytes: a batch split of the larger operand kept and the smaller
     one moved (experts split over an axis: the tokens sent to them by one all-to-all, not the
@@ -484,7 +486,8 @@ def _matmul(xs):
     best = None
     for order in _CLAIM_ORDERS:
         need, out = _matmul_claims(xs, order)
-        cost = sum(_move_cost(x, lay) for x, lay in zip(xs, need)) + _pending_cost(xs, out)
+        cost = sum(_move_cost(x, lay) for x, lay in zip(xs, need)) + \
+            _pending_cost(xs[0].mesh, out_shape, out)
         if best is None or cost < best[0]:
             best = cost, need, out
     return list(best[1]), best[2]
@@ -504,14 +507,10 @@ def _move_cost(x, lay) -> int:
     return sum(bytes_moved(x.mesh, moves(x.layout, lay), block))
 
 
-def _pending_cost(xs, out) -> int:
+def _pending_cost(mesh, shape, out) -> int:
     """A pending sum of the product costs at least a reduce-scatter of its block later."""
-    a, b = xs
-    shape = [max(p, q) for p, q in zip((1,) * (b.ndim - a.ndim) + tuple(a.shape[:-2]),
-                                       (1,) * (a.ndim - b.ndim) + tuple(b.shape[:-2]))]
-    shape = (*shape, a.shape[-2], b.shape[-1])
-    block = math.prod(out.local_shape(shape, a.mesh))
-    return sum((a.mesh.shape[ax] - 1) * block // a.mesh.shape[ax] for ax, _ in out.partial)
+    block = math.prod(out.local_shape(shape, mesh))
+    return sum((mesh.shape[ax] - 1) * block // mesh.shape[ax] for ax, _ in out.partial)
 
 
 def _matmul_claims(xs, order):
@@ -565,8 +564,7 @@ def _matmul_claims(xs, order):
 
 
 def _reduction(name, x, attrs):
-    axes = attrs["axis"]
-    axes = list(range(x.ndim)) if axes is None else [a % x.ndim for a in axes]
+    axes = _axes(attrs["axis"], x.ndim)
     pend = x.layout.partial_axes
     passes = (name in ("sum", "mean") and all(op == "sum" for op in pend.values())) or \
         (name in ("max", "min") and all(op == name for op in pend.values()))
@@ -589,16 +587,22 @@ def _local_function(name, attrs, packed, consts, target="cpu"):
     fn = _LOCAL.get(key)
     if fn is None:
         from .. import function
-        from ..trace import apply
 
         def body(*tensors):
             it = iter(tensors)
-            flat = [next(it) if c is None else c for c in consts]
-            return apply(name, flat, **attrs) if packed else apply(name, *flat, **attrs)
+            return apply_local(name, packed, [next(it) if c is None else c for c in consts],
+                               attrs)
         body.__name__ = f"local_{name}"
         fn = _LOCAL[key] = function(_fixed_arity(body, sum(c is None for c in consts)),
                                     target=target)
     return fn
+
+
+def apply_local(name, packed, xs, attrs):
+    """Operator ``name`` on ``xs`` while tracing a blocks' function; an operator of a list of
+    operands (``packed``: concat) takes them as one list."""
+    from ..trace import apply
+    return apply(name, xs, **attrs) if packed else apply(name, *xs, **attrs)
 
 
 def _fixed_arity(fn, n):

@@ -16,14 +16,14 @@ from ..dynamic import representative
 from ..groups import Group, identity_map, is_elementwise, is_view, squeezes_only
 
 PARALLEL_MIN_ELEMENTS = 1 << 16     # below this, starting threads costs more than it saves
+PARALLEL_MIN_FLOPS = 1 << 20
+GPU_THREADS = 256                   # threads per block of elementwise kernels
 
 
 def worth_threads(elements) -> bool:
     """Whether a kernel over this many elements runs in parallel (a dynamic size is judged by
     its bucket's, so every size of the bucket decides alike: compiler/dynamic.py)."""
     return representative(elements) >= PARALLEL_MIN_ELEMENTS
-PARALLEL_MIN_FLOPS = 1 << 20
-GPU_THREADS = 256                   # threads per block of elementwise kernels
 
 
 class Strategy:
