@@ -35,7 +35,7 @@ import inspect
 
 import numpy as np
 
-from . import numerics, pytree
+from . import dtypes as dt, numerics, pytree
 from .compiler import backward as _ad
 from .errors import ArgumentError, DifferentiationError, GradientCheckError
 from .function import Function, TreeArg, def_location, evaluate_graph
@@ -150,7 +150,7 @@ def _argnums(argnums, names, fname):
 
 def _full_like(t: Traced, value):
     """A tensor of t's shape and dtype filled with a number (symbolic sizes allowed)."""
-    c = Traced(t._trace.graph.const(np.asarray(value, dtype=t.dtype.np)), t._trace)
+    c = Traced(t._trace.graph.const(dt.convert(value, t.dtype)), t._trace)
     return apply("broadcast_to", c, shape=list(t.shape))
 
 

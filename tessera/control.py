@@ -368,7 +368,7 @@ def _same_carry(res, tree, types, fn, name, what="carry", other="its input's"):
     values = []
     for k, (x, t) in enumerate(zip(leaves, types)):
         if not isinstance(x, Traced) and np.ndim(x) == 0 and not isinstance(x, np.ndarray):
-            x = np.asarray(x, dtype=t.dtype.np)      # a Python number takes the carry's dtype
+            x = dt.convert(x, t.dtype)      # a Python number takes the carry's dtype
         v = _as_value(x, trace)
         if v.type != t:
             raise ShapeError(f"{name} gives back {what} {k} as {v.type}; {other} is {t}",

@@ -10,9 +10,11 @@ float32 arithmetic rounded once - fused or not, on every target, and in the NumP
 package (`pip install tessera[bf16]`), which gives NumPy the dtypes; a numerical policy
 (tessera.numerics) may round stochastically or saturate instead.
 
-Casts match NumPy: float64 -> float16 rounds the double once (through float32 rounded to odd),
-float64 or int64 -> bfloat16 or fp8 rounds through float32 as ml_dtypes does (twice: a double
-just off a tie can land on the other neighbour). Copies (transpose, slice, take, concat)
+Casts round once: any value (float64, int32 and int64 included) cast to a narrow float is its
+exact value rounded once to nearest even, as NumPy's float64 -> float16 and ml_dtypes' casts
+since 0.7 are (ml_dtypes 0.5 rounded a double through float32, twice). Kernels reach it through
+float32 rounded to odd (half.h), which keeps the information one rounding needs; the references
+through `convert`, whatever ml_dtypes is installed. Copies (transpose, slice, take, concat)
 keep a 16-bit value's bits; arithmetic (neg and abs included) quiets a signalling NaN.
 """
 from __future__ import annotations
@@ -210,6 +212,40 @@ _HOLDS = {float8_e4m3fn: {float8_e4m3fn}, float8_e5m2: {float8_e5m2},
 def native(arr: np.ndarray) -> np.ndarray:
     """The array in this machine's byte order (kernels read raw memory)."""
     return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
+def convert(value, d) -> np.ndarray:
+    """`np.asarray(value, dtype=d)` under the cast contract above: into a narrow float, the exact
+    value rounded once (a double or a wide integer goes through float32 rounded to odd, exact
+    or the odd neighbour, whose nearest-even rounding to 16 or 8 bits is the value's own)."""
+    d = get(d)
+    a = np.asarray(value)
+    if not (d.is_narrow and a.dtype.kind in "fiu" and a.dtype.itemsize >= 4
+            and a.dtype != np.float32):
+        return np.asarray(a, dtype=d.np)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float32_odd(a).astype(d.np)
+
+
+def float32_odd(a: np.ndarray) -> np.ndarray:
+    """A float64 or integer array as float32 rounded to odd: exact where float32 holds the
+    value, else the neighbour whose last bit is 1 (infinity included as a value past the largest
+    float: a finite double beyond it gives the largest float)."""
+    if a.dtype.kind in "iu" and a.dtype.itemsize == 8:
+        # |a| of 2^53 and up: its low 12 bits folded into bit 11 (sticky), which float64 keeps
+        # and float32 rounds away, so the conversion to float64 below is exact
+        m = a.astype(np.uint64)
+        m = np.where(a < 0, np.uint64(0) - m, m) if a.dtype.kind == "i" else m
+        folded = (m & ~np.uint64(0xFFF)) | ((m & np.uint64(0xFFF)) != 0).astype(np.uint64) << 11
+        m = np.where(m >= np.uint64(1 << 53), folded, m).astype(np.float64)
+        a = np.where(a < 0, -m, m) if a.dtype.kind == "i" else m
+    a = np.asarray(a, dtype=np.float64)
+    f = a.astype(np.float32)
+    back = f.astype(np.float64)
+    u = np.atleast_1d(f).view(np.uint32).reshape(f.shape)
+    bump = (back != a) & ~np.isnan(a) & ((u & 1) == 0)
+    step = np.where(np.abs(a) > np.abs(back), np.uint32(1), np.uint32(0xFFFFFFFF))
+    return np.where(bump, u + step, u).astype(np.uint32).view(np.float32).reshape(f.shape)
 
 
 def default_float_for(d: DType) -> DType:

@@ -64,8 +64,8 @@ _softplus = _make("softplus")
 
 
 def cast(x, dtype, saturate=False):
-    """x converted to ``dtype`` (NumPy's astype: floats to a narrow float round to nearest
-    even). ``saturate=True`` (to a float dtype): values beyond the dtype's largest finite
+    """x converted to ``dtype`` (NumPy's astype; into a narrow float, the exact value rounded
+    once to nearest even, from float64 and integers too). ``saturate=True`` (to a float dtype): values beyond the dtype's largest finite
     value, infinities included, become that value (NaN stays NaN), as fp8 training clamps."""
     from . import dtypes as dt
     d = dt.get(dtype)

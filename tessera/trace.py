@@ -509,9 +509,8 @@ def _apply_eager(opdef, args, attrs):
                                        for x in items], attrs)
         arrays = []
         for k, x in enumerate(items):
-            d = want[k].np if want is not None else None
             try:
-                arrays.append(np.asarray(x, dtype=d))
+                arrays.append(np.asarray(x) if want is None else dt.convert(x, want[k]))
             except OverflowError as e:
                 raise DTypeError(f"{x!r} does not fit in {want[k].name}: {e}") from None
         types = [type_of_array(a) for a in arrays]

@@ -505,7 +505,7 @@ class Builder:
 
     def const_like(self, value, like: Value) -> Value:
         """A rank-0 constant in ``like``'s dtype."""
-        return self.const(np.asarray(value, dtype=like.type.dtype.np), None)
+        return self.const(dt.convert(value, like.type.dtype), None)
 
     @staticmethod
     def type(v: Value) -> TensorType:

@@ -74,7 +74,7 @@ def to_mixed_precision(params, compute=dt.bfloat16, accumulate=dt.float32, stora
         if not dt.from_numpy(a.dtype).is_float:
             return a, np.float32(1.0)
         if not storage.is_fp8:
-            return a.astype(storage.np), np.float32(1.0)
+            return dt.convert(a, storage), np.float32(1.0)
         wide = a.astype(np.float32)
         amax = float(np.max(np.abs(wide))) if wide.size else 0.0
         if not math.isfinite(amax):

@@ -383,12 +383,15 @@ with np.errstate(all="ignore"):
     # sum rounded twice: an ulp apart at most, in rare ties); float64's rounds a * b first
     elementwise("fma", 3, _fma_rule, {"f": "fma{F}({0}, {1}, {2})", "*": "({0} * {1} + {2})"},
                 lambda a, t: _fma_ref(*a), flops=2, doc="a * b + c, rounded once")
-    # float64 -> float16: float32 rounded to odd, then once to 16 bits, is the double's own
-    # rounding (NumPy's); bfloat16 keeps ml_dtypes' two roundings (through float32), as its
-    # reference does
-    elementwise("cast", 1, cast_rule, {"f64->f16": "{H}_f64_to_f32_odd({0})", "*": "(({T}){0})"},
-                lambda a, t: a[0].astype(dt.get(t["dtype"]).np), attrs={"dtype": None},
-                doc="convert to another dtype")
+    # into a narrow float, a value float32 cannot hold goes through float32 rounded to odd,
+    # whose rounding to 16 or 8 bits is then the value's own (one rounding: dtypes.convert);
+    # int32 and int64 sources matter for bfloat16 only (they overflow the others past 2^24)
+    elementwise("cast", 1, cast_rule, {**{f"f64->{d}": "{H}_f64_to_f32_odd({0})"
+                                          for d in ("f16", "bf16", "f8e4m3", "f8e5m2")},
+                                       "i32->bf16": "{H}_f64_to_f32_odd((double){0})",
+                                       "i64->bf16": "{H}_i64_to_f32_odd({0})", "*": "(({T}){0})"},
+                lambda a, t: dt.convert(a[0], t["dtype"]), attrs={"dtype": None},
+                doc="convert to another dtype (into a narrow float: the value rounded once)")
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
     REGISTRY["cast"].simplify = [lambda g, n: n.inputs[0] if n.inputs[0].type == n.out.type
                                  else None]                      # a cast to its own dtype

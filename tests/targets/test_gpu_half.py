@@ -14,7 +14,7 @@ import pytest
 import tessera as ts
 from tessera import op
 
-from conftest import attention_reference
+from conftest import attention_reference, round_to_narrow_bits
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (the bf16 extra)")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -39,29 +39,70 @@ def assert_same_bits(got, want):
 
 
 def double_rounding_cases(rng, half):
-    """Doubles just off a tie of the 16-bit type that float32 rounds onto the tie, random
-    doubles, and edges (overflow, subnormals, signed zero, inf)."""
-    grid = np.arange(0x0001, 0x7bff, 97, dtype=np.uint16).view(half).astype(np.float64)
-    ulp = np.spacing(grid.astype(half)).astype(np.float64)
-    mid = grid + ulp / 2
+    """Doubles just off a tie of the narrow type (which float32 rounds onto the tie), random
+    doubles, and edges (around the overflow threshold, subnormals, signed zero, inf)."""
+    bits_type = np.uint16 if half.itemsize == 2 else np.uint8
+    top = np.array(ts.dtypes.get(half.name).max_finite, np.float32).astype(half).view(bits_type)
+    bits = np.arange(1, int(top), max(1, int(top) // 300), dtype=bits_type)
+    grid, nxt = (b.view(half).astype(np.float64) for b in (bits, bits + 1))
+    mid = (grid + nxt) / 2
+    largest, below = (float(b.view(half).astype(np.float64)) for b in (top, top - 1))
+    over = largest + (largest - below) / 2            # the tie between it and overflow
     off = np.concatenate([mid + mid * 2.0 ** -40, mid - mid * 2.0 ** -40])
-    edges = [65519.99999, 65520.0, 1e300, -1e300, 2.0 ** -25, 2.0 ** -25 * (1 + 2.0 ** -40),
-             5e-324, -0.0, np.inf, -np.inf]
+    edges = [over, over * (1 - 2.0 ** -40), over * (1 + 2.0 ** -40), 1e300, -1e300,
+             float(grid[0]) / 2, float(grid[0]) / 2 * (1 + 2.0 ** -40), 5e-324, -0.0,
+             np.inf, -np.inf]
     return np.concatenate([off, -off, rng.standard_normal(500) * 100, edges])
 
 
+NARROW = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def assert_bits_are(got, fmt, want_bits):
+    """got (an array of the narrow format) has the bits want_bits; a NaN only has to be NaN."""
+    got = np.asarray(got)
+    assert got.dtype == np.dtype(ts.dtypes.get(fmt).np)
+    nan = np.isnan(got.astype(np.float32))
+    np.testing.assert_array_equal(nan, np.isnan(want_bits.view(got.dtype).astype(np.float32)))
+    np.testing.assert_array_equal(got.view(want_bits.dtype)[~nan], want_bits[~nan])
+
+
 @pytest.mark.parametrize("target", ["cpu", "cuda", "hip"])
-def test_float64_to_16_bits_rounds_like_numpy(target, rng):
-    """float16: one rounding of the double (NumPy's); through float32 it would round twice and
-    land on the even neighbour of a near-tie. bfloat16: ml_dtypes' cast, which goes through
-    float32, as the interpreter's reference does."""
-    x = double_rounding_cases(rng, np.float16)
-    for half in (np.dtype(np.float16), BF16):
-        f = ts.function(lambda a: op.cast(a, dtype=half.name))
-        with np.errstate(over="ignore"):
-            want = x.astype(half)
-        assert_same_bits(run_on(target, f, x)[0], want)
+def test_float64_to_narrow_floats_rounds_once(target, rng):
+    """float64 -> float16, bfloat16 and both fp8 formats: the double rounded once to nearest
+    even (through float32 it would round twice: a double just off a tie lands on the tie, then
+    on the even neighbour). The expected bits come from exact rational arithmetic
+    (conftest.round_to_narrow_bits), not from the installed NumPy or ml_dtypes."""
+    for fmt in NARROW:
+        half = np.dtype(ts.dtypes.get(fmt).np)
+        x = double_rounding_cases(rng, half)
+        f = ts.function(lambda a: op.cast(a, dtype=fmt))
+        want = round_to_narrow_bits(x, fmt)
+        assert_bits_are(run_on(target, f, x)[0], fmt, want)
+        assert_bits_are(ts.interpret(f, x), fmt, want)       # the reference agrees
     assert np.float16(1 + 2.0 ** -11 + 2.0 ** -40) != np.float16(np.float32(1 + 2.0 ** -11))
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "hip"])
+def test_wide_integers_to_bfloat16_round_once(target, rng):
+    """int32 and int64 -> bfloat16 round the integer once (float32 holds 24 bits: through it an
+    integer just off a bfloat16 tie would round twice); int64s of 2^53 and more too, whose
+    low bits float64 would round away first."""
+    for d in (np.int32, np.int64):
+        info = np.iinfo(d)
+        tie = np.array([2 ** 31 + 3 * 2 ** 23, 2 ** 30 + 3 * 2 ** 22, 2 ** 27 + 3 * 2 ** 19],
+                       np.int64)
+        near = np.concatenate([tie - 1, tie + 1, -(tie - 1), tie])
+        if d is np.int64:
+            big = np.array([2 ** 62 + 2 ** 54, 2 ** 60 + 2 ** 52, 2 ** 55 + 2 ** 47], np.int64)
+            near = np.concatenate([near, big - 1, big + 1, -(big - 1), [info.min, info.max]])
+        x = np.concatenate([near[(near >= info.min) & (near <= info.max)],
+                            rng.integers(info.min, info.max, 300, dtype=d, endpoint=True)]
+                           ).astype(d)
+        f = ts.function(lambda a: op.cast(a, dtype="bfloat16"))
+        want = round_to_narrow_bits(x, "bfloat16")
+        assert_bits_are(run_on(target, f, x)[0], "bfloat16", want)
+        assert_bits_are(ts.interpret(f, x), "bfloat16", want)
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda", "hip"])
@@ -73,7 +114,7 @@ def test_16_bit_value_only_inside_a_kernel(target, rng):
         f = ts.function(lambda a: op.cast(op.cast(a, dtype=half.name), dtype="float32") * 2)
         # x is float64: the cast rounds once, as NumPy's does (not through float32, whose
         # rounding may land on a 16-bit tie: seed 2587266948)
-        want = x.astype(half).astype(np.float32) * 2
+        want = round_to_narrow_bits(x, half.name).view(half).astype(np.float32) * 2
         np.testing.assert_array_equal(run_on(target, f, x)[0], want)
         g = ts.function(lambda a: op.cast(op.sum(op.cast(a, dtype=half.name), axis=-1),
                                           dtype="float64"))
