@@ -10,7 +10,6 @@ helpers for the GPUs' (grids, blocks, launches) are here too.
 from __future__ import annotations
 
 from ..ops import registry as R
-from ..ops.movement import contiguous_strides
 from .groups import LEAF, identity_map, is_reshape, map_from, squeezes_only
 from .dynamic import is_dynamic, scalar_value
 from .schedule_ir import Kernel
@@ -19,8 +18,8 @@ from .tile_ir import (Bin, Const, Decl, Expr, Load, Loop, OpCall, Param, Select,
 
 
 def contiguous(shape) -> list:
-    """Row-major strides (the views' own, ops/movement.py), as a list."""
-    return list(contiguous_strides(shape))
+    """Row-major strides (the views' own, ops/registry.py), as a list."""
+    return list(R.contiguous_strides(shape))
 
 
 def coalesce(extents, stride_lists):
@@ -153,8 +152,8 @@ class Emitter:
     def _broadcast_of_computed(self, n) -> bool:
         """A broadcast the group evaluates at the broadcast point instead of reading it from
         memory (map_from lets one in where it at most doubles: a complex result's parts): one of
-        a value the group computes, or of a view that moves elements (view_source composes
-        reshapes only)."""
+        a value the group computes, or of a view that moves elements (evaluated, as the
+        group maps it, rather than composed by view_source)."""
         if n.op != "broadcast_to" or map_from(n, tuple(range(len(n.out.type.shape))),
                                               n.inputs[0]) == LEAF:
             return False
@@ -305,13 +304,14 @@ def store_all(em: Emitter, k: Kernel, body: list, idx):
 
 
 def view_source(k: Kernel, n):
-    """(buffer, offset, strides per output axis) of a view node read in place. Its source may
-    be a reshape of a buffer: every buffer is contiguous, so a reshape moves nothing."""
-    src = n.inputs[0]
-    offset, strides = n.opdef.lowering.strides(src.type, n.out.type, n.attrs)
-    while src.id not in k.reads:
-        src = src.node.inputs[0]            # a reshape the group absorbed
-    return k.reads[src.id], offset, list(strides)
+    """(buffer, offset, strides per output axis) of a view node read in place, through the
+    views the group absorbed between it and a buffer (a slice under a transpose: x[1:].T),
+    composed into one (every buffer is contiguous)."""
+    chain = [n]
+    while chain[-1].inputs[0].id not in k.reads:
+        chain.append(chain[-1].inputs[0].node)
+    offset, strides = R.compose_views(chain)
+    return k.reads[chain[-1].inputs[0].id], offset, list(strides)
 
 
 def operand(k: Kernel, v):

@@ -66,7 +66,10 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     if not us or any(group_of.get(u) is not grp for u in us):
         return False
     if grp.anchor is not None and any(u is grp.anchor for u in us):
-        return own.absorb_operand(grp, p)   # the anchor reads its operands from memory
+        # the anchor reads its operands from memory; a view its other users view again is
+        # composed with theirs (x[1:] @ x[1:].T), which a reshape above it would not allow
+        return own.absorb_operand(grp, p) and (is_reshape(p) or not any(
+            is_reshape(u) for u in us if u is not grp.anchor))
     if is_reshape(p) and all(is_view(u) and u.out.id not in grp.maps for u in us):
         return True      # a view of a reshape reads the reshape's source: same flat layout
     if any(u.out.id not in grp.maps for u in us):

@@ -8,16 +8,8 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, exact_div, fmt_shape, prod, same
 from ..types import TensorType
-from .registry import (Concat, Gather, OpDef, Scatter, View, broadcast_shapes, flip, norm_axis,
-                       producer, register, sum_to, zeros)
-
-
-def contiguous_strides(shape):
-    strides, s = [], 1
-    for d in reversed(shape):
-        strides.append(s)
-        s *= d
-    return tuple(reversed(strides))
+from .registry import (Concat, Gather, OpDef, Scatter, View, broadcast_shapes,
+                       contiguous_strides, flip, norm_axis, producer, register, sum_to, zeros)
 
 
 # ---- transpose ---------------------------------------------------------------------------------
@@ -80,7 +72,7 @@ register(OpDef(
     vjp=_transpose_vjp,
     infer=lambda ts, a: ts[0].with_shape(tuple(ts[0].shape[p] for p in a["perm"])),
     reference=lambda xs, a: np.transpose(xs[0], a["perm"]),
-    lowering=View(lambda ti, to, a: (0, tuple(contiguous_strides(ti.shape)[p] for p in a["perm"]))),
+    lowering=View(lambda ti, to, a: ([0] * ti.rank, [(p, 1) for p in a["perm"]])),
     simplify=[_transpose_of_transpose],
     doc="permute axes; default swaps the last two (like .T)"))
 
@@ -146,7 +138,7 @@ register(OpDef(
     normalize=lambda ts, a: {"shape": list(resolve_reshape(ts[0], a["shape"]))},
     infer=lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
     reference=lambda xs, a: np.reshape(xs[0], [int(d) for d in a["shape"]]),
-    lowering=View(lambda ti, to, a: (0, contiguous_strides(to.shape)), reshape=True),
+    lowering=View(reshape=True),
     vjp=_reshape_back, simplify=[same_type_is_input, _reshape_of_reshape],
     doc="same elements, new shape; one dimension may be -1"))
 
@@ -165,11 +157,10 @@ def _broadcast_to_infer(ts, a):
     return t.with_shape(target)
 
 
-def _broadcast_strides(ti, to, a):
-    cs = contiguous_strides(ti.shape)
+def _broadcast_map(ti, to, a):
     pad = to.rank - ti.rank
-    return 0, tuple(0 if k < pad or ti.shape[k - pad] == 1 else cs[k - pad]
-                    for k in range(to.rank))
+    return [0] * ti.rank, [None if k < pad or ti.shape[k - pad] == 1 else (k - pad, 1)
+                           for k in range(to.rank)]
 
 
 register(OpDef(
@@ -177,7 +168,7 @@ register(OpDef(
     normalize=lambda ts, a: {"shape": as_dims(a["shape"], "broadcast_to")},
     infer=_broadcast_to_infer,
     reference=lambda xs, a: np.broadcast_to(xs[0], [int(d) for d in a["shape"]]).copy(),
-    lowering=View(_broadcast_strides), vjp=lambda b, xs, y, g, a: [sum_to(b, g, xs[0].shape)],
+    lowering=View(_broadcast_map), vjp=lambda b, xs, y, g, a: [sum_to(b, g, xs[0].shape)],
     simplify=[same_type_is_input], doc="repeat size-1 (and missing leading) axes"))
 
 
@@ -239,10 +230,8 @@ def _slice_infer(ts, a):
     return t.with_shape(tuple(d.simplify() if isinstance(d, Sym) else d for d in shape))
 
 
-def _slice_strides(ti, to, a):
-    cs = contiguous_strides(ti.shape)
-    return (sum(s0 * c for s0, c in zip(a["starts"], cs)),
-            tuple(c * st for c, st in zip(cs, a["steps"])))
+def _slice_map(ti, to, a):
+    return list(a["starts"]), [(k, st) for k, st in enumerate(a["steps"])]
 
 
 def _slice_ref(xs, a):
@@ -296,7 +285,7 @@ def _whole_slice(g, n):
 register(OpDef(
     "slice", 1, {"starts": None, "stops": None, "steps": None},
     normalize=_slice_normalize, infer=_slice_infer, reference=_slice_ref,
-    lowering=View(_slice_strides), vjp=_slice_vjp, simplify=[_whole_slice],
+    lowering=View(_slice_map), vjp=_slice_vjp, simplify=[_whole_slice],
     doc="basic slicing: start, stop and step per axis"))
 
 

@@ -93,12 +93,64 @@ class Contract:
     """Batched matmul: out[b, i, j] = sum_k a[b, i, k] * b[b, k, j]."""
 
 
+def contiguous_strides(shape) -> tuple:
+    """A row-major array's strides in elements (symbolic sizes allowed)."""
+    strides, s = [], 1
+    for d in reversed(shape):
+        strides.append(s)
+        s *= d
+    return tuple(reversed(strides))
+
+
 @dataclass(frozen=True)
 class View:
-    """out[idx] = in[offset + sum_k idx_k * strides[k]] (transpose, slice, broadcast, reshape)."""
-    strides: Callable           # (in_type, out_type, attrs) -> (offset, strides) in elements
-    reshape: bool = False       # the same elements in the same order under another shape: a
-                                # contiguous buffer's reshape moves nothing
+    """out[idx] = in[...] with no arithmetic (transpose, slice, broadcast, reshape).
+
+    `index_map(in_type, out_type, attrs) -> (starts, axes)` says which input element an output
+    index reads: along input axis a, starts[a] plus m * idx[k] for each output axis k with
+    axes[k] == (a, m); axes[k] None is a broadcast axis. Maps of this form compose (a view of a
+    view is one view of the buffer: `compose_views`). A reshape (reshape=True, no index map)
+    keeps the flat order instead: a contiguous buffer's reshape moves nothing."""
+    index_map: Callable | None = None
+    reshape: bool = False
+
+    def strides(self, ti, to, attrs) -> tuple:
+        """(offset, strides per output axis) in elements of the input, read as contiguous."""
+        if self.reshape:
+            return 0, contiguous_strides(to.shape)
+        starts, axes = self.index_map(ti, to, attrs)
+        cs = contiguous_strides(ti.shape)
+        return (sum(s * c for s, c in zip(starts, cs)),
+                tuple(0 if ax is None else ax[1] * cs[ax[0]] for ax in axes))
+
+
+def compose_views(chain) -> tuple:
+    """The (offset, strides per output axis) of a chain of view nodes, the outermost first,
+    over the flat buffer under the last: the index maps composed down to the first reshape,
+    which must begin a run of reshapes reaching the buffer (they keep its flat order; a
+    reshape above a moving view has no strides, and fusion never builds that chain)."""
+    top, moving = chain[0], []
+    for n in chain:
+        if n.opdef.lowering.reshape:
+            break
+        moving.append(n)
+    rest = chain[len(moving):]
+    if not all(n.opdef.lowering.reshape for n in rest):
+        raise AssertionError("a view chain with a reshape above a moving view")
+    base = rest[0].out.type if rest else chain[-1].inputs[0].type
+    if not moving:
+        return 0, contiguous_strides(top.out.type.shape)
+    starts, axes = moving[0].opdef.lowering.index_map(moving[0].inputs[0].type,
+                                                       moving[0].out.type, moving[0].attrs)
+    for n in moving[1:]:                  # (starts, axes) over n's output -> over its input
+        s2, a2 = n.opdef.lowering.index_map(n.inputs[0].type, n.out.type, n.attrs)
+        starts = [s + sum(a2[a][1] * starts[a] for a in range(len(a2))
+                          if a2[a] is not None and a2[a][0] == b) for b, s in enumerate(s2)]
+        axes = [None if ax is None or a2[ax[0]] is None else (a2[ax[0]][0], a2[ax[0]][1] * ax[1])
+                for ax in axes]
+    cs = contiguous_strides(base.shape)
+    return (sum(s * c for s, c in zip(starts, cs)),
+            tuple(0 if ax is None else ax[1] * cs[ax[0]] for ax in axes))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,44 @@ def test_matmul_larger_parallel(rng):
     assert_within_dot_bound(f(a, b), a, b)
 
 
+# Both operands views of one array: the second's view is composed with the first's (a slice
+# under a transpose), not read from the array's start (issue 39: wrong values, and a SIGSEGV
+# when a broadcast's transpose walked past the end of its one row).
+VIEW_PAIRS = {
+    "m[1:] @ m[1:].T": lambda m: m[1:] @ m[1:].T,
+    "m[::-1].T @ m[::-1]": lambda m: m[::-1].T @ m[::-1],
+    "m[::2].T @ m[::2]": lambda m: m[::2].T @ m[::2],
+    "m[1:, ::-1] @ m[1:, ::-1].T + 1": lambda m: m[1:, ::-1] @ m[1:, ::-1].T + 1,
+    "m[2:7] @ reshape(m[2:7])": lambda m: m[2:7] @ op.reshape(m[2:7], (m.shape[1], 5)),
+    "batched views": lambda m: (lambda t: t[:, ::-1] @ op.transpose(t[:, ::-1], (0, 2, 1)))(
+        op.reshape(m[:8], (2, 4, m.shape[1]))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEW_PAIRS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_matmul_of_two_views_of_one_array(name, dtype, rng):
+    m = (rng.integers(-5, 6, (9, 5)) if dtype is np.int64 else rng.standard_normal((9, 5)))
+    m = m.astype(dtype)
+    f = VIEW_PAIRS[name]
+    got = ts.function(f)(m)
+    want = ts.interpret(f, m)
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype is np.float32 else 1e-12)
+    if "reshape" not in name:       # (NumPy has no op.reshape/op.transpose to call)
+        np.testing.assert_allclose(got, f(m), rtol=1e-5 if dtype is np.float32 else 1e-12)
+
+
+def test_matmul_of_a_broadcast_and_its_transpose(rng):
+    """b @ b.T of a row broadcast to a square: every element is the row's squared norm (it read
+    past the row and crashed the interpreter)."""
+    x = rng.standard_normal((1, 257)).astype(np.float32)
+    got = ts.function(lambda x: (lambda b: b @ op.transpose(b))(op.broadcast_to(x, (257, 257))))(x)
+    want = np.broadcast_to(x, (257, 257)) @ np.broadcast_to(x, (257, 257)).T
+    assert_within_dot_bound(got, np.broadcast_to(x, (257, 257)),
+                            np.broadcast_to(x, (257, 257)).T)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_attention_from_the_seeds(rng):
     @ts.graph.module("attention")
     def attention(Q, K, V):
