@@ -241,7 +241,7 @@ class Graph:
 
     def const(self, value, dtype=None, loc=None, origin=None) -> Value:
         try:
-            arr = np.array(value, dtype=None if dtype is None else dt.get(dtype).np, order="C")
+            arr = np.array(value if dtype is None else dt.convert(value, dtype), order="C")
         except OverflowError as e:
             raise DTypeError(f"the constant {value!r} does not fit in {dt.get(dtype).name}: {e}",
                              hint="cast the tensor to a wider dtype first") from None

@@ -19,7 +19,10 @@ from .tile_ir import TileKernel, TileProgram
 def lower_schedule(s: Schedule) -> TileProgram:
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
-        body = strategies.of(k).lower_cpu(k, code)
+        # a kernel whose outputs have no elements (a sum over axis 0 of a [17, 0]) writes
+        # nothing: an empty body, not a strategy's tiling of zero-width rows
+        empty = all(b.type.is_static and b.type.numel() == 0 for b in k.outputs)
+        body = [] if empty else strategies.of(k).lower_cpu(k, code)
         ps = params(k)
         kernels.append(TileKernel(k.name, k.strategy, ps, body, dict(k.knobs),
                                   " ".join(k.fused_labels())))

@@ -182,6 +182,8 @@ def slice_dim(n, start, stop, step, axis, t):
     if isinstance(n, int):
         s0, s1, st = slice(start, stop, step).indices(n)
         length = len(range(s0, s1, st))
+        if length == 0:             # (x[-10::-1] gives a start of -1: read again, the last)
+            return 0, 0, 1, 0
         # keep the normal form idempotent: a stop of -1 (before index 0) would re-read as "last"
         return s0, (None if s1 < 0 else s1), st, length
     if step != 1:

@@ -115,8 +115,11 @@ def _lse_infer(ts, a):
 
 
 def _lse_decompose(b, xs, a):
-    x, _ = _float_input(b, xs[0])
+    x, f = _float_input(b, xs[0])
     m = b.op("max", x, axis=[a["axis"]], keepdim=True)
+    # a row's max that is not finite shifts by 0 instead (m - m is 0 only for a finite m):
+    # a row of -inf is log(0) = -inf, as SciPy, JAX and PyTorch say, not -inf - -inf = NaN
+    m = b.op("where", b.op("eq", b.op("sub", m, m), b.const(0.0, f)), m, b.const(0.0, f))
     s = b.op("sum", b.op("exp", b.op("sub", x, m)), axis=[a["axis"]], keepdim=True)
     out = b.op("add", b.op("log", s), m)
     if not a["keepdim"]:
@@ -126,6 +129,7 @@ def _lse_decompose(b, xs, a):
 
 def _lse_ref(x, a):
     m = x.max(axis=a["axis"], keepdims=True)
+    m = np.where(np.isfinite(m), m, 0).astype(m.dtype)
     out = np.log(np.exp(x - m).sum(axis=a["axis"], keepdims=True)) + m
     return out if a["keepdim"] else np.squeeze(out, axis=a["axis"])
 

@@ -115,6 +115,26 @@ def test_slicing(key, rng):
     assert_close(f(x), np.array(x[key]))
 
 
+def test_every_slice_of_a_short_axis_is_pythons(rng):
+    """Every start, stop and step in [-7, 7] (and None) on an axis of 5, eagerly and compiled
+    (a sample): a negative step starting before the beginning is empty, as in Python (it read
+    as "from the last element": x[-10::-1] gave the whole axis reversed)."""
+    x = np.arange(5.0)
+    bounds = [None] + list(range(-7, 8))
+    keys = [slice(a, b, c) for a in bounds for b in bounds for c in [None, -3, -2, -1, 1, 2, 3]]
+    for key in keys:
+        np.testing.assert_array_equal(op.slice(x, [key.start], [key.stop], [key.step]), x[key],
+                                      err_msg=str(key))
+    for i in rng.choice(len(keys), 24, replace=False):
+        key = keys[i]
+        got = ts.function(lambda x: x[key])(x)
+        np.testing.assert_array_equal(got, x[key], err_msg=str(key))
+    m = rng.standard_normal((4, 6))
+    f = ts.function(lambda m: (m[-10::-1, -7:-2:-1], m[::-1, -9::-2]))
+    for got, want in zip(f(m), (m[-10::-1, -7:-2:-1], m[::-1, -9::-2])):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_concat_split(rng):
     a = rng.standard_normal((2, 3)).astype(np.float32)
     b = rng.standard_normal((2, 5)).astype(np.float64)

@@ -102,6 +102,45 @@ def test_softmax_family(shape, dtype, rng):
         assert_close(lsek, lse_ref.astype(dtype), scale=5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logsumexp_of_infinite_rows_is_scipys(dtype, rng):
+    """A row of -inf is -inf (log 0), a row holding +inf is inf, NaN stays NaN: SciPy's,
+    JAX's and PyTorch's answers (it was -inf - -inf = NaN), compiled and interpreted."""
+    from scipy.special import logsumexp
+    x = (rng.standard_normal((6, 9)) * 3).astype(dtype)
+    x[0] = -np.inf
+    x[1, 4] = np.inf
+    x[2, 2] = np.nan
+    x[3, ::2] = -np.inf
+    f = ts.function(lambda x: op.logsumexp(x, axis=1))
+    want = logsumexp(x.astype(np.float64), axis=1)
+    for got in (f(x), ts.interpret(f, x)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+        assert_close(got, want.astype(dtype), scale=5)
+
+
+EMPTY_AXIS = {"sum": (lambda x: op.sum(x, axis=0), lambda x: np.sum(x, axis=0)),
+              "mean": (lambda x: op.mean(x, axis=0), lambda x: np.mean(x, axis=0)),
+              "max": (lambda x: op.max(x, axis=0), lambda x: np.max(x, axis=0)),
+              "min": (lambda x: op.min(x, axis=0), lambda x: np.min(x, axis=0)),
+              "var": (lambda x: op.var(x, axis=0), lambda x: np.var(x, axis=0)),
+              "softmax": (lambda x: op.softmax(x, axis=0), lambda x: x),
+              "argmax": (lambda x: op.argmax(x, axis=0), lambda x: np.argmax(x, axis=0))}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_AXIS))
+def test_reducing_an_empty_axis_gives_numpys_empty_result(name):
+    """Over axis 0 of a [17, 0] (each of the zero outputs reduces 17 values): an empty result,
+    as NumPy's (the column-reduction tiling divided by the zero width)."""
+    x = np.ones((17, 0), np.float32)
+    fn, ref = EMPTY_AXIS[name]
+    want = ref(x)
+    got = ts.function(fn)(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert ts.function(lambda x: op.sum(x, axis=1))(x).tolist() == [0.0] * 17
+
+
 @pytest.mark.parametrize("shape", [(7,), (4, 33), (2, 5, 64)])
 def test_layernorm_rmsnorm(shape, rng):
     x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
