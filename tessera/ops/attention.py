@@ -204,9 +204,21 @@ def _recognise(g, n):
     if mask is None:
         mask = g.move_before(g.const(np.zeros((), dtype=n.out.type.dtype.np), loc=n.loc,
                                      origin=n.origin), n)
-    return g.move_before(g.apply("attention", [q, k, v_in, mask], {"scale": scale,
-                                                                    "causal": False},
-                                 loc=n.loc), n)
+        return g.move_before(g.apply("attention", [q, k, v_in, mask],
+                                     {"scale": scale, "causal": False}, loc=n.loc), n)
+
+    def add(op, inputs, attrs=None):
+        return g.move_before(g.apply(op, inputs, attrs, loc=n.loc, origin=n.origin), n)
+
+    def const(value):
+        return g.move_before(g.const(value, n.out.type.dtype, loc=n.loc, origin=n.origin), n)
+    out = add("attention", [q, k, v_in, mask], {"scale": scale, "causal": False})
+    # the program's softmax of a row that the mask drops throughout is NaN (-inf - -inf), where
+    # attention gives 0: those rows stay NaN, so the rewrite keeps the program's values
+    row = add("max", [mask], {"axis": [mask.type.rank - 1], "keepdim": True}) \
+        if mask.type.rank else mask
+    dropped = add("eq", [row, const(-np.inf)])
+    return add("where", [dropped, const(np.nan), out])
 
 
 def _depends_on(v, node) -> bool:

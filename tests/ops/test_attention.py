@@ -45,8 +45,39 @@ def test_hand_written_attention_is_recognised(rng):
         return op.softmax(q @ op.transpose(k, (0, 1, 3, 2)) / 4.0 + mask) @ v
     want = np_attention(q, k, v, mask=mask, scale=0.25).astype(np.float32)
     for fn in (hand, named):
-        assert strategies(fn, q, k, v, mask) == ["attention"]
+        # (beside it, the mask's row maximum and the NaN of rows it drops throughout: below)
+        assert strategies(fn, q, k, v, mask) == ["attention", "row", "pointwise"]
         assert_close(ts.function(fn)(q, k, v, mask), want, scale=20)
+    assert strategies(lambda q, k, v: op.softmax(q @ op.transpose(k, (0, 1, 3, 2))) @ v,
+                      q, k, v) == ["attention"]
+
+
+@pytest.mark.parametrize("mask_shape", [(33, 45), (45,), (2, 1, 1, 45), (2, 4, 33, 1), ()])
+def test_hand_written_attention_keeps_the_programs_values_where_the_mask_drops_a_row(
+        mask_shape, rng):
+    """softmax(scores + mask) of a row the mask drops throughout is NaN (-inf - -inf), in NumPy
+    and the interpreter; recognised as op.attention (whose such rows are 0) it must stay NaN,
+    and every other row keeps its value (+inf and NaN in the mask give NaN rows, as written)."""
+    q, k, v = qkv(rng, (2, 4), 33, 45, 16, 16)
+    mask = np.where(rng.random(mask_shape) < 0.3, -np.inf, 0).astype(np.float32)
+    if mask.ndim:
+        flat = mask.reshape(-1, mask.shape[-1])
+        flat[0] = -np.inf
+        flat[-1, 0] = np.inf if len(flat) > 2 else flat[-1, 0]
+        flat[len(flat) // 2, -1] = np.nan if len(flat) > 2 else flat[len(flat) // 2, -1]
+
+    def hand(q, k, v, mask):
+        return op.softmax(q @ op.transpose(k, (0, 1, 3, 2)) * 0.25 + mask) @ v
+    f = ts.function(hand)
+    got, interp = f(q, k, v, mask), ts.interpret(f, q, k, v, mask)
+    with np.errstate(invalid="ignore"):
+        s = q.astype(np.float64) @ np.swapaxes(k, -1, -2) * 0.25 + mask
+        e = np.exp(s - s.max(-1, keepdims=True))
+        want = (e / e.sum(-1, keepdims=True)) @ v
+    assert "attention" in strategies(hand, q, k, v, mask)
+    for out in (got, interp):
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+        assert_close(np.nan_to_num(out), np.nan_to_num(want).astype(np.float32), scale=20)
 
 
 def test_heads_split_from_a_sequence_layout_are_read_in_place(rng):
