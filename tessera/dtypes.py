@@ -219,9 +219,10 @@ def convert(value, d) -> np.ndarray:
     value rounded once (a double or a wide integer goes through float32 rounded to odd, exact
     or the odd neighbour, whose nearest-even rounding to 16 or 8 bits is the value's own)."""
     d = get(d)
+    if not d.is_narrow:
+        return np.asarray(value, dtype=d.np)     # (a Python int that does not fit: OverflowError)
     a = np.asarray(value)
-    if not (d.is_narrow and a.dtype.kind in "fiu" and a.dtype.itemsize >= 4
-            and a.dtype != np.float32):
+    if not (a.dtype.kind in "fiu" and a.dtype.itemsize >= 4 and a.dtype != np.float32):
         return np.asarray(a, dtype=d.np)
     with np.errstate(over="ignore", invalid="ignore"):
         return float32_odd(a).astype(d.np)

@@ -203,11 +203,13 @@ class Traced:
                            hint=f"use the op.* function (e.g. op.{func.__name__}) or a method")
 
     def _no_number(self, *a):
-        raise TracingError("a traced tensor has no Python number value while tracing",
-                           location=user_location(), received=str(self.type),
-                           hint="keep it a tensor; use op.* to compute with it")
+        raise TracingError("a traced tensor has no Python value (a number, a list) while "
+                           "tracing", location=user_location(), received=str(self.type),
+                           hint="keep it a tensor inside the function (op.* functions take "
+                                "0-d tensors), or return it and call .item() or .tolist() "
+                                "on the result")
 
-    __float__ = __int__ = __complex__ = __index__ = _no_number
+    __float__ = __int__ = __complex__ = __index__ = item = tolist = numpy = _no_number
 
     # -- arithmetic -------------------------------------------------------------------------
     def __add__(self, o): return apply("add", self, o)

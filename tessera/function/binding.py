@@ -73,6 +73,12 @@ class Signature:
             except ValueError as e:
                 raise ArgumentError(f"argument {p.name!r} is not an array: {e}",
                                     function=self.name) from None
+            if arr.dtype == object:             # None, a string, a ragged list
+                raise ArgumentError(
+                    f"argument {p.name!r} is {type(x).__name__}, not an array of numbers",
+                    function=self.name, location=self.def_loc,
+                    expected=p.spec.type_str() if p.spec is not None else "an array",
+                    received=repr(x)[:60])
             try:
                 d = dt.from_numpy(arr.dtype)
             except DTypeError as e:

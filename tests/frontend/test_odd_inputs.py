@@ -335,11 +335,30 @@ def test_unallocatable_buffer_is_a_resource_error():
 def test_misuse_of_traced_tensors_is_a_tracing_error():
     x = np.ones(3, np.float32)
     for fn in (lambda x: x if x > 0 else x, lambda x: float(x), lambda x: np.sum(x),
-               lambda x: np.asarray(x) + 1):
-        with pytest.raises(ts.TracingError):
+               lambda x: np.asarray(x) + 1, lambda x: x.sum().item(), lambda x: x.tolist(),
+               lambda x: x.numpy()):
+        with pytest.raises(ts.TracingError) as e:
             ts.function(fn)(x)
+        assert "test_odd_inputs.py:" in str(e.value)
+    with pytest.raises(ts.TracingError, match=r"call \.item\(\) or \.tolist\(\) on the result"):
+        ts.function(lambda x: x.sum().item())(x)
     with pytest.raises(ts.ShapeError, match="out of range"):
         ts.function(lambda x: x[5])(x)
     with pytest.raises(ts.UnsupportedDTypeError) as e:
         ts.function(lambda x: x.astype(np.uint8))(x)
     assert "test_odd_inputs.py:" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [None, "abc", object()])
+def test_a_non_array_for_an_annotated_argument_names_it(bad):
+    """None (or a string) where a Tensor[...] is annotated: an ArgumentError naming the
+    argument and its annotation, not "dtype object is not supported"."""
+    @ts.function
+    def f(x: ts.Tensor["B", "D"]):
+        return x * 2
+    with pytest.raises((ts.ArgumentError, ts.UnsupportedDTypeError)) as e:
+        f(bad)
+    text = str(e.value)
+    assert "argument 'x'" in text and "dtype object" not in text
+    if bad is None:
+        assert "NoneType, not an array" in text and "[B,D]" in text
