@@ -77,7 +77,7 @@ def map_from(user: Node, user_map: tuple, v) -> tuple | str:
     if is_elementwise(user):
         pad = len(user.out.type.shape) - len(v.type.shape)
         return tuple(None if d == 1 else user_map[k + pad] for k, d in enumerate(v.type.shape))
-    if is_reduce(user) or isinstance(lowering_of(user), R.Spectral):
+    if is_reduce(user) or isinstance(lowering_of(user), (R.Spectral, R.ArgReduce)):
         return identity_map(v.type.shape)       # (their domain is their input's shape)
     if is_view(user) and squeezes_only(user):
         walked = iter(m for m, d in zip(user_map, user.out.type.shape) if d != 1)
