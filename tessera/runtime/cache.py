@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -38,6 +39,30 @@ def reset_cache_stats():
 def count(name: str, n: int = 1):
     with _stats_lock:
         _stats[name] += n
+
+
+STALE_TEMPORARY_S = 3600     # a temporary this old belongs to no live write: its writer died
+_swept: set = set()
+
+
+def sweep_stale_temporaries():
+    """Once per process and cache directory: delete the temporaries (.tmp-*) that a process
+    killed while writing (SIGKILL during a compile) left behind. A live writer's temporary is
+    seconds old; one an hour old is an orphan."""
+    root = cache_dir()
+    if root in _swept:
+        return
+    _swept.add(root)
+    cutoff = time.time() - STALE_TEMPORARY_S
+    try:
+        for p in root.rglob(".tmp-*"):
+            try:
+                if p.is_file() and p.stat().st_mtime < cutoff:
+                    p.unlink()
+            except OSError:
+                pass                    # (gone already, or not ours to delete)
+    except OSError:
+        pass
 
 
 def atomic_write(path: Path, data: bytes):

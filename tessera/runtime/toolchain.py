@@ -163,6 +163,7 @@ def _build_unlocked(cc, source, name, key, cflags, link, library=False):
     """(the loaded object, its path)."""
     if cache.cache_enabled():
         kernels = cache.cache_dir() / "kernels"
+        cache.sweep_stale_temporaries()
         try:
             so = kernels / key[:2] / f"{key}.so"
             return _load_or_build(cc, source, so, name, key, cflags, link, library), so

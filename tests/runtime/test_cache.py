@@ -91,6 +91,36 @@ def test_concurrent_processes_share_one_entry(tmp_path):
     assert run(tmp_path) == ["compiles", "0", "disk_hits", "1"]
 
 
+def test_a_compile_killed_by_sigkill_leaves_no_temporary_for_good(tmp_path):
+    """SIGKILL during a compile (here: a compiler that sleeps first) leaves its temporaries;
+    the next process using the cache deletes those an hour old, and never a fresh one (a live
+    writer's)."""
+    import shutil
+    import signal
+    import time
+    cc = tmp_path / "slow-cc"
+    cc.write_text("#!/bin/sh\ncase \"$*\" in *.tmp-*) sleep 60;; esac\n"   # (its probes: quick)
+                  f"exec {shutil.which('gcc') or shutil.which('cc')} \"$@\"\n")
+    cc.chmod(0o755)
+    cache_root = tmp_path / "cache"
+    full = dict(os.environ, TESSERA_CACHE_DIR=str(cache_root), CC=str(cc))
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], env=full)
+    deadline = time.time() + 120
+    while not list(cache_root.rglob(".tmp-*.so")) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    orphans = list(cache_root.rglob(".tmp-*"))
+    assert orphans, "the killed compile left no temporary to clean up"
+    old = time.time() - 2 * cache.STALE_TEMPORARY_S
+    for p in orphans:
+        os.utime(p, (old, old))
+    fresh = orphans[0].with_name(".tmp-a-live-writer.so")
+    fresh.write_bytes(b"")
+    assert run(cache_root) == ["compiles", "1", "disk_hits", "0"]
+    assert list(cache_root.rglob(".tmp-*")) == [fresh]
+
+
 def test_atomic_write_leaves_old_or_new(tmp_path):
     target = tmp_path / "a" / "file.bin"
     cache.atomic_write(target, b"old")
