@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError, TesseraError
-from ..trace import Traced, dtype_of
+from ..trace import Traced, dtype_of, user_location
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -138,6 +138,19 @@ nonnegative_integer = _Discrete("nonnegative_integer",
                                 lambda x: op.minimum(x >= 0, op.floor(x) == x))
 
 
+class _Condition(Constraint):
+    """A condition a parameter must meet (validation only: not a support to sample through)."""
+    def __init__(self, name, check):
+        self.name, self._check = name, check
+
+    def check(self, x):
+        return self._check(x)
+
+
+nonnegative = _Condition("nonnegative", lambda x: x >= 0)
+probability = _Condition("in [0, 1]", lambda x: op.minimum(x >= 0, x <= 1))
+
+
 def interval(lo, hi) -> Constraint:
     return _Interval(lo, hi)
 
@@ -203,6 +216,7 @@ class Distribution:
     """A distribution over values of ``batch_shape + event_shape``; ``log_prob`` sums over the
     event axes only (a vector for MultivariateNormal and Dirichlet)."""
     support: Constraint = real
+    arg_constraints: dict = {}      # parameter -> the Constraint its values must meet
     reparameterized = False
     event_rank = 0
 
@@ -215,6 +229,7 @@ class Distribution:
         self.params = {k: _float(v) for k, v in params.items()}
         for k, v in self.params.items():
             setattr(self, k, v)
+        self._validate()
         shapes = [_shape(v) for v in self.params.values()]
         event = [s[len(s) - self.event_rank:] if self.event_rank else () for s in shapes]
         batch = np.broadcast_shapes(*[s[:len(s) - self.event_rank] for s in shapes]) \
@@ -222,6 +237,21 @@ class Distribution:
         self.event_shape = tuple(max(event, key=len)) if event else ()
         self.batch_shape = tuple(np.broadcast_shapes(batch, tuple(shape))) if shape is not None \
             else tuple(batch)
+
+    def _validate(self):
+        """Parameters known now (not traced) meet their constraints, as PyTorch checks by
+        default: HalfCauchy(-1.0) is an error at the user's line, not a NaN log_prob later."""
+        for name, c in self.arg_constraints.items():
+            v = self.params.get(name)
+            if v is None or isinstance(v, Traced):
+                continue
+            ok = np.broadcast_to(np.asarray(c.check(v), dtype=bool), np.shape(v))
+            if not ok.all():
+                bad = np.asarray(v)[~ok].ravel()[:3]
+                raise ArgumentError(f"{type(self).__name__}'s {name} must be {c.name}",
+                                    location=user_location(), expected=c.name,
+                                    received=", ".join(map(str, bad.tolist())) +
+                                    (", ..." if (~ok).sum() > 3 else ""))
 
     @property
     def shape(self) -> tuple:
@@ -241,6 +271,7 @@ class Distribution:
 class Normal(Distribution):
     reparameterized = True
 
+    arg_constraints = {"loc": real, "scale": positive}
     def __init__(self, loc=0.0, scale=1.0, shape=None):
         super().__init__(shape, loc=loc, scale=scale)
 
@@ -265,6 +296,7 @@ class LogNormal(Distribution):
     support = positive
     reparameterized = True
 
+    arg_constraints = {"loc": real, "scale": positive}
     def __init__(self, loc=0.0, scale=1.0, shape=None):
         super().__init__(shape, loc=loc, scale=scale)
 
@@ -289,6 +321,7 @@ class HalfNormal(Distribution):
     support = positive
     reparameterized = True
 
+    arg_constraints = {"scale": positive}
     def __init__(self, scale=1.0, shape=None):
         super().__init__(shape, scale=scale)
 
@@ -311,6 +344,7 @@ class HalfNormal(Distribution):
 class Cauchy(Distribution):
     reparameterized = True
 
+    arg_constraints = {"loc": real, "scale": positive}
     def __init__(self, loc=0.0, scale=1.0, shape=None):
         super().__init__(shape, loc=loc, scale=scale)
 
@@ -330,6 +364,7 @@ class HalfCauchy(Distribution):
     support = positive
     reparameterized = True
 
+    arg_constraints = {"scale": positive}
     def __init__(self, scale=1.0, shape=None):
         super().__init__(shape, scale=scale)
 
@@ -348,6 +383,7 @@ class Exponential(Distribution):
     support = positive
     reparameterized = True
 
+    arg_constraints = {"rate": positive}
     def __init__(self, rate=1.0, shape=None):
         super().__init__(shape, rate=rate)
 
@@ -364,10 +400,14 @@ class Exponential(Distribution):
 class Uniform(Distribution):
     reparameterized = True
 
+    arg_constraints = {"low": real, "high": real}
     def __init__(self, low=0.0, high=1.0, shape=None):
         super().__init__(shape, low=low, high=high)
-        if not isinstance(self.low, Traced) and not isinstance(self.high, Traced) and \
-                np.ndim(self.low) == 0 and np.ndim(self.high) == 0:
+        known = not isinstance(self.low, Traced) and not isinstance(self.high, Traced)
+        if known and not np.all(np.asarray(self.low) < np.asarray(self.high)):
+            raise ArgumentError("Uniform's low must be below its high", location=user_location(),
+                                expected="low < high", received=f"{low}, {high}")
+        if known and np.ndim(self.low) == 0 and np.ndim(self.high) == 0:
             self.support = interval(float(self.low), float(self.high))
 
     def log_prob(self, x):
@@ -386,6 +426,7 @@ class Gamma(Distribution):
     """Gamma(concentration, rate): density rate^a x^(a-1) e^(-rate x) / Gamma(a)."""
     support = positive
 
+    arg_constraints = {"concentration": positive, "rate": positive}
     def __init__(self, concentration, rate=1.0, shape=None):
         super().__init__(shape, concentration=concentration, rate=rate)
 
@@ -406,6 +447,7 @@ class Gamma(Distribution):
 class Beta(Distribution):
     support = unit_interval
 
+    arg_constraints = {"concentration1": positive, "concentration0": positive}
     def __init__(self, concentration1, concentration0, shape=None):
         super().__init__(shape, concentration1=concentration1, concentration0=concentration0)
 
@@ -431,6 +473,7 @@ class Beta(Distribution):
 
 
 class StudentT(Distribution):
+    arg_constraints = {"df": positive, "loc": real, "scale": positive}
     def __init__(self, df, loc=0.0, scale=1.0, shape=None):
         super().__init__(shape, df=df, loc=loc, scale=scale)
 
@@ -460,6 +503,7 @@ class StudentT(Distribution):
 class Bernoulli(Distribution):
     support = boolean
 
+    arg_constraints = {"probs": probability, "logits": real}
     def __init__(self, probs=None, logits=None, shape=None):
         if (probs is None) == (logits is None):
             raise ArgumentError("Bernoulli takes probs or logits, one of them")
@@ -495,6 +539,7 @@ class Bernoulli(Distribution):
 class Categorical(Distribution):
     """Over 0..K-1 along the last axis of probs or logits."""
 
+    arg_constraints = {"probs": nonnegative, "logits": real}
     def __init__(self, probs=None, logits=None, shape=None):
         if (probs is None) == (logits is None):
             raise ArgumentError("Categorical takes probs or logits, one of them")
@@ -543,6 +588,7 @@ class Categorical(Distribution):
 class Poisson(Distribution):
     support = nonnegative_integer
 
+    arg_constraints = {"rate": nonnegative}
     def __init__(self, rate, shape=None):
         super().__init__(shape, rate=rate)
 
@@ -562,6 +608,7 @@ class Dirichlet(Distribution):
     support = simplex
     event_rank = 1
 
+    arg_constraints = {"concentration": positive}
     def __init__(self, concentration, shape=None):
         super().__init__(shape, concentration=concentration)
 
@@ -595,6 +642,7 @@ class MultivariateNormal(Distribution):
     reparameterized = True
     event_rank = 1
 
+    arg_constraints = {"loc": real}
     def __init__(self, loc, covariance_matrix=None, scale_tril=None):
         if (covariance_matrix is None) == (scale_tril is None):
             raise ArgumentError("MultivariateNormal takes covariance_matrix or scale_tril, one "
@@ -607,6 +655,12 @@ class MultivariateNormal(Distribution):
                 raise ArgumentError("MultivariateNormal's covariance is not positive "
                                     "definite") from None
         L = _known(scale_tril, "MultivariateNormal's scale_tril")
+        diag = np.diagonal(L, axis1=-2, axis2=-1) if L.ndim >= 2 else None
+        if diag is None or L.shape[-1] != L.shape[-2] or np.any(np.triu(L, 1) != 0) or \
+                not np.all(diag > 0):
+            raise ArgumentError("MultivariateNormal's scale_tril must be lower triangular with a "
+                                "positive diagonal (a Cholesky factor)", location=user_location(),
+                                received=f"shape {L.shape}")
         super().__init__(None, loc=loc)
         self.scale_tril = L
         self.event_shape = (L.shape[-1],)

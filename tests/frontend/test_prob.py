@@ -1,11 +1,13 @@
 """tessera.prob: distributions against SciPy's densities and moments on fresh random
 parameters, their draws' moments, the bijections to unconstrained space, and models under
 effect handlers (log joints compiled = eager, gradients by finite differences, clear errors)."""
+import re
+
 import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import op
+from tessera import op, prob
 from tessera.prob import (Bernoulli, Beta, Categorical, Cauchy, Dirichlet, Exponential, Gamma,
                           HalfCauchy, HalfNormal, LogNormal, MultivariateNormal, Normal,
                           Poisson, StudentT, Uniform, condition, log_joint, positive, sample,
@@ -603,3 +605,44 @@ def test_kl_and_the_elbo_of_an_encoder_and_decoder(rng):
         return Gamma(2.0, 1.0)
     with pytest.raises(ts.TesseraError, match="must return a reparameterised Distribution"):
         discrete(p, x)
+
+
+INVALID_PARAMETERS = [
+    ("HalfCauchy(-1.0)", lambda: prob.HalfCauchy(-1.0), "scale must be positive"),
+    ("Normal(0, [1, 0, -2])", lambda: prob.Normal(0.0, np.array([1.0, 0.0, -2.0])),
+     "scale must be positive"),
+    ("Exponential(nan)", lambda: prob.Exponential(np.nan), "rate must be positive"),
+    ("Gamma(0)", lambda: prob.Gamma(0.0), "concentration must be positive"),
+    ("Beta(1, -1)", lambda: prob.Beta(1.0, -1.0), "concentration0 must be positive"),
+    ("StudentT(-3)", lambda: prob.StudentT(-3.0), "df must be positive"),
+    ("Bernoulli(probs=1.5)", lambda: prob.Bernoulli(probs=1.5), "probs must be in [0, 1]"),
+    ("Categorical(probs=[-0.1, 1.1])", lambda: prob.Categorical(probs=np.array([-0.1, 1.1])),
+     "probs must be nonnegative"),
+    ("Poisson(-1)", lambda: prob.Poisson(-1.0), "rate must be nonnegative"),
+    ("Dirichlet([1, 0])", lambda: prob.Dirichlet(np.array([1.0, 0.0])),
+     "concentration must be positive"),
+    ("Uniform(2, 1)", lambda: prob.Uniform(2.0, 1.0), "low must be below its high"),
+    ("MultivariateNormal(upper scale_tril)",
+     lambda: prob.MultivariateNormal(np.zeros(2), scale_tril=np.array([[1.0, 1.0], [0.0, 1.0]])),
+     "lower triangular"),
+]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in INVALID_PARAMETERS])
+def test_invalid_known_parameters_are_errors_at_the_users_line(name):
+    """A parameter known at construction that breaks its constraint is an ArgumentError naming
+    the distribution, the parameter and this line (PyTorch validates by default), not a NaN
+    log_prob later; the boundary values that are valid stay valid."""
+    _, make, text = next(c for c in INVALID_PARAMETERS if c[0] == name)
+    with pytest.raises(ts.ArgumentError, match=re.escape(text)) as e:
+        make()
+    assert "test_prob.py:" in str(e.value)
+
+
+def test_valid_boundary_parameters_are_accepted():
+    prob.Bernoulli(probs=np.array([0.0, 1.0]))
+    prob.Categorical(logits=np.array([0.0, -np.inf]))
+    prob.Poisson(0.0)
+    prob.Normal(np.array([-np.inf, 3.0]), 1.0)     # (a real loc: -inf is a number, NaN is not)
+    with pytest.raises(ts.ArgumentError):
+        prob.Normal(np.nan, 1.0)
