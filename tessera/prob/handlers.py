@@ -116,6 +116,10 @@ class _every_site(substitute):
                                 location=site["loc"],
                                 expected=f"a value for each unobserved site (given: "
                                          f"{', '.join(self.values) or 'none'})")
+        if _outside_support(site):      # (checked here, before a later site uses the value)
+            raise TesseraError(f"the value of site {site['name']!r} lies outside the support "
+                               f"of its {type(site['dist']).__name__} ({site['dist'].support})",
+                               location=site["loc"])
 
 
 def sample(name: str, dist, obs=None):
@@ -178,10 +182,6 @@ def log_joint(model, values: dict, *args, **kwargs):
                             expected=", ".join(tr.sites))
     total = None
     for site in tr.sites.values():
-        if _outside_support(site):
-            raise TesseraError(f"the value of site {site['name']!r} lies outside the support "
-                               f"of its {type(site['dist']).__name__} ({site['dist'].support})",
-                               location=site["loc"])
         lp = op.sum(site["dist"].log_prob(site["value"]))
         total = lp if total is None else total + lp
     if total is None:
