@@ -26,6 +26,9 @@ from .function import Function
 from .trace import Traced, dtype_of
 
 OPSET = 17
+# The newest opset whose operators' rules the importer was checked against (ONNX's node tests
+# of onnx 1.23); a later onnx release's newer opsets are not yet claimed.
+NEWEST_CHECKED_OPSET = 28
 
 
 def _onnx():
