@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check graphviz
+.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check graphviz fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ test-clang: setup
 	CC=$(CLANG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ops/test_elementwise.py \
 		tests/ops/test_reductions.py tests/targets/test_gemm.py tests/ops/test_attention.py \
 		tests/targets/test_isa.py
+
+# The random-program fuzzer (tests/fuzz/fuzzer.py) for FUZZ_SECONDS (default an hour): fresh
+# programs against float64 NumPy; each failure is printed and kept in tests/fuzz/regressions.json,
+# which make test replays.
+FUZZ_SECONDS ?= 3600
+fuzz: setup
+	$(BIN)/python tests/fuzz/fuzzer.py --seconds $(FUZZ_SECONDS)
 
 # Graphviz's dot draws the explorer's graphs (tighter than the pure-Python layout used without
 # it): installed from Debian's packages when missing and make runs as root; else said, with the
