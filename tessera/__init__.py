@@ -8,7 +8,7 @@ from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float
 from .dtypes import bf16, f16, f32, f64, fp8, fp8_e4m3, fp8_e5m2, i32, i64  # noqa: E402  (seeds')
 from .numerics import NumericalPolicy, policy  # noqa: E402
 from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
-                     CompilerNotFoundError, DifferentiationError, DTypeError,
+                     CompilerNotFoundError, DeviceError, DifferentiationError, DTypeError,
                      GradientCheckError, IRVerificationError, RankError, ResourceError,
                      RankFailure, RuntimeFault, ShapeError, ShardingError,
                      SymbolicValueError, SymbolMismatchError,
@@ -35,6 +35,7 @@ from . import migrate  # noqa: E402
 from . import onnx  # noqa: E402
 from . import prob  # noqa: E402
 from . import checkpoint, collectives, dist  # noqa: E402
+from .fault import fault_tolerant, recover_and_continue  # noqa: E402
 from .prob import elbo, mcmc, probabilistic, variational  # noqa: E402
 from .compiler.saved import load  # noqa: E402
 
@@ -54,7 +55,7 @@ def unload_ipython_extension(ipython):
 
 __all__ = [
     "op", "graph", "function", "Function", "interpret", "static_range", "is_training", "training",
-    "dist", "collectives", "checkpoint",
+    "dist", "collectives", "checkpoint", "fault_tolerant", "recover_and_continue", "DeviceError",
     "fori_loop", "while_loop", "scan", "cond", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",

@@ -36,12 +36,16 @@ version reads each overlapping block file whole (and checks its CRC) before slic
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
 import math
 import os
 import shutil
+import sys
+import threading
+import types
 import uuid
 import zlib
 
@@ -51,7 +55,8 @@ from . import dtypes as dt
 from .errors import ArgumentError, ShardingError, TesseraError
 from .pytree import flatten
 
-__all__ = ["save", "load", "latest_step", "CheckpointError"]
+__all__ = ["save", "save_async", "wait", "load", "latest_step", "CheckpointError", "Checkpointed",
+           "PendingSave"]
 
 FORMAT, VERSION = "tessera.checkpoint", 1
 MANIFEST = "manifest.json"
@@ -69,11 +74,26 @@ def save(path, params, opt_state=None, step=0) -> None:
     """Write ``params``, ``opt_state`` and ``step`` to the directory ``path``, atomically (see
     the module's docstring). Under MPI every rank calls it; it returns once the checkpoint is in
     place (or raises on every rank if any rank failed, leaving the previous checkpoint)."""
-    path = os.path.abspath(os.fspath(path))
-    step = _as_step(step)
     group = _Group()
+    _write_all(os.path.abspath(os.fspath(path)),
+               _prepare(params, opt_state, step, group.rank), group)
+
+
+def _prepare(params, opt_state, step, rank, copy=False):
+    """What a save writes, decided now: (trees, entries, [(file, array)], step). Pending
+    reductions are taken here (a collective: every rank); ``copy``: the arrays copied, so the
+    caller may change its own at once (an asynchronous save)."""
+    step = _as_step(step)
     trees, leaves = _flatten_trees(params, opt_state)
-    entries, writes = _plan(leaves, group.rank)     # pending reductions taken: every rank
+    entries, writes = _plan(leaves, rank)
+    if copy:
+        writes = [(f, np.array(a, copy=True)) for f, a in writes]
+    return trees, entries, writes, step
+
+
+def _write_all(path, prepared, group):
+    """The save's files, written by every rank of ``group`` and committed by rank 0."""
+    trees, entries, writes, step = prepared
 
     # rank 0 makes the blocks directory; every rank learns its name, or that rank 0 failed
     blocks, created, failure = None, False, None
@@ -132,15 +152,20 @@ def _as_step(step) -> int:
 
 class _Group:
     """The processes saving together: the MPI world under mpiexec (every rank in ``save``),
-    else this process alone (virtual devices: it holds every block)."""
+    else this process alone (virtual devices: it holds every block). ``own``: a communicator
+    of the checkpoints' own (a duplicate of the world's, made once), so that a save written
+    in the background never meets the program's collectives."""
+    _own = None
 
-    def __init__(self):
+    def __init__(self, own: bool = False):
         from .dist.engine import MPIEngine, under_mpi
         self.comm = None
         if under_mpi():
             world = MPIEngine.world()
             if world.size > 1:
-                self.comm = world.comm
+                if own and _Group._own is None:
+                    _Group._own = world.comm.Dup()      # (collective: every rank, in order)
+                self.comm = _Group._own if own else world.comm
         self.rank = self.comm.Get_rank() if self.comm is not None else 0
 
     def bcast(self, obj):
@@ -354,6 +379,146 @@ def _remove(p):
         os.remove(p)
     except OSError:
         pass
+
+
+# ---- saving in the background ------------------------------------------------------------------
+class PendingSave:
+    """A checkpoint being written by a background thread: ``wait()`` returns once it is in
+    place, raising what the save raised; ``done()`` says whether it has finished."""
+
+    def __init__(self, path, prepared, group):
+        self.path, self._error = path, None
+        self._thread = threading.Thread(target=self._run, args=(prepared, group),
+                                        name=f"tessera-checkpoint:{os.path.basename(path)}",
+                                        daemon=False)
+        self._thread.start()
+
+    def _run(self, prepared, group):
+        try:
+            _write_all(self.path, prepared, group)
+        except BaseException as e:      # (raised to the caller by wait)
+            self._error = e
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self):
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+_pending: list = []                     # this process's saves not yet waited for, in order
+
+
+def save_async(path, params, opt_state=None, step=0) -> PendingSave:
+    """``save`` without blocking the caller (the seeds' ``tessera.checkpoint.save_async``):
+    the values are taken now (arrays copied, a DTensor's pending sum reduced: under MPI every
+    rank calls it, in the same order), then a background thread writes and commits them,
+    atomically as ``save`` does, while the caller goes on. One save is written at a time per
+    process: this call first waits for the previous one (and raises its error, if it failed).
+    ``wait()`` (or ``checkpoint.wait()``) blocks until it is in place."""
+    wait()
+    group = _Group(own=True)
+    prepared = _prepare(params, opt_state, step, group.rank, copy=True)
+    pending = PendingSave(os.path.abspath(os.fspath(path)), prepared, group)
+    _pending.append(pending)
+    return pending
+
+
+def wait():
+    """Wait for this process's background saves; raise the first one's error."""
+    while _pending:
+        _pending.pop(0).wait()
+
+
+# ---- a training loop that checkpoints itself ---------------------------------------------------
+class Checkpointed:
+    """``@ts.checkpoint(interval=N, path=...)`` on a step function ``step(state, i) -> state``
+    (the seeds decorate a whole training function; the decorator must see the loop's state, so
+    in Python it decorates the step and runs the loop): ``loop(state, steps)`` runs steps
+    ``0 .. steps-1`` from ``state``, or from the latest checkpoint in ``path`` when there is one
+    (a restarted job goes on where the last complete checkpoint left it), saving ``state``
+    every ``interval`` steps in the background (`save_async`: the next steps do not wait for
+    the disk). ``state`` is a pytree of arrays, numbers or DTensors; a step whose result
+    depends only on ``(state, i)`` (its data and randomness drawn from ``i``) gives the same
+    bits resumed as uninterrupted.
+
+    A `DeviceError` in a step, or `recover_and_continue()` called in one, rolls the loop back
+    to its last checkpoint (the state it started from when there is none yet) and goes on from
+    there, up to ``max_restarts`` times (`fault_tolerant` sets it; 3 by default); then the
+    error is raised."""
+
+    def __init__(self, step, path, interval: int):
+        if int(interval) < 1:
+            raise ArgumentError("a checkpoint interval is a number of steps, at least 1",
+                                received=repr(interval))
+        self.step, self.path, self.interval = step, os.path.abspath(os.fspath(path)), \
+            int(interval)
+        self.restarts = 0                   # roll-backs in the latest run
+        functools.update_wrapper(self, step)
+
+    @property
+    def max_restarts(self) -> int:
+        return getattr(self.step, "max_restarts", DEFAULT_MAX_RESTARTS)
+
+    def resume(self, state):
+        """(state, first step): the latest checkpoint's, or the given state's at step 0."""
+        wait()
+        if latest_step(self.path) is None:
+            return state, 0
+        saved, _, step = load(self.path)
+        return saved, step
+
+    def __call__(self, state, steps: int):
+        from .errors import DeviceError
+        initial = state
+        state, i = self.resume(initial)
+        self.restarts = 0
+        _running.append(self)
+        try:
+            while i < steps:
+                try:
+                    state = self.step(state, i)
+                except (DeviceError, RollBack) as e:
+                    if self.restarts >= self.max_restarts:
+                        wait()
+                        raise getattr(e, "error", None) or e
+                    self.restarts += 1
+                    state, i = self.resume(initial)
+                    continue
+                i += 1
+                if i % self.interval == 0 and i < steps:
+                    save_async(self.path, state, step=i)
+        finally:
+            _running.pop()
+        wait()
+        return state
+
+
+DEFAULT_MAX_RESTARTS = 3
+_running: list = []                     # the checkpointed loops running, innermost last
+
+
+class RollBack(TesseraError):
+    """Raised by `recover_and_continue()`: the checkpointed loop running the step rolls back to
+    its last checkpoint. Outside one it reaches the caller, saying so."""
+
+    def __init__(self, error=None):
+        super().__init__("recover_and_continue() rolls a ts.checkpoint loop back to its last "
+                         "checkpoint; none is running here",
+                         hint="call it in the step function of a @ts.checkpoint(interval=...) "
+                              "loop")
+        self.error = error
+
+
+def checkpointed(interval: int = 1000, path=None):
+    """The decorator ``@ts.checkpoint(interval=..., path=...)`` (see `Checkpointed`); ``path``
+    defaults to ``checkpoints/<the step function's name>``."""
+    def wrap(step):
+        return Checkpointed(step, path or os.path.join("checkpoints", step.__name__), interval)
+    return wrap
 
 
 # ---- loading ------------------------------------------------------------------------------------
@@ -595,3 +760,18 @@ def _read_npy(path, data, e, b, shape, storage) -> np.ndarray:
     except (ValueError, KeyError) as err:
         raise CheckpointError(f"{path}: the block file {b['file']} of {e['path']} is not the "
                               f"array the manifest names: {err}") from None
+
+
+class _CallableModule(types.ModuleType):
+    """``ts.checkpoint`` is this module (save, load, save_async, ...) and, called, the seeds'
+    decorator ``@ts.checkpoint(interval=...)``: Python lets a module be callable through its
+    class."""
+
+    def __call__(self, interval: int = 1000, path=None):
+        return checkpointed(interval, path)
+
+    def __reduce__(self):               # pickled (by cloudpickle: dist.launch) as a module
+        return importlib.import_module, (self.__name__,)
+
+
+sys.modules[__name__].__class__ = _CallableModule

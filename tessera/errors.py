@@ -143,6 +143,11 @@ class ShardingError(TesseraError):
     does not divide by its mesh axes, two meshes in one operation (tessera.dist)."""
 
 
+class DeviceError(TesseraError):
+    """A device failed while running a program (a GPU's driver or runtime error): what
+    ``ts.fault_tolerant`` and ``ts.recover_and_continue`` roll back from."""
+
+
 class RankFailure(TesseraError):
     """A rank of a distributed run failed (or died, or ran past its time): raised in the
     launching process with the rank and its error (tessera.dist.launch)."""

@@ -54,10 +54,14 @@ def mpiexec() -> list:
     return [found]
 
 
-def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = None, **kwargs):
+def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = None,
+           max_restarts: int | None = None, **kwargs):
     """fn(*args, **kwargs) on ``nprocs`` MPI ranks; returns the list of their results in rank
     order. ``threads``: each rank's kernel threads (OMP_NUM_THREADS), by default the cores
-    shared out (at least 1)."""
+    shared out (at least 1). ``max_restarts`` (default: ``fn``'s, when it is marked
+    ``ts.fault_tolerant``, else 0): a job whose rank died (killed, crashed) or failed with a
+    `DeviceError` is started again, so many times at most; a ``ts.checkpoint`` loop in it
+    resumes from its last complete checkpoint."""
     try:
         import cloudpickle
         import mpi4py  # noqa: F401  (the ranks import it; fail here, clearly, if it is missing)
@@ -65,45 +69,67 @@ def launch(fn, nprocs: int, *args, timeout: float = 600, threads: int | None = N
         raise BackendUnavailableError(f"dist.launch needs {e.name}",
                                       hint="pip install mpi4py mpich cloudpickle") from None
     nprocs = int(nprocs)
+    restarts = getattr(fn, "max_restarts", 0) if max_restarts is None else int(max_restarts)
     job = Path(tempfile.mkdtemp(prefix="tessera-launch-"))
     try:
         (job / "job.pkl").write_bytes(cloudpickle.dumps((fn, args, kwargs)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
-        env.pop("TESSERA_DIST", None)
-        env["TESSERA_LAUNCH_NPROCS"] = str(nprocs)
-        cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
-               "tessera.dist.worker", str(job)]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            launcher_out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            _print_outputs(job, nprocs)
-            raise RankFailure(f"dist.launch: the {nprocs} ranks ran past {timeout} s and were "
-                              "killed", hint="a rank waiting in a collective the others never "
-                                             "reached? raise timeout= for long jobs") from None
-        _print_outputs(job, nprocs)
-        mismatch = sorted(job.glob("mismatch.*"))
-        if mismatch:
-            raise RankFailure(f"dist.launch: {mismatch[0].read_text()}")
-        errors = sorted(job.glob("error.*"), key=lambda p: int(p.suffix[1:]))
-        if errors:
-            r = int(errors[0].suffix[1:])
-            raise RankFailure(f"rank {r} of {nprocs} failed:\n{errors[0].read_text()}", rank=r)
-        missing = [r for r in range(nprocs) if not (job / f"result.{r}").exists()]
-        if missing:     # a rank died (killed, os._exit, a crash): the launcher ended the rest
-            raise RankFailure(f"rank(s) {', '.join(map(str, missing))} of {nprocs} ended "
-                              f"without a result (mpiexec's exit code {proc.returncode}): a "
-                              "rank died and the launcher stopped the others",
-                              rank=missing[0],
-                              received=launcher_out.decode(errors="replace")[-2000:])
-        return [pickle.loads((job / f"result.{r}").read_bytes()) for r in range(nprocs)]
+        for attempt in range(restarts + 1):
+            try:
+                return _run(job, nprocs, timeout, threads)
+            except RankFailure as e:
+                if attempt == restarts or not getattr(e, "restartable", False):
+                    raise
+                print(f"dist.launch: {e.summary.splitlines()[0]}; starting the job again "
+                      f"(restart {attempt + 1} of {restarts})")
+                for p in job.iterdir():
+                    if p.name != "job.pkl":
+                        p.unlink()
     finally:
         shutil.rmtree(job, ignore_errors=True)
+
+
+def _run(job: Path, nprocs: int, timeout: float, threads):
+    """One run of the job: the results in rank order, or a RankFailure (``restartable`` when a
+    rank died or failed with a DeviceError)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
+    env.pop("TESSERA_DIST", None)
+    env["TESSERA_LAUNCH_NPROCS"] = str(nprocs)
+    cmd = [*mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", "-m",
+           "tessera.dist.worker", str(job)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        launcher_out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        _print_outputs(job, nprocs)
+        raise RankFailure(f"dist.launch: the {nprocs} ranks ran past {timeout} s and were "
+                          "killed", hint="a rank waiting in a collective the others never "
+                                         "reached? raise timeout= for long jobs") from None
+    _print_outputs(job, nprocs)
+    mismatch = sorted(job.glob("mismatch.*"))
+    if mismatch:
+        raise RankFailure(f"dist.launch: {mismatch[0].read_text()}")
+    errors = sorted(job.glob("error.*"), key=lambda p: int(p.suffix[1:]))
+    if errors:
+        r = int(errors[0].suffix[1:])
+        text = errors[0].read_text()
+        e = RankFailure(f"rank {r} of {nprocs} failed:\n{text}", rank=r)
+        e.restartable = "DeviceError" in text.strip().splitlines()[-1]
+        raise e
+    missing = [r for r in range(nprocs) if not (job / f"result.{r}").exists()]
+    if missing:     # a rank died (killed, os._exit, a crash): the launcher ended the rest
+        e = RankFailure(f"rank(s) {', '.join(map(str, missing))} of {nprocs} ended "
+                        f"without a result (mpiexec's exit code {proc.returncode}): a "
+                        "rank died and the launcher stopped the others",
+                        rank=missing[0],
+                        received=launcher_out.decode(errors="replace")[-2000:])
+        e.restartable = True
+        raise e
+    return [pickle.loads((job / f"result.{r}").read_bytes()) for r in range(nprocs)]
 
 
 class Module:

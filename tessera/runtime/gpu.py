@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import dtypes as dt
-from ..errors import ArgumentError, BackendUnavailableError, ResourceError
+from ..errors import ArgumentError, BackendUnavailableError, DeviceError, ResourceError
 from ..types import type_of_array
 from . import cache, profiler
 from .program import HostSteps, no_memory, results, status_error
@@ -342,11 +342,17 @@ def run(program, arrays) -> list:
         if recorder is not None:
             end.record()
             events.append((order[name], start, end))
-    HostSteps(program.tile_ir, table, launch_one).run()   # launches, and regions' host loops
-    if program.flags_errors:
-        code = int(status.get()[0])     # waits for the kernels (and so for the events)
-        if code:
-            raise status_error(program, code)
+    failed = tuple(getattr(getattr(cupy.cuda, m, None), n, None) for m, n in
+                   (("driver", "CUDADriverError"), ("runtime", "CUDARuntimeError")))
+    try:
+        HostSteps(program.tile_ir, table, launch_one).run()   # launches, and regions' loops
+        code = int(status.get()[0]) if program.flags_errors else 0   # (waits for the kernels)
+    except tuple(f for f in failed if f is not None) as e:
+        raise DeviceError(f"the GPU failed running @{program.graph_ir.name}: {e}",
+                          hint="ts.fault_tolerant and ts.recover_and_continue roll a "
+                               "ts.checkpoint loop back to its last checkpoint") from None
+    if code:
+        raise status_error(program, code)
     if recorder is not None:            # seconds per kernel (summed over a loop's steps)
         if events:
             events[-1][2].synchronize()

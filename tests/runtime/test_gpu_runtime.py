@@ -628,3 +628,38 @@ def test_a_two_stage_sum_gets_a_zeroed_workspace_every_run(fake, rng):
     assert first.tobytes() == second.tobytes()
     np.testing.assert_allclose(first, x.astype(np.float64).sum(), rtol=1e-5,
                                atol=1e-6 * np.abs(x).sum())
+
+
+@needs_nvrtc
+@needs_gxx
+def test_a_gpu_fault_is_a_device_error_a_checkpointed_loop_rolls_back_from(fake, rng, tmp_path,
+                                                                           monkeypatch):
+    """A driver error during a launch (CUDA_ERROR_ILLEGAL_ADDRESS, here injected on the 5th
+    launch) is a ts.DeviceError naming the program; a ts.checkpoint loop marked
+    fault_tolerant rolls back to its last checkpoint and ends with the bits of a run without
+    the fault."""
+    x, w, f = softmax_case(fake, rng)
+
+    @ts.checkpoint(interval=2, path=tmp_path / "faulty")
+    @ts.fault_tolerant(max_restarts=2)
+    def step(state, i):
+        total, y, _ = f(state["x"] + np.float32(i) * 0.01, w)
+        return {"x": y.get() * 3}
+    calls = {"n": 0}
+    real = _Kernel.__call__
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise fake.cuda.driver.CUDADriverError("CUDA_ERROR_ILLEGAL_ADDRESS")
+        return real(self, *a, **k)
+    monkeypatch.setattr(_Kernel, "__call__", flaky)
+    with pytest.raises(ts.DeviceError, match="the GPU failed running @"):
+        calls["n"] = 4
+        f(x, w)
+    calls["n"] = 0                  # (two launches a step: the third step's first faults)
+    got = step({"x": x}, 6)
+    assert step.restarts == 1
+    monkeypatch.setattr(_Kernel, "__call__", real)
+    clean = ts.checkpoint(interval=2, path=tmp_path / "clean")(step.step)
+    np.testing.assert_array_equal(got["x"], clean({"x": x}, 6)["x"])
