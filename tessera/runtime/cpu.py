@@ -12,6 +12,7 @@ import numpy as np
 
 from . import profiler
 from .program import buffer_plan, launches_only, no_memory, results, status_error
+from .threads import chooser
 from .toolchain import ENTRY
 
 
@@ -22,6 +23,9 @@ class CpuExecutor:
         self.program = program
         self.entry = getattr(library, ENTRY, None)
         self.timed_entry = getattr(library, ENTRY + "_timed", None)
+        # the OpenMP runtime the program links (absent without OpenMP): threads.py sets a
+        # call's thread count through it
+        self.set_threads = getattr(library, "omp_set_num_threads", None)
         self.plan = buffer_plan(program.tile_ir.buffers)
         self.buffers = program.tile_ir.buffers
         self.slot_sizes = program.schedule_ir.slots
@@ -90,6 +94,7 @@ class CpuExecutor:
         if self.poison:
             for a, fill in temps:
                 a.fill(fill)
+        chooser.apply(self.set_threads)
         recorder = profiler.current()
         if recorder is None:
             status = self.entry(ptrs)

@@ -1,5 +1,6 @@
 """The OpenMP team between calls: tessera asks libgomp to spin longer before its workers sleep
-(waking one costs up to a scheduler tick on a VM), unless the user chose a policy."""
+(waking one costs up to a scheduler tick on a VM), unless the user chose a policy; and a call
+runs on the cores that other processes leave (runtime/threads.py)."""
 import os
 import subprocess
 import sys
@@ -28,3 +29,34 @@ def test_the_spin_count_is_set_before_libgomp_loads():
                                       ({"OMP_WAIT_POLICY": "passive"}, "None")])
 def test_a_users_own_policy_wins(env, want):
     assert _run(env) == want
+
+
+LOADED = ("import numpy as np, tessera as ts; from tessera.runtime import threads;"
+          "f = ts.function(lambda x: (x * 2).sum(axis=1)); x = np.ones((512, 512), np.float32);"
+          "print(f(x).sum(), threads.chooser.configured, threads.chooser.local.n)")
+
+
+def test_calls_run_on_the_cores_other_processes_leave():
+    """With more CPU-bound processes than cores, a call runs on one thread (a parallel region
+    would wait, at its end, for a descheduled member of its team); the result is the same."""
+    import time
+    from tessera.runtime import threads
+    n = threads.cores()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(n + 1)]
+    try:
+        time.sleep(0.5)
+        assert threads.busy_elsewhere() >= n
+        chooser = threads._Chooser()
+        chooser.configured = max(2, chooser.configured)
+        assert chooser.threads() == 1
+        env = {k: v for k, v in os.environ.items() if k != "TESSERA_ADAPTIVE_THREADS"}
+        r = subprocess.run([sys.executable, "-c", LOADED], env=env | {"OMP_NUM_THREADS": "2"},
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        total, configured, given = r.stdout.split()
+        assert (float(total), configured, given) == (512 * 512 * 2.0, "2", "1")
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
