@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -108,7 +109,7 @@ def artifact_key(source: str, cc: str, level: str, link=()) -> str:
     h = hashlib.sha256()
     for part in (f"schema={cache.SCHEMA_VERSION}", f"tessera={__version__}", cc,
                  compiler_version(cc), f"isa={level}", " ".join(flags(cc, level)),
-                 cpu_fingerprint(), " ".join(str(p) for p in link), source):
+                 cpu_fingerprint(), " ".join(_link_name(p) for p in link), source):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -176,7 +177,7 @@ def _build_unlocked(cc, source, name, key, cflags, link, library=False):
 
 def _build_in_tempdir(cc, source, name, key, cflags, link, library):
     tmpdir = Path(tempfile.mkdtemp(prefix="tessera-"))
-    so = tmpdir / ("library.so" if library else "program.so")
+    so = tmpdir / (f"{key}.so" if library else "program.so")    # (programs link it by name)
     _compile(cc, cflags, source, so, tmpdir / "program.c", name, link)  # on failure: kept
     lib = _open(so, entry=not library)
     if library:                     # programs built later link against it by this path
@@ -270,9 +271,31 @@ def _warn_once(key: str, message: str):
     warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
 
 
+RELATIVE_LINKS = sys.platform.startswith("linux")
+
+
+def _link_name(lib) -> str:
+    """How a linked library enters a program's key: on Linux its file name (a routine
+    library's content hash: the program finds it relative to itself, so a moved cache keeps
+    its programs), elsewhere its path (recorded in the program as it is)."""
+    return Path(lib).name if RELATIVE_LINKS else str(lib)
+
+
+def _link_args(link, out: Path) -> list:
+    """The linker's arguments for the libraries a program calls: on Linux by name, found at
+    run time through a search path relative to the program ($ORIGIN)."""
+    if not RELATIVE_LINKS:
+        return [str(p) for p in link]
+    args = []
+    for p in map(Path, link):
+        rel = os.path.relpath(p.parent, out.parent)
+        args += [f"-L{p.parent}", f"-l:{p.name}", f"-Wl,-rpath,$ORIGIN/{rel}"]
+    return args
+
+
 def _compile(cc: str, cflags, source: str, out: Path, src_path: Path, name: str, link=()):
     cache.atomic_write(src_path, source.encode())
-    cmd = [cc, *cflags, "-o", str(out), str(src_path), *[str(p) for p in link], "-lm"]
+    cmd = [cc, *cflags, "-o", str(out), str(src_path), *_link_args(link, out), "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except FileNotFoundError:

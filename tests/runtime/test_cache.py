@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import tessera as ts
 from tessera.runtime import cache
@@ -257,6 +258,22 @@ def test_routines_compile_once_into_libraries_programs_link_against(tmp_path):
                        env=dict(os.environ, TESSERA_NO_CACHE="1", TMPDIR=str(tmp)))
     assert r.stdout.split() == ["compiles", "6"], r.stderr
     assert not list(tmp.iterdir())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="programs find their routine libraries relative to themselves on Linux")
+def test_a_moved_cache_keeps_its_programs_that_call_routine_libraries(tmp_path):
+    """Programs link their routine libraries by name and find them relative to themselves, so
+    a cache moved elsewhere (or mounted at another path) compiles nothing again."""
+    first = tmp_path / "first"
+    r = subprocess.run([sys.executable, "-c", ROUTINES], capture_output=True, text=True,
+                       env=dict(os.environ, TESSERA_CACHE_DIR=str(first)))
+    assert r.stdout.split() == ["compiles", "6"], r.stderr
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    r = subprocess.run([sys.executable, "-c", ROUTINES], capture_output=True, text=True,
+                       env=dict(os.environ, TESSERA_CACHE_DIR=str(moved)))
+    assert r.stdout.split() == ["compiles", "0"], r.stderr
 
 
 def test_a_program_declares_its_routines_and_carries_their_sources(rng):
