@@ -78,49 +78,21 @@ class NumpyK:
         return np.where(a > b + 0.25, a, b * 0.5)
 
     @staticmethod
-    def sum(x, axis, keepdim):
-        return np.sum(x, axis=axis, keepdims=keepdim)
-
-    @staticmethod
-    def mean(x, axis, keepdim):
-        return np.mean(x, axis=axis, keepdims=keepdim)
-
-    @staticmethod
-    def max(x, axis, keepdim):
-        return np.max(x, axis=axis, keepdims=keepdim)
-
-    @staticmethod
-    def min(x, axis, keepdim):
-        return np.min(x, axis=axis, keepdims=keepdim)
+    def reduce(name, x, axis, keepdim):          # sum, mean, max, min
+        return getattr(np, name)(x, axis=axis, keepdims=keepdim)
 
     @staticmethod
     def softmax(x, axis):
         e = np.exp(x - np.max(x, axis=axis, keepdims=True))
         return e / np.sum(e, axis=axis, keepdims=True)
 
-    @staticmethod
-    def matmul(a, b):
-        return np.matmul(a, b)
-
-    @staticmethod
-    def transpose(x, perm):
-        return np.transpose(x, perm)
+    matmul, transpose = staticmethod(np.matmul), staticmethod(np.transpose)
+    broadcast_to, reshape = staticmethod(np.broadcast_to), staticmethod(np.reshape)
+    concat = staticmethod(np.concatenate)
 
     @staticmethod
     def slice(x, key):
         return x[key]
-
-    @staticmethod
-    def broadcast_to(x, shape):
-        return np.broadcast_to(x, shape)
-
-    @staticmethod
-    def reshape(x, shape):
-        return np.reshape(x, shape)
-
-    @staticmethod
-    def concat(xs, axis):
-        return np.concatenate(xs, axis=axis)
 
     @staticmethod
     def round_to(x, dtype):           # a cast to a narrower float and back: rounded once,
@@ -172,17 +144,8 @@ class TesseraK:
     def where_gt(self, a, b):
         return self.op.where(a > b + 0.25, a, b * 0.5)
 
-    def sum(self, x, axis, keepdim):
-        return self.op.sum(x, axis=axis, keepdim=keepdim)
-
-    def mean(self, x, axis, keepdim):
-        return self.op.mean(x, axis=axis, keepdim=keepdim)
-
-    def max(self, x, axis, keepdim):
-        return self.op.max(x, axis=axis, keepdim=keepdim)
-
-    def min(self, x, axis, keepdim):
-        return self.op.min(x, axis=axis, keepdim=keepdim)
+    def reduce(self, name, x, axis, keepdim):
+        return getattr(self.op, name)(x, axis=axis, keepdim=keepdim)
 
     def softmax(self, x, axis):
         return self.op.softmax(x, axis=axis)
@@ -254,7 +217,7 @@ class _Gen:
             self.smooth &= f in ("sum", "mean")
             out = tuple(1 if k == axis else d for k, d in enumerate(shape)) if keep else \
                 tuple(d for k, d in enumerate(shape) if k != axis)
-            return self.emit(f"K.{f}({name}, {axis}, {keep})", out)
+            return self.emit(f"K.reduce({f!r}, {name}, {axis}, {keep})", out)
         if kind == "softmax" and rank and shape[-1] > 0:
             return self.emit(f"K.softmax({name}, -1)", shape)
         if kind == "matmul" and rank >= 1:
