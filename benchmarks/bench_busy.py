@@ -121,8 +121,12 @@ def main(argv=None) -> int:
         for p in procs:
             p.kill()
             p.wait()
-    print(f"warm calls with {BURNERS} CPU-bound processes on {os.cpu_count()} cores "
-          f"({platform.processor() or platform.machine()}):")
+    from tessera.runtime import isa
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.machine()) \
+        if os.path.exists("/proc/cpuinfo") else platform.machine()
+    where = f"{cpu}, {isa.host_level()}"
+    print(f"warm calls with {BURNERS} CPU-bound processes on {os.cpu_count()} cores ({where}):")
     print(f"{'program':8} {'configuration':15} {'median ms':>10} {'p90 ms':>9} {'/ 1 thread':>11}")
     out = []
     for (program, which), r in rows.items():
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     path = Path(a.json) if a.json else RESULTS / f"{time.strftime('%Y-%m-%d')}-busy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"burners": BURNERS, "cores": os.cpu_count(),
-                                "machine": platform.processor() or platform.machine(),
+                                "machine": where,
                                 "rows": out}, indent=1) + "\n")
     print(f"written to {path}")
     return 0
