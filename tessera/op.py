@@ -50,7 +50,8 @@ def _make(name):
 
 for _name in _ops.REGISTRY:      # (control flow is tessera.fori_loop & co, tessera/control.py)
     if _name not in ("layernorm", "rmsnorm", "attention", "cast", "matmul",
-                     "round_stochastic", "softplus", "tile_program") + _ops.regions.REGION_OPS + \
+                     "round_stochastic", "softplus", "tile_program", "conv",
+                     "conv_transpose") + _ops.regions.REGION_OPS + \
             _ops.host.HOST_OPS:
         globals()[_name] = _make(_name)
 
@@ -61,6 +62,8 @@ _cast = _make("cast")
 _matmul = _make("matmul")
 _round_stochastic = _make("round_stochastic")
 _softplus = _make("softplus")
+_conv = _make("conv")
+_conv_transpose = _make("conv_transpose")
 
 
 def cast(x, dtype, saturate=False):
@@ -121,6 +124,30 @@ def rmsnorm(x, weight=None, eps=1e-6, axis=-1):
     """x / sqrt(mean(x*x) + eps) over ``axis``, then ``* weight`` when given."""
     y = _rmsnorm(x, axis=axis, eps=eps)
     return y if weight is None else _apply("mul", y, weight)
+
+
+def _channel_bias(y, bias):
+    """y [N, O, *spatial] plus a per-channel bias [O]."""
+    if bias is None:
+        return y
+    return y + reshape(bias, (-1,) + (1,) * (len(_shape_of(y)) - 2))
+
+
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """PyTorch's conv1d/conv2d/conv3d (a cross-correlation): x [N, C, *spatial], weight
+    [O, C/groups, *kernel], bias [O] or None; padding an int, one per axis, (before, after)
+    pairs, "same" (stride 1) or "valid". See tessera/ops/conv.py."""
+    return _channel_bias(_conv(x, weight, stride=stride, padding=padding, dilation=dilation,
+                               groups=groups), bias)
+
+
+def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1,
+                   groups=1):
+    """PyTorch's conv_transpose1d/2d/3d: x [N, C, *spatial], weight [C, O/groups, *kernel]:
+    the data gradient of the convolution with the same attributes."""
+    return _channel_bias(_conv_transpose(x, weight, stride=stride, padding=padding,
+                                         output_padding=output_padding, dilation=dilation,
+                                         groups=groups), bias)
 
 
 def clamp(x, min=None, max=None):

@@ -1,0 +1,508 @@
+"""Convolutions, padding and pooling over 1, 2 or 3 spatial dimensions.
+
+Layout: channels first, as PyTorch and ONNX store them: an input is [N, C, *spatial], a
+convolution's weight [O, C / groups, *kernel] and a transposed convolution's [C, O / groups,
+*kernel]; a channels-last tensor is permuted first (`op.permute(x, 0, 3, 1, 2)`). Padding is a
+pair (before, after) per spatial axis after normalisation ("same" and "valid" as PyTorch means
+them).
+
+Until the convolution strategy lands they decompose into operators the compiler has: the padded
+input's windows, one strided slice per kernel offset, stacked (im2col) and multiplied with the
+weight as one batched matmul per group; a pool reduces the stacked windows. Each has its own
+adjoint: a convolution's data gradient is the transposed convolution and its weight gradient a
+matmul of the windows with the cotangent; a pool's gradient goes back to its windows (col2im:
+each offset's slice adjoint).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..errors import ArgumentError, DTypeError, ShapeError, SymbolicValueError
+from ..shapes import Sym, prod
+from ..types import TensorType
+from .registry import OpDef, flip, register, zeros
+
+
+# ---- attributes ---------------------------------------------------------------------------------
+def _spatial(t, what: str) -> int:
+    n = t.rank - 2
+    if n not in (1, 2, 3):
+        raise ShapeError(f"{what} takes [N, C, *spatial] with 1, 2 or 3 spatial axes",
+                         expected="rank 3, 4 or 5", received=str(t))
+    for d in t.shape[1:]:
+        if isinstance(d, Sym):
+            raise SymbolicValueError(f"{what} needs concrete channel and spatial sizes (the "
+                                     "batch may be symbolic)", received=str(t),
+                                     hint="leave these sizes unannotated, or give numbers")
+    return n
+
+
+def _ints(v, n: int, name: str, least: int = 1) -> list:
+    vals = [v] * n if isinstance(v, (int, np.integer)) else list(v)
+    if len(vals) != n or not all(isinstance(x, (int, np.integer)) for x in vals):
+        raise ArgumentError(f"{name} is an int or {n} ints (one per spatial axis)",
+                            received=repr(v))
+    if any(x < least for x in vals):
+        raise ArgumentError(f"{name} must be at least {least}", received=repr(v))
+    return [int(x) for x in vals]
+
+
+def _pairs(p, n: int, name: str = "padding") -> list:
+    """Padding as [before, after] per spatial axis, from an int, n ints or n pairs."""
+    if isinstance(p, (int, np.integer)):
+        p = [p] * n
+    p = list(p)
+    if len(p) != n:
+        raise ArgumentError(f"{name} is an int, {n} ints or {n} (before, after) pairs",
+                            received=repr(p))
+    out = [[int(x), int(x)] if isinstance(x, (int, np.integer)) else [int(y) for y in x]
+           for x in p]
+    if any(len(x) != 2 for x in out):
+        raise ArgumentError(f"{name} is an int, {n} ints or {n} (before, after) pairs",
+                            received=repr(p))
+    return out
+
+
+def _conv_padding(p, n, kernel, dilation, stride) -> list:
+    if isinstance(p, str):
+        if p == "valid":
+            return [[0, 0]] * n
+        if p != "same":
+            raise ArgumentError(f"padding {p!r}: a number, pairs, 'same' or 'valid'")
+        if any(s != 1 for s in stride):
+            raise ArgumentError("padding='same' needs stride 1 (as in PyTorch)",
+                                received=f"stride {stride}",
+                                hint="give the pads as pairs for a strided convolution")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        return [[t // 2, t - t // 2] for t in total]
+    pads = _pairs(p, n)
+    if any(x < 0 for pair in pads for x in pair):
+        raise ArgumentError("a convolution's padding is not negative", received=repr(p))
+    return pads
+
+
+def _out_size(size, before, after, k, stride, dilation, ceil=False) -> int:
+    span = size + before + after - dilation * (k - 1) - 1
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (out - 1) * stride >= size + before:
+        out -= 1                        # (PyTorch: the last window starts inside)
+    return out
+
+
+def _float_operands(ds, what):
+    d = dt.result_type(*ds)
+    if not d.is_float:
+        raise DTypeError(f"{what} takes float tensors", received=d.short,
+                         hint="cast to float32 first")
+    d = dt.float32 if d.is_fp8 else d
+    return [d] * len(ds), d
+
+
+# ---- pad ----------------------------------------------------------------------------------------
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "circular": "wrap"}
+
+
+def _pad_normalize(ts, a):
+    t = ts[0]
+    pads = a["pads"]
+    if isinstance(pads, (int, np.integer)):
+        pads = [[int(pads), int(pads)]] * t.rank
+    pads = [list(p) if isinstance(p, (list, tuple)) else [p, p] for p in pads]
+    if len(pads) != t.rank or any(len(p) != 2 or not all(isinstance(x, (int, np.integer))
+                                                         for x in p) for p in pads):
+        raise ArgumentError(f"pads is an int or {t.rank} (before, after) pairs, one per axis",
+                            received=repr(a["pads"]))
+    if a["mode"] not in PAD_MODES:
+        raise ArgumentError(f"pad mode {a['mode']!r}", expected=", ".join(PAD_MODES))
+    return {"pads": [[int(x) for x in p] for p in pads], "mode": a["mode"],
+            "value": float(a["value"])}
+
+
+def _pad_infer(ts, a):
+    t = ts[0]
+    shape = []
+    for k, (d, (lo, hi)) in enumerate(zip(t.shape, a["pads"])):
+        if lo == hi == 0:
+            shape.append(d)
+            continue
+        if isinstance(d, Sym):
+            raise SymbolicValueError(f"pad along axis {k} needs its size", received=str(t))
+        inner = d + min(lo, 0) + min(hi, 0)
+        if inner < 0 or (a["mode"] != "constant" and inner == 0 and (lo > 0 or hi > 0)):
+            raise ShapeError(f"pad: axis {k} of size {d} has nothing left to pad from",
+                             received=str(t))
+        if a["mode"] == "reflect" and max(lo, hi) > inner - 1:
+            raise ShapeError(f"reflect padding of {max(lo, hi)} along axis {k} needs more than "
+                             f"{max(lo, hi)} elements, not {inner}", received=str(t))
+        if a["mode"] == "circular" and max(lo, hi) > inner:
+            raise ShapeError(f"circular padding of {max(lo, hi)} along axis {k} wraps past its "
+                             f"{inner} elements", received=str(t))
+        shape.append(d + lo + hi)
+    return t.with_shape(tuple(shape))
+
+
+def _pad_ref(xs, a):
+    x = xs[0]
+    crop = tuple(slice(max(0, -lo), x.shape[k] - max(0, -hi))
+                 for k, (lo, hi) in enumerate(a["pads"]))
+    x = x[crop]
+    width = [(max(lo, 0), max(hi, 0)) for lo, hi in a["pads"]]
+    if a["mode"] == "constant":
+        return np.pad(x, width, mode="constant", constant_values=a["value"])
+    return np.pad(x, width, mode=PAD_MODES[a["mode"]])
+
+
+def _axis_slice(b, x, axis, start, stop, step=1):
+    rank = len(x.shape)
+    return b.op("slice", x, starts=[start if k == axis else None for k in range(rank)],
+                stops=[stop if k == axis else None for k in range(rank)],
+                steps=[step if k == axis else 1 for k in range(rank)])
+
+
+def _resized(shape, axis, n):
+    return [n if k == axis else d for k, d in enumerate(shape)]
+
+
+def _pad_decompose(b, xs, a):
+    x = xs[0]
+    for axis, (lo, hi) in enumerate(a["pads"]):
+        if lo < 0 or hi < 0:                                # negative pads crop
+            n = b.type(x).shape[axis]
+            x = _axis_slice(b, x, axis, max(0, -lo), n - max(0, -hi))
+        lo, hi = max(lo, 0), max(hi, 0)
+        if lo == hi == 0:
+            continue
+        n = b.type(x).shape[axis]
+        shape = list(b.type(x).shape)
+        mode = a["mode"]
+        if mode == "constant":
+            before = b.op("broadcast_to", b.const_like(a["value"], x),
+                          shape=_resized(shape, axis, lo)) if lo else None
+            after = b.op("broadcast_to", b.const_like(a["value"], x),
+                         shape=_resized(shape, axis, hi)) if hi else None
+        elif mode == "edge":
+            before = b.op("broadcast_to", _axis_slice(b, x, axis, 0, 1),
+                          shape=_resized(shape, axis, lo)) if lo else None
+            after = b.op("broadcast_to", _axis_slice(b, x, axis, n - 1, n),
+                         shape=_resized(shape, axis, hi)) if hi else None
+        elif mode == "reflect":                          # x[lo], ..., x[1] | x | x[n-2], ...
+            before = _axis_slice(b, x, axis, lo, 0, -1) if lo else None
+            after = _axis_slice(b, x, axis, n - 2, n - 2 - hi if hi < n - 1 else None,
+                                -1) if hi else None
+        else:                                            # circular: the other end's elements
+            before = _axis_slice(b, x, axis, n - lo, n) if lo else None
+            after = _axis_slice(b, x, axis, 0, hi) if hi else None
+        x = b.op("concat", [p for p in (before, x, after) if p is not None], axis=axis)
+    return x
+
+
+def _place(b, piece, axis, start, n):
+    """``piece`` set at ``start`` along ``axis`` of zeros of size n (a slice's adjoint)."""
+    shape = list(piece.shape)
+    parts = []
+    if start:
+        parts.append(zeros(b, piece, _resized(shape, axis, start)))
+    parts.append(piece)
+    rest = n - start - shape[axis]
+    if rest:
+        parts.append(zeros(b, piece, _resized(shape, axis, rest)))
+    return parts[0] if len(parts) == 1 else b.op("concat", parts, axis=axis)
+
+
+def _pad_vjp(b, xs, y, g, a):
+    """Each axis in turn, last first: the inner cotangent, plus (reflect, edge, circular) the
+    padding's cotangents added where they were read from; then a crop's zeros put back."""
+    shapes = [list(xs[0].shape)]
+    for axis, (lo, hi) in enumerate(a["pads"]):       # the shape after each axis is padded
+        s = list(shapes[-1])
+        s[axis] = s[axis] + lo + hi
+        shapes.append(s)
+    for axis in reversed(range(len(a["pads"]))):
+        lo, hi = a["pads"][axis]
+        if lo == hi == 0:
+            continue
+        n0 = shapes[axis][axis]                        # this axis' size before padding
+        cl, ch = max(0, -lo), max(0, -hi)
+        n = n0 - cl - ch                               # after the crop
+        lo, hi = max(lo, 0), max(hi, 0)
+        inner = _axis_slice(b, g, axis, lo, lo + n)
+        if a["mode"] == "reflect":
+            if lo:
+                inner = b.op("add", inner, _place(b, flip(b, _axis_slice(b, g, axis, 0, lo),
+                                                          axis), axis, 1, n))
+            if hi:
+                tail = flip(b, _axis_slice(b, g, axis, lo + n, lo + n + hi), axis)
+                inner = b.op("add", inner, _place(b, tail, axis, n - 1 - hi, n))
+        elif a["mode"] == "edge":
+            if lo:
+                first = b.op("sum", _axis_slice(b, g, axis, 0, lo), axis=[axis], keepdim=True)
+                inner = b.op("add", inner, _place(b, first, axis, 0, n))
+            if hi:
+                last = b.op("sum", _axis_slice(b, g, axis, lo + n, lo + n + hi), axis=[axis],
+                            keepdim=True)
+                inner = b.op("add", inner, _place(b, last, axis, n - 1, n))
+        elif a["mode"] == "circular":
+            if lo:
+                inner = b.op("add", inner, _place(b, _axis_slice(b, g, axis, 0, lo), axis,
+                                                  n - lo, n))
+            if hi:
+                inner = b.op("add", inner, _place(b, _axis_slice(b, g, axis, lo + n,
+                                                                 lo + n + hi), axis, 0, n))
+        g = _place(b, inner, axis, cl, n0) if cl or ch else inner
+    return [g]
+
+
+register(OpDef("pad", 1, {"pads": 0, "mode": "constant", "value": 0.0},
+               normalize=_pad_normalize, infer=_pad_infer, reference=_pad_ref,
+               decompose=_pad_decompose, vjp=_pad_vjp,
+               doc="pad every axis by (before, after): constant (value), reflect (without the "
+                   "edge), edge, or circular; a negative pad crops"))
+
+
+# ---- convolution --------------------------------------------------------------------------------
+def _conv_normalize(ts, a):
+    x, w = ts[0], ts[1]
+    n = _spatial(x, "conv")
+    if w.rank != n + 2:
+        raise ShapeError(f"a {n}-d convolution's weight is [O, C / groups, *kernel] of rank "
+                         f"{n + 2}", received=f"{x} and weight {w}")
+    stride, dilation = _ints(a["stride"], n, "stride"), _ints(a["dilation"], n, "dilation")
+    groups = a["groups"]
+    if not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ArgumentError("groups is a positive int", received=repr(groups))
+    out = {**a, "stride": stride, "dilation": dilation, "groups": int(groups),
+           "padding": _conv_padding(a["padding"], n, list(w.shape[2:]), dilation, stride)}
+    if "output_padding" in a:
+        out["output_padding"] = _ints(a["output_padding"], n, "output_padding", least=0)
+    return out
+
+
+def _conv_infer(ts, a):
+    x, w = ts
+    _float_operands([x.dtype, w.dtype], "conv")
+    _spatial(w, "conv's weight")
+    n, g = x.rank - 2, a["groups"]
+    C, O = x.shape[1], w.shape[0]
+    if C % g or O % g:
+        raise ShapeError(f"conv's groups ({g}) must divide its {C} input and {O} output "
+                         "channels", received=f"{x} and weight {w}")
+    if w.shape[1] != C // g:
+        raise ShapeError(f"conv's weight has {w.shape[1]} input channels per group where "
+                         f"the input's {C} channels in {g} group(s) give {C // g}",
+                         expected=f"weight [{O}, {C // g}, *kernel]", received=str(w))
+    spatial = []
+    for k in range(n):
+        (lo, hi), kk = a["padding"][k], w.shape[2 + k]
+        size = _out_size(x.shape[2 + k], lo, hi, kk, a["stride"][k], a["dilation"][k])
+        if size < 1:
+            raise ShapeError(f"conv's kernel ({kk}, dilation {a['dilation'][k]}) is larger "
+                             f"than the padded input along spatial axis {k} "
+                             f"({x.shape[2 + k]} + {lo + hi})", received=f"{x} and weight {w}")
+        spatial.append(size)
+    d = _float_operands([x.dtype, w.dtype], "conv")[1]
+    return TensorType(d, (x.shape[0], O, *spatial))
+
+
+def _windows(b, x, kernel, a, out_spatial, fill=0.0):
+    """The padded input's windows: [N, C, prod(kernel), *out_spatial], one strided slice per
+    kernel offset (im2col), padding filled with ``fill``."""
+    n = len(kernel)
+    pads = [[0, 0], [0, 0]] + [list(p) for p in a["padding"]]
+    xp = b.op("pad", x, pads=pads, mode="constant", value=fill) \
+        if any(any(p) for p in pads) else x
+    cols = []
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        starts = [None, None] + [o * d for o, d in zip(offset, a["dilation"])]
+        stops = [None, None] + [o * d + (m - 1) * s + 1 for o, d, m, s in
+                                zip(offset, a["dilation"], out_spatial, a["stride"])]
+        sl = b.op("slice", xp, starts=starts, stops=stops, steps=[1, 1] + list(a["stride"]))
+        cols.append(b.op("expand_dims", sl, axis=2))
+    return cols[0] if len(cols) == 1 else b.op("concat", cols, axis=2), n
+
+
+def _grouped_windows(b, x, kernel, a, out_spatial):
+    """[N, groups, C / groups * prod(kernel), prod(out_spatial)]."""
+    cols, _ = _windows(b, x, kernel, a, out_spatial)
+    N, C = b.type(x).shape[:2]
+    g = a["groups"]
+    return b.op("reshape", cols, shape=[N, g, C // g * prod(kernel), prod(out_spatial)])
+
+
+def _conv_decompose(b, xs, a):
+    x, w = xs
+    t = b.type(w)
+    O, kernel = t.shape[0], list(t.shape[2:])
+    out = _conv_infer([b.type(x), t], a)
+    spatial = list(out.shape[2:])
+    cols = _grouped_windows(b, x, kernel, a, spatial)
+    g = a["groups"]
+    wm = b.op("reshape", w, shape=[g, O // g, t.shape[1] * prod(kernel)])
+    y = b.op("matmul", wm, cols)                        # [N, g, O / g, P]
+    return b.op("reshape", y, shape=[out.shape[0], O, *spatial])
+
+
+def _weight_grad(b, x, g, a, kernel):
+    """d/dw of conv(x, w) with cotangent g: [O, C / groups, *kernel] (also the weight gradient
+    of a transposed convolution, with x its cotangent and g its input)."""
+    go = b.type(g)
+    N, O, spatial = go.shape[0], go.shape[1], list(go.shape[2:])
+    G = a["groups"]
+    cols = _grouped_windows(b, x, kernel, a, spatial)  # [N, G, Cg K, P]
+    gm = b.op("reshape", g, shape=[N, G, O // G, prod(spatial)])
+    dw = b.op("sum", b.op("matmul", gm, b.op("transpose", cols)), axis=[0], keepdim=False)
+    C = b.type(x).shape[1]
+    return b.op("reshape", dw, shape=[O, C // G, *kernel])
+
+
+def _conv_vjp(b, xs, y, g, a):
+    x, w = xs
+    kernel = list(w.shape[2:])
+    extra = []
+    for k in range(len(kernel)):
+        lo, hi = a["padding"][k]
+        made = (y.shape[2 + k] - 1) * a["stride"][k] - lo - hi + \
+            a["dilation"][k] * (kernel[k] - 1) + 1
+        extra.append(x.shape[2 + k] - made)             # the rows the strides skipped
+    dx = b.op("conv_transpose", g, w, stride=a["stride"], padding=a["padding"],
+              output_padding=extra, dilation=a["dilation"], groups=a["groups"])
+    return [dx, _weight_grad(b, x, g, a, kernel)]
+
+
+def _conv_ref(xs, a):
+    x, w = (v.astype(np.float64) for v in xs)
+    N, C = x.shape[:2]
+    O, Cg, kernel = w.shape[0], w.shape[1], w.shape[2:]
+    G = a["groups"]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in a["padding"]])
+    spatial = [_out_size(x.shape[2 + k], *a["padding"][k], kernel[k], a["stride"][k],
+                         a["dilation"][k]) for k in range(len(kernel))]
+    out = np.zeros((N, G, O // G, *spatial))
+    xg = xp.reshape(N, G, Cg, *xp.shape[2:])
+    wg = w.reshape(G, O // G, Cg, *kernel)
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
+                    zip(offset, a["dilation"], spatial, a["stride"]))
+        win = xg[(slice(None),) * 3 + idx]                        # [N, G, Cg, *spatial]
+        out += np.einsum("ngc...,goc->ngo...", win, wg[(Ellipsis,) + tuple(offset)])
+    return out.reshape(N, O, *spatial).astype(np.result_type(*xs))
+
+
+register(OpDef("conv", 2, {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
+               normalize=_conv_normalize, infer=_conv_infer, reference=_conv_ref,
+               dtype_rule=lambda ds, a: _float_operands(ds, "conv"),
+               decompose=_conv_decompose, vjp=_conv_vjp, accumulates=True,
+               doc="cross-correlation of x [N, C, *spatial] with w [O, C/groups, *kernel] "
+                   "(PyTorch's conv1d/2d/3d): stride, padding (ints, pairs, 'same', 'valid'), "
+                   "dilation, groups"))
+
+
+# ---- transposed convolution ----------------------------------------------------------------------
+def _conv_t_infer(ts, a):
+    y, w = ts
+    _spatial(w, "conv_transpose's weight")
+    n, g = y.rank - 2, a["groups"]
+    C = y.shape[1]
+    if C % g or w.shape[0] != C:
+        raise ShapeError(f"conv_transpose's weight is [C, O / groups, *kernel] with C = the "
+                         f"input's {C} channels, divisible by groups ({g})",
+                         received=f"{y} and weight {w}")
+    spatial = []
+    for k in range(n):
+        (lo, hi), kk = a["padding"][k], w.shape[2 + k]
+        if a["output_padding"][k] >= max(a["stride"][k], a["dilation"][k]):
+            raise ShapeError(f"output_padding ({a['output_padding'][k]}) must be smaller than "
+                             f"the stride or the dilation along spatial axis {k}",
+                             received=str(a["output_padding"]))
+        size = (y.shape[2 + k] - 1) * a["stride"][k] - lo - hi + \
+            a["dilation"][k] * (kk - 1) + a["output_padding"][k] + 1
+        if size < 1:
+            raise ShapeError(f"conv_transpose's padding leaves no output along spatial axis {k}",
+                             received=f"{y} and weight {w}")
+        spatial.append(size)
+    d = _float_operands([y.dtype, w.dtype], "conv_transpose")[1]
+    return TensorType(d, (y.shape[0], w.shape[1] * g, *spatial))
+
+
+def _dilated(b, y, stride):
+    """y with stride - 1 zeros between neighbours along each spatial axis."""
+    for k, s in enumerate(stride):
+        if s == 1:
+            continue
+        axis = 2 + k
+        shape = list(b.type(y).shape)
+        n = shape[axis]
+        wide = b.op("expand_dims", y, axis=axis + 1)
+        gaps = zeros(b, wide, _resized(list(b.type(wide).shape), axis + 1, s - 1))
+        y = b.op("reshape", b.op("concat", [wide, gaps], axis=axis + 1),
+                 shape=_resized(shape, axis, n * s))
+        y = _axis_slice(b, y, axis, 0, (n - 1) * s + 1)
+    return y
+
+
+def _swapped(b, w, groups):
+    """A transposed convolution's weight [C, O/g, *K] as the convolution's [O, C/g, *K] that
+    computes it, its kernel flipped."""
+    t = b.type(w)
+    C, Og, kernel = t.shape[0], t.shape[1], list(t.shape[2:])
+    v = b.op("reshape", w, shape=[groups, C // groups, Og, *kernel])
+    perm = [0, 2, 1] + list(range(3, 3 + len(kernel)))
+    v = b.op("reshape", b.op("transpose", v, perm=perm), shape=[Og * groups, C // groups, *kernel])
+    for k in range(len(kernel)):
+        v = flip(b, v, 2 + k)
+    return v
+
+
+def _conv_t_decompose(b, xs, a):
+    y, w = xs
+    kernel = list(b.type(w).shape[2:])
+    pads = [[d * (k - 1) - lo, d * (k - 1) - hi + op] for (lo, hi), k, d, op in
+            zip(a["padding"], kernel, a["dilation"], a["output_padding"])]
+    z = _dilated(b, y, a["stride"])
+    if any(p < 0 for pair in pads for p in pair):       # a padding wider than the kernel: crop
+        z = b.op("pad", z, pads=[[0, 0], [0, 0]] + [[min(lo, 0), min(hi, 0)] for lo, hi in pads])
+        pads = [[max(lo, 0), max(hi, 0)] for lo, hi in pads]
+    return b.op("conv", z, _swapped(b, w, a["groups"]), stride=1, padding=pads,
+                dilation=a["dilation"], groups=a["groups"])
+
+
+def _conv_t_vjp(b, xs, y, g, a):
+    x, w = xs
+    conv_attrs = {k: a[k] for k in ("stride", "padding", "dilation", "groups")}
+    dx = b.op("conv", g, w, **conv_attrs)
+    return [dx, _weight_grad(b, g, x, conv_attrs, list(w.shape[2:]))]
+
+
+def _conv_t_ref(xs, a):
+    y, w = (v.astype(np.float64) for v in xs)
+    N, C = y.shape[:2]
+    G = a["groups"]
+    Og, kernel = w.shape[1], w.shape[2:]
+    spatial = _conv_t_infer([TensorType(dt.float64, y.shape), TensorType(dt.float64, w.shape)],
+                            a).shape[2:]
+    full = [(y.shape[2 + k] - 1) * a["stride"][k] + a["dilation"][k] * (kernel[k] - 1) + 1 +
+            a["output_padding"][k] for k in range(len(kernel))]
+    out = np.zeros((N, G, Og, *full))
+    yg = y.reshape(N, G, C // G, *y.shape[2:])
+    wg = w.reshape(G, C // G, Og, *kernel)
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
+                    zip(offset, a["dilation"], y.shape[2:], a["stride"]))
+        out[(slice(None),) * 3 + idx] += np.einsum("ngc...,gco->ngo...", yg,
+                                                   wg[(Ellipsis,) + tuple(offset)])
+    crop = tuple(slice(lo, lo + m) for (lo, _), m in zip(a["padding"], spatial))
+    return out[(slice(None),) * 3 + crop].reshape(N, G * Og, *spatial) \
+        .astype(np.result_type(*xs))
+
+
+register(OpDef("conv_transpose", 2, {"stride": 1, "padding": 0, "output_padding": 0,
+                                     "dilation": 1, "groups": 1},
+               normalize=_conv_normalize, infer=_conv_t_infer, reference=_conv_t_ref,
+               dtype_rule=lambda ds, a: _float_operands(ds, "conv_transpose"),
+               decompose=_conv_t_decompose, vjp=_conv_t_vjp, accumulates=True,
+               doc="the transposed convolution of x [N, C, *spatial] with w [C, O/groups, "
+                   "*kernel] (PyTorch's conv_transpose1d/2d/3d: a convolution's data "
+                   "gradient); output_padding adds rows at the end"))

@@ -1,0 +1,171 @@
+"""Convolutions, transposed convolutions and padding against PyTorch's (values and gradients,
+on fresh random inputs over 1, 2 and 3 spatial axes, strides, dilations, paddings and groups),
+np.pad, the interpreter, and clear errors for bad shapes."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+torch = pytest.importorskip("torch", reason="PyTorch's convolutions are the reference")
+F = torch.nn.functional
+
+CONV = [  # (input shape, weight shape, attributes)
+    ((2, 3, 11), (4, 3, 3), {}),
+    ((1, 4, 13), (6, 2, 4), {"stride": 3, "padding": 2, "groups": 2}),
+    ((2, 4, 9, 8), (6, 4, 3, 2), {"padding": 1}),
+    ((2, 4, 9, 8), (6, 2, 3, 3), {"stride": (2, 1), "dilation": (1, 2), "padding": (1, 2),
+                                  "groups": 2}),
+    ((1, 6, 7, 7), (6, 1, 3, 3), {"padding": "same", "groups": 6}),         # depthwise
+    ((2, 3, 8, 9), (5, 3, 1, 1), {}),                                     # 1x1
+    ((1, 2, 12, 10), (3, 2, 5, 3), {"stride": 2, "dilation": 2, "padding": "valid"}),
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"stride": (1, 2, 1), "padding": 1}),
+]
+
+
+def _torch_conv(n):
+    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[n]
+
+
+def _torch_conv_t(n):
+    return {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[n]
+
+
+def _case(rng, xs, ws, dtype=np.float64):
+    return (rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype))
+
+
+@pytest.mark.parametrize("k", range(len(CONV)))
+def test_conv_is_pytorchs_with_its_gradients(k, rng):
+    xs, ws, attrs = CONV[k]
+    x, w = _case(rng, xs, ws)
+    n = len(xs) - 2
+    tx, tw = (torch.from_numpy(a).requires_grad_() for a in (x, w))
+    want = _torch_conv(n)(tx, tw, **attrs)
+    g = rng.standard_normal(tuple(want.shape))
+    want.backward(torch.from_numpy(g))
+    f = ts.function(lambda x, w: op.conv(x, w, **attrs))
+    np.testing.assert_allclose(f(x, w), want.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(op.conv(x, w, **attrs), want.detach().numpy(), rtol=1e-10,
+                               atol=1e-10)                                 # eager: reference
+    dx, dw = ts.grad(lambda x, w, g: op.sum(op.conv(x, w, **attrs) * g), argnums=(0, 1))(x, w, g)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("k", range(len(CONV)))
+def test_conv_in_float32_and_bfloat16(k, rng):
+    xs, ws, attrs = CONV[k]
+    x, w = _case(rng, xs, ws, np.float32)
+    want = _torch_conv(len(xs) - 2)(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                    **attrs).numpy()
+    got = ts.function(lambda x, w: op.conv(x, w, **attrs))(x, w)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes")
+    xb, wb = x.astype(ml_dtypes.bfloat16), w.astype(ml_dtypes.bfloat16)
+    gotb = ts.function(lambda x, w: op.conv(x, w, **attrs))(xb, wb)
+    wantb = _torch_conv(len(xs) - 2)(torch.from_numpy(xb.astype(np.float64)),
+                                     torch.from_numpy(wb.astype(np.float64)), **attrs).numpy()
+    assert gotb.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(gotb.astype(np.float64), wantb, rtol=2 ** -7,
+                               atol=2 ** -7 * np.abs(wantb).max())
+
+
+CONV_T = [  # (input shape, weight shape, attributes)
+    ((2, 3, 7), (3, 4, 3), {}),
+    ((1, 4, 5), (4, 3, 4), {"stride": 3, "padding": 1, "output_padding": 2, "groups": 2}),
+    ((2, 4, 5, 4), (4, 2, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ((1, 4, 6, 5), (4, 3, 2, 3), {"stride": (2, 3), "dilation": (2, 1), "padding": (0, 2),
+                                  "groups": 2}),
+    ((1, 2, 3, 4, 3), (2, 2, 2, 2, 3), {"stride": 2}),
+]
+
+
+@pytest.mark.parametrize("k", range(len(CONV_T)))
+def test_conv_transpose_is_pytorchs_with_its_gradients(k, rng):
+    ys, ws, attrs = CONV_T[k]
+    y, w = _case(rng, ys, ws)
+    n = len(ys) - 2
+    ty, tw = (torch.from_numpy(a).requires_grad_() for a in (y, w))
+    want = _torch_conv_t(n)(ty, tw, **attrs)
+    g = rng.standard_normal(tuple(want.shape))
+    want.backward(torch.from_numpy(g))
+    f = ts.function(lambda y, w: op.conv_transpose(y, w, **attrs))
+    np.testing.assert_allclose(f(y, w), want.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(op.conv_transpose(y, w, **attrs), want.detach().numpy(),
+                               rtol=1e-10, atol=1e-10)
+    dy, dw = ts.grad(lambda y, w, g: op.sum(op.conv_transpose(y, w, **attrs) * g),
+                     argnums=(0, 1))(y, w, g)
+    np.testing.assert_allclose(dy, ty.grad.numpy(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
+def test_second_derivatives_of_a_convolution(rng):
+    """grad of grad (the transposed convolution's own adjoints): against PyTorch's."""
+    x, w = _case(rng, (1, 2, 7, 6), (3, 2, 3, 3))
+    attrs = {"stride": 2, "padding": 1}
+    tx, tw = (torch.from_numpy(a).requires_grad_() for a in (x, w))
+    (gx,) = torch.autograd.grad((F.conv2d(tx, tw, **attrs) ** 2).sum(), tx, create_graph=True)
+    (hw,) = torch.autograd.grad(gx.sum(), tw)
+
+    def inner(x, w):
+        return op.sum(op.conv(x, w, **attrs) ** 2)
+    got = ts.grad(lambda x, w: op.sum(ts.grad(inner)(x, w)), argnums=1)(x, w)
+    np.testing.assert_allclose(got, hw.numpy(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "circular"])
+def test_pad_is_numpys_and_its_gradient_pytorchs(mode, rng):
+    x = rng.standard_normal((2, 5, 6))
+    pads = [[0, 0], [2, 3], [1, 0]] if mode != "circular" else [[0, 0], [2, 3], [1, 4]]
+    value = 1.5 if mode == "constant" else 0.0
+    f = ts.function(lambda x: op.pad(x, pads, mode=mode, value=value))
+    np_mode = {"circular": "wrap"}.get(mode, mode)
+    want = np.pad(x, pads, mode=np_mode, **({"constant_values": value}
+                                            if mode == "constant" else {}))
+    np.testing.assert_array_equal(f(x), want)
+    np.testing.assert_array_equal(op.pad(x, pads, mode=mode, value=value), want)
+    g = rng.standard_normal(want.shape)
+    tx = torch.from_numpy(x).requires_grad_()
+    torch_mode = {"edge": "replicate"}.get(mode, mode)
+    flat = [p for pair in reversed(pads[1:]) for p in pair]      # PyTorch: last axis first
+    tp = F.pad(tx.unsqueeze(0), flat, mode=torch_mode, value=value)[0] \
+        if mode != "constant" else F.pad(tx, flat, value=value)
+    tp.backward(torch.from_numpy(g))
+    got = ts.grad(lambda x, g: op.sum(op.pad(x, pads, mode=mode, value=value) * g))(x, g)
+    np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12)
+
+
+def test_negative_pads_crop_and_the_widest_reflection(rng):
+    x = rng.standard_normal((4, 6))
+    f = ts.function(lambda x: op.pad(x, [[-1, 2], [5, -2]], mode="reflect"))
+    cropped = x[1:, :4]
+    want = np.pad(cropped, [(0, 2), (3, 0)], mode="reflect")
+    got = ts.function(lambda x: op.pad(x, [[-1, 2], [3, -2]], mode="reflect"))(x)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ts.ShapeError, match="reflect padding of 5"):
+        f(x)
+    widest = ts.function(lambda x: op.pad(x, [[3, 3], [0, 0]], mode="reflect"))(x)
+    np.testing.assert_array_equal(widest, np.pad(x, [(3, 3), (0, 0)], mode="reflect"))
+
+
+BAD = [
+    (lambda x, w: op.conv(x, w[:, :2]), ts.ShapeError, "input channels per group"),
+    (lambda x, w: op.conv(x, w, groups=2), ts.ShapeError, "input channels per group"),
+    (lambda x, w: op.conv(x, w, groups=4), ts.ShapeError, "must divide"),
+    (lambda x, w: op.conv(x[:, :, :2, :2], w), ts.ShapeError, "larger than the padded input"),
+    (lambda x, w: op.conv(x, w, stride=-1), ts.ArgumentError, "stride must be at least 1"),
+    (lambda x, w: op.conv(x, w, stride=2, padding="same"), ts.ArgumentError, "needs stride 1"),
+    (lambda x, w: op.conv(x[0], w), ts.ShapeError, "weight is"),
+    (lambda x, w: op.conv(x.astype(np.int64), w.astype(np.int64)), ts.DTypeError, "float"),
+]
+
+
+@pytest.mark.parametrize("k", range(len(BAD)))
+def test_bad_convolutions_name_the_users_line(k, rng):
+    fn, err, text = BAD[k]
+    x, w = _case(rng, (1, 3, 5, 5), (6, 3, 3, 3), np.float32)
+    with pytest.raises(err, match=text) as e:
+        ts.function(fn)(x, w)
+    assert "test_conv.py:" in str(e.value)
