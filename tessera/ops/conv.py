@@ -506,3 +506,200 @@ register(OpDef("conv_transpose", 2, {"stride": 1, "padding": 0, "output_padding"
                doc="the transposed convolution of x [N, C, *spatial] with w [C, O/groups, "
                    "*kernel] (PyTorch's conv_transpose1d/2d/3d: a convolution's data "
                    "gradient); output_padding adds rows at the end"))
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+def _pool_normalize(ts, a):
+    t = ts[0]
+    n = _spatial(t, a.get("_op", "pool"))
+    kernel = _ints(a["kernel"], n, "kernel") if a["kernel"] is not None else None
+    if kernel is None:
+        raise ArgumentError("a pool needs its kernel size", hint="op.max_pool(x, kernel=2)")
+    stride = kernel if a["stride"] is None else _ints(a["stride"], n, "stride")
+    out = {**a, "kernel": kernel, "stride": stride, "ceil_mode": bool(a["ceil_mode"]),
+           "padding": _pairs(a["padding"], n)}
+    if any(p < 0 for pair in out["padding"] for p in pair):
+        raise ArgumentError("a pool's padding is not negative", received=repr(a["padding"]))
+    if "dilation" in a:
+        out["dilation"] = _ints(a["dilation"], n, "dilation")
+    if "count_include_pad" in a:
+        out["count_include_pad"] = bool(a["count_include_pad"])
+    return out
+
+
+def _dilations(a):
+    return a.get("dilation") or [1] * len(a["kernel"])
+
+
+def _pool_spatial(t, a, what="pool"):
+    """The output's spatial sizes (PyTorch's rules: a padding at most half the window, so
+    that every window holds an element of the input)."""
+    spatial = []
+    for k, (size, (lo, hi), kk, s, d) in enumerate(zip(t.shape[2:], a["padding"], a["kernel"],
+                                                       a["stride"], _dilations(a))):
+        if max(lo, hi) > (d * (kk - 1) + 1) // 2:
+            raise ShapeError(f"{what}: a padding of {max(lo, hi)} is more than half the "
+                             f"window ({d * (kk - 1) + 1}) along spatial axis {k}",
+                             received=f"padding {a['padding']}, kernel {a['kernel']}")
+        m = _out_size(size, lo, hi, kk, s, d, a["ceil_mode"])
+        if m < 1:
+            raise ShapeError(f"{what}'s kernel ({kk}) is larger than the padded input along "
+                             f"spatial axis {k} ({size} + {lo + hi})", received=str(t))
+        spatial.append(m)
+    return spatial
+
+
+def _pool_infer(what):
+    def infer(ts, a):
+        t = ts[0]
+        if not t.dtype.is_float:
+            raise DTypeError(f"{what} takes a float tensor", received=t.dtype.short)
+        return t.with_shape((*t.shape[:2], *_pool_spatial(t, a, what)))
+    return infer
+
+
+def _pool_attrs(a, spatial, size):
+    """The window attributes with the right padding grown where ceil mode adds a last,
+    partial window (it reads past the padded input: filled like the padding)."""
+    pads = []
+    for (lo, hi), m, k, s, d, n in zip(a["padding"], spatial, a["kernel"], a["stride"],
+                                        _dilations(a), size):
+        need = (m - 1) * s + d * (k - 1) + 1 - (n + lo)
+        pads.append([lo, max(hi, need)])
+    return {"padding": pads, "stride": a["stride"], "dilation": _dilations(a)}
+
+
+def _pool_windows(b, x, a, fill):
+    t = b.type(x)
+    spatial = _pool_spatial(t, a)
+    w = _pool_attrs(a, spatial, list(t.shape[2:]))
+    cols, _ = _windows(b, x, a["kernel"], w, spatial, fill=fill)
+    return cols, spatial, w
+
+
+def _max_pool_decompose(b, xs, a):
+    cols, _, _ = _pool_windows(b, xs[0], a, -math.inf)
+    return b.op("max", cols, axis=[2], keepdim=False)
+
+
+def _window_counts(a, size, spatial):
+    """Per output position, the number of elements its window averages: the window within
+    the padded input (count_include_pad), or within the input itself."""
+    counts = []
+    for (lo, hi), m, k, s, n in zip(a["padding"], spatial, a["kernel"], a["stride"], size):
+        start = np.arange(m) * s - lo
+        end = np.minimum(start + k, n + hi)
+        if not a["count_include_pad"]:
+            start, end = np.maximum(start, 0), np.minimum(end, n)
+        counts.append(end - start)
+    return _outer(counts)
+
+
+def _outer(vectors):
+    out = np.ones([len(v) for v in vectors])
+    for k, v in enumerate(vectors):
+        out = out * v.reshape([-1 if j == k else 1 for j in range(len(vectors))])
+    return out
+
+
+def _avg_pool_decompose(b, xs, a):
+    x = xs[0]
+    cols, spatial, _ = _pool_windows(b, x, a, 0.0)
+    total = b.op("sum", cols, axis=[2], keepdim=False)
+    counts = _window_counts(a, list(b.type(x).shape[2:]), spatial)
+    return b.op("div", total, b.const(counts.astype(b.type(x).dtype.compute.np), None))
+
+
+def _col2im(b, x, cols_grad, a, w_attrs, spatial):
+    """The adjoint of `_windows`: each kernel offset's slice of the windows' cotangent
+    [N, C, K, *spatial] put back where it was read, summed, the padding cut off."""
+    t = x.type
+    pads = [[0, 0], [0, 0]] + [list(p) for p in w_attrs["padding"]]
+    padded = [d + lo + hi for d, (lo, hi) in zip(t.shape, pads)]
+    total = None
+    for j, offset in enumerate(itertools.product(*[range(k) for k in a["kernel"]])):
+        piece = b.op("squeeze", _axis_slice(b, cols_grad, 2, j, j + 1), axis=[2])
+        for k, (o, d, s, m) in enumerate(zip(offset, w_attrs["dilation"], w_attrs["stride"],
+                                            spatial)):
+            piece = _strided_place(b, piece, 2 + k, o * d, s, m, padded[2 + k])
+        total = piece if total is None else b.op("add", total, piece)
+    crop = [[-lo, -hi] for lo, hi in pads]
+    return b.op("pad", total, pads=crop) if any(any(p) for p in pads) else total
+
+
+def _strided_place(b, piece, axis, start, step, m, n):
+    """``piece`` (m along axis) placed at start, start + step, ... of zeros of size n."""
+    if step > 1:
+        shape = list(b.type(piece).shape)
+        wide = b.op("expand_dims", piece, axis=axis + 1)
+        gaps = zeros(b, wide, _resized(list(b.type(wide).shape), axis + 1, step - 1))
+        piece = b.op("reshape", b.op("concat", [wide, gaps], axis=axis + 1),
+                     shape=_resized(shape, axis, m * step))
+        piece = _axis_slice(b, piece, axis, 0, (m - 1) * step + 1)
+    return _place(b, piece, axis, start, n)
+
+
+def _max_pool_vjp(b, xs, y, g, a):
+    """The cotangent goes to the first largest element of each window (PyTorch's choice;
+    a NaN is the largest)."""
+    x = xs[0]
+    cols, spatial, w = _pool_windows(b, x, a, -math.inf)
+    K = prod(a["kernel"])
+    first = b.op("argmax", cols, axis=2, keepdim=True)                   # [N, C, 1, *sp]
+    pick = b.op("eq", b.op("broadcast_to", b.op("reshape", b.const(np.arange(K), None),
+                                                shape=[1, 1, K] + [1] * len(spatial)),
+                           shape=list(b.type(cols).shape)), first)
+    spread = b.op("where", pick, b.op("expand_dims", g, axis=2), 0.0)
+    return [_col2im(b, x, spread, a, w, spatial)]
+
+
+def _avg_pool_vjp(b, xs, y, g, a):
+    x = xs[0]
+    t = x.type
+    spatial = list(y.shape[2:])
+    w = _pool_attrs(a, spatial, list(t.shape[2:]))
+    counts = _window_counts(a, list(t.shape[2:]), spatial)
+    share = b.op("div", g, b.const(counts.astype(t.dtype.compute.np), None))
+    K = prod(a["kernel"])
+    spread = b.op("broadcast_to", b.op("expand_dims", share, axis=2),
+                  shape=[*t.shape[:2], K, *spatial])
+    return [_col2im(b, x, spread, a, w, spatial)]
+
+
+def _pool_ref(kind):
+    def ref(xs, a):
+        x = xs[0]
+        spatial = _pool_spatial(TensorType(dt.float64, x.shape), a)
+        w = _pool_attrs(a, spatial, list(x.shape[2:]))
+        fill = -np.inf if kind == "max" else 0.0
+        xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [tuple(p) for p in w["padding"]],
+                    constant_values=fill)
+        wins = []
+        for offset in itertools.product(*[range(k) for k in a["kernel"]]):
+            idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
+                        zip(offset, w["dilation"], spatial, w["stride"]))
+            wins.append(xp[(slice(None),) * 2 + idx])
+        stack = np.stack(wins, axis=2)
+        if kind == "max":
+            out = np.max(stack, axis=2)
+        else:
+            out = stack.sum(axis=2) / _window_counts(a, list(x.shape[2:]), spatial)
+        return out.astype(x.dtype)
+    return ref
+
+
+register(OpDef("max_pool", 1, {"kernel": None, "stride": None, "padding": 0, "dilation": 1,
+                               "ceil_mode": False},
+               normalize=_pool_normalize, infer=_pool_infer("max_pool"),
+               reference=_pool_ref("max"), decompose=_max_pool_decompose, vjp=_max_pool_vjp,
+               doc="the largest element of each window of x [N, C, *spatial] (NaN wins; padding "
+                   "never wins): kernel, stride (default the kernel), padding, dilation, "
+                   "ceil_mode, as PyTorch's max_pool1d/2d/3d"))
+register(OpDef("avg_pool", 1, {"kernel": None, "stride": None, "padding": 0, "ceil_mode": False,
+                               "count_include_pad": True},
+               normalize=_pool_normalize, infer=_pool_infer("avg_pool"),
+               reference=_pool_ref("avg"), decompose=_avg_pool_decompose, vjp=_avg_pool_vjp,
+               decompose_in_f32=True,
+               doc="the mean of each window of x [N, C, *spatial]: kernel, stride (default the "
+                   "kernel), padding, ceil_mode, count_include_pad (PyTorch's default True, "
+                   "ONNX's False), as PyTorch's avg_pool1d/2d/3d"))

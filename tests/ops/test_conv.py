@@ -169,3 +169,54 @@ def test_bad_convolutions_name_the_users_line(k, rng):
     with pytest.raises(err, match=text) as e:
         ts.function(fn)(x, w)
     assert "test_conv.py:" in str(e.value)
+
+
+POOLS = [  # (input shape, attributes)
+    ((2, 3, 9, 8), {"kernel": 2}),
+    ((2, 3, 9, 8), {"kernel": 3, "stride": 2, "padding": 1}),
+    ((1, 2, 10, 7), {"kernel": (3, 2), "stride": (2, 3), "ceil_mode": True}),
+    ((1, 2, 11), {"kernel": 4, "stride": 3, "padding": 2, "ceil_mode": True}),
+    ((1, 2, 5, 6, 7), {"kernel": 2, "stride": (1, 2, 2), "padding": 1, "ceil_mode": True}),
+]
+
+
+def _torch_pool(kind, x, attrs, **extra):
+    n = x.dim() - 2
+    fn = getattr(F, f"{kind}_pool{n}d")
+    return fn(x, kernel_size=attrs["kernel"], stride=attrs.get("stride"),
+              padding=attrs.get("padding", 0), ceil_mode=attrs.get("ceil_mode", False), **extra)
+
+
+@pytest.mark.parametrize("k", range(len(POOLS)))
+@pytest.mark.parametrize("kind", ["max", "avg", "avg-exclude-pad"])
+def test_pools_are_pytorchs_with_their_gradients(k, kind, rng):
+    shape, attrs = POOLS[k]
+    x = rng.standard_normal(shape)
+    if kind == "max":               # ties (the first largest gets the cotangent) and a NaN
+        x = np.round(x * 2) / 2
+        x.flat[5] = np.nan
+    extra = {"count_include_pad": False} if kind == "avg-exclude-pad" else {}
+    name = "max_pool" if kind == "max" else "avg_pool"
+    tx = torch.from_numpy(x).requires_grad_()
+    want = _torch_pool(kind[:3], tx, attrs, **extra)
+    g = rng.standard_normal(tuple(want.shape))
+
+    def pool(x):
+        return getattr(op, name)(x, **attrs, **extra)
+    np.testing.assert_allclose(ts.function(pool)(x), want.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(pool(x), want.detach().numpy(), rtol=1e-12)
+    def loss(x, g):                 # (the NaN window's value left out of the loss)
+        y = pool(x)
+        return op.sum(op.where(y != y, 0.0, y * g))
+    got = ts.grad(loss)(x, g)
+    tx.grad = None
+    y = _torch_pool(kind[:3], tx, attrs, **extra)
+    torch.where(torch.isnan(y), torch.zeros_like(y), y * torch.from_numpy(g)).sum().backward()
+    np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_pool_padding_wider_than_half_its_window_is_refused(rng):
+    x = rng.standard_normal((1, 1, 6, 6))
+    with pytest.raises(ts.ShapeError, match="more than half the window") as e:
+        ts.function(lambda x: op.max_pool(x, kernel=2, padding=2))(x)
+    assert "test_conv.py:" in str(e.value)
