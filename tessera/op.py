@@ -5,6 +5,7 @@ node; on NumPy arrays it runs eagerly through the operator's NumPy reference.
 """
 from __future__ import annotations
 
+import builtins as _builtins
 import inspect as _inspect
 
 from . import ops as _ops
@@ -148,6 +149,166 @@ def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0, 
     return _channel_bias(_conv_transpose(x, weight, stride=stride, padding=padding,
                                          output_padding=output_padding, dilation=dilation,
                                          groups=groups), bias)
+
+
+# ---- the convolution family's compositions (NCHW: channels on axis 1) ----------------------------
+def _spatial_axes(x, what):
+    rank = len(_shape_of(x))
+    if rank < 3:
+        raise _ArgumentError(f"{what} takes [N, C, *spatial]", received=f"rank {rank}")
+    return list(range(2, rank))
+
+
+def global_avg_pool(x):
+    """The mean over every spatial axis of x [N, C, *spatial], kept as size 1 (ONNX's
+    GlobalAveragePool, PyTorch's adaptive_avg_pool to 1)."""
+    return mean(x, axis=_spatial_axes(x, "global_avg_pool"), keepdim=True)
+
+
+def global_max_pool(x):
+    """The largest element over every spatial axis of x [N, C, *spatial], kept as size 1."""
+    return max(x, axis=_spatial_axes(x, "global_max_pool"), keepdim=True)
+
+
+def adaptive_avg_pool(x, output_size):
+    """PyTorch's adaptive_avg_pool1d/2d/3d: output bin i of an axis of n averages elements
+    floor(i n / m) .. ceil((i + 1) n / m) - 1 (an int or None per axis: None keeps it)."""
+    return _adaptive(x, output_size, mean, "adaptive_avg_pool")
+
+
+def adaptive_max_pool(x, output_size):
+    """PyTorch's adaptive_max_pool1d/2d/3d (values): the largest element of each bin."""
+    return _adaptive(x, output_size, max, "adaptive_max_pool")
+
+
+def _adaptive(x, output_size, reduce, what):
+    axes = _spatial_axes(x, what)
+    shape = _shape_of(x)
+    sizes = [output_size] * len(axes) if isinstance(output_size, int) else list(output_size)
+    if len(sizes) != len(axes):
+        raise _ArgumentError(f"{what}'s output_size is an int or one per spatial axis",
+                             received=repr(output_size))
+    for axis, m in zip(axes, sizes):
+        n = shape[axis]
+        if m is None or m == n:
+            continue
+        if not isinstance(m, int) or m < 1:
+            raise _ArgumentError(f"{what}'s output sizes are positive ints",
+                                 received=repr(output_size))
+        if n % m == 0:                       # equal bins: one reshape and one reduction
+            s = list(_shape_of(x))
+            x = reduce(reshape(x, s[:axis] + [m, n // m] + s[axis + 1:]), axis=axis + 1)
+            continue
+        def bin_(i, rank=len(shape)):
+            lo, hi = i * n // m, -(-(i + 1) * n // m)
+            return slice(x, [lo if k == axis else None for k in range(rank)],
+                         [hi if k == axis else None for k in range(rank)], [1] * rank)
+        bins = [reduce(bin_(i), axis=axis, keepdim=True) for i in range(m)]
+        x = concat(bins, axis=axis)
+    return x
+
+
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """PyTorch's batch_norm over x [N, C, *spatial], per channel. Inference (training=False):
+    the running statistics. Training: the batch's (its mean, and its variance without
+    correction to normalise), and, when running statistics are given, returns
+    ``(y, new_running_mean, new_running_var)``, blended with ``momentum`` (the running
+    variance unbiased, as PyTorch's)."""
+    shape = _shape_of(x)
+    axes = [0] + _spatial_axes(x, "batch_norm")
+    per_channel = [1, shape[1]] + [1] * (len(shape) - 2)
+
+    def channel(v):
+        return reshape(v, per_channel)
+    if training:
+        m, v = mean(x, axis=axes, keepdim=True), var(x, axis=axes, keepdim=True)
+    elif running_mean is None or running_var is None:
+        raise _ArgumentError("batch_norm in inference needs running_mean and running_var",
+                             hint="or training=True for the batch's statistics")
+    else:
+        m, v = channel(running_mean), channel(running_var)
+    y = (x - m) * rsqrt(v + eps)
+    if weight is not None:
+        y = y * channel(weight)
+    if bias is not None:
+        y = y + channel(bias)
+    if not training or running_mean is None:
+        return y
+    count = 1
+    for a in axes:
+        count *= shape[a]
+    unbiased = reshape(v, (shape[1],)) * (count / _builtins.max(count - 1, 1))
+    return (y, running_mean * (1 - momentum) + reshape(m, (shape[1],)) * momentum,
+            running_var * (1 - momentum) + unbiased * momentum)
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """PyTorch's group_norm: x [N, C, *spatial] normalised over each group of C / num_groups
+    channels and the spatial axes, then a per-channel affine."""
+    shape = list(_shape_of(x))
+    C = shape[1]
+    if not isinstance(num_groups, int) or num_groups < 1 or C % num_groups:
+        raise _ArgumentError(f"group_norm's num_groups must divide the {C} channels",
+                             received=repr(num_groups))
+    g = reshape(x, [shape[0], num_groups, -1])
+    m, v = mean(g, axis=2, keepdim=True), var(g, axis=2, keepdim=True)
+    y = reshape((g - m) * rsqrt(v + eps), shape)
+    per_channel = [1, C] + [1] * (len(shape) - 2)
+    if weight is not None:
+        y = y * reshape(weight, per_channel)
+    if bias is not None:
+        y = y + reshape(bias, per_channel)
+    return y
+
+
+def instance_norm(x, weight=None, bias=None, eps=1e-5):
+    """PyTorch's instance_norm (without running statistics): each channel of each sample
+    normalised over its spatial axes, then a per-channel affine."""
+    return group_norm(x, _shape_of(x)[1], weight, bias, eps)
+
+
+def pixel_shuffle(x, upscale_factor):
+    """PyTorch's pixel_shuffle (ONNX's DepthToSpace in CRD mode): [N, C r^2, H, W] to
+    [N, C, H r, W r]."""
+    N, C, H, W = _shape_of(x)
+    r = upscale_factor
+    if C % (r * r):
+        raise _ArgumentError(f"pixel_shuffle: {C} channels are not a multiple of {r}^2")
+    y = reshape(x, (N, C // (r * r), r, r, H, W))
+    return reshape(transpose(y, (0, 1, 4, 2, 5, 3)), (N, C // (r * r), H * r, W * r))
+
+
+def pixel_unshuffle(x, downscale_factor):
+    """PyTorch's pixel_unshuffle (ONNX's SpaceToDepth is its DCR order: space_to_depth):
+    [N, C, H r, W r] to [N, C r^2, H, W]."""
+    N, C, H, W = _shape_of(x)
+    r = downscale_factor
+    if H % r or W % r:
+        raise _ArgumentError(f"pixel_unshuffle: {H}x{W} is not a multiple of {r}")
+    y = reshape(x, (N, C, H // r, r, W // r, r))
+    return reshape(transpose(y, (0, 1, 3, 5, 2, 4)), (N, C * r * r, H // r, W // r))
+
+
+def depth_to_space(x, blocksize, mode="DCR"):
+    """ONNX's DepthToSpace: [N, C r^2, H, W] to [N, C, H r, W r]; mode "DCR" (depth, column,
+    row: ONNX's default) or "CRD" (= pixel_shuffle)."""
+    if mode == "CRD":
+        return pixel_shuffle(x, blocksize)
+    if mode != "DCR":
+        raise _ArgumentError(f"depth_to_space's mode is 'DCR' or 'CRD', not {mode!r}")
+    N, C, H, W = _shape_of(x)
+    r = blocksize
+    y = reshape(x, (N, r, r, C // (r * r), H, W))
+    return reshape(transpose(y, (0, 3, 4, 1, 5, 2)), (N, C // (r * r), H * r, W * r))
+
+
+def space_to_depth(x, blocksize):
+    """ONNX's SpaceToDepth: [N, C, H r, W r] to [N, C r^2, H, W] (DCR order)."""
+    N, C, H, W = _shape_of(x)
+    r = blocksize
+    y = reshape(x, (N, C, H // r, r, W // r, r))
+    return reshape(transpose(y, (0, 3, 5, 1, 2, 4)), (N, C * r * r, H // r, W // r))
 
 
 def clamp(x, min=None, max=None):

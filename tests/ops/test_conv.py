@@ -220,3 +220,75 @@ def test_a_pool_padding_wider_than_half_its_window_is_refused(rng):
     with pytest.raises(ts.ShapeError, match="more than half the window") as e:
         ts.function(lambda x: op.max_pool(x, kernel=2, padding=2))(x)
     assert "test_conv.py:" in str(e.value)
+
+
+@pytest.mark.parametrize("size", [(3, 2), (7, 5), 1, (4, None), (2, 5)])
+def test_adaptive_and_global_pools_are_pytorchs(size, rng):
+    x = rng.standard_normal((3, 6, 7, 5))
+    full = size if isinstance(size, int) else tuple(x.shape[2 + i] if s is None else s
+                                                     for i, s in enumerate(size))
+    tx = torch.from_numpy(x)
+    for ours, theirs in ((op.adaptive_avg_pool, F.adaptive_avg_pool2d),
+                         (op.adaptive_max_pool, F.adaptive_max_pool2d)):
+        got = ts.function(lambda x: ours(x, size))(x)
+        np.testing.assert_allclose(got, theirs(tx, full).numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ts.function(op.global_avg_pool)(x),
+                               F.adaptive_avg_pool2d(tx, 1).numpy(), rtol=1e-12)
+    np.testing.assert_array_equal(ts.function(op.global_max_pool)(x),
+                                  F.adaptive_max_pool2d(tx, 1).numpy())
+
+
+def test_normalisations_are_pytorchs_with_their_gradients(rng):
+    x = rng.standard_normal((3, 6, 7, 5))
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    rm, rv = rng.standard_normal(6), rng.uniform(0.5, 2, 6)
+    tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (x, w, b))
+    cases = {
+        "batch_norm eval": (lambda x, w, b: op.batch_norm(x, rm, rv, w, b),
+                            lambda: F.batch_norm(tx, torch.from_numpy(rm), torch.from_numpy(rv),
+                                                 tw, tb, False)),
+        "batch_norm train": (lambda x, w, b: op.batch_norm(x, None, None, w, b, training=True),
+                             lambda: F.batch_norm(tx, None, None, tw, tb, True)),
+        "group_norm": (lambda x, w, b: op.group_norm(x, 3, w, b),
+                       lambda: F.group_norm(tx, 3, tw, tb)),
+        "instance_norm": (lambda x, w, b: op.instance_norm(x, w, b),
+                          lambda: F.instance_norm(tx, weight=tw, bias=tb)),
+    }
+    for name, (ours, theirs) in cases.items():
+        for t in (tx, tw, tb):
+            t.grad = None
+        want = theirs()
+        g = rng.standard_normal(tuple(want.shape))
+        want.backward(torch.from_numpy(g))
+        np.testing.assert_allclose(ts.function(ours)(x, w, b), want.detach().numpy(),
+                                   rtol=1e-10, atol=1e-12, err_msg=name)
+        grads = ts.grad(lambda x, w, b, g: op.sum(ours(x, w, b) * g), argnums=(0, 1, 2))(
+            x, w, b, g)
+        for got, t in zip(grads, (tx, tw, tb)):
+            np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=name)
+    trm, trv = torch.from_numpy(rm.copy()), torch.from_numpy(rv.copy())
+    F.batch_norm(torch.from_numpy(x), trm, trv, None, None, True, 0.1)
+    _, new_mean, new_var = ts.function(
+        lambda x: op.batch_norm(x, rm, rv, training=True, momentum=0.1))(x)
+    np.testing.assert_allclose(new_mean, trm.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(new_var, trv.numpy(), rtol=1e-12)
+
+
+def test_pixel_shuffles_and_depth_to_space_are_pytorchs_and_onnxs(rng):
+    z = rng.standard_normal((2, 8, 3, 4))
+    np.testing.assert_array_equal(ts.function(lambda x: op.pixel_shuffle(x, 2))(z),
+                                  F.pixel_shuffle(torch.from_numpy(z), 2).numpy())
+    np.testing.assert_array_equal(ts.function(lambda x: op.depth_to_space(x, 2, "CRD"))(z),
+                                  F.pixel_shuffle(torch.from_numpy(z), 2).numpy())
+    u = rng.standard_normal((2, 2, 6, 4))
+    np.testing.assert_array_equal(ts.function(lambda x: op.pixel_unshuffle(x, 2))(u),
+                                  F.pixel_unshuffle(torch.from_numpy(u), 2).numpy())
+    # ONNX's DCR order, as its specification writes it in NumPy
+    N, C, H, W = z.shape
+    dcr = z.reshape(N, 2, 2, C // 4, H, W).transpose(0, 3, 4, 1, 5, 2).reshape(N, C // 4, 2 * H,
+                                                                                 2 * W)
+    np.testing.assert_array_equal(ts.function(lambda x: op.depth_to_space(x, 2))(z), dcr)
+    s2d = u.reshape(2, 2, 3, 2, 2, 2).transpose(0, 3, 5, 1, 2, 4).reshape(2, 8, 3, 2)
+    np.testing.assert_array_equal(ts.function(lambda x: op.space_to_depth(x, 2))(u), s2d)
+    np.testing.assert_array_equal(ts.function(lambda x: op.depth_to_space(
+        op.space_to_depth(x, 2), 2))(u), u)
