@@ -311,6 +311,109 @@ def space_to_depth(x, blocksize):
     return reshape(transpose(y, (0, 3, 5, 1, 2, 4)), (N, C * r * r, H // r, W // r))
 
 
+RESIZE_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                      "half_pixel_symmetric")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def resize(x, size=None, scale=None, mode="nearest", coordinate_transformation_mode="half_pixel",
+           nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=False,
+           axes=None):
+    """ONNX's Resize (and PyTorch's interpolate): each axis in ``axes`` (default the spatial
+    ones, 2 on) resized to ``size`` (one per axis) or by ``scale`` (the output size its floor),
+    ``mode`` "nearest", "linear" or "cubic", an output coordinate mapped to the input by
+    ``coordinate_transformation_mode`` (half_pixel, pytorch_half_pixel, align_corners,
+    asymmetric, half_pixel_symmetric: ONNX's formulas), neighbours beyond the edges the edge
+    element (or, with ``exclude_outside``, left out and the weights renormalised). PyTorch's
+    modes: "nearest" is asymmetric with floor, "bilinear" linear with half_pixel
+    (align_corners=False) or align_corners, "bicubic" cubic with A = -0.75. Each axis is one
+    gather per tap and a weighted sum (gradients through take's adjoint)."""
+    import numpy as np
+    shape = _shape_of(x)
+    axes = list(range(2, len(shape))) if axes is None else [a % len(shape) for a in axes]
+    if (size is None) == (scale is None):
+        raise _ArgumentError("resize takes size or scale, one of them")
+    seq = size if size is not None else scale
+    seq = [seq] * len(axes) if isinstance(seq, (int, float)) else list(seq)
+    if len(seq) != len(axes):
+        raise _ArgumentError(f"resize: one size or scale per axis ({len(axes)})",
+                             received=repr(size if size is not None else scale))
+    if mode not in ("nearest", "linear", "cubic"):
+        raise _ArgumentError(f"resize mode {mode!r}", expected="nearest, linear or cubic")
+    if coordinate_transformation_mode not in RESIZE_COORDINATES:
+        raise _ArgumentError(f"coordinate_transformation_mode {coordinate_transformation_mode!r}",
+                             expected=", ".join(RESIZE_COORDINATES))
+    if nearest_mode not in NEAREST_MODES:
+        raise _ArgumentError(f"nearest_mode {nearest_mode!r}", expected=", ".join(NEAREST_MODES))
+    narrow = _dtype_of(x).is_narrow and mode != "nearest"
+    if narrow:                              # weighted in float32, rounded once at the end
+        narrow, x = _dtype_of(x).name, cast(x, "float32")
+    for axis, v in zip(axes, seq):
+        n = shape[axis]
+        if size is not None:
+            m, sc = int(v), int(v) / n
+        else:
+            sc = float(v)
+            m = int(np.floor(n * sc))
+        if m < 1 or sc <= 0:
+            raise _ArgumentError(f"resize: axis {axis} of {n} to {m} elements")
+        idx, weights = _resize_taps(n, m, sc, mode, coordinate_transformation_mode, nearest_mode,
+                                    cubic_coeff_a, exclude_outside)
+        like = [1] * len(shape)
+        like[axis] = m
+        out = None
+        for j in range(idx.shape[1]):
+            tap = take(x, np.ascontiguousarray(idx[:, j]), axis=axis)
+            if mode != "nearest":
+                tap = tap * weights[:, j].reshape(like).astype(_dtype_of(x).name)
+            out = tap if out is None else out + tap
+        x = out
+        shape = _shape_of(x)
+    return cast(x, narrow) if narrow else x
+
+
+def _resize_taps(n, m, scale, mode, coordinates, nearest_mode, a, exclude_outside):
+    """For each of the m outputs along an axis of n: the input indices it reads and their
+    weights (ONNX's reference, in float64)."""
+    import numpy as np
+    i = np.arange(m, dtype=np.float64)
+    if coordinates == "half_pixel":
+        src = (i + 0.5) / scale - 0.5
+    elif coordinates == "pytorch_half_pixel":
+        src = (i + 0.5) / scale - 0.5 if m > 1 else np.zeros(m)
+    elif coordinates == "align_corners":
+        src = i * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
+    elif coordinates == "asymmetric":
+        src = i / scale
+    else:                                           # half_pixel_symmetric (opset 19)
+        adjustment = m / (n * scale)
+        src = n / 2 * (1 - adjustment) + (i + 0.5) / scale - 0.5
+    if mode == "nearest":
+        base = np.floor(src)
+        frac = src - base
+        up = {"round_prefer_floor": frac > 0.5, "round_prefer_ceil": frac >= 0.5,
+              "floor": np.zeros(m, bool), "ceil": frac > 0}[nearest_mode]
+        idx = (base + up).astype(np.int64)[:, None]
+        return np.clip(idx, 0, n - 1), np.ones((m, 1))
+    base = np.floor(src)
+    r = src - base
+    if mode == "linear":
+        offsets, w = np.array([0, 1]), np.stack([1 - r, r], axis=1)
+    else:
+        def far(t):                                   # |t| in [1, 2)
+            return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+
+        def near(t):                                  # |t| in [0, 1)
+            return ((a + 2) * t - (a + 3)) * t * t + 1
+        offsets = np.array([-1, 0, 1, 2])
+        w = np.stack([far(r + 1), near(r), near(1 - r), far(2 - r)], axis=1)
+    idx = base[:, None].astype(np.int64) + offsets[None, :]
+    if exclude_outside:
+        w = np.where((idx >= 0) & (idx < n), w, 0.0)
+        w = w / w.sum(axis=1, keepdims=True)
+    return np.clip(idx, 0, n - 1), w
+
+
 def clamp(x, min=None, max=None):
     """x limited to [min, max] (either may be None, or a tensor that broadcasts): maximum with
     ``min``, then minimum with ``max``, as NumPy's clip and torch.clamp; NaN stays NaN."""

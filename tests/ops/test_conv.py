@@ -292,3 +292,33 @@ def test_pixel_shuffles_and_depth_to_space_are_pytorchs_and_onnxs(rng):
     np.testing.assert_array_equal(ts.function(lambda x: op.space_to_depth(x, 2))(u), s2d)
     np.testing.assert_array_equal(ts.function(lambda x: op.depth_to_space(
         op.space_to_depth(x, 2), 2))(u), u)
+
+
+RESIZES = [  # (ours, PyTorch's interpolate arguments)
+    ({"size": (11, 3), "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+     {"size": (11, 3), "mode": "nearest"}),
+    ({"size": (11, 3), "nearest_mode": "round_prefer_ceil"},
+     {"size": (11, 3), "mode": "nearest-exact"}),
+    ({"size": (11, 8), "mode": "linear"}, {"size": (11, 8), "mode": "bilinear"}),
+    ({"size": (4, 3), "mode": "linear"}, {"size": (4, 3), "mode": "bilinear"}),
+    ({"size": (11, 8), "mode": "linear", "coordinate_transformation_mode": "align_corners"},
+     {"size": (11, 8), "mode": "bilinear", "align_corners": True}),
+    ({"size": (11, 8), "mode": "cubic"}, {"size": (11, 8), "mode": "bicubic"}),
+    ({"size": (13, 9), "mode": "cubic", "coordinate_transformation_mode": "align_corners"},
+     {"size": (13, 9), "mode": "bicubic", "align_corners": True}),
+    ({"scale": 2.0, "mode": "linear"}, {"scale_factor": 2, "mode": "bilinear"}),
+]
+
+
+@pytest.mark.parametrize("k", range(len(RESIZES)))
+def test_resize_is_pytorchs_interpolate_with_its_gradient(k, rng):
+    ours, theirs = RESIZES[k]
+    x = rng.standard_normal((2, 3, 7, 5))
+    tx = torch.from_numpy(x).requires_grad_()
+    want = F.interpolate(tx, **theirs)
+    g = rng.standard_normal(tuple(want.shape))
+    want.backward(torch.from_numpy(g))
+    np.testing.assert_allclose(ts.function(lambda x: op.resize(x, **ours))(x),
+                               want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    got = ts.grad(lambda x, g: op.sum(op.resize(x, **ours) * g))(x, g)
+    np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
