@@ -387,6 +387,202 @@ def _i_layernorm(node, xs):
     return (y, op.reshape(mean, shape=kept), op.reshape(op.rsqrt(var + eps), shape=kept))
 
 
+# ---- the convolution family ----------------------------------------------------------------------
+def _window_pads(node, x, kernel, strides, dilations):
+    """ONNX's pads [begin..., end...] or auto_pad as (before, after) pairs per spatial axis."""
+    n = len(kernel)
+    auto = _attr(node, "auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pairs = []
+        for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small, big = total // 2, total - total // 2
+            pairs.append([small, big] if auto == "SAME_UPPER" else [big, small])
+        return pairs
+    if auto == "VALID":
+        return [[0, 0]] * n
+    pads = list(_attr(node, "pads", [0] * (2 * n)))
+    return [[pads[k], pads[n + k]] for k in range(n)]
+
+
+def _window_attrs(node, x, kernel):
+    n = len(kernel)
+    strides = list(_attr(node, "strides", [1] * n))
+    dilations = list(_attr(node, "dilations", [1] * n))
+    return strides, dilations, _window_pads(node, x, kernel, strides, dilations)
+
+
+def _i_conv(node, xs):
+    x, w = xs[0], xs[1]
+    kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
+    strides, dilations, pads = _window_attrs(node, x, kernel)
+    bias = xs[2] if len(xs) > 2 else None
+    return op.conv(x, w, bias, stride=strides, padding=pads, dilation=dilations,
+                   groups=_attr(node, "group", 1))
+
+
+def _i_conv_transpose(node, xs):
+    """ONNX's ConvTranspose: output_shape, when given, sets the pads (SAME_UPPER's split of
+    the total unless auto_pad is SAME_LOWER)."""
+    y, w = xs[0], xs[1]
+    kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
+    n = len(kernel)
+    strides = list(_attr(node, "strides", [1] * n))
+    dilations = list(_attr(node, "dilations", [1] * n))
+    extra = list(_attr(node, "output_padding", [0] * n))
+    auto = _attr(node, "auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    shape = _attr(node, "output_shape")
+    if shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        want = list(shape)[-n:] if shape is not None else \
+            [size * s for size, s in zip(y.shape[2:], strides)]
+        pads = []
+        for i, (size, k, s, d, m) in enumerate(zip(y.shape[2:], kernel, strides, dilations,
+                                                   want)):
+            total = s * (size - 1) + extra[i] + ((k - 1) * d + 1) - m
+            small, big = total // 2, total - total // 2      # (floor division, as ONNX's)
+            lo, hi = (small, big) if auto == "SAME_UPPER" else (big, small)
+            if hi < 0:                   # an output longer than the padding-free one
+                extra[i], hi = extra[i] - hi, 0
+            pads.append([lo, hi])
+    elif auto == "VALID":
+        pads = [[0, 0]] * n
+    else:
+        flat = list(_attr(node, "pads", [0] * (2 * n)))
+        pads = [[flat[k], flat[n + k]] for k in range(n)]
+    bias = xs[2] if len(xs) > 2 else None
+    return op.conv_transpose(y, w, bias, stride=strides, padding=pads, output_padding=extra,
+                             dilation=dilations, groups=_attr(node, "group", 1))
+
+
+def _i_pool(kind):
+    def read(node, xs):
+        x = xs[0]
+        kernel = list(_attr(node, "kernel_shape"))
+        strides, dilations, pads = _window_attrs(node, x, kernel)
+        attrs = {"kernel": kernel, "stride": strides, "padding": pads,
+                 "ceil_mode": bool(_attr(node, "ceil_mode", 0))}
+        if kind == "max":
+            y = op.max_pool(x, dilation=dilations, **attrs)
+            if len(node.output) < 2 or not node.output[1]:
+                return y
+            # ONNX counts over the whole tensor, PyTorch (max_pool_indices) within the plane;
+            # storage_order=1: the plane's position in column-major order
+            N, C, *sizes = x.shape
+            plane = math.prod(sizes)
+            base = (np.arange(N * C, dtype=np.int64) * plane).reshape([N, C] + [1] * len(sizes))
+            i = op.max_pool_indices(x, dilation=dilations, **attrs)
+            if _attr(node, "storage_order", 0):
+                rest, i_col = i, 0
+                for k in reversed(range(len(sizes))):
+                    coord, rest = rest % sizes[k], rest // sizes[k]
+                    i_col = i_col + coord * math.prod(sizes[:k])
+                i = i_col
+            return y, i + base
+        return op.avg_pool(x, count_include_pad=bool(_attr(node, "count_include_pad", 0)),
+                           dilation=dilations, **attrs)
+    return read
+
+
+def _i_pad(node, xs):
+    """Pad: pads (and the constant) as inputs from opset 11, attributes before; axes from 18."""
+    x = xs[0]
+    rank = len(x.shape)
+    mode = _attr(node, "mode", b"constant")
+    mode = {"wrap": "circular"}.get(mode.decode() if isinstance(mode, bytes) else mode,
+                                     mode.decode() if isinstance(mode, bytes) else mode)
+    if len(xs) > 1 and xs[1] is not None:
+        flat = _ints(xs[1])
+        value = float(np.asarray(xs[2]).reshape(-1)[0]) if len(xs) > 2 and xs[2] is not None \
+            else 0.0
+    else:
+        flat = list(_attr(node, "pads"))
+        value = float(_attr(node, "value", 0.0))
+    axes = [a % rank for a in _ints(xs[3])] if len(xs) > 3 and xs[3] is not None \
+        else list(range(rank))
+    k = len(axes)
+    pads = [[0, 0] for _ in range(rank)]
+    for j, a in enumerate(axes):
+        pads[a] = [flat[j], flat[k + j]]
+    return op.pad(x, pads, mode=mode, value=value)
+
+
+def _text(node, name, default):
+    v = _attr(node, name, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _i_resize(node, xs):
+    """Resize (opsets 10-19): scales or sizes as inputs (roi only for tf_crop_and_resize,
+    which is not imported), over ``axes`` (opset 18) or every axis."""
+    x = xs[0]
+    rank = len(x.shape)
+    axes = [a % rank for a in _attr(node, "axes", range(rank))]
+    coords = _text(node, "coordinate_transformation_mode", "half_pixel")
+    roi = None
+    if coords == "tf_crop_and_resize":
+        flat = [float(v) for v in np.asarray(xs[1]).reshape(-1)]
+        k = len(flat) // 2
+        roi_axes = axes if k == len(axes) else list(range(rank))
+        roi = {a: (flat[j], flat[k + j]) for j, a in enumerate(roi_axes)}
+    policy = _text(node, "keep_aspect_ratio_policy", "stretch")
+    scales = xs[2] if len(xs) > 2 and xs[2] is not None and np.asarray(xs[2]).size else None
+    sizes = xs[3] if len(xs) > 3 and xs[3] is not None else None
+    if len(node.input) == 2:                     # opset 10: (X, scales)
+        scales = xs[1]
+    mode = _text(node, "mode", "nearest")
+    kw = dict(mode=mode, coordinate_transformation_mode=coords,
+              nearest_mode=_text(node, "nearest_mode", "round_prefer_floor"),
+              cubic_coeff_a=float(_attr(node, "cubic_coeff_a", -0.75)),
+              exclude_outside=bool(_attr(node, "exclude_outside", 0)),
+              antialias=bool(_attr(node, "antialias", 0)),
+              **({"roi": roi, "extrapolation_value": float(_attr(node, "extrapolation_value",
+                                                                 0.0))} if roi else {}))
+    if sizes is not None:
+        sizes = _ints(sizes)
+        if policy != "stretch":          # one scale for every axis: the smaller or larger
+            pick = min if policy == "not_larger" else max
+            scale = pick(m / x.shape[a] for a, m in zip(axes, sizes))
+            sizes = [int(np.floor(scale * x.shape[a] + 0.5)) for a in axes]
+        return op.resize(x, size=sizes, axes=axes, **kw)
+    factors = [float(v) for v in np.asarray(scales).reshape(-1)]
+    keep = [(a, f) for a, f in zip(axes, factors) if f != 1.0]
+    if roi:                              # a region of interest resizes even at scale 1
+        keep = [(a, f) for a, f in zip(axes, factors) if f != 1.0 or roi[a] != (0.0, 1.0)]
+    if not keep:
+        return x
+    return op.resize(x, scale=[f for _, f in keep], axes=[a for a, _ in keep], **kw)
+
+
+def _i_upsample(node, xs):
+    """Upsample (deprecated): scales as an attribute (opset 7) or input (9); asymmetric
+    coordinates, nearest with floor."""
+    x = xs[0]
+    scales = _attr(node, "scales") if len(xs) < 2 else [float(v) for v in
+                                                        np.asarray(xs[1]).reshape(-1)]
+    mode = _text(node, "mode", "nearest")
+    keep = [(a, float(f)) for a, f in enumerate(scales) if float(f) != 1.0]
+    if not keep:
+        return x
+    return op.resize(x, scale=[f for _, f in keep], axes=[a for a, _ in keep],
+                     mode="linear" if mode in ("linear", "bilinear") else "nearest",
+                     coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
+def _i_group_norm(node, xs):
+    """GroupNormalization: scale and bias per group in opset 18, per channel from 21."""
+    x, scale, bias = xs
+    groups = _attr(node, "num_groups")
+    C = x.shape[1]
+    if scale.shape[0] != C:                      # opset 18: one per group
+        scale = op.reshape(op.broadcast_to(op.reshape(scale, (groups, 1)), (groups, C // groups)),
+                           (C,))
+        bias = op.reshape(op.broadcast_to(op.reshape(bias, (groups, 1)), (groups, C // groups)),
+                          (C,))
+    return op.group_norm(x, groups, scale, bias, eps=_attr(node, "epsilon", 1e-5))
+
+
 IMPORT = {
     **{kind: (lambda name: lambda node, xs: getattr(op, name)(*xs))(name) for kind, name in [
         ("Add", "add"), ("Sub", "sub"), ("Mul", "mul"),
@@ -430,6 +626,24 @@ IMPORT = {
     "LogSoftmax": lambda node, xs: op.log_softmax(xs[0], axis=_attr(node, "axis", -1)),
     "LayerNormalization": _i_layernorm,
     "Gemm": lambda node, xs: _gemm(node, xs),
+    "Conv": _i_conv,
+    "ConvTranspose": _i_conv_transpose,
+    "MaxPool": _i_pool("max"),
+    "AveragePool": _i_pool("avg"),
+    "GlobalAveragePool": lambda node, xs: op.global_avg_pool(xs[0]),
+    "GlobalMaxPool": lambda node, xs: op.global_max_pool(xs[0]),
+    "Pad": _i_pad,
+    "Resize": _i_resize,
+    "Upsample": _i_upsample,
+    "BatchNormalization": lambda node, xs: op.batch_norm(
+        xs[0], xs[3], xs[4], xs[1], xs[2], eps=_attr(node, "epsilon", 1e-5)),
+    "InstanceNormalization": lambda node, xs: op.instance_norm(
+        xs[0], xs[1], xs[2], eps=_attr(node, "epsilon", 1e-5)),
+    "GroupNormalization": _i_group_norm,
+    "DepthToSpace": lambda node, xs: op.depth_to_space(xs[0], _attr(node, "blocksize"),
+                                                       _text(node, "mode", "DCR")),
+    "SpaceToDepth": lambda node, xs: op.space_to_depth(xs[0], _attr(node, "blocksize"),
+                                                       _text(node, "mode", "DCR")),
 }
 
 
@@ -540,7 +754,10 @@ def _constant(onnx, node):
 _SHAPE_POSITIONS = {"Reshape": (1,), "Expand": (1,), "Unsqueeze": (1,), "Squeeze": (1,),
                     "Slice": (1, 2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,),
                     "ReduceMax": (1,), "ReduceMin": (1,), "ReduceLogSumExp": (1,),
-                    "CumSum": (1,)}
+                    "CumSum": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,)}
+
+
+_TYPE_ONLY = {("CastLike", 1)}      # inputs whose values the output does not read (their type)
 
 
 def _shape_inputs(graph) -> set:
@@ -551,7 +768,9 @@ def _shape_inputs(graph) -> set:
              for k in _SHAPE_POSITIONS.get(node.op_type, ()) if k < len(node.input)}
     while True:
         more = {i for node in graph.node if node.op_type not in ("Shape", "Size")
-                and set(node.output) & names for i in node.input if i} - names
+                and set(node.output) & names
+                for k, i in enumerate(node.input) if i and (node.op_type, k) not in _TYPE_ONLY}
+        more -= names
         if not more:
             return names
         names |= more
@@ -561,7 +780,7 @@ def _static(value):
     """A shape-giving argument as a static value: a Python number, or a tuple of ints (the body
     gives it back the graph's declared dtype: a Range's bounds)."""
     a = np.asarray(value)
-    return a.item() if a.ndim == 0 else tuple(int(v) for v in a.reshape(-1))
+    return a.item() if a.ndim == 0 else tuple(v.item() for v in a.reshape(-1))  # (floats stay)
 
 
 class _Imported(Function):

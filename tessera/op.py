@@ -303,8 +303,13 @@ def depth_to_space(x, blocksize, mode="DCR"):
     return reshape(transpose(y, (0, 3, 4, 1, 5, 2)), (N, C // (r * r), H * r, W * r))
 
 
-def space_to_depth(x, blocksize):
-    """ONNX's SpaceToDepth: [N, C, H r, W r] to [N, C r^2, H, W] (DCR order)."""
+def space_to_depth(x, blocksize, mode="DCR"):
+    """ONNX's SpaceToDepth: [N, C, H r, W r] to [N, C r^2, H, W]; mode "DCR" (its default) or
+    "CRD" (opset 28: = pixel_unshuffle)."""
+    if mode == "CRD":
+        return pixel_unshuffle(x, blocksize)
+    if mode != "DCR":
+        raise _ArgumentError(f"space_to_depth's mode is 'DCR' or 'CRD', not {mode!r}")
     N, C, H, W = _shape_of(x)
     r = blocksize
     y = reshape(x, (N, C, H // r, r, W // r, r))
@@ -318,13 +323,17 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 def resize(x, size=None, scale=None, mode="nearest", coordinate_transformation_mode="half_pixel",
            nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=False,
-           axes=None):
+           axes=None, antialias=False, roi=None, extrapolation_value=0.0):
     """ONNX's Resize (and PyTorch's interpolate): each axis in ``axes`` (default the spatial
     ones, 2 on) resized to ``size`` (one per axis) or by ``scale`` (the output size its floor),
     ``mode`` "nearest", "linear" or "cubic", an output coordinate mapped to the input by
     ``coordinate_transformation_mode`` (half_pixel, pytorch_half_pixel, align_corners,
     asymmetric, half_pixel_symmetric: ONNX's formulas), neighbours beyond the edges the edge
-    element (or, with ``exclude_outside``, left out and the weights renormalised). PyTorch's
+    element (or, with ``exclude_outside``, left out and the weights renormalised);
+    ``antialias`` widens a linear or cubic filter by 1/scale when downscaling;
+    coordinate_transformation_mode "tf_crop_and_resize" reads the region ``roi`` ({axis:
+    (start, end)} as fractions of the axis) and gives ``extrapolation_value`` outside it.
+    PyTorch's
     modes: "nearest" is asymmetric with floor, "bilinear" linear with half_pixel
     (align_corners=False) or align_corners, "bicubic" cubic with A = -0.75. Each axis is one
     gather per tap and a weighted sum (gradients through take's adjoint)."""
@@ -340,7 +349,9 @@ def resize(x, size=None, scale=None, mode="nearest", coordinate_transformation_m
                              received=repr(size if size is not None else scale))
     if mode not in ("nearest", "linear", "cubic"):
         raise _ArgumentError(f"resize mode {mode!r}", expected="nearest, linear or cubic")
-    if coordinate_transformation_mode not in RESIZE_COORDINATES:
+    if coordinate_transformation_mode == "tf_crop_and_resize" and roi is None:
+        raise _ArgumentError("tf_crop_and_resize needs roi={axis: (start, end)}")
+    if coordinate_transformation_mode not in RESIZE_COORDINATES + ("tf_crop_and_resize",):
         raise _ArgumentError(f"coordinate_transformation_mode {coordinate_transformation_mode!r}",
                              expected=", ".join(RESIZE_COORDINATES))
     if nearest_mode not in NEAREST_MODES:
@@ -357,8 +368,10 @@ def resize(x, size=None, scale=None, mode="nearest", coordinate_transformation_m
             m = int(np.floor(n * sc))
         if m < 1 or sc <= 0:
             raise _ArgumentError(f"resize: axis {axis} of {n} to {m} elements")
-        idx, weights = _resize_taps(n, m, sc, mode, coordinate_transformation_mode, nearest_mode,
-                                    cubic_coeff_a, exclude_outside)
+        idx, weights, outside = _resize_taps(
+            n, m, sc, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
+            exclude_outside, antialias, length=m if size is not None else n * sc,
+            roi=(roi or {}).get(axis, (0.0, 1.0)))
         like = [1] * len(shape)
         like[axis] = m
         out = None
@@ -367,51 +380,66 @@ def resize(x, size=None, scale=None, mode="nearest", coordinate_transformation_m
             if mode != "nearest":
                 tap = tap * weights[:, j].reshape(like).astype(_dtype_of(x).name)
             out = tap if out is None else out + tap
+        if outside.any():
+            out = where(outside.reshape(like), extrapolation_value, out)
         x = out
         shape = _shape_of(x)
     return cast(x, narrow) if narrow else x
 
 
-def _resize_taps(n, m, scale, mode, coordinates, nearest_mode, a, exclude_outside):
-    """For each of the m outputs along an axis of n: the input indices it reads and their
-    weights (ONNX's reference, in float64)."""
+def _resize_taps(n, m, scale, mode, coordinates, nearest_mode, a, exclude_outside,
+                 antialias=False, length=None, roi=(0.0, 1.0)):
+    """For each of the m outputs along an axis of n: the input indices it reads, their
+    weights, and whether it lies outside the region of interest (tf_crop_and_resize), as
+    ONNX's reference computes them (in float64; ``length``: the output's length as a number,
+    n * scale when a scale was given, which align_corners divides by)."""
     import numpy as np
     i = np.arange(m, dtype=np.float64)
-    if coordinates == "half_pixel":
+    length = m if length is None else length
+    outside = np.zeros(m, bool)
+    if coordinates == "tf_crop_and_resize":
+        lo, hi = roi
+        src = i * (hi - lo) * (n - 1) / (length - 1) if length != 1 else \
+            np.full(m, (hi - lo) * (n - 1) / 2)
+        src = src + lo * (n - 1)
+        outside = (src < 0) | (src > n - 1)
+    elif coordinates == "half_pixel":
         src = (i + 0.5) / scale - 0.5
     elif coordinates == "pytorch_half_pixel":
         src = (i + 0.5) / scale - 0.5 if m > 1 else np.zeros(m)
     elif coordinates == "align_corners":
-        src = i * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
+        src = i * (n - 1) / (length - 1) if length != 1 else np.zeros(m)
     elif coordinates == "asymmetric":
         src = i / scale
     else:                                           # half_pixel_symmetric (opset 19)
-        adjustment = m / (n * scale)
-        src = n / 2 * (1 - adjustment) + (i + 0.5) / scale - 0.5
+        src = n / 2 * (1 - m / (n * scale)) + (i + 0.5) / scale - 0.5
     if mode == "nearest":
         base = np.floor(src)
         frac = src - base
         up = {"round_prefer_floor": frac > 0.5, "round_prefer_ceil": frac >= 0.5,
               "floor": np.zeros(m, bool), "ceil": frac > 0}[nearest_mode]
         idx = (base + up).astype(np.int64)[:, None]
-        return np.clip(idx, 0, n - 1), np.ones((m, 1))
-    base = np.floor(src)
-    r = src - base
+        return np.clip(idx, 0, n - 1), np.ones((m, 1)), outside
+    base = np.ceil(src) - 1                         # (the left neighbour: r in (0, 1])
+    r = (src - base)[:, None]
+    s = _builtins.min(scale, 1.0) if antialias else 1.0     # antialias: a wider filter
     if mode == "linear":
-        offsets, w = np.array([0, 1]), np.stack([1 - r, r], axis=1)
+        start = int(np.floor(-1 / s) + 1)
+        offsets = np.arange(start, 2 - start)
+        w = np.clip(1 - np.abs((offsets[None, :] - r) * s), 0, 1)
     else:
-        def far(t):                                   # |t| in [1, 2)
-            return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
-
-        def near(t):                                  # |t| in [0, 1)
-            return ((a + 2) * t - (a + 3)) * t * t + 1
-        offsets = np.array([-1, 0, 1, 2])
-        w = np.stack([far(r + 1), near(r), near(1 - r), far(2 - r)], axis=1)
+        start = int(np.floor(-2 / s) + 1)
+        offsets = np.arange(start, 2 - start)
+        t = np.abs((offsets[None, :] - r) * s)
+        w = np.where(t <= 1, ((a + 2) * t - (a + 3)) * t * t + 1,
+                     np.where(t < 2, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0))
+    w = w / w.sum(axis=1, keepdims=True)
     idx = base[:, None].astype(np.int64) + offsets[None, :]
     if exclude_outside:
         w = np.where((idx >= 0) & (idx < n), w, 0.0)
-        w = w / w.sum(axis=1, keepdims=True)
-    return np.clip(idx, 0, n - 1), w
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, n - 1), w, outside
 
 
 def clamp(x, min=None, max=None):

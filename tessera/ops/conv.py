@@ -532,15 +532,12 @@ def _dilations(a):
 
 
 def _pool_spatial(t, a, what="pool"):
-    """The output's spatial sizes (PyTorch's rules: a padding at most half the window, so
-    that every window holds an element of the input)."""
+    """The output's spatial sizes. (A padding wider than half the window, which PyTorch
+    refuses and ONNX allows, gives windows without an input element: -inf from max_pool,
+    NaN from avg_pool without count_include_pad.)"""
     spatial = []
     for k, (size, (lo, hi), kk, s, d) in enumerate(zip(t.shape[2:], a["padding"], a["kernel"],
                                                        a["stride"], _dilations(a))):
-        if max(lo, hi) > (d * (kk - 1) + 1) // 2:
-            raise ShapeError(f"{what}: a padding of {max(lo, hi)} is more than half the "
-                             f"window ({d * (kk - 1) + 1}) along spatial axis {k}",
-                             received=f"padding {a['padding']}, kernel {a['kernel']}")
         m = _out_size(size, lo, hi, kk, s, d, a["ceil_mode"])
         if m < 1:
             raise ShapeError(f"{what}'s kernel ({kk}) is larger than the padded input along "
@@ -583,15 +580,14 @@ def _max_pool_decompose(b, xs, a):
 
 
 def _window_counts(a, size, spatial):
-    """Per output position, the number of elements its window averages: the window within
-    the padded input (count_include_pad), or within the input itself."""
+    """Per output position, the number of elements its window averages: its taps within the
+    padded input (count_include_pad), or within the input itself."""
     counts = []
-    for (lo, hi), m, k, s, n in zip(a["padding"], spatial, a["kernel"], a["stride"], size):
-        start = np.arange(m) * s - lo
-        end = np.minimum(start + k, n + hi)
-        if not a["count_include_pad"]:
-            start, end = np.maximum(start, 0), np.minimum(end, n)
-        counts.append(end - start)
+    for (lo, hi), m, k, s, d, n in zip(a["padding"], spatial, a["kernel"], a["stride"],
+                                       _dilations(a), size):
+        taps = (np.arange(m) * s - lo)[:, None] + d * np.arange(k)[None, :]
+        first, end = (-lo, n + hi) if a["count_include_pad"] else (0, n)
+        counts.append(((taps >= first) & (taps < end)).sum(axis=1))
     return _outer(counts)
 
 
@@ -695,11 +691,67 @@ register(OpDef("max_pool", 1, {"kernel": None, "stride": None, "padding": 0, "di
                doc="the largest element of each window of x [N, C, *spatial] (NaN wins; padding "
                    "never wins): kernel, stride (default the kernel), padding, dilation, "
                    "ceil_mode, as PyTorch's max_pool1d/2d/3d"))
-register(OpDef("avg_pool", 1, {"kernel": None, "stride": None, "padding": 0, "ceil_mode": False,
-                               "count_include_pad": True},
+register(OpDef("avg_pool", 1, {"kernel": None, "stride": None, "padding": 0, "dilation": 1,
+                               "ceil_mode": False, "count_include_pad": True},
                normalize=_pool_normalize, infer=_pool_infer("avg_pool"),
                reference=_pool_ref("avg"), decompose=_avg_pool_decompose, vjp=_avg_pool_vjp,
                decompose_in_f32=True,
                doc="the mean of each window of x [N, C, *spatial]: kernel, stride (default the "
-                   "kernel), padding, ceil_mode, count_include_pad (PyTorch's default True, "
-                   "ONNX's False), as PyTorch's avg_pool1d/2d/3d"))
+                   "kernel), padding, dilation (ONNX's), ceil_mode, count_include_pad "
+                   "(PyTorch's default True, ONNX's False), as PyTorch's avg_pool1d/2d/3d"))
+
+
+def _max_pool_indices_decompose(b, xs, a):
+    """Per window, the position of its first largest element within its (n, c) plane, as
+    PyTorch's return_indices gives it: the window's argmax offset unravelled over the kernel,
+    moved to the input's coordinates, flattened over the spatial axes."""
+    x = xs[0]
+    cols, spatial, _ = _pool_windows(b, x, a, -math.inf)
+    j = b.op("argmax", cols, axis=2, keepdim=False)                      # [N, C, *spatial]
+    sizes = list(b.type(x).shape[2:])
+    plane = [prod(sizes[k + 1:]) for k in range(len(sizes))]
+    flat = None
+    for k, (kk, s, d, (lo, _), m) in enumerate(zip(a["kernel"], a["stride"], _dilations(a),
+                                                   a["padding"], spatial)):
+        tap = b.op("mod", b.op("floor_divide", j, prod(a["kernel"][k + 1:])), kk)
+        start = (np.arange(m) * s - lo).reshape([1, 1] + [-1 if q == k else 1
+                                                          for q in range(len(spatial))])
+        pos = b.op("add", b.op("mul", tap, d), b.const(start.astype(np.int64), None))
+        term = b.op("mul", pos, plane[k])
+        flat = term if flat is None else b.op("add", flat, term)
+    return flat
+
+
+def _max_pool_indices_ref(xs, a):
+    x = xs[0].astype(np.float64)
+    spatial = _pool_spatial(TensorType(dt.float64, x.shape), a)
+    w = _pool_attrs(a, spatial, list(x.shape[2:]))
+    xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in w["padding"]], constant_values=-np.inf)
+    out = np.zeros(x.shape[:2] + tuple(spatial), np.int64)
+    best = np.full(x.shape[:2] + tuple(spatial), -np.inf)
+    first = np.zeros(best.shape, bool)
+    for offset in itertools.product(*[range(k) for k in a["kernel"]]):
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
+                    zip(offset, w["dilation"], spatial, w["stride"]))
+        v = xp[(slice(None),) * 2 + idx]
+        better = ~first | (v > best) | (np.isnan(v) & ~np.isnan(best))
+        pos = 0
+        for k, (o, d, s, (lo, _), m) in enumerate(zip(offset, w["dilation"], w["stride"],
+                                                      a["padding"], spatial)):
+            coord = (np.arange(m) * s - lo + o * d).reshape([-1 if q == k else 1
+                                                             for q in range(len(spatial))])
+            pos = pos + coord * int(np.prod(x.shape[3 + k:]))
+        out = np.where(better, pos, out)
+        best = np.where(better, v, best)
+        first |= True
+    return out
+
+
+register(OpDef("max_pool_indices", 1, {"kernel": None, "stride": None, "padding": 0,
+                                       "dilation": 1, "ceil_mode": False},
+               normalize=_pool_normalize,
+               infer=lambda ts, a: TensorType(dt.int64, _pool_infer("max_pool")(ts, a).shape),
+               reference=_max_pool_indices_ref, decompose=_max_pool_indices_decompose,
+               differentiable=False,
+               doc="where max_pool's value of each window comes from: its position in its "
+                   "(n, c) plane, flattened over the spatial axes (PyTorch's return_indices)"))

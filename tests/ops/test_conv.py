@@ -215,10 +215,17 @@ def test_pools_are_pytorchs_with_their_gradients(k, kind, rng):
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
-def test_a_pool_padding_wider_than_half_its_window_is_refused(rng):
-    x = rng.standard_normal((1, 1, 6, 6))
-    with pytest.raises(ts.ShapeError, match="more than half the window") as e:
-        ts.function(lambda x: op.max_pool(x, kernel=2, padding=2))(x)
+def test_a_window_inside_the_padding_and_a_window_larger_than_the_input(rng):
+    """A padding wider than half the window (ONNX allows it, PyTorch refuses) gives windows
+    without an input element: -inf from max_pool, NaN from avg_pool excluding the padding; a
+    kernel larger than the padded input is a ShapeError at the user's line."""
+    x = rng.standard_normal((1, 1, 3, 3))
+    y = ts.function(lambda x: op.max_pool(x, kernel=2, padding=2))(x)
+    assert y.shape == (1, 1, 3, 3) and y[0, 0, 0, 0] == -np.inf and np.isfinite(y[0, 0, 1, 1])
+    a = ts.function(lambda x: op.avg_pool(x, kernel=2, padding=2, count_include_pad=False))(x)
+    assert np.isnan(a[0, 0, 0, 0]) and a[0, 0, 1, 1] == pytest.approx(x[0, 0, :2, :2].mean())
+    with pytest.raises(ts.ShapeError, match="larger than the padded input") as e:
+        ts.function(lambda x: op.max_pool(x, kernel=5))(x)
     assert "test_conv.py:" in str(e.value)
 
 
