@@ -512,6 +512,8 @@ def _check_gradient(p: Program, arrays):
         plus[i], minus[i] = xs[i] + h * d, xs[i] - h * d
         with np.errstate(all="ignore"):
             f = [float(np.sum(reference_numpy(p, v)[0])) for v in (plus, minus)]
+        if not all(map(math.isfinite, f)):
+            continue                    # (a NaN or inf loss has no finite difference)
         fd = (f[0] - f[1]) / (2 * h)
         an = float(np.sum(np.asarray(g) * d))
         if not math.isclose(an, fd, rel_tol=1e-4, abs_tol=1e-5 * max(1.0, abs(fd))):
