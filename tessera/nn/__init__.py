@@ -25,11 +25,23 @@ from .attention import KVCache, MultiHeadAttention, RoPE, TransformerBlock, rope
 from .init import Key
 from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Module, RMSNorm,
                      Sequential, activation, dropout, linear)
+from .conv import (AdaptiveAvgPool, AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d,
+                   AvgPool, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm, BatchNorm1d,
+                   BatchNorm2d, BatchNorm3d, Conv1d, Conv2d, Conv3d, ConvTranspose1d,
+                   ConvTranspose2d, ConvTranspose3d, Dropout2d, GroupNorm, InstanceNorm,
+                   InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, MaxPool, MaxPool1d, MaxPool2d,
+                   MaxPool3d, Upsample)
 from .losses import cross_entropy, kl_divergence, mse
 from .moe import MixtureOfExperts, TopKRouter
 from .precision import MixedPrecision, to_mixed_precision
 
-__all__ = ["ACTIVATIONS", "Dropout", "Embedding", "KVCache", "Key", "LayerNorm", "Linear", "MLP",
+__all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+           "AvgPool", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BatchNorm", "BatchNorm1d",
+           "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+           "ConvTranspose2d", "ConvTranspose3d", "Dropout2d", "GroupNorm", "InstanceNorm",
+           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "MaxPool", "MaxPool1d",
+           "MaxPool2d", "MaxPool3d", "Upsample",
+           "ACTIVATIONS", "Dropout", "Embedding", "KVCache", "Key", "LayerNorm", "Linear", "MLP",
            "Module", "MixtureOfExperts", "TopKRouter",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",

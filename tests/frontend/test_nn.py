@@ -523,3 +523,60 @@ def test_mixture_of_experts_refuses_a_flat_input():
     moe = nn.MixtureOfExperts(8, 8, 2)
     with pytest.raises(ts.TesseraError, match="groups, tokens"):
         moe(moe.init(0), np.zeros((5, 8), np.float32))
+
+
+def test_convolution_layers_match_pytorchs_modules(rng):
+    """nn.Conv2d / ConvTranspose2d / BatchNorm2d / GroupNorm / pools / Upsample given the
+    parameters of PyTorch's modules compute PyTorch's outputs; their own initialisations have
+    PyTorch's bounds and shapes."""
+    torch = pytest.importorskip("torch", reason="PyTorch's modules are the reference")
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    tx = torch.from_numpy(x)
+    conv = torch.nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
+    ours = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
+    p = {"w": conv.weight.detach().numpy(), "b": conv.bias.detach().numpy()}
+    np.testing.assert_allclose(ts.function(lambda x: ours(p, x))(x), conv(tx).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    mine = ours.init(seed=0)
+    bound = 1 / np.sqrt(2 * 9)
+    assert mine["w"].shape == (6, 2, 3, 3) and np.abs(mine["w"]).max() <= bound
+    assert np.abs(mine["b"]).max() <= bound
+    up = torch.nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)
+    theirs = nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)
+    p = {"w": up.weight.detach().numpy(), "b": up.bias.detach().numpy()}
+    assert theirs.init(0)["w"].shape == tuple(up.weight.shape)
+    np.testing.assert_allclose(ts.function(lambda x: theirs(p, x))(x), up(tx).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    bn, tbn = nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+    params = bn.init(0)
+    tbn.train()
+    want = tbn(tx).detach().numpy()
+    np.testing.assert_allclose(bn(params, x, train=True), want, rtol=1e-4, atol=1e-5)
+    params = bn.update(params, x)
+    np.testing.assert_allclose(params["running_mean"], tbn.running_mean.numpy(), rtol=1e-5,
+                               atol=1e-7)
+    np.testing.assert_allclose(params["running_var"], tbn.running_var.numpy(), rtol=1e-5)
+    tbn.eval()
+    with ts.training(False):             # (training mode is the default, as PyTorch's)
+        got = ts.function(lambda x: bn(params, x))(x)
+    np.testing.assert_allclose(got, tbn(tx).detach().numpy(), rtol=1e-4, atol=1e-5)
+    for ours, theirs in [(nn.GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)),
+                         (nn.MaxPool2d(3, 2, 1), torch.nn.MaxPool2d(3, 2, 1)),
+                         (nn.AvgPool2d(2, ceil_mode=True), torch.nn.AvgPool2d(2, ceil_mode=True)),
+                         (nn.AdaptiveAvgPool2d((3, 2)), torch.nn.AdaptiveAvgPool2d((3, 2))),
+                         (nn.Upsample(scale_factor=2, mode="bilinear"),
+                          torch.nn.Upsample(scale_factor=2, mode="bilinear")),
+                         (nn.Upsample(size=(5, 7), mode="nearest"),
+                          torch.nn.Upsample(size=(5, 7), mode="nearest"))]:
+        np.testing.assert_allclose(ts.function(lambda x: ours(ours.init(0), x))(x),
+                                   theirs(tx).detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=type(ours).__name__)
+
+
+def test_dropout2d_drops_whole_channels(rng):
+    x = np.ones((4, 16, 5, 5), np.float32)
+    y = nn.Dropout2d(0.5)({}, x, seed=3, train=True)
+    per_channel = y.reshape(4, 16, -1)
+    assert np.all((per_channel == 0).all(-1) | (per_channel == 2).all(-1))
+    assert 0 < (per_channel[..., 0] == 0).sum() < 64
+    np.testing.assert_array_equal(nn.Dropout2d(0.5)({}, x), x)        # inference: as is
