@@ -118,6 +118,101 @@ def _sum(x, dims=None, keepdim=False, dtype=None):
     return y if dtype is None else op.cast(y, _dtype(dtype))
 
 
+# ---- the convolution family ----------------------------------------------------------------------
+def _n(v, k):
+    """An ATen int list (one value meaning every axis) as k ints."""
+    v = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
+    return v * k if len(v) == 1 else v
+
+
+def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    k = len(_shape(w)) - 2
+    attrs = dict(stride=_n(stride, k), padding=_n(padding, k), dilation=_n(dilation, k),
+                 groups=int(groups))
+    if transposed:
+        return op.conv_transpose(x, w, b, output_padding=_n(output_padding, k), **attrs)
+    return op.conv(x, w, b, **attrs)
+
+
+def _max_pool_with_indices(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    k = len(_shape(x)) - 2
+    attrs = dict(kernel=_n(kernel, k), stride=_n(stride, k) if stride else None,
+                 padding=_n(padding, k), dilation=_n(dilation, k), ceil_mode=bool(ceil_mode))
+    return op.max_pool(x, **attrs), op.max_pool_indices(x, **attrs)
+
+
+def _avg_pool(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    if divisor_override is not None:
+        raise TesseraError("avg_pool's divisor_override is not imported yet")
+    k = len(_shape(x)) - 2
+    return op.avg_pool(x, _n(kernel, k), _n(stride, k) if stride else None, _n(padding, k),
+                       ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
+
+
+def _batch_norm_eval(x, w, b, mean, var, momentum, eps):
+    """(out, save_mean, save_rstd): inference saves nothing (empty, as PyTorch's)."""
+    return (op.batch_norm(x, mean, var, w, b, eps=eps), np.zeros(0, np.float32),
+            np.zeros(0, np.float32))
+
+
+def _batch_norm_train(x, w, b, mean, var, momentum, eps):
+    """(out, batch mean, batch rstd, new running mean, new running var): the functional
+    form of training batch norm torch.export records."""
+    axes = [0] + list(range(2, len(_shape(x))))
+    m = op.mean(x, axis=axes)
+    rstd = op.rsqrt(op.var(x, axis=axes) + eps)
+    if mean is None:
+        y = op.batch_norm(x, None, None, w, b, training=True, eps=eps)
+        return y, m, rstd
+    y, new_mean, new_var = op.batch_norm(x, mean, var, w, b, training=True, momentum=momentum,
+                                         eps=eps)
+    return y, m, rstd, new_mean, new_var
+
+
+def _native_batch_norm(x, w, b, mean, var, training, momentum, eps):
+    if training:
+        return _batch_norm_train(x, w, b, mean, var, momentum, eps)[:3]
+    return _batch_norm_eval(x, w, b, mean, var, momentum, eps)
+
+
+def _group_norm(x, w, b, N, C, HxW, groups, eps):
+    """(out, mean [N, groups], rstd [N, groups])."""
+    g = op.reshape(x, shape=[int(N), int(groups), -1])
+    m, v = op.mean(g, axis=2), op.var(g, axis=2)
+    return op.group_norm(x, int(groups), w, b, eps), m, op.rsqrt(v + eps)
+
+
+def _torch_pad(x, pad, mode="constant", value=0.0):
+    """PyTorch's flat pad list: (before, after) pairs from the last axis backwards."""
+    rank = len(_shape(x))
+    pairs = [[0, 0] for _ in range(rank)]
+    for j in range(len(pad) // 2):
+        pairs[rank - 1 - j] = [int(pad[2 * j]), int(pad[2 * j + 1])]
+    return op.pad(x, pairs, mode=mode, value=0.0 if value is None else float(value))
+
+
+def _upsample(mode):
+    def up(x, output_size=None, *rest, **kw):
+        align = False
+        scales = None
+        if mode != "nearest" and rest and isinstance(rest[0], bool):
+            align, rest = rest[0], rest[1:]
+        align = kw.get("align_corners", align)
+        if rest:
+            scales = rest[0] if isinstance(rest[0], (list, tuple)) else \
+                [r for r in rest if r is not None] or None
+        scales = kw.get("scale_factors", scales)
+        how = {"nearest": dict(mode="nearest", coordinate_transformation_mode="asymmetric",
+                               nearest_mode="floor")}.get(mode) or dict(
+            mode="cubic" if mode == "bicubic" else "linear",
+            coordinate_transformation_mode="align_corners" if align else "half_pixel")
+        if output_size:
+            return op.resize(x, size=[int(s) for s in output_size], **how)
+        return op.resize(x, scale=[float(s) for s in scales], **how)
+    return up
+
+
 # ATen overload -> a function of its arguments giving tessera values (or a tuple of them)
 ATEN = {
     "aten.permute.default": lambda x, dims: op.transpose(x, perm=list(dims)),
@@ -224,6 +319,39 @@ ATEN = {
     "aten.detach.default": lambda x: x,
     "aten.lift_fresh_copy.default": lambda x: x,
     "aten._to_copy.default": _to,
+    "aten.convolution.default": _convolution,
+    "aten.conv2d.default": lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1:
+        _convolution(x, w, b, stride, padding, dilation, False, 0, groups),
+    "aten.max_pool2d_with_indices.default": _max_pool_with_indices,
+    "aten.max_pool3d_with_indices.default": _max_pool_with_indices,
+    "aten.max_pool2d.default": lambda *a, **k: _max_pool_with_indices(*a, **k)[0],
+    "aten.avg_pool2d.default": _avg_pool,
+    "aten.avg_pool3d.default": _avg_pool,
+    "aten.avg_pool1d.default": _avg_pool,
+    "aten._adaptive_avg_pool2d.default": lambda x, size: op.adaptive_avg_pool(x, list(size)),
+    "aten._adaptive_avg_pool3d.default": lambda x, size: op.adaptive_avg_pool(x, list(size)),
+    "aten.adaptive_avg_pool1d.default": lambda x, size: op.adaptive_avg_pool(x, list(size)),
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm_eval,
+    "aten._native_batch_norm_legit_functional.default":
+        lambda x, w, b, mean, var, training, momentum, eps:
+        _batch_norm_train(x, w, b, mean, var, momentum, eps) if training else
+        _batch_norm_eval(x, w, b, mean, var, momentum, eps) + (mean, var),
+    "aten._native_batch_norm_legit.no_stats": lambda x, w, b, training, momentum, eps:
+        _batch_norm_train(x, w, b, None, None, momentum, eps),
+    "aten.native_batch_norm.default": _native_batch_norm,
+    "aten.native_group_norm.default": _group_norm,
+    "aten.constant_pad_nd.default": lambda x, pad, value=0: _torch_pad(x, pad, "constant",
+                                                                        value),
+    **{f"aten.reflection_pad{k}d.default": (lambda x, pad: _torch_pad(x, pad, "reflect"))
+       for k in (1, 2, 3)},
+    **{f"aten.replication_pad{k}d.default": (lambda x, pad: _torch_pad(x, pad, "edge"))
+       for k in (1, 2, 3)},
+    "aten.pixel_shuffle.default": lambda x, r: op.pixel_shuffle(x, int(r)),
+    "aten.pixel_unshuffle.default": lambda x, r: op.pixel_unshuffle(x, int(r)),
+    **{f"aten.upsample_{m}{k}d.{form}": _upsample(m.replace("linear", "bilinear")
+                                                  if m == "linear" else m)
+       for m in ("nearest", "linear", "bilinear", "trilinear", "bicubic") for k in (1, 2, 3)
+       for form in ("vec", "default")},
     "aten.scaled_dot_product_attention.default": lambda q, k, v, mask=None, dropout_p=0.0,
     is_causal=False, scale=None, **_: op.attention(q, k, v, mask=mask, causal=is_causal,
                                                    scale=scale),
