@@ -56,3 +56,22 @@ def test_a_resnets_gradients_are_pytorchs(rng):
     for name, p in model.named_parameters():
         np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=2e-3,
                                    atol=2e-4 * np.abs(p.grad.numpy()).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("name", sorted(_models()))
+def test_a_vision_model_through_onnx_gives_pytorchs_logits(name, rng):
+    """Exported by PyTorch's ONNX exporter (torch.export, then onnxscript's translation, at
+    opset 18), imported by ts.onnx.import_model."""
+    pytest.importorskip("onnxscript", reason="PyTorch's ONNX exporter needs onnxscript")
+    import contextlib
+    import io
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = Logits(_models()[name]()).eval()
+    x = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    with torch.no_grad():
+        want = model(x).numpy()
+    f = io.BytesIO()
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(model, (x,), f, dynamo=True, opset_version=18)
+    got = ts.onnx.import_model(f.getvalue())(x.numpy())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max())
