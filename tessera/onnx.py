@@ -171,6 +171,41 @@ def _gelu(w, n, xs, out):
     return w.node("Mul", [w.node("Mul", [xs[0], w.const(np.asarray(0.5, d))]), one_plus], out)
 
 
+def _flat_pads(pairs) -> list:
+    """(before, after) pairs as ONNX's pads: every begin, then every end."""
+    return [p[0] for p in pairs] + [p[1] for p in pairs]
+
+
+def _e_conv(w, n, xs, out):
+    a = n.attrs
+    kind = "ConvTranspose" if n.op == "conv_transpose" else "Conv"
+    extra = {"output_padding": list(a["output_padding"])} if kind == "ConvTranspose" else {}
+    return w.node(kind, xs, out, strides=list(a["stride"]), pads=_flat_pads(a["padding"]),
+                  dilations=list(a["dilation"]), group=a["groups"], **extra)
+
+
+def _e_pool(w, n, xs, out):
+    a = n.attrs
+    common = dict(kernel_shape=list(a["kernel"]), strides=list(a["stride"]),
+                  pads=_flat_pads(a["padding"]), ceil_mode=int(a["ceil_mode"]))
+    if any(d != 1 for d in a["dilation"]):       # (AveragePool takes dilations from opset 19)
+        common["dilations"] = list(a["dilation"])
+    if n.op == "max_pool":
+        return w.node("MaxPool", xs, out, **common)
+    return w.node("AveragePool", xs, out, count_include_pad=int(a["count_include_pad"]),
+                  **common)
+
+
+def _e_pad(w, n, xs, out):
+    """ONNX's Pad (opset 11 on): pads and the constant as inputs; wrap is circular."""
+    a = n.attrs
+    mode = {"circular": "wrap"}.get(a["mode"], a["mode"])
+    ins = [xs[0], w.ints(_flat_pads(a["pads"]))]
+    if mode == "constant":
+        ins.append(w.const(np.asarray(a["value"], n.out.type.dtype.np)))
+    return w.node("Pad", ins, out, mode=mode)
+
+
 EXPORT = {
     **{name: _unary(kind) for name, kind in [
         ("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("pow", "Pow"),
@@ -207,6 +242,11 @@ EXPORT = {
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
     "attention": _attention,
+    "conv": _e_conv,
+    "conv_transpose": _e_conv,
+    "max_pool": _e_pool,
+    "avg_pool": _e_pool,
+    "pad": _e_pad,
 }
 
 
