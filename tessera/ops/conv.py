@@ -427,46 +427,20 @@ def _conv_t_infer(ts, a):
     return TensorType(d, (y.shape[0], w.shape[1] * g, *spatial))
 
 
-def _dilated(b, y, stride):
-    """y with stride - 1 zeros between neighbours along each spatial axis."""
-    for k, s in enumerate(stride):
-        if s == 1:
-            continue
-        axis = 2 + k
-        shape = list(b.type(y).shape)
-        n = shape[axis]
-        wide = b.op("expand_dims", y, axis=axis + 1)
-        gaps = zeros(b, wide, _resized(list(b.type(wide).shape), axis + 1, s - 1))
-        y = b.op("reshape", b.op("concat", [wide, gaps], axis=axis + 1),
-                 shape=_resized(shape, axis, n * s))
-        y = _axis_slice(b, y, axis, 0, (n - 1) * s + 1)
-    return y
-
-
-def _swapped(b, w, groups):
-    """A transposed convolution's weight [C, O/g, *K] as the convolution's [O, C/g, *K] that
-    computes it, its kernel flipped."""
-    t = b.type(w)
-    C, Og, kernel = t.shape[0], t.shape[1], list(t.shape[2:])
-    v = b.op("reshape", w, shape=[groups, C // groups, Og, *kernel])
-    perm = [0, 2, 1] + list(range(3, 3 + len(kernel)))
-    v = b.op("reshape", b.op("transpose", v, perm=perm), shape=[Og * groups, C // groups, *kernel])
-    for k in range(len(kernel)):
-        v = flip(b, v, 2 + k)
-    return v
-
-
 def _conv_t_decompose(b, xs, a):
+    """The convolution's adjoint written out: the weight's transpose times each input
+    position's channels (one batched matmul per group) gives every window's contribution,
+    which col2im adds into the output where the convolution would have read it."""
     y, w = xs
-    kernel = list(b.type(w).shape[2:])
-    pads = [[d * (k - 1) - lo, d * (k - 1) - hi + op] for (lo, hi), k, d, op in
-            zip(a["padding"], kernel, a["dilation"], a["output_padding"])]
-    z = _dilated(b, y, a["stride"])
-    if any(p < 0 for pair in pads for p in pair):       # a padding wider than the kernel: crop
-        z = b.op("pad", z, pads=[[0, 0], [0, 0]] + [[min(lo, 0), min(hi, 0)] for lo, hi in pads])
-        pads = [[max(lo, 0), max(hi, 0)] for lo, hi in pads]
-    return b.op("conv", z, _swapped(b, w, a["groups"]), stride=1, padding=pads,
-                dilation=a["dilation"], groups=a["groups"])
+    ty, tw = b.type(y), b.type(w)
+    out = _conv_t_infer([ty, tw], a)
+    N, C, spatial = ty.shape[0], ty.shape[1], list(ty.shape[2:])
+    G, Og, kernel = a["groups"], tw.shape[1], list(tw.shape[2:])
+    K = prod(kernel)
+    wm = b.op("transpose", b.op("reshape", w, shape=[G, C // G, Og * K]))    # [G, Og K, C/G]
+    ym = b.op("reshape", y, shape=[N, G, C // G, prod(spatial)])
+    cols = b.op("reshape", b.op("matmul", wm, ym), shape=[N, G * Og, K, *spatial])
+    return _col2im(b, list(out.shape), cols, kernel, a, spatial)
 
 
 def _conv_t_vjp(b, xs, y, g, a):
@@ -606,14 +580,14 @@ def _avg_pool_decompose(b, xs, a):
     return b.op("div", total, b.const(counts.astype(b.type(x).dtype.compute.np), None))
 
 
-def _col2im(b, x, cols_grad, a, w_attrs, spatial):
+def _col2im(b, shape, cols_grad, kernel, w_attrs, spatial):
     """The adjoint of `_windows`: each kernel offset's slice of the windows' cotangent
-    [N, C, K, *spatial] put back where it was read, summed, the padding cut off."""
-    t = x.type
+    [N, C, K, *spatial] put back where it was read, summed, the padding cut off: an image
+    of ``shape`` (the windows' input's)."""
     pads = [[0, 0], [0, 0]] + [list(p) for p in w_attrs["padding"]]
-    padded = [d + lo + hi for d, (lo, hi) in zip(t.shape, pads)]
+    padded = [d + lo + hi for d, (lo, hi) in zip(shape, pads)]
     total = None
-    for j, offset in enumerate(itertools.product(*[range(k) for k in a["kernel"]])):
+    for j, offset in enumerate(itertools.product(*[range(k) for k in kernel])):
         piece = b.op("squeeze", _axis_slice(b, cols_grad, 2, j, j + 1), axis=[2])
         for k, (o, d, s, m) in enumerate(zip(offset, w_attrs["dilation"], w_attrs["stride"],
                                             spatial)):
@@ -646,7 +620,7 @@ def _max_pool_vjp(b, xs, y, g, a):
                                                 shape=[1, 1, K] + [1] * len(spatial)),
                            shape=list(b.type(cols).shape)), first)
     spread = b.op("where", pick, b.op("expand_dims", g, axis=2), 0.0)
-    return [_col2im(b, x, spread, a, w, spatial)]
+    return [_col2im(b, x.shape, spread, a["kernel"], w, spatial)]
 
 
 def _avg_pool_vjp(b, xs, y, g, a):
@@ -659,7 +633,7 @@ def _avg_pool_vjp(b, xs, y, g, a):
     K = prod(a["kernel"])
     spread = b.op("broadcast_to", b.op("expand_dims", share, axis=2),
                   shape=[*t.shape[:2], K, *spatial])
-    return [_col2im(b, x, spread, a, w, spatial)]
+    return [_col2im(b, x.shape, spread, a["kernel"], w, spatial)]
 
 
 def _pool_ref(kind):
