@@ -52,7 +52,7 @@ import zlib
 import numpy as np
 
 from . import dtypes as dt
-from .errors import ArgumentError, ShardingError, TesseraError
+from .errors import ArgumentError, DeviceError, ShardingError, TesseraError
 from .pytree import flatten
 
 __all__ = ["save", "save_async", "wait", "load", "latest_step", "CheckpointError", "Checkpointed",
@@ -472,7 +472,6 @@ class Checkpointed:
         return saved, step
 
     def __call__(self, state, steps: int):
-        from .errors import DeviceError
         initial = state
         state, i = self.resume(initial)
         self.restarts = 0

@@ -9,7 +9,7 @@ from ...ops import registry as R
 from ..emit import finish, grid_from_cpu_nests, loop_nest, prod, reduction_plan
 from ..groups import Group, identity_map
 from ..schedule_ir import Kernel
-from ..tile_ir import Assign, Const, Decl, Loop, OpCall, Select, Store, Var, linear
+from ..tile_ir import Assign, Const, Decl, OpCall, Select, Store, Var, linear
 from .base import Strategy, register, worth_threads
 
 
