@@ -476,7 +476,7 @@ register(OpDef("conv_transpose", 2, {"stride": 1, "padding": 0, "output_padding"
                                      "dilation": 1, "groups": 1},
                normalize=_conv_normalize, infer=_conv_t_infer, reference=_conv_t_ref,
                dtype_rule=lambda ds, a: _float_operands(ds, "conv_transpose"),
-               decompose=_conv_t_decompose, vjp=_conv_t_vjp, accumulates=True,
+               decompose=_conv_t_decompose, vjp=_conv_t_vjp, decompose_in_f32=True,
                doc="the transposed convolution of x [N, C, *spatial] with w [C, O/groups, "
                    "*kernel] (PyTorch's conv_transpose1d/2d/3d: a convolution's data "
                    "gradient); output_padding adds rows at the end"))
@@ -662,6 +662,7 @@ register(OpDef("max_pool", 1, {"kernel": None, "stride": None, "padding": 0, "di
                                "ceil_mode": False},
                normalize=_pool_normalize, infer=_pool_infer("max_pool"),
                reference=_pool_ref("max"), decompose=_max_pool_decompose, vjp=_max_pool_vjp,
+               decompose_in_f32=True,   # the padding's -inf, which fp8 e4m3 cannot hold
                doc="the largest element of each window of x [N, C, *spatial] (NaN wins; padding "
                    "never wins): kernel, stride (default the kernel), padding, dilation, "
                    "ceil_mode, as PyTorch's max_pool1d/2d/3d"))
@@ -726,6 +727,6 @@ register(OpDef("max_pool_indices", 1, {"kernel": None, "stride": None, "padding"
                normalize=_pool_normalize,
                infer=lambda ts, a: TensorType(dt.int64, _pool_infer("max_pool")(ts, a).shape),
                reference=_max_pool_indices_ref, decompose=_max_pool_indices_decompose,
-               differentiable=False,
+               differentiable=False, decompose_in_f32=True,
                doc="where max_pool's value of each window comes from: its position in its "
                    "(n, c) plane, flattened over the spatial axes (PyTorch's return_indices)"))
