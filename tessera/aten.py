@@ -213,6 +213,92 @@ def _upsample(mode):
     return up
 
 
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    """torch's scaled_dot_product_attention: a boolean mask says which keys take part (True)
+    and becomes the additive form op.attention takes; with grouped-query attention each
+    key/value head serves heads/kv_heads consecutive query heads, as in PyTorch."""
+    if dropout_p:
+        raise TesseraError("scaled_dot_product_attention with dropout is not imported",
+                           hint="export the model in eval mode (model.eval())")
+    if attn_mask is not None and dtype_of(attn_mask).is_bool:
+        attn_mask = op.where(attn_mask, 0.0, -np.inf)
+    sq, sk = _shape(q)[-2], _shape(k)[-2]
+    if is_causal and sq != sk:          # torch's causal mask is top-left aligned, op's bottom-right
+        attn_mask, is_causal = np.where(np.tri(sq, sk, dtype=bool), 0.0, -np.inf) \
+            .astype(dtype_of(q).np), False
+    heads, kv_heads = _shape(q)[-3], _shape(k)[-3]
+    if len(_shape(q)) >= 3 and heads != kv_heads:
+        k, v = (_repeat_heads(t, heads // kv_heads) for t in (k, v))
+    return op.attention(q, k, v, mask=attn_mask, causal=is_causal, scale=scale)
+
+
+def _repeat_heads(t, r):
+    """[..., Hkv, S, D] -> [..., Hkv * r, S, D], each head repeated r times in place."""
+    shape = _shape(t)
+    wide = op.broadcast_to(op.expand_dims(t, axis=-3),
+                           shape=[*shape[:-3], shape[-3], r, *shape[-2:]])
+    return _reshape(wide, [*shape[:-3], shape[-3] * r, *shape[-2:]])
+
+
+def _bitwise(how, a, b):
+    """and/or of booleans (min/max); integer bit operations have no tessera operator yet."""
+    if not all(dtype_of(t).is_bool if hasattr(t, "shape") or isinstance(t, np.ndarray)
+               else isinstance(t, bool) for t in (a, b)):
+        raise TesseraError(f"aten.bitwise_{how} of integers is not imported (booleans are)")
+    a, b = op.cast(a, "bool"), op.cast(b, "bool")
+    return op.minimum(a, b) if how == "and" else op.maximum(a, b)
+
+
+def _index(x, indices):
+    """x[i0, i1, ...] with integer index tensors (None: the whole axis), NumPy's advanced
+    indexing: the indexed axes, moved to the front, are read through one flat index; the
+    broadcast index shape takes the place of the first indexed axis when the indexed axes are
+    adjacent, else goes first."""
+    shape = _shape(x)
+    indices = list(indices) + [None] * (len(shape) - len(indices))
+    axes = [k for k, i in enumerate(indices) if i is not None]
+    if any(dtype_of(indices[k]).is_bool for k in axes):
+        raise TesseraError("aten.index with a boolean mask has a data-dependent shape; "
+                           "it is not imported", hint="use torch.where in the model")
+    rest = [k for k in range(len(shape)) if k not in axes]
+    front = op.transpose(x, perm=axes + rest) if axes + rest != list(range(len(shape))) else x
+    flat = _reshape(front, [int(np.prod([shape[k] for k in axes]))] + [shape[k] for k in rest])
+    lin, stride = None, 1
+    for k in reversed(axes):
+        i = op.cast(indices[k], "int64")
+        i = op.where(i < 0, i + shape[k], i)
+        term = i * stride if stride != 1 else i
+        lin, stride = (term if lin is None else term + lin), stride * shape[k]
+    out = op.take(flat, lin, axis=0)                                    # [*B, *rest]
+    nb = len(_shape(out)) - len(rest)
+    if axes == list(range(axes[0], axes[-1] + 1)) and axes[0] > 0:
+        p = axes[0]
+        perm = list(range(nb, nb + p)) + list(range(nb)) + list(range(nb + p, nb + len(rest)))
+        out = op.transpose(out, perm=perm)
+    return out
+
+
+def _slice_scatter(x, src, dim, start, end, step):
+    """x with src written over x[..., start:end:step, ...] along dim."""
+    n = _shape(x)[dim]
+    start, end, step = slice(start, end, step).indices(n)
+    taken = list(range(start, end, step))
+    if not taken:
+        return x
+    src = op.cast(src, dtype_of(x).name)
+    if step == 1:
+        pieces = [_slice(x, dim, 0, start)] if start else []
+        pieces += [src] + ([_slice(x, dim, end, n)] if end < n else [])
+        return pieces[0] if len(pieces) == 1 else op.concat(pieces, axis=dim)
+    where = np.full(n, -1)
+    where[taken] = np.arange(len(taken))
+    rank = len(_shape(x))
+    picked = op.take(src, np.maximum(where, 0), axis=dim)
+    keep = where.reshape([-1 if k == dim % rank else 1 for k in range(rank)]) >= 0
+    return op.where(keep, picked, x)
+
+
 # ATen overload -> a function of its arguments giving tessera values (or a tuple of them)
 ATEN = {
     "aten.permute.default": lambda x, dims: op.transpose(x, perm=list(dims)),
@@ -352,9 +438,18 @@ ATEN = {
                                                   if m == "linear" else m)
        for m in ("nearest", "linear", "bilinear", "trilinear", "bicubic") for k in (1, 2, 3)
        for form in ("vec", "default")},
-    "aten.scaled_dot_product_attention.default": lambda q, k, v, mask=None, dropout_p=0.0,
-    is_causal=False, scale=None, **_: op.attention(q, k, v, mask=mask, causal=is_causal,
-                                                   scale=scale),
+    "aten.scaled_dot_product_attention.default": _sdpa,
+    "aten.bitwise_and.Tensor": lambda a, b: _bitwise("and", a, b),
+    "aten.bitwise_and.Scalar": lambda a, b: _bitwise("and", a, b),
+    "aten.bitwise_or.Tensor": lambda a, b: _bitwise("or", a, b),
+    "aten.bitwise_or.Scalar": lambda a, b: _bitwise("or", a, b),
+    "aten.cumsum.default": lambda x, dim, dtype=None: op.cumsum(
+        x if dtype is None else op.cast(x, _dtype(dtype)), axis=dim),
+    "aten.index.Tensor": lambda x, indices: _index(x, indices),
+    "aten.copy.default": lambda dst, src, non_blocking=False: op.broadcast_to(
+        op.cast(src, dtype_of(dst).name), shape=list(_shape(dst))),
+    "aten.slice_scatter.default": lambda x, src, dim=0, start=None, end=None, step=1:
+        _slice_scatter(x, src, dim, start, end, step),
 }
 
 
@@ -395,7 +490,8 @@ def from_torch(model, *example_inputs):
     try:
         with warnings.catch_warnings():     # (torch.export's own deprecation of its pytrees)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            exported = torch.export.export(module, examples).run_decompositions()
+            exported = torch.export.export(module, examples).run_decompositions(
+                _decompositions())
     except Exception as e:         # torch.export's own reasons (data-dependent control flow)
         raise TesseraError(f"torch.export could not capture {name}: {type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''}",
@@ -445,6 +541,16 @@ def from_torch(model, *example_inputs):
     body.__name__ = body.__qualname__ = name
     body.__doc__ = f"{name}, imported from PyTorch by torch.export (tessera.from_torch)"
     return Function(body, name=name), params
+
+
+def _decompositions():
+    """torch.export's core-ATen decompositions, less scaled_dot_product_attention's: it maps
+    onto op.attention whole (its math decomposition also views a non-contiguous tensor,
+    which fails inside torch.export for GPT-2)."""
+    import torch
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    return table
 
 
 def _example_shaped(x, node, param, name):

@@ -232,7 +232,7 @@ def test_from_torch_transformers_models(family, rng):
 # ---- a PyTorch layer inside a tessera function: migrate.wrap_pytorch (a graph break) ----------
 def _conv_model(rng):
     torch.manual_seed(int(rng.integers(1 << 31)))
-    conv = torch.nn.Conv1d(4, 6, 3, padding=1).eval()    # convolution: not in the registry
+    conv = torch.nn.Conv1d(4, 6, 3, padding=1).eval()    # run by PyTorch itself
     return conv, ts.migrate.wrap_pytorch(conv)
 
 

@@ -1,0 +1,195 @@
+"""transformers' language and multimodal models as people bring them: small random
+configurations with the library's default settings (scaled-dot-product attention, the cache on,
+the LM heads), nothing downloaded, through ts.from_torch, with and without a padded batch; each
+gives PyTorch's outputs within rounding. Then the ATen pieces those models lean on
+(scaled_dot_product_attention with its masks and grouped-query attention, advanced indexing,
+slice_scatter, cumsum, boolean and), each against PyTorch on fresh inputs."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera.errors import TesseraError
+
+torch = pytest.importorskip("torch", reason="ts.from_torch needs PyTorch")
+transformers = pytest.importorskip("transformers", reason="the models come from transformers")
+
+SMALL = dict(vocab_size=100, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+DECODER = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+               max_position_embeddings=64)
+
+
+def _text_models():
+    T = transformers
+    return {
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_head=2, n_embd=32,
+                                                       n_positions=64, **SMALL)),
+        "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**DECODER, **SMALL)),
+        "opt": lambda: T.OPTForCausalLM(T.OPTConfig(
+            num_hidden_layers=2, num_attention_heads=2, hidden_size=32, ffn_dim=64,
+            max_position_embeddings=64, word_embed_proj_dim=32, **SMALL)),
+        "bert": lambda: T.BertModel(T.BertConfig(**DECODER, **SMALL)),
+        "roberta": lambda: T.RobertaModel(T.RobertaConfig(
+            **{**DECODER, "max_position_embeddings": 80}, vocab_size=100, pad_token_id=1,
+            bos_token_id=0, eos_token_id=2)),
+        "distilbert": lambda: T.DistilBertModel(T.DistilBertConfig(
+            n_layers=2, n_heads=2, dim=32, hidden_dim=64, max_position_embeddings=64,
+            vocab_size=100, pad_token_id=0)),
+        "t5": lambda: T.T5EncoderModel(T.T5Config(num_layers=2, num_heads=2, d_model=32, d_kv=16,
+                                                  d_ff=64, vocab_size=100, pad_token_id=0)),
+        "bart": lambda: T.BartModel(T.BartConfig(
+            encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            max_position_embeddings=64, vocab_size=100, pad_token_id=1, bos_token_id=0,
+            eos_token_id=2, decoder_start_token_id=2)),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**DECODER, num_key_value_heads=2,
+                                                          **SMALL)),
+        "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(
+            **DECODER, num_key_value_heads=2, sliding_window=4, **SMALL)),
+        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**DECODER, num_key_value_heads=2,
+                                                          **SMALL)),
+        "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**DECODER, num_key_value_heads=1,
+                                                          head_dim=8, **SMALL)),
+        "phi": lambda: T.PhiForCausalLM(T.PhiConfig(**DECODER, **SMALL)),
+        "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(
+            num_hidden_layers=2, num_attention_heads=4, hidden_size=32, **SMALL)),
+        "clip_text": lambda: T.CLIPTextModel(T.CLIPTextConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=32, projection_dim=16, **SMALL)),
+    }
+
+
+class Outputs(torch.nn.Module):
+    """The model's logits (its LM head) or last hidden state: the tensor a user reads."""
+    def __init__(self, model, key):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x, *mask):
+        out = self.model(**{self.key: x}, **({"attention_mask": mask[0]} if mask else {}))
+        return out.logits if getattr(out, "logits", None) is not None else \
+            out.last_hidden_state
+
+
+def _assert_pytorchs(module, *args):
+    fn, params = ts.from_torch(module, *args)
+    with torch.no_grad():
+        want = module(*args).numpy()
+    got = fn(params, *[a.numpy() for a in args])
+    assert not np.isnan(want).any()
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize("name", sorted(_text_models()))
+def test_a_language_model_with_its_defaults_gives_pytorchs_outputs(name, padded, rng):
+    """The padded batch's second sequence starts with padding (left padding, as generation
+    uses): the model's own mask arithmetic (bitwise and, advanced indexing) is imported too."""
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = Outputs(_text_models()[name]().eval(), "input_ids")
+    ids = torch.from_numpy(rng.integers(3, 100, size=(2, 9)))
+    if not padded:
+        return _assert_pytorchs(model, ids)
+    mask = torch.ones(2, 9, dtype=torch.int64)
+    mask[1, :int(rng.integers(1, 5))] = 0
+    _assert_pytorchs(model, ids, mask)
+
+
+def test_clip_vision_and_whisper_encoders_give_pytorchs_outputs(rng):
+    T = transformers
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    clip = T.CLIPVisionModel(T.CLIPVisionConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, projection_dim=16)).eval()
+    _assert_pytorchs(Outputs(clip, "pixel_values"),
+                     torch.from_numpy(rng.standard_normal((2, 3, 16, 16), np.float32)))
+    whisper = T.models.whisper.modeling_whisper.WhisperEncoder(T.WhisperConfig(
+        num_mel_bins=8, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=10, max_target_positions=16, decoder_start_token_id=0,
+        **SMALL)).eval()
+    _assert_pytorchs(Outputs(whisper, "input_features"),
+                     torch.from_numpy(rng.standard_normal((2, 8, 20), np.float32)))
+
+
+# ---- the ATen pieces, each against PyTorch ------------------------------------------------------
+class Fn(torch.nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, *xs):
+        return self.f(*xs)
+
+
+def _randn(rng, *shape):
+    return torch.from_numpy(rng.standard_normal(shape, np.float32))
+
+
+@pytest.mark.parametrize("case", ["bool_mask", "float_mask", "causal", "gqa", "gqa_causal"])
+def test_scaled_dot_product_attention_is_pytorchs(case, rng):
+    """A boolean mask keeps the keys it marks True; enable_gqa shares each key/value head among
+    consecutive query heads; every query row keeps at least one key (PyTorch's value for a row
+    that sees none is its own NaN)."""
+    F = torch.nn.functional
+    kv_heads = 2 if case.startswith("gqa") else 4
+    q, k, v = _randn(rng, 2, 4, 5, 8), _randn(rng, 2, kv_heads, 7, 8), _randn(rng, 2, kv_heads,
+                                                                             7, 8)
+    if case == "bool_mask":
+        mask = torch.from_numpy(rng.random((2, 1, 5, 7)) < 0.6)
+        mask[..., 0] = True
+        f = Fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+        return _assert_pytorchs(f, q, k, v, mask)
+    if case == "float_mask":
+        f = Fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                                                 scale=0.3))
+        return _assert_pytorchs(f, q, k, v, _randn(rng, 5, 7))
+    causal = case.endswith("causal")
+    f = Fn(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=case.startswith("gqa")))
+    _assert_pytorchs(f, q, k, v)
+
+
+@pytest.mark.parametrize("where", ["adjacent_first", "adjacent_inner", "apart", "negative"])
+def test_advanced_indexing_is_pytorchs(where, rng):
+    """aten.index.Tensor: the broadcast index shape replaces adjacent indexed axes in place, and
+    goes first when they are apart (NumPy's rule, and PyTorch's)."""
+    x = _randn(rng, 4, 5, 6, 3)
+    i = torch.from_numpy(rng.integers(0, 4, (2, 3)))
+    j = torch.from_numpy(rng.integers(0, 5, (3,)))
+    k = torch.from_numpy(rng.integers(-6, 6, (2, 1)))
+    f = {"adjacent_first": lambda x, i, j, k: x[i, j],
+         "adjacent_inner": lambda x, i, j, k: x[:, j, k],
+         "apart": lambda x, i, j, k: x[i, :, k],
+         "negative": lambda x, i, j, k: x[:, :, k]}[where]
+    _assert_pytorchs(Fn(f), x, i, j, k)
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_an_assignment_into_a_slice_is_pytorchs(step, rng):
+    """y[:, 1:6:step] = z inside a model: torch.export writes slice_scatter (and copy)."""
+    def f(x, z):
+        y = x.clone()
+        y[:, 1:6:step] = z
+        return y * 2
+    x = _randn(rng, 3, 8)
+    _assert_pytorchs(Fn(f), x, _randn(rng, 3, len(range(1, 6, step))))
+
+
+def test_cumsum_and_boolean_and_are_pytorchs(rng):
+    def f(x, m):
+        keep = (x > 0) & (m > 1)
+        return torch.cumsum(torch.where(keep, x, 0.0), dim=1), torch.cumsum(m, 0)
+    x = _randn(rng, 3, 7)
+    m = torch.from_numpy(rng.integers(0, 4, (3, 7)))
+    fn, params = ts.from_torch(Fn(f), x, m)
+    got = fn(params, x.numpy(), m.numpy())
+    for g, w in zip(got, f(x, m)):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+        assert np.asarray(g).dtype == w.numpy().dtype
+
+
+def test_bit_operations_on_integers_are_refused_with_a_reason(rng):
+    m = torch.from_numpy(rng.integers(0, 8, (4,)))
+    fn, params = ts.from_torch(Fn(lambda m: m & 3), m)
+    with pytest.raises(TesseraError, match="bitwise_and of integers"):
+        fn(params, m.numpy())
