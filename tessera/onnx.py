@@ -21,7 +21,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import op
-from .errors import ArgumentError, TesseraError
+from .errors import ArgumentError, TesseraError, UnsupportedDTypeError
 from .function import Function
 from .trace import Traced, dtype_of
 
@@ -44,6 +44,18 @@ _ONNX_DTYPE = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "boo
                "float16": 10, "float64": 11, "bfloat16": 16, "float8_e4m3fn": 17,
                "float8_e5m2": 19}
 _FROM_ONNX_DTYPE = {v: k for k, v in _ONNX_DTYPE.items()}
+
+
+def _tessera_dtype(code, node) -> str:
+    """The tessera dtype name of an ONNX element type, or a TesseraError naming both."""
+    if code in _FROM_ONNX_DTYPE:
+        return _FROM_ONNX_DTYPE[code]
+    onnx = _onnx()
+    name = onnx.helper.tensor_dtype_to_string(code) if code in onnx.helper.get_all_tensor_dtypes() \
+        else f"element type {code}"
+    raise UnsupportedDTypeError(f"{node.op_type} node {node.name or node.output[0]!r} uses "
+                                f"{name}, which tessera's dtype table lacks",
+                                expected=", ".join(_ONNX_DTYPE))
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -642,9 +654,9 @@ IMPORT = {
     "Reciprocal": lambda node, xs: op.div(1.0, xs[0]),
     "Identity": lambda node, xs: xs[0],
     # to fp8, ONNX saturates unless told not to (saturate=0)
-    "Cast": lambda node, xs: op.cast(xs[0], _FROM_ONNX_DTYPE[_attr(node, "to")],
+    "Cast": lambda node, xs: op.cast(xs[0], _tessera_dtype(_attr(node, "to"), node),
                                      saturate=bool(_attr(node, "saturate", 1)) and
-                                     "float8" in _FROM_ONNX_DTYPE[_attr(node, "to")]),
+                                     "float8" in _tessera_dtype(_attr(node, "to"), node)),
     "Transpose": lambda node, xs: op.transpose(
         xs[0], perm=list(_attr(node, "perm", range(len(xs[0].shape))[::-1]))),
     "Reshape": lambda node, xs: op.reshape(xs[0], shape=_reshape_target(
@@ -739,11 +751,15 @@ def import_model(model):
     elif isinstance(model, str) or hasattr(model, "__fspath__"):
         model = onnx.load(str(model))
     graph = model.graph
-    missing = sorted({n.op_type for n in graph.node if n.op_type not in IMPORT or n.domain})
+    opset = _model_opset(model)
+    missing = sorted({n.op_type for n in graph.node if n.op_type not in IMPORT or
+                      n.domain not in ("", "ai.onnx")})
     if missing:
         raise TesseraError(f"the ONNX model uses {len(missing)} operator(s) tessera does not "
                            "import yet: " + ", ".join(missing),
                            hint="each needs an entry in tessera/onnx.py's IMPORT table")
+    readers = {n.op_type: _reader(n.op_type, opset) for n in graph.node
+               if n.op_type != "Constant"}
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     inputs = [i.name for i in graph.input if i.name not in consts]
     params = [n if n.isidentifier() else f"x{k}" for k, n in enumerate(inputs)]
@@ -761,7 +777,7 @@ def import_model(model):
             if node.op_type == "Constant":
                 env[node.output[0]] = _constant(onnx, node)
                 continue
-            out = IMPORT[node.op_type](node, xs)
+            out = readers[node.op_type](node, xs)
             for name, value in zip(node.output, out if isinstance(out, tuple) else (out,)):
                 if name:
                     env[name] = value
@@ -1093,6 +1109,9 @@ IMPORT.update({
     "ThresholdedRelu": _unary_attrs(lambda x, a: op.where(x > a("alpha", 1.0), x, 0.0)),
     "HardSigmoid": _unary_attrs(lambda x, a: op.clamp(a("alpha", 0.2) * x + a("beta", 0.5),
                                                       0.0, 1.0)),
+    "Shrink": _unary_attrs(lambda x, a: op.where(
+        x > a("lambd", 0.5), x - a("bias", 0.0),
+        op.where(x < -a("lambd", 0.5), x + a("bias", 0.0), 0.0))),
     "HardSwish": lambda node, xs: op.hardswish(xs[0]),
     "Softplus": lambda node, xs: op.softplus(xs[0]),
     "Softsign": lambda node, xs: op.softsign(xs[0]),
@@ -1112,11 +1131,159 @@ IMPORT.update({
     "Atanh": lambda node, xs: 0.5 * op.log((1 + xs[0]) / (1 - xs[0])),
     "EyeLike": lambda node, xs: np.eye(*xs[0].shape, k=_attr(node, "k", 0), dtype=(
         dtype_of(xs[0]).np if _attr(node, "dtype") is None
-        else np.dtype(_FROM_ONNX_DTYPE[_attr(node, "dtype")]))),
+        else np.dtype(_tessera_dtype(_attr(node, "dtype"), node)))),
 })
 _SHAPE_POSITIONS.update({"ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (1,),
                          "TopK": (1,), "Tile": (1,), "OneHot": (1,), "CumProd": (1,),
                          "Trilu": (1,), "ReduceL1": (1,), "ReduceL2": (1,),
                          "ReduceSumSquare": (1,), "ReduceLogSum": (1,)})
+# ---- older opsets ------------------------------------------------------------------------------
+# An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;
+# by default every version: the later ones only added types). Older schemas that spell it
+# otherwise (attributes that became inputs, softmax over a 2-D coercion, broadcasting by
+# attribute) are read by their own reader here, or refused: none is read by the newer rules.
+# op -> (the first schema version IMPORT's reader follows, [(a version, the reader of the
+# schemas from that version on, or None: refused), ...] newest first)
+OLDER: dict = {}
+
+
+def _model_opset(model) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise TesseraError("the ONNX model imports no version of the default operator set")
+    return versions[0]
+
+
+def _reader(op_type, opset):
+    """The function reading op_type's nodes by the rules of the model's opset."""
+    onnx = _onnx()
+    try:
+        since = onnx.defs.get_schema(op_type, opset, "").since_version
+    except onnx.defs.SchemaError:
+        raise TesseraError(f"ONNX opset {opset} has no operator {op_type}") from None
+    first, older = OLDER.get(op_type, (1, []))
+    if since >= first:
+        return IMPORT[op_type]
+    older = next((read for start, read in older if since >= start), None)
+    if older is None:
+        raise TesseraError(f"{op_type} as ONNX opset {opset} defines it (its schema of version "
+                           f"{since}) is not imported; tessera reads {op_type} from opset "
+                           f"{first} on", hint="convert the model to a newer opset first "
+                           "(onnx.version_converter.convert_version)")
+    return older
+
+
+def _legacy_broadcast(read):
+    """Binary operators before opset 7: B broadcasts only when `broadcast` is set, and then
+    from `axis` of A on (trailing ones appended), not NumPy's right alignment."""
+    def older(node, xs):
+        a, b = xs
+        axis = _attr(node, "axis")
+        if _attr(node, "broadcast", 0) and axis is not None:
+            rank_a, shape_b = len(a.shape), list(b.shape)
+            axis %= rank_a
+            b = op.reshape(b, shape=shape_b + [1] * (rank_a - axis - len(shape_b)))
+        return read(node, [a, b])
+    return older
+
+
+def _coerced_2d(kind):
+    """Softmax, LogSoftmax and Hardmax before opset 13: over x flattened to 2-D at `axis`
+    (default 1), every axis from there on as one."""
+    def older(node, xs):
+        x = xs[0]
+        shape = list(x.shape)
+        axis = _attr(node, "axis", 1) % len(shape)
+        flat = op.reshape(x, shape=[math.prod(shape[:axis]), math.prod(shape[axis:])])
+        if kind == "Hardmax":
+            y = op.one_hot(op.argmax(flat, axis=1), flat.shape[1], dtype=dtype_of(x).name)
+        else:
+            y = getattr(op, {"Softmax": "softmax", "LogSoftmax": "log_softmax"}[kind])(
+                flat, axis=1)
+        return op.reshape(y, shape=shape)
+    return older
+
+
+def _i_slice_v1(node, xs):
+    """Slice before opset 10: starts, ends and axes as attributes, no steps."""
+    starts = list(_attr(node, "starts"))
+    axes = _attr(node, "axes")
+    return _i_slice(node, [xs[0], starts, list(_attr(node, "ends")),
+                           list(axes) if axes is not None else None])
+
+
+def _i_clip_v6(node, xs):
+    """Clip before opset 11: min and max as attributes (defaults: the float range)."""
+    lo, hi = _attr(node, "min"), _attr(node, "max")
+    return op.clamp(xs[0], lo, hi)
+
+
+def _i_cast_v1(node, xs):
+    """Cast in opset 1: `to` names the type as a string."""
+    to = _attr(node, "to")
+    onnx = _onnx()
+    code = onnx.TensorProto.DataType.Value(to.decode() if isinstance(to, bytes) else to)
+    return op.cast(xs[0], _tessera_dtype(code, node))
+
+
+def _i_prelu_v6(node, xs):
+    """PRelu before opset 7: a slope of one value per channel (axis 1) or of x's shape."""
+    x, slope = xs
+    rank, shape = len(x.shape), list(slope.shape)
+    if rank > 1 and len(shape) == 1 and shape[0] == x.shape[1] != 1:
+        slope = op.reshape(slope, shape=[shape[0]] + [1] * (rank - 2))
+    return IMPORT["PRelu"](node, [x, slope])
+
+
+def _i_batchnorm_v6(node, xs):
+    """BatchNormalization before opset 7: is_test says inference, spatial=0 (statistics per
+    element) is not read."""
+    if not _attr(node, "is_test", 0) or not _attr(node, "spatial", 1):
+        raise TesseraError("BatchNormalization of opset 6 or older is imported only for "
+                           "inference over the channels (is_test=1, spatial=1)")
+    return _i_batchnorm(node, xs[:5])
+
+
+def _i_batchnorm_v7(node, xs):
+    """BatchNormalization in opsets 7-13: more than one output means training."""
+    if len([o for o in node.output if o]) > 1:
+        raise TesseraError("BatchNormalization in training mode is not imported (inference "
+                           "only)")
+    if not _attr(node, "spatial", 1):
+        raise TesseraError("BatchNormalization with spatial=0 (statistics per element) is "
+                           "not imported")
+    return _i_batchnorm(node, xs)
+
+
+def _i_dropout_v6(node, xs):
+    """Dropout before opset 7: is_test=0 (the default) means training."""
+    if not _attr(node, "is_test", 0) and _attr(node, "ratio", 0.5):
+        raise TesseraError("Dropout in training mode (is_test=0) is not imported")
+    return _i_dropout(node, xs[:1])
+
+
+OLDER.update({
+    **{k: (7, [(1, _legacy_broadcast(IMPORT[k]))]) for k in
+       ("Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less")},
+    **{k: (13, [(1, _coerced_2d(k))]) for k in ("Softmax", "LogSoftmax", "Hardmax")},
+    "Clip": (11, [(1, _i_clip_v6)]),
+    "Slice": (10, [(1, _i_slice_v1)]),
+    "Squeeze": (13, [(1, lambda node, xs: _squeeze(xs[0], _attr(node, "axes")))]),
+    "Unsqueeze": (13, [(1, lambda node, xs: _unsqueeze(xs[0], list(_attr(node, "axes"))))]),
+    "TopK": (10, [(1, lambda node, xs: _i_topk(node, [xs[0], np.asarray([_attr(node, "k")])]))]),
+    "Reshape": (5, [(1, lambda node, xs: op.reshape(xs[0], shape=_reshape_target(
+        xs[0], list(_attr(node, "shape")))))]),
+    "Cast": (6, [(1, _i_cast_v1)]),
+    "Concat": (4, [(1, lambda node, xs: op.concat(list(xs), axis=_attr(node, "axis", 1)))]),
+    "PRelu": (7, [(1, _i_prelu_v6)]),
+    "BatchNormalization": (14, [(7, _i_batchnorm_v7), (1, _i_batchnorm_v6)]),
+    "Dropout": (7, [(1, _i_dropout_v6)]),
+    "Tile": (6, []),                    # (tiles and axis as inputs)
+    "Upsample": (7, []),                # (width_scale and height_scale)
+    "Pad": (2, []),                     # (paddings)
+    "Split": (2, []),                   # (the sizes as an input or an attribute)
+})
+
+
 IMPORT["Constant"] = None         # (read in import_model: its value is an attribute)
 __all__ = ["export", "import_model", "EXPORT", "IMPORT", "OPSET"]

@@ -548,9 +548,39 @@ def _pool_windows(b, x, a, fill):
     return cols, spatial, w
 
 
-def _max_pool_decompose(b, xs, a):
-    cols, _, _ = _pool_windows(b, xs[0], a, -math.inf)
+# Windows of more taps than this are pooled one axis at a time: a max, or a sum, over a box is
+# the same over its rows then its columns, and K windows' slices make a graph of K nodes
+_SEPARATE_ABOVE = 32
+
+
+def _pool_axis_by_axis(b, x, a, pool_one):
+    """pool_one(b, x, attrs) applied along each spatial axis in turn, when the window is large
+    and spans more than one axis; None otherwise."""
+    kernel = a["kernel"]
+    if prod(kernel) <= _SEPARATE_ABOVE or sum(k > 1 for k in kernel) < 2:
+        return None
+    n = len(kernel)
+    for k in range(n):
+        one = lambda v, ident: [v if j == k else ident for j in range(n)]    # noqa: E731
+        x = pool_one(b, x, {**a, "kernel": one(kernel[k], 1), "stride": one(a["stride"][k], 1),
+                            "padding": one(a["padding"][k], [0, 0]),
+                            "dilation": one(_dilations(a)[k], 1)})
+    return x
+
+
+def _max_windows(b, x, a):
+    cols, _, _ = _pool_windows(b, x, a, -math.inf)
     return b.op("max", cols, axis=[2], keepdim=False)
+
+
+def _sum_windows(b, x, a):
+    cols, _, _ = _pool_windows(b, x, a, 0.0)
+    return b.op("sum", cols, axis=[2], keepdim=False)
+
+
+def _max_pool_decompose(b, xs, a):
+    y = _pool_axis_by_axis(b, xs[0], a, _max_windows)
+    return y if y is not None else _max_windows(b, xs[0], a)
 
 
 def _window_counts(a, size, spatial):
@@ -574,8 +604,10 @@ def _outer(vectors):
 
 def _avg_pool_decompose(b, xs, a):
     x = xs[0]
-    cols, spatial, _ = _pool_windows(b, x, a, 0.0)
-    total = b.op("sum", cols, axis=[2], keepdim=False)
+    total = _pool_axis_by_axis(b, x, a, _sum_windows)
+    if total is None:
+        total = _sum_windows(b, x, a)
+    spatial = list(b.type(total).shape[2:])
     counts = _window_counts(a, list(b.type(x).shape[2:]), spatial)
     return b.op("div", total, b.const(counts.astype(b.type(x).dtype.compute.np), None))
 

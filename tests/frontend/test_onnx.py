@@ -149,3 +149,80 @@ def test_without_onnx_says_how_to_install(monkeypatch, rng):
     monkeypatch.setitem(sys.modules, "onnx", None)
     with pytest.raises(ts.TesseraError, match="pip install onnx"):
         ts.function(lambda x: x * 2).export(None, rng.standard_normal(3))
+
+
+# ---- older opsets, each read by its own rules --------------------------------------------------
+def _one_node_model(opset, node, inputs, out_shape=None, out_type=TensorProto.FLOAT):
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                       list(a.shape)) for n, a in inputs.items()],
+        [helper.make_tensor_value_info("y", out_type, out_shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _softmax_2d(x, axis):
+    flat = x.reshape(int(np.prod(x.shape[:axis])), -1).astype(np.float64)
+    e = np.exp(flat - flat.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).reshape(x.shape)
+
+
+def _older_cases(rng):
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    one = rng.standard_normal((1, 3, 1)).astype(np.float32)
+    return {   # name: (opset, node, inputs, what NumPy gives)
+        "clip_attributes": (6, helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.25),
+                            {"x": x}, np.clip(x, -0.5, 0.25)),
+        "squeeze_axes_attribute": (11, helper.make_node("Squeeze", ["x"], ["y"], axes=[0]),
+                                   {"x": one}, one[0]),
+        "unsqueeze_axes_attribute": (11, helper.make_node("Unsqueeze", ["x"], ["y"],
+                                                          axes=[0, 3]), {"x": x},
+                                     np.expand_dims(x, (0, 3))),
+        "slice_attributes": (9, helper.make_node("Slice", ["x"], ["y"], starts=[1, -3],
+                                                 ends=[3, 100], axes=[1, 2]), {"x": x},
+                             x[:, 1:3, -3:]),
+        "softmax_2d_coercion": (11, helper.make_node("Softmax", ["x"], ["y"]), {"x": x},
+                                _softmax_2d(x, 1)),
+        "log_softmax_2d_coercion": (11, helper.make_node("LogSoftmax", ["x"], ["y"], axis=2),
+                                    {"x": x}, np.log(_softmax_2d(x, 2))),
+        "add_broadcast_at_axis": (6, helper.make_node("Add", ["x", "b"], ["y"], broadcast=1,
+                                                      axis=1), {"x": x, "b": b},
+                                  x + b[:, None]),
+        "reshape_shape_attribute": (4, helper.make_node("Reshape", ["x"], ["y"],
+                                                        shape=[4, 0, 2]), {"x": x},
+                                    x.reshape(4, 3, 2)),
+        "prelu_per_channel": (6, helper.make_node("PRelu", ["x", "b"], ["y"]), {"x": x, "b": b},
+                              np.where(x < 0, x * b[:, None], x)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_older_cases(np.random.default_rng(0))))
+def test_an_older_opsets_node_is_read_by_its_rules(name, rng):
+    """Each of these reads wrongly, or not at all, by the newest opset's rules (a Clip of opset 6
+    came back unclamped; a Squeeze of opset 11 dropped every size-1 axis)."""
+    opset, node, inputs, want = _older_cases(rng)[name]
+    fn = ts.onnx.import_model(_one_node_model(opset, node, inputs))
+    got = fn(*inputs.values())
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_older_schema_tessera_does_not_read_is_refused_by_name(rng):
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    tiles, axis = np.asarray(2, np.int64), np.asarray(1, np.int64)
+    model = _one_node_model(5, helper.make_node("Tile", ["x", "t", "a"], ["y"]),
+                            {"x": x, "t": tiles, "a": axis})
+    with pytest.raises(ts.TesseraError, match="Tile as ONNX opset 5 defines it"):
+        ts.onnx.import_model(model)
+
+
+def test_a_cast_to_a_type_tessera_lacks_is_a_tessera_error(rng):
+    """(It was a bare KeyError from the importer's dtype table.)"""
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    for to in (TensorProto.INT4, TensorProto.FLOAT8E4M3FNUZ, TensorProto.UINT16):
+        model = _one_node_model(21, helper.make_node("Cast", ["x"], ["y"], to=to), {"x": x},
+                                out_type=to)
+        with pytest.raises(ts.errors.UnsupportedDTypeError,
+                           match=helper.tensor_dtype_to_string(to).split(".")[-1]):
+            ts.onnx.import_model(model)(x)

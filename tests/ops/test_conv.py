@@ -177,6 +177,9 @@ POOLS = [  # (input shape, attributes)
     ((1, 2, 10, 7), {"kernel": (3, 2), "stride": (2, 3), "ceil_mode": True}),
     ((1, 2, 11), {"kernel": 4, "stride": 3, "padding": 2, "ceil_mode": True}),
     ((1, 2, 5, 6, 7), {"kernel": 2, "stride": (1, 2, 2), "padding": 1, "ceil_mode": True}),
+    # windows of over 32 taps, pooled one axis at a time
+    ((1, 2, 23, 21), {"kernel": (7, 6), "stride": (3, 2), "padding": 3, "ceil_mode": True}),
+    ((1, 2, 9, 8, 7), {"kernel": (4, 3, 3), "stride": 2, "padding": (2, 1, 1)}),
 ]
 
 
