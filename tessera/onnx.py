@@ -29,6 +29,8 @@ OPSET = 17
 # The newest opset whose operators' rules the importer was checked against (ONNX's node tests
 # of onnx 1.23); a later onnx release's newer opsets are not yet claimed.
 NEWEST_CHECKED_OPSET = 28
+# The newest opset the exporter writes (each operator by that opset's spelling)
+NEWEST_EXPORTED_OPSET = 21
 
 
 def _onnx():
@@ -60,8 +62,8 @@ def _tessera_dtype(code, node) -> str:
 
 # ---- export ------------------------------------------------------------------------------------
 class _Writer:
-    def __init__(self, onnx, names):
-        self.onnx, self.h = onnx, onnx.helper
+    def __init__(self, onnx, names, opset):
+        self.onnx, self.h, self.opset = onnx, onnx.helper, opset
         self.nodes, self.inits, self.names, self.k = [], [], names, 0
 
     def fresh(self, hint="t"):
@@ -81,6 +83,21 @@ class _Writer:
     def ints(self, values):
         return self.const(np.asarray(list(values), dtype=np.int64), "ints")
 
+    def reduce(self, kind, x, axes, keepdims, dtype, out=None):
+        """A Reduce* node as the opset spells it: axes an input from opset 18 (ReduceSum's from
+        13), an attribute before; a bool max or min (any, all) through int32 before opset 20,
+        which first allows bool."""
+        through_int = dtype.is_bool and self.opset < 20
+        if through_int:
+            x = self.node("Cast", [x], to=_ONNX_DTYPE["int32"])
+        if kind == "ReduceSum" or self.opset >= 18:
+            y = self.node(kind, [x, self.ints(axes)], None if through_int else out,
+                          keepdims=keepdims)
+        else:
+            y = self.node(kind, [x], None if through_int else out, axes=list(axes),
+                          keepdims=keepdims)
+        return self.node("Cast", [y], out, to=_ONNX_DTYPE["bool"]) if through_int else y
+
 
 def _unary(kind):
     return lambda w, n, xs, out: w.node(kind, xs, out)
@@ -98,9 +115,7 @@ def _reduce(kind):
     def write(w, n, xs, out):
         axes = _axes(n)
         keep = int(bool(n.attrs.get("keepdim", False)))
-        if kind == "ReduceSum":                      # axes an input since opset 13
-            return w.node(kind, [xs[0], w.ints(axes)], out, keepdims=keep)
-        return w.node(kind, xs, out, axes=list(axes), keepdims=keep)     # opset 17: attribute
+        return w.reduce(kind, xs[0], axes, keep, n.inputs[0].type.dtype, out)
     return write
 
 
@@ -131,10 +146,10 @@ def _layernorm(w, n, xs, out):
 
 def _var(w, n, xs, out):
     axes = _axes(n)
-    mean = w.node("ReduceMean", xs, axes=list(axes), keepdims=1)
+    mean = w.reduce("ReduceMean", xs[0], axes, 1, n.inputs[0].type.dtype)
     dev = w.node("Sub", [xs[0], mean])
     sq = w.node("Mul", [dev, dev])
-    total = w.node("ReduceSum", [sq, w.ints(axes)], keepdims=int(bool(n.attrs["keepdim"])))
+    total = w.reduce("ReduceSum", sq, axes, int(bool(n.attrs["keepdim"])), n.out.type.dtype)
     count = math.prod(n.inputs[0].type.shape[a] for a in axes) - n.attrs.get("ddof", 0)
     return w.node("Div", [total, w.const(np.asarray(count, n.out.type.dtype.np))], out)
 
@@ -142,7 +157,7 @@ def _var(w, n, xs, out):
 def _rmsnorm(w, n, xs, out):
     ax = n.attrs["axis"]
     sq = w.node("Mul", [xs[0], xs[0]])
-    ms = w.node("ReduceMean", [sq], axes=[ax], keepdims=1)
+    ms = w.reduce("ReduceMean", sq, [ax], 1, n.out.type.dtype)
     eps = w.const(np.asarray(n.attrs["eps"], n.out.type.dtype.np))
     root = w.node("Sqrt", [w.node("Add", [ms, eps])])
     return w.node("Mul", [xs[0], w.node("Reciprocal", [root])], out)
@@ -161,7 +176,12 @@ def _attention(w, n, xs, out):
         sq, sk = tq.shape[-2], tk.shape[-2]
         keep = np.tril(np.ones((sq, sk), bool), k=sk - sq)
         scores = w.node("Add", [scores, w.const(np.where(keep, 0, -np.inf).astype(d))])
-    return w.node("MatMul", [w.node("Softmax", [scores], axis=-1), v], out)
+    # a query that sees no key (its scores all -inf) gets 0, as op.attention's, not NaN
+    dead = w.node("Equal", [w.reduce("ReduceMax", scores, [tq.rank - 1], 1, n.out.type.dtype),
+                            w.const(np.asarray(-np.inf, d))])
+    probs = w.node("Where", [dead, w.const(np.asarray(0, d)),
+                             w.node("Softmax", [scores], axis=-1)])
+    return w.node("MatMul", [probs, v], out)
 
 
 def _cast(w, n, xs, out):
@@ -200,7 +220,10 @@ def _e_pool(w, n, xs, out):
     a = n.attrs
     common = dict(kernel_shape=list(a["kernel"]), strides=list(a["stride"]),
                   pads=_flat_pads(a["padding"]), ceil_mode=int(a["ceil_mode"]))
-    if any(d != 1 for d in a["dilation"]):       # (AveragePool takes dilations from opset 19)
+    if any(d != 1 for d in a["dilation"]):
+        if n.op == "avg_pool" and w.opset < 19:
+            raise ArgumentError(f"ONNX's AveragePool takes dilations from opset 19; this "
+                                f"export writes opset {w.opset}", hint="opset_version=19")
         common["dilations"] = list(a["dilation"])
     if n.op == "max_pool":
         return w.node("MaxPool", xs, out, **common)
@@ -224,9 +247,14 @@ EXPORT = {
         ("neg", "Neg"), ("abs", "Abs"), ("exp", "Exp"), ("log", "Log"), ("sqrt", "Sqrt"),
         ("sin", "Sin"), ("cos", "Cos"), ("tanh", "Tanh"), ("erf", "Erf"), ("relu", "Relu"),
         ("sigmoid", "Sigmoid"), ("floor", "Floor"), ("ceil", "Ceil"), ("round", "Round"),
-        ("sign", "Sign"), ("maximum", "Max"), ("minimum", "Min"), ("where", "Where"),
+        ("sign", "Sign"), ("where", "Where"),
         ("eq", "Equal"), ("lt", "Less"), ("le", "LessOrEqual"), ("gt", "Greater"),
         ("ge", "GreaterOrEqual"), ("matmul", "MatMul")]},
+    # ONNX's Max and Min take no bools: theirs are Or and And
+    "maximum": lambda w, n, xs, out: w.node("Or" if n.out.type.dtype.is_bool else "Max", xs,
+                                            out),
+    "minimum": lambda w, n, xs, out: w.node("And" if n.out.type.dtype.is_bool else "Min", xs,
+                                            out),
     "ne": lambda w, n, xs, out: w.node("Not", [w.node("Equal", xs)], out),
     "rsqrt": lambda w, n, xs, out: w.node("Reciprocal", [w.node("Sqrt", xs)], out),
     "silu": lambda w, n, xs, out: w.node("Mul", [xs[0], w.node("Sigmoid", xs)], out),
@@ -274,9 +302,9 @@ def export(fn, path, *example, opset_version: int = OPSET, **kwargs):
     path; None: only return it); returns the ModelProto."""
     onnx = _onnx()
     f = fn if isinstance(fn, Function) else Function(fn)
-    if opset_version < OPSET:
-        raise ArgumentError(f"tessera writes ONNX opset {OPSET} or later (LayerNormalization, "
-                            f"ReduceSum's axes input), not {opset_version}")
+    if not OPSET <= opset_version <= NEWEST_EXPORTED_OPSET:
+        raise ArgumentError(f"tessera writes ONNX opsets {OPSET} to {NEWEST_EXPORTED_OPSET} "
+                            f"(each by its own spelling), not {opset_version}")
     g = f.lower(*example, **kwargs).graph_ir
     missing = sorted({n.op for n in g.nodes if n.op != "const" and n.op not in EXPORT})
     if missing:
@@ -284,7 +312,7 @@ def export(fn, path, *example, opset_version: int = OPSET, **kwargs):
                            + ", ".join(missing),
                            hint="each needs an entry in tessera/onnx.py's EXPORT table")
     names = {p.id: p.param_name for p in g.params}
-    w = _Writer(onnx, names)
+    w = _Writer(onnx, names, opset_version)
     for i, o in enumerate(g.outputs):
         names.setdefault(o.id, f"output_{i}")
     out_names = [f"output_{i}" for i in range(len(g.outputs))]

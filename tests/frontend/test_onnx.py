@@ -15,24 +15,28 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 
-def _many(x, w, ids, table):
+def _many(x, w, ids, table):        # (any: a bool max; maximum of bools: ONNX's Or)
     h = op.gelu(x @ w) + op.take(table, ids, axis=0)
     h = op.layernorm(h, axis=-1) * 2.0
     s = op.softmax(op.transpose(h), axis=0)
     z = op.concat([s[:, 1:3], op.reshape(op.mean(h, axis=0), [-1, 1]), s[::-1, :1]], axis=1)
     return (z, op.sum(op.rsqrt(h * h + 1), axis=1, keepdim=True), op.argmax(h, axis=1),
             op.var(h, axis=0), op.rmsnorm(op.tanh(h), axis=-1), op.logsumexp(h, axis=1),
-            op.cast(op.where(h > 0, h, -h) <= 1.0, "float32"), op.cumsum(op.silu(h), axis=1))
+            op.cast(op.where(h > 0, h, -h) <= 1.0, "float32"), op.cumsum(op.silu(h), axis=1),
+            op.max(op.maximum(h > 1.0, h < -1.0), axis=1))
 
 
-def test_export_runs_in_the_reference_evaluator(tmp_path, rng):
+@pytest.mark.parametrize("opset", [17, 18, 19, 20, 21])
+def test_export_runs_in_the_reference_evaluator(opset, tmp_path, rng):
+    """Each opset's spelling (reductions' axes an input from 18; a bool max through int32
+    before 20), checked by onnx.checker with full shape inference."""
     x = rng.standard_normal((5, 4)).astype(np.float32)
     w = rng.standard_normal((4, 6)).astype(np.float32)
     ids = rng.integers(0, 7, 5)
     table = rng.standard_normal((7, 6)).astype(np.float32)
     fn = ts.function(_many)
-    model = fn.export(tmp_path / "m.onnx", x, w, ids, table)       # onnx.checker passed
-    assert (tmp_path / "m.onnx").exists() and model.opset_import[0].version == 17
+    model = fn.export(tmp_path / "m.onnx", x, w, ids, table, opset_version=opset)  # checked
+    assert (tmp_path / "m.onnx").exists() and model.opset_import[0].version == opset
     ref = ReferenceEvaluator(model).run(None, {"x": x, "w": w, "ids": ids, "table": table})
     got = fn(x, w, ids, table)
     assert len(ref) == len(got)
