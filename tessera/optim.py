@@ -275,3 +275,9 @@ class LossScaler:
     def select(finite, new, old):
         """``new`` where the step was finite, else ``old``, leaf by leaf (skips a bad step)."""
         return tree_map(lambda a, b: op.where(finite, a, b), new, old)
+
+
+# The seeds' names of the fused optimizers: every optimizer here is one, as its update of each
+# parameter is elementwise code that a compiled training step fuses into one kernel per parameter
+FusedAdamW = AdamW
+FusedSGD = SGD

@@ -21,10 +21,13 @@ A compiled training step (tessera.optim for the update):
     loss, params, state = step(params, opt.init(params), x, y, np.int64(0))
 """
 from . import init
-from .attention import KVCache, MultiHeadAttention, RoPE, TransformerBlock, rope, rope_tables
+from .attention import (ALiBi, FlashAttention2, FlashDecoding, KVCache, MultiHeadAttention, RoPE,
+                        SlidingWindowAttention, TransformerBlock, alibi_bias, alibi_slopes,
+                        flash_decoding, rope, rope_tables, sliding_window_mask)
 from .init import Key
-from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, LayerNorm, Linear, Module, RMSNorm,
-                     Sequential, activation, dropout, linear)
+from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, FusedLinearGeLU, FusedLinearSiLU,
+                     LayerNorm, Linear, Module, RMSNorm, Sequential, SwiGLU, activation, dropout,
+                     linear)
 from .conv import (AdaptiveAvgPool, AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d,
                    AvgPool, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm, BatchNorm1d,
                    BatchNorm2d, BatchNorm3d, Conv1d, Conv2d, Conv3d, ConvTranspose1d,
@@ -32,7 +35,8 @@ from .conv import (AdaptiveAvgPool, AdaptiveAvgPool1d, AdaptiveAvgPool2d, Adapti
                    InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, MaxPool, MaxPool1d, MaxPool2d,
                    MaxPool3d, Upsample)
 from .losses import cross_entropy, kl_divergence, mse
-from .moe import MixtureOfExperts, TopKRouter
+from .moe import MixtureOfExperts, SwitchTransformer, TopKRouter
+from ..optim import FusedAdamW, FusedSGD
 from .precision import MixedPrecision, to_mixed_precision
 
 __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
@@ -45,4 +49,8 @@ __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Adaptiv
            "Module", "MixtureOfExperts", "TopKRouter",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
-           "rope", "rope_tables", "MixedPrecision", "to_mixed_precision"]
+           "rope", "rope_tables", "MixedPrecision", "to_mixed_precision",
+           # the seeds' standard library
+           "ALiBi", "FlashAttention2", "FlashDecoding", "SlidingWindowAttention", "alibi_bias",
+           "alibi_slopes", "flash_decoding", "sliding_window_mask", "FusedLinearGeLU",
+           "FusedLinearSiLU", "SwiGLU", "SwitchTransformer", "FusedAdamW", "FusedSGD"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import op
+from ..trace import dtype_of
 from ..errors import ArgumentError
 from .layers import MLP, LayerNorm, Linear, Module, RMSNorm, _shape, dropout
 
@@ -244,3 +245,145 @@ class KVCache:
     def rope_tables(self, new: int = 1):
         """``rope_tables`` for the next ``new`` positions (from ``length`` on)."""
         return rope_tables(new, self.shape[3], self.rope_base, self.length, self.dtype)
+
+
+# ---- the seeds' attention variants ---------------------------------------------------------------
+def sliding_window_mask(sq: int, sk: int, window: int, dtype=np.float32) -> np.ndarray:
+    """The additive mask [sq, sk] of causal attention within a window (Mistral's): query i,
+    at position i + sk - sq of the keys, sees the ``window`` keys ending at its own."""
+    if window < 1:
+        raise ArgumentError(f"a sliding window holds at least one key, not {window}")
+    pos = np.arange(sq)[:, None] + (sk - sq)
+    j = np.arange(sk)[None, :]
+    return np.where((j <= pos) & (j > pos - window), 0.0, -np.inf).astype(dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's per-head slopes (Press et al.): 2^(-8 h / n) for n a power of two; otherwise
+    those of the power of two below, then every other slope of the power above (BLOOM's and
+    transformers' rule)."""
+    def powers(n):
+        start = 2.0 ** (-8.0 / n)
+        return start ** np.arange(1, n + 1)
+    low = 2 ** int(np.floor(np.log2(num_heads)))
+    slopes = powers(low)
+    if low < num_heads:
+        slopes = np.concatenate([slopes, powers(2 * low)[0::2][:num_heads - low]])
+    return slopes
+
+
+def alibi_bias(num_heads: int, sq: int, sk: int, dtype=np.float32) -> np.ndarray:
+    """The additive bias [H, sq, sk]: -slope_h * (distance from query i's position back to
+    key j); keys ahead of the query get a positive bias, for a causal mask to hide."""
+    pos = np.arange(sq)[:, None] + (sk - sq)
+    dist = np.arange(sk)[None, :] - pos
+    return (alibi_slopes(num_heads)[:, None, None] * dist[None]).astype(dtype)
+
+
+class FlashAttention2(Module):
+    """The seeds' FlashAttention2: softmax(scale q k^T + mask) v as one fused flash-attention
+    kernel forward and backward (``op.attention``: online softmax over key blocks, no [Sq, Sk]
+    matrix in memory). No parameters. q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv];
+    ``causal`` aligns the last query with the last key; ``window`` keeps only the last
+    ``window`` keys of each query (causal); ``alibi`` adds ALiBi's linear biases (q's heads on
+    axis -3). A query that sees no key gets 0."""
+
+    def __init__(self, causal: bool = False, scale: float | None = None,
+                 window: int | None = None, alibi: bool = False):
+        self.causal, self.scale = bool(causal), scale
+        self.window, self.alibi = (None if window is None else int(window)), bool(alibi)
+        if self.window is not None and self.window < 1:
+            raise ArgumentError(f"a sliding window holds at least one key, not {window}")
+
+    def bias(self, q, k):
+        """The additive mask this layer adds for q and k's shapes (None when none)."""
+        sq, sk = _shape(q)[-2], _shape(k)[-2]
+        bias = None
+        if self.window is not None:
+            bias = sliding_window_mask(sq, sk, self.window)
+        if self.alibi:
+            if len(_shape(q)) < 3:
+                raise ArgumentError("ALiBi needs q's heads on axis -3",
+                                    received=f"q of shape {tuple(_shape(q))}")
+            a = alibi_bias(_shape(q)[-3], sq, sk)
+            bias = a if bias is None else a + bias
+        return bias
+
+    def __call__(self, params, q, k, v, mask=None, **kw):
+        bias = self.bias(q, k)
+        if mask is not None:
+            bias = mask if bias is None else mask + bias
+        causal = self.causal and self.window is None      # (a window is causal already)
+        return op.attention(q, k, v, mask=bias, causal=causal, scale=self.scale)
+
+
+class SlidingWindowAttention(FlashAttention2):
+    """The seeds' SlidingWindowAttention (Mistral's): causal attention in which each query sees
+    only the ``window`` most recent keys, its own included."""
+
+    def __init__(self, window: int, scale: float | None = None, alibi: bool = False):
+        super().__init__(causal=True, scale=scale, window=window, alibi=alibi)
+
+
+class ALiBi(FlashAttention2):
+    """The seeds' ALiBi: attention with linear biases instead of position embeddings, causal by
+    default (as BLOOM and MPT use it)."""
+
+    def __init__(self, causal: bool = True, scale: float | None = None):
+        super().__init__(causal=causal, scale=scale, alibi=True)
+
+
+def flash_decoding(q, k, v, mask=None, block: int = 256, scale: float | None = None):
+    """The seeds' FlashDecoding: a few queries q [..., T, D] against a long KV cache k, v
+    [..., S, D]. The cache is split into blocks of ``block`` keys; each block's attention is
+    computed on its own (its own maximum, sum and weighted values), then the blocks are
+    combined by rescaling to the overall maximum and summing across blocks in one reduction. The
+    blocks are fixed by ``block`` alone, so the bits do not depend on how many threads take
+    them. ``mask`` is additive and broadcasts to [..., T, S] (e.g. -inf on unused cache slots).
+    A query that sees no key gets 0."""
+    shape_k, shape_q = _shape(k), _shape(q)
+    s, d, t = shape_k[-2], shape_q[-1], shape_q[-2]
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    nb = -(-s // block)
+    pad = nb * block - s
+    lead = list(shape_k[:-2])
+    rank = len(shape_k)
+    scores = op.matmul(q, op.transpose(k, list(range(rank - 2)) + [rank - 1, rank - 2])) * scale
+    if mask is not None:
+        scores = scores + mask
+    if pad:                         # the last block filled with keys nobody sees
+        d_s, d_v = (dtype_of(x).np for x in (scores, v))
+        scores = op.concat([scores, op.broadcast_to(np.asarray(-np.inf, d_s),
+                                                    [*_shape(scores)[:-1], pad])], axis=-1)
+        v = op.concat([v, op.broadcast_to(np.zeros((), d_v), lead + [pad, _shape(v)[-1]])],
+                      axis=-2)
+    lead_q = list(_shape(scores)[:-2])
+    blocks = op.reshape(scores, lead_q + [t, nb, block])                 # [..., T, nb, blk]
+    m = op.max(blocks, axis=-1, keepdim=True)                            # each block's max
+    m_safe = op.where(m == -np.inf, 0.0, m)
+    p = op.exp(blocks - m_safe)
+    l_b = op.sum(p, axis=-1)                                             # [..., T, nb]
+    vb = op.reshape(v, lead + [nb, block, _shape(v)[-1]])                # [..., nb, blk, Dv]
+    pb = op.transpose(p, list(range(len(lead_q))) + [len(lead_q) + 1, len(lead_q),
+                                                     len(lead_q) + 2])   # [..., nb, T, blk]
+    o_b = op.matmul(pb, vb)                                              # [..., nb, T, Dv]
+    m_b = op.squeeze(m, axis=-1)                                         # [..., T, nb]
+    top = op.max(m_b, axis=-1, keepdim=True)
+    w = op.where(m_b == -np.inf, 0.0, op.exp(m_b - op.where(top == -np.inf, 0.0, top)))
+    total = op.sum(w * l_b, axis=-1, keepdim=True)                       # [..., T, 1]
+    w_t = op.expand_dims(op.transpose(w, list(range(len(lead_q))) + [len(lead_q) + 1,
+                                                                     len(lead_q)]), -1)
+    out = op.sum(w_t * o_b, axis=-3)                                     # [..., T, Dv]
+    return op.where(total == 0.0, 0.0, out / op.where(total == 0.0, 1.0, total))
+
+
+class FlashDecoding(Module):
+    """The seeds' FlashDecoding as a layer without parameters (see ``flash_decoding``)."""
+
+    def __init__(self, block: int = 256, scale: float | None = None):
+        if block < 1:
+            raise ArgumentError(f"FlashDecoding's block holds at least one key, not {block}")
+        self.block, self.scale = int(block), scale
+
+    def __call__(self, params, q, k, v, mask=None, **kw):
+        return flash_decoding(q, k, v, mask, self.block, self.scale)

@@ -120,6 +120,45 @@ def linear(x, w, b=None):
     return y if b is None else y + b
 
 
+class FusedLinearGeLU(Linear):
+    """The seeds' FusedLinearGeLU: gelu(x @ w + b) (``approximate`` "none" or "tanh"), the
+    activation applied in the matmul's epilogue: compiled, the GEMM kernel writes the activated
+    result and the pre-activation never goes to memory. Linear's params and init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 approximate: str = "none", dtype=np.float32):
+        super().__init__(in_features, out_features, bias, dtype)
+        self.approximate = approximate
+
+    def __call__(self, params, x, **kw):
+        return op.gelu(super().__call__(params, x), approximate=self.approximate)
+
+
+class FusedLinearSiLU(Linear):
+    """The seeds' FusedLinearSiLU: silu(x @ w + b), fused as FusedLinearGeLU is."""
+
+    def __call__(self, params, x, **kw):
+        return op.silu(super().__call__(params, x))
+
+
+class SwiGLU(Module):
+    """The gated MLP of LLaMA and its descendants: (silu(x @ w_gate) * (x @ w_up)) @ w_down,
+    without biases. params {"gate", "up", "down"} (Linear params, PyTorch's init)."""
+
+    def __init__(self, dim: int, hidden: int, dtype=np.float32):
+        self.dim, self.hidden = int(dim), int(hidden)
+        self.gate = Linear(dim, hidden, False, dtype)
+        self.up = Linear(dim, hidden, False, dtype)
+        self.down = Linear(hidden, dim, False, dtype)
+
+    def init_params(self, key):
+        return {n: getattr(self, n).init_params(key.child(n)) for n in ("gate", "up", "down")}
+
+    def __call__(self, params, x, **kw):
+        h = op.silu(self.gate(params["gate"], x)) * self.up(params["up"], x)
+        return self.down(params["down"], h)
+
+
 class Dropout(Module):
     """Zero each element with probability ``rate`` and scale the rest by 1/(1 - rate) (inverted
     dropout), in training only. The mask is ``op.random_uniform(x.shape, seed, offset) >= rate``:

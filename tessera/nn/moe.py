@@ -22,7 +22,8 @@ import numpy as np
 from .. import op
 from ..errors import ArgumentError
 from .init import kaiming_uniform
-from .layers import Module, _shape, activation
+from .attention import MultiHeadAttention
+from .layers import LayerNorm, Module, _shape, activation
 
 
 class TopKRouter(Module):
@@ -118,3 +119,37 @@ class MixtureOfExperts(Module):
         first = op.one_hot(op.argmax(probs, axis=-1), e, dtype=self.dtype.name)
         load = op.mean(op.stop_gradient(first), axis=(0, 1))
         return y, e * op.sum(load * op.mean(probs, axis=(0, 1)))
+
+
+class SwitchTransformer(Module):
+    """The seeds' SwitchTransformer layer (Fedus et al.): a pre-norm Transformer block whose MLP
+    is a mixture of experts with top-1 routing, each token's expert output scaled by that
+    expert's router probability,
+        x = x + attn(norm1(x));   x = x + p_e(h) * expert_e(h),  h = norm2(x)
+    params {"norm1", "attn", "norm2", "moe"}; x [G, S, dim] (each sequence routes its own
+    tokens). ``return_aux=True`` also gives the router's load-balancing loss."""
+
+    def __init__(self, dim: int, num_heads: int, hidden: int, num_experts: int,
+                 capacity_factor: float = 1.25, causal: bool = False, activation="relu",
+                 dtype=np.float32):
+        self.norm1, self.norm2 = LayerNorm(dim, dtype=dtype), LayerNorm(dim, dtype=dtype)
+        self.attn = MultiHeadAttention(dim, num_heads, causal=causal, dtype=dtype)
+        self.moe = MixtureOfExperts(dim, hidden, num_experts, top_k=1,
+                                    capacity_factor=capacity_factor, activation=activation,
+                                    dtype=dtype)
+
+    def init_params(self, key):
+        return {n: getattr(self, n).init_params(key.child(n))
+                for n in ("norm1", "attn", "norm2", "moe")}
+
+    def __call__(self, params, x, mask=None, return_aux: bool = False, **kw):
+        x = x + self.attn(params["attn"], self.norm1(params["norm1"], x), mask=mask)
+        h = self.norm2(params["norm2"], x)
+        out = self.moe(params["moe"], h, return_aux=return_aux)
+        y, aux = out if return_aux else (out, None)
+        # Switch's gate: the chosen expert's router probability (a top-1 softmax gate is 1),
+        # through which the router learns
+        gate = op.max(op.softmax(op.matmul(h, params["moe"]["router"]["w"]), axis=-1), axis=-1,
+                      keepdim=True)
+        x = x + y * gate
+        return (x, aux) if return_aux else x
