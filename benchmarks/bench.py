@@ -495,6 +495,56 @@ CASES += [
          jax=lambda jnp, *a: jax_mlp(*a), flops=lambda *a: mlp_flops(*a, None) / 3,
          atol=1e-4, min_speedup=None, min_vs_peers=1.0),
 ]
+
+
+# ---- convolutions (issue 40): ResNet's 3x3 stages, a depthwise 3x3, the stem's max pool --------
+def conv_np(x, w, groups=1):
+    """NumPy's convolution: 3x3 windows (stride 1, padding 1) as a view, contracted by einsum
+    (BLAS through tensordot)."""
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))   # N C H W 3 3
+    if groups == 1:
+        return np.einsum("nchwij,ocij->nohw", win, w, optimize=True)
+    return np.einsum("nchwij,cij->nchw", win, w[:, 0], optimize=True)        # depthwise
+
+
+def max_pool_np(x):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::2, ::2]
+    return win.max(axis=(-1, -2))
+
+
+def _conv_case(hw, c):
+    def inputs(r, q):
+        return [f32(r, 4 if q else 32, c, hw, hw), f32(r, c, c, 3, 3) * (1 / math.sqrt(9 * c))]
+    return Case(
+        f"conv3x3_{hw}x{hw}x{c}", f"conv2d 3x3, stride 1, 'same' padding, f32, batch 32 × {c} "
+        f"channels {hw}×{hw} -> {c} (--quick: batch 4)",
+        "≥1.2× PyTorch's CPU convolution (oneDNN); ≥80% of the FMA peak",
+        inputs, conv_np, ts.function(lambda x, w: op.conv(x, w, padding="same")),
+        torch=lambda t, x, w: t.nn.functional.conv2d(x, w, padding=1),
+        flops=lambda x, w: 2 * x.shape[0] * w.shape[0] * x.shape[2] * x.shape[3] * w[0].size,
+        bytes=lambda x, w: 4 * (2 * x.size + w.size), atol=1e-4, min_speedup=None,
+        min_vs_torch=1.2, min_peak_share=0.8)
+
+
+CASES += [_conv_case(hw, c) for hw, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
+CASES += [
+    Case("depthwise3x3_56x56x128", "depthwise conv2d 3x3 ('same'), f32, batch 32 × 128 channels "
+         "56×56 (--quick: batch 4)", "≥70% of the copy bandwidth",
+         lambda r, q: [f32(r, 4 if q else 32, 128, 56, 56), f32(r, 128, 1, 3, 3)],
+         lambda x, w: conv_np(x, w, groups=128),
+         ts.function(lambda x, w: op.conv(x, w, padding="same", groups=128)),
+         torch=lambda t, x, w: t.nn.functional.conv2d(x, w, padding=1, groups=128),
+         flops=lambda x, w: 18 * x.size, bytes=lambda x, w: 8 * x.size, atol=1e-4,
+         min_speedup=None, min_bandwidth=0.7),
+    Case("max_pool3x3s2_112x112x64", "max_pool 3x3, stride 2, padding 1 (ResNet's stem), f32, "
+         "batch 32 × 64 channels 112×112 (--quick: batch 4)", "≥70% of the copy bandwidth",
+         lambda r, q: [f32(r, 4 if q else 32, 64, 112, 112)], max_pool_np,
+         ts.function(lambda x: op.max_pool(x, 3, 2, 1)),
+         torch=lambda t, x: t.nn.functional.max_pool2d(x, 3, 2, 1),
+         bytes=lambda x: 5 * x.size // 4, min_speedup=None, min_bandwidth=0.7),
+]
 PENDING: dict = {}
 
 

@@ -1088,6 +1088,143 @@ def _i_global_pool(kind):
     return read
 
 
+def _nll(logp, target, weight, reduction, ignore_index):
+    """ONNX's NegativeLogLikelihoodLoss of log-probabilities [N, C, d...] at the targets
+    [N, d...]: each -logp[target] weighted by weight[target] (0 where target is ignore_index);
+    "mean" divides by the sum of those weights, as ONNX (and PyTorch) do."""
+    t = op.cast(target, "int64")
+    valid = None if ignore_index is None else t != ignore_index
+    if valid is not None:
+        t = op.where(valid, t, 0)
+    picked = op.squeeze(op.take_along_axis(logp, op.expand_dims(t, 1), axis=1), axis=1)
+    d = dtype_of(logp).name
+    w = op.take(weight, t, axis=0) if weight is not None else None
+    if valid is not None:
+        w = op.where(valid, w if w is not None else op.cast(np.ones((), np.int64), d),
+                     op.cast(np.zeros((), np.int64), d))
+    loss = -picked if w is None else -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return op.sum(loss)
+    return op.mean(loss) if w is None else op.sum(loss) / op.sum(w)
+
+
+def _reduction(node):
+    r = _attr(node, "reduction", "mean")
+    return r.decode() if isinstance(r, bytes) else r
+
+
+def _i_nll(node, xs):
+    weight = xs[2] if len(xs) > 2 else None
+    return _nll(xs[0], xs[1], weight, _reduction(node), _attr(node, "ignore_index"))
+
+
+def _i_softmax_cross_entropy(node, xs):
+    """(loss, log_prob): the NLL of log_softmax over axis 1."""
+    logp = op.log_softmax(xs[0], axis=1)
+    weight = xs[2] if len(xs) > 2 else None
+    loss = _nll(logp, xs[1], weight, _reduction(node), _attr(node, "ignore_index"))
+    return (loss, logp) if len([o for o in node.output if o]) > 1 else loss
+
+
+def _heads_4d(x, heads):
+    """[B, S, heads * D] -> [B, heads, S, D] (ONNX Attention's 3-D inputs)."""
+    b, n, hidden = x.shape
+    return op.transpose(op.reshape(x, shape=[b, n, heads, hidden // heads]), perm=[0, 2, 1, 3])
+
+
+def _band(sq, sk, offset, left, right, causal):
+    """The additive [sq, sk] (or [B, 1, sq, sk] for per-batch offsets) of the keys j that query
+    i, at position i + offset, may see: j <= i + offset when causal, within left keys behind
+    and right keys ahead when those are >= 0 (-1: unbounded)."""
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    diff = (i + offset if isinstance(offset, int) else
+            op.reshape(offset, shape=[-1, 1, 1, 1]) + i) - j
+    keep = ([diff >= 0] if causal else []) + ([diff <= left] if left >= 0 else []) + \
+        ([diff >= -right] if right >= 0 else [])
+    if isinstance(offset, int):
+        return np.where(np.logical_and.reduce(keep), 0.0, -np.inf).astype(np.float32)
+    allowed = keep[0]
+    for more in keep[1:]:
+        allowed = op.minimum(allowed, more)              # (and, for booleans)
+    return op.where(allowed, 0.0, -np.inf)
+
+
+def _i_attention(node, xs):
+    """ONNX's Attention (opsets 23-25): 3-D inputs split into q_num_heads/kv_num_heads heads, a
+    past key/value cache concatenated in front (the present key/value outputs), a boolean or
+    additive mask padded to the keys, bottom-right causal masking and sliding windows offset by
+    the cache (per batch with nonpad_kv_seqlen), grouped-query heads repeated in place, a
+    softcap before the mask, a row that sees no key 0; the fourth output the scores at the
+    stage qk_matmul_output_mode names. Without a softcap or that output it is op.attention."""
+    q, k, v = xs[:3]
+    mask, past_k, past_v, nonpad = (xs[i] if len(xs) > i else None for i in range(3, 7))
+    three_d = len(q.shape) == 3
+    if three_d:
+        q = _heads_4d(q, _attr(node, "q_num_heads"))
+        k, v = (_heads_4d(t, _attr(node, "kv_num_heads")) for t in (k, v))
+    if past_k is not None:
+        k, v = op.concat([past_k, k], axis=2), op.concat([past_v, v], axis=2)
+    present_k, present_v = k, v
+    d = dtype_of(q).name
+    sq, sk = q.shape[2], k.shape[2]
+    if mask is not None:
+        if dtype_of(mask).is_bool:
+            mask = op.where(mask, 0.0, -np.inf)
+        if mask.shape[-1] < sk:
+            mask = op.pad(mask, [[0, 0]] * (len(mask.shape) - 1) + [[0, sk - mask.shape[-1]]],
+                          value=-np.inf)
+    causal = bool(_attr(node, "is_causal", 0))
+    left, right = _attr(node, "left_window_size", -1), _attr(node, "right_window_size", -1)
+    offset = past_k.shape[2] if past_k is not None else \
+        (op.cast(nonpad, "int64") - sq if nonpad is not None else 0)
+    bias = mask
+    if causal or left >= 0 or right >= 0:
+        band = _band(sq, sk, offset, left, right, causal)
+        bias = band if bias is None else bias + band
+    if nonpad is not None:
+        seen = np.arange(sk)[None, :] < op.expand_dims(op.cast(nonpad, "int64"), 1)
+        pad = op.reshape(op.where(seen, 0.0, -np.inf), shape=[-1, 1, 1, sk])
+        bias = pad if bias is None else bias + pad
+    if bias is not None:
+        bias = op.cast(bias, d)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads:
+        r = heads // kv_heads
+        k, v = (op.reshape(op.broadcast_to(op.expand_dims(t, axis=2),
+                                           shape=[t.shape[0], kv_heads, r, *t.shape[2:]]),
+                           shape=[t.shape[0], heads, *t.shape[2:]]) for t in (k, v))
+    scale = _attr(node, "scale")
+    scale = 1 / math.sqrt(q.shape[3]) if scale is None else scale
+    softcap = _attr(node, "softcap", 0.0)
+    mode = _attr(node, "qk_matmul_output_mode", 0)
+    want_qk = len(node.output) > 3 and node.output[3]
+    if not softcap and not want_qk:
+        y = op.attention(q, k, v, mask=bias, scale=scale)
+        qk = None
+    else:
+        scores = op.matmul(q, op.transpose(k, perm=[0, 1, 3, 2])) * op.cast(
+            np.asarray(scale), d)
+        if softcap:
+            scores = op.tanh(scores / softcap) * softcap
+        qk = scores
+        biased = scores if bias is None else scores + bias
+        if mode == 2:
+            qk = biased
+        probs = op.softmax(biased, axis=-1)
+        if bias is not None:
+            dead = op.max(bias, axis=-1, keepdim=True) == -np.inf
+            probs = op.where(dead, op.cast(np.zeros((), np.int64), d), probs)
+        if mode == 3:
+            qk = probs
+        y = op.matmul(probs, v)
+    if three_d:
+        b, h, n, dv = y.shape
+        y = op.reshape(op.transpose(y, perm=[0, 2, 1, 3]), shape=[b, n, h * dv])
+    return (y, present_k, present_v, qk)[:len(node.output)]
+
+
 def _unary_attrs(f):
     return lambda node, xs: f(xs[0], lambda name, default: _attr(node, name, default))
 
@@ -1137,6 +1274,9 @@ IMPORT.update({
     "ThresholdedRelu": _unary_attrs(lambda x, a: op.where(x > a("alpha", 1.0), x, 0.0)),
     "HardSigmoid": _unary_attrs(lambda x, a: op.clamp(a("alpha", 0.2) * x + a("beta", 0.5),
                                                       0.0, 1.0)),
+    "Attention": _i_attention,
+    "NegativeLogLikelihoodLoss": _i_nll,
+    "SoftmaxCrossEntropyLoss": _i_softmax_cross_entropy,
     "Shrink": _unary_attrs(lambda x, a: op.where(
         x > a("lambd", 0.5), x - a("bias", 0.0),
         op.where(x < -a("lambd", 0.5), x + a("bias", 0.0), 0.0))),
