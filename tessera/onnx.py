@@ -1225,6 +1225,111 @@ def _i_attention(node, xs):
     return (y, present_k, present_v, qk)[:len(node.output)]
 
 
+def _linear(coords, sizes):
+    """The row-major flat index of coordinates (each a tensor or array, negatives counted from
+    the end) over axes of the given sizes."""
+    lin = None
+    for c, n in zip(coords, sizes):
+        c = op.cast(c, "int64")
+        c = op.where(c < 0, c + n, c)
+        lin = c if lin is None else lin * n + c
+    return lin
+
+
+def _column(indices, j):
+    """indices[..., j]."""
+    rank = len(indices.shape)
+    return op.squeeze(op.slice(indices, starts=[None] * (rank - 1) + [j],
+                               stops=[None] * (rank - 1) + [j + 1], steps=[1] * rank), axis=-1)
+
+
+def _scatter_flat(data, lin, updates, reduction, node):
+    """data [M, rest...] with updates [*lin.shape, rest...] written (or added) at rows lin."""
+    if reduction in ("mul", "max", "min"):
+        return _scatter_dense(data, lin, updates, reduction, node)
+    d = dtype_of(data).name
+    zero = op.cast(np.zeros((), np.int64), d)
+    placed = op.scatter_add(op.broadcast_to(zero, shape=list(data.shape)), lin,
+                            op.cast(updates, d), axis=0)
+    if reduction == "add":
+        return data + placed
+    hit = op.scatter_add(op.broadcast_to(np.zeros((), np.int64), shape=list(data.shape)), lin,
+                         op.broadcast_to(np.ones((), np.int64), shape=list(updates.shape)),
+                         axis=0)
+    return op.where(hit > 0, placed, data)              # (ONNX: indices without repeats)
+
+
+# A scatter by mul, max or min compares every row with every update ([rows, updates, rest...]):
+# refused above this many elements, rather than filling the memory
+_DENSE_SCATTER_LIMIT = 1 << 26
+
+
+def _scatter_dense(data, lin, updates, reduction, node):
+    """data [M, rest...] combined by mul/max/min with updates [*lin.shape, rest...] at rows lin
+    (repeats combine too): each row against every update, then a reduction over the updates."""
+    shape, rest = list(data.shape), list(data.shape[1:])
+    u = math.prod(lin.shape)
+    if shape[0] * u * math.prod(rest) > _DENSE_SCATTER_LIMIT:
+        raise TesseraError(f"{node.op_type} with reduction={reduction!r} of {u} updates into "
+                           f"{shape[0]} rows is too large for tessera's dense form")
+    t = dtype_of(data)
+    hit = op.reshape(np.arange(shape[0])[:, None] == op.reshape(lin, shape=[1, u]),
+                     shape=[shape[0], u] + [1] * len(rest))                 # [M, U, 1...]
+    upd = op.expand_dims(op.reshape(op.cast(updates, t.name), shape=[u] + rest), 0)
+    if reduction == "mul":
+        vals = op.where(hit, upd, op.cast(np.ones((), np.int64), t.name))
+        n = len(rest) + 2
+        last = op.slice(op.cumprod(vals, axis=1), starts=[None, u - 1] + [None] * (n - 2),
+                        stops=[None] * n, steps=[1] * n)
+        return data * op.squeeze(last, axis=1)
+    big = np.inf if t.is_float else np.iinfo(t.np).max
+    fill = op.cast(np.asarray(-big if reduction == "max" else big), t.name)
+    best = (op.max if reduction == "max" else op.min)(op.where(hit, upd, fill), axis=1)
+    touched = op.max(op.cast(hit, "bool"), axis=1)
+    pick = op.maximum if reduction == "max" else op.minimum
+    return op.where(touched, pick(data, best), data)
+
+
+def _i_scatter_nd(node, xs):
+    data, indices, updates = xs
+    k = indices.shape[-1]
+    shape = list(data.shape)
+    flat = op.reshape(data, shape=[math.prod(shape[:k])] + shape[k:])
+    lin = _linear([_column(indices, j) for j in range(k)], shape[:k])
+    out = _scatter_flat(flat, lin, updates, _reduction_none(node), node)
+    return op.reshape(out, shape=shape)
+
+
+def _i_scatter_elements(node, xs):
+    data, indices, updates = xs
+    shape, rank = list(data.shape), len(data.shape)
+    axis = _attr(node, "axis", 0) % rank
+    grid = [indices if a == axis else
+            np.arange(indices.shape[a]).reshape([-1 if b == a else 1 for b in range(rank)])
+            for a in range(rank)]
+    lin = _linear([op.broadcast_to(op.cast(g, "int64"), shape=list(indices.shape))
+                   for g in grid], shape)
+    out = _scatter_flat(op.reshape(data, shape=[-1]), lin, updates, _reduction_none(node), node)
+    return op.reshape(out, shape=shape)
+
+
+def _reduction_none(node):
+    r = _attr(node, "reduction", "none")
+    return r.decode() if isinstance(r, bytes) else r
+
+
+def _i_gather_nd(node, xs):
+    data, indices = xs
+    b, k = _attr(node, "batch_dims", 0), indices.shape[-1]
+    shape = list(data.shape)
+    coords = [np.arange(shape[a]).reshape([-1 if c == a else 1
+                                           for c in range(len(indices.shape) - 1)])
+              for a in range(b)] + [_column(indices, j) for j in range(k)]
+    lin = _linear(coords, shape[:b + k])
+    flat = op.reshape(data, shape=[math.prod(shape[:b + k])] + shape[b + k:])
+    return op.take(flat, lin, axis=0)
+
+
 def _unary_attrs(f):
     return lambda node, xs: f(xs[0], lambda name, default: _attr(node, name, default))
 
@@ -1275,6 +1380,10 @@ IMPORT.update({
     "HardSigmoid": _unary_attrs(lambda x, a: op.clamp(a("alpha", 0.2) * x + a("beta", 0.5),
                                                       0.0, 1.0)),
     "Attention": _i_attention,
+    "ScatterND": _i_scatter_nd,
+    "ScatterElements": _i_scatter_elements,
+    "Scatter": _i_scatter_elements,            # (its name before opset 11)
+    "GatherND": _i_gather_nd,
     "NegativeLogLikelihoodLoss": _i_nll,
     "SoftmaxCrossEntropyLoss": _i_softmax_cross_entropy,
     "Shrink": _unary_attrs(lambda x, a: op.where(
