@@ -23,6 +23,7 @@ from . import dtypes as dt
 from . import op
 from .errors import ArgumentError, TesseraError, UnsupportedDTypeError
 from .function import Function
+from .control import cond as ts_cond, scan as ts_scan, while_loop as ts_while_loop
 from .trace import Traced, dtype_of
 
 OPSET = 17
@@ -780,14 +781,14 @@ def import_model(model):
         model = onnx.load(str(model))
     graph = model.graph
     opset = _model_opset(model)
-    missing = sorted({n.op_type for n in graph.node if n.op_type not in IMPORT or
+    missing = sorted({n.op_type for n in _all_nodes(graph) if n.op_type not in IMPORT or
                       n.domain not in ("", "ai.onnx")})
     if missing:
         raise TesseraError(f"the ONNX model uses {len(missing)} operator(s) tessera does not "
                            "import yet: " + ", ".join(missing),
                            hint="each needs an entry in tessera/onnx.py's IMPORT table")
-    readers = {n.op_type: _reader(n.op_type, opset) for n in graph.node
-               if n.op_type != "Constant"}
+    run = _GraphRunner(onnx, opset)
+    run.check(graph)
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     inputs = [i.name for i in graph.input if i.name not in consts]
     params = [n if n.isidentifier() else f"x{k}" for k, n in enumerate(inputs)]
@@ -800,16 +801,7 @@ def import_model(model):
         env = dict(consts)
         env.update({name: np.asarray(bound[p], declared.get(name)) if p in static else bound[p]
                     for name, p in zip(inputs, params)})
-        for node in graph.node:
-            xs = [env[i] if i else None for i in node.input]
-            if node.op_type == "Constant":
-                env[node.output[0]] = _constant(onnx, node)
-                continue
-            out = readers[node.op_type](node, xs)
-            for name, value in zip(node.output, out if isinstance(out, tuple) else (out,)):
-                if name:
-                    env[name] = value
-        outs = [env[o.name] for o in graph.output]
+        outs = run(graph, env)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     body.__signature__ = inspect.Signature(
@@ -817,6 +809,175 @@ def import_model(model):
     name = graph.name if graph.name.isidentifier() else "onnx_model"
     body.__name__ = body.__qualname__ = name
     return _Imported(body, name=name, static=static) if static else Function(body, name=name)
+
+
+def _all_nodes(graph):
+    """The graph's nodes and those of its subgraphs (If's branches, Loop's and Scan's
+    bodies)."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == a.GRAPH:
+                yield from _all_nodes(a.g)
+
+
+class _GraphRunner:
+    """Evaluates a graph's nodes in order over an environment of named values (a subgraph sees
+    its enclosing graph's values), each node by its reader for the model's opset; If, Loop and
+    Scan run their subgraphs through ts.cond, ts.while_loop and ts.scan."""
+
+    def __init__(self, onnx, opset):
+        self.onnx, self.opset, self.readers = onnx, opset, {}
+
+    def check(self, graph):
+        for n in _all_nodes(graph):
+            if n.op_type != "Constant" and n.op_type not in self.readers:
+                self.readers[n.op_type] = _reader(n.op_type, self.opset)
+
+    def __call__(self, graph, env):
+        env = dict(env)
+        env.update({t.name: self.onnx.numpy_helper.to_array(t) for t in graph.initializer})
+        for node in graph.node:
+            xs = [env[i] if i else None for i in node.input]
+            if node.op_type == "Constant":
+                env[node.output[0]] = _constant(self.onnx, node)
+                continue
+            if node.op_type in _CONTROL:
+                out = _CONTROL[node.op_type](self, node, xs, env)
+            else:
+                out = self.readers[node.op_type](node, xs)
+            for name, value in zip(node.output, out if isinstance(out, tuple) else (out,)):
+                if name:
+                    env[name] = value
+        return [env[o.name] for o in graph.output]
+
+    def subgraph(self, graph, env, *values):
+        """The subgraph's outputs with its inputs bound to values (in order)."""
+        inner = dict(env)
+        inner.update({i.name: v for i, v in zip(graph.input, values)})
+        return self(graph, inner)
+
+
+def _one(values):
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _if(run, node, xs, env):
+    """If: the branch a constant condition picks, or ts.cond of both (the same structure)."""
+    then, other = _attr(node, "then_branch"), _attr(node, "else_branch")
+    pred = xs[0]
+    if isinstance(pred, (np.ndarray, np.generic, bool)):
+        return tuple(run.subgraph(then if bool(np.asarray(pred).reshape(-1)[0]) else other,
+                                  env))
+    out = ts_cond(op.reshape(pred, shape=[1]), lambda: _one(run.subgraph(then, env)),
+                  lambda: _one(run.subgraph(other, env)))
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _loop(run, node, xs, env):
+    """Loop: body(i, cond, *carried) -> (cond, *carried, *scanned). Without scanned outputs,
+    ts.while_loop while i < M and cond; with them, the trip count M must be fixed and the
+    body's condition a constant true (their stacked length is then M): ts.scan over M steps."""
+    body = _attr(node, "body")
+    trips, cond, carried = xs[0], xs[1], list(xs[2:])
+    n_scanned = len(body.output) - 1 - len(carried)
+    if n_scanned:
+        if trips is None or not isinstance(trips, np.ndarray):
+            raise TesseraError("a Loop with scan outputs needs a constant trip count (its "
+                               "outputs' length)")
+        m = int(trips)
+        if m <= _UNROLL_UP_TO:               # the counter a constant: it may slice, or shape
+            vs, ys = list(carried), []
+            for i in range(m):
+                outs = run.subgraph(body, env, np.asarray(i, np.int64), np.asarray(True), *vs)
+                _constant_true(outs[0])
+                vs, y = list(outs[1:1 + len(vs)]), outs[1 + len(vs):]
+                ys.append([op.expand_dims(t, axis=0) for t in y])
+            stacked = [op.concat([y[j] for y in ys], axis=0) if m else None
+                       for j in range(n_scanned)]
+            if not m:
+                raise TesseraError("a Loop with scan outputs and no iterations has outputs of "
+                                   "no known shape: not imported")
+            return (*vs, *stacked)
+
+        def step(c, _):
+            i, vs = c
+            outs = run.subgraph(body, env, i, np.asarray(True), *vs)
+            _constant_true(outs[0])
+            return (i + 1, tuple(outs[1:1 + len(vs)])), tuple(outs[1 + len(vs):])
+        (_, last), ys = ts_scan(step, (np.asarray(0, np.int64), tuple(carried)), length=m)
+        return (*last, *ys)
+
+    def keep_going(c):
+        i, go = c[0], c[1]
+        more = go if trips is None else op.minimum(i < trips, op.cast(go, "bool"))
+        return op.reshape(op.cast(more, "bool"), shape=[1])
+
+    def step(c):
+        i, _, *vs = c
+        outs = run.subgraph(body, env, i, c[1], *vs)
+        return (i + 1, op.cast(outs[0], "bool"), *outs[1:])
+    go = np.asarray(True) if cond is None else op.cast(cond, "bool")
+    final = ts_while_loop(keep_going, step, (np.asarray(0, np.int64), go, *carried))
+    return tuple(final[2:])
+
+
+# A Loop with scan outputs and a fixed trip count up to this is unrolled (its counter then a
+# constant in each copy of the body); longer ones run as ts.scan
+_UNROLL_UP_TO = 64
+
+
+def _constant_true(cond):
+    """A Loop body's condition output when it has scan outputs: their length must be fixed."""
+    if cond is not None and (not isinstance(cond, (np.ndarray, np.generic, bool)) or
+                             not bool(np.asarray(cond).reshape(-1)[0])):
+        raise TesseraError("a Loop with scan outputs whose body may stop early (its condition "
+                           "output is computed) has a data-dependent length: not imported")
+
+
+def _scan(run, node, xs, env):
+    """Scan (opset 9 on): body(*states, *slices) -> (*states, *scanned), over the scan inputs'
+    axes in their directions; the scanned outputs stacked on their axes in theirs."""
+    body = _attr(node, "body")
+    k = _attr(node, "num_scan_inputs")
+    states, inputs = list(xs[:len(xs) - k]), list(xs[len(xs) - k:])
+    in_axes = list(_attr(node, "scan_input_axes", [0] * k))
+    in_dirs = list(_attr(node, "scan_input_directions", [0] * k))
+    n_out = len(body.output) - len(states)
+    out_axes = list(_attr(node, "scan_output_axes", [0] * n_out))
+    out_dirs = list(_attr(node, "scan_output_directions", [0] * n_out))
+    seq = []
+    for x, axis, rev in zip(inputs, in_axes, in_dirs):
+        rank = len(x.shape)
+        axis %= rank
+        if axis:
+            x = op.transpose(x, perm=[axis] + [a for a in range(rank) if a != axis])
+        seq.append(_flip0(x) if rev else x)
+
+    def step(c, x_t):
+        outs = run.subgraph(body, env, *c, *x_t)
+        return tuple(outs[:len(c)]), tuple(outs[len(c):])
+    last, ys = ts_scan(step, tuple(states), tuple(seq))
+    stacked = []
+    for y, axis, rev in zip(ys, out_axes, out_dirs):
+        y = _flip0(y) if rev else y
+        rank = len(y.shape)
+        axis %= rank
+        if axis:
+            perm = list(range(1, rank))
+            perm.insert(axis, 0)
+            y = op.transpose(y, perm=perm)
+        stacked.append(y)
+    return (*last, *stacked)
+
+
+def _flip0(x):
+    rank = len(x.shape)
+    return op.slice(x, starts=[None] * rank, stops=[None] * rank,
+                    steps=[-1] + [1] * (rank - 1))
+
+
+_CONTROL = {"If": _if, "Loop": _loop, "Scan": _scan}
 
 
 def _constant(onnx, node):
@@ -838,7 +999,8 @@ def _constant(onnx, node):
 _SHAPE_POSITIONS = {"Reshape": (1,), "Expand": (1,), "Unsqueeze": (1,), "Squeeze": (1,),
                     "Slice": (1, 2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,),
                     "ReduceMax": (1,), "ReduceMin": (1,), "ReduceLogSumExp": (1,),
-                    "CumSum": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,)}
+                    "CumSum": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,),
+                    "Loop": (0,)}
 
 
 _TYPE_ONLY = {("CastLike", 1)}      # inputs whose values the output does not read (their type)
@@ -848,12 +1010,15 @@ def _shape_inputs(graph) -> set:
     """The names whose values shape positions read, and the values those are computed from
     (a window's size cast, then fed to Range), but not through Shape or Size, which read
     only a shape."""
-    names = {node.input[k] for node in graph.node
+    nodes = list(_all_nodes(graph))       # (a subgraph's nodes read the outer values by name)
+    names = {node.input[k] for node in nodes
              for k in _SHAPE_POSITIONS.get(node.op_type, ()) if k < len(node.input)}
     while True:
-        more = {i for node in graph.node if node.op_type not in ("Shape", "Size")
+        more = {i for node in nodes if node.op_type not in ("Shape", "Size")
                 and set(node.output) & names
                 for k, i in enumerate(node.input) if i and (node.op_type, k) not in _TYPE_ONLY}
+        more |= {o.name for node in nodes if set(node.output) & names   # If's branches' results
+                 for a in node.attribute if a.type == a.GRAPH for o in a.g.output}
         more -= names
         if not more:
             return names
@@ -915,8 +1080,9 @@ def _i_constant_of_shape(node, xs):
 def _i_range(node, xs):
     if any(isinstance(x, Traced) for x in xs):
         raise TesseraError("Range's bounds must be known when the model is traced")
-    start, limit, delta = (np.asarray(x) for x in xs)
-    return np.arange(start, limit, delta, dtype=start.dtype)
+    # (one-element tensors read as the scalars ONNX asks for, as its reference evaluator does)
+    start, limit, delta = (np.asarray(x).reshape(-1)[0] for x in xs)
+    return np.arange(start, limit, delta, dtype=np.asarray(xs[0]).dtype)
 
 
 def _i_flatten(node, xs):
@@ -1563,4 +1729,6 @@ OLDER.update({
 
 
 IMPORT["Constant"] = None         # (read in import_model: its value is an attribute)
+IMPORT.update({k: None for k in _CONTROL})      # (run by _GraphRunner: they need subgraphs)
+OLDER["Scan"] = (9, [])             # (opset 8's Scan: a batch axis and sequence lengths)
 __all__ = ["export", "import_model", "EXPORT", "IMPORT", "OPSET"]

@@ -230,3 +230,81 @@ def test_a_cast_to_a_type_tessera_lacks_is_a_tessera_error(rng):
         with pytest.raises(ts.errors.UnsupportedDTypeError,
                            match=helper.tensor_dtype_to_string(to).split(".")[-1]):
             ts.onnx.import_model(model)(x)
+
+
+# ---- control flow: If, Loop and Scan onto ts.cond, ts.while_loop and ts.scan --------------------
+def _f(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_a_loop_that_stops_on_a_computed_condition_runs_as_a_while_loop(rng):
+    """Loop(M, cond, x): x = x * 1.5 + 1 while i < M and sum(x) < limit; the condition is
+    computed from the carried value (data-dependent), against ONNX's reference evaluator."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["x_in", "k"], ["xm"]),
+         helper.make_node("Add", ["xm", "one"], ["x_out"]),
+         helper.make_node("ReduceSum", ["x_out"], ["total"], keepdims=0),
+         helper.make_node("Less", ["total", "limit"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 _f("x_in", [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _f("x_out", [3])],
+        [numpy_helper.from_array(np.asarray(1.5, np.float32), "k"),
+         numpy_helper.from_array(np.asarray(1.0, np.float32), "one")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "cond", "x"], ["y"], body=body)], "g",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []), _f("x", [3]),
+         _f("limit", [])], [_f("y", [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fn = ts.onnx.import_model(model)
+    for _ in range(3):
+        x = rng.standard_normal(3).astype(np.float32)
+        limit = np.float32(rng.uniform(5, 200))
+        feeds = {"M": np.asarray(int(rng.integers(2, 12)), np.int64), "cond": np.asarray(True),
+                 "x": x, "limit": limit}
+        want = ReferenceEvaluator(model).run(None, feeds)[0]
+        np.testing.assert_allclose(fn(*feeds.values()), want, rtol=1e-6)
+
+
+def test_a_scan_over_an_inner_axis_in_reverse_is_numpys(rng):
+    """Scan: a running sum state and the running products as scan output, the input scanned
+    along axis 1 backwards and the output stacked on axis 1 (ONNX's reference evaluator does
+    not run reversed scans: a NumPy loop is the reference)."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+         helper.make_node("Mul", ["s_out", "x_t"], ["y_t"])],
+        "body", [_f("s_in", [2]), _f("x_t", [2])], [_f("s_out", [2]), _f("y_t", [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["s", "x"], ["s_last", "ys"], body=body, num_scan_inputs=1,
+                          scan_input_axes=[1], scan_input_directions=[1],
+                          scan_output_axes=[1])], "g",
+        [_f("s", [2]), _f("x", [2, 5])], [_f("s_last", [2]), _f("ys", [2, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    s, x = rng.standard_normal(2).astype(np.float32), rng.standard_normal((2, 5)).astype(
+        np.float32)
+    state, ys = s.astype(np.float64), []
+    for j in reversed(range(5)):
+        state = state + x[:, j]
+        ys.append(state * x[:, j])
+    got = ts.onnx.import_model(model)(s, x)
+    np.testing.assert_allclose(got[0], state, rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.stack(ys, axis=1), rtol=1e-6)
+
+
+def test_an_if_on_a_computed_condition_runs_both_branches_as_ts_cond(rng):
+    then = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["t"])], "then", [],
+                             [_f("t", [4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [_f("e", [4])])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+         helper.make_node("Greater", ["total", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+        [_f("x", [4])], [_f("y", [4])],
+        [numpy_helper.from_array(np.asarray(0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fn = ts.onnx.import_model(model)
+    for sign in (1, -1):
+        x = np.abs(rng.standard_normal(4)).astype(np.float32) * sign
+        np.testing.assert_allclose(fn(x), ReferenceEvaluator(model).run(None, {"x": x})[0])
