@@ -33,6 +33,7 @@ from .aten import from_torch  # noqa: E402
 from .jaxpr import from_jax  # noqa: E402
 from . import migrate  # noqa: E402
 from . import onnx  # noqa: E402
+from . import models  # noqa: E402
 from . import prob  # noqa: E402
 from . import checkpoint, collectives, dist  # noqa: E402
 from .fault import fault_tolerant, recover_and_continue  # noqa: E402

@@ -1,0 +1,13 @@
+"""``tessera.models``: the seeds' model zoo, written natively with tessera.nn and tessera.op
+(not imported from another framework), reading and writing `transformers` checkpoint
+directories from disk (``config.json`` and safetensors weights; nothing is downloaded):
+
+    model, params = models.LLaMA.from_pretrained("path/to/checkpoint")
+    logits = ts.function(lambda p, ids: model(p, ids))(params, ids)      # compiled
+    model.save_pretrained(params, "path/to/copy")          # transformers loads it back
+
+So far: LLaMA (grouped-query attention, RoPE, SwiGLU, RMSNorm; Mistral's and Qwen2's layouts
+are LLaMA's with their own config names, not yet read)."""
+from .llama import LLaMA
+
+__all__ = ["LLaMA"]

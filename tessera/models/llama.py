@@ -1,0 +1,203 @@
+"""LLaMA (Touvron et al.), as transformers' LlamaForCausalLM computes it: token embeddings, N
+pre-norm decoder layers (RMSNorm, grouped-query causal attention with rotate-half RoPE, RMSNorm,
+a SwiGLU MLP), a final RMSNorm and the LM head (tied to the embeddings or not)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .. import op
+from ..errors import ArgumentError, TesseraError
+from ..nn.attention import rope
+from ..nn.init import normal
+from ..nn.layers import Module, _shape, linear
+
+# config.json's names (transformers' LlamaConfig) -> this class's, with their defaults
+_CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
+           "head_dim": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+           "tie_word_embeddings": False, "max_position_embeddings": 2048,
+           "initializer_range": 0.02}
+
+
+class LLaMA(Module):
+    """params {"embed": [V, D], "layers": [{"input_norm", "q", "k", "v", "o", "post_norm",
+    "gate", "up", "down"}], "norm": [D], "lm_head": [D, V] (absent when tied)}; projection
+    weights are [in, out] (transformers' transposed). ``__call__(params, ids, mask=None)``:
+    ids [B, S] int, mask [B, S] (1 keeps a token, 0 is padding) -> logits [B, S, V]."""
+
+    def __init__(self, **config):
+        unknown = set(config) - set(_CONFIG)
+        if unknown:
+            raise ArgumentError(f"LLaMA has no setting {sorted(unknown)[0]!r}",
+                                expected=", ".join(_CONFIG))
+        c = {**_CONFIG, **config}
+        c["num_key_value_heads"] = c["num_key_value_heads"] or c["num_attention_heads"]
+        c["head_dim"] = c["head_dim"] or c["hidden_size"] // c["num_attention_heads"]
+        if c["num_attention_heads"] % c["num_key_value_heads"]:
+            raise ArgumentError(f"{c['num_attention_heads']} attention heads do not share "
+                                f"{c['num_key_value_heads']} key/value heads evenly")
+        self.config = c
+
+    # ---- parameters ----------------------------------------------------------------------------
+    def init_params(self, key):
+        """transformers' initialisation: normal(0, initializer_range) weights, RMSNorm ones."""
+        c = self.config
+        d, hd, std = c["hidden_size"], c["head_dim"], c["initializer_range"]
+        h, kv, f = c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
+
+        def w(k, shape):
+            return normal(k, shape, std)
+        layers = []
+        for i in range(c["num_hidden_layers"]):
+            k = key.child(f"layer{i}")
+            layers.append({"input_norm": np.ones(d, np.float32), "q": w(k.child("q"), (d, h * hd)),
+                           "k": w(k.child("k"), (d, kv * hd)), "v": w(k.child("v"), (d, kv * hd)),
+                           "o": w(k.child("o"), (h * hd, d)),
+                           "post_norm": np.ones(d, np.float32), "gate": w(k.child("g"), (d, f)),
+                           "up": w(k.child("u"), (d, f)), "down": w(k.child("d"), (f, d))})
+        p = {"embed": w(key.child("embed"), (c["vocab_size"], d)), "layers": layers,
+             "norm": np.ones(d, np.float32)}
+        if not c["tie_word_embeddings"]:
+            p["lm_head"] = w(key.child("lm_head"), (d, c["vocab_size"]))
+        return p
+
+    # ---- the forward pass ----------------------------------------------------------------------
+    def _heads(self, t, n):
+        b, s = _shape(t)[:2]
+        return op.transpose(op.reshape(t, [b, s, n, self.config["head_dim"]]), [0, 2, 1, 3])
+
+    def _attention(self, p, x, bias):
+        c = self.config
+        h, kv = c["num_attention_heads"], c["num_key_value_heads"]
+        q = rope(self._heads(linear(x, p["q"]), h), c["rope_theta"])
+        k = rope(self._heads(linear(x, p["k"]), kv), c["rope_theta"])
+        v = self._heads(linear(x, p["v"]), kv)
+        if kv != h:                    # each key/value head serves h/kv consecutive query heads
+            b, _, s, hd = _shape(k)
+            k, v = (op.reshape(op.broadcast_to(op.expand_dims(t, 2), [b, kv, h // kv, s, hd]),
+                               [b, h, s, hd]) for t in (k, v))
+        o = op.attention(q, k, v, mask=bias, causal=True)
+        b, _, s, hd = _shape(o)
+        return linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"])
+
+    def __call__(self, params, ids, mask=None, **kw):
+        c = self.config
+        eps = c["rms_norm_eps"]
+        x = op.take(params["embed"], ids, axis=0)
+        bias = None
+        if mask is not None:            # padding: those keys hidden from every query
+            b, s = _shape(mask)
+            bias = op.reshape(op.where(mask != 0, 0.0, -np.inf), [b, 1, 1, s])
+        for p in params["layers"]:
+            x = x + self._attention(p, op.rmsnorm(x, p["input_norm"], eps), bias)
+            h = op.rmsnorm(x, p["post_norm"], eps)
+            x = x + linear(op.silu(linear(h, p["gate"])) * linear(h, p["up"]), p["down"])
+        x = op.rmsnorm(x, params["norm"], eps)
+        head = params["lm_head"] if "lm_head" in params else op.transpose(params["embed"])
+        return linear(x, head)
+
+    # ---- transformers' checkpoint directories --------------------------------------------------
+    _NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+              "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+              "down": "mlp.down_proj"}
+
+    @classmethod
+    def from_pretrained(cls, directory):
+        """(model, params) from a transformers LlamaForCausalLM checkpoint directory: its
+        config.json and model.safetensors (or sharded model-*.safetensors with their index)."""
+        config = _read_config(directory, "llama")
+        rope_params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        kind = rope_params.get("rope_type", rope_params.get("type", "default"))
+        if kind != "default":
+            raise TesseraError(f"{directory}: RoPE of type {kind!r} (a scaled RoPE) is not read "
+                               "yet; LLaMA reads the default rotation")
+        if "rope_theta" in rope_params:        # (transformers 5 keeps it there)
+            config = {**config, "rope_theta": rope_params["rope_theta"]}
+        model = cls(**{k: v for k, v in config.items() if k in _CONFIG})
+        w = _read_safetensors(directory)
+        c = model.config
+
+        def get(name, transpose=False):
+            if name not in w:
+                raise TesseraError(f"{directory}: the checkpoint has no tensor {name!r}")
+            a = w[name].astype(np.float32)
+            return np.ascontiguousarray(a.T) if transpose else a
+        layers = []
+        for i in range(c["num_hidden_layers"]):
+            pre = f"model.layers.{i}."
+            layer = {k: get(pre + n + ".weight", True) for k, n in cls._NAMES.items()}
+            layer["input_norm"] = get(pre + "input_layernorm.weight")
+            layer["post_norm"] = get(pre + "post_attention_layernorm.weight")
+            layers.append(layer)
+        params = {"embed": get("model.embed_tokens.weight"), "layers": layers,
+                  "norm": get("model.norm.weight")}
+        if not c["tie_word_embeddings"]:
+            params["lm_head"] = get("lm_head.weight", True)
+        return model, params
+
+    def save_pretrained(self, params, directory):
+        """Write config.json and model.safetensors that transformers' LlamaForCausalLM loads
+        (the directory is made; its files are written whole, then renamed into place)."""
+        from safetensors.numpy import save_file
+        os.makedirs(directory, exist_ok=True)
+        tensors = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["norm"]}
+        for i, layer in enumerate(params["layers"]):
+            pre = f"model.layers.{i}."
+            for k, n in self._NAMES.items():
+                tensors[pre + n + ".weight"] = np.asarray(layer[k]).T
+            tensors[pre + "input_layernorm.weight"] = layer["input_norm"]
+            tensors[pre + "post_attention_layernorm.weight"] = layer["post_norm"]
+        if "lm_head" in params:
+            tensors["lm_head.weight"] = np.asarray(params["lm_head"]).T
+        tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+        config = {**{k: v for k, v in self.config.items()}, "model_type": "llama",
+                  "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+                  "torch_dtype": "float32", "attention_bias": False, "mlp_bias": False,
+                  "rope_parameters": {"rope_type": "default",
+                                      "rope_theta": self.config["rope_theta"]}}
+        _write_whole(os.path.join(directory, "model.safetensors"),
+                     lambda path: save_file(tensors, path, metadata={"format": "pt"}))
+        _write_whole(os.path.join(directory, "config.json"),
+                     lambda path: open(path, "w").write(json.dumps(config, indent=2)))
+
+
+def _read_config(directory, model_type):
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except OSError as e:
+        raise TesseraError(f"{directory} has no readable config.json ({e.strerror})") from None
+    if config.get("model_type") != model_type:
+        raise TesseraError(f"{path} describes a {config.get('model_type')!r} model, not "
+                           f"{model_type!r}")
+    return config
+
+
+def _read_safetensors(directory):
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        raise TesseraError("reading a checkpoint needs the safetensors package",
+                           hint="pip install safetensors") from None
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+        raise TesseraError(f"{directory} holds no .safetensors weights")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(os.path.join(directory, f)))
+    return tensors
+
+
+def _write_whole(path, write):
+    """write(temporary path), then an atomic rename: no half-written file at ``path``."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,0 +1,76 @@
+"""tessera.models: the zoo's LLaMA, written with tessera's own operators, reads checkpoint
+directories that transformers writes (random initialisations from small configurations,
+nothing downloaded) and gives transformers' logits; the directories it writes load back into
+transformers with the same logits."""
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import models
+
+torch = pytest.importorskip("torch", reason="transformers' models run on PyTorch")
+transformers = pytest.importorskip("transformers", reason="the checkpoints are transformers'")
+pytest.importorskip("safetensors", reason="checkpoints are safetensors files")
+
+
+def _config(tied=False, kv_heads=2):
+    return transformers.LlamaConfig(
+        vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64,
+        rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=0,
+        eos_token_id=0, pad_token_id=0)
+
+
+def _batch(rng, padded):
+    ids = rng.integers(1, 101, size=(2, 9))
+    mask = np.ones((2, 9), np.int64)
+    if padded:
+        mask[1, :int(rng.integers(1, 5))] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("tied, kv_heads", [(False, 2), (True, 4), (False, 1)])
+def test_llama_reads_transformers_checkpoints(tied, kv_heads, tmp_path, rng):
+    """Grouped-query (2 of 4 heads), multi-head and multi-query attention; tied and untied
+    heads; the logits of every token that is not padding, with a left-padded batch too."""
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    theirs = transformers.LlamaForCausalLM(_config(tied, kv_heads)).eval()
+    theirs.save_pretrained(tmp_path)
+    model, params = models.LLaMA.from_pretrained(tmp_path)
+    fn = ts.function(lambda p, ids, mask: model(p, ids, mask))
+    for padded in (False, True):
+        ids, mask = _batch(rng, padded)
+        with torch.no_grad():
+            want = theirs(input_ids=torch.from_numpy(ids),
+                          attention_mask=torch.from_numpy(mask)).logits.numpy()
+        got = fn(params, ids, mask)
+        keep = mask.astype(bool)
+        np.testing.assert_allclose(got[keep], want[keep], atol=2e-5, rtol=1e-5)
+
+
+def test_llama_writes_checkpoints_transformers_loads(tmp_path, rng):
+    model = models.LLaMA(vocab_size=101, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         rope_theta=500.0)
+    params = model.init(int(rng.integers(1 << 30)))
+    model.save_pretrained(params, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(theirs).__name__ == "LlamaForCausalLM"
+    ids, mask = _batch(rng, False)
+    with torch.no_grad():
+        want = theirs(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(ts.function(lambda p, i, m: model(p, i, m))(params, ids, mask),
+                               want, atol=2e-5,
+                               rtol=1e-5)
+    again, params2 = models.LLaMA.from_pretrained(tmp_path)             # and back
+    assert again.config == model.config
+    np.testing.assert_array_equal(params2["layers"][1]["q"], params["layers"][1]["q"])
+
+
+def test_a_directory_that_is_no_llama_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ts.TesseraError, match="no readable config.json"):
+        models.LLaMA.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(ts.TesseraError, match="describes a 'gpt2' model"):
+        models.LLaMA.from_pretrained(tmp_path)
