@@ -143,7 +143,8 @@ class LLaMA(Module):
         (the directory is made; its files are written whole, then renamed into place)."""
         from safetensors.numpy import save_file
         os.makedirs(directory, exist_ok=True)
-        tensors = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["norm"]}
+        tensors = {"model.embed_tokens.weight": params["embed"],
+                   "model.norm.weight": params["norm"]}
         for i, layer in enumerate(params["layers"]):
             pre = f"model.layers.{i}."
             for k, n in self._NAMES.items():
