@@ -45,6 +45,9 @@ class Function:
                  policy=None, dynamic=()):
         if not callable(fn):
             raise ArgumentError(f"tessera.function needs a Python function, got {fn!r}")
+        if not hasattr(fn, "__name__"):         # a callable object (a model): its __call__
+            name = name or type(fn).__name__
+            fn = fn.__call__
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name or fn.__name__

@@ -3,7 +3,7 @@
 directories from disk (``config.json`` and safetensors weights; nothing is downloaded):
 
     model, params = models.LLaMA.from_pretrained("path/to/checkpoint")
-    logits = ts.function(lambda p, ids: model(p, ids))(params, ids)      # compiled
+    logits = ts.function(model)(params, ids)       # compiled like any function
     model.save_pretrained(params, "path/to/copy")          # transformers loads it back
 
 So far: LLaMA (grouped-query attention, RoPE, SwiGLU, RMSNorm; Mistral's and Qwen2's layouts

@@ -83,7 +83,7 @@ class LLaMA(Module):
         b, _, s, hd = _shape(o)
         return linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"])
 
-    def __call__(self, params, ids, mask=None, **kw):
+    def __call__(self, params, ids, mask=None):
         c = self.config
         eps = c["rms_norm_eps"]
         x = op.take(params["embed"], ids, axis=0)

@@ -37,7 +37,7 @@ def test_llama_reads_transformers_checkpoints(tied, kv_heads, tmp_path, rng):
     theirs = transformers.LlamaForCausalLM(_config(tied, kv_heads)).eval()
     theirs.save_pretrained(tmp_path)
     model, params = models.LLaMA.from_pretrained(tmp_path)
-    fn = ts.function(lambda p, ids, mask: model(p, ids, mask))
+    fn = ts.function(model)                 # (a callable object: its __call__)
     for padded in (False, True):
         ids, mask = _batch(rng, padded)
         with torch.no_grad():
@@ -60,8 +60,7 @@ def test_llama_writes_checkpoints_transformers_loads(tmp_path, rng):
     ids, mask = _batch(rng, False)
     with torch.no_grad():
         want = theirs(input_ids=torch.from_numpy(ids)).logits.numpy()
-    np.testing.assert_allclose(ts.function(lambda p, i, m: model(p, i, m))(params, ids, mask),
-                               want, atol=2e-5,
+    np.testing.assert_allclose(ts.function(model)(params, ids, mask), want, atol=2e-5,
                                rtol=1e-5)
     again, params2 = models.LLaMA.from_pretrained(tmp_path)             # and back
     assert again.config == model.config
