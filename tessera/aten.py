@@ -227,9 +227,8 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     if is_causal and sq != sk:          # torch's causal mask is top-left aligned, op's bottom-right
         attn_mask, is_causal = np.where(np.tri(sq, sk, dtype=bool), 0.0, -np.inf) \
             .astype(dtype_of(q).np), False
-    heads, kv_heads = _shape(q)[-3], _shape(k)[-3]
-    if len(_shape(q)) >= 3 and heads != kv_heads:
-        k, v = (_repeat_heads(t, heads // kv_heads) for t in (k, v))
+    if len(_shape(q)) >= 3 and _shape(q)[-3] != _shape(k)[-3]:
+        k, v = (_repeat_heads(t, _shape(q)[-3] // _shape(k)[-3]) for t in (k, v))
     return op.attention(q, k, v, mask=attn_mask, causal=is_causal, scale=scale)
 
 

@@ -84,10 +84,14 @@ class _Writer:
     def ints(self, values):
         return self.const(np.asarray(list(values), dtype=np.int64), "ints")
 
-    def reduce(self, kind, x, axes, keepdims, dtype, out=None):
+    def reduce(self, kind, x, axes, keepdims, dtype, out=None, out_dtype=None):
         """A Reduce* node as the opset spells it: axes an input from opset 18 (ReduceSum's from
         13), an attribute before; a bool max or min (any, all) through int32 before opset 20,
-        which first allows bool."""
+        which first allows bool; an input of another dtype than the result (a count of bools,
+        the mean of integers) cast to the result's first, as tessera computes it."""
+        out_dtype = out_dtype or dtype
+        if out_dtype != dtype:
+            x, dtype = self.node("Cast", [x], to=_ONNX_DTYPE[out_dtype.name]), out_dtype
         through_int = dtype.is_bool and self.opset < 20
         if through_int:
             x = self.node("Cast", [x], to=_ONNX_DTYPE["int32"])
@@ -116,7 +120,8 @@ def _reduce(kind):
     def write(w, n, xs, out):
         axes = _axes(n)
         keep = int(bool(n.attrs.get("keepdim", False)))
-        return w.reduce(kind, xs[0], axes, keep, n.inputs[0].type.dtype, out)
+        return w.reduce(kind, xs[0], axes, keep, n.inputs[0].type.dtype, out,
+                        n.out.type.dtype)
     return write
 
 

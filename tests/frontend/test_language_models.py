@@ -150,7 +150,8 @@ def _randn(rng, *shape):
     return torch.from_numpy(rng.standard_normal(shape, np.float32))
 
 
-@pytest.mark.parametrize("case", ["bool_mask", "float_mask", "causal", "gqa", "gqa_causal"])
+@pytest.mark.parametrize("case", ["bool_mask", "float_mask", "causal", "gqa", "gqa_causal",
+                                  "unbatched"])
 def test_scaled_dot_product_attention_is_pytorchs(case, rng):
     """A boolean mask keeps the keys it marks True; enable_gqa shares each key/value head among
     consecutive query heads; every query row keeps at least one key (PyTorch's value for a row
@@ -168,6 +169,9 @@ def test_scaled_dot_product_attention_is_pytorchs(case, rng):
         f = Fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m,
                                                                  scale=0.3))
         return _assert_pytorchs(f, q, k, v, _randn(rng, 5, 7))
+    if case == "unbatched":                  # (no head axis: [S, D] operands)
+        f = Fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return _assert_pytorchs(f, q[0, 0], k[0, 0], v[0, 0])
     causal = case.endswith("causal")
     f = Fn(lambda q, k, v: F.scaled_dot_product_attention(
         q, k, v, is_causal=causal, enable_gqa=case.startswith("gqa")))

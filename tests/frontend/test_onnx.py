@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 
-def _many(x, w, ids, table):        # (any: a bool max; maximum of bools: ONNX's Or)
+def _many(x, w, ids, table):   # (any: a bool max; maximum of bools: Or; counts and shares)
     h = op.gelu(x @ w) + op.take(table, ids, axis=0)
     h = op.layernorm(h, axis=-1) * 2.0
     s = op.softmax(op.transpose(h), axis=0)
@@ -23,7 +23,8 @@ def _many(x, w, ids, table):        # (any: a bool max; maximum of bools: ONNX's
     return (z, op.sum(op.rsqrt(h * h + 1), axis=1, keepdim=True), op.argmax(h, axis=1),
             op.var(h, axis=0), op.rmsnorm(op.tanh(h), axis=-1), op.logsumexp(h, axis=1),
             op.cast(op.where(h > 0, h, -h) <= 1.0, "float32"), op.cumsum(op.silu(h), axis=1),
-            op.max(op.maximum(h > 1.0, h < -1.0), axis=1))
+            op.max(op.maximum(h > 1.0, h < -1.0), axis=1), op.sum(h > 0, axis=0),
+            op.mean(h > 0.5, axis=1))
 
 
 @pytest.mark.parametrize("opset", [17, 18, 19, 20, 21])
