@@ -794,7 +794,7 @@ def import_model(model):
                            hint="each needs an entry in tessera/onnx.py's IMPORT table")
     run = _GraphRunner(onnx, opset)
     run.check(graph)
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    consts = run.constants(graph)
     inputs = [i.name for i in graph.input if i.name not in consts]
     params = [n if n.isidentifier() else f"x{k}" for k, n in enumerate(inputs)]
     static = {p for name, p in zip(inputs, params) if name in _shape_inputs(graph)}
@@ -803,9 +803,8 @@ def import_model(model):
 
     def body(*args, **kw):
         bound = body.__signature__.bind(*args, **kw).arguments
-        env = dict(consts)
-        env.update({name: np.asarray(bound[p], declared.get(name)) if p in static else bound[p]
-                    for name, p in zip(inputs, params)})
+        env = {name: np.asarray(bound[p], declared.get(name)) if p in static else bound[p]
+               for name, p in zip(inputs, params)}          # (run adds the initializers)
         outs = run(graph, env)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -833,6 +832,13 @@ class _GraphRunner:
 
     def __init__(self, onnx, opset):
         self.onnx, self.opset, self.readers = onnx, opset, {}
+        self._consts: dict = {}         # id(graph) -> its initializers as arrays, made once
+
+    def constants(self, graph) -> dict:
+        if id(graph) not in self._consts:
+            self._consts[id(graph)] = {t.name: self.onnx.numpy_helper.to_array(t)
+                                       for t in graph.initializer}
+        return self._consts[id(graph)]
 
     def check(self, graph):
         for n in _all_nodes(graph):
@@ -840,8 +846,7 @@ class _GraphRunner:
                 self.readers[n.op_type] = _reader(n.op_type, self.opset)
 
     def __call__(self, graph, env):
-        env = dict(env)
-        env.update({t.name: self.onnx.numpy_helper.to_array(t) for t in graph.initializer})
+        env = {**env, **self.constants(graph)}
         for node in graph.node:
             xs = [env[i] if i else None for i in node.input]
             if node.op_type == "Constant":
@@ -1281,21 +1286,16 @@ def _nll(logp, target, weight, reduction, ignore_index):
     return op.mean(loss) if w is None else op.sum(loss) / op.sum(w)
 
 
-def _reduction(node):
-    r = _attr(node, "reduction", "mean")
-    return r.decode() if isinstance(r, bytes) else r
-
-
 def _i_nll(node, xs):
     weight = xs[2] if len(xs) > 2 else None
-    return _nll(xs[0], xs[1], weight, _reduction(node), _attr(node, "ignore_index"))
+    return _nll(xs[0], xs[1], weight, _text(node, "reduction", "mean"), _attr(node, "ignore_index"))
 
 
 def _i_softmax_cross_entropy(node, xs):
     """(loss, log_prob): the NLL of log_softmax over axis 1."""
     logp = op.log_softmax(xs[0], axis=1)
     weight = xs[2] if len(xs) > 2 else None
-    loss = _nll(logp, xs[1], weight, _reduction(node), _attr(node, "ignore_index"))
+    loss = _nll(logp, xs[1], weight, _text(node, "reduction", "mean"), _attr(node, "ignore_index"))
     return (loss, logp) if len([o for o in node.output if o]) > 1 else loss
 
 
@@ -1467,7 +1467,7 @@ def _i_scatter_nd(node, xs):
     shape = list(data.shape)
     flat = op.reshape(data, shape=[math.prod(shape[:k])] + shape[k:])
     lin = _linear([_column(indices, j) for j in range(k)], shape[:k])
-    out = _scatter_flat(flat, lin, updates, _reduction_none(node), node)
+    out = _scatter_flat(flat, lin, updates, _text(node, "reduction", "none"), node)
     return op.reshape(out, shape=shape)
 
 
@@ -1480,13 +1480,9 @@ def _i_scatter_elements(node, xs):
             for a in range(rank)]
     lin = _linear([op.broadcast_to(op.cast(g, "int64"), shape=list(indices.shape))
                    for g in grid], shape)
-    out = _scatter_flat(op.reshape(data, shape=[-1]), lin, updates, _reduction_none(node), node)
+    out = _scatter_flat(op.reshape(data, shape=[-1]), lin, updates,
+                        _text(node, "reduction", "none"), node)
     return op.reshape(out, shape=shape)
-
-
-def _reduction_none(node):
-    r = _attr(node, "reduction", "none")
-    return r.decode() if isinstance(r, bytes) else r
 
 
 def _i_gather_nd(node, xs):
