@@ -6,9 +6,12 @@ convolution's weight [O, C / groups, *kernel] and a transposed convolution's [C,
 pair (before, after) per spatial axis after normalisation ("same" and "valid" as PyTorch means
 them).
 
-Until the convolution strategy lands they decompose into operators the compiler has: the padded
-input's windows, one strided slice per kernel offset, stacked (im2col) and multiplied with the
-weight as one batched matmul per group; a pool reduces the stacked windows. Each has its own
+A float32 or float64 convolution of static shapes is computed whole by the conv strategy
+(compiler/strategies/conv.py: an implicit GEMM, the windows never in memory). Other
+convolutions, and the pools, decompose into operators the compiler has: the padded input's
+windows, one strided slice per kernel offset, stacked (im2col) and multiplied with the weight as
+one batched matmul per group (the same sums, in the same order, as the implicit GEMM's); a pool
+reduces the stacked windows. Each has its own
 adjoint: a convolution's data gradient is the transposed convolution and its weight gradient a
 matmul of the windows with the cotangent; a pool's gradient goes back to its windows (col2im:
 each offset's slice adjoint).
@@ -24,7 +27,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, prod
 from ..types import TensorType
-from .registry import OpDef, flip, register, zeros
+from .registry import Conv, OpDef, flip, register, zeros
 
 
 # ---- attributes ---------------------------------------------------------------------------------
@@ -332,9 +335,18 @@ def _grouped_windows(b, x, kernel, a, out_spatial):
     return b.op("reshape", cols, shape=[N, g, C // g * prod(kernel), prod(out_spatial)])
 
 
+def computed_whole(tx, tw) -> bool:
+    """Does the conv strategy compute this convolution (an implicit GEMM, compiler/strategies/
+    conv.py)? Float32 and float64 operands of one dtype and static shapes; others decompose."""
+    return tx.dtype == tw.dtype and tx.dtype in (dt.float32, dt.float64) and \
+        all(isinstance(s, int) for s in (*tx.shape, *tw.shape))
+
+
 def _conv_decompose(b, xs, a):
     x, w = xs
     t = b.type(w)
+    if computed_whole(b.type(x), t):
+        return None
     O, kernel = t.shape[0], list(t.shape[2:])
     out = _conv_infer([b.type(x), t], a)
     spatial = list(out.shape[2:])
@@ -394,7 +406,7 @@ def _conv_ref(xs, a):
 register(OpDef("conv", 2, {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
                normalize=_conv_normalize, infer=_conv_infer, reference=_conv_ref,
                dtype_rule=lambda ds, a: _float_operands(ds, "conv"),
-               decompose=_conv_decompose, vjp=_conv_vjp, accumulates=True,
+               decompose=_conv_decompose, vjp=_conv_vjp, accumulates=True, lowering=Conv(),
                doc="cross-correlation of x [N, C, *spatial] with w [O, C/groups, *kernel] "
                    "(PyTorch's conv1d/2d/3d): stride, padding (ints, pairs, 'same', 'valid'), "
                    "dilation, groups"))
@@ -436,6 +448,19 @@ def _conv_t_decompose(b, xs, a):
     out = _conv_t_infer([ty, tw], a)
     N, C, spatial = ty.shape[0], ty.shape[1], list(ty.shape[2:])
     G, Og, kernel = a["groups"], tw.shape[1], list(tw.shape[2:])
+    if all(s == 1 for s in a["stride"]) and computed_whole(ty, tw):
+        # stride 1: a convolution with the kernel flipped, its channels swapped per group and
+        # the padding's complement (an implicit GEMM, no col2im)
+        pads = [[(k - 1) * d - lo, (k - 1) * d - hi + extra] for (lo, hi), k, d, extra in
+                zip(a["padding"], kernel, a["dilation"], a["output_padding"])]
+        if all(p >= 0 for pair in pads for p in pair):
+            wf = w
+            for axis in range(2, tw.rank):
+                wf = flip(b, wf, axis)
+            wf = b.op("reshape", wf, shape=[G, C // G, Og, *kernel])
+            wf = b.op("transpose", wf, perm=[0, 2, 1, *range(3, tw.rank + 1)])
+            wf = b.op("reshape", wf, shape=[G * Og, C // G, *kernel])
+            return b.op("conv", y, wf, padding=pads, dilation=a["dilation"], groups=G)
     K = prod(kernel)
     wm = b.op("transpose", b.op("reshape", w, shape=[G, C // G, Og * K]))    # [G, Og K, C/G]
     ym = b.op("reshape", y, shape=[N, G, C // G, prod(spatial)])

@@ -159,6 +159,12 @@ class Concat:
 
 
 @dataclass(frozen=True)
+class Conv:
+    """A convolution computed whole, as an implicit GEMM: the weight times the input's windows,
+    which never exist in memory."""
+
+
+@dataclass(frozen=True)
 class Gather:
     """out = table[..., idx, ...] with a bounds check that reports instead of crashing."""
 
@@ -219,7 +225,7 @@ class OpDef:
         """Computes new values, not copies of its operands' elements: a policy's rounding
         (stochastic, saturating) applies to its narrow results."""
         return self.decompose_in_f32 or isinstance(
-            self.lowering, (Elementwise, Reduce, Scan, Contract, Attention))
+            self.lowering, (Elementwise, Reduce, Scan, Contract, Conv, Attention))
 
     def __repr__(self):
         return f"<op {self.name}>"

@@ -38,7 +38,8 @@ from cases import EXAMPLES, graph, registry_cases, strategy_cases  # noqa: E402
 
 RECORD = Path(__file__).with_name("generated_sources.json")
 LEVEL = "x86-64-v3"
-ROUTINES = [f"{r}:{d}" for r in ("gemm", "attention") for d in ("f32", "f64", "f16", "bf16")]
+ROUTINES = [f"{r}:{d}" for r in ("gemm", "attention") for d in ("f32", "f64", "f16", "bf16")] + \
+    ["conv:f32", "conv:f64"]
 SCHEDULES = [ts.Schedule(block=(32, 64, 128)), ts.Schedule(block=(16, 16), vector_width=4),
              ts.Schedule(parallel=False)]
 

@@ -48,10 +48,12 @@ def test_every_strategy_lowers_for_every_target():
 def test_knob_names_and_aliases_come_from_the_strategies():
     from tessera.compiler.kernels import ALIASES, KNOB_NAMES
     assert {"tile_m", "block_q", "lanes", "unroll"} <= set(KNOB_NAMES)
-    assert ALIASES["BM"] == {"contract": "tile_m", "attention": "block_q", "tile": "tile_m"}
+    assert ALIASES["BM"] == {"contract": "tile_m", "conv": "tile_m", "attention": "block_q",
+                             "tile": "tile_m"}
     sched = ts.Schedule(block=(32, 64, 16), vector_width=4, parallel=False)
     assert sched.knobs_for("contract") == {"parallel": False, "tile_m": 32, "tile_n": 64,
                                            "tile_k": 16}
+    assert sched.knobs_for("conv") == sched.knobs_for("contract")
     assert sched.knobs_for("row") == {"parallel": False, "lanes": 4}
     assert sched.knobs_for("gather") == {"parallel": False}
     assert sched.knobs_for("tile") == {"parallel": False, "tile_m": 32, "tile_n": 64,

@@ -53,6 +53,107 @@ def test_conv_is_pytorchs_with_its_gradients(k, rng):
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
 
 
+def _im2col(x, ws, attrs):
+    """x's windows as NumPy builds them, [N, groups, Cg * prod(kernel), P] with k = (c, offset):
+    the operand of the matmul a convolution decomposes into."""
+    n = len(ws) - 2
+    norm = {key: (v,) * n if isinstance(v, int) else tuple(v) for key, v in attrs.items()
+            if key in ("stride", "dilation")}
+    stride, dil = norm.get("stride", (1,) * n), norm.get("dilation", (1,) * n)
+    pad = attrs.get("padding", 0)
+    if pad == "same":             # (PyTorch's: the extra row of an even total after)
+        pad = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dil, ws[2:])]
+    else:
+        pad = [(p, p) for p in ((0,) * n if pad == "valid" else (pad,) * n
+                                if isinstance(pad, int) else pad)]
+    xp = np.pad(x, [(0, 0), (0, 0)] + pad)
+    out = [(xp.shape[2 + a] - dil[a] * (ws[2 + a] - 1) - 1) // stride[a] + 1 for a in range(n)]
+    cols = []
+    for off in np.ndindex(*ws[2:]):
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                    for o, d, m, s in zip(off, dil, out, stride))
+        cols.append(xp[(slice(None), slice(None)) + idx])
+    g = attrs.get("groups", 1)
+    N, C = x.shape[:2]
+    return np.stack(cols, axis=2).reshape(N, g, C // g * int(np.prod(ws[2:])), -1), out
+
+
+STRATEGY = CONV[:-1] + [
+    ((2, 40, 30, 30), (50, 40, 3, 3), {"padding": 1}),           # K past a block, edge tiles
+    ((1, 1, 9), (1, 1, 4), {"padding": 3}),                      # one row: the vector path
+    ((2, 8, 2, 1), (8, 8, 2, 1), {}),                            # one column per image
+    ((1, 3, 5, 6, 7), (4, 3, 2, 3, 2), {"stride": (1, 2, 1), "padding": 1}),
+]
+
+
+@pytest.mark.parametrize("k", range(len(STRATEGY)))
+def test_the_conv_strategy_has_the_bits_of_the_im2col_matmul(k, rng):
+    """The implicit GEMM (compiler/strategies/conv.py) computes each element as the GEMM
+    routine's fma chain over (c, kernel offset): bit for bit the matmul of the windows built
+    in NumPy, whatever its tiles (the K block included) and threads."""
+    xs, ws, attrs = STRATEGY[k]
+    x, w = _case(rng, xs, ws, np.float32)
+    cols, out = _im2col(x, ws, attrs)
+    g = attrs.get("groups", 1)
+    wm = w.reshape(g, ws[0] // g, -1)
+    want = ts.function(lambda a, b: op.matmul(a, b))(wm, cols).reshape(xs[0], ws[0], *out)
+    f = ts.function(lambda x, w: op.conv(x, w, **attrs))
+    assert [kn.strategy for kn in f.lower(x, w).schedule_ir.kernels] == ["conv"]
+    for sched in (None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5),
+                                                                     parallel=False)):
+        got = (f if sched is None else f.with_schedule(sched))(x, w)
+        assert got.tobytes() == want.tobytes(), sched
+    np.testing.assert_allclose(got, _torch_conv(len(xs) - 2)(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(), **attrs).numpy(),
+        rtol=1e-4, atol=1e-4)
+
+
+def test_a_convolutions_epilogue_is_fused(rng):
+    """Bias, batch norm folded at inference, a residual and an activation run over each
+    finished tile of the convolution's kernel: one kernel, PyTorch's values."""
+    x = rng.standard_normal((2, 6, 12, 10)).astype(np.float32)
+    w = rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
+    b, scale = (rng.standard_normal(8).astype(np.float32) for _ in range(2))
+    res = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
+
+    def block(x, w, b, scale, res):
+        y = op.conv(x, w, stride=2, padding=1) + op.reshape(b, (1, 8, 1, 1))
+        return op.relu(y * op.reshape(scale, (1, 8, 1, 1)) + res)
+    f = ts.function(block)
+    assert [kn.strategy for kn in f.lower(x, w, b, scale, res).schedule_ir.kernels] == ["conv"]
+    t = [torch.from_numpy(a).double() for a in (x, w, b, scale, res)]
+    want = torch.relu(F.conv2d(t[0], t[1], t[2], stride=2, padding=1) * t[3][:, None, None] +
+                      t[4]).numpy()
+    np.testing.assert_allclose(f(x, w, b, scale, res), want, rtol=1e-4, atol=1e-4)
+    # a residual read through a transpose: its spatial axes are not one run
+    g = ts.function(lambda x, w, r: op.conv(x, w, stride=2, padding=1) +
+                    op.permute(r, (0, 1, 3, 2)))
+    r = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
+    assert [kn.strategy for kn in g.lower(x, w, r).schedule_ir.kernels] == ["conv"]
+    want = F.conv2d(t[0], t[1], stride=2, padding=1) + \
+        torch.from_numpy(r).double().permute(0, 1, 3, 2)
+    np.testing.assert_allclose(g(x, w, r), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_stride_1_transposed_convolution_runs_as_a_convolution(rng):
+    """At stride 1 the transposed convolution (a convolution's data gradient) is a convolution
+    of the flipped kernel with its channels swapped: the conv strategy's kernel, no col2im."""
+    y = rng.standard_normal((2, 6, 7, 8)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    for attrs in ({"padding": 1}, {"padding": (1, 0), "groups": 3, "dilation": 2},
+                  {"padding": ((2, 1), (0, 1)), "output_padding": (1, 0), "dilation": (2, 1)}):
+        f = ts.function(lambda y, w: op.conv_transpose(y, w, **attrs))
+        assert "conv" in [kn.strategy for kn in f.lower(y, w).schedule_ir.kernels]
+        pairs = not isinstance(attrs["padding"], int) and isinstance(attrs["padding"][0], tuple)
+        t = F.conv_transpose2d(torch.from_numpy(y).double(), torch.from_numpy(w).double(),
+                               **{k: v for k, v in attrs.items() if k != "padding"},
+                               padding=0 if pairs else attrs["padding"])
+        if pairs:                                            # PyTorch pads symmetrically only
+            (a, b), (c, d) = attrs["padding"]
+            t = t[:, :, a:t.shape[2] - b, c:t.shape[3] - d]
+        np.testing.assert_allclose(f(y, w), t.numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("k", range(len(CONV)))
 def test_conv_in_float32_and_bfloat16(k, rng):
     xs, ws, attrs = CONV[k]

@@ -461,6 +461,23 @@ def test_integer_matmul(target, rng):
     np.testing.assert_array_equal(emulate(target, lambda a, b: a @ b, a, b), a @ b)
 
 
+# ---- convolution: an output element per thread, the CPU's chains --------------------------------
+@pytest.mark.parametrize("xs,ws,attrs", [((2, 3, 7, 6), (4, 3, 3, 3), {"padding": 1}),
+                                         ((1, 4, 9), (4, 2, 3), {"stride": 2, "groups": 2}),
+                                         ((1, 2, 4, 5, 3), (3, 2, 2, 3, 1),
+                                          {"padding": (1, 0, 1), "dilation": (2, 1, 1)})])
+def test_convolution_gives_the_cpu_bits(target, xs, ws, attrs, rng):
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    shape = (1, ws[0]) + (1,) * (len(xs) - 2)
+
+    def fn(x, w, b):
+        return op.relu(op.conv(x, w, **attrs) + op.reshape(b, shape))
+    got = emulate(target, fn, x, w, b, strategies=["conv"])
+    assert got.tobytes() == cpu(fn, x, w, b).tobytes()
+
+
 # ---- attention -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("b,sq,sk,d,dv", [((), 1, 1, 1, 1), ((2,), 5, 7, 8, 3),
                                           ((1, 2), 67, 40, 16, 16)])

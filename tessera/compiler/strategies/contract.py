@@ -49,9 +49,9 @@ class Contract(Strategy):
         return is_view(p)
 
     def adopt(self, grp, p, m) -> bool:
-        """A pointwise group whose producer is a float contraction of its domain becomes the
-        contraction's epilogue."""
-        if grp.kind != "pointwise" or not is_contraction(p) or grp.stores:
+        """A pointwise group whose producer is a float contraction (a node this strategy
+        claims) of its domain becomes the contraction's epilogue."""
+        if grp.kind != "pointwise" or not self.claims(p) or grp.stores:
             return False     # (the GEMM epilogue writes one output)
         shape = tuple(p.out.type.shape)
         if shape != grp.domain or m != identity_map(shape) or not p.out.type.dtype.is_float:
@@ -74,7 +74,7 @@ class Contract(Strategy):
                 u = v.node
                 if u is None or u.op == "const" or len(users.get(v.id, [])) != 1:
                     continue
-                if is_contraction(u):
+                if self.claims(u):
                     if tuple(u.out.type.shape) == tuple(p.out.type.shape) and \
                             u.out.type.dtype == p.out.type.dtype and u.out.type.dtype.is_float:
                         return True

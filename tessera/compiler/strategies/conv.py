@@ -1,0 +1,227 @@
+"""conv: a convolution with its elementwise epilogue (bias, activation, residual, batch norm
+folded at inference), as an implicit GEMM.
+
+Per image and group, the output is W [O/g, Cg*KK] @ B [Cg*KK, P] with B the input's windows
+(k = (c, kd, kh, kw), P the output positions): the contract strategy's product, with B packed
+straight from the input (routines/c_conv.py), so the windows never exist in memory. A fixed grid
+of (image, group, row tile, column tile) tasks, each one call of the routine and then the
+epilogue over the finished tile. Every element is the GEMM's fma chain over k from 0: the bits
+of the im2col matmul the operator decomposes into, on every ISA, thread count and tile.
+
+GPUs run the same chains, an output element per thread (a direct loop; tensor cores are
+future work). The operator is primitive for float32 and float64 operands of static shapes;
+other convolutions decompose into windows and a matmul (ops/conv.py).
+"""
+from __future__ import annotations
+
+from ... import dtypes as dt
+from ...ops import registry as R
+from ..dynamic import representative
+from ..emit import Emitter, Names, contiguous, idx_div, idx_min, idx_mod, launch_of, operand, \
+    prod, read, split_index, unflatten
+from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select, Store, Var, \
+    idx_add, idx_mul
+from .base import PARALLEL_MIN_FLOPS, register
+from .contract import Contract
+from .routines import c_conv, c_gemm
+
+
+def geometry(n) -> dict:
+    """The convolution's sizes, its spatial axes padded in front to three."""
+    x, w = (v.type.shape for v in n.inputs)
+    out = n.out.type.shape
+    a = n.attrs
+    lead = 3 - (len(x) - 2)
+    pad3 = lambda v, fill: [fill] * lead + list(v)      # noqa: E731
+    G = a["groups"]
+    return {"N": x[0], "C": x[1], "O": w[0], "G": G, "Cg": x[1] // G, "Og": w[0] // G,
+            "in": pad3(x[2:], 1), "k": pad3(w[2:], 1), "out": pad3(out[2:], 1),
+            "s": pad3(a["stride"], 1), "d": pad3(a["dilation"], 1),
+            "p": pad3([lo for lo, _ in a["padding"]], 0),
+            "P": prod(out[2:]), "KK": prod(w[2:])}
+
+
+class Conv(Contract):
+    name = "conv"
+    routines = {"conv": "ts_conv_tile_{S}"}
+
+    def claims(self, n) -> bool:
+        return isinstance(n.opdef.lowering, R.Conv)
+
+    def absorb_operand(self, grp, p) -> bool:
+        return False        # the routine reads contiguous operands
+
+    def node_flops(self, n) -> int:
+        g = geometry(n)
+        return 2 * n.out.type.numel() * g["Cg"] * g["KK"]
+
+    def cpu_knobs(self, k) -> dict:
+        g = geometry(k.group.anchor)
+        knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
+        return knobs | tiles(g["Og"], g["P"], g["N"] * g["G"], k.output.type.dtype.short)
+
+    def gpu_knobs(self, k, target) -> dict:
+        return {"threads": 256}
+
+    def space(self, k) -> dict:
+        if "tile_m" not in k.knobs:
+            return {}
+        return {"tile_m": [48, 96, 192, 384], "tile_n": [64, 128, 256, 512, 1024],
+                "tile_k": [64, 128, 256, 512]}
+
+    def invalid(self, k, knobs) -> str | None:
+        if "tile_m" not in knobs:
+            return None
+        g = geometry(k.group.anchor)
+        for name, size, step in (("tile_m", g["Og"], 6), ("tile_n", g["P"], 32),
+                                 ("tile_k", g["Cg"] * g["KK"], 64)):
+            if knobs[name] >= 2 * max(size, step) and knobs[name] != k.knobs.get(name):
+                return f"{name}={knobs[name]} exceeds the product"
+        return None
+
+    def lower_cpu(self, k, code):
+        return lower_conv_tiles(k)
+
+    def lower_gpu(self, k, code, target, knobs):
+        return lower_conv_direct(k, knobs)
+
+    def c_routine(self, name, dtype):
+        return c_conv.conv_source(dtype)
+
+    def c_half_routine(self, name):
+        raise KeyError(name)        # (16-bit convolutions decompose: ops/conv.py)
+
+    def gpu_routine(self, lang, name, dtype, sizes):
+        raise KeyError(name)
+
+
+register(Conv())
+
+
+def tiles(M: int, N: int, batch: int, dtype_short: str) -> dict:
+    """Task tiles: the GEMM's (c_gemm.DEFAULT_TILE), halved (columns first) while there are
+    fewer than MIN_TASKS tasks; shapes alone decide, never the thread count."""
+    mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
+    MR = c_gemm.MR
+    while batch * -(-M // mt) * -(-N // nt) < c_gemm.MIN_TASKS and (nt > 64 or mt > 4 * MR):
+        if nt > 64 and (nt >= mt or mt <= 4 * MR):
+            nt //= 2
+        else:
+            mt //= 2
+    return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
+
+
+def _epilogue_loops(em: Emitter, g: dict):
+    """em.loops for the epilogue's points: (image, channel, the spatial axes merged into one
+    where every access steps through them as one), and whether they merged."""
+    grp = em.grp
+    spatial = list(range(2, len(grp.domain)))
+    out_S = em._spread(grp.maps[grp.root.out.id], contiguous(grp.root.out.type.shape))
+    access = em.accesses(grp.root.out, grp.maps[grp.root.out.id]) + [out_S]
+    merged = all(S[a] == S[a + 1] * grp.domain[a + 1] for S in access for a in spatial[:-1])
+    em.loops = [[0], [1]] + ([spatial] if merged else [[a] for a in spatial])
+    return merged
+
+
+def lower_conv_tiles(k):
+    """A fixed grid of (image, group, row tile, column tile) tasks, each one routine call and
+    then the epilogue over its finished tile."""
+    names = Names()
+    em = Emitter(k, names)
+    grp, n = k.group, k.group.anchor
+    g = geometry(n)
+    d = k.output.type.dtype
+    (X, x_off, x_st), (W, w_off, w_st) = (operand(k, v) for v in n.inputs)
+    if x_st != contiguous(n.inputs[0].type.shape) or w_st != contiguous(n.inputs[1].type.shape):
+        raise AssertionError("a convolution's operands are contiguous buffers")
+    merged = _epilogue_loops(em, g)
+    M, P, K = g["Og"], g["P"], g["Cg"] * g["KK"]
+    MT, NT = k.knobs["tile_m"], k.knobs["tile_n"]
+    tm, tn = -(-M // MT), -(-P // NT)
+    t = names("task")
+    img, grpi = names("img"), names("grp")
+    i0, j0, mt, nt = names("i0"), names("j0"), names("mt"), names("nt")
+    rest = idx_mod(Var(t), tm * tn)
+    plane = idx_div(Var(t), tm * tn)                  # image * G + group
+    spatial = g["in"][0] * g["in"][1] * g["in"][2]
+    decls = [Decl(img, dt.int64, idx_div(plane, g["G"])),
+             Decl(grpi, dt.int64, idx_mod(plane, g["G"])),
+             Decl(i0, dt.int64, idx_mul(idx_div(rest, tn), Const(MT))),
+             Decl(j0, dt.int64, idx_mul(idx_mod(rest, tn), Const(NT))),
+             Decl(mt, dt.int64, idx_min(Const(MT), Bin("-", Const(M), Var(i0)))),
+             Decl(nt, dt.int64, idx_min(Const(NT), Bin("-", Const(P), Var(j0))))]
+    row0 = idx_add(idx_mul(Var(grpi), Const(M)), Var(i0))           # first output channel
+    xbase = idx_add(Const(x_off), idx_mul(idx_add(idx_mul(Var(img), Const(g["C"])),
+                                                  idx_mul(Var(grpi), Const(g["Cg"]))),
+                                          Const(spatial)))
+    wbase = idx_add(Const(w_off), idx_mul(row0, Const(K)))
+    cbase = idx_add(idx_mul(idx_add(idx_mul(Var(img), Const(g["O"])), row0), Const(P)), Var(j0))
+    geo = [Const(spatial)] + [Const(v) for key in ("in", "k", "out", "s", "d", "p")
+                              for v in g[key]]
+    args = (Addr(W.name, wbase), Const(K), Addr(X.name, xbase), Addr(k.output.name, cbase),
+            Const(P), Const(K), Var(mt), Var(nt), Const(k.knobs["tile_k"]), Var(j0), *geo)
+    body = decls + [Call(f"ts_conv_tile_{d.short}", args, f"conv:{d.short}")]
+    if grp.root is not grp.anchor:
+        ii, jj = names("i"), names("j")
+        epi = Loop(jj, Var(nt), "vector" if k.knobs.get("simd") else "serial")
+        pos = idx_add(Var(j0), Var(jj))
+        point = {0: Var(img), 1: idx_add(row0, Var(ii))}
+        if merged:
+            if len(grp.domain) > 2:
+                point[2] = pos
+        else:
+            point |= {2 + q: e for q, e in enumerate(unflatten(pos, list(grp.domain[2:])))}
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
+        epi.body.append(Store(k.output.name, em.out_index(point), value))
+        body.append(Loop(ii, Var(mt), "serial", [epi]))
+    tasks = g["N"] * g["G"] * tm * tn
+    return [Loop(t, tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
+
+
+def lower_conv_direct(k, knobs):
+    """GPUs: an output element per thread, its fma chain over k = (c, kd, kh, kw) from 0 (the
+    CPU's bits), then the epilogue at that element."""
+    names = Names()
+    em = Emitter(k, names)
+    grp, n = k.group, k.group.anchor
+    g = geometry(n)
+    d = k.output.type.dtype
+    (X, x_off, _), (W, w_off, _) = (operand(k, v) for v in n.inputs)
+    em.loops = [[a] for a in range(len(grp.domain))]
+    N, O, P = g["N"], g["O"], g["P"]
+    e = names("e")
+    img, ch, pos = split_index(Var(e), [N, O, P])
+    zo, yo, xo = unflatten(pos, g["out"])
+    acc, kv = names("acc"), names("k")
+    c = idx_div(Var(kv), g["KK"])
+    r = idx_mod(Var(kv), g["KK"])
+    kz, ky, kx = unflatten(r, g["k"])
+    coords = [idx_add(Bin("-", idx_mul(o, Const(s)), Const(p)), idx_mul(q, Const(dd)))
+              for o, q, s, dd, p in zip((zo, yo, xo), (kz, ky, kx), g["s"], g["d"], g["p"])]
+    inside = None
+    for q, (v, size) in enumerate(zip(coords, g["in"])):
+        if size == 1 and g["k"][q] == 1 and g["p"][q] == 0:
+            continue
+        test = Bin("&&", Bin(">=", v, Const(0)), Bin("<", v, Const(size)))
+        inside = test if inside is None else Bin("&&", inside, test)
+    gi = idx_div(ch, g["Og"])
+    chan = idx_add(idx_mul(img, Const(g["C"])), idx_add(idx_mul(gi, Const(g["Cg"])), c))
+    where = idx_add(idx_mul(idx_add(idx_mul(chan, Const(g["in"][0])), coords[0]),
+                            Const(g["in"][1])), coords[1])
+    where = idx_add(Const(x_off), idx_add(idx_mul(where, Const(g["in"][2])), coords[2]))
+    xv = read(X, where)
+    if inside is not None:
+        xv = Select(inside, xv, Const(0.0, d))
+    wv = read(W, idx_add(Const(w_off), idx_add(idx_mul(ch, Const(g["Cg"] * g["KK"])), Var(kv))))
+    fma = OpCall("fma", "elem", (), d, d, (wv, xv, Var(acc)))
+    body = [Decl(acc, d, Const(0.0, d)),
+            Loop(kv, g["Cg"] * g["KK"], "serial", [Assign(acc, fma)]),
+            Store(k.output.name, Var(e), Var(acc))]
+    if grp.root is not grp.anchor:
+        point = {0: img, 1: ch} | {2 + q: v for q, v in
+                                   enumerate(unflatten(pos, list(grp.domain[2:])))}
+        tail = []
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], tail, point)
+        body += tail + [Store(k.output.name, em.out_index(point), value)]
+    total = N * O * P
+    return [Loop(e, total, "grid", body)], launch_of(total, knobs["threads"])

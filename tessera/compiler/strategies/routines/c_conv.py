@@ -1,0 +1,18 @@
+"""The CPU's convolution routine (conv.c): an implicit GEMM on the GEMM routine's packing of A
+and its micro-kernel, with B's panels packed straight from the input's windows.
+
+`ts_conv_tile_<T>(W, ldw, X, C, ldc, K, mt, nt, kc, j0, <geometry>)` overwrites an mt x nt block
+of output channels by output positions; each element is the GEMM's fma chain over k = (c, kd,
+kh, kw) from 0, so the result has the bits of the im2col matmul the operator decomposes into.
+"""
+from __future__ import annotations
+
+from . import c_gemm, routine_text
+
+_ROUTINE = routine_text("conv.c")
+
+
+def conv_source(dtype_short: str) -> list[str]:
+    """The chunks for one dtype ("f32" or "f64"): the GEMM's (its packing and micro-kernel), then
+    the convolution's."""
+    return c_gemm.gemm_source(dtype_short) + [c_gemm.instantiate(_ROUTINE, dtype_short)]
