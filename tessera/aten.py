@@ -228,16 +228,9 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
         attn_mask, is_causal = np.where(np.tri(sq, sk, dtype=bool), 0.0, -np.inf) \
             .astype(dtype_of(q).np), False
     if len(_shape(q)) >= 3 and _shape(q)[-3] != _shape(k)[-3]:
-        k, v = (_repeat_heads(t, _shape(q)[-3] // _shape(k)[-3]) for t in (k, v))
+        k, v = (op.repeat_interleave(t, _shape(q)[-3] // _shape(k)[-3], axis=-3)
+                for t in (k, v))
     return op.attention(q, k, v, mask=attn_mask, causal=is_causal, scale=scale)
-
-
-def _repeat_heads(t, r):
-    """[..., Hkv, S, D] -> [..., Hkv * r, S, D], each head repeated r times in place."""
-    shape = _shape(t)
-    wide = op.broadcast_to(op.expand_dims(t, axis=-3),
-                           shape=[*shape[:-3], shape[-3], r, *shape[-2:]])
-    return _reshape(wide, [*shape[:-3], shape[-3] * r, *shape[-2:]])
 
 
 def _bitwise(how, a, b):

@@ -1362,10 +1362,7 @@ def _i_attention(node, xs):
         bias = op.cast(bias, d)
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads:
-        r = heads // kv_heads
-        k, v = (op.reshape(op.broadcast_to(op.expand_dims(t, axis=2),
-                                           shape=[t.shape[0], kv_heads, r, *t.shape[2:]]),
-                           shape=[t.shape[0], heads, *t.shape[2:]]) for t in (k, v))
+        k, v = (op.repeat_interleave(t, heads // kv_heads, axis=1) for t in (k, v))
     scale = _attr(node, "scale")
     scale = 1 / math.sqrt(q.shape[3]) if scale is None else scale
     softcap = _attr(node, "softcap", 0.0)

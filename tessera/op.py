@@ -927,6 +927,20 @@ def split(x, sections, axis=-1):
     return parts
 
 
+def repeat_interleave(x, repeats, axis):
+    """Each element repeated ``repeats`` times in place along ``axis`` (PyTorch's
+    ``repeat_interleave`` with an int, NumPy's ``repeat``): a broadcast view reshaped, nothing
+    computed. Grouped-query attention uses it to give each query head its key/value head."""
+    shape, ax = _shape_and_axis(x, axis)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise _ArgumentError(f"op.repeat_interleave: repeats must be an int >= 1, not {repeats!r}")
+    if repeats == 1:
+        return x
+    wide = _apply("broadcast_to", _apply("expand_dims", x, axis=ax + 1),
+                  shape=[*shape[:ax + 1], repeats, *shape[ax + 1:]])
+    return _apply("reshape", wide, shape=[*shape[:ax], shape[ax] * repeats, *shape[ax + 1:]])
+
+
 def embedding(table, ids):
     """Rows of ``table`` picked by integer ``ids``: ``take(table, ids, axis=0)``."""
     return _apply("take", table, ids, axis=0)

@@ -76,9 +76,7 @@ class LLaMA(Module):
         k = rope(self._heads(linear(x, p["k"]), kv), c["rope_theta"])
         v = self._heads(linear(x, p["v"]), kv)
         if kv != h:                    # each key/value head serves h/kv consecutive query heads
-            b, _, s, hd = _shape(k)
-            k, v = (op.reshape(op.broadcast_to(op.expand_dims(t, 2), [b, kv, h // kv, s, hd]),
-                               [b, h, s, hd]) for t in (k, v))
+            k, v = (op.repeat_interleave(t, h // kv, axis=1) for t in (k, v))
         o = op.attention(q, k, v, mask=bias, causal=True)
         b, _, s, hd = _shape(o)
         return linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"])

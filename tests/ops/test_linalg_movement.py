@@ -135,6 +135,19 @@ def test_every_slice_of_a_short_axis_is_pythons(rng):
         np.testing.assert_array_equal(got, want)
 
 
+def test_repeat_interleave_is_numpys_repeat_with_its_gradient(rng):
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    for axis in (0, 1, -1):
+        f = ts.function(lambda x: op.repeat_interleave(x, 3, axis))
+        np.testing.assert_array_equal(f(x), np.repeat(x, 3, axis=axis))
+    g = rng.standard_normal((2, 6, 4))
+    dx = ts.grad(lambda x, g: op.sum(op.repeat_interleave(x, 2, axis=1) * g))(
+        x.astype(np.float64), g)
+    np.testing.assert_allclose(dx, g.reshape(2, 3, 2, 4).sum(axis=2), rtol=1e-12)
+    with pytest.raises(ts.ArgumentError, match="repeats must be an int"):
+        op.repeat_interleave(x, 0, axis=1)
+
+
 def test_concat_split(rng):
     a = rng.standard_normal((2, 3)).astype(np.float32)
     b = rng.standard_normal((2, 5)).astype(np.float64)
