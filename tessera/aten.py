@@ -238,8 +238,7 @@ def _bitwise(how, a, b):
     if not all(dtype_of(t).is_bool if hasattr(t, "shape") or isinstance(t, np.ndarray)
                else isinstance(t, bool) for t in (a, b)):
         raise TesseraError(f"aten.bitwise_{how} of integers is not imported (booleans are)")
-    a, b = op.cast(a, "bool"), op.cast(b, "bool")
-    return op.minimum(a, b) if how == "and" else op.maximum(a, b)
+    return op.logical_and(a, b) if how == "and" else op.logical_or(a, b)
 
 
 def _index(x, indices):
@@ -380,9 +379,10 @@ ATEN = {
     "aten.gt.Scalar": lambda a, b: a > b, "aten.gt.Tensor": lambda a, b: a > b,
     "aten.ge.Scalar": lambda a, b: a >= b, "aten.ge.Tensor": lambda a, b: a >= b,
     # bools: and is min, or is max, not is == False
-    "aten.logical_and.default": lambda a, b: op.minimum(op.cast(a, "bool"), op.cast(b, "bool")),
-    "aten.logical_or.default": lambda a, b: op.maximum(op.cast(a, "bool"), op.cast(b, "bool")),
-    "aten.logical_not.default": lambda a: op.cast(a, "bool") == False,      # noqa: E712
+    "aten.logical_and.default": op.logical_and,
+    "aten.logical_or.default": op.logical_or,
+    "aten.logical_xor.default": op.logical_xor,
+    "aten.logical_not.default": op.logical_not,
     "aten.bitwise_not.default": lambda a: _bitwise_not(a),
     "aten.full.default": _full,
     "aten.full_like.default": lambda x, value, dtype=None, **_: op.broadcast_to(

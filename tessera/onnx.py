@@ -684,7 +684,7 @@ IMPORT = {
     "Max": lambda node, xs: _fold(op.maximum, xs),
     "Min": lambda node, xs: _fold(op.minimum, xs),
     "Sum": lambda node, xs: _fold(op.add, xs),
-    "Not": lambda node, xs: op.eq(xs[0], False),
+    "Not": lambda node, xs: op.logical_not(xs[0]),
     "Reciprocal": lambda node, xs: op.div(1.0, xs[0]),
     "Identity": lambda node, xs: xs[0],
     # to fp8, ONNX saturates unless told not to (saturate=0)
@@ -1121,10 +1121,6 @@ def _i_mod(node, xs):
     return op.fmod(a, b) if _attr(node, "fmod", 0) else op.mod(a, b)
 
 
-def _bools(f):
-    return lambda node, xs: f(op.cast(xs[0], "bool"), op.cast(xs[1], "bool"))
-
-
 def _i_clip(node, xs):
     lo = xs[1] if len(xs) > 1 else None
     hi = xs[2] if len(xs) > 2 else None
@@ -1509,7 +1505,8 @@ IMPORT.update({
     "Flatten": _i_flatten,
     "Split": _i_split,
     "Mod": _i_mod,
-    "And": _bools(op.minimum), "Or": _bools(op.maximum), "Xor": _bools(op.ne),
+    "And": lambda node, xs: op.logical_and(*xs), "Or": lambda node, xs: op.logical_or(*xs),
+    "Xor": lambda node, xs: op.logical_xor(*xs),
     "Clip": _i_clip,
     "TopK": _i_topk,
     "GatherElements": _i_gather_elements,

@@ -452,6 +452,31 @@ def clamp(x, min=None, max=None):
     return x if max is None else _apply("minimum", x, max)
 
 
+# ---- logic on truth values (NumPy's names): any dtype read as nonzero-is-true -------------------
+def _truth(x):
+    return _apply("cast", x, dtype="bool")
+
+
+def logical_and(a, b):
+    """a and b, elementwise, as bools (NumPy's logical_and)."""
+    return _apply("minimum", _truth(a), _truth(b))
+
+
+def logical_or(a, b):
+    """a or b, elementwise, as bools (NumPy's logical_or)."""
+    return _apply("maximum", _truth(a), _truth(b))
+
+
+def logical_xor(a, b):
+    """a != b as truth values (NumPy's logical_xor)."""
+    return _apply("ne", _truth(a), _truth(b))
+
+
+def logical_not(x):
+    """not x, elementwise, as bools (NumPy's logical_not)."""
+    return _apply("eq", _truth(x), False)
+
+
 # ---- activations beyond the registry's: compositions, differentiated through their parts --------
 def softplus(x, beta=1.0):
     """log(1 + exp(beta x)) / beta, computed as max(y, 0) + log1p(exp(-|y|)) (y = beta x): no

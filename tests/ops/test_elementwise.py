@@ -334,3 +334,15 @@ def test_log1p_expm1_softplus_within_three_ulps(dtype, rng):
             want = ref(special)
         np.testing.assert_array_equal(got, want, err_msg=name)
         np.testing.assert_array_equal(np.signbit(got[:2]), np.signbit(want[:2]), err_msg=name)
+
+
+def test_logical_operators_are_numpys(rng):
+    a = rng.integers(-2, 3, (5, 6)).astype(np.int32)
+    b = rng.standard_normal((5, 6)) > 0
+    c = rng.standard_normal(6).astype(np.float32) * (rng.random(6) > 0.5)
+    f = ts.function(lambda a, b, c: (op.logical_and(a, b), op.logical_or(b, c),
+                                     op.logical_xor(a, c), op.logical_not(c)))
+    for got, want in zip(f(a, b, c), (np.logical_and(a, b), np.logical_or(b, c),
+                                      np.logical_xor(a, c), np.logical_not(c))):
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, want)
