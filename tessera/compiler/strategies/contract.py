@@ -163,16 +163,20 @@ register(Contract())
 
 
 def gemm_tiles(c, dtype_short: str) -> dict:
-    """Task tiles for a matmul on the CPU: the measured best, halved (columns first) while the
-    product has fewer than MIN_TASKS tasks. Depends on the shapes alone, never on the thread
-    count."""
-    mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
-    MR = c_gemm.MR
+    """Task tiles for a matmul on the CPU (task_tiles of its shapes)."""
     shape = [representative(d) for d in c.out.type.shape]     # (a dynamic size: its bucket's)
-    M, N = shape[-2], shape[-1]
     batch = 1
     for d in shape[:-2]:
         batch *= d
+    return task_tiles(shape[-2], shape[-1], batch, dtype_short)
+
+
+def task_tiles(M: int, N: int, batch: int, dtype_short: str) -> dict:
+    """Task tiles of `batch` M x N products on the CPU: the measured best, halved (columns
+    first) while there are fewer than MIN_TASKS tasks. Shapes alone decide, never the thread
+    count."""
+    mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
+    MR = c_gemm.MR
     while batch * -(-M // mt) * -(-N // nt) < c_gemm.MIN_TASKS and (nt > 64 or mt > 4 * MR):
         if nt > 64 and (nt >= mt or mt <= 4 * MR):
             nt //= 2

@@ -22,8 +22,8 @@ from ..emit import Emitter, Names, contiguous, idx_div, idx_min, idx_mod, launch
 from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select, Store, Var, \
     idx_add, idx_mul
 from .base import PARALLEL_MIN_FLOPS, register
-from .contract import Contract
-from .routines import c_conv, c_gemm
+from .contract import Contract, task_tiles
+from .routines import c_conv
 
 
 def geometry(n) -> dict:
@@ -58,7 +58,7 @@ class Conv(Contract):
     def cpu_knobs(self, k) -> dict:
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
-        return knobs | tiles(g["Og"], g["P"], g["N"] * g["G"], k.output.type.dtype.short)
+        return knobs | task_tiles(g["Og"], g["P"], g["N"] * g["G"], k.output.type.dtype.short)
 
     def gpu_knobs(self, k, target) -> dict:
         return {"threads": 256}
@@ -96,19 +96,6 @@ class Conv(Contract):
 
 
 register(Conv())
-
-
-def tiles(M: int, N: int, batch: int, dtype_short: str) -> dict:
-    """Task tiles: the GEMM's (c_gemm.DEFAULT_TILE), halved (columns first) while there are
-    fewer than MIN_TASKS tasks; shapes alone decide, never the thread count."""
-    mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
-    MR = c_gemm.MR
-    while batch * -(-M // mt) * -(-N // nt) < c_gemm.MIN_TASKS and (nt > 64 or mt > 4 * MR):
-        if nt > 64 and (nt >= mt or mt <= 4 * MR):
-            nt //= 2
-        else:
-            mt //= 2
-    return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
 
 
 def _epilogue_loops(em: Emitter, g: dict):
