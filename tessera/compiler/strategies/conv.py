@@ -23,7 +23,7 @@ from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select
     idx_add, idx_mul
 from .base import PARALLEL_MIN_FLOPS, register
 from .contract import Contract, task_tiles
-from .routines import c_conv
+from .routines import c_conv, c_gemm
 
 
 def geometry(n) -> dict:
@@ -58,7 +58,10 @@ class Conv(Contract):
     def cpu_knobs(self, k) -> dict:
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
-        return knobs | task_tiles(g["Og"], g["P"], g["N"] * g["G"], k.output.type.dtype.short)
+        tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], k.output.type.dtype.short)
+        if g["Og"] == 1 and g["N"] * g["G"] >= c_gemm.MIN_TASKS:
+            tiles["tile_n"] = min(g["P"], 1 << 14)   # one output row per task (depthwise): a
+        return knobs | tiles                         # call's own cost is most of a short one
 
     def gpu_knobs(self, k, target) -> dict:
         return {"threads": 256}

@@ -75,8 +75,9 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   int narrow = mt == 1 || nt <= 2;
-  {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(narrow ? (size_t)kcap * (size_t)nt
-                                                : (size_t)(mp + np) * (size_t)kcap + (size_t)np);
+  {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(mt == 1 ? (size_t)nt
+                                       : narrow ? (size_t)kcap * (size_t)nt
+                                       : (size_t)(mp + np) * (size_t)kcap + (size_t)np);
   if (!pa) {                     /* K = 0, or no memory: the same fma chains, element by element */
     for (int64_t i = 0; i < mt; ++i)
       for (int64_t j = 0; j < nt; ++j) {
@@ -87,7 +88,16 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
       }
     return;
   }
-  if (narrow) {                  /* a vector on either side: B's rows unpacked, no micro-tile */
+  if (mt == 1) {                 /* one output row (a depthwise convolution): B's rows streamed */
+    for (int64_t j = 0; j < nt; ++j) C[j] = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const {T} a = W[k];
+      ts_conv_row_{S}(&g, X, k, j0, nt, pa);
+      for (int64_t j = 0; j < nt; ++j) C[j] = fma{F}(a, pa[j], C[j]);
+    }
+    return;
+  }
+  if (narrow) {                  /* one or two columns: B's rows unpacked, no micro-tile */
     {T}* rows = pa;
     for (int64_t pc = 0; pc < K; pc += KC) {
       int64_t kc = K - pc < KC ? K - pc : KC;
