@@ -22,14 +22,15 @@ $(VENV)/.lab-stamp: pyproject.toml | $(BIN)/python
 setup: $(VENV)/.test-stamp $(VENV)/.torch-stamp
 setup-lab: $(VENV)/.lab-stamp $(VENV)/.torch-stamp
 
-# The tests in TEST_WORKERS processes (pytest-xdist: each compiles and runs its share, with a
-# kernel cache of its own), then, one at a time, those that drive JupyterLab and Chromium and the
-# notebooks nbval checks (a browser's waits and a kernel per notebook share a machine badly).
+# The tests and the notebooks nbval checks in TEST_WORKERS processes (pytest-xdist: each module,
+# or notebook, runs whole in one process, which keeps a kernel cache of its own), then, alone,
+# those that drive JupyterLab and Chromium (a browser's waits share a machine badly).
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -p no:cacheprovider tests --ignore=tests/lab
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/lab tutorials notebooks --nbval \
-		--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope -p no:cacheprovider tests \
+		tutorials notebooks --ignore=tests/lab --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/lab
 
 # The same kernels built by clang instead of gcc (CI installs Debian's clang and libomp-dev): the
 # operator, reduction, GEMM and attention tests. Without OpenMP, clang's kernels run on one
