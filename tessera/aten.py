@@ -378,7 +378,7 @@ ATEN = {
     "aten.le.Scalar": lambda a, b: a <= b, "aten.le.Tensor": lambda a, b: a <= b,
     "aten.gt.Scalar": lambda a, b: a > b, "aten.gt.Tensor": lambda a, b: a > b,
     "aten.ge.Scalar": lambda a, b: a >= b, "aten.ge.Tensor": lambda a, b: a >= b,
-    # bools: and is min, or is max, not is == False
+    # truth values: op.logical_* (and is min, or is max of bools)
     "aten.logical_and.default": op.logical_and,
     "aten.logical_or.default": op.logical_or,
     "aten.logical_xor.default": op.logical_xor,
