@@ -113,17 +113,25 @@ def _epilogue_loops(em: Emitter, g: dict):
     return merged
 
 
+def _kernel_parts(k):
+    """What both lowerings start from: names, an Emitter, the group, its convolution node, its
+    geometry, the output dtype, and the input's and weight's (buffer, offset)."""
+    names = Names()
+    em = Emitter(k, names)
+    n = k.group.anchor
+    parts = []
+    for v in n.inputs:
+        buf, off, strides = operand(k, v)
+        if strides != contiguous(v.type.shape):
+            raise AssertionError("a convolution's operands are contiguous buffers")
+        parts.append((buf, off))
+    return (names, em, k.group, n, geometry(n), k.output.type.dtype, *parts)
+
+
 def lower_conv_tiles(k):
     """A fixed grid of (image, group, row tile, column tile) tasks, each one routine call and
     then the epilogue over its finished tile."""
-    names = Names()
-    em = Emitter(k, names)
-    grp, n = k.group, k.group.anchor
-    g = geometry(n)
-    d = k.output.type.dtype
-    (X, x_off, x_st), (W, w_off, w_st) = (operand(k, v) for v in n.inputs)
-    if x_st != contiguous(n.inputs[0].type.shape) or w_st != contiguous(n.inputs[1].type.shape):
-        raise AssertionError("a convolution's operands are contiguous buffers")
+    names, em, grp, n, g, d, (X, x_off), (W, w_off) = _kernel_parts(k)
     merged = _epilogue_loops(em, g)
     M, P, K = g["Og"], g["P"], g["Cg"] * g["KK"]
     MT, NT = k.knobs["tile_m"], k.knobs["tile_n"]
@@ -171,12 +179,7 @@ def lower_conv_tiles(k):
 def lower_conv_direct(k, knobs):
     """GPUs: an output element per thread, its fma chain over k = (c, kd, kh, kw) from 0 (the
     CPU's bits), then the epilogue at that element."""
-    names = Names()
-    em = Emitter(k, names)
-    grp, n = k.group, k.group.anchor
-    g = geometry(n)
-    d = k.output.type.dtype
-    (X, x_off, _), (W, w_off, _) = (operand(k, v) for v in n.inputs)
+    names, em, grp, n, g, d, (X, x_off), (W, w_off) = _kernel_parts(k)
     em.loops = [[a] for a in range(len(grp.domain))]
     N, O, P = g["N"], g["O"], g["P"]
     e = names("e")
