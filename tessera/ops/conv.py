@@ -454,9 +454,9 @@ def _conv_t_decompose(b, xs, a):
         pads = [[(k - 1) * d - lo, (k - 1) * d - hi + extra] for (lo, hi), k, d, extra in
                 zip(a["padding"], kernel, a["dilation"], a["output_padding"])]
         if all(p >= 0 for pair in pads for p in pair):
-            wf = w
-            for axis in range(2, tw.rank):
-                wf = flip(b, wf, axis)
+            r = tw.rank               # every kernel axis reversed by one slice
+            wf = b.op("slice", w, starts=[None] * r, stops=[None] * r,
+                      steps=[1, 1] + [-1] * (r - 2))
             wf = b.op("reshape", wf, shape=[G, C // G, Og, *kernel])
             wf = b.op("transpose", wf, perm=[0, 2, 1, *range(3, tw.rank + 1)])
             wf = b.op("reshape", wf, shape=[G * Og, C // G, *kernel])
