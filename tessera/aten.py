@@ -255,12 +255,7 @@ def _index(x, indices):
     rest = [k for k in range(len(shape)) if k not in axes]
     front = op.transpose(x, perm=axes + rest) if axes + rest != list(range(len(shape))) else x
     flat = _reshape(front, [int(np.prod([shape[k] for k in axes]))] + [shape[k] for k in rest])
-    lin, stride = None, 1
-    for k in reversed(axes):
-        i = op.cast(indices[k], "int64")
-        i = op.where(i < 0, i + shape[k], i)
-        term = i * stride if stride != 1 else i
-        lin, stride = (term if lin is None else term + lin), stride * shape[k]
+    lin = op.flat_index([indices[k] for k in axes], [shape[k] for k in axes])
     out = op.take(flat, lin, axis=0)                                    # [*B, *rest]
     nb = len(_shape(out)) - len(rest)
     if axes == list(range(axes[0], axes[-1] + 1)) and axes[0] > 0:

@@ -1389,17 +1389,6 @@ def _i_attention(node, xs):
     return (y, present_k, present_v, qk)[:len(node.output)]
 
 
-def _linear(coords, sizes):
-    """The row-major flat index of coordinates (each a tensor or array, negatives counted from
-    the end) over axes of the given sizes."""
-    lin = None
-    for c, n in zip(coords, sizes):
-        c = op.cast(c, "int64")
-        c = op.where(c < 0, c + n, c)
-        lin = c if lin is None else lin * n + c
-    return lin
-
-
 def _column(indices, j):
     """indices[..., j]."""
     rank = len(indices.shape)
@@ -1459,7 +1448,7 @@ def _i_scatter_nd(node, xs):
     k = indices.shape[-1]
     shape = list(data.shape)
     flat = op.reshape(data, shape=[math.prod(shape[:k])] + shape[k:])
-    lin = _linear([_column(indices, j) for j in range(k)], shape[:k])
+    lin = op.flat_index([_column(indices, j) for j in range(k)], shape[:k])
     out = _scatter_flat(flat, lin, updates, _text(node, "reduction", "none"), node)
     return op.reshape(out, shape=shape)
 
@@ -1471,7 +1460,7 @@ def _i_scatter_elements(node, xs):
     grid = [indices if a == axis else
             np.arange(indices.shape[a]).reshape([-1 if b == a else 1 for b in range(rank)])
             for a in range(rank)]
-    lin = _linear([op.broadcast_to(op.cast(g, "int64"), shape=list(indices.shape))
+    lin = op.flat_index([op.broadcast_to(op.cast(g, "int64"), shape=list(indices.shape))
                    for g in grid], shape)
     out = _scatter_flat(op.reshape(data, shape=[-1]), lin, updates,
                         _text(node, "reduction", "none"), node)
@@ -1485,7 +1474,7 @@ def _i_gather_nd(node, xs):
     coords = [np.arange(shape[a]).reshape([-1 if c == a else 1
                                            for c in range(len(indices.shape) - 1)])
               for a in range(b)] + [_column(indices, j) for j in range(k)]
-    lin = _linear(coords, shape[:b + k])
+    lin = op.flat_index(coords, shape[:b + k])
     flat = op.reshape(data, shape=[math.prod(shape[:b + k])] + shape[b + k:])
     return op.take(flat, lin, axis=0)
 

@@ -966,6 +966,37 @@ def repeat_interleave(x, repeats, axis):
     return _apply("reshape", wide, shape=[*shape[:ax], shape[ax] * repeats, *shape[ax + 1:]])
 
 
+def flat_index(coords, sizes):
+    """The row-major flat index of integer coordinates over axes of the given ``sizes``, for
+    ``take`` or ``scatter_add`` along a reshaped axis (advanced indexing, ONNX's GatherND and
+    ScatterND). A negative coordinate counts from its axis' end (PyTorch's and ONNX's rule); a
+    coordinate outside [-n, n) of its own axis gives an index past the flat axis, so the
+    ``take`` it feeds reports it at run time instead of reading a neighbouring row (a
+    constant one is an ArgumentError now)."""
+    import numpy as np
+    sizes = [int(n) for n in sizes]
+    if len(coords) != len(sizes):
+        raise _ArgumentError(f"op.flat_index: {len(coords)} coordinates for {len(sizes)} axes")
+    total = int(np.prod(sizes))
+    lin, outside = None, None
+    for c, n in zip(coords, sizes):
+        if isinstance(c, (np.ndarray, np.integer, int)):     # known now: checked now
+            c = np.asarray(c, np.int64)
+            if c.size and (c.min() < -n or c.max() >= n):
+                raise _ArgumentError(f"op.flat_index: a coordinate outside [-{n}, {n}) for an "
+                                     f"axis of size {n}")
+            c = _lift(np.where(c < 0, c + n, c))
+        else:
+            c = _apply("cast", c, dtype="int64")
+            c = _apply("where", _apply("lt", c, 0), _apply("add", c, n), c)
+            bad = _apply("maximum", _apply("lt", c, 0), _apply("ge", c, n))
+            outside = bad if outside is None else _apply("maximum", outside, bad)
+        lin = c if lin is None else _apply("add", _apply("mul", lin, n), c)
+    if outside is not None:
+        lin = _apply("where", outside, np.int64(total), lin)
+    return lin
+
+
 def embedding(table, ids):
     """Rows of ``table`` picked by integer ``ids``: ``take(table, ids, axis=0)``."""
     return _apply("take", table, ids, axis=0)

@@ -193,6 +193,18 @@ def test_advanced_indexing_is_pytorchs(where, rng):
     _assert_pytorchs(Fn(f), x, i, j, k)
 
 
+def test_advanced_indexing_past_an_inner_axis_is_reported(rng):
+    """x[i, j] is read through one flat index: j = 6 on an axis of 6 must fault, not read the
+    next row's first element."""
+    fn, params = ts.from_torch(Fn(lambda x, i, j: x[i, j]), _randn(rng, 4, 6),
+                               torch.tensor([0, 1]), torch.tensor([2, 3]))
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(fn(params, x, np.array([0, 1]), np.array([2, -6])),
+                                  x[[0, 1], [2, -6]])
+    with pytest.raises(ts.RuntimeFault, match="out of range"):
+        fn(params, x, np.array([0, 1]), np.array([2, 6]))
+
+
 @pytest.mark.parametrize("step", [1, 2])
 def test_an_assignment_into_a_slice_is_pytorchs(step, rng):
     """y[:, 1:6:step] = z inside a model: torch.export writes slice_scatter (and copy)."""

@@ -150,6 +150,28 @@ def test_unsupported_operators_are_listed_at_once(rng):
         ts.onnx.import_model(lrn)
 
 
+@pytest.mark.parametrize("kind", ["GatherND", "ScatterND"])
+def test_an_index_past_its_own_axis_is_reported(kind, rng):
+    """GatherND/ScatterND address rows through one flat index: [0, 4] on a [3, 4] tensor is
+    out of range (the reference evaluator raises), not row 1's first element."""
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+           helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2])]
+    node = helper.make_node(kind, ["x", "i"] + (["u"] if kind == "ScatterND" else []), ["y"])
+    if kind == "ScatterND":
+        ins.append(helper.make_tensor_value_info("u", TensorProto.FLOAT, [2]))
+    out = [2] if kind == "GatherND" else [3, 4]
+    m = _model([node], ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)])
+    fn = ts.onnx.import_model(m)
+    feeds = {"x": x, "i": np.array([[2, 1], [0, -1]]), "u": np.float32([5, 6])}
+    args = [feeds[v.name] for v in m.graph.input]
+    want = ReferenceEvaluator(m).run(None, {v.name: feeds[v.name] for v in m.graph.input})[0]
+    np.testing.assert_array_equal(fn(*args), want)
+    args[1] = np.array([[2, 1], [0, 4]])
+    with pytest.raises(ts.RuntimeFault, match="out of range"):
+        fn(*args)
+
+
 def test_without_onnx_says_how_to_install(monkeypatch, rng):
     monkeypatch.setitem(sys.modules, "onnx", None)
     with pytest.raises(ts.TesseraError, match="pip install onnx"):

@@ -148,6 +148,20 @@ def test_repeat_interleave_is_numpys_repeat_with_its_gradient(rng):
         op.repeat_interleave(x, 0, axis=1)
 
 
+def test_flat_index_reports_a_coordinate_past_its_own_axis(rng):
+    """A coordinate outside its axis must not land in a neighbouring row of the flat axis."""
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    f = ts.function(lambda x, i, j: op.take(op.reshape(x, [12]), op.flat_index([i, j], [3, 4]),
+                                            axis=0))
+    i, j = rng.integers(-3, 3, 5), rng.integers(-4, 4, 5)
+    np.testing.assert_array_equal(f(x, i, j), x[i, j])
+    for bad_i, bad_j in ((0, 4), (0, -5), (3, 0), (-4, 0)):   # each would alias a valid row
+        with pytest.raises(ts.RuntimeFault, match="out of range"):
+            f(x, np.array([0, bad_i]), np.array([1, bad_j]))
+    with pytest.raises(ts.ArgumentError, match=r"outside \[-3, 3\)"):
+        op.flat_index([np.array([3])], [3])
+
+
 def test_concat_split(rng):
     a = rng.standard_normal((2, 3)).astype(np.float32)
     b = rng.standard_normal((2, 5)).astype(np.float64)
