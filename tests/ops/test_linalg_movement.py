@@ -31,6 +31,25 @@ def test_matmul_larger_parallel(rng):
     assert_within_dot_bound(f(a, b), a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_few_rows_have_the_bits_of_the_same_rows_in_a_large_product(dtype, rng):
+    """Up to eight rows against B with contiguous rows stream B unpacked (decoding's
+    matrix-vector products); 32 rows go through the packed micro-kernel. Every element is
+    the same fma chain either way: K with a tail past four, N with a tail past a vector, A
+    read through a transpose."""
+    k, n = 203, 77
+    a = rng.standard_normal((32, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    f = ts.function(lambda a, b: a @ b)
+    whole = f(a, b)
+    assert_within_dot_bound(whole, a, b)
+    for m in (1, 2, 3, 4, 5, 8):
+        np.testing.assert_array_equal(f(a[:m], b), whole[:m])
+        at = np.ascontiguousarray(a[:m].T)
+        np.testing.assert_array_equal(ts.function(lambda t, b: op.transpose(t) @ b)(at, b),
+                                      whole[:m])
+
+
 # Both operands views of one array: the second's view is composed with the first's (a slice
 # under a transpose), not read from the array's start (issue 39: wrong values, and a SIGSEGV
 # when a broadcast's transpose walked past the end of its one row).

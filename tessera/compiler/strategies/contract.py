@@ -177,8 +177,9 @@ def task_tiles(M: int, N: int, batch: int, dtype_short: str) -> dict:
     count."""
     mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
     MR = c_gemm.MR
-    while batch * -(-M // mt) * -(-N // nt) < c_gemm.MIN_TASKS and (nt > 64 or mt > 4 * MR):
-        if nt > 64 and (nt >= mt or mt <= 4 * MR):
+    least_n = 256 if M == 1 else 64     # a row streams B: long runs of each row per task
+    while batch * -(-M // mt) * -(-N // nt) < c_gemm.MIN_TASKS and (nt > least_n or mt > 4 * MR):
+        if nt > least_n and (nt >= mt or mt <= 4 * MR):
             nt //= 2
         else:
             mt //= 2

@@ -74,6 +74,72 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = edge[r * TS_NR_{S} + j];
 }
 
+/* Few rows against B with contiguous rows (decoding's matrix-vector products, a small batch):
+   B streams from memory, unpacked, four of its rows at a time (prefetched ahead), into the
+   rows of C held in cache; each element is still the fma chain over k in order. */
+#define TS_FEW_ROWS 8
+/* g (1-4, a constant at each call) rows of C += their A[:, k:k+4] times B's rows k..k+3: the
+   four B vectors loaded once for all g rows. */
+static inline __attribute__((always_inline)) void ts_rows_pass_{S}(
+    int g, const {T}* a, int64_t rsa, int64_t csa, const {T}* b, int64_t rsb, {T}* c,
+    int64_t ldc, int64_t nv, int64_t nt) {
+  ts_v_{S} av[4][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+      if (r < g) av[r][q] = ts_vset1_{S}(a[r * rsa + q * csa]);
+  for (int64_t j = 0; j < nv; j += TS_VL_{S}) {
+    ts_v_{S} b0 = ts_vload_{S}(b + j), b1 = ts_vload_{S}(b + rsb + j);
+    ts_v_{S} b2 = ts_vload_{S}(b + 2 * rsb + j), b3 = ts_vload_{S}(b + 3 * rsb + j);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+      if (r < g) {
+        ts_v_{S} v = ts_vfma_{S}(av[r][0], b0, ts_vload_{S}(c + r * ldc + j));
+        v = ts_vfma_{S}(av[r][1], b1, v);
+        v = ts_vfma_{S}(av[r][2], b2, v);
+        ts_vstore_{S}(c + r * ldc + j, ts_vfma_{S}(av[r][3], b3, v));
+      }
+  }
+  for (int r = 0; r < g; ++r)
+    for (int64_t j = nv; j < nt; ++j)
+      for (int64_t q = 0; q < 4; ++q)
+        c[r * ldc + j] = fma{F}(a[r * rsa + q * csa], b[q * rsb + j], c[r * ldc + j]);
+}
+static void ts_gemm_rows_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* B, int64_t rsb,
+                             {T}* C, int64_t ldc, int64_t K, int64_t mt, int64_t nt) {
+  int64_t nv = nt / TS_VL_{S} * TS_VL_{S};
+  for (int64_t r = 0; r < mt; ++r) {
+    for (int64_t j = 0; j < nv; j += TS_VL_{S}) ts_vstore_{S}(C + r * ldc + j, ts_vzero_{S}());
+    for (int64_t j = nv; j < nt; ++j) C[r * ldc + j] = 0;
+  }
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const {T}* b = B + k * rsb;
+    const {T}* ahead = b + (k + 16 < K ? 16 : 0) * rsb;
+    for (int64_t j = 0; j < nv; j += TS_VL_{S})
+      for (int q = 0; q < 4; ++q) __builtin_prefetch(ahead + q * rsb + j);
+    int64_t r = 0;
+    for (; r + 4 <= mt; r += 4)
+      ts_rows_pass_{S}(4, A + r * rsa + k * csa, rsa, csa, b, rsb, C + r * ldc, ldc, nv, nt);
+    switch (mt - r) {          /* (constant row counts, so the accumulators stay in registers) */
+      case 3: ts_rows_pass_{S}(3, A + r * rsa + k * csa, rsa, csa, b, rsb, C + r * ldc, ldc, nv, nt); break;
+      case 2: ts_rows_pass_{S}(2, A + r * rsa + k * csa, rsa, csa, b, rsb, C + r * ldc, ldc, nv, nt); break;
+      case 1: ts_rows_pass_{S}(1, A + r * rsa + k * csa, rsa, csa, b, rsb, C + r * ldc, ldc, nv, nt); break;
+    }
+  }
+  for (; k < K; ++k)
+    for (int64_t r = 0; r < mt; ++r) {
+      const {T}* b = B + k * rsb;
+      {T}* c = C + r * ldc;
+      {T} x = A[r * rsa + k * csa];
+      ts_v_{S} a = ts_vset1_{S}(x);
+      for (int64_t j = 0; j < nv; j += TS_VL_{S})
+        ts_vstore_{S}(c + j, ts_vfma_{S}(a, ts_vload_{S}(b + j), ts_vload_{S}(c + j)));
+      for (int64_t j = nv; j < nt; ++j) c[j] = fma{F}(x, b[j], c[j]);
+    }
+}
+
 /* A product with a vector on either side (one row, or one or two columns): packing and a
    micro-tile would be mostly padding, so the same fma chains run unpacked; one row runs the
    columns in the inner loop, where they vectorise when contiguous. */
@@ -111,6 +177,10 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
   if (K <= 0) {
     for (int64_t i = 0; i < mt; ++i)
       for (int64_t j = 0; j < nt; ++j) C[i * ldc + j] = 0;
+    return;
+  }
+  if (mt <= TS_FEW_ROWS && csb == 1 && nt > 2) {
+    ts_gemm_rows_{S}(A, rsa, csa, B, rsb, C, ldc, K, mt, nt);
     return;
   }
   if (mt == 1 || nt <= 2) {
