@@ -8,6 +8,7 @@ directories from disk (``config.json`` and safetensors weights; nothing is downl
 
 So far: LLaMA (grouped-query attention, RoPE, SwiGLU, RMSNorm; Mistral's and Qwen2's layouts
 are LLaMA's with their own config names, not yet read)."""
+from .generate import generate, sampling_distribution
 from .llama import LLaMA
 
-__all__ = ["LLaMA"]
+__all__ = ["LLaMA", "generate", "sampling_distribution"]

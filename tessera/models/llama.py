@@ -10,9 +10,10 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError, TesseraError
-from ..nn.attention import rope
+from ..nn.attention import rope, rope_tables
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
+from ..nn.paged import paged_attention
 
 # config.json's names (transformers' LlamaConfig) -> this class's, with their defaults
 _CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -69,33 +70,88 @@ class LLaMA(Module):
         b, s = _shape(t)[:2]
         return op.transpose(op.reshape(t, [b, s, n, self.config["head_dim"]]), [0, 2, 1, 3])
 
-    def _attention(self, p, x, bias):
+    def _layers(self, params, ids, attend, tables=None):
+        """The decoder layers over ids [B, S], attention by ``attend(q, k, v, layer)`` (q [B, H,
+        S, hd]; k, v [B, KV, S, hd] after RoPE: by position within the input, or by ``tables``,
+        ``rope_tables`` of each row's positions). Returns (the final norm's output [B, S, D],
+        the layers' keys and values)."""
         c = self.config
-        h, kv = c["num_attention_heads"], c["num_key_value_heads"]
-        q = rope(self._heads(linear(x, p["q"]), h), c["rope_theta"])
-        k = rope(self._heads(linear(x, p["k"]), kv), c["rope_theta"])
-        v = self._heads(linear(x, p["v"]), kv)
-        if kv != h:                    # each key/value head serves h/kv consecutive query heads
-            k, v = (op.repeat_interleave(t, h // kv, axis=1) for t in (k, v))
-        o = op.attention(q, k, v, mask=bias, causal=True)
-        b, _, s, hd = _shape(o)
-        return linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"])
+        eps, h, kv = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"]
+        x = op.take(params["embed"], ids, axis=0)
+        ks, vs = [], []
+        for i, p in enumerate(params["layers"]):
+            a = op.rmsnorm(x, p["input_norm"], eps)
+            q = rope(self._heads(linear(a, p["q"]), h), c["rope_theta"], tables=tables)
+            k = rope(self._heads(linear(a, p["k"]), kv), c["rope_theta"], tables=tables)
+            v = self._heads(linear(a, p["v"]), kv)
+            o = attend(q, k, v, i)
+            b, _, s, hd = _shape(o)
+            x = x + linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"])
+            a = op.rmsnorm(x, p["post_norm"], eps)
+            x = x + linear(op.silu(linear(a, p["gate"])) * linear(a, p["up"]), p["down"])
+            ks.append(k)
+            vs.append(v)
+        return op.rmsnorm(x, params["norm"], eps), ks, vs
+
+    def _head(self, params, x):
+        head = params["lm_head"] if "lm_head" in params else op.transpose(params["embed"])
+        return linear(x, head)
+
+    def _causal(self, bias=None):
+        """Causal attention over the input itself (each key/value head serving h/kv
+        consecutive query heads)."""
+        group = self.config["num_attention_heads"] // self.config["num_key_value_heads"]
+
+        def attend(q, k, v, layer):
+            k, v = (op.repeat_interleave(t, group, axis=1) for t in (k, v))
+            return op.attention(q, k, v, mask=bias, causal=True)
+        return attend
 
     def __call__(self, params, ids, mask=None):
-        c = self.config
-        eps = c["rms_norm_eps"]
-        x = op.take(params["embed"], ids, axis=0)
         bias = None
         if mask is not None:            # padding: those keys hidden from every query
             b, s = _shape(mask)
             bias = op.reshape(op.where(mask != 0, 0.0, -np.inf), [b, 1, 1, s])
-        for p in params["layers"]:
-            x = x + self._attention(p, op.rmsnorm(x, p["input_norm"], eps), bias)
-            h = op.rmsnorm(x, p["post_norm"], eps)
-            x = x + linear(op.silu(linear(h, p["gate"])) * linear(h, p["up"]), p["down"])
-        x = op.rmsnorm(x, params["norm"], eps)
-        head = params["lm_head"] if "lm_head" in params else op.transpose(params["embed"])
-        return linear(x, head)
+        x, _, _ = self._layers(params, ids, self._causal(bias))
+        return self._head(params, x)
+
+    # ---- generation: prefill and paged decoding steps (driven by models.generate) ------------
+    def cache_shape(self):
+        """(layers, key/value heads, head size) of this model's KV cache."""
+        c = self.config
+        return c["num_hidden_layers"], c["num_key_value_heads"], c["head_dim"]
+
+    def rope_tables(self, positions):
+        """``rope_tables`` of positions [B, T], shaped to turn q and k [B, heads, T, hd]."""
+        cos, ssin = rope_tables(0, self.config["head_dim"], self.config["rope_theta"],
+                                positions=positions)
+        return cos[:, None], ssin[:, None]
+
+    def prefill(self, params, ids, cos, ssin, last):
+        """A prompt's step: ids [B, T] from position 0 (right-padded: padding after a row's
+        tokens is never seen by them), tables of positions 0..T-1; last [B] int, each row's
+        last token. Returns (its logits [B, V], every layer's keys and values [B, KV, T, hd])."""
+        x, ks, vs = self._layers(params, ids, self._causal(), tables=(cos, ssin))
+        b, _, d = _shape(x)
+        x = op.take_along_axis(x, op.broadcast_to(op.reshape(last, [b, 1, 1]), [b, 1, d]),
+                               axis=1)
+        return op.reshape(self._head(params, x), [b, -1]), ks, vs
+
+    def decode(self, params, ids, cos, ssin, table, mask, k_pools, v_pools):
+        """One token per row: ids [B, 1] at each row's own position (cos, ssin from
+        ``rope_tables``), attending to its cached keys through the block table [B, W] and
+        ``mask`` (``PagedKVCache.table`` / ``.mask``); k_pools, v_pools the cache's layers.
+        Returns (logits [B, V], every layer's new keys and values [B, KV, 1, hd])."""
+        def attend(q, k, v, layer):
+            return paged_attention(q, k, v, k_pools[layer], v_pools[layer], table, mask)
+        x, ks, vs = self._layers(params, ids, attend, tables=(cos, ssin))
+        return op.reshape(self._head(params, x), [_shape(ids)[0], -1]), ks, vs
+
+    def generate(self, params, prompts, max_new_tokens, **options):
+        """``tessera.models.generate(self, params, prompts, max_new_tokens, ...)``: greedy or
+        sampled decoding with a paged KV cache and continuous batching."""
+        from .generate import generate
+        return generate(self, params, prompts, max_new_tokens, **options)
 
     # ---- transformers' checkpoint directories --------------------------------------------------
     _NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",

@@ -35,6 +35,7 @@ from .conv import (AdaptiveAvgPool, AdaptiveAvgPool1d, AdaptiveAvgPool2d, Adapti
                    InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, MaxPool, MaxPool1d, MaxPool2d,
                    MaxPool3d, Upsample)
 from .losses import cross_entropy, kl_divergence, mse
+from .paged import PagedAttention, PagedKVCache, paged_attention
 from .moe import MixtureOfExperts, SwitchTransformer, TopKRouter
 from ..optim import FusedAdamW, FusedSGD
 from .precision import MixedPrecision, to_mixed_precision
@@ -53,4 +54,5 @@ __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Adaptiv
            # the seeds' standard library
            "ALiBi", "FlashAttention2", "FlashDecoding", "SlidingWindowAttention", "alibi_bias",
            "alibi_slopes", "flash_decoding", "sliding_window_mask", "FusedLinearGeLU",
-           "FusedLinearSiLU", "SwiGLU", "SwitchTransformer", "FusedAdamW", "FusedSGD"]
+           "FusedLinearSiLU", "SwiGLU", "SwitchTransformer", "FusedAdamW", "FusedSGD",
+           "PagedAttention", "PagedKVCache", "paged_attention"]

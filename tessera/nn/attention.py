@@ -11,13 +11,18 @@ from .layers import MLP, LayerNorm, Linear, Module, RMSNorm, _shape, dropout
 
 
 # ---- rotary position embedding -------------------------------------------------------------------
-def rope_tables(seq: int, dim: int, base: float = 10000.0, offset: int = 0, dtype=np.float32):
+def rope_tables(seq: int, dim: int, base: float = 10000.0, offset: int = 0, dtype=np.float32,
+                positions=None):
     """(cos [S, 1, dim/2], signed sin [S, 2, dim/2]) for ``rope``: angle[p, i] = (offset + p) *
-    base**(-2i/dim), computed in float64 and rounded once."""
+    base**(-2i/dim), computed in float64 and rounded once. ``positions`` (an int array [..., S])
+    gives each row its own positions instead (a batch decoding sequences of different lengths):
+    the tables are then [..., S, 1, dim/2] and [..., S, 2, dim/2]."""
     inv = base ** (-np.arange(0, dim // 2, dtype=np.float64) * 2.0 / dim)
-    ang = (offset + np.arange(seq, dtype=np.float64))[:, None] * inv[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    return cos.astype(dtype), np.concatenate([-sin, sin], axis=1).astype(dtype)
+    pos = (offset + np.arange(seq, dtype=np.float64)) if positions is None else \
+        np.asarray(positions, np.float64)
+    ang = pos[..., None] * inv
+    cos, sin = np.cos(ang)[..., None, :], np.sin(ang)[..., None, :]
+    return cos.astype(dtype), np.concatenate([-sin, sin], axis=-2).astype(dtype)
 
 
 def rope(x, base: float = 10000.0, offset: int = 0, tables=None):
@@ -31,7 +36,8 @@ def rope(x, base: float = 10000.0, offset: int = 0, tables=None):
 
     ``tables``: ``rope_tables``'s (cos, signed sin) given as arguments instead of made here, so a
     compiled decoding step serves every position (KVCache.rope_tables); base and offset are
-    then theirs."""
+    then theirs. Tables with leading axes (``rope_tables(positions=...)``) broadcast against
+    x's leading axes: [B, 1, S, 1, D/2] turns every head of row b by that row's positions."""
     shape = _shape(x)
     s, d = shape[-2], shape[-1]
     if not isinstance(d, int) or d % 2:
@@ -40,7 +46,8 @@ def rope(x, base: float = 10000.0, offset: int = 0, tables=None):
         cos, ssin = rope_tables(s, d, base, offset, np.dtype(getattr(x.dtype, "np", x.dtype)))
     else:
         cos, ssin = tables
-        if tuple(_shape(cos)) != (s, 1, d // 2) or tuple(_shape(ssin)) != (s, 2, d // 2):
+        if tuple(_shape(cos)[-3:]) != (s, 1, d // 2) or \
+                tuple(_shape(ssin)[-3:]) != (s, 2, d // 2):
             raise ArgumentError(f"rope tables for {s} positions of {d} features are shaped "
                                 f"{[s, 1, d // 2]} and {[s, 2, d // 2]}, not "
                                 f"{list(_shape(cos))} and {list(_shape(ssin))}",
