@@ -93,6 +93,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_dist $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 	$(BIN)/python -m benchmarks.bench_latency $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 	$(BIN)/python -m benchmarks.bench_busy $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
+	$(BIN)/python -m benchmarks.bench_generate $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 
 # PyTorch, which the interop tests check the bridges against (make test) and the benchmarks
 # compare with (make bench): its CPU wheel (about 0.2 GB) rather than PyPI's default Linux wheel,

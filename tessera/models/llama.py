@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError, TesseraError
-from ..nn.attention import rope, rope_tables
+from ..nn.attention import grouped_query_attention, rope, rope_tables
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
@@ -98,13 +98,9 @@ class LLaMA(Module):
         return linear(x, head)
 
     def _causal(self, bias=None):
-        """Causal attention over the input itself (each key/value head serving h/kv
-        consecutive query heads)."""
-        group = self.config["num_attention_heads"] // self.config["num_key_value_heads"]
-
+        """Causal attention over the input itself."""
         def attend(q, k, v, layer):
-            k, v = (op.repeat_interleave(t, group, axis=1) for t in (k, v))
-            return op.attention(q, k, v, mask=bias, causal=True)
+            return grouped_query_attention(q, k, v, mask=bias, causal=True)
         return attend
 
     def __call__(self, params, ids, mask=None):

@@ -23,7 +23,8 @@ A compiled training step (tessera.optim for the update):
 from . import init
 from .attention import (ALiBi, FlashAttention2, FlashDecoding, KVCache, MultiHeadAttention, RoPE,
                         SlidingWindowAttention, TransformerBlock, alibi_bias, alibi_slopes,
-                        flash_decoding, rope, rope_tables, sliding_window_mask)
+                        flash_decoding, grouped_query_attention, rope, rope_tables,
+                        sliding_window_mask)
 from .init import Key
 from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, FusedLinearGeLU, FusedLinearSiLU,
                      LayerNorm, Linear, Module, RMSNorm, Sequential, SwiGLU, activation, dropout,
@@ -55,4 +56,4 @@ __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Adaptiv
            "ALiBi", "FlashAttention2", "FlashDecoding", "SlidingWindowAttention", "alibi_bias",
            "alibi_slopes", "flash_decoding", "sliding_window_mask", "FusedLinearGeLU",
            "FusedLinearSiLU", "SwiGLU", "SwitchTransformer", "FusedAdamW", "FusedSGD",
-           "PagedAttention", "PagedKVCache", "paged_attention"]
+           "PagedAttention", "PagedKVCache", "paged_attention", "grouped_query_attention"]

@@ -287,6 +287,28 @@ def alibi_bias(num_heads: int, sq: int, sk: int, dtype=np.float32) -> np.ndarray
     return (alibi_slopes(num_heads)[:, None, None] * dist[None]).astype(dtype)
 
 
+def grouped_query_attention(q, k, v, mask=None, causal=False, scale=None):
+    """``op.attention`` with fewer key/value heads than query heads (grouped-query attention:
+    q [B, H, Sq, D], k and v [B, KV, Sk, D], KV dividing H, each key/value head serving H/KV
+    consecutive query heads). The query heads are viewed as [B, KV, H/KV, Sq, D] against keys
+    broadcast over the group, so no key or value is copied per query head. ``mask`` broadcasts
+    to [B, 1 or H, Sq, Sk]."""
+    b, h, sq, d = _shape(q)
+    kv = _shape(k)[-3]
+    if kv == h:
+        return op.attention(q, k, v, mask=mask, causal=causal, scale=scale)
+    if h % kv:
+        raise ArgumentError(f"{h} query heads do not share {kv} key/value heads evenly")
+    g = h // kv
+    if mask is not None:
+        shape = list(_shape(mask))
+        shape = [1] * (4 - len(shape)) + shape
+        mask = op.reshape(mask, shape[:1] + ([kv, g] if shape[1] == h else [1, 1]) + shape[2:])
+    out = op.attention(op.reshape(q, [b, kv, g, sq, d]), op.expand_dims(k, 2),
+                       op.expand_dims(v, 2), mask=mask, causal=causal, scale=scale)
+    return op.reshape(out, [b, h, sq, _shape(v)[-1]])
+
+
 class FlashAttention2(Module):
     """The seeds' FlashAttention2: softmax(scale q k^T + mask) v as one fused flash-attention
     kernel forward and backward (``op.attention``: online softmax over key blocks, no [Sq, Sk]

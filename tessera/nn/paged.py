@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError, TesseraError
+from .attention import grouped_query_attention
 from .layers import Module, _shape
 
 
@@ -30,18 +31,15 @@ def paged_attention(q, k, v, k_pool, v_pool, table, mask, scale=None):
     ``PagedKVCache``); table [B, W] int (each row's first W blocks, ``PagedKVCache.table``);
     mask [B, 1, T, W * block + T] additive (``PagedKVCache.mask``: filled slots and the new
     positions' causal band visible, the rest -inf). Returns [B, H, T, D]."""
-    b, h, t, d = _shape(q)
+    b, d = _shape(q)[0], _shape(q)[-1]
     kv, block = _shape(k_pool)[1], _shape(k_pool)[2]
-    if h % kv:
-        raise ArgumentError(f"paged_attention: {h} query heads do not share {kv} key/value "
-                            "heads evenly")
     w = _shape(table)[-1]
 
     def cached(pool, new):                   # [B, W, KV, blk, D] -> [B, KV, W * blk + T, D]
         blocks = op.transpose(op.take(pool, table, axis=0), [0, 2, 1, 3, 4])
-        whole = op.concat([op.reshape(blocks, [b, kv, w * block, d]), new], axis=2)
-        return op.repeat_interleave(whole, h // kv, axis=1)
-    return op.attention(q, cached(k_pool, k), cached(v_pool, v), mask=mask, scale=scale)
+        return op.concat([op.reshape(blocks, [b, kv, w * block, d]), new], axis=2)
+    return grouped_query_attention(q, cached(k_pool, k), cached(v_pool, v), mask=mask,
+                                   scale=scale)
 
 
 class PagedAttention(Module):

@@ -205,3 +205,22 @@ def test_rope_tables_at_each_rows_positions_are_the_offset_tables(rng):
     for b, start in enumerate((3, 0)):
         np.testing.assert_allclose(got[b], nn.rope(x[b], 500.0, offset=start), rtol=1e-6,
                                    atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_heads", [0, 1, 4])
+def test_grouped_query_attention_is_attention_with_the_heads_repeated(mask_heads, rng):
+    """4 query heads over 2 key/value heads: PyTorch's SDPA with enable_gqa (each key/value
+    head serving consecutive query heads), with no mask, one for all heads, or one per head."""
+    q = rng.standard_normal((2, 4, 5, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 2, 7, 8)).astype(np.float32)
+    mask = None if not mask_heads else np.where(
+        rng.random((2, mask_heads, 5, 7)) < 0.2, -np.inf, 0).astype(np.float32)
+    f = ts.function(lambda q, k, v, m: nn.grouped_query_attention(q, k, v, mask=m, causal=True))
+    got = f(q, k, v, mask)
+    tm = None if mask is None else torch.from_numpy(mask)
+    causal = torch.ones(5, 7, dtype=torch.bool).tril(2)
+    bias = torch.where(causal, 0.0, -torch.inf) + (0 if tm is None else tm)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(t) for t in (q, k, v)), attn_mask=bias, enable_gqa=True)
+    want = torch.nan_to_num(want, nan=0.0).numpy()         # (a row with no key: 0 in tessera)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

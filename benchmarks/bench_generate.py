@@ -1,0 +1,140 @@
+"""Decoding a LLaMA-shaped model on the CPU (issue 41's goals), side by side in one run:
+
+    .venv/bin/python -m benchmarks.bench_generate [--quick] [--json PATH]
+
+The model: transformers' LlamaForCausalLM from a random initialisation (seeded), about 32M
+parameters (vocab 8192, hidden 512, 8 layers, 8 heads sharing 4 key/value heads, MLP 1408),
+f32, written to a temporary checkpoint directory and read by `tessera.models.LLaMA`.
+1. **Decoding**, batch 1 and batch 8: prompts of 32 tokens, 128 new tokens each (--quick: 32),
+   greedy. tessera's `model.generate` (paged KV cache, continuous batching) against
+   transformers' `generate` (PyTorch eager, its dynamic cache), and against it with the model's
+   forward under `torch.compile` and a static cache. Tokens per second, best of three runs after
+   a warm-up run; the tokens are compared (greedy: both must give the same). Goals: at least 2x
+   eager and 1.2x compiled.
+2. **Prefill** of 512 tokens, batch 1: tessera's `prefill` step against the PyTorch model's
+   forward pass (eager and compiled). Goal: at least 1.2x PyTorch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONFIG = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+              bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def best_of(fn, runs=3):
+    fn()                                                          # warm-up (compiles)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="32 new tokens instead of 128")
+    ap.add_argument("--json", help="where to write the results (default "
+                                   "benchmarks/results/<date>-generate.json)")
+    a = ap.parse_args(argv)
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print(f"bench_generate needs PyTorch and transformers ({e}); skipped")
+        return 0
+    from tessera import models
+    from tessera.runtime import isa
+    new = 32 if a.quick else 128
+    torch.manual_seed(0)
+    theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+    n_params = sum(p.numel() for p in theirs.parameters())
+    with tempfile.TemporaryDirectory() as d:
+        theirs.save_pretrained(d)
+        model, params = models.LLaMA.from_pretrained(d)
+    rng = np.random.default_rng(0)
+    rows = []
+
+    def hf_generate(ids, compiled):
+        kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                  attention_mask=torch.ones_like(ids))
+        if compiled:
+            kw["cache_implementation"] = "static"
+        with torch.no_grad():
+            return theirs.generate(ids, **kw).numpy()
+
+    for batch in (1, 8):
+        prompts = [rng.integers(1, CONFIG["vocab_size"], 32) for _ in range(batch)]
+        ids = torch.from_numpy(np.stack(prompts))
+        ours, got = best_of(lambda: model.generate(params, prompts, max_new_tokens=new,
+                                                   batch_size=batch))
+        eager, want = best_of(lambda: hf_generate(ids, False))
+        same = all(np.array_equal(g, w) for g, w in zip(got, want))
+        row = {"case": f"decode_b{batch}", "tokens": batch * new,
+               "tessera_tok_s": batch * new / ours, "eager_tok_s": batch * new / eager,
+               "same_tokens": same}
+        try:
+            plain = theirs.forward
+            theirs.forward = torch.compile(plain)
+            compiled, _ = best_of(lambda: hf_generate(ids, True))
+            row["compiled_tok_s"] = batch * new / compiled
+        except Exception as e:                                     # noqa: BLE001
+            row["compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        finally:
+            theirs.forward = plain
+        rows.append(row)
+
+    prompt = rng.integers(1, CONFIG["vocab_size"], (1, 512))
+    from tessera.models.generate import _steps
+    prefill, _ = _steps(model)
+    cos, ssin = model.rope_tables(np.arange(512)[None])
+    ours, _ = best_of(lambda: prefill(params, prompt, cos, ssin, np.array([511])))
+    tids = torch.from_numpy(prompt)
+    with torch.no_grad():
+        eager, _ = best_of(lambda: theirs(tids))
+        row = {"case": "prefill_512", "tokens": 512, "tessera_tok_s": 512 / ours,
+               "eager_tok_s": 512 / eager}
+        try:
+            fwd = torch.compile(theirs)
+            compiled, _ = best_of(lambda: fwd(tids))
+            row["compiled_tok_s"] = 512 / compiled
+        except Exception as e:                                     # noqa: BLE001
+            row["compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    rows.append(row)
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.machine()) \
+        if os.path.exists("/proc/cpuinfo") else platform.machine()
+    where = f"{cpu}, {isa.host_level()}, {os.cpu_count()} cores"
+    print(f"LLaMA-shaped model, {n_params / 1e6:.1f}M parameters, f32, {new} new tokens "
+          f"({where}); tokens per second:")
+    print(f"{'case':12} {'tessera':>9} {'eager':>9} {'compiled':>9} {'/eager':>7} "
+          f"{'/compiled':>9}  same tokens")
+    for r in rows:
+        c = r.get("compiled_tok_s")
+        print(f"{r['case']:12} {r['tessera_tok_s']:9.1f} {r['eager_tok_s']:9.1f} "
+              f"{c if c else float('nan'):9.1f} {r['tessera_tok_s'] / r['eager_tok_s']:6.2f}x "
+              f"{(r['tessera_tok_s'] / c) if c else float('nan'):8.2f}x  "
+              f"{r.get('same_tokens', '')}{r.get('compiled_error', '')}")
+    path = Path(a.json) if a.json else RESULTS / f"{time.strftime('%Y-%m-%d')}-generate.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": where, "parameters": n_params, "new_tokens": new,
+                                "rows": rows}, indent=1) + "\n")
+    print(f"written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
