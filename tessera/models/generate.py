@@ -18,8 +18,8 @@ How it runs:
   ``(seed, its index)``, so its tokens do not depend on the batch it shared or the slot it
   took. temperature=0 is greedy (the first largest logit).
 
-A model provides ``cache_shape()``, ``rope_tables(positions)``, ``prefill`` and ``decode``
-(``LLaMA`` does)."""
+A model provides ``cache_shape()``, ``rope_tables(positions)``, ``window`` (its sliding
+window, or None), ``prefill`` and ``decode`` (``LLaMA``, ``Mistral`` and ``Qwen2`` do)."""
 from __future__ import annotations
 
 from collections import deque
@@ -156,8 +156,10 @@ def generate(model, params, prompts, max_new_tokens: int, temperature: float = 0
         pos = np.array([[cache.length[s] if s is not None else 0] for s in busy], np.int64)
         width = _bucket(max(cache.blocks_for(cache.length[s]) for s in busy if s is not None))
         cos, ssin = model.rope_tables(pos)
-        logits, ks, vs = decode(params, ids, cos, ssin, cache.table(busy, width),
-                                cache.mask(busy, width), list(cache.k), list(cache.v))
+        mask = cache.mask(busy, width)
+        window = mask if model.window is None else cache.mask(busy, width, window=model.window)
+        logits, ks, vs = decode(params, ids, cos, ssin, cache.table(busy, width), mask, window,
+                                list(cache.k), list(cache.v))
         ks, vs = np.stack(ks), np.stack(vs)                     # [layers, B, KV, 1, hd]
         for j, s in enumerate(busy):
             if s is None:

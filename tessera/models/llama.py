@@ -1,6 +1,8 @@
 """LLaMA (Touvron et al.), as transformers' LlamaForCausalLM computes it: token embeddings, N
 pre-norm decoder layers (RMSNorm, grouped-query causal attention with rotate-half RoPE, RMSNorm,
-a SwiGLU MLP), a final RMSNorm and the LM head (tied to the embeddings or not)."""
+a SwiGLU MLP), a final RMSNorm and the LM head (tied to the embeddings or not). Mistral (every
+layer's attention within a sliding window) and Qwen2 (biased query/key/value projections,
+sliding windows on the layers its config names) are LLaMA with those two differences."""
 from __future__ import annotations
 
 import json
@@ -10,7 +12,7 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError, TesseraError
-from ..nn.attention import grouped_query_attention, rope, rope_tables
+from ..nn.attention import grouped_query_attention, rope, rope_tables, sliding_window_mask
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
@@ -20,27 +22,44 @@ _CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
            "head_dim": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
            "tie_word_embeddings": False, "max_position_embeddings": 2048,
-           "initializer_range": 0.02}
+           "initializer_range": 0.02, "attention_bias": False}
 
 
 class LLaMA(Module):
     """params {"embed": [V, D], "layers": [{"input_norm", "q", "k", "v", "o", "post_norm",
     "gate", "up", "down"}], "norm": [D], "lm_head": [D, V] (absent when tied)}; projection
-    weights are [in, out] (transformers' transposed). ``__call__(params, ids, mask=None)``:
-    ids [B, S] int, mask [B, S] (1 keeps a token, 0 is padding) -> logits [B, S, V]."""
+    weights are [in, out] (transformers' transposed), and "q_bias", ... where the model has
+    them. ``__call__(params, ids, mask=None)``: ids [B, S] int, mask [B, S] (1 keeps a token,
+    0 is padding) -> logits [B, S, V]."""
+    model_type, architecture, settings = "llama", "LlamaForCausalLM", _CONFIG
 
     def __init__(self, **config):
-        unknown = set(config) - set(_CONFIG)
+        unknown = set(config) - set(self.settings)
         if unknown:
-            raise ArgumentError(f"LLaMA has no setting {sorted(unknown)[0]!r}",
-                                expected=", ".join(_CONFIG))
-        c = {**_CONFIG, **config}
+            raise ArgumentError(f"{type(self).__name__} has no setting {sorted(unknown)[0]!r}",
+                                expected=", ".join(self.settings))
+        c = {**self.settings, **config}
         c["num_key_value_heads"] = c["num_key_value_heads"] or c["num_attention_heads"]
         c["head_dim"] = c["head_dim"] or c["hidden_size"] // c["num_attention_heads"]
         if c["num_attention_heads"] % c["num_key_value_heads"]:
             raise ArgumentError(f"{c['num_attention_heads']} attention heads do not share "
                                 f"{c['num_key_value_heads']} key/value heads evenly")
         self.config = c
+
+    @property
+    def biased(self) -> tuple:
+        """The attention projections with a bias."""
+        return ("q", "k", "v", "o") if self.config["attention_bias"] else ()
+
+    @property
+    def windows(self) -> list:
+        """Each layer's sliding window (None: the whole causal prefix)."""
+        return [None] * self.config["num_hidden_layers"]
+
+    @property
+    def window(self):
+        """The sliding window of the layers that have one (None when none has)."""
+        return next((w for w in self.windows if w is not None), None)
 
     # ---- parameters ----------------------------------------------------------------------------
     def init_params(self, key):
@@ -59,6 +78,9 @@ class LLaMA(Module):
                            "o": w(k.child("o"), (h * hd, d)),
                            "post_norm": np.ones(d, np.float32), "gate": w(k.child("g"), (d, f)),
                            "up": w(k.child("u"), (d, f)), "down": w(k.child("d"), (f, d))})
+        for layer in layers:
+            for n in self.biased:
+                layer[n + "_bias"] = np.zeros(layer[n].shape[1], np.float32)
         p = {"embed": w(key.child("embed"), (c["vocab_size"], d)), "layers": layers,
              "norm": np.ones(d, np.float32)}
         if not c["tie_word_embeddings"]:
@@ -81,12 +103,15 @@ class LLaMA(Module):
         ks, vs = [], []
         for i, p in enumerate(params["layers"]):
             a = op.rmsnorm(x, p["input_norm"], eps)
-            q = rope(self._heads(linear(a, p["q"]), h), c["rope_theta"], tables=tables)
-            k = rope(self._heads(linear(a, p["k"]), kv), c["rope_theta"], tables=tables)
-            v = self._heads(linear(a, p["v"]), kv)
+            q = rope(self._heads(linear(a, p["q"], p.get("q_bias")), h), c["rope_theta"],
+                     tables=tables)
+            k = rope(self._heads(linear(a, p["k"], p.get("k_bias")), kv), c["rope_theta"],
+                     tables=tables)
+            v = self._heads(linear(a, p["v"], p.get("v_bias")), kv)
             o = attend(q, k, v, i)
             b, _, s, hd = _shape(o)
-            x = x + linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"])
+            x = x + linear(op.reshape(op.transpose(o, [0, 2, 1, 3]), [b, s, h * hd]), p["o"],
+                           p.get("o_bias"))
             a = op.rmsnorm(x, p["post_norm"], eps)
             x = x + linear(op.silu(linear(a, p["gate"])) * linear(a, p["up"]), p["down"])
             ks.append(k)
@@ -98,9 +123,14 @@ class LLaMA(Module):
         return linear(x, head)
 
     def _causal(self, bias=None):
-        """Causal attention over the input itself."""
+        """Causal attention over the input itself (within each layer's window)."""
         def attend(q, k, v, layer):
-            return grouped_query_attention(q, k, v, mask=bias, causal=True)
+            window, mask = self.windows[layer], bias
+            if window is not None:
+                s = _shape(q)[-2]
+                band = sliding_window_mask(s, s, window)
+                mask = band if mask is None else mask + band
+            return grouped_query_attention(q, k, v, mask=mask, causal=True)
         return attend
 
     def __call__(self, params, ids, mask=None):
@@ -133,13 +163,16 @@ class LLaMA(Module):
                                axis=1)
         return op.reshape(self._head(params, x), [b, -1]), ks, vs
 
-    def decode(self, params, ids, cos, ssin, table, mask, k_pools, v_pools):
+    def decode(self, params, ids, cos, ssin, table, mask, window_mask, k_pools, v_pools):
         """One token per row: ids [B, 1] at each row's own position (cos, ssin from
         ``rope_tables``), attending to its cached keys through the block table [B, W] and
-        ``mask`` (``PagedKVCache.table`` / ``.mask``); k_pools, v_pools the cache's layers.
-        Returns (logits [B, V], every layer's new keys and values [B, KV, 1, hd])."""
+        ``mask`` (``PagedKVCache.table`` / ``.mask``), or ``window_mask`` (``.mask(...,
+        window=self.window)``) in the layers with a sliding window; k_pools, v_pools the
+        cache's layers. Returns (logits [B, V], every layer's new keys and values
+        [B, KV, 1, hd])."""
         def attend(q, k, v, layer):
-            return paged_attention(q, k, v, k_pools[layer], v_pools[layer], table, mask)
+            m = mask if self.windows[layer] is None else window_mask
+            return paged_attention(q, k, v, k_pools[layer], v_pools[layer], table, m)
         x, ks, vs = self._layers(params, ids, attend, tables=(cos, ssin))
         return op.reshape(self._head(params, x), [_shape(ids)[0], -1]), ks, vs
 
@@ -156,17 +189,20 @@ class LLaMA(Module):
 
     @classmethod
     def from_pretrained(cls, directory):
-        """(model, params) from a transformers LlamaForCausalLM checkpoint directory: its
-        config.json and model.safetensors (or sharded model-*.safetensors with their index)."""
-        config = _read_config(directory, "llama")
+        """(model, params) from a transformers checkpoint directory of this architecture
+        (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): its config.json and
+        model.safetensors (or sharded model-*.safetensors with their index)."""
+        config = _read_config(directory, cls.model_type)
         rope_params = config.get("rope_parameters") or config.get("rope_scaling") or {}
         kind = rope_params.get("rope_type", rope_params.get("type", "default"))
         if kind != "default":
             raise TesseraError(f"{directory}: RoPE of type {kind!r} (a scaled RoPE) is not read "
-                               "yet; LLaMA reads the default rotation")
+                               f"yet; {cls.__name__} reads the default rotation")
+        if config.get("mlp_bias"):
+            raise TesseraError(f"{directory}: an MLP with biases (mlp_bias) is not read yet")
         if "rope_theta" in rope_params:        # (transformers 5 keeps it there)
             config = {**config, "rope_theta": rope_params["rope_theta"]}
-        model = cls(**{k: v for k, v in config.items() if k in _CONFIG})
+        model = cls(**{k: v for k, v in config.items() if k in cls.settings})
         w = _read_safetensors(directory)
         c = model.config
 
@@ -179,6 +215,7 @@ class LLaMA(Module):
         for i in range(c["num_hidden_layers"]):
             pre = f"model.layers.{i}."
             layer = {k: get(pre + n + ".weight", True) for k, n in cls._NAMES.items()}
+            layer.update({k + "_bias": get(pre + cls._NAMES[k] + ".bias") for k in model.biased})
             layer["input_norm"] = get(pre + "input_layernorm.weight")
             layer["post_norm"] = get(pre + "post_attention_layernorm.weight")
             layers.append(layer)
@@ -189,8 +226,9 @@ class LLaMA(Module):
         return model, params
 
     def save_pretrained(self, params, directory):
-        """Write config.json and model.safetensors that transformers' LlamaForCausalLM loads
-        (the directory is made; its files are written whole, then renamed into place)."""
+        """Write config.json and model.safetensors that transformers loads as this
+        architecture (the directory is made; its files are written whole, then renamed into
+        place)."""
         from safetensors.numpy import save_file
         os.makedirs(directory, exist_ok=True)
         tensors = {"model.embed_tokens.weight": params["embed"],
@@ -199,20 +237,62 @@ class LLaMA(Module):
             pre = f"model.layers.{i}."
             for k, n in self._NAMES.items():
                 tensors[pre + n + ".weight"] = np.asarray(layer[k]).T
+            for k in self.biased:
+                tensors[pre + self._NAMES[k] + ".bias"] = layer[k + "_bias"]
             tensors[pre + "input_layernorm.weight"] = layer["input_norm"]
             tensors[pre + "post_attention_layernorm.weight"] = layer["post_norm"]
         if "lm_head" in params:
             tensors["lm_head.weight"] = np.asarray(params["lm_head"]).T
         tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-        config = {**{k: v for k, v in self.config.items()}, "model_type": "llama",
-                  "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
-                  "torch_dtype": "float32", "attention_bias": False, "mlp_bias": False,
+        config = {**{k: v for k, v in self.config.items()}, "model_type": self.model_type,
+                  "architectures": [self.architecture], "hidden_act": "silu",
+                  "torch_dtype": "float32", "mlp_bias": False,
                   "rope_parameters": {"rope_type": "default",
                                       "rope_theta": self.config["rope_theta"]}}
         _write_whole(os.path.join(directory, "model.safetensors"),
                      lambda path: save_file(tensors, path, metadata={"format": "pt"}))
         _write_whole(os.path.join(directory, "config.json"),
                      lambda path: open(path, "w").write(json.dumps(config, indent=2)))
+
+
+class Mistral(LLaMA):
+    """Mistral (Jiang et al.): LLaMA whose every attention layer sees only the
+    ``sliding_window`` most recent positions (its own included), as transformers'
+    MistralForCausalLM; ``sliding_window=None`` is LLaMA's whole prefix."""
+    model_type, architecture = "mistral", "MistralForCausalLM"
+    settings = {**{k: v for k, v in _CONFIG.items() if k != "attention_bias"},
+                "sliding_window": 4096, "max_position_embeddings": 4096 * 32}
+
+    @property
+    def biased(self) -> tuple:
+        return ()
+
+    @property
+    def windows(self) -> list:
+        return [self.config["sliding_window"]] * self.config["num_hidden_layers"]
+
+
+class Qwen2(LLaMA):
+    """Qwen2: LLaMA with biases on the query, key and value projections, and a sliding window
+    on the layers its config names (``layer_types``; by default, when ``use_sliding_window``,
+    the layers from ``max_window_layers`` on, transformers' Qwen2Config rule)."""
+    model_type, architecture = "qwen2", "Qwen2ForCausalLM"
+    settings = {**{k: v for k, v in _CONFIG.items() if k != "attention_bias"},
+                "max_position_embeddings": 32768, "use_sliding_window": False,
+                "sliding_window": 4096, "max_window_layers": 28, "layer_types": None}
+
+    @property
+    def biased(self) -> tuple:
+        return ("q", "k", "v")
+
+    @property
+    def windows(self) -> list:
+        c = self.config
+        window = c["sliding_window"] if c["use_sliding_window"] else None
+        kinds = c["layer_types"] or [
+            "sliding_attention" if window is not None and i >= c["max_window_layers"]
+            else "full_attention" for i in range(c["num_hidden_layers"])]
+        return [c["sliding_window"] if k == "sliding_attention" else None for k in kinds]
 
 
 def _read_config(directory, model_type):

@@ -142,18 +142,25 @@ class PagedKVCache:
                 out[i, :len(held)] = held
         return out
 
-    def mask(self, seqs, width: int, new: int = 1) -> np.ndarray:
+    def mask(self, seqs, width: int, new: int = 1, window: int | None = None) -> np.ndarray:
         """[len(seqs), 1, new, width * block_size + new] additive float32: a sequence's filled
         slots visible, the rest -inf, then its ``new`` positions causal among themselves (a
-        free row sees only the new positions, so its softmax has a key)."""
+        free row sees only the new positions, so its softmax has a key). ``window``: each new
+        position sees only the ``window`` most recent positions, its own included (Mistral's
+        sliding window)."""
         n = int(width) * self.block_size
         m = np.full((len(seqs), 1, new, n + new), -np.inf, np.float32)
-        m[..., n:] = np.triu(np.full((new, new), -np.inf, np.float32), 1)
+        t, u = np.arange(new)[:, None], np.arange(new)[None, :]
+        own = u <= t if window is None else (u <= t) & (t - u < window)
+        m[..., n:] = np.where(own, 0.0, -np.inf)
         for i, s in enumerate(seqs):
             if s is not None:
                 held = self._held(s)
                 if held > n:
                     raise ArgumentError(f"PagedKVCache.mask: {s!r} holds {held} positions, "
                                         f"more than {width} blocks show")
-                m[i, :, :, :held] = 0
+                j = np.arange(held)[None, :]
+                seen = np.ones((new, held), bool) if window is None else \
+                    (held + t) - j < window
+                m[i, 0, :, :held] = np.where(seen, 0.0, -np.inf)
         return m

@@ -46,6 +46,36 @@ def test_greedy_decoding_gives_transformers_tokens(llama, rng):
         np.testing.assert_array_equal(g, _theirs(theirs, p, 14, eos_token_id=None))
 
 
+_COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               rope_theta=500.0, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0,
+               pad_token_id=0)
+RELATIVES = {   # windows far shorter than the sequences, so decoding slides past them
+    "Mistral": lambda: transformers.MistralConfig(sliding_window=5, **_COMMON),
+    "Qwen2": lambda: transformers.Qwen2Config(use_sliding_window=True, sliding_window=4,
+                                              max_window_layers=1, **_COMMON),
+    "LLaMA": lambda: transformers.LlamaConfig(attention_bias=True, **_COMMON)}
+
+
+@pytest.mark.parametrize("name", sorted(RELATIVES))
+def test_greedy_decoding_of_llamas_relatives(name, tmp_path, rng):
+    """Mistral (every layer in a sliding window of 5), Qwen2 (biased q/k/v, its second layer
+    in a window of 4) and LLaMA with attention biases: transformers' greedy tokens, prompt and
+    new tokens reaching three to four windows back."""
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    theirs = transformers.AutoModelForCausalLM.from_config(RELATIVES[name]()).eval()
+    with torch.no_grad():
+        for n, p in theirs.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.3)
+    theirs.save_pretrained(tmp_path)
+    model, params = getattr(models, name).from_pretrained(tmp_path)
+    prompts = [rng.integers(1, 97, n) for n in (3, 11, 6)]
+    got = model.generate(params, prompts, max_new_tokens=12, batch_size=2, block_size=4)
+    for p, g in zip(prompts, got):
+        np.testing.assert_array_equal(g, _theirs(theirs, p, 12, eos_token_id=None))
+
+
 def test_a_stop_token_ends_its_sequence_and_frees_its_slot(llama, rng):
     """The stop token is the one transformers' greedy run produces third: both stop there."""
     theirs, model, params = llama
@@ -171,6 +201,8 @@ def test_the_paged_cache_keeps_its_accounts(rng):
     k = rng.standard_normal((2, 1, 2, 4)).astype(np.float32)
     cache.write("c", k, k)
     np.testing.assert_array_equal(cache.k[:, 0, :, :2], k)
+    w = cache.mask(["c"], width=1, new=2, window=2)     # held 0, 1; new at 2 and 3
+    assert (w[0, 0] == [[-np.inf, 0, -np.inf, 0, -np.inf], [-np.inf, -np.inf, -np.inf, 0, 0]]).all()
     m = cache.mask(["c", None], width=2, new=1)
     assert m.shape == (2, 1, 1, 7)
     assert (m[0, 0, 0] == [0, 0, -np.inf, -np.inf, -np.inf, -np.inf, 0]).all()

@@ -67,6 +67,48 @@ def test_llama_writes_checkpoints_transformers_loads(tmp_path, rng):
     np.testing.assert_array_equal(params2["layers"][1]["q"], params["layers"][1]["q"])
 
 
+@pytest.mark.parametrize("name", ["Mistral", "Qwen2"])
+def test_llamas_relatives_read_and_write_transformers_checkpoints(name, tmp_path, rng):
+    """Mistral's sliding window (3 positions, shorter than the 9 tokens) and Qwen2's biased
+    projections with a window on its second layer, a left-padded batch: transformers' logits;
+    the directory written back loads as the same architecture with the same logits."""
+    common = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rope_theta=500.0, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0,
+                  pad_token_id=0)
+    config = transformers.MistralConfig(sliding_window=3, **common) if name == "Mistral" else \
+        transformers.Qwen2Config(use_sliding_window=True, sliding_window=3, max_window_layers=1,
+                                 **common)
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    theirs = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for n, p in theirs.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.3)
+    theirs.save_pretrained(tmp_path / "theirs")
+    model, params = getattr(models, name).from_pretrained(tmp_path / "theirs")
+    ids, mask = _batch(rng, True)
+    with torch.no_grad():
+        want = theirs(input_ids=torch.from_numpy(ids),
+                      attention_mask=torch.from_numpy(mask)).logits.numpy()
+    got = ts.function(model)(params, ids, mask)
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(got[keep], want[keep], atol=2e-5, rtol=1e-5)
+    model.save_pretrained(params, tmp_path / "ours")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(back).__name__ == type(theirs).__name__
+    with torch.no_grad():
+        again = back(input_ids=torch.from_numpy(ids),
+                     attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_array_equal(again, want)
+    llama = models.LLaMA(vocab_size=101, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=1, num_attention_heads=4)
+    llama.save_pretrained(llama.init(0), tmp_path / "llama")
+    with pytest.raises(ts.TesseraError, match=f"describes a 'llama' model, not "
+                                              f"'{model.model_type}'"):
+        getattr(models, name).from_pretrained(tmp_path / "llama")
+
+
 def test_a_directory_that_is_no_llama_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ts.TesseraError, match="no readable config.json"):
         models.LLaMA.from_pretrained(tmp_path)
