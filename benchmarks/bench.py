@@ -548,6 +548,161 @@ CASES += [
 PENDING: dict = {}
 
 
+# ---- a ResNet-18 training step (issue 40): torchvision's architecture (7x7 stem, max pool, four
+# stages of two basic blocks, 1000 classes), batch norm in training mode (the batch's statistics),
+# cross-entropy, the backward pass and SGD with momentum, written once over either library's
+# primitives
+RESNET_STAGES, RESNET_LR, RESNET_MOMENTUM = (64, 128, 256, 512), 0.01, 0.9
+
+
+def resnet18_spec() -> list:
+    """(name, shape) of each parameter, in the step's argument order."""
+    spec = [("stem", (64, 3, 7, 7)), ("stem_bn_w", (64,)), ("stem_bn_b", (64,))]
+    cin = 64
+    for stage, c in enumerate(RESNET_STAGES):
+        for blk in range(2):
+            pre = f"s{stage}b{blk}_"
+            spec += [(pre + "c1", (c, cin, 3, 3)), (pre + "bn1_w", (c,)), (pre + "bn1_b", (c,)),
+                     (pre + "c2", (c, c, 3, 3)), (pre + "bn2_w", (c,)), (pre + "bn2_b", (c,))]
+            if cin != c:
+                spec += [(pre + "down", (c, cin, 1, 1)), (pre + "dbn_w", (c,)),
+                         (pre + "dbn_b", (c,))]
+            cin = c
+    return spec + [("fc_w", (512, 1000)), ("fc_b", (1000,))]
+
+
+def resnet18_inputs(rng, quick):
+    """Kaiming-uniform weights, batch norm at 1 and 0, momentum buffers of a few earlier
+    steps' size; 64x64 images, batch 32 (--quick: 8)."""
+    params, moms = [], []
+    for name, shape in resnet18_spec():
+        if name.endswith("_w") and len(shape) == 1:
+            a = np.ones(shape, np.float32)
+        elif len(shape) == 1:
+            a = np.zeros(shape, np.float32)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
+            a = rng.uniform(-1, 1, shape).astype(np.float32) * np.float32(np.sqrt(3 / fan_in))
+        params.append(a)
+        moms.append((f32(rng, *shape) * 1e-3).astype(np.float32))
+    batch = 8 if quick else 32
+    return params + moms + [f32(rng, batch, 3, 64, 64),
+                            rng.integers(0, 1000, batch).astype(np.int64)]
+
+
+def resnet18_loss(P, ps, x, y):
+    """The mean cross-entropy of the logits; P: conv, bn, relu, max_pool, mean_hw, ce."""
+    it = iter(ps)
+    h = P.relu(P.bn(P.conv(x, next(it), 2, 3), next(it), next(it)))
+    h = P.max_pool(h)
+    cin = 64
+    for stage, c in enumerate(RESNET_STAGES):
+        for blk in range(2):
+            stride = 2 if stage and blk == 0 else 1
+            out = P.relu(P.bn(P.conv(h, next(it), stride, 1), next(it), next(it)))
+            out = P.bn(P.conv(out, next(it), 1, 1), next(it), next(it))
+            short = h if cin == c else P.bn(P.conv(h, next(it), stride, 0), next(it), next(it))
+            h, cin = P.relu(out + short), c
+    logits = P.mean_hw(h) @ next(it) + next(it)
+    return P.ce(logits, y)
+
+
+def _sgd_momentum(ps, moms, grads):
+    new_m = [RESNET_MOMENTUM * m + g for m, g in zip(moms, grads)]
+    return [p - RESNET_LR * m for p, m in zip(ps, new_m)], new_m
+
+
+class _TesseraPrims:
+    conv = staticmethod(lambda x, w, s, p: op.conv(x, w, stride=s, padding=p))
+    bn = staticmethod(lambda x, w, b: op.batch_norm(x, weight=w, bias=b, training=True))
+    relu = staticmethod(op.relu)
+    max_pool = staticmethod(lambda x: op.max_pool(x, 3, 2, 1))
+    mean_hw = staticmethod(lambda x: op.mean(x, axis=(2, 3)))
+    ce = staticmethod(lambda z, y: nn.cross_entropy(z, y))
+
+
+def resnet18_tessera(*arrays):
+    n = len(resnet18_spec())
+
+    def step(a):
+        ps, moms, x, y = list(a[:n]), list(a[n:2 * n]), a[-2], a[-1]
+        loss, grads = ts.value_and_grad(lambda ps: resnet18_loss(_TesseraPrims, ps, x, y))(ps)
+        new_p, new_m = _sgd_momentum(ps, moms, grads)
+        return (loss, *new_p, *new_m)
+    names = ", ".join(f"a{i}" for i in range(len(arrays)))     # (a function takes no *args)
+    return ts.function(eval(f"lambda {names}: step([{names}])", {"step": step}),
+                       name="resnet18_step")
+
+
+def _torch_prims(t):
+    F = t.nn.functional
+
+    class P:
+        conv = staticmethod(lambda x, w, s, p: F.conv2d(x, w, stride=s, padding=p))
+        bn = staticmethod(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True))
+        relu = staticmethod(t.relu)
+        max_pool = staticmethod(lambda x: F.max_pool2d(x, 3, 2, 1))
+        mean_hw = staticmethod(lambda x: x.mean(dim=(2, 3)))
+        ce = staticmethod(lambda z, y: F.cross_entropy(z, y))
+    return P
+
+
+def resnet18_torch(t, *arrays):
+    n = len(resnet18_spec())
+    ps = [a.detach().requires_grad_() for a in arrays[:n]]
+    moms, x, y = arrays[n:2 * n], arrays[-2], arrays[-1]
+    with t.enable_grad():
+        loss = resnet18_loss(_torch_prims(t), ps, x, y)
+        grads = t.autograd.grad(loss, ps)
+    new_p, new_m = _sgd_momentum([p.detach() for p in ps], moms, grads)
+    return [loss.detach(), *new_p, *new_m]
+
+
+def resnet18_reference(*arrays):
+    import torch
+    return [a.numpy() for a in resnet18_torch(torch, *[torch.from_numpy(a) for a in arrays])]
+
+
+def resnet18_checked(outs):
+    """The loss and the updated parameters, compared with the float64 reference. Not the
+    momentum buffers: a ReLU whose input rounds to zero one way and to a few ulps above it the
+    other passes a gradient element in one and not the other (one such element, in tessera's
+    float32 on the quick run's inputs, moves a weight gradient by 8% of its largest entry;
+    any float32 order can meet one); the learning rate scales that into the parameters."""
+    n = len(resnet18_spec())
+    return np.concatenate([np.ravel(np.asarray(o, np.float64)) for o in outs[:n + 1]])
+
+
+def resnet18_flops(*arrays):
+    """Forward: 2 x multiply-adds of every convolution and the classifier; training three
+    times that (the data and weight gradients)."""
+    x = arrays[-2]
+    hw, total = x.shape[2] // 2, 0
+    total += 64 * 3 * 49 * hw * hw
+    hw //= 2                                             # (the max pool)
+    cin = 64
+    for stage, c in enumerate(RESNET_STAGES):
+        for blk in range(2):
+            if stage and blk == 0:
+                hw //= 2
+            total += c * cin * 9 * hw * hw + c * c * 9 * hw * hw
+            if cin != c:
+                total += c * cin * hw * hw
+            cin = c
+    return 3 * 2 * x.shape[0] * (total + 512 * 1000)
+
+
+CASES += [
+    Case("resnet18_train_step", "one ResNet-18 training step (torchvision's layers, batch norm "
+         "on the batch's statistics, cross-entropy, backward, SGD with momentum), 64x64 "
+         "images, batch 32 (--quick: 8)",
+         "≥1.2× PyTorch eager and ≥1.0× torch.compile",
+         resnet18_inputs, None, resnet18_tessera, torch=resnet18_torch,
+         reference=resnet18_reference, flops=resnet18_flops, atol=2e-4, min_speedup=None,
+         min_vs_torch=1.2, pack=resnet18_checked),
+]
+
+
 # ---- peers ----------------------------------------------------------------------------------------
 def load_peers() -> dict:
     """name -> module, or name -> reason it is missing."""

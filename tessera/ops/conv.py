@@ -363,9 +363,15 @@ def _weight_grad(b, x, g, a, kernel):
     go = b.type(g)
     N, O, spatial = go.shape[0], go.shape[1], list(go.shape[2:])
     G = a["groups"]
+    P = prod(spatial)
     cols = _grouped_windows(b, x, kernel, a, spatial)  # [N, G, Cg K, P]
-    gm = b.op("reshape", g, shape=[N, G, O // G, prod(spatial)])
-    dw = b.op("sum", b.op("matmul", gm, b.op("transpose", cols)), axis=[0], keepdim=False)
+    # one product per group contracting images and positions together ([G, O/G, N P] times
+    # [G, N P, Cg K]), not one per image summed after: no [N, O, Cg K] in memory
+    gm = b.op("reshape", b.op("transpose", b.op("reshape", g, shape=[N, G, O // G, P]),
+                              perm=[1, 2, 0, 3]), shape=[G, O // G, N * P])
+    cm = b.op("reshape", b.op("transpose", cols, perm=[1, 0, 3, 2]),
+              shape=[G, N * P, b.type(cols).shape[2]])
+    dw = b.op("matmul", gm, cm)
     C = b.type(x).shape[1]
     return b.op("reshape", dw, shape=[O, C // G, *kernel])
 
