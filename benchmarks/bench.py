@@ -978,6 +978,9 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
                           for ok, text in parts]
 
 
+MAX_KERNELS = 64                      # kernels a row keeps in the JSON
+
+
 def profile(case: Case, arrays: Arrays):
     """tessera's per-kernel breakdown, where tessera has a profiler."""
     if not hasattr(ts, "profiler"):
@@ -997,7 +1000,14 @@ def profile(case: Case, arrays: Arrays):
             return {"summary": str(prof.summary(print_it=False))}
         keep = ("kernel", "strategy", "fuses", "calls", "median_ms", "gflops", "gbs",
                 "peak_pct", "bandwidth_pct")
-        return [{k: r[k] for k in keep if k in r} for r in rows]
+        rows = [{k: r[k] for k in keep if k in r} for r in rows]
+        if len(rows) > MAX_KERNELS:      # (a training step has a thousand: the slowest kept)
+            rows.sort(key=lambda r: -r.get("median_ms", 0))
+            rest = rows[MAX_KERNELS:]
+            rows = rows[:MAX_KERNELS] + [{
+                "kernel": f"({len(rest)} more)", "strategy": "", "calls": len(rest),
+                "median_ms": sum(r.get("median_ms", 0) for r in rest)}]
+        return rows
     except Exception as e:                                  # noqa: BLE001
         return {"error": _reason(e)}
 
