@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -56,7 +54,7 @@ def main(argv=None) -> int:
         print(f"bench_generate needs PyTorch and transformers ({e}); skipped")
         return 0
     from tessera import models
-    from tessera.runtime import isa
+    from benchmarks.bench import machine
     new = 32 if a.quick else 128
     torch.manual_seed(0)
     theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
@@ -114,10 +112,8 @@ def main(argv=None) -> int:
             row["compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
     rows.append(row)
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.machine()) \
-        if os.path.exists("/proc/cpuinfo") else platform.machine()
-    where = f"{cpu}, {isa.host_level()}, {os.cpu_count()} cores"
+    info = machine({"torch": torch, "jax": "not used here"})
+    where = f"{info['cpu']}, {info['isa_level']}, {info['cores']} cores"
     print(f"LLaMA-shaped model, {n_params / 1e6:.1f}M parameters, f32, {new} new tokens "
           f"({where}); tokens per second:")
     print(f"{'case':12} {'tessera':>9} {'eager':>9} {'compiled':>9} {'/eager':>7} "
@@ -130,7 +126,7 @@ def main(argv=None) -> int:
               f"{r.get('same_tokens', '')}{r.get('compiled_error', '')}")
     path = Path(a.json) if a.json else RESULTS / f"{time.strftime('%Y-%m-%d')}-generate.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": where, "parameters": n_params, "new_tokens": new,
+    path.write_text(json.dumps({"machine": info, "parameters": n_params, "new_tokens": new,
                                 "rows": rows}, indent=1) + "\n")
     print(f"written to {path}")
     return 0

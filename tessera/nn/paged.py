@@ -103,8 +103,8 @@ class PagedKVCache:
 
     def release(self, seq) -> None:
         """Forget ``seq``; its blocks go back to the pool."""
-        self._free += reversed(self.blocks.pop(seq))
-        self._free.sort(reverse=True)
+        self._free += self.blocks.pop(seq)
+        self._free.sort(reverse=True)                          # pop() keeps giving the lowest
         del self.length[seq]
 
     def _held(self, seq) -> int:
