@@ -38,7 +38,8 @@ test: setup
 CLANG ?= clang
 test-clang: setup
 	CC=$(CLANG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ops/test_elementwise.py \
-		tests/ops/test_reductions.py tests/targets/test_gemm.py tests/ops/test_attention.py \
+		tests/ops/test_reductions.py tests/ops/test_integers.py tests/targets/test_gemm.py \
+		tests/ops/test_attention.py \
 		tests/targets/test_isa.py
 
 # The random-program fuzzer (tests/fuzz/fuzzer.py) for FUZZ_SECONDS (default an hour): fresh

@@ -4,8 +4,9 @@ from .version import __version__  # noqa: F401
 from . import dtypes, errors, op  # noqa: E402
 from . import graph  # noqa: E402
 from .dtypes import (bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: E402
-                     float64, int32, int64)
-from .dtypes import bf16, f16, f32, f64, fp8, fp8_e4m3, fp8_e5m2, i32, i64  # noqa: E402  (seeds')
+                     float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64)
+from .dtypes import (bf16, f16, f32, f64, fp8, fp8_e4m3, fp8_e5m2, i8, i16, i32, i64,  # noqa: E402
+                     u8, u16, u32, u64)  # (the seeds' short names)
 from .numerics import NumericalPolicy, policy  # noqa: E402
 from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, CompileError,  # noqa: E402
                      CompilerNotFoundError, DeviceError, DifferentiationError, DTypeError,
@@ -60,9 +61,10 @@ __all__ = [
     "fori_loop", "while_loop", "scan", "cond", "Schedule", "Tensor", "TensorType", "dtypes",
     "grad", "value_and_grad", "vjp", "jvp", "laplacian", "check_grad", "pytree", "nn", "optim",
     "DifferentiationError", "GradientCheckError",
-    "float16", "bfloat16", "float32", "float64", "int32", "int64", "bool_",
+    "float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+    "uint16", "uint32", "uint64", "bool_",
     "float8_e4m3fn", "float8_e5m2", "f16", "bf16", "f32", "f64", "fp8", "fp8_e4m3", "fp8_e5m2",
-    "i32", "i64",
+    "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
     "NumericalPolicy", "policy", "to_mixed_precision", "from_dlpack", "to_torch", "from_torch",
     "from_jax", "migrate", "onnx", "prob", "mcmc", "probabilistic", "variational", "elbo", "load",
     "TesseraError", "ShapeError", "DTypeError", "UnsupportedDTypeError", "ArgumentError",

@@ -30,7 +30,7 @@ from .errors import DTypeError, UnsupportedDTypeError
 class DType:
     name: str          # public name, e.g. "float32"
     short: str         # IR spelling, e.g. "f32"
-    kind: str          # "f" float, "i" signed int, "b" bool, "c" complex
+    kind: str          # "f" float, "i" signed int, "u" unsigned int, "b" bool, "c" complex
     itemsize: int
     c_type: str        # storage type in C
     accum: str         # name of the dtype reductions accumulate in
@@ -54,7 +54,20 @@ class DType:
 
     @property
     def is_int(self) -> bool:
-        return self.kind == "i"
+        """A signed or unsigned integer dtype."""
+        return self.kind in "iu"
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self.kind == "u"
+
+    @property
+    def int_range(self) -> tuple[int, int]:
+        """An integer (or bool) dtype's least and greatest values."""
+        if self.is_bool:
+            return 0, 1
+        info = np.iinfo(self.np)
+        return int(info.min), int(info.max)
 
     @property
     def is_bool(self) -> bool:
@@ -97,8 +110,10 @@ class DType:
     def poison(self):
         """What an output or temporary is filled with before a run under TESSERA_POISON=1, so
         an element a kernel forgets to write shows: NaN, True, or an unlikely integer."""
-        return np.nan if self.is_float or self.is_complex else (
-            True if self.is_bool else -987654321)
+        if self.is_float or self.is_complex:
+            return np.nan
+        # (wrapped into a narrower integer)
+        return True if self.is_bool else np.array(-987654321).astype(self.np)[()]
 
     @property
     def compute(self) -> "DType":
@@ -120,8 +135,16 @@ float8_e4m3fn = DType("float8_e4m3fn", "f8e4m3", "f", 1, "uint8_t", "float32")
 float8_e5m2 = DType("float8_e5m2", "f8e5m2", "f", 1, "uint8_t", "float32")
 float32 = DType("float32", "f32", "f", 4, "float", "float32")
 float64 = DType("float64", "f64", "f", 8, "double", "float64")
+# integers: arithmetic wraps around (two's complement, as NumPy's); sums accumulate in the
+# 64-bit integer of the same signedness, as NumPy's sum does
+int8 = DType("int8", "i8", "i", 1, "int8_t", "int64")
+int16 = DType("int16", "i16", "i", 2, "int16_t", "int64")
 int32 = DType("int32", "i32", "i", 4, "int32_t", "int64")
 int64 = DType("int64", "i64", "i", 8, "int64_t", "int64")
+uint8 = DType("uint8", "u8", "u", 1, "uint8_t", "uint64")
+uint16 = DType("uint16", "u16", "u", 2, "uint16_t", "uint64")
+uint32 = DType("uint32", "u32", "u", 4, "uint32_t", "uint64")
+uint64 = DType("uint64", "u64", "u", 8, "uint64_t", "uint64")
 bool_ = DType("bool", "bool", "b", 1, "bool", "int64")
 # accum: the parts' dtype (a complex never reaches a kernel: see is_complex)
 complex64 = DType("complex64", "c64", "c", 8, "", "float32")
@@ -129,13 +152,14 @@ complex128 = DType("complex128", "c128", "c", 16, "", "float64")
 
 # the seeds' short names (fp8: the e4m3fn format, the usual one for weights and activations)
 f16, bf16, f32, f64 = float16, bfloat16, float32, float64
-i32, i64 = int32, int64
+i8, i16, i32, i64 = int8, int16, int32, int64
+u8, u16, u32, u64 = uint8, uint16, uint32, uint64
 fp8 = fp8_e4m3 = float8_e4m3fn
 fp8_e5m2 = float8_e5m2
 
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-ALL = (float16, bfloat16, float8_e4m3fn, float8_e5m2, float32, float64, int32, int64, bool_,
-       complex64, complex128)
+ALL = (float16, bfloat16, float8_e4m3fn, float8_e5m2, float32, float64, int8, int16, int32, int64,
+       uint8, uint16, uint32, uint64, bool_, complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL} | {d.short: d for d in ALL} | {"bool_": bool_}
 
 
@@ -169,9 +193,7 @@ def _from_numpy(npd: np.dtype) -> DType:
     d = _BY_NAME.get(npd.name)
     if d is None or not d.supported:
         hint = None
-        if npd.kind == "u":
-            hint = "cast to int32 or int64 first"
-        elif d is not None:
+        if d is not None:
             hint = f"{d.name} storage is reserved for a later release; cast to float32"
         raise UnsupportedDTypeError(f"dtype {npd.name} is not supported",
                                     expected=_supported_names(), received=npd.name, hint=hint)
@@ -253,6 +275,15 @@ def default_float_for(d: DType) -> DType:
     """The float dtype an integer or bool input becomes in a float-valued op (NumPy: float64);
     a float or complex dtype stays."""
     return d if d.is_float or d.is_complex else float64
+
+
+def ufunc_float_for(d: DType) -> DType:
+    """The float dtype a float-valued elementwise operator (sqrt, exp, ...) gives an input of
+    dtype d: NumPy's loop choice, the narrowest float that holds every value of an integer (int8
+    and uint8: float16; int16 and uint16: float32; wider: float64); bool float64."""
+    if d.is_int and d.itemsize <= 2:
+        return float16 if d.itemsize == 1 else float32
+    return default_float_for(d)
 
 
 def accum_dtype(d: DType) -> DType:

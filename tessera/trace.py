@@ -15,7 +15,7 @@ import numpy as np
 from . import dtypes as dt
 from . import numerics, ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
-from .ops.registry import is_scalar, operand_dtypes, run_reference
+from .ops.registry import is_scalar, operand_dtypes, ref_errstate, run_reference
 from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
                      TesseraError, TracingError, enrich, first_user_frame)
 from .shapes import Sym
@@ -228,6 +228,17 @@ class Traced:
     def __rpow__(self, o): return apply("pow", o, self)
     def __matmul__(self, o): return apply("matmul", self, o)
     def __rmatmul__(self, o): return apply("matmul", o, self)
+    def __and__(self, o): return apply("bitwise_and", self, o)
+    def __rand__(self, o): return apply("bitwise_and", o, self)
+    def __or__(self, o): return apply("bitwise_or", self, o)
+    def __ror__(self, o): return apply("bitwise_or", o, self)
+    def __xor__(self, o): return apply("bitwise_xor", self, o)
+    def __rxor__(self, o): return apply("bitwise_xor", o, self)
+    def __lshift__(self, o): return apply("left_shift", self, o)
+    def __rlshift__(self, o): return apply("left_shift", o, self)
+    def __rshift__(self, o): return apply("right_shift", self, o)
+    def __rrshift__(self, o): return apply("right_shift", o, self)
+    def __invert__(self): return apply("bitwise_not", self)
     def __neg__(self): return apply("neg", self)
     def __pos__(self): return self
     def __abs__(self): return apply("abs", self)
@@ -521,7 +532,8 @@ def _apply_eager(opdef, args, attrs):
             result = run_reference(opdef, arrays, full)
         except IndexError as e:
             raise RuntimeFault(str(e)) from None
-        return np.asarray(result, dtype=out_type.dtype.np)
+        with ref_errstate():            # (exp of int8 overflowing float16: inf is the answer)
+            return np.asarray(result, dtype=out_type.dtype.np)
     except TesseraError as e:
         raise enrich(e, location=user_location(), op=opdef.name)
 

@@ -36,6 +36,12 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 4, 1, 3), f32(r, 5, 1)], {}) for n in
        ["add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"]},
     "div": (lambda r: [f32(r, 4, 3), f32(r, 3, lo=0.5)], {}),
+    # bits: integers as they are (the dtype variants keep them), bool where NumPy takes it
+    **{n: (lambda r: [r.integers(-2**31, 2**31, size=(4, 3)), r.integers(-99, 99, size=3)], {})
+       for n in ["bitwise_and", "bitwise_or", "bitwise_xor"]},
+    "bitwise_not": (lambda r: [r.integers(-99, 99, size=(3, 5)) > 0], {}),
+    **{n: (lambda r: [r.integers(-2**40, 2**40, size=(4, 3)), r.integers(-2, 70, size=3)], {})
+       for n in ["left_shift", "right_shift"]},
     **{n: (lambda r: [f32(r, 3, 5) * 4], {}) for n in ["floor", "ceil", "round", "sign"]},
     **{n: (lambda r: [f32(r, 4, 3) * 5, f32(r, 3, lo=0.5) * np.array([1, -1, 1])], {})
        for n in ["mod", "floor_divide"]},
@@ -46,6 +52,7 @@ EXAMPLES = {
     "cast": (lambda r: [f32(r, 4, 3) * 10], {"dtype": "int32"}),
     **{n: (lambda r: [f32(r, 3, 4, 5)], {"axis": [0, 2], "keepdim": True}) for n in
        ["sum", "max", "min", "mean", "var"]},
+    "prod": (lambda r: [f32(r, 3, 4, 5, lo=0.5, hi=1.5)], {"axis": [0, 2], "keepdim": False}),
     "cumsum": (lambda r: [f32(r, 3, 4, 5)], {"axis": 1}),
     # complex: their parts (the other operators' complex forms: tests/ops/test_complex.py)
     **{n: (lambda r: [(f32(r, 3, 4) + 1j * f32(r, 3, 4)).astype(np.complex64)], {}) for n in
@@ -128,15 +135,18 @@ def lower(fn, arrays, target) -> TileProgram:
 
 # ---- the cases: every registered operator in every dtype it takes, and each strategy ------------
 def _variants(arrays):
-    """The example's arrays as f32, f64, f16, bf16, the two fp8 formats, i32, i64 and bool
-    (float arrays converted)."""
+    """The example's arrays as f32, f64, f16, bf16, the two fp8 formats, i8, i32, i64, u8, u64
+    and bool (float arrays converted; into the integers through int64, so a negative value
+    wraps into the unsigned ones)."""
     def conv(to):
-        return [np.asarray(a).astype(to) if np.asarray(a).dtype.kind == "f" else a
+        return [np.asarray(a).astype(np.int64).astype(to) if np.asarray(a).dtype.kind == "f" and
+                np.dtype(to).kind in "iu" else
+                np.asarray(a).astype(to) if np.asarray(a).dtype.kind == "f" else a
                 for a in arrays]
     return {"f32": conv(np.float32), "f64": conv(np.float64), "f16": conv(np.float16),
             "bf16": conv(dt.bfloat16.np), "f8e4m3": conv(dt.float8_e4m3fn.np),
-            "f8e5m2": conv(dt.float8_e5m2.np), "i32": conv(np.int32),
-            "i64": conv(np.int64), "bool": [np.asarray(a) > 0 if np.asarray(a).dtype.kind == "f"
+            "f8e5m2": conv(dt.float8_e5m2.np), "i8": conv(np.int8), "i32": conv(np.int32),
+            "i64": conv(np.int64), "u8": conv(np.uint8), "u64": conv(np.uint64), "bool": [np.asarray(a) > 0 if np.asarray(a).dtype.kind == "f"
                                             else a for a in arrays]}
 
 

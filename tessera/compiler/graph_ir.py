@@ -23,6 +23,11 @@ from .dynamic import is_dynamic, size_constant
 _ids = itertools.count()
 
 
+def _quietly_as(r, dtype):
+    with np.errstate(over="ignore", invalid="ignore"):   # an IEEE inf is an answer here
+        return np.asarray(r, dtype=dtype)
+
+
 @dataclass(frozen=True)
 class SourceLocation:
     filename: str
@@ -301,7 +306,7 @@ class Graph:
         node)`: what is kept of a node's result and of a constant (default: the result in the
         node's dtype, the constant as it is)."""
         as_is = keep is None
-        keep = keep or (lambda r, n: np.asarray(r, dtype=n.out.type.dtype.np))
+        keep = keep or (lambda r, n: _quietly_as(r, n.out.type.dtype.np))
         env = {p.id: np.asarray(a) for p, a in zip(self.params, arrays)}
         live = {v.id for v in self.outputs}
         for n in reversed(self.nodes):

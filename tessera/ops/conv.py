@@ -96,11 +96,13 @@ def _out_size(size, before, after, k, stride, dilation, ceil=False) -> int:
     return out
 
 
-def _float_operands(ds, what):
+def _float_operands(ds, what, ints=False):
+    """Float operands (fp8 computed in float32), or integers where `ints` (a convolution of
+    integers, ONNX's ConvInteger: exact, wrapping as an integer matmul does)."""
     d = dt.result_type(*ds)
-    if not d.is_float:
-        raise DTypeError(f"{what} takes float tensors", received=d.short,
-                         hint="cast to float32 first")
+    if not (d.is_float or ints and d.is_int):
+        raise DTypeError(f"{what} takes {'float or integer' if ints else 'float'} tensors",
+                         received=d.short, hint="cast to float32 first")
     d = dt.float32 if d.is_fp8 else d
     return [d] * len(ds), d
 
@@ -286,7 +288,7 @@ def _conv_normalize(ts, a):
 
 def _conv_infer(ts, a):
     x, w = ts
-    _float_operands([x.dtype, w.dtype], "conv")
+    _float_operands([x.dtype, w.dtype], "conv", ints=True)
     _spatial(w, "conv's weight")
     n, g = x.rank - 2, a["groups"]
     C, O = x.shape[1], w.shape[0]
@@ -306,7 +308,7 @@ def _conv_infer(ts, a):
                              f"than the padded input along spatial axis {k} "
                              f"({x.shape[2 + k]} + {lo + hi})", received=f"{x} and weight {w}")
         spatial.append(size)
-    d = _float_operands([x.dtype, w.dtype], "conv")[1]
+    d = _float_operands([x.dtype, w.dtype], "conv", ints=True)[1]
     return TensorType(d, (x.shape[0], O, *spatial))
 
 
@@ -391,14 +393,15 @@ def _conv_vjp(b, xs, y, g, a):
 
 
 def _conv_ref(xs, a):
-    x, w = (v.astype(np.float64) for v in xs)
+    wide = np.int64 if np.result_type(*xs).kind in "iu" else np.float64     # (exact)
+    x, w = (v.astype(wide) for v in xs)
     N, C = x.shape[:2]
     O, Cg, kernel = w.shape[0], w.shape[1], w.shape[2:]
     G = a["groups"]
     xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in a["padding"]])
     spatial = [_out_size(x.shape[2 + k], *a["padding"][k], kernel[k], a["stride"][k],
                          a["dilation"][k]) for k in range(len(kernel))]
-    out = np.zeros((N, G, O // G, *spatial))
+    out = np.zeros((N, G, O // G, *spatial), wide)
     xg = xp.reshape(N, G, Cg, *xp.shape[2:])
     wg = w.reshape(G, O // G, Cg, *kernel)
     for offset in itertools.product(*[range(k) for k in kernel]):
@@ -411,10 +414,10 @@ def _conv_ref(xs, a):
 
 register(OpDef("conv", 2, {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
                normalize=_conv_normalize, infer=_conv_infer, reference=_conv_ref,
-               dtype_rule=lambda ds, a: _float_operands(ds, "conv"),
+               dtype_rule=lambda ds, a: _float_operands(ds, "conv", ints=True),
                decompose=_conv_decompose, vjp=_conv_vjp, accumulates=True, lowering=Conv(),
-               doc="cross-correlation of x [N, C, *spatial] with w [O, C/groups, *kernel] "
-                   "(PyTorch's conv1d/2d/3d): stride, padding (ints, pairs, 'same', 'valid'), "
+               doc="cross-correlation of x [N, C, *spatial] with w [O, C/groups, *kernel], "
+                   "float or integer (PyTorch's conv1d/2d/3d): stride, padding (ints, pairs, 'same', 'valid'), "
                    "dilation, groups"))
 
 
@@ -551,11 +554,12 @@ def _pool_spatial(t, a, what="pool"):
     return spatial
 
 
-def _pool_infer(what):
+def _pool_infer(what, ints=False):
     def infer(ts, a):
         t = ts[0]
-        if not t.dtype.is_float:
-            raise DTypeError(f"{what} takes a float tensor", received=t.dtype.short)
+        if not (t.dtype.is_float or ints and t.dtype.is_int):
+            raise DTypeError(f"{what} takes a {'float or integer' if ints else 'float'} tensor",
+                             received=t.dtype.short)
         return t.with_shape((*t.shape[:2], *_pool_spatial(t, a, what)))
     return infer
 
@@ -599,8 +603,13 @@ def _pool_axis_by_axis(b, x, a, pool_one):
     return x
 
 
+def _lowest(d):
+    """What max pooling pads with: -inf, or an integer dtype's least value."""
+    return d.int_range[0] if d.is_int else -math.inf
+
+
 def _max_windows(b, x, a):
-    cols, _, _ = _pool_windows(b, x, a, -math.inf)
+    cols, _, _ = _pool_windows(b, x, a, _lowest(b.type(x).dtype))
     return b.op("max", cols, axis=[2], keepdim=False)
 
 
@@ -704,9 +713,9 @@ def _pool_ref(kind):
         x = xs[0]
         spatial = _pool_spatial(TensorType(dt.float64, x.shape), a)
         w = _pool_attrs(a, spatial, list(x.shape[2:]))
-        fill = -np.inf if kind == "max" else 0.0
-        xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [tuple(p) for p in w["padding"]],
-                    constant_values=fill)
+        fill = _lowest(dt.from_numpy(x.dtype)) if kind == "max" else 0.0
+        xp = np.pad(x if x.dtype.kind in "iu" else x.astype(np.float64),
+                    [(0, 0), (0, 0)] + [tuple(p) for p in w["padding"]], constant_values=fill)
         wins = []
         for offset in itertools.product(*[range(k) for k in a["kernel"]]):
             idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
@@ -723,11 +732,11 @@ def _pool_ref(kind):
 
 register(OpDef("max_pool", 1, {"kernel": None, "stride": None, "padding": 0, "dilation": 1,
                                "ceil_mode": False},
-               normalize=_pool_normalize, infer=_pool_infer("max_pool"),
+               normalize=_pool_normalize, infer=_pool_infer("max_pool", ints=True),
                reference=_pool_ref("max"), decompose=_max_pool_decompose, vjp=_max_pool_vjp,
                decompose_in_f32=True,   # the padding's -inf, which fp8 e4m3 cannot hold
-               doc="the largest element of each window of x [N, C, *spatial] (NaN wins; padding "
-                   "never wins): kernel, stride (default the kernel), padding, dilation, "
+               doc="the largest element of each window of x [N, C, *spatial], float or integer "
+                   "(NaN wins; padding never wins): kernel, stride (default the kernel), padding, dilation, "
                    "ceil_mode, as PyTorch's max_pool1d/2d/3d"))
 register(OpDef("avg_pool", 1, {"kernel": None, "stride": None, "padding": 0, "dilation": 1,
                                "ceil_mode": False, "count_include_pad": True},

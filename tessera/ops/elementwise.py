@@ -15,7 +15,7 @@ from ..types import TensorType
 
 # ---- dtype rules: (operand dtypes or weak scalars) -> (operand dtypes, result dtype) -------------
 def unary_float(ds, attrs):
-    f = dt.default_float_for(dt.result_type(ds[0]))
+    f = dt.ufunc_float_for(dt.result_type(ds[0]))
     return [f], f
 
 
@@ -47,6 +47,11 @@ def true_divide(ds, attrs):
     return [t, t], t
 
 
+def binary_float(ds, attrs):
+    t = dt.ufunc_float_for(dt.result_type(*ds))
+    return [t, t], t
+
+
 def compare(ds, attrs):
     t = dt.result_type(*ds)
     return [t, t], dt.bool_
@@ -59,6 +64,18 @@ def where_rule(ds, attrs):
                          received=c.short, hint="compare first, e.g. op.where(x > 0, x, 0)")
     t = dt.result_type(ds[1], ds[2])
     return [dt.bool_, t, t], t
+
+
+def integer_bits(allow_bool=True):
+    """Bitwise operators: integers (and bool, as NumPy's & | ^ ~ take it), never floats."""
+    def rule(ds, attrs):
+        t = dt.result_type(*ds)
+        if not (t.is_int or allow_bool and t.is_bool):
+            raise DTypeError(f"{attrs.get('_op', 'this op')} takes integer "
+                             f"{'or bool ' if allow_bool else ''}tensors", received=t.short,
+                             hint="cast to an integer dtype first")
+        return [t] * len(ds), t
+    return rule
 
 
 def cast_rule(ds, attrs):
@@ -132,17 +149,27 @@ def _pow_by_products(g, n):
     return p if d == dt.float64 else op("cast", p, dtype=d.name)
 
 
+def _as_float(x):
+    """An integer or bool operand of a float-valued reference in its result dtype (NumPy's
+    ufuncs convert so themselves; these references are written in float arithmetic)."""
+    return x if x.dtype.kind in "fc" else \
+        x.astype(dt.ufunc_float_for(dt.from_numpy(x.dtype)).np)
+
+
 def _erf_ref(x):
+    x = _as_float(x)
     out = np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), dtype=np.float64)
     return out.astype(x.dtype)
 
 
 def _sigmoid_ref(x):
+    x = _as_float(x)
     with ref_errstate():
         return (1 / (1 + np.exp(-x))).astype(x.dtype)
 
 
 def _gelu_ref(x, approximate):
+    x = _as_float(x)
     if approximate == "tanh":
         c = np.sqrt(2 / np.pi)
         return (0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x ** 3)))).astype(x.dtype)
@@ -212,8 +239,37 @@ def _expm1_ref(x):
 
 
 def _softplus_ref(x):
+    x = _as_float(x)
     with ref_errstate():
         return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype)
+
+
+# Integer arithmetic wraps around, as NumPy's does: it runs in the unsigned type {U} (where C
+# defines overflow; a narrower type would be promoted to int) and is converted back to {T}
+# (modulo 2^bits). Every integer result is in {T}'s range, so fused expressions stay exact.
+def _wrapping(sym, *operands):
+    return "(({T})(" + f" {sym} ".join("({U})" + o for o in operands) + "))"
+
+
+INT_ADD, INT_SUB, INT_MUL = (_wrapping(c, "{0}", "{1}") for c in "+-*")
+INT_ADD_ACC, INT_MUL_ACC = _wrapping("+", "{acc}", "{x}"), _wrapping("*", "{acc}", "{x}")
+INT_NEG = _wrapping("-", "0", "{0}")
+INT_FMA = "(({T})(({U}){0} * ({U}){1} + ({U}){2}))"
+INT_POW = ("TS_INLINE {T} ts_ipow_{S}({T} b, {T} e) { {T} r = 1; "
+           "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
+           " while (e) { if (e & 1) r = ({T})(({U})r * ({U})b); b = ({T})(({U})b * ({U})b);"
+           " e >>= 1; } return r; }")
+# A float into a narrower integer or an unsigned one goes through int64 (NumPy's result on x86
+# for values within int32's range). Outside the integer's range ONNX, NumPy and C leave it
+# undefined (C's conversion may trap or differ by ISA); here it is the value truncated toward
+# zero, modulo 2^bits, while |value| < 2^63 (2^64 into uint64), and 0 beyond and for NaN.
+_IN_I64 = "({0} > -9.2233720368547758e18 && {0} < 9.2233720368547758e18)"
+_F_TO_I = "(({T})(%s ? (int64_t){0} : 0))" % _IN_I64
+_F_TO_U64 = ("({0} < 0 ? (%s ? (uint64_t)(int64_t){0} : 0) : "
+             "({0} < 1.8446744073709552e19 ? (uint64_t){0} : 0))" % _IN_I64)
+FLOAT_TO_INT = {f"{f}->{i}": _F_TO_I for f in ("f16", "bf16", "f8e4m3", "f8e5m2", "f32", "f64")
+                for i in ("i8", "i16", "u8", "u16", "u32")} | \
+    {f"{f}->u64": _F_TO_U64 for f in ("f16", "bf16", "f8e4m3", "f8e5m2", "f32", "f64")}
 
 
 # Python's and NumPy's floor division and remainder: the remainder takes the divisor's sign.
@@ -248,6 +304,9 @@ FLOOR_DIVMOD_I = (
     "  {T} q = a / b;\n"
     "  return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;\n"
     "}")
+FLOOR_DIVMOD_U = (
+    "TS_INLINE {T} ts_mod_{S}({T} a, {T} b) { return b == 0 ? 0 : a % b; }\n"
+    "TS_INLINE {T} ts_floordiv_{S}({T} a, {T} b) { return b == 0 ? 0 : a / b; }")
 
 
 def math_helpers(*names, extra=()):
@@ -268,10 +327,11 @@ def math_helpers(*names, extra=()):
 
 
 with np.errstate(all="ignore"):
-    elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})"}, lambda a, t: -a[0],
-                doc="-x")
-    elementwise("abs", 1, _abs_rule, {"f": "fabs{F}({0})", "i": "({0} < 0 ? -{0} : {0})",
-                                         "b": "{0}"}, lambda a, t: np.abs(a[0]), doc="|x|")
+    elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})", "i": INT_NEG},
+                lambda a, t: -a[0], doc="-x")
+    elementwise("abs", 1, _abs_rule, {"f": "fabs{F}({0})", "i": "({0} < 0 ? %s : {0})" % INT_NEG,
+                                      "u": "{0}", "b": "{0}"},
+                lambda a, t: np.abs(a[0]), doc="|x|")
     for _name, _fn in [("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
         elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8, doc=f"{_name}(x)")
@@ -282,7 +342,7 @@ with np.errstate(all="ignore"):
                     helpers=math_helpers(_name),
                     doc=f"{_name}(x) (our own polynomial, tessera/ops/libm.py)")
     elementwise("rsqrt", 1, unary_float, {"f": "(({T})1 / sqrt{F}({0}))"},
-                lambda a, t: (1 / np.sqrt(a[0])).astype(a[0].dtype), flops=2, doc="1/sqrt(x)")
+                lambda a, t: 1 / np.sqrt(_as_float(a[0])), flops=2, doc="1/sqrt(x)")
     elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},
                 lambda a, t: _sigmoid_ref(a[0]), flops=14,
                 helpers=math_helpers("exp", extra=(SIGMOID,)), doc="1/(1+exp(-x))")
@@ -299,7 +359,7 @@ with np.errstate(all="ignore"):
                 helpers=math_helpers("exp", "log", extra=(FMAX, LOG1P, SOFTPLUS)),
                 doc="log(1 + exp(x)), without overflow")
     elementwise("silu", 1, unary_float, {"f": "({0} * ts_sigmoid{F}({0}))"},
-                lambda a, t: (a[0] * _sigmoid_ref(a[0])).astype(a[0].dtype), flops=15,
+                lambda a, t: _as_float(a[0]) * _sigmoid_ref(a[0]), flops=15,
                 helpers=math_helpers("exp", extra=(SIGMOID,)), doc="x*sigmoid(x)")
     elementwise("gelu", 1, unary_float, _gelu_template,
                 lambda a, t: _gelu_ref(a[0], t.get("approximate", "none")), flops=20,
@@ -329,23 +389,21 @@ with np.errstate(all="ignore"):
                 lambda a, t: np.sign(a[0]), helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))},
                 doc="-1, 0 or 1 by the sign of x (0 for -0.0); NaN stays NaN")
 
-    elementwise("add", 2, binary_arith(), {"*": "({0} + {1})", "b": "({0} | {1})"},
+    elementwise("add", 2, binary_arith(), {"*": "({0} + {1})", "i": INT_ADD, "b": "({0} | {1})"},
                 lambda a, t: np.add(a[0], a[1]), doc="a + b")
-    elementwise("sub", 2, binary_arith(allow_bool=False), {"*": "({0} - {1})"},
+    elementwise("sub", 2, binary_arith(allow_bool=False), {"*": "({0} - {1})", "i": INT_SUB},
                 lambda a, t: np.subtract(a[0], a[1]), doc="a - b")
-    elementwise("mul", 2, binary_arith(), {"*": "({0} * {1})", "b": "({0} & {1})"},
+    elementwise("mul", 2, binary_arith(), {"*": "({0} * {1})", "i": INT_MUL, "b": "({0} & {1})"},
                 lambda a, t: np.multiply(a[0], a[1]), doc="a * b")
     elementwise("div", 2, true_divide, {"f": "({0} / {1})"},
                 lambda a, t: np.true_divide(a[0], a[1]), doc="a / b (true division)")
     elementwise("pow", 2, binary_arith(allow_bool=False),
                 {"f": "pow{F}({0}, {1})", "i": "ts_ipow_{S}({0}, {1})"},
                 lambda a, t: _pow_ref(a[0], a[1]), flops=8,
-                helpers={"i": "TS_INLINE {T} ts_ipow_{S}({T} b, {T} e) { {T} r = 1; "
-                              "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
-                              " while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }"},
+                helpers={"i": INT_POW},
                 doc="a ** b")
     REGISTRY["pow"].simplify = [_pow_by_products]
-    elementwise("atan2", 2, true_divide, {"f": "atan2{F}({0}, {1})"},
+    elementwise("atan2", 2, binary_float, {"f": "atan2{F}({0}, {1})"},
                 lambda a, t: np.arctan2(a[0], a[1]), flops=20,
                 doc="the angle of the point (x, y) = (b, a) from the x axis, in (-pi, pi] "
                     "(NumPy's arctan2)")
@@ -359,14 +417,35 @@ with np.errstate(all="ignore"):
                 doc="elementwise min; NaN propagates")
     elementwise("mod", 2, binary_arith(allow_bool=False), {"*": "ts_mod_{S}({0}, {1})"},
                 lambda a, t: np.remainder(a[0], a[1]), flops=4,
-                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I},
+                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I, "u": FLOOR_DIVMOD_U},
                 doc="a - floor(a / b) * b: the remainder with the divisor's sign (Python's %, "
                     "NumPy's remainder)")
     elementwise("floor_divide", 2, binary_arith(allow_bool=False),
                 {"*": "ts_floordiv_{S}({0}, {1})"},
                 lambda a, t: np.floor_divide(a[0], a[1]), flops=4,
-                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I},
+                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I, "u": FLOOR_DIVMOD_U},
                 doc="floor(a / b) (Python's //, NumPy's floor_divide); integers by zero give 0")
+    # bits: NumPy's, shifts included: a shift by the width or more (or a negative one, which
+    # NumPy reads as unsigned) gives 0, or -1 for a negative integer shifted right (C leaves
+    # both undefined)
+    for _name, _sym, _fn in [("bitwise_and", "&", np.bitwise_and), ("bitwise_or", "|", np.bitwise_or),
+                             ("bitwise_xor", "^", np.bitwise_xor)]:
+        elementwise(_name, 2, integer_bits(), {"*": "(({T})({0} %s {1}))" % _sym},
+                    (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b, bitwise")
+    elementwise("bitwise_not", 1, integer_bits(), {"*": "(({T})~{0})", "b": "(!{0})"},
+                lambda a, t: np.invert(a[0]), doc="~x, bitwise (not, for bool)")
+    _FITS = "(({U}){1} < sizeof({T}) * 8)"
+    elementwise("left_shift", 2, integer_bits(allow_bool=False),
+                {"i": "(%s ? ({T})(({U}){0} << {1}) : 0)" % _FITS},
+                lambda a, t: np.left_shift(a[0], a[1]), doc="a << b (0 when b is the width or more)")
+    elementwise("right_shift", 2, integer_bits(allow_bool=False),
+                {"i": "(%s ? ({T})({0} >> {1}) : ({0} < 0 ? -1 : 0))" % _FITS,
+                 "u": "(%s ? ({T})({0} >> {1}) : 0)" % _FITS},
+                lambda a, t: np.right_shift(a[0], a[1]),
+                doc="a >> b, arithmetic for signed integers")
+    for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "left_shift",
+                  "right_shift"):
+        REGISTRY[_name].differentiable = False
     for _name, _sym, _fn in [("eq", "==", np.equal), ("ne", "!=", np.not_equal),
                              ("lt", "<", np.less), ("le", "<=", np.less_equal),
                              ("gt", ">", np.greater), ("ge", ">=", np.greater_equal)]:
@@ -381,15 +460,20 @@ with np.errstate(all="ignore"):
     # a * b + c rounded once (the C library's fma): the step of every matmul chain, and of a
     # tile kernel's mma. The reference widens float32 to float64 (the product exact there, the
     # sum rounded twice: an ulp apart at most, in rare ties); float64's rounds a * b first
-    elementwise("fma", 3, _fma_rule, {"f": "fma{F}({0}, {1}, {2})", "*": "({0} * {1} + {2})"},
+    elementwise("fma", 3, _fma_rule, {"f": "fma{F}({0}, {1}, {2})", "i": INT_FMA,
+                                      "*": "({0} * {1} + {2})"},
                 lambda a, t: _fma_ref(*a), flops=2, doc="a * b + c, rounded once")
     # into a narrow float, a value float32 cannot hold goes through float32 rounded to odd,
     # whose rounding to 16 or 8 bits is then the value's own (one rounding: dtypes.convert);
-    # int32 and int64 sources matter for bfloat16 only (they overflow the others past 2^24)
+    # 32- and 64-bit integer sources matter for bfloat16 only (they overflow the others past
+    # 2^24)
     elementwise("cast", 1, cast_rule, {**{f"f64->{d}": "{H}_f64_to_f32_odd({0})"
                                           for d in ("f16", "bf16", "f8e4m3", "f8e5m2")},
                                        "i32->bf16": "{H}_f64_to_f32_odd((double){0})",
-                                       "i64->bf16": "{H}_i64_to_f32_odd({0})", "*": "(({T}){0})"},
+                                       "u32->bf16": "{H}_f64_to_f32_odd((double){0})",
+                                       "i64->bf16": "{H}_i64_to_f32_odd({0})",
+                                       "u64->bf16": "{H}_u64_to_f32_odd({0})",
+                                       **FLOAT_TO_INT, "*": "(({T}){0})"},
                 lambda a, t: dt.convert(a[0], t["dtype"]), attrs={"dtype": None},
                 doc="convert to another dtype (into a narrow float: the value rounded once)")
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
@@ -405,7 +489,10 @@ for _op, _ufunc in [("neg", "negative"), ("abs", "absolute"), ("exp", "exp"), ("
                     ("mod", "remainder"), ("floor_divide", "floor_divide"),
                     ("minimum", "minimum"), ("eq", "equal"), ("ne", "not_equal"),
                     ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
-                    ("ge", "greater_equal")]:
+                    ("ge", "greater_equal"), ("bitwise_and", "bitwise_and"),
+                    ("bitwise_or", "bitwise_or"), ("bitwise_xor", "bitwise_xor"),
+                    ("bitwise_not", "invert"), ("left_shift", "left_shift"),
+                    ("right_shift", "right_shift")]:
     REGISTRY[_op].ufunc = _ufunc
 
 

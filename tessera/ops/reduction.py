@@ -8,7 +8,7 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError
 from ..shapes import prod
 from ..types import TensorType
-from .elementwise import FMAX, FMIN
+from .elementwise import FMAX, FMIN, INT_ADD_ACC, INT_MUL_ACC
 from .registry import (ArgReduce, OpDef, Reduce, Scan, count_value, flip, keepdim_shape,
                        norm_axes, norm_axis, register, zeros)
 
@@ -38,7 +38,9 @@ def reduce_infer(out_dtype, needs_elements=False):
 
 
 def sum_dtype(d):
-    return d if d.is_float or d.is_complex else dt.int64
+    """NumPy's: a float stays, an integer sums in the 64-bit integer of its signedness (bool in
+    int64)."""
+    return d if d.is_float or d.is_complex else dt.uint64 if d.is_unsigned else dt.int64
 
 
 def same_dtype(d):
@@ -78,9 +80,46 @@ register(OpDef(
     "sum", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
     reference=lambda a, t: np.sum(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
-    lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})"}), vjp=_sum_vjp,
+    lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})", "i": INT_ADD_ACC}),
+    vjp=_sum_vjp,
     accumulates=True,
     doc="sum over axis (all axes when None)"))
+
+def _prod_vjp(b, xs, y, g, a):
+    """d prod / dx_i = the product of the others: the reduced axes moved last and merged, then
+    the exclusive running products from each side multiplied (no division, so zeros are exact)."""
+    x = xs[0]
+    axes, rank = sorted(a["axis"]), len(x.shape)
+    n = prod([x.shape[k] for k in axes])
+    if n == 0:
+        return [zeros(b, x)]
+    keep = [k for k in range(rank) if k not in axes]
+    perm = keep + axes
+    back = [perm.index(k) for k in range(rank)]
+    moved = [x.shape[k] for k in perm]
+    flat = b.op("reshape", b.op("transpose", x, perm=perm),
+                shape=[x.shape[k] for k in keep] + [n])
+    one = b.op("broadcast_to", b.const_like(1, flat), shape=[x.shape[k] for k in keep] + [1])
+
+    def exclusive(v):                       # [1, v0, v0 v1, ...]: the running product before i
+        last = len(keep)
+        head = b.op("slice", v, starts=[None] * (last + 1), stops=[None] * last + [n - 1],
+                    steps=[1] * (last + 1))
+        return b.op("cumprod", b.op("concat", [one, head], axis=last), axis=last)
+    others = b.op("mul", exclusive(flat), flip(b, exclusive(flip(b, flat, len(keep))), len(keep)))
+    gk = b.op("reshape", _kept(b, g, x, a), shape=[x.shape[k] for k in keep] + [1])
+    d = b.op("mul", gk, b.op("conj", others) if x.dtype.is_complex else others)
+    return [b.op("transpose", b.op("reshape", d, shape=moved), perm=back)]
+
+
+register(OpDef(
+    "prod", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
+    reference=lambda a, t: np.prod(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
+                                   dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
+    lowering=Reduce(init={"*": "1"}, combine={"*": "({acc} * {x})", "i": INT_MUL_ACC}),
+    vjp=_prod_vjp, accumulates=True,
+    doc="product over axis (all axes when None); integers and bool in int64 or uint64, as "
+        "NumPy"))
 
 register(OpDef(
     "max", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
@@ -177,14 +216,15 @@ def _cumprod_vjp(b, xs, y, g, a):
 
 for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})"),
                                        ("cumprod", np.cumprod, "1", "({acc} * {x})")]:
+    _int = INT_ADD_ACC if _name == "cumsum" else INT_MUL_ACC
     register(OpDef(
         _name, 1, {"axis": -1}, infer=_scan_infer, normalize=_scan_normalize,
         reference=(lambda fn: lambda a, t: fn(
             a[0], axis=t["axis"], dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np))(_np_fn),
-        lowering=Scan(init={"*": _init}, combine={"*": _combine}),
+        lowering=Scan(init={"*": _init}, combine={"*": _combine, "i": _int}),
         vjp=_cumsum_vjp if _name == "cumsum" else _cumprod_vjp, accumulates=True,
         doc=f"running {'sum' if _name == 'cumsum' else 'product'} along axis, in order "
-            "(integers and bool in int64, as NumPy)"))
+            "(integers and bool in int64 or uint64, as NumPy)"))
 
 
 def _count(t: TensorType, axes):

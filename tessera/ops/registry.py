@@ -22,9 +22,16 @@ from ..types import TensorType
 
 
 # ---- lowering descriptors (plain data the compiler reads) ---------------------------------------
+def by_kind(table: dict, kind: str):
+    """A template table's entry for a dtype kind ('f', 'i', 'u', 'b'): its own, else, for an
+    unsigned kind, the signed one's (C spells most integer arithmetic alike), else '*'."""
+    return table.get(kind) or (table.get("i") if kind == "u" else None) or table.get("*")
+
+
 @dataclass(frozen=True)
 class Elementwise:
-    """out = expr(operands): C templates by the compute dtype's kind ('f', 'i', 'b').
+    """out = expr(operands): C templates by the compute dtype's kind ('f', 'i', 'u', 'b'; see
+    by_kind).
 
     In a template, {0}, {1}, ... are the operands (already in their operand dtypes), {T} is the
     C type of the result, {F} the libm suffix ("f" for float, "" for double) and {H} the prefix
@@ -37,7 +44,7 @@ class Elementwise:
 
     def template(self, attrs, kind: str, conversion: str = "") -> str:
         t = self.c(attrs, kind) if callable(self.c) else \
-            (self.c.get(conversion) or self.c.get(kind) or self.c.get("*"))
+            (self.c.get(conversion) or by_kind(self.c, kind))
         if t is None:
             raise KeyError(kind)
         return t

@@ -101,6 +101,12 @@ CASES = {
                  lambda r: [U(r, 3, 4) * (np.arange(12).reshape(3, 4) != 5)]),
                 (lambda x: op.cumprod(x), lambda r: [U(r, 7)])],
     "sum": reduction("sum"), "mean": reduction("mean"), "max": reduction("max"),
+    # zeros among the factors (one, then two in one product): no division in the adjoint
+    "prod": reduction("prod") + [
+        (lambda x: op.prod(x, axis=[0, 2]), lambda r: [U(r, 2, 3, 4) * (
+            np.arange(24).reshape(2, 3, 4) % 7 != 3)]),
+        (lambda x: op.prod(x, axis=1, keepdim=True), lambda r: [U(r, 3, 5) * (
+            np.arange(15).reshape(3, 5) % 5 > 1)])],
     "min": reduction("min"), "var": reduction("var") + reduction("var", correction=1)[:2],
     "softmax": norm("softmax"), "log_softmax": norm("log_softmax"),
     "layernorm": norm("layernorm"), "rmsnorm": norm("rmsnorm"),

@@ -28,8 +28,8 @@ from ..tile_ir import (Addr, Aligned, Assign, AtomicAdd, Bin, Call, Cast, CheckI
                        If, Load, Local, Loop, OpCall, Select, Shared, Store, TileKernel,
                        TileProgram, Var, all_statements, walk_exprs)
 
-INT_LIMITS = {"i32": ("INT32_MIN", "INT32_MAX"), "i64": ("INT64_MIN", "INT64_MAX"),
-              "bool": ("0", "1")}
+INT_LIMITS = {**{f"i{n}": (f"INT{n}_MIN", f"INT{n}_MAX") for n in (8, 16, 32, 64)},
+              **{f"u{n}": ("0", f"UINT{n}_MAX") for n in (8, 16, 32, 64)}, "bool": ("0", "1")}
 
 
 class CStyleRenderer:
@@ -73,6 +73,10 @@ class CStyleRenderer:
             return "1" if bool(value) else "0"
         if d.is_int:
             v = int(value)
+            if d.is_unsigned:
+                return f"{v}ULL" if d.itemsize == 8 else f"{v}U"
+            if v == -2 ** 63:              # (9223372036854775808LL alone does not fit)
+                return "INT64_MIN"
             return f"{v}LL" if d.itemsize == 8 else str(v)
         v = float(value)
         if math.isnan(v):
@@ -89,8 +93,13 @@ class CStyleRenderer:
     def subs(self, compute: dt.DType, out: dt.DType) -> dict:
         compute = compute.compute
         lo, hi = INT_LIMITS.get(compute.short, ("0", "0"))
+        # {U}: the unsigned type integer arithmetic runs in, so it wraps (signed overflow is
+        # undefined in C; a narrower type would be promoted to int), as wide as the operands or
+        # the result (a sum of int8 accumulates in int64)
+        wide = max(compute.itemsize, out.compute.itemsize) == 8
         return {"T": self.ctype(out), "F": self.suffix(compute), "S": compute.short,
-                "H": self.half_prefix, "IMIN": lo, "IMAX": hi}
+                "H": self.half_prefix, "IMIN": lo, "IMAX": hi,
+                "U": "uint64_t" if wide else "uint32_t"}
 
     # -- expressions -----------------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -124,7 +133,7 @@ class CStyleRenderer:
             return desc.template(dict(e.attrs), kind, f"{e.compute.short}->{e.out.short}")
         table = {"combine": getattr(desc, "combine", None), "init": getattr(desc, "init", None),
                  "better": getattr(desc, "better", None)}[e.role]
-        return table.get(kind) or table["*"]
+        return R.by_kind(table, kind)
 
     def opcall(self, e: OpCall, rounded: bool = True) -> str:
         """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
@@ -165,7 +174,7 @@ class CStyleRenderer:
             for e in walk_exprs(k.body):
                 if not isinstance(e, OpCall):
                     continue
-                chunks = R.get(e.op).lowering.helpers.get(e.compute.kind) \
+                chunks = R.by_kind(R.get(e.op).lowering.helpers, e.compute.kind) \
                     if hasattr(R.get(e.op).lowering, "helpers") else None
                 # a str, or a tuple of chunks that several operators share (each emitted once);
                 # a tuple may carry other chunks for float64 (`.f64`)

@@ -42,12 +42,15 @@
   if ((double)f == d || d != d || (u & 1u)) return f;
   return {P}_bits_f32(fabs(d) > fabs((double)f) ? u + 1u : u - 1u);
 }
-/* int64 -> float rounded to odd: a |x| of 2^53 or more has its low 12 bits folded into bit 11
-   first (a sticky bit double keeps and float rounds away), so the double is exact */
-{Q} float {P}_i64_to_f32_odd(long long x) {
-  const unsigned long long m = x < 0 ? 0ull - (unsigned long long)x : (unsigned long long)x;
+/* uint64 or int64 -> float rounded to odd: a magnitude of 2^53 or more has its low 12 bits
+   folded into bit 11 first (a sticky bit double keeps and float rounds away), so the double is
+   exact */
+{Q} float {P}_u64_to_f32_odd(unsigned long long m) {
   const unsigned long long a = m < (1ull << 53) ? m
                                : (m & ~0xfffull) | ((unsigned long long)((m & 0xfffull) != 0ull) << 11);
-  const double d = (double)a;
-  return {P}_f64_to_f32_odd(x < 0 ? -d : d);
+  return {P}_f64_to_f32_odd((double)a);
+}
+{Q} float {P}_i64_to_f32_odd(long long x) {
+  const float f = {P}_u64_to_f32_odd(x < 0 ? 0ull - (unsigned long long)x : (unsigned long long)x);
+  return x < 0 ? -f : f;
 }
