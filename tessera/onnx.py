@@ -43,9 +43,9 @@ def _onnx():
     return onnx
 
 
-_ONNX_DTYPE = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "bool": 9,
-               "float16": 10, "float64": 11, "bfloat16": 16, "float8_e4m3fn": 17,
-               "float8_e5m2": 19}
+_ONNX_DTYPE = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6,
+               "int64": 7, "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
+               "bfloat16": 16, "float8_e4m3fn": 17, "float8_e5m2": 19}
 _FROM_ONNX_DTYPE = {v: k for k, v in _ONNX_DTYPE.items()}
 
 
@@ -247,6 +247,27 @@ def _e_pad(w, n, xs, out):
     return w.node("Pad", ins, out, mode=mode)
 
 
+def _bitwise(kind, logical):
+    """A bitwise operator: ONNX's Bitwise* (opset 18 on), or And/Or/Xor/Not on bools."""
+    def write(w, n, xs, out):
+        if n.out.type.dtype.is_bool:
+            return w.node(logical, xs, out)
+        if w.opset < 18:
+            raise TesseraError(
+                f"{n.op} on integers needs ONNX opset 18 or later (Bitwise{kind})",
+                received=f"opset_version={w.opset}", hint="export with opset_version=18 or later")
+        return w.node("Bitwise" + kind, xs, out)
+    return write
+
+
+def _shift(w, n, xs, out):
+    if not n.out.type.dtype.is_unsigned:
+        raise TesseraError(
+            f"ONNX's BitShift takes unsigned integers; {n.op} here shifts "
+            f"{n.out.type.dtype.name}", hint="cast to the unsigned dtype of the same width first")
+    return w.node("BitShift", xs, out, direction="LEFT" if n.op == "left_shift" else "RIGHT")
+
+
 EXPORT = {
     **{name: _unary(kind) for name, kind in [
         ("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("pow", "Pow"),
@@ -262,6 +283,9 @@ EXPORT = {
     "minimum": lambda w, n, xs, out: w.node("And" if n.out.type.dtype.is_bool else "Min", xs,
                                             out),
     "ne": lambda w, n, xs, out: w.node("Not", [w.node("Equal", xs)], out),
+    "bitwise_and": _bitwise("And", "And"), "bitwise_or": _bitwise("Or", "Or"),
+    "bitwise_xor": _bitwise("Xor", "Xor"), "bitwise_not": _bitwise("Not", "Not"),
+    "left_shift": _shift, "right_shift": _shift,
     "rsqrt": lambda w, n, xs, out: w.node("Reciprocal", [w.node("Sqrt", xs)], out),
     "silu": lambda w, n, xs, out: w.node("Mul", [xs[0], w.node("Sigmoid", xs)], out),
     "gelu": _gelu,
@@ -276,7 +300,8 @@ EXPORT = {
     "slice": _slice,
     "concat": lambda w, n, xs, out: w.node("Concat", xs, out, axis=n.attrs["axis"]),
     "take": lambda w, n, xs, out: w.node("Gather", xs, out, axis=n.attrs["axis"]),
-    "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"),
+    "sum": _reduce("ReduceSum"), "prod": _reduce("ReduceProd"),
+    "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"),
     "min": _reduce("ReduceMin"), "logsumexp": _reduce("ReduceLogSumExp"),
     "var": _var,
     "argmax": lambda w, n, xs, out: _arg("ArgMax", w, n, xs, out),
@@ -370,10 +395,24 @@ def _i_reduce(kind):
         keep = bool(_attr(node, "keepdims", 1))
         rank = len(xs[0].shape)
         axes = sorted(a % rank for a in axes) if axes else list(range(rank))
+        if kind in ("max", "min", "logsumexp") and any(xs[0].shape[a] == 0 for a in axes):
+            return _empty_reduction(kind, xs[0], axes, keep)
         if kind == "logsumexp":             # one axis: the reduced ones moved last, merged
             return _logsumexp(xs[0], axes, keep)
-        return getattr(op, kind)(xs[0], axis=axes if len(axes) > 1 else axes[0], keepdim=keep)
+        y = getattr(op, kind)(xs[0], axis=axes if len(axes) > 1 else axes[0], keepdim=keep)
+        return _as_dtype(y, xs[0]) if kind in ("sum", "prod") else y    # (ONNX keeps int32)
     return read
+
+
+def _empty_reduction(kind, x, axes, keep):
+    """ONNX's value of a max, min or log-sum-exp over no element (tessera's, as NumPy's,
+    raise): -inf (max, logsumexp) or +inf, an integer dtype's least or greatest value, False
+    or True."""
+    d = dtype_of(x)
+    lo, hi = (-np.inf, np.inf) if d.is_float else d.int_range
+    shape = [1 if k in axes else n for k, n in enumerate(x.shape)] if keep else \
+        [n for k, n in enumerate(x.shape) if k not in axes]
+    return np.full(shape, hi if kind == "min" else lo, dtype=d.np)
 
 
 def _logsumexp(x, axes, keep):
@@ -506,6 +545,49 @@ def _i_conv(node, xs):
     bias = xs[2] if len(xs) > 2 else None
     return op.conv(x, w, bias, stride=strides, padding=pads, dilation=dilations,
                    groups=_attr(node, "group", 1))
+
+
+def _i_conv_integer(node, xs):
+    x, w = xs[0], xs[1]
+    kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
+    strides, dilations, pads = _window_attrs(node, x, kernel)
+    return op.conv_integer(x, w, *(list(xs[2:4]) + [None, None])[:2], stride=strides,
+                           padding=pads, dilation=dilations, groups=_attr(node, "group", 1))
+
+
+def _i_qlinear_conv(node, xs):
+    x, w = xs[0], xs[3]
+    kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
+    strides, dilations, pads = _window_attrs(node, x, kernel)
+    ys = list(xs) + [None] * (9 - len(xs))
+    return op.qlinear_conv(*ys[:8], bias=ys[8], stride=strides, padding=pads,
+                           dilation=dilations, groups=_attr(node, "group", 1))
+
+
+def _quant_dtype(node):
+    """A (de)quantizing node's output_dtype attribute, or None (its inputs decide)."""
+    code = _attr(node, "output_dtype", 0)
+    return _tessera_dtype(code, node) if code else None
+
+
+def _i_quantize(node, xs):
+    x, scale = xs[0], xs[1]
+    zp = xs[2] if len(xs) > 2 else None
+    precision = _attr(node, "precision", 0)
+    if precision:
+        p = _tessera_dtype(precision, node)
+        x, scale = op.cast(x, p), op.cast(scale, p)
+    return op.quantize_linear(x, scale, zp, axis=_attr(node, "axis", 1),
+                              block_size=_attr(node, "block_size", 0),
+                              dtype=_quant_dtype(node),
+                              saturate=bool(_attr(node, "saturate", 1)))
+
+
+def _i_dequantize(node, xs):
+    return op.dequantize_linear(xs[0], xs[1], xs[2] if len(xs) > 2 else None,
+                                axis=_attr(node, "axis", 1),
+                                block_size=_attr(node, "block_size", 0),
+                                dtype=_quant_dtype(node))
 
 
 def _i_conv_transpose(node, xs):
@@ -704,7 +786,7 @@ IMPORT = {
     "Gather": lambda node, xs: op.take(xs[0], xs[1], axis=_attr(node, "axis", 0)),
     "ReduceSum": _i_reduce("sum"), "ReduceMean": _i_reduce("mean"),
     "ReduceMax": _i_reduce("max"), "ReduceMin": _i_reduce("min"),
-    "ReduceLogSumExp": _i_reduce("logsumexp"),
+    "ReduceLogSumExp": _i_reduce("logsumexp"), "ReduceProd": _i_reduce("prod"),
     "ArgMax": lambda node, xs: _i_arg(op.argmax, node, xs),
     "ArgMin": lambda node, xs: _i_arg(op.argmin, node, xs),
     "CumSum": _i_cumulative("cumsum"),
@@ -713,6 +795,13 @@ IMPORT = {
     "LayerNormalization": _i_layernorm,
     "Gemm": lambda node, xs: _gemm(node, xs),
     "Conv": _i_conv,
+    "ConvInteger": _i_conv_integer,
+    "QLinearConv": _i_qlinear_conv,
+    "QuantizeLinear": _i_quantize,
+    "DequantizeLinear": _i_dequantize,
+    "DynamicQuantizeLinear": lambda node, xs: op.dynamic_quantize_linear(xs[0]),
+    "MatMulInteger": lambda node, xs: op.matmul_integer(*(list(xs) + [None, None])[:4]),
+    "QLinearMatMul": lambda node, xs: op.qlinear_matmul(*xs),
     "ConvTranspose": _i_conv_transpose,
     "MaxPool": _i_pool("max"),
     "AveragePool": _i_pool("avg"),
@@ -786,7 +875,9 @@ def import_model(model):
         model = onnx.load(str(model))
     graph = model.graph
     opset = _model_opset(model)
-    missing = sorted({n.op_type for n in _all_nodes(graph) if n.op_type not in IMPORT or
+    missing = sorted({n.op_type + (f" (domain {n.domain})" if n.domain not in ("", "ai.onnx")
+                                   else "")
+                      for n in _all_nodes(graph) if n.op_type not in IMPORT or
                       n.domain not in ("", "ai.onnx")})
     if missing:
         raise TesseraError(f"the ONNX model uses {len(missing)} operator(s) tessera does not "
@@ -1009,6 +1100,7 @@ def _constant(onnx, node):
 _SHAPE_POSITIONS = {"Reshape": (1,), "Expand": (1,), "Unsqueeze": (1,), "Squeeze": (1,),
                     "Slice": (1, 2, 3, 4), "ReduceSum": (1,), "ReduceMean": (1,),
                     "ReduceMax": (1,), "ReduceMin": (1,), "ReduceLogSumExp": (1,),
+                    "ReduceProd": (1,),
                     "CumSum": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,),
                     "Loop": (0,)}
 
@@ -1496,6 +1588,12 @@ IMPORT.update({
     "Mod": _i_mod,
     "And": lambda node, xs: op.logical_and(*xs), "Or": lambda node, xs: op.logical_or(*xs),
     "Xor": lambda node, xs: op.logical_xor(*xs),
+    "BitwiseAnd": lambda node, xs: op.bitwise_and(*xs),
+    "BitwiseOr": lambda node, xs: op.bitwise_or(*xs),
+    "BitwiseXor": lambda node, xs: op.bitwise_xor(*xs),
+    "BitwiseNot": lambda node, xs: op.bitwise_not(xs[0]),
+    "BitShift": lambda node, xs: (op.left_shift if _attr(node, "direction") in (b"LEFT", "LEFT")
+                                  else op.right_shift)(*xs),
     "Clip": _i_clip,
     "TopK": _i_topk,
     "GatherElements": _i_gather_elements,

@@ -1023,6 +1023,166 @@ def __dir__():
     return sorted(k for k in globals() if not k.startswith("_"))
 
 
+# ---- linear quantization (ONNX's QuantizeLinear family; PyTorch's quantize_per_tensor/channel) ---
+# q = saturate(round(x / scale) + zero_point), x ~ (q - zero_point) * scale. A scale (and zero
+# point) is one number, one per index of `axis` (per channel), or, with `block_size`, one per
+# block of that many elements along `axis`. Integer products accumulate exactly in int32.
+def _per_axis(v, x, axis, block_size, what):
+    """A scale or zero point shaped to broadcast against x."""
+    vs = _shape_of(v)
+    size = 1
+    for n in vs:
+        size *= n
+    if size == 1:
+        return _apply("reshape", v, shape=[]) if vs else v
+    shape, ax = _shape_and_axis(x, axis)
+    if block_size:
+        if len(vs) != len(shape) or any(vs[k] != shape[k] for k in range(len(shape)) if k != ax) \
+                or vs[ax] != -(-shape[ax] // block_size):
+            raise _ArgumentError(f"{what} for blocks of {block_size} along axis {ax} of "
+                                 f"{list(shape)} must have shape {[*shape[:ax], -(-shape[ax] // block_size), *shape[ax + 1:]]}",
+                                 received=str(list(vs)))
+        full = repeat_interleave(v, block_size, ax)
+        rank = len(shape)
+        return slice(full, [None] * rank, [shape[ax] if k == ax else None for k in range(rank)],
+                     [1] * rank) if _shape_of(full)[ax] != shape[ax] else full
+    if len(vs) != 1 or vs[0] != shape[ax]:
+        raise _ArgumentError(f"{what} must be one number or one per index of axis {ax} "
+                             f"({shape[ax]})", received=str(list(vs)))
+    return _apply("reshape", v, shape=[shape[ax] if k == ax else 1 for k in range(len(shape))])
+
+
+def quantize_linear(x, scale, zero_point=None, axis=1, block_size=0, dtype=None,
+                    saturate=True):
+    """x quantized: round(x / scale) to nearest even, plus zero_point, saturated to ``dtype``'s
+    range (``dtype`` defaults to zero_point's dtype, else uint8). An fp8 ``dtype`` takes
+    x / scale cast to it (saturated unless ``saturate=False``). ONNX's QuantizeLinear."""
+    from . import dtypes as dt
+    d = dt.get(dtype) if dtype is not None else \
+        _dtype_of(zero_point) if zero_point is not None else dt.uint8
+    if zero_point is not None and _dtype_of(zero_point) != d:
+        raise _ArgumentError(f"op.quantize_linear: zero_point is {_dtype_of(zero_point).name} "
+                             f"but the result is {d.name}")
+    if not (d.is_int or d.is_fp8):
+        raise _ArgumentError(f"op.quantize_linear quantizes to an integer or fp8 dtype, not "
+                             f"{d.name}")
+    q = _apply("div", x, _per_axis(scale, x, axis, block_size, "the scale"))
+    if d.is_fp8:
+        return cast(q, d, saturate=saturate)
+    q = _apply("round", q)                       # (in x's dtype: exact, then widened)
+    q = _apply("cast", q, dtype="float32") if _dtype_of(q).is_narrow else q
+    if zero_point is not None:
+        q = _apply("add", q, _apply("cast", _per_axis(zero_point, x, axis, block_size,
+                                                      "the zero point"),
+                                    dtype=_dtype_of(q).name))
+    lo, hi = d.int_range
+    return _apply("cast", clamp(q, lo, hi), dtype=d.name)
+
+
+def dequantize_linear(x, scale, zero_point=None, axis=1, block_size=0, dtype=None):
+    """(x - zero_point) * scale in float32, given as ``dtype`` (default: scale's dtype).
+    ONNX's DequantizeLinear."""
+    d = _dtype_of(scale) if dtype is None else dtype
+    v = _apply("cast", x, dtype="float32")
+    if zero_point is not None and not _dtype_of(x).is_fp8:
+        v = _apply("sub", v, _apply("cast", _per_axis(zero_point, x, axis, block_size,
+                                                      "the zero point"), dtype="float32"))
+    y = _apply("mul", v, _per_axis(scale, x, axis, block_size, "the scale"))
+    return cast(y, d)
+
+
+def dynamic_quantize_linear(x):
+    """x as uint8 with the scale and zero point that map [min(x, 0), max(x, 0)] onto
+    [0, 255]: ``(q, scale, zero_point)``, ONNX's DynamicQuantizeLinear."""
+    top = _apply("maximum", max(x), 0.0)
+    low = _apply("minimum", min(x), 0.0)
+    span = _apply("where", _apply("eq", top, low), 1.0, _apply("sub", top, low))
+    scale = _apply("div", span, 255.0)
+    zp = _apply("round", clamp(_apply("sub", 0.0, _apply("div", low, scale)), 0.0, 255.0))
+    q = clamp(_apply("add", _apply("round", _apply("div", x, scale)), zp), 0.0, 255.0)
+    return _apply("cast", q, dtype="uint8"), scale, _apply("cast", zp, dtype="uint8")
+
+
+def _less_zero_point(x, zero_point, shape_for=None):
+    """x - zero_point in int32 (the zero point per row when shaped by shape_for)."""
+    v = _apply("cast", x, dtype="int32")
+    if zero_point is None:
+        return v
+    z = _apply("cast", zero_point, dtype="int32")
+    return _apply("sub", v, shape_for(z) if shape_for is not None else z)
+
+
+def _rows_of(a):
+    """A per-row zero point of a [.., M, K] shaped [M, 1]."""
+    def shape(z):
+        n = 1
+        for s in _shape_of(z):
+            n *= s
+        return z if n == 1 else _apply("reshape", z, shape=[n, 1])
+    return shape
+
+
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    """(a - a_zero_point) @ (b - b_zero_point), exact in int32 (wrapping past it): a's zero
+    point one number or one per row, b's one or one per column. ONNX's MatMulInteger."""
+    return matmul(_less_zero_point(a, a_zero_point, _rows_of(a)),
+                  _less_zero_point(b, b_zero_point))
+
+
+def _requantize(acc, multiplier, zero_point, dtype):
+    """An int32 accumulator scaled (in float64, as ONNX's reference) and quantized."""
+    from . import dtypes as dt
+    y = _apply("mul", _apply("cast", acc, dtype="float64"),
+               _apply("cast", multiplier, dtype="float64"))
+    if zero_point is not None:
+        y = _apply("add", y, _apply("cast", zero_point, dtype="float64"))
+    lo, hi = dt.get(dtype).int_range
+    return _apply("cast", clamp(_apply("round", y), lo, hi), dtype=dt.get(dtype).name)
+
+
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                   y_zero_point=None):
+    """The quantized product of quantized a and b, requantized with y's scale and zero point
+    (dtype: y_zero_point's, else a's). ONNX's QLinearMatMul."""
+    acc = matmul_integer(a, b, a_zero_point, b_zero_point)
+    a_scale = _rows_of(a)(a_scale)
+    mult = _apply("div", _apply("mul", a_scale, b_scale), y_scale)
+    d = _dtype_of(y_zero_point if y_zero_point is not None else a)
+    return _requantize(acc, mult, y_zero_point, d)
+
+
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, stride=1, padding=0, dilation=1,
+                 groups=1):
+    """conv(x - x_zero_point, w - w_zero_point) exact in int32 (w's zero point one number or
+    one per output channel; padding contributes zero). ONNX's ConvInteger."""
+    def per_channel(z):
+        n = 1
+        for s in _shape_of(z):
+            n *= s
+        rank = len(_shape_of(w))
+        return z if n == 1 else _apply("reshape", z, shape=[n] + [1] * (rank - 1))
+    return conv(_less_zero_point(x, x_zero_point), _less_zero_point(w, w_zero_point, per_channel),
+                stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point=None,
+                 bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """The quantized convolution of quantized x and w (w's scale and zero point per output
+    channel or one), plus an int32 bias, requantized with y's. ONNX's QLinearConv."""
+    acc = conv_integer(x, w, x_zero_point, w_zero_point, stride=stride, padding=padding,
+                       dilation=dilation, groups=groups)
+    if bias is not None:
+        acc = _channel_bias(acc, _apply("cast", bias, dtype="int32"))
+    rank = len(_shape_of(acc))
+    n = 1
+    for s in _shape_of(w_scale):
+        n *= s
+    ws = w_scale if n == 1 else _apply("reshape", w_scale, shape=[1, n] + [1] * (rank - 2))
+    mult = _apply("div", _apply("mul", x_scale, ws), y_scale)
+    d = _dtype_of(y_zero_point if y_zero_point is not None else x)
+    return _requantize(acc, mult, y_zero_point, d)
+
+
 # ---- counter-based random numbers (tessera/ops/random.py) ---------------------------------------
 _random_uniform = _make("random_uniform")
 

@@ -83,7 +83,7 @@ def test_every_operator_taking_integers_gives_numpys_bits(dtype, rng):
     for must in ("add", "sub", "mul", "neg", "abs", "pow", "mod", "floor_divide", "maximum",
                  "sign", "eq", "lt", "where", "fma", "sum", "max", "argmin", "cumsum", "cumprod",
                  "matmul", "transpose", "slice", "concat", "take", "pad", "sort", "argsort",
-                 "scatter_add", "cast", "sqrt", "mean"):
+                 "scatter_add", "cast", "sqrt", "mean", "prod", "conv", "max_pool"):
         assert must in ran, f"{must} did not run on {np.dtype(dtype)} (refused: {refused})"
 
 
