@@ -115,8 +115,8 @@ def test_clip_vision_and_whisper_encoders_give_pytorchs_outputs(rng):
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5"])
 def test_an_imported_language_model_exports_to_onnx_and_back(name, opset, rng):
     """from_torch, then ts.onnx.export at the opset asked (onnx.checker with full shape
-    inference passes inside it): ONNX's reference evaluator computes tessera's outputs, padded
-    rows too, and the model imports back to them."""
+    inference passes inside it): ONNX's reference evaluator and onnxruntime compute tessera's
+    outputs, padded rows too, and the model imports back to them."""
     from onnx.reference import ReferenceEvaluator
     torch.manual_seed(int(rng.integers(1 << 30)))
     model = Outputs(_text_models()[name]().eval(), "input_ids")
@@ -132,6 +132,14 @@ def test_an_imported_language_model_exports_to_onnx_and_back(name, opset, rng):
     with np.errstate(invalid="ignore"):        # (its softmax of a padded row's -inf scores)
         theirs = ReferenceEvaluator(exported).run(None, feeds)[0]
     np.testing.assert_allclose(theirs, ours, atol=2e-5, rtol=1e-5)
+    try:
+        import onnxruntime
+    except ImportError:         # (the test extra installs it)
+        onnxruntime = None
+    if onnxruntime is not None:
+        session = onnxruntime.InferenceSession(exported.SerializeToString(),
+                                               providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(session.run(None, feeds)[0], ours, atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(ts.onnx.import_model(exported)(ids, mask), ours, atol=2e-5,
                                rtol=1e-5)
 
