@@ -653,6 +653,91 @@ def _i_pool(kind):
     return read
 
 
+def _i_lp_pool(node, xs):
+    """LpPool: the sum of |x|^p over each window (the padding's zeros in it) to the power
+    1/p, as a mean over the padded window times its size."""
+    p = float(_attr(node, "p", 2))
+    x = xs[0]
+    kernel = list(_attr(node, "kernel_shape"))
+    strides, dilations, pads = _window_attrs(node, x, kernel)
+    mean = op.avg_pool(op.abs(x) ** p, kernel=kernel, stride=strides, padding=pads,
+                       dilation=dilations, ceil_mode=bool(_attr(node, "ceil_mode", 0)),
+                       count_include_pad=True)
+    return (mean * float(math.prod(kernel))) ** (1.0 / p)
+
+
+def _i_lp_normalization(node, xs):
+    """x / its Lp norm along axis (p 1 or 2; a zero norm gives 0)."""
+    x, p, axis = xs[0], _attr(node, "p", 2), _attr(node, "axis", -1)
+    if p not in (1, 2):
+        raise TesseraError(f"LpNormalization node {node.name!r}: p must be 1 or 2, not {p}")
+    n = op.sum(op.abs(x), axis=axis, keepdim=True) if p == 1 else \
+        op.sqrt(op.sum(x * x, axis=axis, keepdim=True))
+    return op.where(n == 0, 0.0, x / op.where(n == 0, 1.0, n))
+
+
+def _i_rotary_embedding(node, xs):
+    """RotaryEmbedding (opset 23): x [B, H, S, D] or [B, S, H*D] (num_heads), the first
+    rotary_embedding_dim features of each head rotated by cos/sin caches [B, S, r/2] or, with
+    position_ids [B, S], rows of [max_position, r/2]; halves (or, interleaved, even and odd
+    features) are the pairs."""
+    x, cos, sin = xs[0], xs[1], xs[2]
+    ids = xs[3] if len(xs) > 3 else None
+    shape = list(x.shape)
+    if len(shape) == 4:
+        v = op.transpose(x, perm=[0, 2, 1, 3])                  # [B, S, H, D]
+    else:
+        heads = _attr(node, "num_heads", 0)
+        if not heads:
+            raise TesseraError(f"RotaryEmbedding node {node.name!r}: a 3-D input needs "
+                               "num_heads")
+        v = op.reshape(x, [shape[0], shape[1], heads, shape[2] // heads])
+    d = v.shape[3]
+    r = _attr(node, "rotary_embedding_dim", 0) or d
+    if ids is not None:
+        cos, sin = op.take(cos, ids, axis=0), op.take(sin, ids, axis=0)
+    cos, sin = op.expand_dims(cos, axis=2), op.expand_dims(sin, axis=2)
+    turn, keep = v[:, :, :, :r], v[:, :, :, r:]
+    if _attr(node, "interleaved", 0):
+        x1, x2 = turn[:, :, :, 0::2], turn[:, :, :, 1::2]
+    else:
+        x1, x2 = turn[:, :, :, :r // 2], turn[:, :, :, r // 2:]
+    re, im = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if _attr(node, "interleaved", 0):
+        turned = op.reshape(op.concat([op.expand_dims(re, axis=-1), op.expand_dims(im, axis=-1)],
+                                      axis=-1), list(turn.shape))
+    else:
+        turned = op.concat([re, im], axis=-1)
+    out = op.concat([turned, keep], axis=-1) if r < d else turned
+    return op.transpose(out, perm=[0, 2, 1, 3]) if len(shape) == 4 else op.reshape(out, shape)
+
+
+def _i_center_crop_pad(node, xs):
+    """CenterCropPad: each named axis cropped or zero-padded to its size around the centre
+    (the odd element at the end), one constant pad (negative pads crop)."""
+    x, sizes = xs[0], _ints(xs[1])
+    rank = len(x.shape)
+    axes = [a % rank for a in (_attr(node, "axes") or range(rank))]
+    pads = [[0, 0] for _ in range(rank)]
+    for a, want in zip(axes, sizes):
+        d = abs(want - x.shape[a])
+        sign = 1 if want > x.shape[a] else -1
+        pads[a] = [sign * (d // 2), sign * (d - d // 2)]
+    return op.pad(x, pads) if any(any(p) for p in pads) else x
+
+
+def _i_reverse_sequence(node, xs):
+    """ReverseSequence: along time_axis, each batch row's first sequence_lens[b] elements
+    reversed, the rest in place (a take_along_axis of computed positions)."""
+    x, lens = xs[0], op.cast(xs[1], "int64")
+    b_ax, t_ax = _attr(node, "batch_axis", 1), _attr(node, "time_axis", 0)
+    rank, T = len(x.shape), x.shape[t_ax]
+    t = np.arange(T, dtype=np.int64).reshape([-1 if k == t_ax else 1 for k in range(rank)])
+    n = op.reshape(lens, [-1 if k == b_ax else 1 for k in range(rank)])
+    where = op.where(t < n, n - 1 - t, t)
+    return op.take_along_axis(x, op.broadcast_to(where, list(x.shape)), axis=t_ax)
+
+
 def _i_pad(node, xs):
     """Pad: pads (and the constant) as inputs from opset 11, attributes before; axes from 18."""
     x = xs[0]
@@ -805,6 +890,11 @@ IMPORT = {
     "ConvTranspose": _i_conv_transpose,
     "MaxPool": _i_pool("max"),
     "AveragePool": _i_pool("avg"),
+    "LpPool": _i_lp_pool,
+    "ReverseSequence": _i_reverse_sequence,
+    "CenterCropPad": _i_center_crop_pad,
+    "LpNormalization": _i_lp_normalization,
+    "RotaryEmbedding": _i_rotary_embedding,
     "GlobalAveragePool": lambda node, xs: op.global_avg_pool(xs[0]),
     "GlobalMaxPool": lambda node, xs: op.global_max_pool(xs[0]),
     "Pad": _i_pad,
@@ -1661,7 +1751,7 @@ IMPORT.update({
 _SHAPE_POSITIONS.update({"ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (1,),
                          "TopK": (1,), "Tile": (1,), "OneHot": (1,), "CumProd": (1,),
                          "Trilu": (1,), "ReduceL1": (1,), "ReduceL2": (1,),
-                         "ReduceSumSquare": (1,), "ReduceLogSum": (1,)})
+                         "ReduceSumSquare": (1,), "ReduceLogSum": (1,), "CenterCropPad": (1,)})
 # ---- older opsets ------------------------------------------------------------------------------
 # An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;
 # by default every version: the later ones only added types). Older schemas that spell it
