@@ -330,7 +330,8 @@ def launch(module: Module, kernel: str, grid, block, args: list, shared: int = 0
 
 # ---- tessera GPU programs --------------------------------------------------------------------
 def _poison(dtype: np.dtype):
-    return np.nan if dtype.kind == "f" else (True if dtype.kind == "b" else -987654321)
+    from tessera import dtypes
+    return dtypes.from_numpy(dtype).poison          # (the CPU runtime's)
 
 
 def run_program(program, *arrays, reverse: bool = False, max_blocks: int | None = None,

@@ -747,3 +747,24 @@ def test_a_shape_generic_module_under_control_flow(target, rng):
         for a, w in zip(got, want):
             assert a.tobytes() == w.tobytes()
     assert len(sources) == 1
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.uint64])
+def test_integer_arithmetic_wraps_on_gpus(target, dtype, rng):
+    """Integer kernels for CUDA and HIP (the unsigned arithmetic that wraps, the new types'
+    typedefs and limits), run in the emulator: NumPy's bits, fused and reduced."""
+    info = np.iinfo(dtype)
+    a, b = (rng.integers(info.min, info.max, (37, 29), dtype=dtype, endpoint=True)
+            for _ in range(2))
+
+    def fn(a, b):
+        s = a * b + a - (b >> 1)
+        return op.where(s > b, -s, s ^ a), op.max(s, axis=1), op.sum(a, axis=0), \
+            op.cast(s, "float32") if dtype != np.uint64 else op.cast(s % 1000, "float32")
+    with np.errstate(all="ignore"):
+        s = a * b + a - (b >> 1)
+        want = (np.where(s > b, -s, s ^ a), s.max(axis=1), a.sum(axis=0),
+                s.astype(np.float32) if dtype != np.uint64 else (s % 1000).astype(np.float32))
+    for g, w in zip(emulate(target, fn, a, b), want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)

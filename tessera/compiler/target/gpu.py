@@ -194,6 +194,8 @@ class GpuRenderer(CStyleRenderer):
                 "#define INT32_MAX 2147483647",
                 "#define INT64_MIN (-9223372036854775807LL - 1)",
                 "#define INT64_MAX 9223372036854775807LL",
+                "#endif",
+                "#ifndef INT8_MIN",
                 "#define INT8_MIN (-128)",
                 "#define INT8_MAX 127",
                 "#define INT16_MIN (-32767 - 1)",
