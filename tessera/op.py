@@ -1027,13 +1027,17 @@ def __dir__():
 # q = saturate(round(x / scale) + zero_point), x ~ (q - zero_point) * scale. A scale (and zero
 # point) is one number, one per index of `axis` (per channel), or, with `block_size`, one per
 # block of that many elements along `axis`. Integer products accumulate exactly in int32.
+def _numel(x) -> int:
+    n = 1
+    for s in _shape_of(x):
+        n *= s
+    return n
+
+
 def _per_axis(v, x, axis, block_size, what):
     """A scale or zero point shaped to broadcast against x."""
     vs = _shape_of(v)
-    size = 1
-    for n in vs:
-        size *= n
-    if size == 1:
+    if _numel(v) == 1:
         return _apply("reshape", v, shape=[]) if vs else v
     shape, ax = _shape_and_axis(x, axis)
     if block_size:
@@ -1103,29 +1107,25 @@ def dynamic_quantize_linear(x):
     return _apply("cast", q, dtype="uint8"), scale, _apply("cast", zp, dtype="uint8")
 
 
-def _less_zero_point(x, zero_point, shape_for=None):
-    """x - zero_point in int32 (the zero point per row when shaped by shape_for)."""
+def _less_zero_point(x, zero_point):
+    """x - zero_point in int32 (the zero point shaped to broadcast already)."""
     v = _apply("cast", x, dtype="int32")
-    if zero_point is None:
-        return v
-    z = _apply("cast", zero_point, dtype="int32")
-    return _apply("sub", v, shape_for(z) if shape_for is not None else z)
+    return v if zero_point is None else \
+        _apply("sub", v, _apply("cast", zero_point, dtype="int32"))
 
 
-def _rows_of(a):
-    """A per-row zero point of a [.., M, K] shaped [M, 1]."""
-    def shape(z):
-        n = 1
-        for s in _shape_of(z):
-            n *= s
-        return z if n == 1 else _apply("reshape", z, shape=[n, 1])
-    return shape
+def _per_leading(z, rank):
+    """One number, or one per index of a tensor's first axis, shaped [n, 1, ...] (a rank-`rank`
+    tensor's per-row or per-output-channel scale or zero point)."""
+    if z is None or _numel(z) == 1:
+        return z
+    return _apply("reshape", z, shape=[_numel(z)] + [1] * (rank - 1))
 
 
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     """(a - a_zero_point) @ (b - b_zero_point), exact in int32 (wrapping past it): a's zero
     point one number or one per row, b's one or one per column. ONNX's MatMulInteger."""
-    return matmul(_less_zero_point(a, a_zero_point, _rows_of(a)),
+    return matmul(_less_zero_point(a, _per_leading(a_zero_point, 2)),
                   _less_zero_point(b, b_zero_point))
 
 
@@ -1145,7 +1145,7 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
     """The quantized product of quantized a and b, requantized with y's scale and zero point
     (dtype: y_zero_point's, else a's). ONNX's QLinearMatMul."""
     acc = matmul_integer(a, b, a_zero_point, b_zero_point)
-    a_scale = _rows_of(a)(a_scale)
+    a_scale = _per_leading(a_scale, 2)
     mult = _apply("div", _apply("mul", a_scale, b_scale), y_scale)
     d = _dtype_of(y_zero_point if y_zero_point is not None else a)
     return _requantize(acc, mult, y_zero_point, d)
@@ -1155,13 +1155,8 @@ def conv_integer(x, w, x_zero_point=None, w_zero_point=None, stride=1, padding=0
                  groups=1):
     """conv(x - x_zero_point, w - w_zero_point) exact in int32 (w's zero point one number or
     one per output channel; padding contributes zero). ONNX's ConvInteger."""
-    def per_channel(z):
-        n = 1
-        for s in _shape_of(z):
-            n *= s
-        rank = len(_shape_of(w))
-        return z if n == 1 else _apply("reshape", z, shape=[n] + [1] * (rank - 1))
-    return conv(_less_zero_point(x, x_zero_point), _less_zero_point(w, w_zero_point, per_channel),
+    w = _less_zero_point(w, _per_leading(w_zero_point, len(_shape_of(w))))
+    return conv(_less_zero_point(x, x_zero_point), w,
                 stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
@@ -1173,10 +1168,7 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
                        dilation=dilation, groups=groups)
     if bias is not None:
         acc = _channel_bias(acc, _apply("cast", bias, dtype="int32"))
-    rank = len(_shape_of(acc))
-    n = 1
-    for s in _shape_of(w_scale):
-        n *= s
+    rank, n = len(_shape_of(acc)), _numel(w_scale)
     ws = w_scale if n == 1 else _apply("reshape", w_scale, shape=[1, n] + [1] * (rank - 2))
     mult = _apply("div", _apply("mul", x_scale, ws), y_scale)
     d = _dtype_of(y_zero_point if y_zero_point is not None else x)

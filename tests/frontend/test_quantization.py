@@ -209,7 +209,8 @@ def test_an_mlp_quantized_by_onnxruntime_imports_and_matches_it(how, rng, tmp_pa
     got = ts.onnx.import_model(dst)(x)
     np.testing.assert_array_equal(got, want)
     exact = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    assert np.abs(got - exact).max() < 0.25          # (int8's error, not a wrong model)
+    # int8's error, not a wrong model (a test row past the calibration's range saturates)
+    assert np.linalg.norm(got - exact) < 0.1 * np.linalg.norm(exact)
 
 
 def test_bad_quantization_arguments_say_what(rng):
