@@ -40,7 +40,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 SETTLE_S = 0.2
 # An implementation slower than this is not woken first: waking threads costs well under 1% of it.
 WAKE_BELOW_S = 0.2
-PEERS = ("torch eager", "torch.compile", "jax.jit", "scipy")
+PEERS = ("torch eager", "torch.compile", "jax.jit", "scipy", "onnxruntime")
 TORCH = ("torch eager", "torch.compile")
 
 
@@ -280,6 +280,8 @@ class Case:
     min_speedup: float | None = 1.0          # goal: tessera at least this much faster than NumPy
     numpy_base: Callable | None = None       # goal measured against this NumPy instead
     scipy: Callable | None = None            # (scipy, *arrays) -> array, when SciPy is installed
+    # (onnxruntime, *arrays) -> a call running a session built once, when it is installed
+    onnxruntime: Callable | None = None
     min_bandwidth: float | None = None       # goal: share of the measured copy bandwidth
     # the every-CPU goals (issue 22), on top of the first wave's:
     min_vs_peers: float | None = None        # tessera >= this x the best of NumPy, torch and jax
@@ -548,6 +550,38 @@ CASES += [
 PENDING: dict = {}
 
 
+# ---- int8 products (issue 42): ONNX's MatMulInteger, int8 x int8 -> int32 ------------------------
+def ort_matmul_integer(ort, a, b):
+    """onnxruntime's MatMulInteger on a and b, its session built once: a call running it."""
+    from onnx import TensorProto, helper
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    graph = helper.make_graph([node], "mm", [
+        helper.make_tensor_value_info("a", TensorProto.INT8, list(a.shape)),
+        helper.make_tensor_value_info("b", TensorProto.INT8, list(b.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return lambda: session.run(None, {"a": a, "b": b})
+
+
+def _int8_case(n):
+    return Case(
+        f"matmul_int8_{n}", f"int8 x int8 -> int32 matmul {n}×{n} @ {n}×{n}, exact (ONNX's "
+        "MatMulInteger; --quick: half)",
+        "side by side with onnxruntime's MatMulInteger and PyTorch's _int_mm (no goal yet: "
+        "tessera has no int8 GEMM routine; the products run as integer loops)",
+        lambda r, q: [r.integers(-128, 128, (n >> q, n >> q)).astype(np.int8) for _ in range(2)],
+        lambda a, b: a.astype(np.int32) @ b.astype(np.int32),
+        ts.function(lambda a, b: op.matmul_integer(a, b)),
+        torch=lambda t, a, b: t._int_mm(a, b), onnxruntime=ort_matmul_integer,
+        flops=mm_flops, bytes=lambda a, b: a.size + b.size + 4 * a.shape[0] * b.shape[1],
+        atol=0.0, min_speedup=None)
+
+
+CASES += [_int8_case(1024)]
+
+
 # ---- a ResNet-18 training step (issue 40): torchvision's architecture (7x7 stem, max pool, four
 # stages of two basic blocks, 1000 classes), batch norm in training mode (the batch's statistics),
 # cross-entropy, the backward pass and SGD with momentum, written once over either library's
@@ -723,6 +757,12 @@ def load_peers() -> dict:
         peers["jax"] = "not installed" if isinstance(e, ImportError) else \
             f"n/a (import failed: {type(e).__name__}: {e})"
     try:
+        import onnxruntime
+        peers["onnxruntime"] = onnxruntime
+    except Exception as e:                                  # noqa: BLE001
+        peers["onnxruntime"] = "not installed" if isinstance(e, ImportError) else \
+            f"n/a (import failed: {type(e).__name__}: {e})"
+    try:
         import scipy.fft
         peers["scipy"] = scipy
     except Exception as e:                                  # noqa: BLE001
@@ -809,6 +849,10 @@ def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None =
     if case.scipy is not None:
         impls["scipy"] = scipy if isinstance(scipy, str) else \
             Impl(lambda: case.scipy(scipy, *arrays), pack)
+    ort = peers.get("onnxruntime")
+    if case.onnxruntime is not None:
+        impls["onnxruntime"] = ort if isinstance(ort, str) else \
+            Impl(case.onnxruntime(ort, *arrays), lambda y: pack(y[0]))
     jax = peers.get("jax")
     if not isinstance(jax, str) and case.jax is not None:
         ja = [jax.device_put(a) for a in arrays]
