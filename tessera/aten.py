@@ -233,14 +233,6 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     return op.attention(q, k, v, mask=attn_mask, causal=is_causal, scale=scale)
 
 
-def _bitwise(how, a, b):
-    """and/or of booleans (min/max); integer bit operations have no tessera operator yet."""
-    if not all(dtype_of(t).is_bool if hasattr(t, "shape") or isinstance(t, np.ndarray)
-               else isinstance(t, bool) for t in (a, b)):
-        raise TesseraError(f"aten.bitwise_{how} of integers is not imported (booleans are)")
-    return op.logical_and(a, b) if how == "and" else op.logical_or(a, b)
-
-
 def _index(x, indices):
     """x[i0, i1, ...] with integer index tensors (None: the whole axis), NumPy's advanced
     indexing: the indexed axes, moved to the front, are read through one flat index; the
@@ -378,7 +370,7 @@ ATEN = {
     "aten.logical_or.default": op.logical_or,
     "aten.logical_xor.default": op.logical_xor,
     "aten.logical_not.default": op.logical_not,
-    "aten.bitwise_not.default": lambda a: _bitwise_not(a),
+    "aten.bitwise_not.default": op.bitwise_not,
     "aten.full.default": _full,
     "aten.full_like.default": lambda x, value, dtype=None, **_: op.broadcast_to(
         apply("cast", np.asarray(value), dtype=_dtype(dtype) if dtype is not None else
@@ -426,10 +418,13 @@ ATEN = {
        for m in ("nearest", "linear", "bilinear", "trilinear", "bicubic") for k in (1, 2, 3)
        for form in ("vec", "default")},
     "aten.scaled_dot_product_attention.default": _sdpa,
-    "aten.bitwise_and.Tensor": lambda a, b: _bitwise("and", a, b),
-    "aten.bitwise_and.Scalar": lambda a, b: _bitwise("and", a, b),
-    "aten.bitwise_or.Tensor": lambda a, b: _bitwise("or", a, b),
-    "aten.bitwise_or.Scalar": lambda a, b: _bitwise("or", a, b),
+    # bits (of integers and bools: op.bitwise_*, NumPy's and PyTorch's bits)
+    **{f"aten.bitwise_{how}.{form}": getattr(op, f"bitwise_{how}")
+       for how in ("and", "or", "xor") for form in ("Tensor", "Scalar")},
+    **{f"aten.{name}.{form}": getattr(op, f"{how}_shift")
+       for how in ("left", "right")
+       for name in (f"__{how[0]}shift__", f"bitwise_{how}_shift")
+       for form in ("Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor")},
     "aten.cumsum.default": lambda x, dim, dtype=None: op.cumsum(
         x if dtype is None else op.cast(x, _dtype(dtype)), axis=dim),
     "aten.index.Tensor": lambda x, indices: _index(x, indices),
@@ -450,12 +445,6 @@ def _swap(rank, a, b):
     perm = list(range(rank))
     perm[a % rank], perm[b % rank] = perm[b % rank], perm[a % rank]
     return perm
-
-
-def _bitwise_not(a):
-    if dtype_of(a).is_bool:
-        return a == False                                            # noqa: E712
-    return -a - 1                                                   # two's complement
 
 
 def _getitem(x, i):

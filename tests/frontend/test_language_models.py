@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.errors import TesseraError
 
 torch = pytest.importorskip("torch", reason="ts.from_torch needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="the models come from transformers")
@@ -237,8 +236,18 @@ def test_cumsum_and_boolean_and_are_pytorchs(rng):
         assert np.asarray(g).dtype == w.numpy().dtype
 
 
-def test_bit_operations_on_integers_are_refused_with_a_reason(rng):
-    m = torch.from_numpy(rng.integers(0, 8, (4,)))
-    fn, params = ts.from_torch(Fn(lambda m: m & 3), m)
-    with pytest.raises(TesseraError, match="bitwise_and of integers"):
-        fn(params, m.numpy())
+def test_bit_operations_and_small_integer_dtypes_are_pytorchs(rng):
+    """A uint8 image and int16 bits (& | ^ ~ << >> on tensors and scalars, shifts by tensors):
+    PyTorch's dtypes and bits."""
+    def f(img, bits, by):
+        x = img.to(torch.float32) / 255.0
+        return (x.mean(dim=(2, 3)), (bits & 0x0F) | (bits << 2) ^ (bits >> by), ~bits,
+                torch.bitwise_right_shift(img, 3), (img > 100) & (img < 200), bits.sum(dim=1))
+    img = torch.from_numpy(rng.integers(0, 256, (2, 3, 8, 8)).astype(np.uint8))
+    bits = torch.from_numpy(rng.integers(-3000, 3000, (2, 5)).astype(np.int16))
+    by = torch.from_numpy(rng.integers(0, 9, (5,)).astype(np.int16))
+    fn, params = ts.from_torch(Fn(f), img, bits, by)
+    got = fn(params, img.numpy(), bits.numpy(), by.numpy())
+    for g, w in zip(got, f(img, bits, by)):
+        assert np.asarray(g).dtype == w.numpy().dtype
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6)
