@@ -538,30 +538,26 @@ def _window_attrs(node, x, kernel):
     return strides, dilations, _window_pads(node, x, kernel, strides, dilations)
 
 
-def _i_conv(node, xs):
-    x, w = xs[0], xs[1]
+def _conv_attrs(node, x, w) -> dict:
+    """A Conv-like node's window as op.conv's keywords."""
     kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
     strides, dilations, pads = _window_attrs(node, x, kernel)
-    bias = xs[2] if len(xs) > 2 else None
-    return op.conv(x, w, bias, stride=strides, padding=pads, dilation=dilations,
-                   groups=_attr(node, "group", 1))
+    return {"stride": strides, "padding": pads, "dilation": dilations,
+            "groups": _attr(node, "group", 1)}
+
+
+def _i_conv(node, xs):
+    return op.conv(xs[0], xs[1], xs[2] if len(xs) > 2 else None,
+                   **_conv_attrs(node, xs[0], xs[1]))
 
 
 def _i_conv_integer(node, xs):
-    x, w = xs[0], xs[1]
-    kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
-    strides, dilations, pads = _window_attrs(node, x, kernel)
-    return op.conv_integer(x, w, *(list(xs[2:4]) + [None, None])[:2], stride=strides,
-                           padding=pads, dilation=dilations, groups=_attr(node, "group", 1))
+    return op.conv_integer(*(list(xs) + [None, None])[:4], **_conv_attrs(node, xs[0], xs[1]))
 
 
 def _i_qlinear_conv(node, xs):
-    x, w = xs[0], xs[3]
-    kernel = list(_attr(node, "kernel_shape", w.shape[2:]))
-    strides, dilations, pads = _window_attrs(node, x, kernel)
     ys = list(xs) + [None] * (9 - len(xs))
-    return op.qlinear_conv(*ys[:8], bias=ys[8], stride=strides, padding=pads,
-                           dilation=dilations, groups=_attr(node, "group", 1))
+    return op.qlinear_conv(*ys[:8], bias=ys[8], **_conv_attrs(node, xs[0], xs[3]))
 
 
 def _quant_dtype(node):
