@@ -50,7 +50,7 @@ def _make(name):
 
 
 for _name in _ops.REGISTRY:      # (control flow is tessera.fori_loop & co, tessera/control.py)
-    if _name not in ("layernorm", "rmsnorm", "attention", "cast", "matmul",
+    if _name not in ("layernorm", "rmsnorm", "attention", "cast", "matmul", "matmul_integer",
                      "round_stochastic", "softplus", "tile_program", "conv",
                      "conv_transpose") + _ops.regions.REGION_OPS + \
             _ops.host.HOST_OPS:
@@ -1124,9 +1124,32 @@ def _per_leading(z, rank):
 
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     """(a - a_zero_point) @ (b - b_zero_point), exact in int32 (wrapping past it): a's zero
-    point one number or one per row, b's one or one per column. ONNX's MatMulInteger."""
-    return matmul(_less_zero_point(a, _per_leading(a_zero_point, 2)),
-                  _less_zero_point(b, b_zero_point))
+    point one number or one per row, b's one or one per column. ONNX's MatMulInteger.
+
+    int8 and uint8 matrices are multiplied as they are (the primitive matmul_integer: on the
+    CPU, the ISA's integer dot products) and the zero points come off afterwards with the
+    operands' sums, exact modulo 2^32: sum (a - za)(b - zb) = sum ab - zb sum_k a - za sum_k b
+    + K za zb. Other integers are widened to int32 and multiplied."""
+    from . import dtypes as dt
+    K = _shape_of(a)[-1] if _shape_of(a) else None
+    if _dtype_of(a) not in (dt.int8, dt.uint8) or _dtype_of(b) not in (dt.int8, dt.uint8) \
+            or len(_shape_of(a)) < 2 or len(_shape_of(b)) < 2 or not isinstance(K, int):
+        return matmul(_less_zero_point(a, _per_leading(a_zero_point, 2)),
+                      _less_zero_point(b, b_zero_point))
+    acc = _apply("matmul_integer", a, b)
+    za, zb = (None if z is None else _apply("cast", z, dtype="int32")
+              for z in (_per_leading(a_zero_point, 2), b_zero_point))
+
+    def total(x, axis):          # an operand's sums along the contracted axis, in int32
+        s = _apply("sum", _apply("cast", x, dtype="int32"), axis=[axis], keepdim=True)
+        return _apply("cast", s, dtype="int32")
+    if zb is not None:
+        acc = _apply("sub", acc, _apply("mul", total(a, -1), zb))
+    if za is not None:
+        acc = _apply("sub", acc, _apply("mul", za, total(b, -2)))
+    if za is not None and zb is not None:
+        acc = _apply("add", acc, _apply("mul", _apply("mul", za, zb), K))
+    return acc
 
 
 def _requantize(acc, multiplier, zero_point, dtype):

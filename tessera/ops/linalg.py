@@ -1,4 +1,5 @@
-"""Contractions: matmul (2-D, batched, broadcast batch dimensions, 1-D operands)."""
+"""Contractions: matmul (2-D, batched, broadcast batch dimensions, 1-D operands) and the exact
+int32 product of 8-bit integer matrices."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +17,11 @@ def _matmul_infer(types, attrs):
     if d.is_bool:
         raise DTypeError("matmul of bool tensors", received=f"{a} @ {b}",
                          hint="cast to a numeric dtype first")
+    return _product_type(a, b, d)
+
+
+def _product_type(a, b, d):
+    """The type of a @ b with NumPy's shapes (batch broadcasting, 1-D operands), dtype d."""
     if a.rank == 0 or b.rank == 0:
         raise ShapeError("matmul needs operands of rank 1 or more", received=f"{a} @ {b}",
                          hint="use op.mul (or *) to scale by a scalar")
@@ -58,12 +64,19 @@ def _matmul_decompose(b, xs, attrs):
     if tx.dtype.is_fp8 or ty.dtype.is_fp8:      # widened exactly, a float32 product
         return b.op("matmul", *[b.op("cast", v, dtype="float32") for v in (x, y)],
                     tile_shape=attrs.get("tile_shape"))
+    return _as_matrices(b, "matmul", x, y, tile_shape=attrs.get("tile_shape"))
+
+
+def _as_matrices(b, name, x, y, **attrs):
+    """A product with a 1-D operand as one of matrices (a row, a column), reshaped back; None
+    (primitive) when both are matrices already."""
+    tx, ty = b.type(x), b.type(y)
     if tx.rank >= 2 and ty.rank >= 2:
-        return None                         # primitive
+        return None
     x2 = b.op("reshape", x, shape=[1, tx.shape[0]]) if tx.rank == 1 else x
     y2 = b.op("reshape", y, shape=[ty.shape[0], 1]) if ty.rank == 1 else y
-    out = b.op("matmul", x2, y2, tile_shape=attrs.get("tile_shape"))
-    return b.op("reshape", out, shape=list(_matmul_infer([tx, ty], {}).shape))
+    out = b.op(name, x2, y2, **attrs)
+    return b.op("reshape", out, shape=list(_product_type(tx, ty, b.type(out).dtype).shape))
 
 
 def _matmul_normalize(types, attrs):
@@ -113,3 +126,28 @@ register(OpDef(
     doc="matrix product with NumPy's broadcasting of batch dimensions; tile_shape=(BM, BN, BK) "
         "sets the kernel's tiles"))
 
+
+
+# ---- 8-bit integer products ---------------------------------------------------------------------
+_BYTES = (dt.int8, dt.uint8)
+
+
+def _integer_infer(types, attrs):
+    a, b = types
+    if a.dtype not in _BYTES or b.dtype not in _BYTES:
+        raise DTypeError("matmul_integer multiplies int8 and uint8 matrices",
+                         received=f"{a} @ {b}",
+                         hint="op.matmul_integer(a, b) takes any integers (wider ones are "
+                              "widened to int32 first); this operator is its 8-bit core")
+    return _product_type(a, b, dt.int32)
+
+
+register(OpDef(
+    "matmul_integer", 2, {}, infer=_integer_infer,
+    dtype_rule=lambda ds, attrs: (list(ds), dt.int32),
+    reference=lambda a, t: np.matmul(a[0].astype(np.int32), a[1].astype(np.int32)),
+    decompose=lambda b, xs, attrs: _as_matrices(b, "matmul_integer", *xs),
+    lowering=Contract(), differentiable=False,
+    doc="the product of int8 or uint8 matrices, exact in int32 (wrapping past it): ONNX's "
+        "MatMulInteger without zero points, torch._int_mm; on the CPU with the integer dot "
+        "products of the ISA level (VNNI, NEON's sdot)"))

@@ -27,21 +27,30 @@ class Level:
     arch: str                   # "x86_64", "aarch64", or "any"
     march: tuple[str, ...]      # the compiler flags that select it
     needs: frozenset            # the /proc/cpuinfo flags (x86) or Features (ARM) it needs
-    rank: int                   # within one arch, a higher rank runs everything a lower one does
+    rank: int                   # within one arch, the host's level is the highest-ranked it runs
     about: str
 
 
 _X86_V2 = frozenset("cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3".split())
 _X86_V3 = _X86_V2 | frozenset("avx avx2 bmi1 bmi2 f16c fma abm movbe xsave".split())
 _X86_V4 = _X86_V3 | frozenset("avx512f avx512bw avx512cd avx512dq avx512vl".split())
+# The integer dot products (u8 x s8 in fours into int32: vpdpbusd; NEON's s8 x s8 sdot) the int8
+# GEMM uses: AVX-VNNI on AVX2 cores (Alder Lake, Sierra Forest), AVX-512 VNNI from Cascade Lake
+# and Zen 4, ARMv8.2's dot product. Each is a level of its own, as -march names none of them.
 
 LEVELS = {lv.name: lv for lv in [
     Level("generic", "any", (), frozenset(), 0, "the C compiler's default for this machine"),
     Level("x86-64-v2", "x86_64", ("-march=x86-64-v2",), _X86_V2, 1, "SSE4.2"),
     Level("x86-64-v3", "x86_64", ("-march=x86-64-v3",), _X86_V3, 2, "AVX2 + FMA"),
-    Level("x86-64-v4", "x86_64", ("-march=x86-64-v4",), _X86_V4, 3, "AVX-512"),
+    Level("x86-64-v3+vnni", "x86_64", ("-march=x86-64-v3", "-mavxvnni"),
+          _X86_V3 | {"avx_vnni"}, 3, "AVX2 + FMA + AVX-VNNI"),
+    Level("x86-64-v4", "x86_64", ("-march=x86-64-v4",), _X86_V4, 4, "AVX-512"),
+    Level("x86-64-v4+vnni", "x86_64", ("-march=x86-64-v4", "-mavx512vnni"),
+          _X86_V4 | {"avx512_vnni"}, 5, "AVX-512 + VNNI"),
     Level("armv8-a", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), 1, "NEON"),
-    Level("armv8.2-a+sve", "aarch64", ("-march=armv8.2-a+sve",), frozenset({"asimd", "sve"}), 2,
+    Level("armv8.2-a+dotprod", "aarch64", ("-march=armv8.2-a+dotprod",),
+          frozenset({"asimd", "asimddp"}), 2, "NEON + dot product"),
+    Level("armv8.2-a+sve", "aarch64", ("-march=armv8.2-a+sve",), frozenset({"asimd", "sve"}), 3,
           "NEON + SVE"),
 ]}
 

@@ -66,7 +66,7 @@ def run_on_arm(prog, arrays, tmp_path):
     (d / "driver.c").write_text(driver_source(prog))
     for file, text in prog.routine_sources.items():         # the GEMM and attention routines
         (d / file).write_text(text)
-    flags = [f for f in toolchain.flags(CROSS, LEVEL) if f != "-shared"]
+    flags = [f for f in toolchain.flags(CROSS, prog.target[4:]) if f != "-shared"]
     r = subprocess.run([CROSS, *flags, str(d / "program.c"), str(d / "driver.c"),
                         *[str(d / f) for f in prog.routine_sources], "-o", str(d / "run"), "-lm"],
                        capture_output=True, text=True)
@@ -180,3 +180,22 @@ def test_arm64_results_equal_numpy_and_the_x86_bits(rng, tmp_path, name):
         assert_close(g, np.asarray(w).astype(g.dtype), scale=8.0)
         if same_bits:
             assert g.tobytes() == h.tobytes(), f"{name}: the ARM64 bits differ from this CPU's"
+
+
+@pytest.mark.parametrize("level", ["armv8-a", "armv8.2-a+dotprod"])      # NEON; NEON + sdot
+@pytest.mark.parametrize("pair", ["i8i8", "u8i8", "i8u8", "u8u8"])
+def test_arm64_int8_gemm_is_numpys_int32_product(rng, tmp_path, level, pair):
+    """The int8 GEMM routine (sdot on armv8.2-a+dotprod, plain C on armv8-a) under qemu: every
+    operand signedness, a transposed operand, edges of every micro-tile, a zero point."""
+    ta, tb = (np.int8 if p == "i8" else np.uint8 for p in (pair[:2], pair[2:]))
+    a = rng.integers(np.iinfo(ta).min, np.iinfo(ta).max + 1, (2, 37, 203)).astype(ta)
+    b = rng.integers(np.iinfo(tb).min, np.iinfo(tb).max + 1, (45, 203)).astype(tb)
+    zb = rng.integers(np.iinfo(tb).min, np.iinfo(tb).max + 1, (45,)).astype(tb)
+    f = ts.function(lambda a, b, zb: (op.matmul_integer(a, b.T),
+                                      op.matmul_integer(a, b.T, None, zb)))
+    prog = f.lower(a, b, zb, target=f"cpu:{level}")
+    assert f"ts_gemm_tile_{pair}" in prog.target_code
+    got = run_on_arm(prog, [a, b, zb], tmp_path)
+    wide = a.astype(np.int32)
+    np.testing.assert_array_equal(got[0], wide @ b.T.astype(np.int32))
+    np.testing.assert_array_equal(got[1], wide @ (b.astype(np.int32) - zb[:, None]).T)

@@ -5,7 +5,9 @@ product is a fixed grid of (batch, row tile, column tile) tasks, each one call o
 routine (routines/c_gemm.py on the CPU: packed panels, a register-tiled micro-kernel;
 routines/gpu_gemm.py on GPUs: a block's tile, tensor cores where the dtype has them) and then
 the epilogue over the finished tile while it is in cache. The grid depends on the shapes and
-knobs only, never on the thread count. Integer products are plain loops with no epilogue.
+knobs only, never on the thread count. The exact int32 product of 8-bit matrices
+(matmul_integer) runs the same grid over the int8 GEMM routine (routines/gemm_i8.c) on the CPU;
+other integer products are plain loops with no epilogue.
 """
 from __future__ import annotations
 
@@ -28,6 +30,16 @@ GPU_MIN_TILE = 16
 
 def is_contraction(n) -> bool:
     return isinstance(n.opdef.lowering, R.Contract)
+
+
+def routine_dtype(c) -> str | None:
+    """The GEMM routine's dtype for contraction node c on the CPU: the product's ("f32",
+    "bf16"), the operand pair's for 8-bit integers ("i8u8"), None for plain loops."""
+    if c.out.type.dtype.is_float:
+        return c.out.type.dtype.short
+    if c.op == "matmul_integer":
+        return "".join(v.type.dtype.short for v in c.inputs)
+    return None
 
 
 class Contract(Strategy):
@@ -88,8 +100,10 @@ class Contract(Strategy):
 
     def cpu_knobs(self, k) -> dict:
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
-        if k.output.type.dtype.is_float:
-            knobs.update(gemm_tiles(k.group.anchor, k.output.type.dtype.compute.short))
+        d = routine_dtype(k.group.anchor)
+        if d is not None:                  # (16-bit products run the float32 routine's tiles)
+            knobs.update(gemm_tiles(k.group.anchor, "i8" if d in c_gemm.INT8_PAIRS
+                                    else k.output.type.dtype.compute.short))
         return knobs
 
     def gpu_knobs(self, k, target) -> dict:
@@ -137,16 +151,18 @@ class Contract(Strategy):
 
     # -- lowering and routines -------------------------------------------------------------------
     def lower_cpu(self, k, code):
-        if k.output.type.dtype.is_float:
+        if routine_dtype(k.group.anchor) is not None:
             return lower_gemm_tiles(k)
         return lower_contract_loops(k)
 
     def lower_gpu(self, k, code, target, knobs):
         if not k.output.type.dtype.is_float:
-            return grid_from_cpu_nests(self.lower_cpu(k, code), knobs)
+            return grid_from_cpu_nests(lower_contract_loops(k), knobs)
         return gpu_contract(k, code, target, knobs)
 
     def c_routine(self, name, dtype):
+        if dtype in c_gemm.INT8_PAIRS:
+            return c_gemm.int8_gemm_source(dtype)
         return c_gemm.gemm_source(dtype)
 
     def c_half_routine(self, name):
@@ -201,16 +217,16 @@ def contract_operands(k: Kernel):
 
 
 def lower_gemm_tiles(k: Kernel):
-    """Float matmuls: a fixed grid of (batch, row tile, column tile) tasks, each one call of the
-    packed GEMM routine and then the epilogue over the finished tile while it is in cache. The
-    grid depends on the shapes and knobs only, never on the thread count."""
+    """Float and 8-bit integer matmuls: a fixed grid of (batch, row tile, column tile) tasks,
+    each one call of the packed GEMM routine and then the epilogue over the finished tile while
+    it is in cache. The grid depends on the shapes and knobs only, never on the thread count."""
     names = Names()
     em = Emitter(k, names)
     grp = k.group
-    d = k.output.type.dtype
+    d = routine_dtype(grp.anchor)
     task = gemm_task(k, em, k.knobs["tile_m"], k.knobs["tile_n"])
-    body = task.decls + [Call(f"ts_gemm_tile_{d.short}", task.args + (Const(k.knobs["tile_k"]),),
-                              f"gemm:{d.short}")]
+    body = task.decls + [Call(f"ts_gemm_tile_{d}", task.args + (Const(k.knobs["tile_k"]),),
+                              f"gemm:{d}")]
     if grp.root is not grp.anchor:
         ii, jj = names("i"), names("j")
         epi = Loop(jj, task.nt, "vector" if k.knobs.get("simd") else "serial")

@@ -14,7 +14,8 @@ from . import routine_text, specialise
 
 MR = 6                         # micro-tile rows as the tiling heuristics count them (the C
                                # micro-kernel has its own per ISA: gemm_isa.h)
-DEFAULT_TILE = {"f32": (512, 512, 256), "f64": (128, 256, 256)}    # rows, cols per task; K block
+DEFAULT_TILE = {"f32": (512, 512, 256), "f64": (128, 256, 256),     # rows, cols per task; K block
+                "i8": (256, 512, 512)}
 MIN_TASKS = 8                  # split smaller products finer, so both cores get work
 
 # the chunks: ISA macros (plain C), per-thread scratch memory and the routine ({S}: f32 or f64,
@@ -43,3 +44,19 @@ def gemm_source(dtype_short: str) -> list[str]:
 # abort() in the user's process: without scratch the GEMM computes the same chains straight
 # from the 16-bit operands; attention returns 1 and its kernel reports out of memory.
 HALF_ROUTINE = routine_text("gemm_half.c")
+
+
+# The int8 GEMM (gemm_i8.c on gemm_i8_isa.h's instruction sets): int8 or uint8 operands, an
+# exact int32 product. {S} names the pair ("i8u8": int8 A, uint8 B), {TA}/{TB} their C types,
+# {UA}/{UB} whether each is unsigned.
+INT8_PAIRS = {a + b for a in ("i8", "u8") for b in ("i8", "u8")}
+I8_ISA = routine_text("gemm_i8_isa.h")
+_I8_ROUTINE = routine_text("gemm_i8.c")
+
+
+def int8_gemm_source(pair: str) -> list[str]:
+    """The chunks of the int8 GEMM for one operand pair ("i8i8", "u8i8", ...)."""
+    ctype = {"i8": ("int8_t", 0), "u8": ("uint8_t", 1)}
+    (ta, ua), (tb, ub) = ctype[pair[:2]], ctype[pair[2:]]
+    return [I8_ISA, specialise(SCRATCH, S="q", T="unsigned char"),
+            specialise(_I8_ROUTINE, S=pair, TA=ta, UA=ua, TB=tb, UB=ub)]

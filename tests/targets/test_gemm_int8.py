@@ -1,0 +1,133 @@
+"""The int8 GEMM routine behind op.matmul_integer (ONNX's MatMulInteger, QLinearMatMul): NumPy's
+int32 product of the widened operands, exactly (wrapping past int32), for every operand
+signedness, shape, stride and zero point, at every x86 ISA level this CPU runs; and each level's
+routine uses that level's integer dot product. (ARM64, NEON and sdot: tests/targets/test_arm64.py.)
+"""
+import platform
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+from tessera.compiler.target.c import routine_library_source
+from tessera.runtime import isa
+from tessera.runtime.toolchain import flags
+from tessera.trace import apply
+
+X86_LEVELS = ["generic", "x86-64-v2", "x86-64-v3", "x86-64-v3+vnni", "x86-64-v4",
+              "x86-64-v4+vnni"]
+PAIRS = ["i8i8", "u8i8", "i8u8", "u8u8"]
+x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 levels")
+
+
+def ints(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def exact(a, b):
+    """a @ b in int64, wrapped to int32 as the int32 product wraps."""
+    return (np.asarray(a).astype(np.int64) @ np.asarray(b).astype(np.int64)).astype(np.int32)
+
+
+def types(pair):
+    return [np.int8 if p == "i8" else np.uint8 for p in (pair[:2], pair[2:])]
+
+
+def level_here(level):
+    if not isa.runs_here(level):
+        pytest.skip(f"this CPU cannot run {level} code (it runs {isa.host_level()})")
+    return f"cpu:{level}"
+
+
+@x86
+@pytest.mark.parametrize("level", X86_LEVELS)
+@pytest.mark.parametrize("pair", PAIRS)
+def test_every_shape_and_stride_is_numpys_int32_product(rng, level, pair):
+    target = level_here(level)
+    ta, tb = types(pair)
+    f = ts.function(lambda a, b: op.matmul_integer(a, b), target=target)
+    ft = ts.function(lambda a, w: op.matmul_integer(a, w.T), target=target)  # w read in place
+    fs = ts.function(lambda a, b: op.matmul_integer(a[:, 1::2], b[::2, 3:]), target=target)
+    # micro-tile edges, few rows or columns, K across the 512 block, tasks over 256 x 512
+    for m, k, n in [(1, 1, 1), (7, 0, 5), (3, 9, 70), (13, 17, 19), (97, 64, 33), (6, 300, 64),
+                    (300, 1100, 530)]:
+        a, b = ints(rng, ta, (m, k)), ints(rng, tb, (k, n))
+        got = f(a, b)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, exact(a, b))
+        np.testing.assert_array_equal(ft(a, np.ascontiguousarray(b.T)), exact(a, b))
+    a, b = ints(rng, ta, (33, 90)), ints(rng, tb, (90, 70))
+    np.testing.assert_array_equal(fs(a, b), exact(a[:, 1::2], b[::2, 3:]))
+
+
+@x86
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4", "x86-64-v4+vnni"])
+def test_sums_past_int32_wrap_as_numpys(rng, level):
+    """255 * 255 * 40000 overflows int32: the product wraps modulo 2^32, on every path."""
+    target = level_here(level)
+    a = np.full((6, 40000), 255, np.uint8)
+    a[:, ::7] = ints(rng, np.uint8, a[:, ::7].shape)
+    b = np.full((40000, 9), 255, np.uint8)
+    got = ts.function(lambda a, b: op.matmul_integer(a, b), target=target)(a, b)
+    want = exact(a, b)
+    assert (a.astype(np.int64) @ b.astype(np.int64)).max() > 2 ** 31    # (it does wrap)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_zero_points_batches_and_vectors(rng, pair):
+    """Zero points come off through the operands' sums: one number, per row of a, per column
+    of b; broadcast batches; 1-D operands."""
+    ta, tb = types(pair)
+    a, b = ints(rng, ta, (3, 1, 21, 40)), ints(rng, tb, (2, 40, 17))
+    za, zb = ints(rng, ta, (21,)), ints(rng, tb, (17,))
+    f = ts.function(lambda a, b, za, zb: (op.matmul_integer(a, b, za, zb),
+                                          op.matmul_integer(a, b, za[3], zb[5]),
+                                          op.matmul_integer(a, b, None, zb),
+                                          op.matmul_integer(a[0, 0, 0], b[1]),
+                                          op.matmul_integer(a[0, 0], b[1, :, 2])))
+    full, scalar, only_b, vec_mat, mat_vec = f(a, b, za, zb)
+    wa, wb = a.astype(np.int64), b.astype(np.int64)
+    np.testing.assert_array_equal(full, exact(wa - za[:, None], wb - zb))
+    np.testing.assert_array_equal(scalar, exact(wa - za[3], wb - zb[5]))
+    np.testing.assert_array_equal(only_b, exact(wa, wb - zb))
+    np.testing.assert_array_equal(vec_mat, exact(a[0, 0, 0], b[1]))
+    np.testing.assert_array_equal(mat_vec, exact(a[0, 0], b[1, :, 2]))
+    assert ts.function(lambda a, b: op.matmul_integer(a, b)).lower(a, b).target_code.count(
+        f"ts_gemm_tile_{pair}(") >= 1
+
+
+def test_other_integers_widen_and_bad_dtypes_are_named(rng):
+    a, b = ints(rng, np.int16, (5, 7)), ints(rng, np.int8, (7, 3))
+    np.testing.assert_array_equal(ts.function(op.matmul_integer)(a, b), exact(a, b))
+    core = ts.function(lambda a, b: apply("matmul_integer", a, b))    # the 8-bit primitive
+    with pytest.raises(ts.TesseraError, match="int8 and uint8"):
+        core(a, b)
+
+
+# the instruction each level's routine multiplies with ("{vex} vpdpbusd": AVX-VNNI's encoding;
+# x86-64-v2 and armv8-a run plain C)
+DOT = {"x86-64-v3": "vpmaddwd", "x86-64-v3+vnni": "vpdpbusd",
+       "x86-64-v4": "vpmaddwd", "x86-64-v4+vnni": "vpdpbusd", "armv8.2-a+dotprod": "sdot"}
+COMPILER = {"x86_64": "gcc", "aarch64": "aarch64-linux-gnu-gcc"}
+
+
+@pytest.mark.parametrize("level", list(DOT))
+def test_each_level_multiplies_with_its_dot_product(tmp_path, level):
+    """Compiled for a named level (never -march=native), the routine's inner loop is that
+    level's instruction: VNNI's vpdpbusd, vpmaddwd on int16 without it, NEON's sdot."""
+    cc = shutil.which(COMPILER[isa.LEVELS[level].arch])
+    if cc is None:
+        pytest.skip(f"needs {COMPILER[isa.LEVELS[level].arch]} (.ci/run installs it)")
+    src = tmp_path / "gemm.c"
+    src.write_text(routine_library_source("gemm:u8i8"))
+    opts = [f for f in flags(cc, level) if f not in ("-shared", "-fopenmp")]
+    r = subprocess.run([cc, *opts, "-S", str(src), "-o", "-"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert DOT[level] in r.stdout
+    if level.endswith("vnni"):
+        assert "pmaddwd" not in r.stdout
