@@ -554,10 +554,11 @@ PENDING: dict = {}
 def ort_matmul_integer(ort, a, b):
     """onnxruntime's MatMulInteger on a and b, its session built once: a call running it."""
     from onnx import TensorProto, helper
+    kind = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8}
     node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
     graph = helper.make_graph([node], "mm", [
-        helper.make_tensor_value_info("a", TensorProto.INT8, list(a.shape)),
-        helper.make_tensor_value_info("b", TensorProto.INT8, list(b.shape))],
+        helper.make_tensor_value_info("a", kind[a.dtype], list(a.shape)),
+        helper.make_tensor_value_info("b", kind[b.dtype], list(b.shape))],
         [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
     session = ort.InferenceSession(model.SerializeToString(),
@@ -565,21 +566,27 @@ def ort_matmul_integer(ort, a, b):
     return lambda: session.run(None, {"a": a, "b": b})
 
 
-def _int8_case(n):
+def _int8_case(n, a_type=np.int8):
+    """An n x n x n product of 8-bit matrices into int32: int8 x int8 (PyTorch's _int_mm takes
+    only these), or uint8 activations x int8 weights (what onnxruntime's quantizer writes)."""
+    ua = a_type == np.uint8
     return Case(
-        f"matmul_int8_{n}", f"int8 x int8 -> int32 matmul {n}×{n} @ {n}×{n}, exact (ONNX's "
+        f"matmul_{'u8' if ua else 'i8'}i8_{n}",
+        f"{'uint8' if ua else 'int8'} x int8 -> int32 matmul {n}×{n} @ {n}×{n}, exact (ONNX's "
         "MatMulInteger; --quick: half)",
-        "side by side with onnxruntime's MatMulInteger and PyTorch's _int_mm (no goal yet: "
-        "tessera has no int8 GEMM routine; the products run as integer loops)",
-        lambda r, q: [r.integers(-128, 128, (n >> q, n >> q)).astype(np.int8) for _ in range(2)],
+        "at least PyTorch's _int_mm; side by side with onnxruntime's MatMulInteger" if not ua
+        else "side by side with onnxruntime's MatMulInteger (PyTorch has no uint8 x int8 GEMM)",
+        lambda r, q: [r.integers(0 if ua else -128, 256 if ua else 128,
+                                 (n >> q, n >> q)).astype(a_type),
+                      r.integers(-128, 128, (n >> q, n >> q)).astype(np.int8)],
         lambda a, b: a.astype(np.int32) @ b.astype(np.int32),
         ts.function(lambda a, b: op.matmul_integer(a, b)),
-        torch=lambda t, a, b: t._int_mm(a, b), onnxruntime=ort_matmul_integer,
+        torch=None if ua else (lambda t, a, b: t._int_mm(a, b)), onnxruntime=ort_matmul_integer,
         flops=mm_flops, bytes=lambda a, b: a.size + b.size + 4 * a.shape[0] * b.shape[1],
-        atol=0.0, min_speedup=None)
+        atol=0.0, min_speedup=None, min_vs_torch=None if ua else 1.0)
 
 
-CASES += [_int8_case(1024)]
+CASES += [_int8_case(1024), _int8_case(2048, np.uint8)]
 
 
 # ---- a ResNet-18 training step (issue 40): torchvision's architecture (7x7 stem, max pool, four

@@ -287,6 +287,7 @@ ATEN = {
         _alpha(bias, beta) + _alpha(op.matmul(a, b), alpha),
     "aten.mm.default": lambda a, b: op.matmul(a, b),
     "aten.bmm.default": lambda a, b: op.matmul(a, b),
+    "aten._int_mm.default": lambda a, b: op.matmul_integer(a, b),
     "aten.matmul.default": lambda a, b: op.matmul(a, b),
     "aten.native_layer_norm.default": _layer_norm,
     "aten._softmax.default": lambda x, dim, half_to_float=False: op.softmax(x, axis=dim),

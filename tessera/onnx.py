@@ -276,7 +276,8 @@ EXPORT = {
         ("sigmoid", "Sigmoid"), ("floor", "Floor"), ("ceil", "Ceil"), ("round", "Round"),
         ("sign", "Sign"), ("where", "Where"),
         ("eq", "Equal"), ("lt", "Less"), ("le", "LessOrEqual"), ("gt", "Greater"),
-        ("ge", "GreaterOrEqual"), ("matmul", "MatMul")]},
+        ("ge", "GreaterOrEqual"), ("matmul", "MatMul"),
+        ("matmul_integer", "MatMulInteger")]},
     # ONNX's Max and Min take no bools: theirs are Or and And
     "maximum": lambda w, n, xs, out: w.node("Or" if n.out.type.dtype.is_bool else "Max", xs,
                                             out),

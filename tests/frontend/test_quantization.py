@@ -124,6 +124,33 @@ def test_matmul_integer_is_exact(atype, btype, rng):
                    {"y": np.int32}, opset=10), {"a": a, "b": b})
 
 
+@pytest.mark.parametrize("opset", [17, 21])
+def test_matmul_integer_exports_as_matmul_integer(opset, rng):
+    """The 8-bit product and its zero-point corrections exported, then run by ONNX's reference
+    evaluator and onnxruntime: the product of the widened operands."""
+    a = rng.integers(0, 256, (5, 40)).astype(np.uint8)
+    b = rng.integers(-128, 128, (40, 7)).astype(np.int8)
+    zb = rng.integers(-128, 128, (7,)).astype(np.int8)
+    model = ts.onnx.export(lambda a, b, zb: op.matmul_integer(a, b, None, zb), None, a, b, zb,
+                           opset_version=opset)
+    onnx.checker.check_model(model, full_check=True)
+    assert "MatMulInteger" in {n.op_type for n in model.graph.node}
+    feeds = dict(zip([i.name for i in model.graph.input], [a, b, zb]))
+    want = a.astype(np.int32) @ (b.astype(np.int32) - zb)
+    for run in [ReferenceEvaluator(model).run] + ([ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]).run] if ort else []):
+        np.testing.assert_array_equal(run(None, feeds)[0], want)
+
+
+def test_pytorchs_int_mm_imports(rng):
+    torch = pytest.importorskip("torch", reason="from_torch needs PyTorch")
+    x = torch.from_numpy(rng.integers(-128, 128, (32, 72)).astype(np.int8))
+    y = torch.from_numpy(rng.integers(-128, 128, (72, 40)).astype(np.int8))
+    f, params = ts.from_torch(lambda x, y: torch._int_mm(x, y), x, y)
+    got = f(params, x.numpy(), y.numpy())
+    np.testing.assert_array_equal(got, torch._int_mm(x, y).numpy())
+
+
 def test_conv_integer_and_qlinear_conv_match_pytorch_and_onnxruntime(rng):
     torch = pytest.importorskip("torch", reason="the convolution reference is PyTorch's")
     x = rng.integers(0, 256, (2, 4, 9, 8)).astype(np.uint8)

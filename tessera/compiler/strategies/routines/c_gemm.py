@@ -15,7 +15,7 @@ from . import routine_text, specialise
 MR = 6                         # micro-tile rows as the tiling heuristics count them (the C
                                # micro-kernel has its own per ISA: gemm_isa.h)
 DEFAULT_TILE = {"f32": (512, 512, 256), "f64": (128, 256, 256),     # rows, cols per task; K block
-                "i8": (256, 512, 512)}
+                "i8": (256, 512, 1024)}
 MIN_TASKS = 8                  # split smaller products finer, so both cores get work
 
 # the chunks: ISA macros (plain C), per-thread scratch memory and the routine ({S}: f32 or f64,

@@ -19,7 +19,10 @@ static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {TA}* A, int64_t rsa, in
       int64_t k = 0, have = ir + r < mc ? kc : 0;
       if (TS_Q_CB_{S} && have) {
         uint32_t s = 0;
-        for (int64_t q = 0; q < kc; ++q) s += (uint32_t)(int32_t)a[q * csa];
+        if (csa == 1)                /* (a contiguous sum vectorises) */
+          for (int64_t q = 0; q < kc; ++q) s += (uint32_t)(int32_t)a[q];
+        else
+          for (int64_t q = 0; q < kc; ++q) s += (uint32_t)(int32_t)a[q * csa];
         sa[ir + r] += s;
       }
 #if !TS_Q_WIDE
@@ -38,56 +41,69 @@ static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {TA}* A, int64_t rsa, in
 }
 
 /* NR columns of B in groups of KG k: pb[(g * NR + j) * KG + q] = B[g * KG + q, j] + cb, zero
-   past the tile's columns and kc; sb[j] += column j's sum over these k (only where A is
-   biased). */
+   past the tile's columns and kc; sb[j] += column j's sum of these packed values (only where A
+   is biased). */
 static void ts_pack_b_{S}(int64_t kc, int64_t nc, const {TB}* B, int64_t rsb, int64_t csb,
                           ts_q_t* pb, uint32_t* sb) {
   int64_t kq = (kc + TS_Q_KG - 1) / TS_Q_KG * TS_Q_KG;
-  for (int64_t jr = 0; jr < nc; jr += TS_Q_NR, pb += TS_Q_NR * kq) {
-    int64_t n = nc - jr < TS_Q_NR ? nc - jr : TS_Q_NR, k = 0;
-    if (TS_Q_CA_{S})
-      for (int64_t q = 0; q < kc; ++q)
-        for (int64_t j = 0; j < n; ++j) sb[jr + j] += (uint32_t)(int32_t)B[q * rsb + (jr + j) * csb];
+  int64_t whole = nc / TS_Q_NR * TS_Q_NR, fast = 0;     /* columns in whole panels; k done */
 #if !TS_Q_WIDE
-    if (n == TS_Q_NR && rsb == 1) {       /* a column's k are contiguous (a transposed weight) */
-      for (int64_t j = 0; j < TS_Q_NR; ++j)
-        for (int64_t q = 0; q + 4 <= kc; q += 4) {
-          uint32_t w;
-          memcpy(&w, B + (jr + j) * csb + q, 4);
-          w ^= TS_Q_CB_{S} ? 0x80808080u : 0u;
-          memcpy(pb + q * TS_Q_NR + j * 4, &w, 4);
-        }
-      k = kc / 4 * 4;
-    }
-#if defined(__SSE2__)
-    if (n == TS_Q_NR && csb == 1) {       /* rows of B: four of them interleaved bytewise */
-      __m128i flip = _mm_set1_epi8(TS_Q_CB_{S} ? (char)0x80 : 0);
-      for (; k + 4 <= kc; k += 4) {
-        const {TB}* s = B + k * rsb + jr;
-        for (int64_t c = 0; c < TS_Q_NR; c += 16) {
-          __m128i r0 = _mm_loadu_si128((const __m128i*)(s + c));
-          __m128i r1 = _mm_loadu_si128((const __m128i*)(s + rsb + c));
-          __m128i r2 = _mm_loadu_si128((const __m128i*)(s + 2 * rsb + c));
-          __m128i r3 = _mm_loadu_si128((const __m128i*)(s + 3 * rsb + c));
-          __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
-          __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
-          ts_q_t* d = pb + k * TS_Q_NR + c * 4;
-          _mm_storeu_si128((__m128i*)d, _mm_xor_si128(_mm_unpacklo_epi16(t0, t2), flip));
-          _mm_storeu_si128((__m128i*)(d + 16), _mm_xor_si128(_mm_unpackhi_epi16(t0, t2), flip));
-          _mm_storeu_si128((__m128i*)(d + 32), _mm_xor_si128(_mm_unpacklo_epi16(t1, t3), flip));
-          _mm_storeu_si128((__m128i*)(d + 48), _mm_xor_si128(_mm_unpackhi_epi16(t1, t3), flip));
-        }
+  if (whole && rsb == 1) {           /* a column's k are contiguous (a transposed weight) */
+    for (int64_t j = 0; j < whole; ++j)
+      for (int64_t q = 0; q + 4 <= kc; q += 4) {
+        uint32_t w;
+        memcpy(&w, B + j * csb + q, 4);
+        w ^= TS_Q_CB_{S} ? 0x80808080u : 0u;
+        memcpy(pb + j / TS_Q_NR * TS_Q_NR * kq + q * TS_Q_NR + j % TS_Q_NR * 4, &w, 4);
       }
-    }
+    fast = kc / 4 * 4;
+  }
+#if defined(__SSE2__)
+  if (whole && csb == 1) {           /* rows of B, four at a time interleaved bytewise: each
+                                        row read once, along its length */
+    __m128i flip = _mm_set1_epi8(TS_Q_CB_{S} ? (char)0x80 : 0);
+    for (int64_t k = 0; k + 4 <= kc; k += 4)
+      for (int64_t c = 0; c < whole; c += 16) {
+        const {TB}* s = B + k * rsb + c;
+        __m128i r0 = _mm_loadu_si128((const __m128i*)s);
+        __m128i r1 = _mm_loadu_si128((const __m128i*)(s + rsb));
+        __m128i r2 = _mm_loadu_si128((const __m128i*)(s + 2 * rsb));
+        __m128i r3 = _mm_loadu_si128((const __m128i*)(s + 3 * rsb));
+        __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+        __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
+        ts_q_t* d = pb + c / TS_Q_NR * TS_Q_NR * kq + k * TS_Q_NR + c % TS_Q_NR * 4;
+        _mm_storeu_si128((__m128i*)d, _mm_xor_si128(_mm_unpacklo_epi16(t0, t2), flip));
+        _mm_storeu_si128((__m128i*)(d + 16), _mm_xor_si128(_mm_unpackhi_epi16(t0, t2), flip));
+        _mm_storeu_si128((__m128i*)(d + 32), _mm_xor_si128(_mm_unpacklo_epi16(t1, t3), flip));
+        _mm_storeu_si128((__m128i*)(d + 48), _mm_xor_si128(_mm_unpackhi_epi16(t1, t3), flip));
+      }
+    fast = kc / 4 * 4;
+  }
 #endif
 #endif
-    for (; k < kq; ++k) {
+  for (int64_t jr = 0; jr < nc; jr += TS_Q_NR, pb += TS_Q_NR * kq) {
+    int64_t n = nc - jr < TS_Q_NR ? nc - jr : TS_Q_NR;
+    for (int64_t k = n == TS_Q_NR ? fast : 0; k < kq; ++k) {
       ts_q_t* dst = pb + k / TS_Q_KG * TS_Q_NR * TS_Q_KG + k % TS_Q_KG;
       int64_t have = k < kc ? n : 0;
       const {TB}* src = B + k * rsb + jr * csb;
       for (int64_t j = 0; j < have; ++j) dst[j * TS_Q_KG] = (ts_q_t)(src[j * csb] + TS_Q_CB_{S});
       for (int64_t j = have; j < TS_Q_NR; ++j) dst[j * TS_Q_KG] = 0;
     }
+#if TS_Q_CA_{S}
+    {                                  /* the panel's packed column sums */
+      ts_qv t[TS_Q_NV];
+      int32_t lanes[TS_Q_VL];
+      for (int v = 0; v < TS_Q_NV; ++v) t[v] = ts_qv_zero();
+      for (int64_t g = 0; g < kq / TS_Q_KG; ++g)
+        for (int v = 0; v < TS_Q_NV; ++v)
+          t[v] = ts_qv_sum(t[v], ts_qv_load(pb + (g * TS_Q_NR + v * TS_Q_VL) * TS_Q_KG));
+      for (int v = 0; v < TS_Q_NV; ++v) {
+        ts_qv_store(lanes, t[v]);
+        for (int l = 0; l < TS_Q_VL; ++l) sb[jr + v * TS_Q_VL + l] += (uint32_t)lanes[l];
+      }
+    }
+#endif
   }
 }
 
@@ -194,14 +210,13 @@ static void ts_gemm_tile_{S}(const {TA}* A, int64_t rsa, int64_t csa, const {TB}
                      C + ir * ldc + jr, ldc, mt - ir < TS_Q_MR ? mt - ir : TS_Q_MR,
                      nt - jr < TS_Q_NR ? nt - jr : TS_Q_NR, pc == 0);
   }
-  /* sum (a + ca)(b + cb) = sum ab + cb sum a + ca sum b + K ca cb */
+  /* with a' = a + ca, b' = b + cb: sum ab = sum a'b' - cb sum a - ca sum b' */
 #if TS_Q_CA_{S} || TS_Q_CB_{S}
   {
     uint32_t ca = (uint32_t)(int32_t)TS_Q_CA_{S}, cb = (uint32_t)(int32_t)TS_Q_CB_{S};
-    uint32_t both = (uint32_t)K * ca * cb;
     for (int64_t i = 0; i < mt; ++i) {
       uint32_t* c = (uint32_t*)(C + i * ldc);
-      uint32_t row = cb * sa[i] + both;
+      uint32_t row = cb * sa[i];
       for (int64_t j = 0; j < nt; ++j) c[j] -= row + ca * sb[j];
     }
   }

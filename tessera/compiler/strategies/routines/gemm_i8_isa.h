@@ -10,7 +10,7 @@
      otherwise plain C, one k at a time.
    An operand whose signedness is not the instruction's is packed with its top bit flipped
    (x + 128 or x - 128) and the difference taken off afterwards with the operands' row and
-   column sums. (The loads from C are ts_qv_loadc: int32 accumulators, not packed bytes.)
+   column sums (B's summed packed, ts_qv_sum: the dot product with ones). (The loads from C are ts_qv_loadc: int32 accumulators, not packed bytes.)
    Every product and sum is exact in int32 (wrapping past it), so the order never matters: each
    path gives the same bits as the others and as NumPy's int32 matmul. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -28,7 +28,10 @@ typedef __m512i ts_qv;
 #define ts_qv_store(p, v) _mm512_storeu_si512((void*)(p), v)
 #define ts_qv_loadc(p) ts_qv_load(p)
 #define ts_qv_bcast(p) _mm512_set1_epi32(ts_q_lane(p))
-#define ts_qv_dot(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define ts_qv_sum(acc, b) ts_qv_dot(acc, _mm512_set1_epi8(1), b)
+/* (in asm: gcc copies the accumulator around the intrinsic, one move before and after each) */
+#define ts_qv_dot(acc, a, b) ({ ts_qv ts_acc_ = (acc); \
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(ts_acc_) : "v"(a), "v"(b)); ts_acc_; })
 #elif defined(__AVXVNNI__) && defined(__AVX2__)
 #include <immintrin.h>
 #define TS_Q_MR 6
@@ -45,6 +48,7 @@ typedef __m256i ts_qv;
 #define ts_qv_loadc(p) ts_qv_load(p)
 #define ts_qv_bcast(p) _mm256_set1_epi32(ts_q_lane(p))
 #define ts_qv_dot(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
+#define ts_qv_sum(acc, b) _mm256_dpbusd_avx_epi32(acc, _mm256_set1_epi8(1), b)
 #elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
 #include <arm_neon.h>
 #define TS_Q_MR 8
@@ -60,6 +64,7 @@ typedef int32x4_t ts_qv;
 #define ts_qv_load(p) vreinterpretq_s32_u8(vld1q_u8(p))
 #define ts_qv_store(p, v) vst1q_s32(p, v)
 #define ts_qv_loadc(p) vld1q_s32(p)
+#define ts_qv_sum(acc, b) vdotq_s32(acc, vreinterpretq_s8_s32(b), vdupq_n_s8(1))
 #elif defined(__AVX512BW__)
 #include <immintrin.h>
 #define TS_Q_MR 8
