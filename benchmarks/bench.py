@@ -287,6 +287,7 @@ class Case:
     min_vs_peers: float | None = None        # tessera >= this x the best of NumPy, torch and jax
     min_vs_torch: float | None = None        # tessera >= this x PyTorch's best (eager, compiled)
     min_peak_share: float | None = None      # share of the probe's FMA peak
+    integer_ops: bool = False                # flops counts integer operations: no FMA peak
     reference: Callable | None = None        # float64 reference if not `numpy` on float64 inputs
     pack: Callable | None = None             # several outputs -> one flat array to compare
     # a tile kernel's goal: within a factor of tessera's own routine for the same result
@@ -583,7 +584,7 @@ def _int8_case(n, a_type=np.int8):
         ts.function(lambda a, b: op.matmul_integer(a, b)),
         torch=None if ua else (lambda t, a, b: t._int_mm(a, b)), onnxruntime=ort_matmul_integer,
         flops=mm_flops, bytes=lambda a, b: a.size + b.size + 4 * a.shape[0] * b.shape[1],
-        atol=0.0, min_speedup=None, min_vs_torch=None if ua else 1.0)
+        atol=0.0, min_speedup=None, min_vs_torch=None if ua else 1.0, integer_ops=True)
 
 
 CASES += [_int8_case(1024), _int8_case(2048, np.uint8)]
@@ -972,7 +973,8 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
         row["speedup_vs_best_peer_by_min"] = min(mins[p] for p in peer_times) / mins["tessera"]
     if case.flops:
         row["tessera_gflops"] = case.flops(*arrays) / tt / 1e6
-        if peaks:
+        row["integer_ops"] = case.integer_ops
+        if peaks and not case.integer_ops:
             row["tessera_peak_share"] = row["tessera_gflops"] / peaks["fma_gflops"]
     if case.bytes:
         row["tessera_gbs"] = case.bytes(*arrays) / tt / 1e6
@@ -1245,7 +1247,9 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
                          f"{100 * r['spread']['tessera']:.0f}%")
         if "tessera_gflops" in r:
             share = r.get("tessera_peak_share")
-            facts.append(f"{r['tessera_gflops']:.0f} GFLOP/s"
+            facts.append(f"{r['tessera_gflops']:.0f} GOP/s (integer; no FMA peak)"
+                         if r.get("integer_ops") else
+                         f"{r['tessera_gflops']:.0f} GFLOP/s"
                          + (f" ({100 * share:.0f}% of peak)" if share is not None else
                             " (peak n/a)"))
         if "tessera_gbs" in r:
