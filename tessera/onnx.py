@@ -1749,6 +1749,220 @@ _SHAPE_POSITIONS.update({"ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (
                          "TopK": (1,), "Tile": (1,), "OneHot": (1,), "CumProd": (1,),
                          "Trilu": (1,), "ReduceL1": (1,), "ReduceL2": (1,),
                          "ReduceSumSquare": (1,), "ReduceLogSum": (1,), "CenterCropPad": (1,)})
+
+# ---- signal processing and more activations ------------------------------------------------------
+def _known_int(x, node, what):
+    """A scalar input the model must give as a constant (a window's size, a DFT's length)."""
+    if isinstance(x, Traced):
+        raise TesseraError(f"{node.op_type} node {node.name!r}: {what} must be known when the "
+                           "model is traced")
+    return int(np.asarray(x).reshape(-1)[0])
+
+
+_WINDOWS = {    # n / N as t: the window's value (ONNX's formulas, PyTorch's windows)
+    "HannWindow": lambda t: np.sin(np.pi * t) ** 2,
+    "HammingWindow": lambda t: 25 / 46 - (1 - 25 / 46) * np.cos(2 * np.pi * t),
+    "BlackmanWindow": lambda t: 0.42 - 0.5 * np.cos(2 * np.pi * t) + 0.08 * np.cos(4 * np.pi * t),
+}
+
+
+def _i_window(node, xs):
+    """A window of the given size (periodic: N = size, else size - 1), computed in float64 and
+    rounded once to output_datatype: a constant of the model."""
+    size = _known_int(xs[0], node, "the window's size")
+    period = size if _attr(node, "periodic", 1) else size - 1
+    with np.errstate(all="ignore"):
+        w = _WINDOWS[node.op_type](np.arange(size, dtype=np.float64) / period)
+    return w.astype(np.dtype(_tessera_dtype(_attr(node, "output_datatype", 1), node)))
+
+
+def _i_dft(node, xs, axis=None):
+    """DFT (opset 20; 17 with the axis an attribute): the signal's last axis holds its real part
+    (size 1) or real and imaginary parts (size 2), and so does the result; onto op.fft, ifft,
+    rfft and irfft (inverse and onesided: a real signal back from half a spectrum); 16-bit
+    signals transform in float32."""
+    x = xs[0]
+    rank, parts = len(x.shape), x.shape[-1]
+    if axis is None:
+        axis = _known_int(xs[2], node, "the axis") if len(xs) > 2 and xs[2] is not None else -2
+    axis %= rank
+    if axis == rank - 1 or parts not in (1, 2):
+        raise TesseraError(f"DFT node {node.name!r}: the last axis holds the real and imaginary "
+                           f"parts (size 1 or 2, here {parts}) and is not the transform's axis")
+    n = _known_int(xs[1], node, "dft_length") if len(xs) > 1 and xs[1] is not None else None
+    inverse, onesided = _attr(node, "inverse", 0), _attr(node, "onesided", 0)
+    d = dtype_of(x)
+    work = x if d in (dt.float32, dt.float64) else op.cast(x, dtype="float32")
+    sig = op.reshape(work, shape=list(x.shape[:-1])) if parts == 1 else \
+        op.complex(work[..., 0], work[..., 1])
+    if inverse and onesided:
+        y = op.irfft(sig, n=n if n is not None else 2 * (x.shape[axis] - 1), axis=axis)
+        return op.cast(op.expand_dims(y, axis=-1), dtype=d.name)
+    if inverse:
+        y = op.ifft(sig, n=n, axis=axis)
+    elif onesided and parts == 1:
+        y = op.rfft(sig, n=n, axis=axis)
+    else:
+        y = op.fft(sig, n=n, axis=axis)
+        if onesided:
+            y = y[(slice(None),) * axis + (slice(0, y.shape[axis] // 2 + 1),)]
+    out = op.concat([op.expand_dims(op.real(y), axis=-1), op.expand_dims(op.imag(y), axis=-1)],
+                    axis=-1)
+    return op.cast(out, dtype=d.name)
+
+
+def _i_lrn(node, xs):
+    """Local response normalisation across channels: x / (bias + alpha / size * the sum of
+    squares over the channel window [c - (size-1)//2, c + size//2 ... clipped])^beta."""
+    x, size = xs[0], _attr(node, "size")
+    alpha, beta, bias = _attr(node, "alpha", 1e-4), _attr(node, "beta", 0.75), _attr(node, "bias",
+                                                                                    1.0)
+    lo, channels = (size - 1) // 2, x.shape[1]
+    sq = op.pad(x * x, pads=[[0, 0], [lo, size - 1 - lo]] + [[0, 0]] * (len(x.shape) - 2))
+    total = sq[:, 0:channels]
+    for i in range(1, size):
+        total = total + sq[:, i:i + channels]
+    return x / op.pow(bias + (alpha / size) * total, beta)
+
+
+IMPORT.update({
+    **{k: _i_window for k in _WINDOWS},
+    "DFT": _i_dft,
+    "LRN": _i_lrn,
+    "SwiGLU": lambda node, xs: xs[0] * op.sigmoid(_attr(node, "alpha", 1.0) * xs[0]) * xs[1],
+})
+_SHAPE_POSITIONS.update({**{k: (0,) for k in _WINDOWS}, "DFT": (1, 2)})
+
+
+# ---- recurrent layers (RNN, GRU, LSTM) -----------------------------------------------------------
+# name -> (how many of activation_alpha/_beta it reads, the activation of x given them);
+# defaults as the ONNX operators of those names
+_RNN_ACTIVATIONS = {
+    "tanh": ((), lambda x: op.tanh(x)),
+    "sigmoid": ((), lambda x: op.sigmoid(x)),
+    "relu": ((), lambda x: op.relu(x)),
+    "softsign": ((), lambda x: x / (1 + op.abs(x))),
+    "softplus": ((), lambda x: op.softplus(x)),
+    "affine": ((1.0, 0.0), lambda x, a, b: a * x + b),
+    "leakyrelu": ((0.01,), lambda x, a: op.where(x < 0, a * x, x)),
+    "thresholdedrelu": ((1.0,), lambda x, a: op.where(x > a, x, 0.0)),
+    "scaledtanh": ((1.0, 1.0), lambda x, a, b: a * op.tanh(b * x)),
+    "hardsigmoid": ((0.2, 0.5), lambda x, a, b: op.clamp(a * x + b, 0.0, 1.0)),
+    "elu": ((1.0,), lambda x, a: op.where(x < 0, a * (op.exp(x) - 1), x)),
+}
+_RNN_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+_RNN_DEFAULT = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+
+
+def _rnn_activations(node, count):
+    """The node's activation functions, `count` per direction, as callables."""
+    names = [n.decode() if isinstance(n, bytes) else n for n in
+             _attr(node, "activations", _RNN_DEFAULT[node.op_type] * count)]
+    alphas = list(_attr(node, "activation_alpha", []))
+    betas = list(_attr(node, "activation_beta", []))
+    out = []
+    for name in names:
+        if name.lower() not in _RNN_ACTIVATIONS:
+            raise TesseraError(f"{node.op_type} node {node.name!r}: the activation {name!r} is "
+                               "not one of ONNX's", expected=", ".join(_RNN_ACTIVATIONS))
+        defaults, f = _RNN_ACTIVATIONS[name.lower()]
+        args = [(alphas if i == 0 else betas).pop(0) if (alphas if i == 0 else betas) else d
+                for i, d in enumerate(defaults)]
+        out.append(lambda x, f=f, args=args: f(x, *args))
+    return out
+
+
+def _i_recurrent(node, xs):
+    """RNN, GRU and LSTM (opsets 14 on: `layout`; 7 on otherwise): each direction one ts.scan
+    over time, the input's products with W computed for every step at once beforehand. With
+    sequence_lens, a sequence's steps past its length keep its state and output zeros."""
+    kind, G = node.op_type, _RNN_GATES[node.op_type]
+    X, W, R, B, lens, h0, c0, P = (list(xs) + [None] * 8)[:8]
+    H = _attr(node, "hidden_size")
+    direction = _attr(node, "direction", "forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    layout, clip = _attr(node, "layout", 0), _attr(node, "clip")
+    if layout:                              # [batch, seq, ...] -> [seq, batch, ...]
+        X = op.transpose(X, perm=[1, 0, 2])
+        h0, c0 = (None if v is None else op.transpose(v, perm=[1, 0, 2]) for v in (h0, c0))
+    T, N = X.shape[0], X.shape[1]
+    dirs = 2 if direction == "bidirectional" else 1
+    per = len(_RNN_DEFAULT[kind])
+    acts = _rnn_activations(node, dirs)
+    d_x = dtype_of(X)
+    mask = None
+    if lens is not None:                    # [T, N, 1]: step t of sequence b is real
+        steps = np.arange(T, dtype=np.int64).reshape(T, 1)
+        mask = op.expand_dims(op.cast(steps < op.cast(lens, dtype="int64"), dtype=d_x.name),
+                              axis=-1)
+    lbr = kind == "GRU" and _attr(node, "linear_before_reset", 0)
+    coupled = kind == "LSTM" and _attr(node, "input_forget", 0)
+
+    def pre(v):                              # a gate's pre-activation, clipped if asked
+        return v if clip is None else op.clamp(v, -clip, clip)
+
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        f, g, h_act = (acts[d * per:(d + 1) * per] + [None, None])[:3]
+        Wd, Rd = W[d], R[d]
+        xw = op.matmul(X, op.transpose(Wd))                     # [T, N, G*H]
+        rb = None
+        if B is not None:
+            wb, rb = B[d, :G * H], B[d, G * H:]
+            xw = xw + (wb + rb if not lbr else wb + op.concat(
+                [rb[:2 * H], op.cast(np.zeros(H), dtype=d_x.name)], axis=0))
+        zeros = op.cast(np.zeros((N, H)), dtype=d_x.name)
+        h = zeros if h0 is None else h0[d]
+        c = zeros if c0 is None else c0[d]
+        pi = po = pf = None
+        if P is not None:
+            pi, po, pf = P[d, :H], P[d, H:2 * H], P[d, 2 * H:]
+
+        def step(carry, inp, Rd=Rd, rb=rb, f=f, g=g, h_act=h_act, pi=pi, po=po, pf=pf):
+            h, c = carry
+            xt, mt = inp if mask is not None else (inp, None)
+            if kind == "RNN":
+                h_new, c_new = f(pre(xt + op.matmul(h, op.transpose(Rd)))), c
+            elif kind == "GRU":
+                hr = op.matmul(h, op.transpose(Rd[:2 * H]))
+                z = f(pre(xt[:, :H] + hr[:, :H]))
+                r = f(pre(xt[:, H:2 * H] + hr[:, H:]))
+                if lbr:
+                    inner = op.matmul(h, op.transpose(Rd[2 * H:]))
+                    inner = inner if rb is None else inner + rb[2 * H:]
+                    hh = g(pre(xt[:, 2 * H:] + r * inner))
+                else:
+                    hh = g(pre(xt[:, 2 * H:] + op.matmul(r * h, op.transpose(Rd[2 * H:]))))
+                h_new, c_new = (1 - z) * hh + z * h, c
+            else:                                               # LSTM: gates i, o, f, c
+                s = xt + op.matmul(h, op.transpose(Rd))
+                gi, go, gf, gc = s[:, :H], s[:, H:2 * H], s[:, 2 * H:3 * H], s[:, 3 * H:]
+                i = f(pre(gi if pi is None else gi + pi * c))
+                fg = 1 - i if coupled else f(pre(gf if pf is None else gf + pf * c))
+                c_new = fg * c + i * g(pre(gc))
+                o = f(pre(go if po is None else go + po * c_new))
+                h_new = o * h_act(c_new)
+            if mt is None:
+                return (h_new, c_new), h_new
+            keep = 1 - mt
+            return (mt * h_new + keep * h, mt * c_new + keep * c), mt * h_new
+
+        (hT, cT), y = ts_scan(step, (h, c), xw if mask is None else (xw, mask),
+                              reverse=direction == "reverse" or d == 1)
+        ys.append(op.expand_dims(y, axis=1))                     # [T, 1, N, H]
+        hs.append(op.expand_dims(hT, axis=0))
+        cs.append(op.expand_dims(cT, axis=0))
+    Y = ys[0] if dirs == 1 else op.concat(ys, axis=1)
+    Yh = hs[0] if dirs == 1 else op.concat(hs, axis=0)
+    Yc = cs[0] if dirs == 1 else op.concat(cs, axis=0)
+    if layout:                              # Y [N, T, dirs, H]; Y_h, Y_c [N, dirs, H]
+        Y = op.transpose(Y, perm=[2, 0, 1, 3])
+        Yh, Yc = (op.transpose(v, perm=[1, 0, 2]) for v in (Yh, Yc))
+    return (Y, Yh, Yc) if kind == "LSTM" else (Y, Yh)
+
+
+IMPORT.update({k: _i_recurrent for k in _RNN_GATES})
+
 # ---- older opsets ------------------------------------------------------------------------------
 # An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;
 # by default every version: the later ones only added types). Older schemas that spell it
@@ -1894,6 +2108,8 @@ OLDER.update({
     "Upsample": (7, []),                # (width_scale and height_scale)
     "Pad": (2, []),                     # (paddings)
     "Split": (2, []),                   # (the sizes as an input or an attribute)
+    "DFT": (20, [(17, lambda node, xs: _i_dft(node, xs[:2], axis=_attr(node, "axis", 1)))]),
+    **{k: (7, []) for k in ("RNN", "GRU", "LSTM")},    # (opset 1's output_sequence, ...)
 })
 
 

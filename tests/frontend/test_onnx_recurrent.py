@@ -1,0 +1,87 @@
+"""ONNX's recurrent layers (RNN, GRU, LSTM) imported onto ts.scan: PyTorch's own layers exported
+by torch.onnx against PyTorch, and one-node models with what PyTorch's export never writes
+(sequence lengths, initial states, peepholes, clipping, linear_before_reset, batch-first
+layout) against onnxruntime. (ONNX's node tests of the three: tests/frontend/test_onnx_node.py.)
+"""
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import tessera as ts
+
+onnx = pytest.importorskip("onnx", reason="ONNX import needs the onnx package")
+from onnx import TensorProto as T  # noqa: E402
+from onnx import helper as h  # noqa: E402
+
+try:
+    import onnxruntime as ort
+except ImportError:                     # (the test extra installs it; a bare checkout may not)
+    ort = None
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_pytorchs_layers_exported_by_torch_onnx(kind, rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    layer = getattr(torch.nn, kind)(input_size=5, hidden_size=7, num_layers=2,
+                                    bidirectional=True, batch_first=True).eval()
+    x = torch.from_numpy(rng.standard_normal((3, 6, 5)).astype(np.float32))
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(layer, (x,), buf, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    assert kind in {n.op_type for n in model.graph.node}
+    got = ts.onnx.import_model(model)(x.numpy())
+    with torch.no_grad():
+        want = layer(x)
+    for g, w in zip(got, [want[0], *(want[1] if kind == "LSTM" else [want[1]])]):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(ort is None, reason="onnxruntime is not installed (the test extra has it)")
+@pytest.mark.parametrize("kind, attrs", [
+    ("LSTM", {"direction": "bidirectional"}),
+    ("LSTM", {"direction": "reverse", "clip": 0.7, "input_forget": 0}),
+    ("LSTM", {"layout": 1, "activations": ["HardSigmoid", "Tanh", "Tanh"],
+              "activation_alpha": [0.3], "activation_beta": [0.4]}),
+    ("GRU", {"direction": "bidirectional", "linear_before_reset": 1}),
+    ("GRU", {"direction": "reverse"}),
+    ("RNN", {"direction": "bidirectional", "activations": ["Relu", "Tanh"]}),
+])
+def test_one_node_models_match_onnxruntime(kind, attrs, rng):
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    dirs = 2 if attrs.get("direction") == "bidirectional" else 1
+    seq, batch, size, hidden = 5, 4, 3, 6
+    layout = attrs.get("layout", 0)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)         # noqa: E731
+    x = f32(batch, seq, size) if layout else f32(seq, batch, size)
+    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    arrays = {"X": x, "W": f32(dirs, gates * hidden, size) * 0.5,
+              "R": f32(dirs, gates * hidden, hidden) * 0.5, "B": f32(dirs, 2 * gates * hidden),
+              "sequence_lens": rng.integers(1, seq + 1, batch).astype(np.int32),
+              "initial_h": f32(*state)}
+    if kind == "LSTM":
+        arrays.update(initial_c=f32(*state), P=f32(dirs, 3 * hidden))
+    outs = ["Y", "Y_h"] + (["Y_c"] if kind == "LSTM" else [])
+
+    def model(arrays, attrs):
+        node = h.make_node(kind, list(arrays), outs, hidden_size=hidden, **attrs)
+        graph = h.make_graph([node], kind, [
+            h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for n, a in arrays.items()], [h.make_tensor_value_info(o, T.FLOAT, None)
+                                          for o in outs])
+        return h.make_model(graph, opset_imports=[h.make_opsetid("", 14)])
+    got = ts.onnx.import_model(model(arrays, attrs))(*arrays.values())
+    if layout:      # (onnxruntime runs only layout 0: the same model on transposed arrays)
+        swap = {"X": (1, 0, 2), "initial_h": (1, 0, 2), "initial_c": (1, 0, 2)}
+        arrays = {n: a.transpose(swap[n]) if n in swap else a for n, a in arrays.items()}
+        attrs = {k: v for k, v in attrs.items() if k != "layout"}
+    want = ort.InferenceSession(model(arrays, attrs).SerializeToString(), providers=[
+        "CPUExecutionProvider"]).run(None, arrays)
+    if layout:
+        want = [want[0].transpose(2, 0, 1, 3)] + [w.transpose(1, 0, 2) for w in want[1:]]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
