@@ -15,6 +15,7 @@ without an entry is one ``TesseraError`` listing them all. Needs the ``onnx`` pa
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 
 import numpy as np
@@ -1962,6 +1963,121 @@ def _i_recurrent(node, xs):
 
 
 IMPORT.update({k: _i_recurrent for k in _RNN_GATES})
+
+
+# ---- sampling on grids (GridSample, AffineGrid) --------------------------------------------------
+def _cubic_weights(t):
+    """Keys' cubic convolution weights (a = -0.75) of the taps at -1, 0, 1, 2 from the floor."""
+    a = -0.75
+
+    def near(s):                            # |s| <= 1
+        return ((a + 2) * s - (a + 3)) * s * s + 1
+
+    def far(s):                             # 1 < |s| < 2
+        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _reflect(v, lo, hi):
+    """v reflected by the nearer border until it lies in [lo, hi] (ONNX's GridSample)."""
+    span = hi - lo
+    below, above = v < lo, v > hi
+    d = op.where(below, lo - v, op.where(above, v - hi, 0.0))
+    turns = op.floor(d / span)
+    r = d - turns * span
+    even = (turns - 2 * op.floor(turns / 2)) == 0
+    from_lo, from_hi = lo + r, hi - r
+    return op.where(below, op.where(even, from_lo, from_hi),
+                    op.where(above, op.where(even, from_hi, from_lo), v))
+
+
+def _i_grid_sample(node, xs):
+    """GridSample (opset 16 on; 20 on for 3-D volumes): X [N, C, *S] sampled at grid
+    [N, *O, k] (normalised coordinates, the last spatial axis first), nearest, (bi/tri)linear or
+    bicubic, zeros, border or reflection padding: each tap of the interpolation one gather over
+    the flattened spatial axes, weighted, as ONNX's reference reads its pixels (bicubic with
+    border padding as PyTorch and onnxruntime: see below)."""
+    x, grid = xs
+    mode = _attr(node, "mode", "linear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(
+        mode.decode() if isinstance(mode, bytes) else mode,
+        mode.decode() if isinstance(mode, bytes) else mode)
+    pad = _attr(node, "padding_mode", "zeros")
+    pad = pad.decode() if isinstance(pad, bytes) else pad
+    align = bool(_attr(node, "align_corners", 0))
+    if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
+        raise TesseraError(f"GridSample node {node.name!r}: mode {mode!r} or padding_mode "
+                           f"{pad!r} is not ONNX's")
+    N, C, dims = x.shape[0], x.shape[1], list(x.shape[2:])
+    k, out = len(dims), list(grid.shape[1:-1])
+    taps_per_axis = []
+    for i, size in enumerate(dims):         # per spatial axis: [(index, weight, valid), ...]
+        g = grid[..., k - 1 - i]
+        u = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if mode == "nearest":
+            u = op.round(u)
+        # a coordinate out of bounds moves in (cubic: only its taps do, as in PyTorch and
+        # onnxruntime; ONNX's reference clamps a cubic's coordinate first for border padding)
+        if pad == "border" and mode != "cubic":
+            u = op.where((u < lo) | (u > hi), op.clamp(u, 0.0, size - 1.0), u)
+        elif pad == "reflection" and mode != "cubic":
+            u = _reflect(u, lo, hi)
+        if mode == "nearest":
+            taps = [(u, None)]
+        else:
+            base = op.floor(u)
+            t = u - base
+            taps = [(base, 1 - t), (base + 1, t)] if mode == "linear" else \
+                [(base + (j - 1), w) for j, w in enumerate(_cubic_weights(t))]
+        fetched = []
+        for idx, w in taps:                 # a tap's pixel index as the padding reads it
+            if pad == "reflection":
+                idx = op.clamp(_reflect(idx, lo, hi), 0.0, size - 1.0)
+            valid = None
+            if pad == "zeros":
+                valid = op.cast((idx >= 0) & (idx <= size - 1), dtype=dtype_of(x).name)
+            index = op.cast(op.clamp(idx, 0.0, size - 1.0), dtype="int64")
+            fetched.append((index, w, valid))
+        taps_per_axis.append(fetched)
+    flat_x = op.reshape(x, shape=[N, C, math.prod(dims)])
+    m = math.prod(out)
+    strides = [math.prod(dims[i + 1:]) for i in range(k)]
+    total = None
+    for combo in itertools.product(*taps_per_axis):
+        index, weight = None, None
+        for (idx, w, valid), stride in zip(combo, strides):
+            term = idx * stride
+            index = term if index is None else index + term
+            for f in (w, valid):
+                if f is not None:
+                    weight = f if weight is None else weight * f
+        where = op.broadcast_to(op.reshape(index, shape=[N, 1, m]), shape=[N, C, m])
+        v = op.take_along_axis(flat_x, where, axis=2)
+        if weight is not None:
+            v = v * op.reshape(op.cast(weight, dtype=dtype_of(x).name), shape=[N, 1, m])
+        total = v if total is None else total + v
+    return op.reshape(total, shape=[N, C, *out])
+
+
+def _i_affine_grid(node, xs):
+    """AffineGrid (opset 20): theta [N, 2, 3] or [N, 3, 4] applied to the normalised grid of the
+    given size's spatial axes: the sampling grid [N, *S, k] (the last axis first)."""
+    theta, size = xs
+    if isinstance(size, Traced):
+        raise TesseraError("AffineGrid's size must be known when the model is traced")
+    dims = _ints(size)[2:]
+    align = bool(_attr(node, "align_corners", 0))
+    axes = [np.linspace(-1, 1, s) if align else (2 * np.arange(s) + 1) / s - 1 for s in dims]
+    mesh = np.meshgrid(*axes, indexing="ij")          # per spatial axis, [*S]
+    base = np.stack([m.reshape(-1) for m in mesh[::-1]] + [np.ones(math.prod(dims))], axis=-1)
+    d = dtype_of(theta)
+    out = op.matmul(op.cast(base, dtype=d.name), op.transpose(theta, perm=[0, 2, 1]))
+    return op.reshape(out, shape=[theta.shape[0], *dims, len(dims)])
+
+
+IMPORT.update({"GridSample": _i_grid_sample, "AffineGrid": _i_affine_grid})
+_SHAPE_POSITIONS.update({"AffineGrid": (1,)})
 
 # ---- older opsets ------------------------------------------------------------------------------
 # An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;

@@ -1,8 +1,8 @@
-"""ONNX's recurrent layers (RNN, GRU, LSTM) imported onto ts.scan: PyTorch's own layers exported
-by torch.onnx against PyTorch, and one-node models with what PyTorch's export never writes
-(sequence lengths, initial states, peepholes, clipping, linear_before_reset, batch-first
-layout) against onnxruntime. (ONNX's node tests of the three: tests/frontend/test_onnx_node.py.)
-"""
+"""ONNX's layer operators as PyTorch exports them, against PyTorch: the recurrent layers (RNN,
+GRU, LSTM, imported onto ts.scan; also one-node models with what PyTorch's export never writes,
+sequence lengths, initial states, peepholes, clipping, linear_before_reset, batch-first layout,
+against onnxruntime) and grid sampling (GridSample, AffineGrid). (ONNX's own node tests of
+them: tests/frontend/test_onnx_node.py.)"""
 import io
 import warnings
 
@@ -85,3 +85,49 @@ def test_one_node_models_match_onnxruntime(kind, attrs, rng):
         want = [want[0].transpose(2, 0, 1, 3)] + [w.transpose(1, 0, 2) for w in want[1:]]
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+
+
+def _exported(torch, fn, *args, opset=20):
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(fn, args, buf, opset_version=opset, dynamo=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sample_matches_pytorch(mode, padding, align, rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    F = torch.nn.functional
+
+    class Warp(torch.nn.Module):
+        def forward(self, x, theta):
+            grid = F.affine_grid(theta, [2, 3, 7, 9], align_corners=align)
+            return F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 6, 5)).astype(np.float32))
+    # rotations, scales and shifts that reach past the borders
+    theta = torch.from_numpy((np.eye(2, 3) * 1.3 + rng.uniform(-0.6, 0.6, (2, 2, 3)))
+                             .astype(np.float32))
+    model = _exported(torch, Warp(), x, theta)
+    assert {"GridSample", "AffineGrid"} <= {n.op_type for n in model.graph.node}
+    got = ts.onnx.import_model(model)(x.numpy(), theta.numpy())
+    with torch.no_grad():
+        want = Warp()(x, theta).numpy()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_volumetric_grid_sample_matches_pytorch(mode, rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    x = torch.from_numpy(rng.standard_normal((2, 2, 4, 5, 3)).astype(np.float32))
+    grid = torch.from_numpy(rng.uniform(-1.2, 1.2, (2, 3, 4, 2, 3)).astype(np.float32))
+
+    class Sample(torch.nn.Module):
+        def forward(self, x, g):
+            return torch.nn.functional.grid_sample(x, g, mode=mode, align_corners=False)
+    model = _exported(torch, Sample(), x, grid)
+    got = ts.onnx.import_model(model)(x.numpy(), grid.numpy())
+    want = Sample()(x, grid).numpy()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
