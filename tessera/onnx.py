@@ -1791,7 +1791,12 @@ def _i_dft(node, xs, axis=None):
         raise TesseraError(f"DFT node {node.name!r}: the last axis holds the real and imaginary "
                            f"parts (size 1 or 2, here {parts}) and is not the transform's axis")
     n = _known_int(xs[1], node, "dft_length") if len(xs) > 1 and xs[1] is not None else None
-    inverse, onesided = _attr(node, "inverse", 0), _attr(node, "onesided", 0)
+    return _spectrum(x, axis, n, _attr(node, "inverse", 0), _attr(node, "onesided", 0))
+
+
+def _spectrum(x, axis, n, inverse, onesided):
+    """DFT's transform of x (its last axis the parts) along `axis`, as DFT's result."""
+    parts = x.shape[-1]
     d = dtype_of(x)
     work = x if d in (dt.float32, dt.float64) else op.cast(x, dtype="float32")
     sig = op.reshape(work, shape=list(x.shape[:-1])) if parts == 1 else \
@@ -2078,6 +2083,138 @@ def _i_affine_grid(node, xs):
 
 IMPORT.update({"GridSample": _i_grid_sample, "AffineGrid": _i_affine_grid})
 _SHAPE_POSITIONS.update({"AffineGrid": (1,)})
+
+
+def _i_stft(node, xs):
+    """STFT (opset 17): signal [B, L, 1 or 2] cut into frames of frame_length every frame_step
+    (1 + (L - frame_length) // frame_step of them), each weighted by the window and
+    transformed: [B, frames, bins, 2] (bins: frame_length // 2 + 1 when onesided)."""
+    x, step, window, length = (list(xs) + [None] * 4)[:4]
+    step = _known_int(step, node, "frame_step")
+    length = _known_int(length, node, "frame_length") if length is not None else \
+        window.shape[0] if window is not None else x.shape[-2]
+    frames = 1 + (x.shape[1] - length) // step
+    index = np.arange(frames)[:, None] * step + np.arange(length)[None, :]
+    cut = op.take(x, index, axis=1)                         # [B, frames, length, parts]
+    if window is not None:
+        cut = cut * op.reshape(_as_dtype(window, x), shape=[length, 1])
+    return _spectrum(cut, 2, length, 0, _attr(node, "onesided", 1))
+
+
+def _i_mel_weight_matrix(node, xs):
+    """MelWeightMatrix (opset 17): [dft_length // 2 + 1, num_mel_bins] triangular filters
+    between mel-spaced frequencies (mel = 2595 log10(1 + f / 700)) on the DFT's bins, as ONNX
+    defines them: a constant of the model."""
+    mels, dft, rate = (_known_int(v, node, "MelWeightMatrix's sizes") for v in xs[:3])
+    lo_hz, hi_hz = (float(np.asarray(v).reshape(-1)[0]) for v in xs[3:5])
+
+    def mel(f):
+        return 2595 * np.log1p(f / 700) / np.log(10)
+    step = (mel(hi_hz) - mel(lo_hz)) / (mels + 2)
+    hz = 700 * np.expm1((np.arange(mels + 2) * step + mel(lo_hz)) / 2595 * np.log(10))
+    edge = (((dft + 1) * hz) // rate).astype(np.int64)      # each filter's left, centre, right
+    out = np.zeros((dft // 2 + 1, mels))
+    for i in range(mels):
+        left, centre, right = edge[i:i + 3]
+        if centre == left:
+            out[centre, i] = 1
+        else:
+            j = np.arange(left, centre + 1)
+            out[j, i] = (j - left) / (centre - left)
+        if right > centre:
+            j = np.arange(centre, right)
+            out[j, i] = (right - j) / (right - centre)
+    return out.astype(np.dtype(_tessera_dtype(_attr(node, "output_datatype", 1), node)))
+
+
+def _i_col2im(node, xs):
+    """Col2Im (opset 18): columns [N, C * prod(block), L] summed back into the image (the
+    convolution's im2col undone): a transposed convolution with one-hot weights, one group
+    per channel."""
+    x, image, block = xs[0], _ints(xs[1]), _ints(xs[2])
+    k = len(block)
+    strides = list(_attr(node, "strides", [1] * k))
+    dilations = list(_attr(node, "dilations", [1] * k))
+    flat = list(_attr(node, "pads", [0] * (2 * k)))
+    pads = [[flat[i], flat[k + i]] for i in range(k)]
+    per = math.prod(block)
+    N, CK, L = x.shape
+    grid = [(image[i] + sum(pads[i]) - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+            for i in range(k)]
+    if CK % per or math.prod(grid) != L:
+        raise TesseraError(f"Col2Im node {node.name!r}: {L} columns of {CK} values do not tile "
+                           f"an image of {image} in blocks of {block}",
+                           expected=f"[N, C * {per}, {math.prod(grid)}]")
+    C = CK // per
+    w = np.zeros((CK, 1, *block), dtype=dtype_of(x).np)
+    for c in range(C):
+        for j, at in enumerate(np.ndindex(*block)):
+            w[(c * per + j, 0) + at] = 1
+    extra = [image[i] - ((grid[i] - 1) * strides[i] + dilations[i] * (block[i] - 1) + 1
+                         - sum(pads[i])) for i in range(k)]
+    return op.conv_transpose(op.reshape(x, shape=[N, CK, *grid]), w, stride=strides,
+                             padding=pads, output_padding=extra, dilation=dilations, groups=C)
+
+
+def _i_max_unpool(node, xs):
+    """MaxUnpool (opset 11): X's values written at MaxPool's flat indices into zeros of the
+    unpooled shape ((in - 1) * stride + kernel - pads), placed at the start of output_shape when
+    given. Overlapping windows repeat an index, always with the same value: the values are
+    summed in float64 and divided by their count, which gives that value exactly."""
+    x, index = xs[0], xs[1]
+    kernel = list(_attr(node, "kernel_shape"))
+    k = len(kernel)
+    strides = list(_attr(node, "strides", [1] * k))
+    flat = list(_attr(node, "pads", [0] * (2 * k)))
+    shape = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * strides[i] + kernel[i] - flat[i]
+                                 - flat[k + i] for i in range(k)]
+    lin = op.reshape(op.cast(index, dtype="int64"), shape=[-1])
+    size = math.prod(shape)
+    placed = op.scatter_add(op.cast(np.zeros(size), dtype="float64"), lin,
+                            op.reshape(op.cast(x, dtype="float64"), shape=[-1]))
+    hits = op.scatter_add(op.cast(np.zeros(size, np.int64), dtype="int64"), lin,
+                          op.cast(np.ones(math.prod(x.shape), np.int64), dtype="int64"))
+    y = op.cast(op.where(hits > 0, placed / op.cast(op.maximum(hits, 1), dtype="float64"), 0.0),
+                dtype=dtype_of(x).name)
+    y = op.reshape(y, shape=shape)
+    if len(xs) > 2 and xs[2] is not None:
+        want = _ints(xs[2])
+        if any(w < s for w, s in zip(want, shape)):
+            raise TesseraError(f"MaxUnpool node {node.name!r}: output_shape {want} is smaller "
+                               f"than the unpooled shape {shape}")
+        y = op.pad(y, pads=[[0, w - s] for w, s in zip(want, shape)])
+    return y
+
+
+def _i_tensor_scatter(node, xs):
+    """TensorScatter (opset 24): the cache with each batch row's update written along `axis`
+    from its write index (0 without write_indices; modulo the cache's length when circular)."""
+    past, update = xs[0], xs[1]
+    writes = xs[2] if len(xs) > 2 else None
+    rank = len(past.shape)
+    axis = _attr(node, "axis", -2) % rank
+    mode = _attr(node, "mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    size, length = past.shape[axis], update.shape[axis]
+    at = [1] * rank
+    at[axis] = size
+    where = op.cast(op.reshape(op.cast(np.arange(size), dtype="int64"), shape=at), dtype="int64")
+    if writes is not None:
+        where = where - op.reshape(op.cast(writes, dtype="int64"), shape=[-1] + [1] * (rank - 1))
+    if mode == "circular":
+        where = op.where(where < 0, where + size, where)
+    valid = (where >= 0) & (where < length)
+    fill = list(update.shape)
+    fill[axis] = size
+    picked = op.take_along_axis(update, op.broadcast_to(op.clamp(where, 0, length - 1),
+                                                        shape=fill), axis=axis)
+    return op.where(valid, picked, past)
+
+
+IMPORT.update({"STFT": _i_stft, "MelWeightMatrix": _i_mel_weight_matrix, "Col2Im": _i_col2im,
+               "MaxUnpool": _i_max_unpool, "TensorScatter": _i_tensor_scatter})
+_SHAPE_POSITIONS.update({"STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
+                         "Col2Im": (1, 2), "MaxUnpool": (2,)})
 
 # ---- older opsets ------------------------------------------------------------------------------
 # An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;

@@ -131,3 +131,71 @@ def test_volumetric_grid_sample_matches_pytorch(mode, rng):
     got = ts.onnx.import_model(model)(x.numpy(), grid.numpy())
     want = Sample()(x, grid).numpy()
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def _one_node_model(kind, arrays, outs, opset, consts=None, **attrs):
+    """A one-node model of graph inputs `arrays` and initializers `consts` (names in order)."""
+    from onnx import numpy_helper as nh
+    consts = consts or {}
+    node = h.make_node(kind, list(arrays) + list(consts), list(outs), **attrs)
+    graph = h.make_graph([node], kind, [
+        h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in arrays.items()], [h.make_tensor_value_info(o, t, None)
+                                      for o, t in outs.items()],
+        [nh.from_array(np.asarray(a), n) for n, a in consts.items()])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("attrs", [{}, {"strides": [2, 1], "dilations": [1, 2],
+                                        "pads": [1, 0, 2, 1]}])
+def test_col2im_is_pytorchs_fold(attrs, rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    image, block = [9, 8], [3, 2]
+    s, d = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    p = attrs.get("pads", [0, 0, 0, 0])
+    grid = [(image[i] + p[i] + p[2 + i] - d[i] * (block[i] - 1) - 1) // s[i] + 1
+            for i in range(2)]
+    x = rng.standard_normal((2, 3 * 6, grid[0] * grid[1])).astype(np.float32)
+    model = _one_node_model("Col2Im", {"x": x}, {"y": T.FLOAT}, 18,
+                            {"image": np.array(image), "block": np.array(block)}, **attrs)
+    got = ts.onnx.import_model(model)(x)
+    # (PyTorch's fold pads symmetrically: pad, fold, then crop the asymmetric excess)
+    big = torch.nn.functional.fold(torch.from_numpy(x), [image[0] + p[0] + p[2],
+                                                         image[1] + p[1] + p[3]],
+                                   block, dilation=d, stride=s)
+    want = big[:, :, p[0]:p[0] + image[0], p[1]:p[1] + image[1]].numpy()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_max_unpool_of_overlapping_windows_is_pytorchs(rng):
+    """MaxPool's indices (overlapping 3x3 windows, stride 1: a maximum is often picked by
+    several windows) unpooled: PyTorch's max_unpool2d, exactly."""
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    pool = h.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[3, 3], strides=[1, 1])
+    unpool = h.make_node("MaxUnpool", ["v", "i"], ["y"], kernel_shape=[3, 3], strides=[1, 1])
+    graph = h.make_graph([pool, unpool], "unpool", [
+        h.make_tensor_value_info("x", T.FLOAT, x.shape)],
+        [h.make_tensor_value_info("y", T.FLOAT, None)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 22)])
+    got = ts.onnx.import_model(model)(x)
+    v, i = torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 1, return_indices=True)
+    want = torch.nn.functional.max_unpool2d(v, i, 3, 1, output_size=x.shape[2:]).numpy()
+    assert np.asarray(got).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("onesided", [1, 0])
+def test_stft_is_pytorchs(onesided, rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    signal = rng.standard_normal((2, 100)).astype(np.float32)
+    window = np.hanning(16).astype(np.float32)
+    model = _one_node_model("STFT", {"x": signal[..., None], "window": window},
+                            {"y": T.FLOAT}, 17, {"step": np.array(6, np.int64)},
+                            onesided=onesided)
+    # (inputs in the operator's order: signal, frame_step, window)
+    model.graph.node[0].input[:] = ["x", "step", "window"]
+    got = np.asarray(ts.onnx.import_model(model)(signal[..., None], window))
+    want = torch.stft(torch.from_numpy(signal), 16, 6, window=torch.from_numpy(window),
+                      center=False, onesided=bool(onesided), return_complex=True).numpy()
+    want = np.stack([want.real, want.imag], axis=-1).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
