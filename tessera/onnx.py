@@ -1885,8 +1885,7 @@ def _i_recurrent(node, xs):
     kind, G = node.op_type, _RNN_GATES[node.op_type]
     X, W, R, B, lens, h0, c0, P = (list(xs) + [None] * 8)[:8]
     H = _attr(node, "hidden_size")
-    direction = _attr(node, "direction", "forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
+    direction = _text(node, "direction", "forward")
     layout, clip = _attr(node, "layout", 0), _attr(node, "clip")
     if layout:                              # [batch, seq, ...] -> [seq, batch, ...]
         X = op.transpose(X, perm=[1, 0, 2])
@@ -2003,12 +2002,9 @@ def _i_grid_sample(node, xs):
     the flattened spatial axes, weighted, as ONNX's reference reads its pixels (bicubic with
     border padding as PyTorch and onnxruntime: see below)."""
     x, grid = xs
-    mode = _attr(node, "mode", "linear")
-    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(
-        mode.decode() if isinstance(mode, bytes) else mode,
-        mode.decode() if isinstance(mode, bytes) else mode)
-    pad = _attr(node, "padding_mode", "zeros")
-    pad = pad.decode() if isinstance(pad, bytes) else pad
+    mode = _text(node, "mode", "linear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)      # (opset 16's names)
+    pad = _text(node, "padding_mode", "zeros")
     align = bool(_attr(node, "align_corners", 0))
     if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
         raise TesseraError(f"GridSample node {node.name!r}: mode {mode!r} or padding_mode "
@@ -2193,8 +2189,7 @@ def _i_tensor_scatter(node, xs):
     writes = xs[2] if len(xs) > 2 else None
     rank = len(past.shape)
     axis = _attr(node, "axis", -2) % rank
-    mode = _attr(node, "mode", "linear")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = _text(node, "mode", "linear")
     size, length = past.shape[axis], update.shape[axis]
     at = [1] * rank
     at[axis] = size
@@ -2215,6 +2210,83 @@ IMPORT.update({"STFT": _i_stft, "MelWeightMatrix": _i_mel_weight_matrix, "Col2Im
                "MaxUnpool": _i_max_unpool, "TensorScatter": _i_tensor_scatter})
 _SHAPE_POSITIONS.update({"STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
                          "Col2Im": (1, 2), "MaxUnpool": (2,)})
+
+
+# ---- state-space layers of recent LLMs (Gated DeltaNet, Mamba): LinearAttention, the causal conv --
+def _heads(x, heads):
+    """[B, T, H*D] -> [T, B, H, D] (time first, for ts.scan), in float32."""
+    b, t, hd = x.shape
+    return op.transpose(op.reshape(op.cast(x, dtype="float32"), shape=[b, t, heads, hd // heads]),
+                        perm=[1, 0, 2, 3])
+
+
+def _i_linear_attention(node, xs):
+    """LinearAttention (opset 27): a recurrent state S [B, H_kv, d_k, d_v] per key/value head,
+    updated per token by the update_rule (linear: S + k v^T; gated: exp(g) S + k v^T; delta and
+    gated_delta: the delta rule with rate beta) and read by each query head of its group:
+    o_t = scale q_t^T S_t. One ts.scan over time, in float32."""
+    q, k, v, past, decay, beta = (list(xs) + [None] * 6)[:6]
+    rule = _text(node, "update_rule", "gated_delta")
+    hq, hkv = _attr(node, "q_num_heads"), _attr(node, "kv_num_heads")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta") or not hq or not hkv or \
+            hq % hkv or gating != (decay is not None) or delta != (beta is not None):
+        raise TesseraError(f"LinearAttention node {node.name!r}: update_rule {rule!r} with "
+                           f"q_num_heads {hq}, kv_num_heads {hkv} and these inputs is not "
+                           "ONNX's", hint="gated rules take decay, delta rules take beta; "
+                                          "q_num_heads is a multiple of kv_num_heads")
+    B, T = q.shape[0], q.shape[1]
+    dk, dv, group = q.shape[-1] // hq, v.shape[-1] // hkv, hq // hkv
+    scale = _attr(node, "scale", 0.0) or 1 / math.sqrt(dk)
+    steps = [_heads(q, hq), _heads(k, hkv), _heads(v, hkv)]
+    if gating:              # [T, B, H_kv, 1 or d_k]: per head or per key feature
+        steps.append(_heads(decay, hkv))
+    if delta:               # [T, B, H_kv or 1, 1]
+        steps.append(op.expand_dims(op.transpose(op.cast(beta, dtype="float32"),
+                                                 perm=[1, 0, 2]), axis=-1))
+    state = op.cast(np.zeros((B, hkv, dk, dv)), dtype="float32") if past is None else \
+        op.cast(past, dtype="float32")
+
+    def step(s, inp):
+        qt, kt, vt = inp[:3]
+        rest = list(inp[3:])
+        if gating:
+            s = s * op.expand_dims(op.exp(rest.pop(0)), axis=-1)
+        if delta:
+            got = op.sum(s * op.expand_dims(kt, axis=-1), axis=-2)         # S^T k
+            vt = rest.pop(0) * (vt - got)
+        s = s + op.expand_dims(kt, axis=-1) * op.expand_dims(vt, axis=-2)
+        read = s if group == 1 else op.reshape(op.broadcast_to(
+            op.expand_dims(s, axis=2), shape=[B, hkv, group, dk, dv]), shape=[B, hq, dk, dv])
+        return s, scale * op.sum(op.expand_dims(qt, axis=-1) * read, axis=-2)   # [B, H_q, d_v]
+    final, out = ts_scan(step, state, tuple(steps))
+    out = op.reshape(op.transpose(out, perm=[1, 0, 2, 3]), shape=[B, T, hq * dv])
+    return (op.cast(out, dtype=dtype_of(q).name),
+            op.cast(final, dtype=dtype_of(past if past is not None else q).name))
+
+
+def _i_causal_conv_with_state(node, xs):
+    """CausalConvWithState (opset 27): a depthwise convolution over time of the past state (the
+    last k - 1 steps, zeros without one) followed by the input, optionally with SiLU; returns
+    the output and the new state."""
+    x, w, bias, past = (list(xs) + [None] * 4)[:4]
+    act = _text(node, "activation", "none")
+    if act not in ("none", "silu", "swish"):
+        raise TesseraError(f"CausalConvWithState node {node.name!r}: activation {act!r} is not "
+                           "none, silu or swish")
+    N, C, _ = x.shape
+    k = w.shape[2]
+    if past is None:
+        past = op.cast(np.zeros((N, C, k - 1)), dtype=dtype_of(x).name)
+    padded = op.concat([past, x], axis=2)
+    y = op.conv(padded, w, bias, groups=C)
+    if act != "none":
+        y = op.cast(op.silu(op.cast(y, dtype="float32")), dtype=dtype_of(x).name)
+    return y, padded[:, :, padded.shape[2] - (k - 1):]
+
+
+IMPORT.update({"LinearAttention": _i_linear_attention,
+               "CausalConvWithState": _i_causal_conv_with_state})
 
 # ---- older opsets ------------------------------------------------------------------------------
 # An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;
