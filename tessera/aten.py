@@ -288,6 +288,7 @@ ATEN = {
     "aten.mm.default": lambda a, b: op.matmul(a, b),
     "aten.bmm.default": lambda a, b: op.matmul(a, b),
     "aten._int_mm.default": lambda a, b: op.matmul_integer(a, b),
+    "aten.view.dtype": lambda x, dtype: op.bitcast(x, _dtype(dtype)),
     "aten.matmul.default": lambda a, b: op.matmul(a, b),
     "aten.native_layer_norm.default": _layer_norm,
     "aten._softmax.default": lambda x, dim, half_to_float=False: op.softmax(x, axis=dim),

@@ -2285,6 +2285,7 @@ def _i_causal_conv_with_state(node, xs):
     return y, padded[:, :, padded.shape[2] - (k - 1):]
 
 
+IMPORT["BitCast"] = lambda node, xs: op.bitcast(xs[0], _tessera_dtype(_attr(node, "to"), node))
 IMPORT.update({"LinearAttention": _i_linear_attention,
                "CausalConvWithState": _i_causal_conv_with_state})
 

@@ -68,6 +68,7 @@ EXAMPLES = {
     **{n: (lambda r: [f32(r, 2, 3, 6)], {"axis": 1}) for n in
        ["softmax", "log_softmax", "logsumexp", "layernorm", "rmsnorm"]},
     "matmul": (lambda r: [f32(r, 2, 3, 4), f32(r, 4, 5)], {}),
+    "bitcast": (lambda r: [f32(r, 3, 5).astype(np.float32)], {"dtype": "int32"}),
     "matmul_integer": (lambda r: [r.integers(-128, 128, (2, 3, 40)).astype(np.int8),
                                   r.integers(0, 256, (40, 5)).astype(np.uint8)], {}),
     "pad": (lambda r: [f32(r, 2, 5, 6)], {"pads": [[0, 0], [2, 1], [-1, 3]], "mode": "reflect"}),

@@ -86,6 +86,32 @@ def cast_rule(ds, attrs):
     return [dt.result_type(ds[0])], out
 
 
+def bitcast_rule(ds, attrs):
+    if attrs.get("dtype") is None:
+        raise DTypeError("bitcast needs a dtype", hint="op.bitcast(x, tessera.int32)")
+    src, out = ds[0], dt.get(attrs["dtype"])
+    if src.itemsize != out.itemsize or src.is_complex or out.is_complex:
+        raise DTypeError(f"bitcast reads the bits of {src.name} as another dtype of the same "
+                         f"width, not {out.name}", received=f"{src.name} -> {out.name}",
+                         hint="cast converts values between widths")
+    if src.is_narrow or out.is_narrow:          # (computed in float32: no bits to copy there)
+        raise DTypeError(f"bitcast of 16- and 8-bit floats is not supported yet "
+                         f"({src.name} -> {out.name})",
+                         hint="bitcast their uint16 or uint8 storage instead")
+    return [src], out
+
+
+# The float <-> integer pairs bitcast copies through a union (the others are C conversions
+# between integers of one width: the same bits)
+_BITCASTS = [("f32", "i32"), ("f32", "u32"), ("i32", "f32"), ("u32", "f32"),
+             ("f64", "i64"), ("f64", "u64"), ("i64", "f64"), ("u64", "f64")]
+_CTYPE = {"f32": "float", "f64": "double", "i32": "int32_t", "u32": "uint32_t", "i64": "int64_t",
+          "u64": "uint64_t"}
+BITS = "\n".join(f"TS_INLINE {_CTYPE[b]} ts_bits_{a}_{b}({_CTYPE[a]} x) "
+                 f"{{ union {{ {_CTYPE[a]} a; {_CTYPE[b]} b; }} u; u.a = x; return u.b; }}"
+                 for a, b in _BITCASTS)
+
+
 def _fma_rule(ds, attrs):
     t = dt.result_type(*ds)
     check_no_bool(t, "fma")
@@ -476,6 +502,15 @@ with np.errstate(all="ignore"):
                                        **FLOAT_TO_INT, "*": "(({T}){0})"},
                 lambda a, t: dt.convert(a[0], t["dtype"]), attrs={"dtype": None},
                 doc="convert to another dtype (into a narrow float: the value rounded once)")
+    elementwise("bitcast", 1, bitcast_rule, {**{f"{a}->{b}": f"ts_bits_{a}_{b}({{0}})"
+                                                for a, b in _BITCASTS},
+                                             "*": "(({T}){0})"},
+                lambda a, t: a[0].view(dt.get(t["dtype"]).np), attrs={"dtype": None},
+                helpers={k: (BITS,) for k in "fiu"},
+                doc="the same bits read as another dtype of the same width (NumPy's view, "
+                    "ONNX's BitCast, PyTorch's Tensor.view(dtype)); a byte into bool is "
+                    "whether it is nonzero")
+    REGISTRY["bitcast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
     REGISTRY["cast"].simplify = [lambda g, n: n.inputs[0] if n.inputs[0].type == n.out.type
                                  else None]                      # a cast to its own dtype

@@ -534,7 +534,10 @@ def test_eight_schools_against_quadrature(rng):
         ess = diagnostics.ess_bulk(draws)
         assert diagnostics.rhat(draws) < 1.05 and ess > 200, name
         assert abs(draws.mean() - ref_mean) < 4 * ref_sd / np.sqrt(ess), name
-        assert abs(draws.std() / ref_sd - 1) < 0.15, name
+        # the sd's relative standard error, sqrt((kurtosis - 1) / (4 ess)): tau's posterior
+        # has a long tail, so its sd is estimated far less precisely than mu's
+        kurtosis = float((w * (grid - ref_mean) ** 4).sum()) / ref_sd ** 4
+        assert abs(draws.std() / ref_sd - 1) < 4 * np.sqrt((kurtosis - 1) / (4 * ess)), name
 
 
 def test_the_seeds_probabilistic_model_returning_a_distribution(rng):
