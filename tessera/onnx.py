@@ -2009,12 +2009,20 @@ def _i_grid_sample(node, xs):
     if mode not in ("nearest", "linear", "cubic") or pad not in ("zeros", "border", "reflection"):
         raise TesseraError(f"GridSample node {node.name!r}: mode {mode!r} or padding_mode "
                            f"{pad!r} is not ONNX's")
+    dims = list(x.shape[2:])
+    k = len(dims)
+    us = [(g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+          for g, size in ((grid[..., k - 1 - i], size) for i, size in enumerate(dims))]
+    return _sample(x, us, mode, pad, align)
+
+
+def _sample(x, us, mode, pad, align):
+    """x [N, C, *S] sampled at pixel coordinates us (one [N, *O] tensor per spatial axis), as
+    GridSample samples: [N, C, *O]."""
     N, C, dims = x.shape[0], x.shape[1], list(x.shape[2:])
-    k, out = len(dims), list(grid.shape[1:-1])
+    k, out = len(dims), list(us[0].shape[1:])
     taps_per_axis = []
-    for i, size in enumerate(dims):         # per spatial axis: [(index, weight, valid), ...]
-        g = grid[..., k - 1 - i]
-        u = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+    for size, u in zip(dims, us):           # per spatial axis: [(index, weight, valid), ...]
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         if mode == "nearest":
             u = op.round(u)
@@ -2289,6 +2297,153 @@ IMPORT["BitCast"] = lambda node, xs: op.bitcast(xs[0], _tessera_dtype(_attr(node
 IMPORT.update({"LinearAttention": _i_linear_attention,
                "CausalConvWithState": _i_causal_conv_with_state})
 
+
+def _i_det(node, xs):
+    """Det (opset 11): the determinants of [..., n, n] matrices by Gaussian elimination with
+    partial pivoting (n steps, unrolled: n is static): the product of the pivots, its sign
+    flipped by each row swap."""
+    a = xs[0]
+    n = a.shape[-1]
+    lead, d = list(a.shape[:-2]), dtype_of(a)
+    if n != a.shape[-2]:
+        raise TesseraError(f"Det node {node.name!r}: the matrices are not square ({a.shape})")
+    rows = np.arange(n)
+    sign, pivots = None, []
+    for k in range(n):
+        p = op.argmax(op.abs(a[..., k:, k]), axis=-1) + k           # [...]: the pivot's row
+        pk = op.expand_dims(p, axis=-1)
+        order = op.where(rows == k, pk, op.where(rows == pk, k, rows))      # swap rows k, p
+        a = op.take_along_axis(a, op.broadcast_to(op.expand_dims(order, axis=-1),
+                                                  shape=lead + [n, n]), axis=-2)
+        flip = op.where(p == k, 1.0, -1.0)
+        sign = flip if sign is None else sign * flip
+        pivot = a[..., k, k]
+        pivots.append(pivot)
+        if k + 1 < n:
+            safe = op.expand_dims(op.where(pivot == 0, 1.0, pivot), axis=-1)
+            factor = op.where(op.expand_dims(pivot == 0, axis=-1), 0.0, a[..., k + 1:, k] / safe)
+            below = a[..., k + 1:, :] - op.expand_dims(factor, axis=-1) * a[..., k:k + 1, :]
+            a = op.concat([a[..., :k + 1, :], below], axis=-2)
+    total = pivots[0]
+    for v in pivots[1:]:
+        total = total * v
+    return op.cast(total * sign, dtype=d.name) if n else op.cast(np.ones(lead), dtype=d.name)
+
+
+IMPORT["Det"] = _i_det
+
+
+def _roi_axis(start, bin_size, pooled, samples, size):
+    """The sample coordinates along one axis of every roi ([R, pooled * samples]): their two
+    taps' indices and weights, as RoiAlign's bilinear sampling reads them (a sample past -1 or
+    the size reads nothing: its mask is 0)."""
+    at = (np.arange(pooled)[:, None] + (np.arange(samples)[None, :] + 0.5) / samples).reshape(-1)
+    v = op.expand_dims(start, axis=-1) + op.expand_dims(bin_size, axis=-1) * \
+        op.cast(at, dtype=dtype_of(start).name)
+    inside = op.cast((v >= -1.0) & (v <= size), dtype=dtype_of(v).name)
+    v = op.maximum(v, 0.0)
+    low = op.floor(v)
+    top = low >= size - 1
+    low = op.where(top, size - 1.0, low)
+    v = op.where(top, low, v)
+    high = op.where(top, low, low + 1)
+    frac = v - low
+    return [(low, (1 - frac) * inside), (high, frac * inside)]
+
+
+def _i_roi_align(node, xs, coordinates="half_pixel"):
+    """RoiAlign (opset 16; 10 with output_half_pixel's coordinates): each roi's pooled bins
+    averaged (or maxed) over sampling_ratio x sampling_ratio bilinear samples, as Mask R-CNN's
+    RoIAlign; every sample one weighted gather from the roi's image."""
+    x, rois, batch = xs
+    mode = _text(node, "mode", "avg")
+    oh, ow = _attr(node, "output_height", 1), _attr(node, "output_width", 1)
+    ratio, scale = _attr(node, "sampling_ratio", 0), _attr(node, "spatial_scale", 1.0)
+    half = _text(node, "coordinate_transformation_mode", coordinates) == "half_pixel"
+    if ratio <= 0:
+        raise TesseraError(f"RoiAlign node {node.name!r}: sampling_ratio 0 (as many samples as "
+                           "each roi's size asks) gives a number of samples known only from the "
+                           "rois' values", hint="export with a positive sampling_ratio "
+                                                "(torchvision's MultiScaleRoIAlign uses 2)")
+    N, C, H, W = x.shape
+    R = rois.shape[0]
+    box = op.cast(rois, dtype=dtype_of(x).name) * scale - (0.5 if half else 0.0)
+    x1, y1, x2, y2 = (box[:, i] for i in range(4))
+    height, width = y2 - y1, x2 - x1
+    if not half:                            # (malformed rois become 1 x 1)
+        height, width = op.maximum(height, 1.0), op.maximum(width, 1.0)
+    ys = _roi_axis(y1, height / oh, oh, ratio, H)          # [R, oh * s] each
+    xs_ = _roi_axis(x1, width / ow, ow, ratio, W)
+    image = op.take(op.reshape(x, shape=[N, C, H * W]), op.cast(batch, dtype="int64"), axis=0)
+    m = oh * ratio * ow * ratio
+    taps = []
+    for (yi, yw), (xi, xw) in itertools.product(ys, xs_):
+        index = op.expand_dims(yi, axis=-1) * W + op.expand_dims(xi, axis=-2)   # [R, oh s, ow s]
+        weight = op.expand_dims(yw, axis=-1) * op.expand_dims(xw, axis=-2)
+        where = op.broadcast_to(op.reshape(op.cast(index, dtype="int64"), shape=[R, 1, m]),
+                                shape=[R, C, m])
+        taps.append(op.take_along_axis(image, where, axis=2) * op.reshape(weight, shape=[R, 1, m]))
+    if mode == "max":
+        v = taps[0]
+        for t in taps[1:]:
+            v = op.maximum(v, t)
+    else:
+        v = taps[0] + taps[1] + taps[2] + taps[3]
+    v = op.reshape(v, shape=[R, C, oh, ratio, ow, ratio])
+    if mode == "max":
+        return op.max(v, axis=[3, 5])
+    return op.sum(v, axis=[3, 5]) / (ratio * ratio)
+
+
+IMPORT["RoiAlign"] = _i_roi_align
+
+
+def _i_deform_conv(node, xs):
+    """DeformConv (opset 19; 2-D): each kernel tap of each output position samples the input
+    bilinearly (zeros outside) at its place moved by the offsets (one set per offset group),
+    times the mask; the samples are then contracted with the weights per group, a matmul."""
+    x, w, offset, bias, mask = (list(xs) + [None] * 5)[:5]
+    if len(x.shape) != 4:
+        raise TesseraError(f"DeformConv node {node.name!r}: only 2-D images are imported "
+                           f"(here {len(x.shape) - 2}-D)")
+    N, C, H, W_ = x.shape
+    O, per_group = w.shape[0], w.shape[1]
+    kh, kw = list(_attr(node, "kernel_shape", w.shape[2:]))
+    sh, sw = list(_attr(node, "strides", [1, 1]))
+    dh, dw = list(_attr(node, "dilations", [1, 1]))
+    pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+    groups, og = _attr(node, "group", 1), _attr(node, "offset_group", 1)
+    oh, ow = offset.shape[2], offset.shape[3]
+    K = kh * kw
+    off = op.reshape(offset, shape=[N, og, K, 2, oh, ow])
+    m = None if mask is None else op.reshape(mask, shape=[N, og, K, oh, ow])
+    rows = op.cast(np.arange(oh)[:, None] * sh - pads[0] + np.zeros((1, ow)),
+                   dtype=dtype_of(x).name)
+    cols = op.cast(np.arange(ow)[None, :] * sw - pads[1] + np.zeros((oh, 1)),
+                   dtype=dtype_of(x).name)
+    span = C // og
+    samples = []                            # per offset group: [N, C/og, K, oh, ow]
+    for g in range(og):
+        part = x[:, g * span:(g + 1) * span]
+        taps = []
+        for t in range(K):
+            i, j = divmod(t, kw)
+            y = rows + i * dh + off[:, g, t, 0]
+            z = cols + j * dw + off[:, g, t, 1]
+            v = _sample(part, [y, z], "linear", "zeros", True)              # [N, C/og, oh, ow]
+            if m is not None:
+                v = v * op.expand_dims(m[:, g, t], axis=1)
+            taps.append(op.expand_dims(v, axis=2))
+        samples.append(op.concat(taps, axis=2))
+    cols_ = op.concat(samples, axis=1) if og > 1 else samples[0]            # [N, C, K, oh, ow]
+    cols_ = op.reshape(cols_, shape=[N, groups, per_group * K, oh * ow])
+    weights = op.reshape(w, shape=[groups, O // groups, per_group * K])
+    y = op.reshape(op.matmul(weights, cols_), shape=[N, O, oh, ow])
+    return y if bias is None else y + op.reshape(bias, shape=[1, O, 1, 1])
+
+
+IMPORT["DeformConv"] = _i_deform_conv
+
 # ---- older opsets ------------------------------------------------------------------------------
 # An operator's IMPORT reader follows its schemas from a first version on (ONNX's since_version;
 # by default every version: the later ones only added types). Older schemas that spell it
@@ -2436,6 +2591,7 @@ OLDER.update({
     "Split": (2, []),                   # (the sizes as an input or an attribute)
     "DFT": (20, [(17, lambda node, xs: _i_dft(node, xs[:2], axis=_attr(node, "axis", 1)))]),
     **{k: (7, []) for k in ("RNN", "GRU", "LSTM")},    # (opset 1's output_sequence, ...)
+    "RoiAlign": (16, [(10, lambda node, xs: _i_roi_align(node, xs, "output_half_pixel"))]),
 })
 
 

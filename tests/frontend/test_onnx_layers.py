@@ -1,8 +1,9 @@
 """ONNX's layer operators as PyTorch exports them, against PyTorch: the recurrent layers (RNN,
 GRU, LSTM, imported onto ts.scan; also one-node models with what PyTorch's export never writes,
 sequence lengths, initial states, peepholes, clipping, linear_before_reset, batch-first layout,
-against onnxruntime) and grid sampling (GridSample, AffineGrid). (ONNX's own node tests of
-them: tests/frontend/test_onnx_node.py.)"""
+against onnxruntime), grid sampling (GridSample, AffineGrid), Col2Im, MaxUnpool, STFT,
+RoiAlign (against onnxruntime), DeformConv and Det. (ONNX's own node tests of them:
+tests/frontend/test_onnx_node.py.)"""
 import io
 import warnings
 
@@ -199,3 +200,61 @@ def test_stft_is_pytorchs(onesided, rng):
                       center=False, onesided=bool(onesided), return_complex=True).numpy()
     want = np.stack([want.real, want.imag], axis=-1).transpose(0, 2, 1, 3)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(ort is None, reason="onnxruntime is not installed (the test extra has it)")
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("coordinates", ["half_pixel", "output_half_pixel"])
+def test_roi_align_matches_onnxruntime(mode, coordinates, rng):
+    x = rng.standard_normal((2, 3, 12, 10)).astype(np.float32)
+    corner = rng.uniform(-2, 8, (7, 2))
+    rois = np.concatenate([corner, corner + rng.uniform(0.5, 7, (7, 2))], axis=1)
+    rois = rois.astype(np.float32)[:, [0, 1, 2, 3]]
+    batch = rng.integers(0, 2, 7).astype(np.int64)
+    model = _one_node_model("RoiAlign", {"x": x, "rois": rois, "batch": batch}, {"y": T.FLOAT},
+                            16, mode=mode, coordinate_transformation_mode=coordinates,
+                            output_height=3, output_width=4, sampling_ratio=2,
+                            spatial_scale=0.8)
+    got = ts.onnx.import_model(model)(x, rois, batch)
+    want = ort.InferenceSession(model.SerializeToString(), providers=[
+        "CPUExecutionProvider"]).run(None, {"x": x, "rois": rois, "batch": batch})[0]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_det_is_numpys(rng):
+    x = rng.standard_normal((3, 4, 6, 6)).astype(np.float32)
+    x[0, 1, 2] = 2 * x[0, 1, 4]                                  # a singular one: exactly 0
+    model = _one_node_model("Det", {"x": x}, {"y": T.FLOAT}, 22)
+    got = np.asarray(ts.onnx.import_model(model)(x))
+    want = np.linalg.det(x.astype(np.float64))
+    assert got.shape == (3, 4) and got[0, 1] == 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_deform_conv_with_zero_offsets_is_a_convolution_and_moves_with_them(rng):
+    """Zero offsets and a mask of ones: ONNX's Conv (against PyTorch); whole-pixel offsets
+    read the neighbour they point at."""
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 1], dilations=[1, 2], pads=[1, 2, 0, 1],
+                 group=2, offset_group=2)
+    out = [(9 + 1 + 0 - 3) // 2 + 1, (8 + 2 + 1 - 5) // 1 + 1]          # [4, 7]
+    zero = np.zeros((2, 2 * 2 * 9, *out), np.float32)
+    ones = np.ones((2, 2 * 9, *out), np.float32)
+    model = _one_node_model("DeformConv", {"x": x, "w": w, "offset": zero, "b": b, "mask": ones},
+                            {"y": T.FLOAT}, 22, **attrs)
+    f = ts.onnx.import_model(model)
+    padded = torch.nn.functional.pad(torch.from_numpy(x), (2, 1, 1, 0))
+    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w), torch.from_numpy(b),
+                                      stride=(2, 1), dilation=(1, 2), groups=2).numpy()
+    np.testing.assert_allclose(np.asarray(f(x, w, zero, b, ones)), want, rtol=1e-4, atol=1e-4)
+    # every tap moved one row down (dy = 1): the rows read are one further on, so the row of
+    # padding above is not read
+    down = zero.copy()
+    down[:, 0::2] = 1.0
+    padded = torch.nn.functional.pad(torch.from_numpy(x), (2, 1, 0, 0))
+    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w), torch.from_numpy(b),
+                                      stride=(2, 1), dilation=(1, 2), groups=2).numpy()
+    np.testing.assert_allclose(np.asarray(f(x, w, down, b, ones)), want, rtol=1e-4, atol=1e-4)
