@@ -2220,7 +2220,7 @@ _SHAPE_POSITIONS.update({"STFT": (1, 3), "MelWeightMatrix": (0, 1, 2, 3, 4),
                          "Col2Im": (1, 2), "MaxUnpool": (2,)})
 
 
-# ---- state-space layers of recent LLMs (Gated DeltaNet, Mamba): LinearAttention, the causal conv --
+# ---- recent LLMs' state-space layers (Gated DeltaNet, Mamba): LinearAttention, the causal conv
 def _heads(x, heads):
     """[B, T, H*D] -> [T, B, H, D] (time first, for ts.scan), in float32."""
     b, t, hd = x.shape

@@ -10,7 +10,8 @@
      otherwise plain C, one k at a time.
    An operand whose signedness is not the instruction's is packed with its top bit flipped
    (x + 128 or x - 128) and the difference taken off afterwards with the operands' row and
-   column sums (B's summed packed, ts_qv_sum: the dot product with ones). (The loads from C are ts_qv_loadc: int32 accumulators, not packed bytes.)
+   column sums (B's summed packed, ts_qv_sum: the dot product with ones). Loads from C are
+   ts_qv_loadc: int32 accumulators, not packed bytes.
    Every product and sum is exact in int32 (wrapping past it), so the order never matters: each
    path gives the same bits as the others and as NumPy's int32 matmul. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
