@@ -511,6 +511,7 @@ with np.errstate(all="ignore"):
                     "ONNX's BitCast, PyTorch's Tensor.view(dtype)); a byte into bool is "
                     "whether it is nonzero")
     REGISTRY["bitcast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
+    REGISTRY["bitcast"].differentiable = False      # (bits: no derivative)
     REGISTRY["cast"].normalize = lambda ts, a: {"dtype": dt.get(a["dtype"]).name}
     REGISTRY["cast"].simplify = [lambda g, n: n.inputs[0] if n.inputs[0].type == n.out.type
                                  else None]                      # a cast to its own dtype
