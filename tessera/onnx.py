@@ -2201,7 +2201,7 @@ def _i_tensor_scatter(node, xs):
     size, length = past.shape[axis], update.shape[axis]
     at = [1] * rank
     at[axis] = size
-    where = op.cast(op.reshape(op.cast(np.arange(size), dtype="int64"), shape=at), dtype="int64")
+    where = op.reshape(op.cast(np.arange(size), dtype="int64"), shape=at)
     if writes is not None:
         where = where - op.reshape(op.cast(writes, dtype="int64"), shape=[-1] + [1] * (rank - 1))
     if mode == "circular":

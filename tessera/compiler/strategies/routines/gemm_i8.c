@@ -46,8 +46,9 @@ static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {TA}* A, int64_t rsa, in
 static void ts_pack_b_{S}(int64_t kc, int64_t nc, const {TB}* B, int64_t rsb, int64_t csb,
                           ts_q_t* pb, uint32_t* sb) {
   int64_t kq = (kc + TS_Q_KG - 1) / TS_Q_KG * TS_Q_KG;
-  int64_t whole = nc / TS_Q_NR * TS_Q_NR, fast = 0;     /* columns in whole panels; k done */
+  int64_t fast = 0;                  /* the k a fast path packed (whole panels only) */
 #if !TS_Q_WIDE
+  int64_t whole = nc / TS_Q_NR * TS_Q_NR;     /* columns in whole panels */
   if (whole && rsb == 1) {           /* a column's k are contiguous (a transposed weight) */
     for (int64_t j = 0; j < whole; ++j)
       for (int64_t q = 0; q + 4 <= kc; q += 4) {
