@@ -5,9 +5,6 @@ layer's attention within a sliding window) and Qwen2 (biased query/key/value pro
 sliding windows on the layers its config names) are LLaMA with those two differences."""
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 
 from .. import op
@@ -16,6 +13,7 @@ from ..nn.attention import grouped_query_attention, rope, rope_tables, sliding_w
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
+from .checkpoint import read_config, read_safetensors, write_checkpoint
 
 # config.json's names (transformers' LlamaConfig) -> this class's, with their defaults
 _CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -192,7 +190,7 @@ class LLaMA(Module):
         """(model, params) from a transformers checkpoint directory of this architecture
         (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): its config.json and
         model.safetensors (or sharded model-*.safetensors with their index)."""
-        config = _read_config(directory, cls.model_type)
+        config = read_config(directory, cls.model_type)
         rope_params = config.get("rope_parameters") or config.get("rope_scaling") or {}
         kind = rope_params.get("rope_type", rope_params.get("type", "default"))
         if kind != "default":
@@ -203,14 +201,9 @@ class LLaMA(Module):
         if "rope_theta" in rope_params:        # (transformers 5 keeps it there)
             config = {**config, "rope_theta": rope_params["rope_theta"]}
         model = cls(**{k: v for k, v in config.items() if k in cls.settings})
-        w = _read_safetensors(directory)
+        w = read_safetensors(directory)
         c = model.config
-
-        def get(name, transpose=False):
-            if name not in w:
-                raise TesseraError(f"{directory}: the checkpoint has no tensor {name!r}")
-            a = w[name].astype(np.float32)
-            return np.ascontiguousarray(a.T) if transpose else a
+        get = w.tensor
         layers = []
         for i in range(c["num_hidden_layers"]):
             pre = f"model.layers.{i}."
@@ -229,8 +222,6 @@ class LLaMA(Module):
         """Write config.json and model.safetensors that transformers loads as this
         architecture (the directory is made; its files are written whole, then renamed into
         place)."""
-        from safetensors.numpy import save_file
-        os.makedirs(directory, exist_ok=True)
         tensors = {"model.embed_tokens.weight": params["embed"],
                    "model.norm.weight": params["norm"]}
         for i, layer in enumerate(params["layers"]):
@@ -243,16 +234,12 @@ class LLaMA(Module):
             tensors[pre + "post_attention_layernorm.weight"] = layer["post_norm"]
         if "lm_head" in params:
             tensors["lm_head.weight"] = np.asarray(params["lm_head"]).T
-        tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
         config = {**{k: v for k, v in self.config.items()}, "model_type": self.model_type,
                   "architectures": [self.architecture], "hidden_act": "silu",
                   "torch_dtype": "float32", "mlp_bias": False,
                   "rope_parameters": {"rope_type": "default",
                                       "rope_theta": self.config["rope_theta"]}}
-        _write_whole(os.path.join(directory, "model.safetensors"),
-                     lambda path: save_file(tensors, path, metadata={"format": "pt"}))
-        _write_whole(os.path.join(directory, "config.json"),
-                     lambda path: open(path, "w").write(json.dumps(config, indent=2)))
+        write_checkpoint(directory, tensors, config)
 
 
 class Mistral(LLaMA):
@@ -293,42 +280,3 @@ class Qwen2(LLaMA):
             "sliding_attention" if window is not None and i >= c["max_window_layers"]
             else "full_attention" for i in range(c["num_hidden_layers"])]
         return [c["sliding_window"] if k == "sliding_attention" else None for k in kinds]
-
-
-def _read_config(directory, model_type):
-    path = os.path.join(directory, "config.json")
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except OSError as e:
-        raise TesseraError(f"{directory} has no readable config.json ({e.strerror})") from None
-    if config.get("model_type") != model_type:
-        raise TesseraError(f"{path} describes a {config.get('model_type')!r} model, not "
-                           f"{model_type!r}")
-    return config
-
-
-def _read_safetensors(directory):
-    try:
-        from safetensors.numpy import load_file
-    except ImportError:
-        raise TesseraError("reading a checkpoint needs the safetensors package",
-                           hint="pip install safetensors") from None
-    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
-    if not files:
-        raise TesseraError(f"{directory} holds no .safetensors weights")
-    tensors = {}
-    for f in files:
-        tensors.update(load_file(os.path.join(directory, f)))
-    return tensors
-
-
-def _write_whole(path, write):
-    """write(temporary path), then an atomic rename: no half-written file at ``path``."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
