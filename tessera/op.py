@@ -1152,6 +1152,16 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     return acc
 
 
+def matmul_int8_weight(x, w, scale=None):
+    """Weight-only quantization's product: float32 activations x [..., K] times int8 weights w
+    [K, N], then ``scale`` (per column [N], or one number): (x @ float32(w)) * scale, reading
+    the weights as bytes (a quarter of float32's). ``nn.quantize_int8`` makes w and scale from
+    float weights; ``nn.linear`` takes them as ``{"int8": w, "scale": scale}``. Not
+    differentiable (train in float, quantize after)."""
+    out = _apply("matmul_int8_weight", x, w)
+    return out if scale is None else _apply("mul", out, scale)
+
+
 def _requantize(acc, multiplier, zero_point, dtype):
     """An int32 accumulator scaled (in float64, as ONNX's reference) and quantized."""
     from . import dtypes as dt

@@ -71,6 +71,8 @@ EXAMPLES = {
     "bitcast": (lambda r: [f32(r, 3, 5).astype(np.float32)], {"dtype": "int32"}),
     "matmul_integer": (lambda r: [r.integers(-128, 128, (2, 3, 40)).astype(np.int8),
                                   r.integers(0, 256, (40, 5)).astype(np.uint8)], {}),
+    "matmul_int8_weight": (lambda r: [f32(r, 2, 3, 40).astype(np.float32),
+                                      r.integers(-127, 128, (40, 37)).astype(np.int8)], {}),
     "pad": (lambda r: [f32(r, 2, 5, 6)], {"pads": [[0, 0], [2, 1], [-1, 3]], "mode": "reflect"}),
     "conv": (lambda r: [f32(r, 2, 4, 7, 6), f32(r, 6, 2, 3, 2)],
              {"stride": [2, 1], "padding": [[1, 0], [1, 1]], "dilation": [1, 2], "groups": 2}),

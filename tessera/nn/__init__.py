@@ -40,6 +40,7 @@ from .paged import PagedAttention, PagedKVCache, paged_attention
 from .moe import MixtureOfExperts, SwitchTransformer, TopKRouter
 from ..optim import FusedAdamW, FusedSGD
 from .precision import MixedPrecision, to_mixed_precision
+from .quantize import dequantize_int8, quantize_int8
 
 __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
            "AvgPool", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BatchNorm", "BatchNorm1d",
@@ -51,7 +52,8 @@ __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Adaptiv
            "Module", "MixtureOfExperts", "TopKRouter",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
-           "rope", "rope_tables", "MixedPrecision", "to_mixed_precision",
+           "rope", "rope_tables", "MixedPrecision", "to_mixed_precision", "quantize_int8",
+           "dequantize_int8",
            # the seeds' standard library
            "ALiBi", "FlashAttention2", "FlashDecoding", "SlidingWindowAttention", "alibi_bias",
            "alibi_slopes", "flash_decoding", "sliding_window_mask", "FusedLinearGeLU",

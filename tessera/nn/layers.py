@@ -110,13 +110,23 @@ class Linear(Module):
 
 
 def linear(x, w, b=None):
-    """x @ w (+ b) over the last axis of x."""
+    """x @ w (+ b) over the last axis of x; w may be int8 weights with their scales,
+    ``{"int8": [K, N], "scale": [N]}`` as ``nn.quantize_int8`` makes them."""
+    if isinstance(w, dict):
+        n = _shape(w["int8"])[-1]
+
+        def product(a):
+            return op.matmul_int8_weight(a, w["int8"], w["scale"])
+    else:
+        n = _shape(w)[-1]
+
+        def product(a):
+            return op.matmul(a, w)
     shape = _shape(x)
     if len(shape) > 2:
-        y = op.reshape(op.matmul(op.reshape(x, [-1, shape[-1]]), w),
-                       list(shape[:-1]) + [_shape(w)[-1]])
+        y = op.reshape(product(op.reshape(x, [-1, shape[-1]])), list(shape[:-1]) + [n])
     else:
-        y = op.matmul(x, w)
+        y = product(x)
     return y if b is None else y + b
 
 

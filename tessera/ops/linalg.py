@@ -151,3 +151,25 @@ register(OpDef(
     doc="the product of int8 or uint8 matrices, exact in int32 (wrapping past it): ONNX's "
         "MatMulInteger without zero points, torch._int_mm; on the CPU with the integer dot "
         "products of the ISA level (VNNI, NEON's sdot)"))
+
+
+# ---- int8 weights (weight-only quantization) -----------------------------------------------------
+def _int8_weight_infer(types, attrs):
+    a, w = types
+    if a.dtype != dt.float32 or w.dtype != dt.int8:
+        raise DTypeError("matmul_int8_weight multiplies float32 activations by int8 weights",
+                         received=f"{a} @ {w}",
+                         hint="op.matmul_int8_weight(x, w, scale) takes the weights as "
+                              "nn.quantize_int8 gives them")
+    return _product_type(a, w, dt.float32)
+
+
+register(OpDef(
+    "matmul_int8_weight", 2, {}, infer=_int8_weight_infer,
+    dtype_rule=lambda ds, attrs: (list(ds), dt.float32),
+    reference=lambda a, t: np.matmul(a[0], a[1].astype(np.float32)),
+    decompose=lambda b, xs, attrs: _as_matrices(b, "matmul_int8_weight", *xs),
+    lowering=Contract(), differentiable=False,
+    doc="float32 activations times int8 weights, in float32 (each weight widened exactly): "
+        "weight-only quantization's product, reading a quarter of float32's bytes; the bits "
+        "of matmul(x, float32(w))"))

@@ -32,9 +32,18 @@ def is_contraction(n) -> bool:
     return isinstance(n.opdef.lowering, R.Contract)
 
 
+def gpu_routine_takes(c) -> bool:
+    """Whether the GPU's GEMM routine computes contraction node c (float operands of the
+    product's dtype); the others are plain loops."""
+    return c.out.type.dtype.is_float and c.op != "matmul_int8_weight"
+
+
 def routine_dtype(c) -> str | None:
     """The GEMM routine's dtype for contraction node c on the CPU: the product's ("f32",
-    "bf16"), the operand pair's for 8-bit integers ("i8u8"), None for plain loops."""
+    "bf16"), the operand pair's for 8-bit integers ("i8u8") and int8 weights ("f32i8"), None
+    for plain loops."""
+    if c.op == "matmul_int8_weight":
+        return "f32i8"
     if c.out.type.dtype.is_float:
         return c.out.type.dtype.short
     if c.op == "matmul_integer":
@@ -107,9 +116,9 @@ class Contract(Strategy):
         return knobs
 
     def gpu_knobs(self, k, target) -> dict:
-        if not k.output.type.dtype.is_float:
-            return super().gpu_knobs(k, target)
         anchor = k.group.anchor
+        if not gpu_routine_takes(anchor):
+            return super().gpu_knobs(k, target)
         tm, tn, tk, threads = gpu_gemm.DEFAULT_KNOBS[target][anchor.inputs[0].type.dtype.short]
         shape = anchor.out.type.shape
         # a tile no larger than the matrix needs, in powers of two, still one element or more
@@ -156,13 +165,15 @@ class Contract(Strategy):
         return lower_contract_loops(k)
 
     def lower_gpu(self, k, code, target, knobs):
-        if not k.output.type.dtype.is_float:
+        if not gpu_routine_takes(k.group.anchor):
             return grid_from_cpu_nests(lower_contract_loops(k), knobs)
         return gpu_contract(k, code, target, knobs)
 
     def c_routine(self, name, dtype):
         if dtype in c_gemm.INT8_PAIRS:
             return c_gemm.int8_gemm_source(dtype)
+        if dtype == "f32i8":
+            return c_gemm.int8_weight_gemm_source()
         return c_gemm.gemm_source(dtype)
 
     def c_half_routine(self, name):
@@ -275,7 +286,8 @@ def gemm_task(k: Kernel, em: Emitter, tile_m: int, tile_n: int) -> SimpleNamespa
 
 
 def lower_contract_loops(k: Kernel):
-    """Integer matmuls: plain loops (fusion gives only float matmuls an epilogue)."""
+    """Products no routine computes: plain loops, then the epilogue of a float one (fusion gives
+    no integer product an epilogue)."""
     names = Names()
     em = Emitter(k, names)
     ((A, a_off, a_b, a_rs, a_cs), (B, b_off, b_b, b_rs, b_cs)), M, N, K_, batch = \
@@ -300,6 +312,15 @@ def lower_contract_loops(k: Kernel):
                 "+", Load(k.output.name, idx_add(orow, Var(j2))),
                 Bin("*", Var(av), read(B, idx_add(idx_add(bbase, idx_mul(Var(kk), Const(b_rs))),
                                                   idx_mul(Var(j2), Const(b_cs)))))))])])])
+    grp = k.group
+    if grp.root is not grp.anchor:      # (the int8-weight product's epilogue, on a GPU)
+        j3 = names("j")
+        epi = Loop(j3, N, "serial")
+        point = {**{q: bvars[q] for q in range(len(batch))}, len(batch): Var(i),
+                 len(batch) + 1: Var(j3)}
+        value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
+        epi.body.append(Store(k.output.name, em.out_index(point), value))
+        row.body.append(epi)
     if binner is None:
         return [row]
     binner.append(row)

@@ -60,3 +60,13 @@ def int8_gemm_source(pair: str) -> list[str]:
     (ta, ua), (tb, ub) = ctype[pair[:2]], ctype[pair[2:]]
     return [I8_ISA, specialise(SCRATCH, S="q", T="unsigned char"),
             specialise(_I8_ROUTINE, S=pair, TA=ta, UA=ua, TB=tb, UB=ub)]
+
+
+# float32 activations times int8 weights (gemm_w8.c): the float32 routine's chains on weights
+# widened in registers (few rows) or into scratch (more).
+_W8_ROUTINE = routine_text("gemm_w8.c")
+
+
+def int8_weight_gemm_source() -> list[str]:
+    """The chunks of the float32 x int8-weight GEMM: the float32 routine's, then its own."""
+    return gemm_source("f32") + [_W8_ROUTINE]
