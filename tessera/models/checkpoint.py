@@ -1,5 +1,6 @@
 """transformers' checkpoint directories on disk, shared by the zoo's models: ``config.json``
-and safetensors weights (one file, or shards beside their index), read and written whole."""
+and safetensors weights (one file, or shards beside their index), read and written whole; and
+the config's names every model reads alike (activations, unknown settings)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,8 @@ import os
 
 import numpy as np
 
-from ..errors import TesseraError
+from .. import op
+from ..errors import ArgumentError, TesseraError
 
 
 def read_config(directory, model_type):
@@ -65,7 +67,8 @@ def write_checkpoint(directory, tensors, config):
         raise TesseraError("writing a checkpoint needs the safetensors package",
                            hint="pip install safetensors") from None
     os.makedirs(directory, exist_ok=True)
-    tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+    # (np.array keeps a 0-d tensor 0-d, as logit_scale must be; ascontiguousarray would not)
+    tensors = {k: np.array(v, np.float32, order="C") for k, v in tensors.items()}
     _write_whole(os.path.join(directory, "model.safetensors"),
                  lambda path: save_file(tensors, path, metadata={"format": "pt"}))
     _write_whole(os.path.join(directory, "config.json"),
@@ -81,3 +84,43 @@ def _write_whole(path, write):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+# ---- config.json's names ----------------------------------------------------------------------
+def _gelu_tanh(x):
+    return op.gelu(x, approximate="tanh")
+
+
+def _quick_gelu(x):
+    return x * op.sigmoid(x * 1.702)
+
+
+# transformers' activation names (hidden_act, activation_function) -> the function each computes;
+# only exact equivalents ("gelu_new" and "gelu_pytorch_tanh" are both the tanh approximation,
+# "gelu" is erf's), so an unknown name is refused rather than replaced
+ACTIVATIONS = {"gelu": op.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh,
+               "quick_gelu": _quick_gelu, "relu": op.relu, "silu": op.silu, "swish": op.silu,
+               "tanh": op.tanh}
+
+
+def hidden_activation(name, where):
+    """The activation transformers calls ``name`` (an ArgumentError naming ``where`` and the
+    names read when there is none)."""
+    if name not in ACTIVATIONS:
+        raise ArgumentError(f"{where}: the activation {name!r} is not implemented",
+                            expected=", ".join(sorted(ACTIVATIONS)))
+    return ACTIVATIONS[name]
+
+
+def check_settings(cls, config, settings):
+    """Refuse a setting the class does not have, by name."""
+    unknown = set(config) - set(settings)
+    if unknown:
+        raise ArgumentError(f"{cls.__name__} has no setting {sorted(unknown)[0]!r}",
+                            expected=", ".join(settings))
+
+
+def checkpoint_prefix(weights, prefix, probe):
+    """``prefix`` when the checkpoint names its tensors under it (a task model's base model:
+    "transformer.", "bert."), else "" (the base model saved alone)."""
+    return prefix if prefix + probe in weights else ""

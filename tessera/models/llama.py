@@ -13,7 +13,8 @@ from ..nn.attention import grouped_query_attention, rope, rope_tables, sliding_w
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
-from .checkpoint import read_config, read_safetensors, write_checkpoint
+from ..nn.quantize import quantize_int8
+from .checkpoint import check_settings, read_config, read_safetensors, write_checkpoint
 
 # config.json's names (transformers' LlamaConfig) -> this class's, with their defaults
 _CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -32,10 +33,7 @@ class LLaMA(Module):
     model_type, architecture, settings = "llama", "LlamaForCausalLM", _CONFIG
 
     def __init__(self, **config):
-        unknown = set(config) - set(self.settings)
-        if unknown:
-            raise ArgumentError(f"{type(self).__name__} has no setting {sorted(unknown)[0]!r}",
-                                expected=", ".join(self.settings))
+        check_settings(type(self), config, self.settings)
         c = {**self.settings, **config}
         c["num_key_value_heads"] = c["num_key_value_heads"] or c["num_attention_heads"]
         c["head_dim"] = c["head_dim"] or c["hidden_size"] // c["num_attention_heads"]
@@ -84,6 +82,20 @@ class LLaMA(Module):
         if not c["tie_word_embeddings"]:
             p["lm_head"] = w(key.child("lm_head"), (d, c["vocab_size"]))
         return p
+
+    def quantize(self, params, precision="int8"):
+        """params with every projection weight (attention, MLP and the LM head, a tied one
+        too) as int8 with a float32 scale per output column (``nn.quantize_int8``): weight-only
+        quantization, the seeds' ``precision="int8"``. Embeddings and norms stay float32; the
+        products read the bytes (``op.matmul_int8_weight``). Decode with the result as with
+        the float params; ``save_pretrained`` takes float params only."""
+        if precision != "int8":
+            raise ArgumentError(f"{type(self).__name__}.quantize: precision {precision!r} is "
+                                "not supported", expected="'int8'")
+        layers = [{k: quantize_int8(v) if k in self._NAMES else v for k, v in layer.items()}
+                  for layer in params["layers"]]
+        head = params["lm_head"] if "lm_head" in params else np.asarray(params["embed"]).T
+        return {**params, "layers": layers, "lm_head": quantize_int8(head)}
 
     # ---- the forward pass ----------------------------------------------------------------------
     def _heads(self, t, n):
@@ -222,6 +234,10 @@ class LLaMA(Module):
         """Write config.json and model.safetensors that transformers loads as this
         architecture (the directory is made; its files are written whole, then renamed into
         place)."""
+        if isinstance(params.get("lm_head"), dict) or any(
+                isinstance(v, dict) for layer in params["layers"] for v in layer.values()):
+            raise TesseraError("save_pretrained writes float weights; these params are "
+                               "quantized (int8)", hint="save the params you quantized from")
         tensors = {"model.embed_tokens.weight": params["embed"],
                    "model.norm.weight": params["norm"]}
         for i, layer in enumerate(params["layers"]):
