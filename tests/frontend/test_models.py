@@ -115,3 +115,35 @@ def test_a_directory_that_is_no_llama_checkpoint_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ts.TesseraError, match="describes a 'gpt2' model"):
         models.LLaMA.from_pretrained(tmp_path)
+
+
+def test_llama_int8_weights_are_the_dequantized_model(rng):
+    """LLaMA.quantize: every projection and the (tied) head as int8 with per-column scales.
+    Its logits are those of the float model holding the dequantized weights (int8 * scale),
+    within float32 rounding, and close to the float model's; greedy decoding through the
+    paged cache picks each next token as the quantized model's own forward pass does."""
+    model = models.LLaMA(vocab_size=101, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    params = model.init(int(rng.integers(1 << 30)))
+    q = model.quantize(params)
+    assert q["layers"][0]["q"]["int8"].dtype == np.int8 and "int8" in q["lm_head"]
+    dq = {**q, "layers": [{k: ts.nn.dequantize_int8(v) if isinstance(v, dict) else v
+                           for k, v in layer.items()} for layer in q["layers"]],
+          "lm_head": ts.nn.dequantize_int8(q["lm_head"])}
+    fn = ts.function(model)
+    ids, mask = _batch(rng, True)
+    got = fn(q, ids, mask)
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(got[keep], fn(dq, ids, mask)[keep], rtol=1e-5, atol=1e-5)
+    full = fn(params, ids, mask)[keep]
+    assert np.abs(got[keep] - full).max() < 0.05 * np.abs(full).max()
+    out = model.generate(q, [ids[0, :5]], max_new_tokens=6)[0]
+    logits = fn(q, out[None, :-1])[0, 4:]
+    top2 = np.sort(logits, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4                  # (no near-tie to decide)
+    np.testing.assert_array_equal(out[5:][clear], logits.argmax(-1)[clear])
+    with pytest.raises(ts.TesseraError, match="float weights"):
+        model.save_pretrained(q, "unused")
+    with pytest.raises(ts.TesseraError, match="precision 'int4'"):
+        model.quantize(params, "int4")

@@ -151,6 +151,11 @@ def cases(rng):
         "sorting": (lambda x: (op.argsort(x, axis=0), op.topk(x, 5)[0],
                                op.sort(op.round(x * 2), axis=1, descending=True)),
                     [f32(33, 65)], True),
+        # int8 weights (gemm_w8.c): NEON widens four bytes at a time; the float32 chains
+        "int8_weights": (lambda x, y, w, s: (op.matmul_int8_weight(x, w, s),
+                                             op.matmul_int8_weight(y, w, s)),
+                         [f32(3, 70), f32(20, 70), rng.integers(-127, 128, (70, 45)).astype(
+                             np.int8), f32(45)], True),
         # rounding and floor division: exact, NumPy's bits on every ISA
         "rounding_divmod": (lambda x, y, i, j: (op.floor(x * 3) + op.ceil(x) * op.round(x * 2.5)
                                                 + op.sign(x) + x % y + x // y, i // j, i % j),

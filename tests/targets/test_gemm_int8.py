@@ -131,3 +131,53 @@ def test_each_level_multiplies_with_its_dot_product(tmp_path, level):
     assert DOT[level] in r.stdout
     if level.endswith("vnni"):
         assert "pmaddwd" not in r.stdout
+
+
+# ---- int8 weights (op.matmul_int8_weight, weight-only quantization: gemm_w8.c) ---------------
+FLOAT_LEVELS = ["generic", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+
+
+@x86
+@pytest.mark.parametrize("level", FLOAT_LEVELS)
+def test_int8_weights_give_the_float32_products_bits(rng, level):
+    """x @ int8 weights, scaled per column, is bit for bit the float32 GEMM of the widened
+    weights at the same level (the same fma chains), and NumPy's within float32 rounding: few
+    rows (streamed bytes) and many (widened into scratch), vector tails, a transposed weight,
+    a batch of rows."""
+    target = level_here(level)
+    f = ts.function(lambda x, w, s: op.matmul_int8_weight(x, w, s), target=target)
+    g = ts.function(lambda x, w, s: op.matmul(x, w) * s, target=target)
+    ft = ts.function(lambda x, w, s: op.matmul_int8_weight(x, w.T, s), target=target)
+    for m, k, n in [(1, 1, 1), (1, 37, 3), (1, 300, 1000), (3, 70, 45), (8, 129, 77),
+                    (9, 64, 33), (40, 300, 130)]:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = ints(rng, np.int8, (k, n))
+        s = rng.uniform(0.001, 0.1, n).astype(np.float32)
+        got = f(x, w, s)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, g(x, w.astype(np.float32), s))
+        np.testing.assert_array_equal(ft(x, np.ascontiguousarray(w.T), s), got)
+        want = (x.astype(np.float64) @ w.astype(np.float64)) * s
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    x3 = rng.standard_normal((2, 5, 40)).astype(np.float32)
+    w, s = ints(rng, np.int8, (40, 19)), np.float32(0.5)
+    np.testing.assert_array_equal(f(x3, w, s), g(x3, w.astype(np.float32), s))
+
+
+def test_int8_weights_quantized_and_refused(rng):
+    """nn.quantize_int8: per column, |w - int8 * scale| <= scale / 2; nn.linear multiplies by
+    the bytes; a float weight, or int8 activations, is a TesseraError naming the operator."""
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    w[:, 5] = 0.0
+    q = ts.nn.quantize_int8(w)
+    assert q["int8"].dtype == np.int8 and q["scale"].shape == (48,)
+    assert np.all(np.abs(ts.nn.dequantize_int8(q) - w) <= q["scale"] / 2 * (1 + 1e-6))
+    assert np.abs(q["int8"]).max(axis=0)[np.arange(48) != 5].min() == 127
+    x = rng.standard_normal((4, 7, 64)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    got = ts.function(lambda x, q, b: ts.nn.linear(x, q, b))(x, q, b)
+    np.testing.assert_allclose(got, x @ ts.nn.dequantize_int8(q) + b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ts.TesseraError, match="matmul_int8_weight multiplies float32"):
+        ts.function(lambda x, w: op.matmul_int8_weight(x, w))(x, w)
+    with pytest.raises(ts.TesseraError, match="float weight matrix"):
+        ts.nn.quantize_int8(q["int8"])

@@ -455,6 +455,18 @@ def test_batched_and_broadcast_matmul(target, ashape, bshape, rng):
                             np.broadcast_to(b, shape + bshape[-2:]))
 
 
+def test_int8_weight_matmul_with_its_epilogue(target, rng):
+    """float32 rows times int8 weights on a GPU: plain loops that widen each weight, then the
+    fused epilogue (the per-column scale, a bias, an activation) over the finished rows."""
+    x = rng.standard_normal((2, 7, 40)).astype(np.float32)
+    w = rng.integers(-127, 128, (40, 23)).astype(np.int8)
+    s = rng.uniform(0.01, 0.1, 23).astype(np.float32)
+    bias = rng.standard_normal(23).astype(np.float32)
+    fn = lambda x, w, s, b: op.gelu(op.matmul_int8_weight(x, w, s) + b)      # noqa: E731
+    got = emulate(target, fn, x, w, s, bias, strategies=["contract"])
+    assert_close(got, ts.interpret(fn, x, w, s, bias), scale=20)
+
+
 def test_integer_matmul(target, rng):
     a = rng.integers(-9, 9, (6, 11)).astype(np.int32)
     b = rng.integers(-9, 9, (11, 5)).astype(np.int32)
