@@ -2,6 +2,8 @@
 Transformer block, and the seeds' KVCache for incremental decoding."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import op
@@ -372,7 +374,8 @@ def flash_decoding(q, k, v, mask=None, block: int = 256, scale: float | None = N
     A query that sees no key gets 0."""
     shape_k, shape_q = _shape(k), _shape(q)
     s, d, t = shape_k[-2], shape_q[-1], shape_q[-2]
-    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    # (a Python float: a NumPy float64 scalar would promote the whole computation)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     nb = -(-s // block)
     pad = nb * block - s
     lead = list(shape_k[:-2])

@@ -95,6 +95,7 @@ def test_flash_decoding_is_attention_over_the_cache(block, rng):
     layer = nn.FlashDecoding(block=block)
     got = ts.function(lambda q, k, v, m: layer({}, q, k, v, mask=m))(q, k, v, mask)
     want = ts.function(lambda q, k, v, m: op.attention(q, k, v, mask=m))(q, k, v, mask)
+    assert got.dtype == np.float32             # (it was float64: a NumPy scale promoted it)
     _close(got, want)
     assert not np.any(got[:, :, 1])
     _close(layer({}, q, k, v, mask=mask), want)             # eager

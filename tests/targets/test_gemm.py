@@ -17,7 +17,7 @@ from conftest import assert_within_dot_bound
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 0, 5), (13, 17, 19), (97, 64, 33), (6, 300, 64),
-                                   (200, 31, 129)])
+                                   (200, 31, 129), (1, 70, 45), (1, 300, 1000)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_shapes_and_dtypes(rng, m, k, n, dtype):
     a = rng.standard_normal((m, k)).astype(dtype)
@@ -34,6 +34,8 @@ def test_rows_and_tiles_do_not_change_bits(rng):
     b = rng.standard_normal((70, 90)).astype(np.float32)
     full = ts.function(lambda a, b: a @ b)(a, b)
     assert full[37:38].tobytes() == ts.function(lambda a, b: a @ b)(a[37:38], b).tobytes()
+    wt = np.ascontiguousarray(b.T)      # one row against columns read in place: their chains
+    assert full[37:38].tobytes() == ts.function(lambda a, w: a @ w.T)(a[37:38], wt).tobytes()
     for tile in [(6, 32, 8), (17, 5, 70), (150, 90, 1)]:
         f = ts.function(lambda a, b: op.matmul(a, b, tile_shape=tile))
         assert f(a, b).tobytes() == full.tobytes(), tile

@@ -146,6 +146,26 @@ static void ts_gemm_rows_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
 static void ts_gemm_narrow_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* B,
                                int64_t rsb, int64_t csb, {T}* C, int64_t ldc, int64_t K,
                                int64_t mt, int64_t nt) {
+  if (mt == 1 && rsb == 1) {   /* B's columns contiguous (x @ w.T, a query against its keys):
+                                  eight columns' chains at once, each reading its column in order */
+    int64_t j = 0;
+    for (; j + 8 <= nt; j += 8) {
+      const {T}* b = B + j * csb;
+      {T} acc[8] = {0};
+      for (int64_t k = 0; k < K; ++k) {
+        {T} a = A[k * csa];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) acc[r] = fma{F}(a, b[r * csb + k], acc[r]);
+      }
+      for (int r = 0; r < 8; ++r) C[j + r] = acc[r];
+    }
+    for (; j < nt; ++j) {
+      {T} acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc = fma{F}(A[k * csa], B[j * csb + k], acc);
+      C[j] = acc;
+    }
+    return;
+  }
   if (mt == 1) {
     for (int64_t j = 0; j < nt; ++j) C[j] = 0;
     for (int64_t k = 0; k < K; ++k) {
