@@ -13,6 +13,15 @@ f32, written to a temporary checkpoint directory and read by `tessera.models.LLa
    eager and 1.2x compiled.
 2. **Prefill** of 512 tokens, batch 1: tessera's `prefill` step against the PyTorch model's
    forward pass (eager and compiled). Goal: at least 1.2x PyTorch.
+3. **int8 weights** (`model.quantize(params)`: every projection and the head as int8 with
+   per-column scales), decoding at batch 1 and 8 against tessera's own float32 decoding. Goal:
+   at least 1.6x (a quarter of the weight bytes). Accuracy: the largest logit difference from
+   the float32 model (over prompts of 64 tokens, relative to the largest logit) and how many
+   greedy tokens agree with the float32 model's.
+4. **FlashDecoding** (`nn.flash_decoding`, blocks of 256 keys): one query per head against a
+   16K-token cache (8 heads of 64, f32: 64 MB of keys and values), against PyTorch's
+   `scaled_dot_product_attention`; the cache's bytes read per second as a share of the
+   machine's copy bandwidth. Goal: at least 70%.
 """
 from __future__ import annotations
 
@@ -53,6 +62,7 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(f"bench_generate needs PyTorch and transformers ({e}); skipped")
         return 0
+    import tessera as ts
     from tessera import models
     from benchmarks.bench import machine
     new = 32 if a.quick else 128
@@ -112,6 +122,36 @@ def main(argv=None) -> int:
             row["compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
     rows.append(row)
 
+    q = model.quantize(params)
+    forward = ts.function(model)
+    probe = rng.integers(1, CONFIG["vocab_size"], (4, 64))
+    exact, approx = forward(params, probe), forward(q, probe)
+    drift = float(np.abs(approx - exact).max() / np.abs(exact).max())
+    for batch in (1, 8):
+        prompts = [rng.integers(1, CONFIG["vocab_size"], 32) for _ in range(batch)]
+        f32, want = best_of(lambda: model.generate(params, prompts, max_new_tokens=new,
+                                                   batch_size=batch))
+        int8, got = best_of(lambda: model.generate(q, prompts, max_new_tokens=new,
+                                                   batch_size=batch))
+        agree = float(np.mean([np.mean(g[32:] == w[32:]) for g, w in zip(got, want)]))
+        rows.append({"case": f"decode_b{batch}_int8", "tokens": batch * new,
+                     "tessera_tok_s": batch * new / int8, "f32_tok_s": batch * new / f32,
+                     "logit_drift": drift, "greedy_agreement": agree})
+
+    heads, cache, dim = 8, 16384, 64
+    qh = rng.standard_normal((1, heads, 1, dim)).astype(np.float32)
+    kh, vh = (rng.standard_normal((1, heads, cache, dim)).astype(np.float32) for _ in "kv")
+    fd = ts.function(lambda q, k, v: ts.nn.flash_decoding(q, k, v, block=256))
+    ours, _ = best_of(lambda: fd(qh, kh, vh), runs=20)
+    tq, tk, tv = map(torch.from_numpy, (qh, kh, vh))
+    with torch.no_grad():
+        sdpa, _ = best_of(lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv),
+                          runs=20)
+    cache_bytes = kh.nbytes + vh.nbytes
+    rows.append({"case": "flash_decoding_16k", "cache_bytes": cache_bytes,
+                 "tessera_ms": ours * 1e3, "sdpa_ms": sdpa * 1e3,
+                 "tessera_gb_s": cache_bytes / ours / 1e9})
+
     info = machine({"torch": torch, "jax": "not used here"})
     where = f"{info['cpu']}, {info['isa_level']}, {info['cores']} cores"
     print(f"LLaMA-shaped model, {n_params / 1e6:.1f}M parameters, f32, {new} new tokens "
@@ -119,11 +159,26 @@ def main(argv=None) -> int:
     print(f"{'case':12} {'tessera':>9} {'eager':>9} {'compiled':>9} {'/eager':>7} "
           f"{'/compiled':>9}  same tokens")
     for r in rows:
+        if "eager_tok_s" not in r:
+            continue
         c = r.get("compiled_tok_s")
         print(f"{r['case']:12} {r['tessera_tok_s']:9.1f} {r['eager_tok_s']:9.1f} "
               f"{c if c else float('nan'):9.1f} {r['tessera_tok_s'] / r['eager_tok_s']:6.2f}x "
               f"{(r['tessera_tok_s'] / c) if c else float('nan'):8.2f}x  "
               f"{r.get('same_tokens', '')}{r.get('compiled_error', '')}")
+    print(f"{'int8 weights':20} {'tessera':>9} {'f32':>9} {'/f32':>7}  logit drift, greedy "
+          f"tokens as f32's")
+    for r in rows:
+        if "f32_tok_s" in r:
+            print(f"{r['case']:20} {r['tessera_tok_s']:9.1f} {r['f32_tok_s']:9.1f} "
+                  f"{r['tessera_tok_s'] / r['f32_tok_s']:6.2f}x  {r['logit_drift']:.2%}, "
+                  f"{r['greedy_agreement']:.0%}")
+    fd_row = rows[-1]
+    copy = float(ts.machine_peaks()["copy_gbs"])
+    fd_row["copy_share"] = fd_row["tessera_gb_s"] / copy
+    print(f"flash_decoding_16k: tessera {fd_row['tessera_ms']:.2f} ms "
+          f"({fd_row['tessera_gb_s']:.1f} GB/s, {fd_row['copy_share']:.0%} of the "
+          f"{copy:.1f} GB/s copy), torch sdpa {fd_row['sdpa_ms']:.2f} ms")
     path = Path(a.json) if a.json else RESULTS / f"{time.strftime('%Y-%m-%d')}-generate.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": info, "parameters": n_params, "new_tokens": new,

@@ -46,6 +46,7 @@ static inline __attribute__((always_inline)) void ts_rows_pass_w8(
         c[r * ldc + j] = fmaf(a[r * rsa + q * csa], (float)b[q * rsb + j], c[r * ldc + j]);
 }
 
+#define TS_W8_CHUNK 256        /* columns of the four widened rows at a time: 4 KB on the stack */
 static void ts_gemm_rows_w8(const float* A, int64_t rsa, int64_t csa, const int8_t* B,
                             int64_t rsb, float* C, int64_t ldc, int64_t K, int64_t mt,
                             int64_t nt) {
@@ -58,6 +59,24 @@ static void ts_gemm_rows_w8(const float* A, int64_t rsa, int64_t csa, const int8
     const int8_t* ahead = b + (k + 32 < K ? 32 : 0) * rsb;
     for (int64_t j = 0; j < nt; j += 64)
       for (int q = 0; q < 4; ++q) __builtin_prefetch(ahead + q * rsb + j);
+    if (mt > 4) {         /* two passes or more: widen the four rows once, a chunk at a time */
+      for (int64_t j0 = 0; j0 < nt; j0 += TS_W8_CHUNK) {
+        float wb[4 * TS_W8_CHUNK];
+        int64_t n = nt - j0 < TS_W8_CHUNK ? nt - j0 : TS_W8_CHUNK;
+        for (int q = 0; q < 4; ++q)
+          for (int64_t j = 0; j < n; ++j) wb[q * TS_W8_CHUNK + j] = (float)b[q * rsb + j0 + j];
+        int64_t nw = n / TS_VL_f32 * TS_VL_f32, r = 0;
+        for (; r + 4 <= mt; r += 4)
+          ts_rows_pass_f32(4, A + r * rsa + k * csa, rsa, csa, wb, TS_W8_CHUNK,
+                           C + r * ldc + j0, ldc, nw, n);
+        switch (mt - r) {
+          case 3: ts_rows_pass_f32(3, A + r * rsa + k * csa, rsa, csa, wb, TS_W8_CHUNK, C + r * ldc + j0, ldc, nw, n); break;
+          case 2: ts_rows_pass_f32(2, A + r * rsa + k * csa, rsa, csa, wb, TS_W8_CHUNK, C + r * ldc + j0, ldc, nw, n); break;
+          case 1: ts_rows_pass_f32(1, A + r * rsa + k * csa, rsa, csa, wb, TS_W8_CHUNK, C + r * ldc + j0, ldc, nw, n); break;
+        }
+      }
+      continue;
+    }
     int64_t r = 0;
     for (; r + 4 <= mt; r += 4)
       ts_rows_pass_w8(4, A + r * rsa + k * csa, rsa, csa, b, rsb, C + r * ldc, ldc, nv, nt);
