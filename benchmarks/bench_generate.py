@@ -15,9 +15,9 @@ f32, written to a temporary checkpoint directory and read by `tessera.models.LLa
    forward pass (eager and compiled). Goal: at least 1.2x PyTorch.
 3. **int8 weights** (`model.quantize(params)`: every projection and the head as int8 with
    per-column scales), decoding at batch 1 and 8 against tessera's own float32 decoding. Goal:
-   at least 1.6x (a quarter of the weight bytes). Accuracy: the largest logit difference from
-   the float32 model (over prompts of 64 tokens, relative to the largest logit) and how many
-   greedy tokens agree with the float32 model's.
+   at least 1.6x (a quarter of the weight bytes). Accuracy, on four sequences of 64 tokens: the
+   largest logit difference from the float32 model (relative to its largest logit) and how
+   often the two models' most likely next tokens agree.
 4. **FlashDecoding** (`nn.flash_decoding`, blocks of 256 keys): one query per head against a
    16K-token cache (8 heads of 64, f32: 64 MB of keys and values), against PyTorch's
    `scaled_dot_product_attention`; the cache's bytes read per second as a share of the
@@ -127,16 +127,16 @@ def main(argv=None) -> int:
     probe = rng.integers(1, CONFIG["vocab_size"], (4, 64))
     exact, approx = forward(params, probe), forward(q, probe)
     drift = float(np.abs(approx - exact).max() / np.abs(exact).max())
+    top1 = float(np.mean(approx.argmax(-1) == exact.argmax(-1)))    # on the same inputs
     for batch in (1, 8):
         prompts = [rng.integers(1, CONFIG["vocab_size"], 32) for _ in range(batch)]
-        f32, want = best_of(lambda: model.generate(params, prompts, max_new_tokens=new,
-                                                   batch_size=batch))
-        int8, got = best_of(lambda: model.generate(q, prompts, max_new_tokens=new,
-                                                   batch_size=batch))
-        agree = float(np.mean([np.mean(g[32:] == w[32:]) for g, w in zip(got, want)]))
+        f32, _ = best_of(lambda: model.generate(params, prompts, max_new_tokens=new,
+                                                batch_size=batch))
+        int8, _ = best_of(lambda: model.generate(q, prompts, max_new_tokens=new,
+                                                 batch_size=batch))
         rows.append({"case": f"decode_b{batch}_int8", "tokens": batch * new,
                      "tessera_tok_s": batch * new / int8, "f32_tok_s": batch * new / f32,
-                     "logit_drift": drift, "greedy_agreement": agree})
+                     "logit_drift": drift, "top1_agreement": top1})
 
     heads, cache, dim = 8, 16384, 64
     qh = rng.standard_normal((1, heads, 1, dim)).astype(np.float32)
@@ -166,13 +166,13 @@ def main(argv=None) -> int:
               f"{c if c else float('nan'):9.1f} {r['tessera_tok_s'] / r['eager_tok_s']:6.2f}x "
               f"{(r['tessera_tok_s'] / c) if c else float('nan'):8.2f}x  "
               f"{r.get('same_tokens', '')}{r.get('compiled_error', '')}")
-    print(f"{'int8 weights':20} {'tessera':>9} {'f32':>9} {'/f32':>7}  logit drift, greedy "
-          f"tokens as f32's")
+    print(f"{'int8 weights':20} {'tessera':>9} {'f32':>9} {'/f32':>7}  logit drift, top-1 as "
+          f"f32's")
     for r in rows:
         if "f32_tok_s" in r:
             print(f"{r['case']:20} {r['tessera_tok_s']:9.1f} {r['f32_tok_s']:9.1f} "
                   f"{r['tessera_tok_s'] / r['f32_tok_s']:6.2f}x  {r['logit_drift']:.2%}, "
-                  f"{r['greedy_agreement']:.0%}")
+                  f"{r['top1_agreement']:.0%}")
     fd_row = rows[-1]
     copy = float(ts.machine_peaks()["copy_gbs"])
     fd_row["copy_share"] = fd_row["tessera_gb_s"] / copy
