@@ -284,7 +284,3 @@ def ufunc_float_for(d: DType) -> DType:
     if d.is_int and d.itemsize <= 2:
         return float16 if d.itemsize == 1 else float32
     return default_float_for(d)
-
-
-def accum_dtype(d: DType) -> DType:
-    return _BY_NAME[d.accum]

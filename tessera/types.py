@@ -32,9 +32,6 @@ class TensorType:
     def with_shape(self, shape) -> "TensorType":
         return TensorType(self.dtype, tuple(shape))
 
-    def with_dtype(self, dtype) -> "TensorType":
-        return TensorType(dt.get(dtype), self.shape)
-
     def __str__(self) -> str:
         return f"{self.dtype.short}{fmt_shape(self.shape)}"
 

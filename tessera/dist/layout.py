@@ -217,9 +217,6 @@ class Layout:
     def partial_axes(self) -> dict:
         return dict(self.partial)
 
-    def used_axes(self) -> set:
-        return {a for d in self.dims for a in d} | {a for a, _ in self.partial}
-
     def check(self, shape, mesh: Mesh, name: str = "tensor"):
         seen = []
         for d, axes in enumerate(self.dims):
