@@ -88,7 +88,7 @@ def test_one_rank_on_each_of_two_hosts(two_hosts, tmp_path, rng):
     from tessera.dist.launch import mpiexec
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                OMP_NUM_THREADS="1")
-    run = subprocess.run(["ip", "netns", "exec", ns1, mpiexec(), "-launcher", "ssh",
+    run = subprocess.run(["ip", "netns", "exec", ns1, *mpiexec(), "-launcher", "ssh",
                           "-launcher-exec", str(ssh), "-f", str(tmp_path / "hosts"), "-n", "2",
                           sys.executable, "-m", "mpi4py", str(script)],
                          capture_output=True, text=True, timeout=240, env=env)
