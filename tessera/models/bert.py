@@ -10,8 +10,8 @@ from .. import op
 from ..errors import ArgumentError, TesseraError
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
-from .checkpoint import (check_settings, checkpoint_prefix, hidden_activation, read_config,
-                         read_safetensors, write_checkpoint)
+from .checkpoint import (check_settings, checkpoint_prefix, from_config, hidden_activation,
+                         read_config, read_safetensors, write_checkpoint)
 
 # config.json's names (transformers' BertConfig) -> this class's, with their defaults
 _CONFIG = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
@@ -136,7 +136,7 @@ class BERT(Module):
         if kind != "absolute":
             raise TesseraError(f"{directory}: position embeddings of type {kind!r} are not "
                                f"read; {cls.__name__} reads absolute ones")
-        model = cls(**{k: v for k, v in config.items() if k in cls.settings})
+        model = from_config(cls, config, directory)
         w = read_safetensors(directory)
         pre = checkpoint_prefix(w, "bert.", cls._TOP["embed"])
         get = w.tensor

@@ -124,3 +124,12 @@ def checkpoint_prefix(weights, prefix, probe):
     """``prefix`` when the checkpoint names its tensors under it (a task model's base model:
     "transformer.", "bert."), else "" (the base model saved alone)."""
     return prefix if prefix + probe in weights else ""
+
+
+def from_config(cls, config, directory):
+    """``cls`` built from a checkpoint's config.json (the settings it has; transformers writes
+    more), a setting it refuses named with the directory."""
+    try:
+        return cls(**{k: v for k, v in config.items() if k in cls.settings})
+    except ArgumentError as e:
+        raise TesseraError(f"{directory}: {e}") from None

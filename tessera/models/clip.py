@@ -13,8 +13,8 @@ from .. import op
 from ..errors import ArgumentError, TesseraError
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
-from .checkpoint import (check_settings, hidden_activation, read_config, read_safetensors,
-                         write_checkpoint)
+from .checkpoint import (check_settings, from_config, hidden_activation, read_config,
+                         read_safetensors, write_checkpoint)
 from .vit import (encoder_layer, init_encoder_layer, pair, patch_embed, read_encoder_layer,
                   with_class_token, write_encoder_layer)
 
@@ -172,10 +172,7 @@ class CLIP(Module):
         config = read_config(directory, cls.model_type)
         towers = {k: {n: x for n, x in (config.get(k) or {}).items() if n in cls.settings[k]}
                   for k in ("text_config", "vision_config")}
-        try:
-            model = cls(**{**{k: v for k, v in config.items() if k in cls.settings}, **towers})
-        except ArgumentError as e:
-            raise TesseraError(f"{directory}: {e}") from None
+        model = from_config(cls, {**config, **towers}, directory)
         c = model.config
         get = read_safetensors(directory).tensor
         dv = c["vision_config"]["hidden_size"]

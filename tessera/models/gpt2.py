@@ -13,8 +13,8 @@ from ..errors import ArgumentError, TesseraError
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
-from .checkpoint import (check_settings, checkpoint_prefix, hidden_activation, read_config,
-                         read_safetensors, write_checkpoint)
+from .checkpoint import (check_settings, checkpoint_prefix, from_config, hidden_activation,
+                         read_config, read_safetensors, write_checkpoint)
 
 # config.json's names (transformers' GPT2Config) -> this class's, with their defaults
 _CONFIG = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
@@ -206,7 +206,7 @@ class GPT2(Module):
         if config.get("add_cross_attention"):
             raise TesseraError(f"{directory}: GPT-2 with cross-attention (add_cross_attention) "
                                f"is not read; {cls.__name__} is the decoder alone")
-        model = cls(**{k: v for k, v in config.items() if k in cls.settings})
+        model = from_config(cls, config, directory)
         w = read_safetensors(directory)
         pre = checkpoint_prefix(w, "transformer.", "wte.weight")
         get = w.tensor

@@ -14,7 +14,8 @@ from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
 from ..nn.quantize import quantize_int8
-from .checkpoint import check_settings, read_config, read_safetensors, write_checkpoint
+from .checkpoint import (check_settings, from_config, read_config, read_safetensors,
+                         write_checkpoint)
 
 # config.json's names (transformers' LlamaConfig) -> this class's, with their defaults
 _CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -212,7 +213,7 @@ class LLaMA(Module):
             raise TesseraError(f"{directory}: an MLP with biases (mlp_bias) is not read yet")
         if "rope_theta" in rope_params:        # (transformers 5 keeps it there)
             config = {**config, "rope_theta": rope_params["rope_theta"]}
-        model = cls(**{k: v for k, v in config.items() if k in cls.settings})
+        model = from_config(cls, config, directory)
         w = read_safetensors(directory)
         c = model.config
         get = w.tensor

@@ -11,11 +11,11 @@ import math
 import numpy as np
 
 from .. import op
-from ..errors import ArgumentError, TesseraError
+from ..errors import ArgumentError
 from ..nn.init import kaiming_uniform, normal
 from ..nn.layers import Module, _shape, linear
-from .checkpoint import (check_settings, hidden_activation, read_config, read_safetensors,
-                         write_checkpoint)
+from .checkpoint import (check_settings, from_config, hidden_activation, read_config,
+                         read_safetensors, write_checkpoint)
 from .vit import label_names, labels
 
 _CONFIG = {"num_channels": 3, "embedding_size": 64, "hidden_sizes": [256, 512, 1024, 2048],
@@ -148,10 +148,7 @@ class ResNet(Module):
         config.json and safetensors weights)."""
         config = read_config(directory, cls.model_type)
         config = {**config, "num_labels": labels(config, directory)}
-        try:
-            model = cls(**{k: v for k, v in config.items() if k in cls.settings})
-        except ArgumentError as e:
-            raise TesseraError(f"{directory}: {e}") from None
+        model = from_config(cls, config, directory)
         get = read_safetensors(directory).tensor
         params = {"embedder": None, "stages": [[] for _ in model.config["depths"]],
                   "classifier": get("classifier.1.weight", True),

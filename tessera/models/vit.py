@@ -11,8 +11,8 @@ from .. import op
 from ..errors import ArgumentError, TesseraError
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
-from .checkpoint import (check_settings, hidden_activation, read_config, read_safetensors,
-                         write_checkpoint)
+from .checkpoint import (check_settings, from_config, hidden_activation, read_config,
+                         read_safetensors, write_checkpoint)
 
 
 # ---- pieces shared with CLIP ------------------------------------------------------------------
@@ -190,10 +190,7 @@ class ViT(Module):
         config.json and safetensors weights)."""
         config = read_config(directory, cls.model_type)
         config = {**config, "num_labels": labels(config, directory)}
-        try:
-            model = cls(**{k: v for k, v in config.items() if k in cls.settings})
-        except ArgumentError as e:
-            raise TesseraError(f"{directory}: {e}") from None
+        model = from_config(cls, config, directory)
         c = model.config
         get = read_safetensors(directory).tensor
         d = c["hidden_size"]
