@@ -10,161 +10,16 @@ from ..errors import ArgumentError, BackendUnavailableError, ShapeError, Tessera
 from ..ops.host import HOST_OPS
 from ..ops.regions import REGION_OPS
 from ..runtime import cache, isa, tunedb
-from ..runtime.cpu import CpuExecutor
-from ..runtime.profiler import memory_of
-from ..runtime.program import steps_of
 from ..types import type_of_array
 from . import dynamic
 from .graph_ir import Graph, Node
 from .lower import lower_schedule
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .kernels import build_schedule, checked_record, kernel_signature
-from .target.c import build_generic_program, build_program, routine_library_source
-from .target.cstyle import routine_keys
+from .program import GPUProgram, Program, ProgramLevels, ShapeGenericLibrary
+from .target.c import build_generic_program, build_program
 
 TARGETS = ("cpu", "cuda", "hip")
-
-
-class _Levels:
-    """What every program shows: the IR levels, the source, and how it prints."""
-
-    def __init__(self, graph_ir: Graph, primitive_ir: Graph, schedule_ir, tile_ir, target_code,
-                 target, output_structure):
-        self.graph_ir = graph_ir
-        self.primitive_ir = primitive_ir
-        self.schedule_ir = schedule_ir
-        self.tile_ir = tile_ir
-        self.target_code = target_code
-        self.target = target
-        self.output_structure = output_structure
-        self.steps = steps_of(tile_ir)      # what the runtime runs (kernel launches, in order)
-        # complex arrays are passed as their float parts, interleaved (no copy): ops/complex.py
-        self._complex_in = [p.type.dtype.is_complex for p in graph_ir.params]
-        outs = [v.type if v.type.dtype.is_complex else None for v in graph_ir.outputs]
-        self._complex_out = outs if any(outs) else None
-        self.has_complex = any(self._complex_in) or self._complex_out is not None
-
-    def as_parts(self, arrays: list) -> list:
-        """Checked arguments as the kernels take them: a complex array viewed as its float parts
-        on a last axis of 2 (NumPy's or CuPy's: a view, no copy; C-contiguous arrays)."""
-        # (a trailing axis of 1 first: NumPy views no 0-d array as another itemsize)
-        return [a.reshape(tuple(p.type.shape) + (1,)).view(a.real.dtype) if c else a
-                for a, c, p in zip(arrays, self._complex_in, self.graph_ir.params)]
-
-    def as_complex(self, outs: list, xp) -> list:
-        """Results as the user gets them: a complex result's float parts viewed as complex."""
-        if not self._complex_out:
-            return outs
-        return [a if t is None else
-                xp.ascontiguousarray(a).view(t.dtype.np).reshape(tuple(t.shape))
-                for a, t in zip(outs, self._complex_out)]
-
-    @property
-    def kernels(self):
-        return self.schedule_ir.kernels
-
-    def memory(self):
-        """What the program holds while it runs, line by line (a profiler.MemoryReport)."""
-        return memory_of(self)
-
-    @property
-    def output_tree(self):
-        """The structure of a pytree of results (None for a tensor, a tuple or a list)."""
-        return self.graph_ir.output_tree
-
-    def save(self, path, archs=None):
-        """This program in one file that ``ts.load`` runs without a compiler (every IR level,
-        the source, a standalone shared object or, for CUDA, PTX per architecture in `archs`;
-        digests: tessera/compiler/saved.py)."""
-        from .saved import save
-        return save(self, path, archs=archs)
-
-    def __call__(self, *arrays):
-        out = self.run(*arrays)
-        return out[0] if self.output_structure in (None, "single") else \
-            (tuple(out) if self.output_structure == "tuple" else list(out))
-
-    def __str__(self):
-        return "\n\n".join([str(self.graph_ir), str(self.schedule_ir), str(self.tile_ir),
-                            self.target_code])
-
-    def __repr__(self):
-        return (f"<Program @{self.graph_ir.name} target={self.target}: "
-                f"{len(self.schedule_ir.kernels)} kernels>")
-
-class Program(_Levels):
-    """A Tessera function specialised to concrete shapes, with every IR level to read."""
-
-    def __init__(self, graph_ir: Graph, primitive_ir: Graph, schedule_ir, tile_ir, target_code,
-                 target, library, output_structure=None, dynamic_sizes=None):
-        super().__init__(graph_ir, primitive_ir, schedule_ir, tile_ir, target_code, target,
-                         output_structure)
-        self._lib = library             # None: built for another architecture, not built here
-        # {symbol: size} this program runs a shape-generic library at (target_code is that
-        # library's source: compiler/dynamic.py); None for a specialised one
-        self.dynamic_sizes = dynamic_sizes
-        self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
-        self.level = isa.level_of(target).name
-        self._runs_here = isa.runs_here(self.level)
-        self._execute = CpuExecutor(self, library, self.steps).execute   # on checked inputs
-
-    @property
-    def routine_sources(self) -> dict:
-        """The C of the routine libraries this program is linked against, by file name
-        ("routine_gemm_f32.c"): with `target_code`, what a build of the program elsewhere (a
-        cross-compiler) compiles, each file a translation unit of its own."""
-        return {f"routine_{key.replace(':', '_')}.c": routine_library_source(key)
-                for key in routine_keys(self.tile_ir)}
-
-    def run(self, *arrays):
-        """Run on NumPy arrays of exactly the specialised types; returns a list of arrays."""
-        if not self._runs_here:
-            built = "built" if self._lib is not None else "lowered (not compiled: another " \
-                                                          "architecture)"
-            raise BackendUnavailableError(
-                f"program @{self.graph_ir.name} was {built} for {isa.describe(self.level)}, which "
-                f"this CPU cannot run (it runs {isa.describe(isa.host_level())})",
-                function=self.graph_ir.name,
-                hint="its IR levels and C source are all there to read; to run, use target="
-                     f"'cpu:{isa.host_level()}' or a level below it")
-        params = self.graph_ir.params
-        if len(arrays) != len(params):
-            raise ArgumentError(f"program @{self.graph_ir.name} takes {len(params)} arrays, "
-                                f"got {len(arrays)}")
-        inputs = []
-        for p, a, (npd, shape) in zip(params, arrays, self._param_types):
-            if hasattr(a, "__cuda_array_interface__"):
-                raise ArgumentError(f"%{p.param_name} is a GPU array, given to a CPU program",
-                                    function=self.graph_ir.name,
-                                    hint="use target='cuda' (or 'auto'), or copy it to the "
-                                         "host with cupy.asnumpy")
-            a = np.asarray(a)
-            if a.shape != shape or a.dtype.kind != npd.kind or a.dtype.itemsize != npd.itemsize:
-                raise ArgumentError(f"program @{self.graph_ir.name} was specialised for "
-                                    f"%{p.param_name}: {p.type}", expected=str(p.type),
-                                    received=str(type_of_array(a)),
-                                    hint="call the tessera function instead: it specialises anew")
-            inputs.append(np.require(a, dtype=npd, requirements="C"))
-        return self.as_complex(self._execute(self.as_parts(inputs)), np)
-
-
-
-
-class GPUProgram(_Levels):
-    """A program for CUDA or HIP. Every IR level and the source exist on any machine; running
-    (on CuPy arrays, or NumPy arrays copied to the device) needs CuPy and a device, and the
-    module is compiled on the first run."""
-
-    def __init__(self, *levels, output_structure=None, dynamic_sizes=None):
-        super().__init__(*levels, output_structure)
-        self.dynamic_sizes = dynamic_sizes      # as Program's: a shape-generic module's sizes
-        self._module = None
-        self.flags_errors = self.tile_ir.flags_errors   # else a run need not wait for its kernels
-        self.saved_ptx: dict = {}       # arch -> PTX, from a saved file (no NVRTC needed)
-
-    def run(self, *arrays):
-        from ..runtime import gpu
-        return gpu.run(self, arrays)
 
 
 MAX_ELEMENTS = 2 ** 62      # indices are int64 in generated code; keep products far from overflow
@@ -274,23 +129,10 @@ def lower_graph(graph: Graph, target: str, schedule=None) -> tuple:
 
 
 # ---- shape-generic programs (compiler/dynamic.py) ------------------------------------------------
-class ShapeGeneric:
-    """A compiled shape-generic library and the frozen tile program it was rendered from."""
-
-    def __init__(self, frozen, source: str, library):
-        self.structure = dynamic.structure(frozen)
-        self.source, self.library = source, library
-
-    def serves(self, here: tuple, sizes: dict) -> bool:
-        """Whether this library, at these sizes, runs exactly the tile program whose
-        structure is `here`."""
-        return dynamic.same_at(self.structure, here, sizes)
-
-
 def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
                     output_structure=None, schedule=None):
     """The program of a graph traced with DynamicSizes for the dynamic symbols (`sizes`: each
-    symbol's size in this call), running one of `generics` (ShapeGeneric libraries or GPU
+    symbol's size in this call), running one of `generics` (ShapeGenericLibrary objects or GPU
     modules of the same function, earlier sizes) where one serves it, else a new shape-generic
     one, which joins `generics`. A graph with host calls, or for another CPU architecture, gets
     a specialised program."""
@@ -313,7 +155,7 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
             lib = None
         else:
             source, lib = build_generic_program(frozen, graph.name, level, list(sizes))
-        generic = ShapeGeneric(frozen, source, lib)
+        generic = ShapeGenericLibrary(frozen, source, lib)
         if all(gen.source != source for gen in generics):   # (threads may race to one)
             generics.append(generic)
     values = {s: int(v) for s, v in sizes.items()}
@@ -446,8 +288,8 @@ class SplitProgram:
             part.run(env)
         return [np.array(env[v.id]) for v in self.graph_ir.outputs]
 
-    __call__ = _Levels.__call__
-    output_tree = _Levels.output_tree
+    __call__ = ProgramLevels.__call__
+    output_tree = ProgramLevels.output_tree
 
     @property
     def kernels(self):

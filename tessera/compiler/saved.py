@@ -71,7 +71,7 @@ def save(programs, path, archs=None) -> Path:
     """Write a Program (CPU, CUDA or HIP), or a list of them (the same function at several
     shapes, which ``ts.load`` gives back as one ProgramSet), to `path`; returns the path. A
     CUDA program carries PTX for `archs` (default CUDA_ARCHS)."""
-    from .pipeline import GPUProgram, Program
+    from .program import GPUProgram, Program
     programs = list(programs) if isinstance(programs, (list, tuple)) else [programs]
     members, entries = {}, []
     for k, program in enumerate(programs):
@@ -202,7 +202,8 @@ def load(path, recompile: bool = False):
 
 
 def _load_one(path, manifest, entry, members, at, recompile):
-    from .pipeline import GPUProgram, Program, compile_graph
+    from .pipeline import compile_graph
+    from .program import GPUProgram, Program
     levels = pickle.loads(members[at + "levels.pkl"])
     graph_ir, output_structure = levels[0], levels[6]
     if entry["target"] in ("cuda", "hip"):      # runs where CuPy finds a device (on first run)

@@ -55,7 +55,7 @@ def launcher(prog, args, arrays):
     """A callable running `prog` on such arguments and returning its results in their
     structure, or None when these arrays are not exactly what the program takes: positional,
     in parameter order, C-contiguous, native and of its dtypes (NumPy arrays for a CPU program)."""
-    from ..compiler.pipeline import GPUProgram, Program
+    from ..compiler.program import GPUProgram, Program
     if not isinstance(prog, (Program, GPUProgram)) or prog.has_complex or \
             len(arrays) != len(args):   # (complex arrays go through run's views)
         return None

@@ -42,7 +42,7 @@ def _blocks(x, include=None, exclude=None):
 def formatters() -> dict:
     """type -> mimebundle function, for IPython's mimebundle formatter."""
     from ..compiler.graph_ir import Graph
-    from ..compiler.pipeline import GPUProgram, Program
+    from ..compiler.program import GPUProgram, Program
     from ..compiler.schedule_ir import Schedule
     from ..compiler.tile_ir import TileProgram
     from ..dist import DTensor, Mesh

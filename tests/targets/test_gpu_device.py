@@ -21,7 +21,7 @@ def target():
 def run_on_device(prog, *arrays, reverse=False, max_blocks=None):
     """What the emulator's run_program does, on the device (which orders its threads itself)."""
     import cupy
-    from tessera.compiler.pipeline import GPUProgram
+    from tessera.compiler.program import GPUProgram
     if not isinstance(prog, GPUProgram):            # with_knobs' program with other knobs
         prog = GPUProgram(prog.graph_ir, prog.graph_ir, prog.schedule_ir, prog.tile_ir,
                           prog.target_code, prog.target)
