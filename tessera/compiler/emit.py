@@ -357,7 +357,6 @@ def nest_keep(extents, names, parallel, simd):
     return outer, inner, [next(it) if e != 1 else Const(0) for e in extents]
 
 
-WARP = {"cuda": 32, "hip": 64}     # lanes per warp (a wavefront of gfx90a on HIP)
 GRID_CAP = 65535 * 8               # blocks per launch at most; grid-stride loops cover the rest
 
 

@@ -4,7 +4,7 @@ the autotuner may try come from its strategy (tessera/compiler/strategies/); thi
 what every strategy shares."""
 from __future__ import annotations
 
-from ..runtime.isa import is_gpu
+from ..runtime import targets
 from . import strategies
 from .fusion import fuse
 from .graph_ir import Graph
@@ -233,7 +233,7 @@ def kernel_flops(grp: Group) -> int:
 def default_knobs(k: Kernel, target: str) -> dict:
     """The strategy's knobs for this kernel on a target (a CPU or a GPU)."""
     strategy = strategies.of(k)
-    return strategy.gpu_knobs(k, target) if is_gpu(target) else strategy.cpu_knobs(k)
+    return strategy.gpu_knobs(k, target) if targets.is_gpu(target) else strategy.cpu_knobs(k)
 
 
 # ---- what the autotuner may vary --------------------------------------------------------------

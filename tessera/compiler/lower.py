@@ -8,7 +8,7 @@ store of the kernel's code into *ts_status.
 from __future__ import annotations
 
 from ..errors import BackendUnavailableError
-from ..runtime.isa import GPU_TARGETS, is_gpu
+from ..runtime import targets
 from . import strategies
 from .emit import params
 from .schedule_ir import VIEWS, Schedule
@@ -44,9 +44,9 @@ def _program(s: Schedule, kernels, calls) -> TileProgram:
 def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
     """The GPU Tile IR of a schedule (knobs from build_schedule(..., target=target); a schedule
     built for another target gets the GPU heuristics' knobs)."""
-    if not is_gpu(target):
+    if not targets.is_gpu(target):
         raise BackendUnavailableError(f"{target!r} is not a GPU target",
-                                      expected=" or ".join(GPU_TARGETS))
+                                      expected=" or ".join(targets.gpu_targets()))
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
         knobs = k.knobs if s.target == target else default_knobs(k, target)

@@ -9,17 +9,15 @@ import numpy as np
 from ..errors import ArgumentError, BackendUnavailableError, ShapeError, TesseraError
 from ..ops.host import HOST_OPS
 from ..ops.regions import REGION_OPS
-from ..runtime import cache, isa, tunedb
+from ..runtime import cache, isa, targets, tunedb
 from ..types import type_of_array
 from . import dynamic
 from .graph_ir import Graph, Node
-from .lower import lower_schedule
+from .lower import lower_schedule, lower_schedule_gpu
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .kernels import build_schedule, checked_record, kernel_signature
 from .program import GPUProgram, Program, ProgramLevels, ShapeGenericLibrary
-from .target.c import build_generic_program, build_program
-
-TARGETS = ("cpu", "cuda", "hip")
+from . import target as renderers  # noqa: F401 (importing them registers their targets)
 
 
 MAX_ELEMENTS = 2 ** 62      # indices are int64 in generated code; keep products far from overflow
@@ -63,24 +61,15 @@ def schedule_graph(prim: Graph, target: str, schedule=None, tuned=True):
 
 
 def available_targets() -> list[str]:
-    """The targets this machine can run: cpu (with a C compiler), and cuda or hip where CuPy
-    finds a device."""
-    from ..runtime import gpu
-    from ..runtime.toolchain import find_compiler
-    out = []
-    try:
-        find_compiler()
-        out.append("cpu")
-    except BackendUnavailableError:
-        pass
-    return out + gpu.runnable_targets()
+    """The registered targets this machine can run: cpu (with a C compiler), cuda or hip where
+    CuPy finds a device, and any other whose Target says so."""
+    return [t.name for t in targets.all_targets() if t.runs_here()]
 
 
 def auto_target(arrays) -> str:
     """target="auto": the GPU of CuPy inputs when there is one, else the CPU."""
     if any(hasattr(a, "__cuda_array_interface__") for a in arrays):
-        from ..runtime import gpu
-        runnable = gpu.runnable_targets()
+        runnable = [t.name for t in targets.all_targets() if t.gpu and t.runs_here()]
         if runnable:
             return runnable[0]
     return "cpu"
@@ -90,11 +79,7 @@ def resolve_target(target: str, arrays=()) -> str:
     """The canonical target: "auto" chosen from the arrays, "cpu" -> "cpu:<ISA level>"."""
     if target == "auto":
         target = auto_target(arrays)
-    if not isinstance(target, str) or not (isa.is_gpu(target) or isa.is_cpu(target)):
-        raise BackendUnavailableError(f"target {target!r} does not exist",
-                                      expected=" or ".join(TARGETS + ("cpu:LEVEL", "auto")),
-                                      hint="CPU levels: " + ", ".join(isa.LEVELS))
-    return isa.resolve(target)
+    return targets.resolve(target)
 
 
 def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
@@ -106,14 +91,12 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     if _calls_host(graph):
         return SplitProgram(graph, target, output_structure, schedule)
     g, prim, schedule, tile = lower_graph(graph, target, schedule)
-    if isa.is_gpu(target):
-        from .target.gpu import render_cuda, render_hip
-        source = (render_cuda if target == "cuda" else render_hip)(tile)
+    t, level = targets.of(target), targets.level(target)
+    source = t.render(tile, level)
+    if t.gpu:
         return GPUProgram(g, prim, schedule, tile, source, target,
                           output_structure=output_structure)
-    # a level of another architecture (armv8-a on x86) is lowered to C, to read or to
-    # cross-compile, but not built: the system compiler targets this machine's architecture
-    source, lib = build_program(tile, graph.name, isa.level_of(target).name)
+    lib = t.build(t, source, tile, graph.name, level)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)
 
 
@@ -122,8 +105,7 @@ def lower_graph(graph: Graph, target: str, schedule=None) -> tuple:
     a resolved target."""
     g, prim = prepare(graph)
     sched = schedule_graph(prim, target, schedule)
-    if isa.is_gpu(target):
-        from .lower import lower_schedule_gpu
+    if targets.is_gpu(target):
         return g, prim, sched, lower_schedule_gpu(sched, target).verify()
     return g, prim, sched, lower_schedule(sched).verify()
 
@@ -138,9 +120,8 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
     a specialised program."""
     output_structure = output_structure or graph.output_structure
     target = resolve_target(target)
-    gpu = isa.is_gpu(target)
-    level = None if gpu else isa.level_of(target).name
-    if _calls_host(graph) or not (gpu or isa.same_arch(level)):
+    t, level = targets.of(target), targets.level(target)
+    if _calls_host(graph) or not (t.gpu or isa.same_arch(level)):
         return compile_graph(graph, target, output_structure, schedule)
     g, prim, sched, tile = lower_graph(graph, target, schedule)
     here = dynamic.structure(tile)
@@ -149,17 +130,14 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
         cache.count("dynamic_reuses")
     else:
         frozen = replace(tile, kernels=dynamic.freeze(tile.kernels))
-        if gpu:                 # (the module is compiled when it first runs, as any GPU one)
-            from .target.gpu import render_cuda, render_hip
-            source = (render_cuda if target == "cuda" else render_hip)(frozen, list(sizes))
-            lib = None
-        else:
-            source, lib = build_generic_program(frozen, graph.name, level, list(sizes))
+        source = t.render(frozen, level, list(sizes))
+        # (a GPU module is compiled when it first runs, as any GPU one)
+        lib = None if t.gpu else t.build(t, source, frozen, graph.name, level)
         generic = ShapeGenericLibrary(frozen, source, lib)
         if all(gen.source != source for gen in generics):   # (threads may race to one)
             generics.append(generic)
     values = {s: int(v) for s, v in sizes.items()}
-    if gpu:
+    if t.gpu:
         return GPUProgram(g, prim, sched, tile, generic.source, target,
                           output_structure=output_structure, dynamic_sizes=values)
     return Program(g, prim, sched, tile, generic.source, target, generic.library,
@@ -235,7 +213,7 @@ class SplitProgram:
 
     def __init__(self, graph: Graph, target: str, output_structure, schedule=None):
         self.graph_ir, self.target, self.output_structure = graph, target, output_structure
-        if isa.is_gpu(target):
+        if targets.is_gpu(target):
             raise BackendUnavailableError(
                 "host calls (wrapped PyTorch layers) run in programs for the CPU only",
                 function=graph.name, hint="use target='cpu', or import the layer with "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ArgumentError, BackendUnavailableError
-from ..runtime import isa
+from ..runtime import isa, targets
 from ..runtime.cpu import CpuExecutor
 from ..runtime.profiler import memory_of
 from ..runtime.program import steps_of
@@ -98,7 +98,7 @@ class Program(ProgramLevels):
         # library's source: compiler/dynamic.py); None for a specialised one
         self.dynamic_sizes = dynamic_sizes
         self._param_types = [(p.type.dtype.np, tuple(p.type.shape)) for p in graph_ir.params]
-        self.level = isa.level_of(target).name
+        self.level = targets.level(target)
         self._runs_here = isa.runs_here(self.level)
         self._execute = CpuExecutor(self, library, self.steps).execute   # on checked inputs
 

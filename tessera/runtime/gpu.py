@@ -31,14 +31,13 @@ import numpy as np
 from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError, DeviceError, ResourceError
 from ..types import type_of_array
-from . import cache, profiler
+from . import cache, profiler, targets
 from .program import HostSteps, no_memory, results, status_error
 from .gpu_toolchain import NVRTC_OPTIONS
 
 # clang compiles HIP with -ffp-contract=fast by default: a*b+c would become an FMA, against the
 # numerics contract (hipcc's compile check in CI passes the same flag)
 HIP_OPTIONS = ("-std=c++17", "-ffp-contract=off")
-WARP_SIZE = {"cuda": 32, "hip": 64}     # what the renderers' shuffle trees are written for
 _load_lock = threading.Lock()           # one compile per program, whatever the threads
 _generic_modules: dict = {}     # (target, source, device) -> a shape-generic module, loaded
 
@@ -204,13 +203,14 @@ def load_module(program, cupy):
         if shared is not None and shared in _generic_modules:
             program._module = _generic_modules[shared]
         if program._module is None:
-            warp = _properties(cupy).get("warpSize", WARP_SIZE[program.target])
-            if warp != WARP_SIZE[program.target]:
+            written = targets.of(program.target).warp   # what its shuffle trees assume
+            warp = _properties(cupy).get("warpSize", written)
+            if warp != written:
                 raise BackendUnavailableError(
                     f"this GPU runs warps of {warp} threads; tessera's {program.target} kernels "
-                    f"are written for {WARP_SIZE[program.target]}",
+                    f"are written for {written}",
                     hint="the HIP kernels need 64-wide wavefronts: a CDNA GPU (gfx90a, gfx942)")
-            if program.target == "hip":
+            if targets.of(program.target).language == "hip":
                 program._module = _functions(cupy.RawModule(code=program.target_code,
                                                             options=HIP_OPTIONS), names)
             else:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendUnavailableError
-from . import cache
+from . import cache, targets
 from .probe import machine_peaks
 
 __all__ = ["profiler", "Profile", "Launch", "current", "machine_peaks", "MemoryReport",
@@ -105,7 +105,7 @@ class Profile:
         seconds = [float(x) for x in seconds][:len(s.kernels)]
         shapes = _shapes(program)
         thread = threading.get_native_id()
-        device = program.target if program.target in ("cuda", "hip") else "cpu"
+        device = program.target if targets.is_gpu(program.target) else "cpu"
         with self._lock:
             self._programs.setdefault(id(program), program)
             call = self.calls

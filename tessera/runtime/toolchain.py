@@ -36,8 +36,9 @@ CLANG_SPELLING = {"-fno-tree-slp-vectorize": "-fno-slp-vectorize"}
 COMPILE_TIMEOUT_S = 300
 
 
-def find_compiler() -> str:
-    name = os.environ.get("CC") or "cc"
+def find_compiler(name: str | None = None) -> str:
+    """The path of the C compiler `name` (a target's own driver), else $CC's, else cc's."""
+    name = name or os.environ.get("CC") or "cc"
     path = shutil.which(name)
     if path is None:
         raise CompilerNotFoundError(
@@ -123,13 +124,14 @@ _warned: set[str] = set()
 
 
 def build(source: str, name: str = "program", level: str | None = None,
-          link=()) -> ctypes.CDLL:
+          link=(), compiler: str | None = None) -> ctypes.CDLL:
     """Compile C source for ISA `level` (default: isa.default_level()) to a shared object (or
     take it from the cache) and load it. `link`: shared objects it is linked against (their
     absolute paths are recorded in it, so the loader maps them with it).
 
-    `name` only labels messages: files are named by the content hash."""
-    cc = find_compiler()
+    `name` only labels messages: files are named by the content hash. `compiler`: the driver
+    (find_compiler's default when None)."""
+    cc = find_compiler(compiler)
     level = level or isa.default_level()
     key = artifact_key(source, cc, level, link)
     with _lock_for(key):            # threads asking for one program build it once
@@ -146,11 +148,11 @@ def _lock_for(key: str) -> threading.Lock:
 _libraries: dict[str, Path] = {}
 
 
-def build_library(source: str, name: str, level: str) -> Path:
+def build_library(source: str, name: str, level: str, compiler: str | None = None) -> Path:
     """A shared object that programs link against (the routine library): compiled once per
     source, compiler and ISA level (or taken from the cache), loaded, and its path returned.
     Without a usable cache it lives in a temporary directory until the process exits."""
-    cc = find_compiler()
+    cc = find_compiler(compiler)
     key = artifact_key(source, cc, level)
     with _lock_for(key):    # (a cache directory removed since: programs must link to a real file)
         if key not in _libraries or not _libraries[key].exists():

@@ -12,7 +12,6 @@ import pytest
 import tessera as ts
 from tessera import dtypes as dt
 from tessera import ops
-from tessera.compiler.emit import WARP
 from tessera.compiler.lower import lower_schedule_gpu
 from tessera.compiler.pipeline import prepare
 from tessera.compiler.kernels import build_schedule
@@ -21,11 +20,13 @@ from tessera.compiler.tile_ir import (Barrier, BlockReduce, Call, Const, Loop, S
                                       TileKernel, TileProgram, Var)
 from tessera.errors import (BackendUnavailableError, CompileError, IRVerificationError)
 from tessera.runtime import gpu_toolchain as tc
+from tessera.runtime import targets
 
 from conftest import hipcc_or_skip, nvrtc_or_skip
 from cases import graph, lower, registry_cases, strategy_cases
 
 RENDER = {"cuda": render_cuda, "hip": render_hip}
+WARP = {"cuda": 32, "hip": 64}     # the hardware's: NVIDIA's warps, CDNA's wavefronts
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,7 @@ def test_row_kernel_reduces_with_shuffles_and_barriers(programs):
         assert shfl in src and "__syncthreads();" in src and "__shared__ float" in src
         offsets = re.findall(r"__shfl_down\w*\((?:0xffffffffu, )?\w+, (\d+)", src)
         assert max(map(int, offsets)) == WARP[target] // 2     # the warp size of the target
+        assert targets.of(target).warp == WARP[target]
         assert k.launch == {"grid": 7, "block": 64, "shared": 0}
         text = str(p)
         assert "launch{grid=7, block=64" in text and "for.block" in text and \
@@ -242,8 +244,10 @@ def test_missing_compilers_raise_backend_unavailable(monkeypatch):
 
 def test_lowering_for_an_unknown_target_is_a_clear_error(rng):
     _, prim = prepare(graph(lambda x: x + 1, [rng.standard_normal(3)]))
-    with pytest.raises(BackendUnavailableError, match="not a GPU target"):
+    with pytest.raises(BackendUnavailableError, match="'metal' does not exist"):
         lower_schedule_gpu(build_schedule(prim, "cpu"), "metal")
+    with pytest.raises(BackendUnavailableError, match="not a GPU target"):
+        lower_schedule_gpu(build_schedule(prim, "cpu"), "cpu")
 
 
 def test_hip_row_blocks_are_whole_wavefronts():

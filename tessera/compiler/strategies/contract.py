@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from ... import dtypes as dt
 from ...ops import registry as R
+from ...runtime import targets
 from ..dynamic import representative
 from ..emit import (Emitter, Names, batch_strides, contiguous, grid_from_cpu_nests, idx_div,
                     idx_min, idx_mod, launch_of, loop_nest, operand, read, unflatten)
@@ -119,7 +120,8 @@ class Contract(Strategy):
         anchor = k.group.anchor
         if not gpu_routine_takes(anchor):
             return super().gpu_knobs(k, target)
-        tm, tn, tk, threads = gpu_gemm.DEFAULT_KNOBS[target][anchor.inputs[0].type.dtype.short]
+        tm, tn, tk, threads = gpu_gemm.DEFAULT_KNOBS[targets.of(target).knob_table][
+            anchor.inputs[0].type.dtype.short]
         shape = anchor.out.type.shape
         # a tile no larger than the matrix needs, in powers of two, still one element or more
         # per thread
@@ -335,7 +337,7 @@ def gpu_contract(k: Kernel, code, target, knobs):
     tiles = knobs["tile_m"], knobs["tile_n"], knobs["tile_k"]
     task = gemm_task(k, em, *tiles[:2])     # (the routine gets the knobs' tile: mt <= tile_m)
     d = grp.anchor.inputs[0].type.dtype.short
-    fn, _ = gpu_gemm.gemm_routine(target, d, *tiles, threads)
+    fn, _ = gpu_gemm.gemm_routine(targets.of(target).language, d, *tiles, threads)
     key = ":".join(map(str, ("gemm", d, *tiles, threads)))
     body = task.decls + [Call(fn, task.args, key),
                          Barrier()]         # the block's raw tile is visible to all its threads

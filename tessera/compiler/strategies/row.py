@@ -15,8 +15,9 @@ from __future__ import annotations
 from ... import dtypes as dt
 from ...errors import ArgumentError
 from ...ops import registry as R
+from ...runtime import targets
 from ..dynamic import is_dynamic, representative
-from ..emit import (WARP, Emitter, idx_min, launch_of, loop_nest, prod, reduction_plan,
+from ..emit import (Emitter, idx_min, launch_of, loop_nest, prod, reduction_plan,
                     split_index, store_all)
 from ..groups import Group, identity_map, is_column, is_elementwise, is_reduce, reduce_out_map
 from ..schedule_ir import Kernel
@@ -349,10 +350,11 @@ def gpu_row(k: Kernel, code, target, knobs):
     kext = [em.extent(i) for i in kept_loops]
     rext = [em.extent(i) for i in red_loops]
     threads = knobs["threads"]
-    if threads % WARP[target]:          # the block reduction shuffles whole warps
+    warp = targets.of(target).warp
+    if threads % warp:                  # the block reduction shuffles whole warps
         raise ArgumentError(f"{k.name}: {threads} threads per block is not a whole number of "
-                            f"{target} warps of {WARP[target]}", received=f"threads={threads}",
-                            expected=f"a multiple of {WARP[target]}")
+                            f"{target} warps of {warp}", received=f"threads={threads}",
+                            expected=f"a multiple of {warp}")
     r = em.names("row")
     idx = dict(zip(kept_loops, split_index(Var(r), kext)))
     row_body, shared = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import re
 
+from ...runtime import targets
 from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
 from ..strategies import routine_owner
@@ -281,9 +282,10 @@ HALF_DTYPES = ("f16", "bf16")
 # The 16-bit conversions: the text every target shares (routines/half.h), on C's primitives.
 HALF = routine_text("half_c.h") + "\n" + half_conversions("c")
 
-def render_c(program: TileProgram, level: str | None = None) -> str:
-    """The C source of a tile program; `level` (an ISA level) is named in its first line."""
-    return CRenderer(level).render(program)
+def render_c(program: TileProgram, level: str | None = None, symbols=None) -> str:
+    """The C source of a tile program; `level` (an ISA level) is named in its first line.
+    Shape-generic in `symbols` when given (compiler/dynamic.py)."""
+    return (CRenderer(level) if symbols is None else ShapeGenericC(symbols, level)).render(program)
 
 
 # ---- the routine libraries ----------------------------------------------------------------------
@@ -323,19 +325,24 @@ def routine_declarations(keys) -> str:
                       "against them */"] + [_routine_library(key)[1] for key in keys])
 
 
-def build_generic_program(program: TileProgram, name: str, level: str, symbols: list):
-    """(C source, loaded library) of a shape-generic tile program (launches only)."""
-    source = ShapeGenericC(symbols, level).render(program)
-    link = tuple(build_library(routine_library_source(key), f"the routine library {key}", level)
+def build_c(target, source: str, program: TileProgram, name: str, level: str):
+    """The loaded library of a program's C, linked against its routine libraries, all built by
+    the target's compiler; None for a level of another architecture (armv8-a on x86: lowered
+    to read or cross-compile, not built, as the compiler targets this machine)."""
+    if not same_arch(level):
+        return None
+    link = tuple(build_library(routine_library_source(key), f"the routine library {key}", level,
+                               target.compiler)
                  for key in routine_keys(program))
-    return source, build(source, name, level, link)
+    return build(source, name, level, link, target.compiler)
+
+
+CPU = targets.register(targets.Target(
+    "cpu", "c", ".c", render=render_c, build=build_c, levels=True,
+    about="C for this machine's CPU at an ISA level, built by the system C compiler"))
 
 
 def build_program(program: TileProgram, name: str, level: str):
-    """(C source, loaded library or None): a program of another architecture is not built."""
+    """(C source, loaded library or None) of a tile program for the CPU target."""
     source = render_c(program, level)
-    if not same_arch(level):
-        return source, None
-    link = tuple(build_library(routine_library_source(key), f"the routine library {key}", level)
-                 for key in routine_keys(program))
-    return source, build(source, name, level, link)
+    return source, build_c(CPU, source, program, name, level)

@@ -13,6 +13,7 @@ routines are device functions.
 from __future__ import annotations
 
 from ... import dtypes as dt
+from ...runtime import gpu as gpu_runtime, targets
 from ..tile_ir import (Barrier, BlockReduce, Load, Loop, Shared, ThreadIndex, Ticket, TileKernel,
                        TileProgram, Var, VecLoad, VecStore, Workspace, all_statements)
 from ..strategies import routine_owner
@@ -263,3 +264,17 @@ def render_cuda(program: TileProgram, symbols=None) -> str:
 
 def render_hip(program: TileProgram, symbols=None) -> str:
     return (ShapeGenericHip(symbols) if symbols else HipRenderer()).render(program)
+
+
+# GPU programs are compiled where they first run (NVRTC, hipRTC: runtime/gpu.py), so a target
+# has no build step here; either runs where CuPy is built for it and finds a device
+CUDA = targets.register(targets.Target(
+    "cuda", "cuda", ".cu", render=lambda program, level=None, symbols=None:
+    render_cuda(program, symbols), gpu=True, warp=CudaRenderer.warp,
+    available=lambda: "cuda" in gpu_runtime.runnable_targets(),
+    about="CUDA C++ for NVIDIA GPUs, compiled by NVRTC, run through CuPy"))
+HIP = targets.register(targets.Target(
+    "hip", "hip", ".hip", render=lambda program, level=None, symbols=None:
+    render_hip(program, symbols), gpu=True, warp=HipRenderer.warp,
+    available=lambda: "hip" in gpu_runtime.runnable_targets(),
+    about="HIP C++ for AMD GPUs (64-wide wavefronts), compiled by hipRTC, run through CuPy"))
