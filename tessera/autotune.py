@@ -15,9 +15,10 @@ import weakref
 
 from .compiler import strategies
 from .compiler.knob_search import (SEARCHES, Settings, TuneResult, kernel_space, resolve_space,
-                                program_threads)
+                                program_threads, tune_program)
 from .errors import ArgumentError, TesseraError
 from .function import Function
+from .function.tracing import inside_trace
 from .runtime import tunedb
 
 METRICS = ("time", "latency", "throughput")
@@ -120,7 +121,6 @@ def _autotune(f: Function, args, kwargs, settings, space, cache, kernels) -> Tun
             if unknown:
                 raise ArgumentError(f"autotune: {f.name} has no kernel {unknown[0]!r}",
                                     expected=", ".join(names))
-        from .compiler.knob_search import tune_program
         result = tune_program(f.name, default_prog.schedule_ir, list(arrays.values()), settings,
                               space, _fixed_knobs(f, default_prog.schedule_ir),
                               set(kernels) if kernels is not None else None, cache)
@@ -199,7 +199,6 @@ class AutotunedFunction:
         self._ready.add(prog)
 
     def __call__(self, *args, **kwargs):
-        from .function.tracing import inside_trace
         if inside_trace(args, kwargs):
             return self.function(*args, **kwargs)
         self._ensure_tuned(args, kwargs)

@@ -12,8 +12,8 @@ reference, a failing call saved to be replayed elsewhere, and what a program hol
 Debug mode runs a call through a probe: the same program compiled with every operator's result
 kept as an output (fusion still fuses; the kernels write what they would have thrown away), so
 each operator's values are the compiled code's own. Off, nothing changes: a call reads one
-module-level count of open debug blocks (`on`). A program's probe is compiled once and kept
-with it.
+hook (function/extensions.py), set only while a debug block is open in some thread (`on`
+counts them). A program's probe is compiled once and kept with it.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import ArgumentError, TesseraError
+from .function import Function, extensions
 from .version import __version__
 
 log = logging.getLogger("tessera.debug")
@@ -59,12 +60,15 @@ def _checks(*names):
     _state.checks = before | frozenset(names)
     with _count:
         on += 1
+        extensions.register(debug=(active, checked_call))   # calls look while a block is open
     try:
         yield
     finally:
         _state.checks = before
         with _count:
             on -= 1
+            if not on:
+                extensions.register(debug=None)
 
 
 def debug_mode():
@@ -342,7 +346,6 @@ def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs)
     "hip", "cpu:LEVEL": the same program compiled there, every operator's result read back:
     where two targets part), or a callable (a PyTorch or NumPy function of the same arguments:
     its results against the program's)."""
-    from .function import Function
     fn = fn if isinstance(fn, Function) else Function(fn)
     prog, arrays = fn._program(args, kwargs, fn.target)
     if not hasattr(prog, "schedule_ir"):
@@ -397,7 +400,6 @@ def profile_memory(fn, *args, **kwargs):
     """The memory report (peak, arguments, results, temporaries, line by line) of fn's program
     for these arguments: ``ts.profile_memory(fn, x)``. As a decorator (``@ts.profile_memory``)
     the function runs as before and keeps the report of its latest call in `.memory`."""
-    from .function import Function
     f = fn if isinstance(fn, Function) else Function(fn)
     if args or kwargs:
         return f.lower(*args, **kwargs).memory()
@@ -471,7 +473,6 @@ def analyze_performance(fn, *args, repeat: int = 10, **kwargs) -> PerformanceRep
     (the bytes it would save), a kernel far under its roof that has knobs to search."""
     from .compiler import strategies
     from .compiler.knob_search import knob_space
-    from .function import Function
     from .runtime.profiler import fma_peak, profiler
     f = fn if isinstance(fn, Function) else Function(fn)
     prog = f.lower(*args, **kwargs)
@@ -547,7 +548,6 @@ def dump(path, fn, *args, **kwargs) -> str:
     """Write one call of fn to `path`: its arguments, its Graph IR, the target, the generated
     source, its results (or the error it raised) and the versions; `replay` runs it again. The
     file holds pickled Graph IR: replay only files you made (as with any pickle)."""
-    from .function import Function
     fn = fn if isinstance(fn, Function) else Function(fn)
     prog, arrays = fn._program(args, kwargs, fn.target)
     if not hasattr(prog, "schedule_ir"):

@@ -24,7 +24,10 @@ import sys
 import numpy as np
 
 from . import dtypes as dt
+from .autodiff import vjp
 from .errors import ArgumentError
+from .function import Function, extensions
+from .pytree import flatten, tree_map
 
 # torch dtypes DLPack cannot give NumPy: (the integer type of their bits, the NumPy dtype name)
 _BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
@@ -93,7 +96,6 @@ def as_array(x):
 def results_like(args) -> str | None:
     """"torch" ("jax") when every array among the arguments (pytree leaves included) is a
     PyTorch tensor (a JAX array), else None (NumPy results)."""
-    from .pytree import flatten
     arrays = [a for a in flatten(list(args))[0]
               if isinstance(a, np.ndarray) or hasattr(a, "__dlpack__")]
     for kind, test in (("torch", is_torch), ("jax", is_jax)):
@@ -116,7 +118,6 @@ def convert_results(out, kind: str | None):
     """The results of a call in the callers' array type (a pytree of arrays; None stays)."""
     if kind is None:
         return out
-    from .pytree import tree_map
     convert = to_torch_tensor if kind == "torch" else sys.modules["jax"].numpy.asarray
     return tree_map(lambda r: convert(r) if isinstance(r, (np.ndarray, np.generic)) else r, out)
 
@@ -129,9 +130,6 @@ def to_torch(fn):
     Arguments that are not tensors pass through as static values (no gradient); results may
     be a tensor or a tuple of them."""
     import torch
-
-    from .autodiff import vjp
-    from .function import Function
 
     f = fn if isinstance(fn, Function) else Function(fn)
 
@@ -163,3 +161,8 @@ def to_torch(fn):
     call.__doc__ = f.__doc__
     call.function = f
     return call
+
+
+# a tessera function reads these arrays and answers in their type
+extensions.register(as_array=as_array,
+                    convert_results=lambda out, args: convert_results(out, results_like(args)))

@@ -23,7 +23,7 @@ import numpy as np
 from . import dtypes as dt
 from . import op
 from .errors import ArgumentError, TesseraError, UnsupportedDTypeError
-from .function import Function
+from .function import Function, extensions
 from .control import cond as ts_cond, scan as ts_scan, while_loop as ts_while_loop
 from .trace import Traced, dtype_of
 
@@ -372,6 +372,9 @@ def export(fn, path, *example, opset_version: int = OPSET, **kwargs):
     if path is not None:
         onnx.save(model, str(path))
     return model
+
+
+extensions.register_exporter("onnx", export)      # Function.export(format="onnx")
 
 
 # ---- import ------------------------------------------------------------------------------------

@@ -17,22 +17,27 @@ comes back with the same structure.
 
 The rooms, the data passing one way: a call takes the fast path (fastpath.py) or binds its
 arguments (binding.py), finds or makes its program (programs.py: the cache), which traces the
-function (tracing.py); `interpret` evaluates the traced graph instead (interpreter.py).
+function (tracing.py); `interpret` evaluates the traced graph instead (interpreter.py). Debug
+mode, ONNX export and other libraries' arrays come from modules above this package, which
+register themselves in extensions.py when imported.
 """
 from __future__ import annotations
 
 import functools
 import os
 
-from .. import debug, dtypes as dt, interop, numerics, pytree
+import numpy as np
+
+from .. import dtypes as dt, numerics, pytree
 from ..compiler.graph_ir import Graph
+from ..compiler.saved import save
 from ..errors import ArgumentError, SymbolicValueError, TesseraError
 from ..runtime import cache
 from ..runtime.isa import ENV as CPU_TARGET_ENV
 from ..schedule import Schedule
 from ..trace import is_training
 from ..types import type_of_array
-from . import fastpath, tracing
+from . import extensions, fastpath, tracing
 from .binding import Signature, TreeArg, def_location  # noqa: F401 (the transforms use them)
 from .interpreter import evaluate_graph, structured
 from .programs import ProgramCache
@@ -73,9 +78,10 @@ class Function:
 
     # -- a call ----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if debug.on and debug.active() and not tracing.inside_trace(args, kwargs):
+        checks = extensions.debug        # (set while a debug block is open: tessera/debug.py)
+        if checks is not None and checks[0]() and not tracing.inside_trace(args, kwargs):
             try:
-                return debug.checked_call(self, args, kwargs)
+                return checks[1](self, args, kwargs)
             except TesseraError as e:
                 raise e.with_traceback(None) from None
         key = None if kwargs else fastpath.array_signature(args)
@@ -113,8 +119,9 @@ class Function:
                 out = prog.output_tree.unflatten(prog.run(*arrays.values()))
             else:
                 out = prog(*arrays.values())
-            # PyTorch tensors in, PyTorch tensors out (tessera/interop.py)
-            return interop.convert_results(out, interop.results_like([*args, *kwargs.values()]))
+            # PyTorch tensors in, PyTorch tensors out (tessera/interop.py registers it)
+            convert = extensions.convert_results
+            return out if convert is None else convert(out, [*args, *kwargs.values()])
         except TesseraError as e:
             raise e.with_traceback(None) from None
 
@@ -175,14 +182,15 @@ class Function:
         of the arguments in `batch_argnums`, default every array argument; CPU ones unless
         ``target="cuda"`` or ``"hip"``) in one saved file that ``ts.load`` serves without a
         compiler (compiler/saved.py; returns the path)."""
-        if format == "onnx":
-            from ..onnx import export
-            return export(self, path, *example, opset_version=opset_version, **kwargs)
-        if format != "tessera_server":
+        if format == "tessera_server":
+            return self._export_server(path, example, batch_sizes, batch_argnums, kwargs)
+        if format not in extensions.exporters:      # (tessera/onnx.py registers "onnx")
             raise ArgumentError(f"export format must be 'onnx' or 'tessera_server', not "
                                 f"{format!r}")
-        from ..compiler.saved import save
-        import numpy as np
+        return extensions.exporters[format](self, path, *example, opset_version=opset_version,
+                                            **kwargs)
+
+    def _export_server(self, path, example, batch_sizes, batch_argnums, kwargs):
         nums = batch_argnums if batch_argnums is not None else [
             k for k, a in enumerate(example) if isinstance(a, np.ndarray) and a.ndim >= 1]
         programs = []

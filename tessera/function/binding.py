@@ -10,11 +10,12 @@ import re
 import numpy as np
 
 from .. import dtypes as dt
-from .. import interop, pytree
+from .. import pytree
 from ..compiler.graph_ir import SourceLocation
 from ..errors import ArgumentError, DTypeError, RankError, ShapeError, SymbolMismatchError, enrich
 from ..shapes import Sym, evaluate, fmt_shape, same
 from ..types import spec_of
+from . import extensions
 
 
 class Param:
@@ -69,7 +70,7 @@ class Signature:
                 continue
             try:
                 # a CuPy array stays on its device; PyTorch's and JAX's through DLPack
-                arr = x if on_device(x) else interop.as_array(x)
+                arr = x if on_device(x) else extensions.as_array(x)
             except ValueError as e:
                 raise ArgumentError(f"argument {p.name!r} is not an array: {e}",
                                     function=self.name) from None
@@ -105,7 +106,7 @@ class Signature:
                                         "static value", function=self.name) from None
                 slots.append(("static", leaf))
                 continue
-            arr = leaf if on_device(leaf) else interop.as_array(leaf)   # CuPy leaves stay put
+            arr = leaf if on_device(leaf) else extensions.as_array(leaf)   # CuPy leaves stay put
             try:
                 dt.from_numpy(arr.dtype)
             except DTypeError as e:

@@ -12,6 +12,7 @@ import re
 
 from .. import viz
 from ..errors import ArgumentError, TesseraError
+from ..function import Function
 
 LEVELS = ("graph", "schedule", "tile", "target")
 TITLES = {"graph": "Graph", "schedule": "Schedule", "tile": "Tile", "target": "Target",
@@ -56,7 +57,6 @@ def explore(subject, shapes=None, *, target: str = "cpu", show=LEVELS, profile: 
 class Explorer:
     def __init__(self, subject, sizes=None, *, target="cpu", show=LEVELS, profile=False,
                  autotune=False, budget_s=10.0, runs=10, error: TesseraError | None = None):
-        from ..function import Function
         self.function = subject if isinstance(subject, Function) else None
         self.program = None if self.function is not None else subject
         self.sizes = dict(sizes or {})

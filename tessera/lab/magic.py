@@ -11,6 +11,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from ..errors import ArgumentError, TesseraError
+from ..function import Function, def_location
 from ..types import TensorSpec
 from .explorer import LEVELS, Explorer, needs_arrays, parse_shapes
 
@@ -243,7 +244,6 @@ def _resolve_target(name: str) -> str:
 def _bind(fn, dynamic=()):
     """A plain annotated function as a tessera function, dynamic in those of `dynamic`'s
     symbols its annotations use; an error names its `def` line."""
-    from ..function import Function, def_location
     try:
         f = Function(fn)
         mine = tuple(s for s in dynamic if s in f.symbols())
@@ -277,7 +277,6 @@ def _is_tile_kernel(x) -> bool:
 
 
 def _is_tessera_function(x) -> bool:
-    from ..function import Function
     return isinstance(x, Function)
 
 
