@@ -17,9 +17,10 @@ from .errors import (AnnotationError, ArgumentError, BackendUnavailableError, Co
 from .function import Function, function, interpret  # noqa: E402
 from . import nn, optim, pytree  # noqa: E402
 from .autodiff import check_grad, grad, jvp, laplacian, value_and_grad, vjp  # noqa: E402
-from .autotune import autotune, kernel  # noqa: E402
+# the package tessera.kernel first, so that the name ts.kernel ends as the decorator below
 from . import tile  # noqa: E402
 from .tiles import Tile  # noqa: E402
+from .autotune import autotune, kernel  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
 from .runtime.profiler import machine_peaks, profiler  # noqa: E402
 from .schedule import Schedule  # noqa: E402

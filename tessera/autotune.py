@@ -98,7 +98,7 @@ def autotune(fn, *args, budget_s: float = 60.0, search: str = "grid", space: dic
     """
     settings = _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, progress,
                          exact, strategy, force)
-    from .tiles import KernelFunction
+    from .kernel.function import KernelFunction
     if isinstance(fn, KernelFunction):          # a tile kernel: its function at these dtypes
         fn = fn.function(fn.checked_body(args))
     return _autotune(_as_function(fn), args, kwargs, settings, space, cache, kernels)
@@ -220,11 +220,11 @@ class AutotunedFunction:
 
 
 class _KernelTools:
-    """`tessera.kernel`: `@ts.kernel` makes a tile kernel (tessera/tiles.py); kernel-level tools
+    """`tessera.kernel`: `@ts.kernel` makes a tile kernel (tessera/kernel/); kernel-level tools
     (the seeds' `@tessera.kernel.autotune`)."""
 
     def __call__(self, fn=None, *, target="cpu", schedule=None):
-        from .tiles import kernel as tile_kernel
+        from .kernel.function import kernel as tile_kernel
         return tile_kernel(fn, target=target, schedule=schedule)
 
     @staticmethod
@@ -235,7 +235,7 @@ class _KernelTools:
         timeout_ms=200, cache="~/.tessera/autotune.db")` on a tessera function (or a plain
         annotated one). See `tessera.autotune` for the arguments."""
         def wrap(f):
-            from .tiles import KernelFunction, is_tile_kernel
+            from .kernel.function import KernelFunction, is_tile_kernel
             if isinstance(f, KernelFunction) or is_tile_kernel(f):
                 kf = f if isinstance(f, KernelFunction) else KernelFunction(f)
                 # each of its functions (one per dtypes and target) tunes itself

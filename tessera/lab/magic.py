@@ -272,7 +272,7 @@ def _root(fn):
 
 
 def _is_tile_kernel(x) -> bool:
-    from ..tiles import KernelFunction
+    from ..kernel.function import KernelFunction
     return isinstance(x, KernelFunction)
 
 

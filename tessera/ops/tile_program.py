@@ -1,24 +1,15 @@
-"""tile_program: a user's tile kernel (`@ts.kernel`, tessera/tiles.py) as one Graph IR node.
+"""tile_program: a user's tile kernel (`@ts.kernel`, tessera/kernel/) as one Graph IR node.
 
 Its operands are the kernel's parameters in order (a parameter it only stores into is an
-operand for its shape); its `kernel` attribute is the traced body, which the `tile` strategy
-lowers (tessera/compiler/strategies/tiles.py). Its result is the kernel's output.
+operand for its shape); its `kernel` attribute is the traced body (a KernelBody,
+tessera/kernel/ir.py), which the `tile` strategy lowers (tessera/compiler/strategies/kernel.py).
+Its result is the kernel's output.
 """
 from __future__ import annotations
 
 from ..errors import ShapeError
 from ..types import TensorType
 from .registry import OpDef, TileProgram, register
-
-
-def sizes(body, types) -> dict:
-    """Each dimension name's size in these operand types."""
-    out = {}
-    for p, t in zip(body.params, types):
-        for d, n in zip(p.dims, t.shape):
-            if out.setdefault(d, n) != n:
-                raise ShapeError(f"dimension {d} of tile kernel {body.name} is {out[d]} and {n}")
-    return out
 
 
 def _infer(types, attrs):
@@ -30,7 +21,7 @@ def _infer(types, attrs):
     if kind in ("store", "atomic"):
         i = [p.name for p in body.params].index(what)
         return types[i]
-    dims = sizes(body, types)
+    dims = body.sizes(types)
     return TensorType(body.out_dtype or what.dtype, tuple(dims[d] for d in what.dims))
 
 

@@ -1,4 +1,4 @@
-"""Tile kernels (`@ts.kernel`, tessera/tiles.py): the seeds' matmul_kernel and safe_softmax as
+"""Tile kernels (`@ts.kernel`, tessera/kernel/): the seeds' matmul_kernel and safe_softmax as
 written, against NumPy on ragged shapes, with f32 and bf16 inputs; the same bits as op.matmul,
 across block sizes and thread settings, and in the CUDA and HIP emulator; errors named at the
 user's line before anything runs. (The CUDA and HIP versions: tests/targets/test_gpu_emulated.py,
@@ -164,7 +164,7 @@ def test_the_program_is_a_program(rng):
 
 
 def test_the_reference_interpreter_agrees(rng):
-    from tessera.tiles import interpret
+    from tessera.kernel.interpreter import interpret
     A = rng.standard_normal((40, 23), dtype=np.float32)
     B = rng.standard_normal((23, 17), dtype=np.float32)
     C = np.zeros((40, 17), np.float32)

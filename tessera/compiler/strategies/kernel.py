@@ -1,4 +1,4 @@
-"""tile: a user's tile kernel (`@ts.kernel`, tessera/tiles.py), alone.
+"""tile: a user's tile kernel (`@ts.kernel`, tessera/kernel/), alone.
 
 One program per block of the output. Every tile is a buffer of its static shape (the knobs'
 sizes): a local array on the CPU (the heap past LOCAL_MAX_BYTES), a shared array on GPUs;
@@ -10,13 +10,14 @@ a store writes the valid part of the output block.
 CPU: the programs in parallel, each tile loop serial with its innermost axis vectorised. GPU: a
 block per program, each tile loop over the block's threads with a barrier after it; the same
 chains in the same order, so the same bits as the CPU.
+Each statement class of the body (tessera/kernel/ir.py) has its method in _Lower (LOWER_STMT).
 """
 from __future__ import annotations
 
 from ... import dtypes as dt
 from ...errors import BackendUnavailableError, TesseraError
+from ...kernel import ir as kir
 from ...ops import registry as R
-from ...ops.tile_program import sizes
 from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
 from ..tile_ir import (Addr, Assign, AtomicAdd, Barrier, Bin, Call, Cast, CheckIndex, Const, Decl,
                        If, Load, Local, Loop, OpCall, Scratch, Select, Shared, Store, Var,
@@ -120,12 +121,12 @@ class Tiles(Strategy):
 
     def node_flops(self, n) -> int:
         body = n.attrs["kernel"]
-        dims = sizes(body, [v.type for v in n.inputs])
+        dims = body.sizes([v.type for v in n.inputs])
         return _Sizes(body, dims, {**CPU_BLOCK}).flops()
 
     def _defaults(self, k, block, row_elements=ROW_ELEMENTS):
         body = _body(k)
-        dims = sizes(body, [b.type for b in _operands(k)])
+        dims = body.sizes([b.type for b in _operands(k)])
         out = {}
         for name in _used(k):
             out[name] = block[name]
@@ -166,7 +167,7 @@ class Tiles(Strategy):
 
     def invalid(self, k, knobs) -> str | None:
         body = _body(k)
-        dims = sizes(body, [b.type for b in _operands(k)])
+        dims = body.sizes([b.type for b in _operands(k)])
         n = _Sizes(body, dims, knobs).largest_tile()
         if n > (1 << 22):
             return f"a tile of {n} elements"
@@ -195,13 +196,7 @@ def _operands(k):
 
 
 def _has_mma(body) -> bool:
-    return any(s.kind == "mma" for s in _walk(body.stmts))
-
-
-def _walk(stmts):
-    for s in stmts:
-        yield s
-        yield from _walk(s.body)
+    return any(isinstance(s, kir.Mma) for s in kir.walk(body.stmts))
 
 
 class _Sizes:
@@ -229,11 +224,11 @@ class _Sizes:
         return [self.size(s) for s in v.shape]
 
     def largest_tile(self) -> int:
-        return max((prod(self.shape(s.out)) for s in _walk(self.body.stmts)
+        return max((prod(self.shape(s.out)) for s in kir.walk(self.body.stmts)
                     if s.out is not None), default=1)
 
     def trips(self, loop) -> int:
-        start, stop, step = (self._eval(a) for a in loop.args)
+        start, stop, step = (self._eval(a) for a in (loop.start, loop.stop, loop.step))
         return max(0, -(-(stop - start) // step)) if start is not None and stop is not None \
             else 1
 
@@ -252,13 +247,14 @@ class _Sizes:
         def count(stmts, times):
             n = 0
             for s in stmts:
-                if s.kind == "loop":
+                if isinstance(s, kir.Loop):
                     n += count(s.body, times * self.trips(s))
-                elif s.kind == "mma":
-                    a = s.args[0]
-                    n += times * 2 * prod(self.shape(s.out)) * self.size(a.shape[1])
-                elif s.out is not None and s.kind in ("elem", "reduce"):
-                    n += times * prod(self.shape(s.args[0] if s.kind == "reduce" else s.out))
+                elif isinstance(s, kir.Mma):
+                    n += times * 2 * prod(self.shape(s.out)) * self.size(s.a.shape[1])
+                elif isinstance(s, kir.Elem):
+                    n += times * prod(self.shape(s.out))
+                elif isinstance(s, kir.Reduce):
+                    n += times * prod(self.shape(s.x))
             return n
         return self.programs() * count(self.body.stmts, 1)
 
@@ -273,7 +269,7 @@ class _Lower:
         self.body = _body(k)
         ops = _operands(k)
         self.bufs = {p.name: b for p, b in zip(self.body.params, ops)}
-        self.dims = sizes(self.body, [b.type for b in ops])
+        self.dims = self.body.sizes([b.type for b in ops])
         self.sz = _Sizes(self.body, self.dims, k.knobs)
         self.names = Names()
         self.tiles = {}            # value id -> (buffer name, static shape)
@@ -296,11 +292,11 @@ class _Lower:
         where they are used: those reading (through other elementwise values) a tile updated in
         place, and costly ones (exp, tanh, ...) used more than once."""
         out, reads_updated, cost = set(), set(self.body.updated), {}
-        for s in _walk(self.body.stmts):
-            if s.kind != "elem":
+        for s in kir.walk(self.body.stmts):
+            if not isinstance(s, kir.Elem):
                 continue
             ins = [a.id for a in s.args if hasattr(a, "id")]
-            cost[s.out.id] = R.get(s.attrs["op"]).lowering.flops + sum(
+            cost[s.out.id] = R.get(s.op).lowering.flops + sum(
                 cost.get(i, 0) for i in ins if i not in out)
             if any(i in reads_updated for i in ins) or s.out.id in self.body.updated:
                 reads_updated.add(s.out.id)
@@ -369,7 +365,7 @@ class _Lower:
 
     def _elem_expr(self, s, idx):
         rank = len(s.out.shape)
-        operand = s.attrs["operand"]
+        operand = s.operand
         args = []
         for a, d in zip(s.args, operand):
             if hasattr(a, "shape"):
@@ -379,8 +375,7 @@ class _Lower:
             else:
                 e = Const(a, d)
             args.append(e)
-        attrs = {k: v for k, v in s.attrs.items() if k not in ("op", "operand")}
-        return OpCall(s.attrs["op"], "elem", attrs_key(attrs), operand[-1], s.out.dtype,
+        return OpCall(s.op, "elem", attrs_key(s.extra), operand[-1], s.out.dtype,
                       tuple(args))
 
     def valid_of(self, v):
@@ -427,7 +422,7 @@ class _Lower:
         loop on GPUs)."""
         kind, param = self.body.output
         if kind == "return" or kind == "store" and all(
-                s.attrs["offsets"] is None for s in self.body.stmts if s.kind == "store"):
+                s.offsets is None for s in self.body.stmts if isinstance(s, kir.Store)):
             return []
         src = self.bufs[param]
         i = self.names("i")
@@ -465,18 +460,18 @@ class _Lower:
         i = 0
         while i < len(stmts):
             s = stmts[i]
-            if s.kind == "loop" and self._gemm_loop(s):
+            if isinstance(s, kir.Loop) and self._gemm_loop(s):
                 i += 1
                 continue
             nxt = stmts[i + 1] if i + 1 < len(stmts) else None
-            if s.kind == "mma" and nxt is not None and nxt.kind == "update" and \
-                    nxt.args[1] is s.out and nxt.attrs["op"] == "add" and \
-                    nxt.args[0] not in s.args and \
+            if isinstance(s, kir.Mma) and isinstance(nxt, kir.Update) and \
+                    nxt.value is s.out and nxt.op == "add" and \
+                    nxt.target not in s.reads() and \
                     self.body.uses.get(s.out.id, 0) == 1:
-                self.mma(s, into=nxt.args[0])         # acc += mma(a, b): one chain into acc
+                self.mma(s, into=nxt.target)         # acc += mma(a, b): one chain into acc
                 i += 2
                 continue
-            getattr(self, "s_" + s.kind)(s)
+            LOWER_STMT[type(s)](self, s)
             i += 1
 
     # -- statements ------------------------------------------------------------------------------
@@ -485,10 +480,10 @@ class _Lower:
         inside the tensor, the valid extent reductions and mma run over). An explicit
         `offset=` gives the whole tile as valid (what lies outside the tensor is `other`, as
         Triton's masked loads); the grid's and a stream's blocks end at the tensor's edge."""
-        v, p = st.out, self.body.param(st.attrs["param"])
+        v, p = st.out, self.body.param(st.param)
         ext = self.bufs[p.name].type.shape
         out = []
-        for i, (place, d, s) in enumerate(zip(st.attrs["place"], p.dims, v.shape)):
+        for i, (place, d, s) in enumerate(zip(st.place, p.dims, v.shape)):
             n, E = self.size(s), ext[i]
             if place == "whole":
                 out.append((Const(0), Const(0), Const(E), Const(E)))
@@ -499,7 +494,7 @@ class _Lower:
                 hi = self._clip(off, n, E, exact=E % n == 0)
                 out.append((off, Const(0), hi, hi))
                 continue
-            off = k_var if place == "stream" else self.ix(st.attrs["offsets"][i])
+            off = k_var if place == "stream" else self.ix(st.offsets[i])
             hi = self._clip(off, n, E)
             valid = hi if place == "stream" else Const(n)
             out.append((off, _below_zero(off, self.nonneg), hi, valid))
@@ -517,18 +512,18 @@ class _Lower:
         return Select(Bin("<", m, Const(0)), Const(0), m)
 
     def s_load(self, st):
-        if "stream" in st.attrs["place"]:
+        if st.streamed:
             self.streams[st.out.id] = st
             return
-        self._fill(st.out, st.attrs["param"], *self._placement(st), st.attrs["other"])
+        self._fill(st.out, st.param, *self._placement(st), st.other)
 
     def s_part(self, st):
-        src = self.streams[st.args[0].id]
+        src = self.streams[st.stream.id]
         if st.out.id in self.ring:      # pipelined: already filled; its slot and valid part
-            self.valid[st.out.id] = self._placement(src, self.ix(st.attrs["k"]))[3]
+            self.valid[st.out.id] = self._placement(src, self.ix(st.k))[3]
             return
-        self._fill(st.out, src.attrs["param"], *self._placement(src, self.ix(st.attrs["k"])),
-                   src.attrs["other"], stream=True)
+        self._fill(st.out, src.param, *self._placement(src, self.ix(st.k)), src.other,
+                   stream=True)
 
     def _fill(self, v, param, offs, los, his, valid, other, stream=False):
         """v's tile: the tensor's elements at offs + [lo, hi) per axis, `other` elsewhere."""
@@ -568,7 +563,7 @@ class _Lower:
         shape = self.sz.shape(v)
         self.each(shape, [Const(n) for n in shape],
                   lambda idx: [Store(name, linear(idx, contiguous(shape)),
-                                     Const(st.attrs["value"], v.dtype))], self._into)
+                                     Const(st.value, v.dtype))], self._into)
 
     def s_elem(self, st):
         v = st.out
@@ -601,15 +596,15 @@ class _Lower:
     def s_reduce(self, st):
         """A reduction along one axis in the row strategy's order (op.softmax's bits): LANES
         accumulators, element i into lane i % LANES, then the lanes combined in order."""
-        x, v = st.args[0], st.out
-        axis, op = st.attrs["axis"], st.attrs["op"]
+        x, v = st.x, st.out
+        axis, op = st.axis, st.op
         name = self.tile(v, self._into)
         shape = self.sz.shape(v)
         kept = [n for i, n in enumerate(self.sz.shape(x)) if i != axis]
         xd, od = x.dtype, v.dtype
         n = self.valid_of(x)[axis]
         valid = [e for i, e in enumerate(self.valid_of(x)) if i != axis]
-        if st.attrs["keepdim"]:
+        if st.keepdim:
             valid.insert(axis, Const(1))
         self.valid[v.id] = valid
         lanes = LANES.get(od.itemsize, 8)
@@ -624,12 +619,12 @@ class _Lower:
         init = OpCall(op, "init", (), xd, od, ())
         if self.gpu:
             return self._gpu_reduce(kept, lanes, n, combine, element, name, shape,
-                                    st.attrs["keepdim"], axis, init, od)
+                                    st.keepdim, axis, init, od)
         chunks, tail = _divmod(n, lanes)
 
         def body(idx):
             out_idx = list(idx)
-            if st.attrs["keepdim"]:
+            if st.keepdim:
                 out_idx.insert(axis, Const(0))
             c, total, l1 = names("ch"), names("s"), names("l")
             acc, l0, la, lt = names("acc"), names("l"), names("l"), names("l")
@@ -682,7 +677,7 @@ class _Lower:
         self.each(kept, [Const(k) for k in kept], combine_body, self._into)
 
     def mma(self, st, into=None):
-        a, b = st.args
+        a, b = st.a, st.b
         v = into if into is not None else st.out
         if into is None:
             name = self.tile(v, self._into)
@@ -759,31 +754,30 @@ class _Lower:
         compiler's GEMM routine on the program's block: the same chain per element over k from
         0 (op.matmul's bits), with the routine's register blocking and packing."""
         body = loop.body
-        if loop not in self.body.stmts or len(body) != 4 or \
-                [s.kind for s in body].count("part") != 2:
+        parts = [s for s in body if isinstance(s, kir.Part)]
+        if loop not in self.body.stmts or len(body) != 4 or len(parts) != 2:
             return False
-        parts = [s for s in body if s.kind == "part"]
-        mma = next((s for s in body if s.kind == "mma"), None)
-        upd = next((s for s in body if s.kind == "update"), None)
+        mma = next((s for s in body if isinstance(s, kir.Mma)), None)
+        upd = next((s for s in body if isinstance(s, kir.Update)), None)
         if mma is None or upd is None or body.index(mma) + 1 != body.index(upd) or \
-                upd.args[1] is not mma.out or upd.attrs["op"] != "add" or \
-                set(mma.args) != {p.out for p in parts} or mma.args[0] is mma.args[1]:
+                upd.value is not mma.out or upd.op != "add" or \
+                {mma.a, mma.b} != {p.out for p in parts} or mma.a is mma.b:
             return False
-        acc = upd.args[0]
-        made = next((s for s in _walk(self.body.stmts) if s.out is acc), None)
-        if made is None or made.kind != "full" or made.attrs["value"] != 0 or \
-                sum(1 for s in _walk(self.body.stmts) if s.kind == "update" and
-                    s.args[0] is acc) != 1 or acc.dtype not in (dt.float32, dt.float64):
+        acc = upd.target
+        made = next((s for s in kir.walk(self.body.stmts) if s.out is acc), None)
+        if not isinstance(made, kir.Full) or made.value != 0 or \
+                sum(1 for s in kir.walk(self.body.stmts) if isinstance(s, kir.Update) and
+                    s.target is acc) != 1 or acc.dtype not in (dt.float32, dt.float64):
             return False
-        start, stop, step = loop.args
+        start, stop, step = loop.start, loop.stop, loop.step
         ops = []
-        for operand, axis in ((mma.args[0], 1), (mma.args[1], 0)):
+        for operand, axis in ((mma.a, 1), (mma.b, 0)):
             part = next(p for p in parts if p.out is operand)
-            src = self.streams.get(part.args[0].id)
-            if src is None or not _is(part.attrs["k"], "var", loop.attrs["var"]):
+            src = self.streams.get(part.stream.id)
+            if src is None or not _is(part.k, "var", loop.var):
                 return False
-            p = self.body.param(src.attrs["param"])
-            place = src.attrs["place"]
+            p = self.body.param(src.param)
+            place = src.place
             if place[axis] != "stream" or place.index("stream") != axis or \
                     self.bufs[p.name].type.dtype not in self._gemm_inputs(acc.dtype) or \
                     step != src.out.shape[axis] or not _is(stop, "dim", p.dims[axis]) or \
@@ -793,10 +787,10 @@ class _Lower:
         (pa, sa), (pb, sb) = ops
         offs_a, _, valid_a, _ = self._placement(sa, Const(0))
         offs_b, _, valid_b, _ = self._placement(sb, Const(0))
-        ba, bb = self.bufs[sa.attrs["param"]], self.bufs[sb.attrs["param"]]
+        ba, bb = self.bufs[sa.param], self.bufs[sb.param]
         st_a, st_b = contiguous(ba.type.shape), contiguous(bb.type.shape)
         name, shape = self.tiles[acc.id]
-        K = self.dims[self.body.param(sa.attrs["param"]).dims[1]]
+        kn = self.dims[self.body.param(sa.param).dims[1]]
         d = acc.dtype.short
         fn, key = f"ts_gemm_tile_{d}", f"gemm:{d}"
         opd = ba.type.dtype.short           # the operands' dtype (16-bit into f32: tensor cores)
@@ -824,7 +818,7 @@ class _Lower:
         args = (Addr(ba.name, _flat(offs_a, [Const(0)] * 2, st_a)), Const(st_a[0]),
                 Const(st_a[1]), Addr(bb.name, _flat(offs_b, [Const(0)] * 2, st_b)),
                 Const(st_b[0]), Const(st_b[1]),
-                Addr(name, Const(0)), Const(shape[1]), Const(K), valid_a[0], valid_b[1])
+                Addr(name, Const(0)), Const(shape[1]), Const(kn), valid_a[0], valid_b[1])
         if self.gpu:
             self._into += [Call(fn, args, key), Barrier()]
         else:
@@ -835,9 +829,9 @@ class _Lower:
         self.mma(st)
 
     def s_update(self, st):
-        tv, val = st.args
+        tv, val = st.target, st.value
         name, shape = self.tiles[tv.id]
-        op = st.attrs["op"]
+        op = st.op
         d = tv.dtype
 
         def body(idx):
@@ -852,8 +846,8 @@ class _Lower:
         self.each(shape, [Const(n) for n in shape], body, self._into)
 
     def s_loop(self, st):
-        start, stop, step = (self.ix(a) for a in st.args)
-        it, kv = self.names("it"), st.attrs["var"]
+        start, stop, step = self.ix(st.start), self.ix(st.stop), self.ix(st.step)
+        it, kv = self.names("it"), st.var
         var = self.names(kv)
         self.vars[kv] = Var(var)
         self.nonneg.add(it)
@@ -880,12 +874,12 @@ class _Lower:
         the largest `prefetch` of the loads it partitions; 1 (no pipelining) on the CPU, for a
         loop without partitions or updating one, or where the buffers would take over half of
         a block's shared memory."""
-        parts = [s for s in loop.body if s.kind == "part"]
+        parts = [s for s in loop.body if isinstance(s, kir.Part)]
         if not self.gpu or not parts or any(p.out.id in self.body.updated for p in parts):
             return 1
-        n = loop.attrs.get("stages")
+        n = loop.stages
         if n is None:
-            n = max((self.streams[p.args[0].id].attrs.get("prefetch") or 1 for p in parts))
+            n = max((self.streams[p.stream.id].prefetch or 1 for p in parts))
         n = self.size(n) if hasattr(n, "op") else n         # a knob (ctx.stages), or a count
         n = max(1, min(n, MAX_STAGES))
         size = sum(prod(self.sz.shape(p.out)) * p.out.dtype.itemsize for p in parts)
@@ -898,8 +892,8 @@ class _Lower:
         slot i % stages, loaded at least one barrier earlier. One barrier per iteration instead
         of one more per partition, and the loads of later blocks overlap this one's compute.
         The same values in the same order: the same bits."""
-        kv = st.attrs["var"]
-        parts = [s for s in st.body if s.kind == "part"]
+        kv = st.var
+        parts = [s for s in st.body if isinstance(s, kir.Part)]
         for p in parts:
             v, shape = p.out, self.sz.shape(p.out)
             name = self.names("ring")
@@ -942,10 +936,10 @@ class _Lower:
     def _ring_fill(self, st, slot) -> list:
         """A partition's block at the loop variable's current binding into ring slot `slot`:
         one pass over the block's threads (`other` outside the tensor), no barrier."""
-        v, src = st.out, self.streams[st.args[0].id]
+        v, src = st.out, self.streams[st.stream.id]
         name, shape, n = self.ring[v.id]
-        offs, los, his, _ = self._placement(src, self.ix(st.attrs["k"]))
-        b = self.bufs[src.attrs["param"]]
+        offs, los, his, _ = self._placement(src, self.ix(st.k))
+        b = self.bufs[src.param]
         g = self.names("e")
         idx = split_index(Var(g), list(shape)) if shape else []
         cond = None
@@ -959,7 +953,7 @@ class _Lower:
         if b.type.dtype != v.dtype:
             e = Cast(v.dtype, e)
         if cond is not None:
-            e = Select(cond, e, Const(src.attrs["other"], v.dtype))
+            e = Select(cond, e, Const(src.other, v.dtype))
         at = idx_add(idx_mul(slot, Const(n)), linear(idx, contiguous(shape)))
         return [Loop(g, prod(shape), "thread", [Store(name, at, e)])] if prod(shape) else []
 
@@ -994,17 +988,17 @@ class _Lower:
                   vector=not atomic)
 
     def s_store(self, st):
-        p = self.body.param(st.attrs["param"])
-        self._store_into(st.args[0], self.k.output, p.dims, st.attrs["offsets"])
+        p = self.body.param(st.param)
+        self._store_into(st.value, self.k.output, p.dims, st.offsets)
 
     def s_atomic(self, st):
         """tile.atomic_add: a block added where a store would write it, or each valid element
         of an index tile's (a bad index reports the kernel's status code, as a gather's)."""
-        value, index = st.args
+        value, index = st.value, st.index
         out = self.k.output
         if index is None:
-            p = self.body.param(st.attrs["param"])
-            self._store_into(value, out, p.dims, st.attrs["offsets"], atomic=True)
+            p = self.body.param(st.param)
+            self._store_into(value, out, p.dims, st.offsets, atomic=True)
             return
         d, n = out.type.dtype, out.type.shape[0]
 
@@ -1020,5 +1014,11 @@ class _Lower:
         self.each(self.sz.shape(index), self.valid_of(index), body, self._into, vector=False)
 
     def s_return(self, st):
-        v = st.args[0]
+        v = st.value
         self._store_into(v, self.k.output, v.dims, None)
+
+
+LOWER_STMT = {kir.Load: _Lower.s_load, kir.Part: _Lower.s_part, kir.Full: _Lower.s_full,
+              kir.Elem: _Lower.s_elem, kir.Reduce: _Lower.s_reduce, kir.Mma: _Lower.s_mma,
+              kir.Update: _Lower.s_update, kir.Loop: _Lower.s_loop, kir.Store: _Lower.s_store,
+              kir.Atomic: _Lower.s_atomic, kir.Return: _Lower.s_return}
