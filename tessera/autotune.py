@@ -4,24 +4,70 @@
 Both search each kernel of the compiled function (tessera/compiler/knob_search.py says how) and
 record the chosen knobs in the autotuning database; every later compilation of the same kernel
 (same structure, shapes, dtypes, target, machine and compiler) reads them from there, in this
-process or the next, without searching again. TESSERA_AUTOTUNE=0 turns all of it off.
+process or the next, without searching again. TESSERA_AUTOTUNE=0 turns all of it off. The
+search shows its progress here (Progress): a line in a terminal, a bar in a notebook.
 """
 from __future__ import annotations
 
 import functools
 import statistics
+import sys
 import time
 import weakref
 
 from .compiler import strategies
-from .compiler.knob_search import (SEARCHES, Settings, TuneResult, kernel_space, resolve_space,
-                                program_threads, tune_program)
+from .compiler.knob_search import SEARCHES, Settings, TuneResult, tune_program
+from .compiler.knobs import kernel_space, program_threads, resolve_space
 from .errors import ArgumentError, TesseraError
 from .function import Function
 from .function.tracing import inside_trace
 from .runtime import tunedb
 
 METRICS = ("time", "latency", "throughput")
+
+
+class Progress:
+    """A search's progress bar: a line redrawn on stderr in a terminal, an HTML bar in a notebook
+    (its text form holds no timings, so a saved notebook compares equal run after run)."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.done, self.label, self.note = max(total, 1), 0, label, ""
+        self._handle = None
+        if _in_notebook():
+            from IPython.display import display
+            self._handle = display(self._bundle(""), raw=True, display_id=True)
+
+    def _bundle(self, note):
+        from html import escape
+        text = f"{self.label}: {self.done}/{self.total} candidates"
+        return {"text/plain": text,
+                "text/html": f"<progress value='{self.done}' max='{self.total}' "
+                             f"style='width:30em'></progress> {escape(text)} {escape(note)}"}
+
+    def update(self, n=1, note=""):
+        self.done = min(self.total, self.done + n)
+        self.note = note
+        if self._handle is not None:
+            self._handle.update(self._bundle(note), raw=True)
+        elif sys.stderr.isatty():           # a log gets the last line only (close)
+            self._draw("\r")
+
+    def _draw(self, end):
+        width = 30
+        fill = int(width * self.done / self.total)
+        sys.stderr.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
+                         f"{self.done}/{self.total} {self.note[:40]:<40}{end}")
+        sys.stderr.flush()
+
+    def close(self):
+        if self._handle is None:
+            self._draw("\n")
+
+
+def _in_notebook() -> bool:
+    ip = sys.modules.get("IPython")
+    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def _as_function(fn) -> Function:
@@ -50,7 +96,8 @@ def _settings(budget_s, search, metric, timeout_ms, repeats, seed, workers, prog
         raise ArgumentError(f"autotune repeats must be a positive integer, not {repeats!r}")
     return Settings(budget_s=float(budget_s), search=search, repeats=repeats,
                     timeout_s=None if timeout_ms is None else timeout_ms / 1e3, seed=seed,
-                    workers=workers, progress=progress, exact=bool(exact), force=bool(force))
+                    workers=workers, progress=Progress if progress else None,
+                    exact=bool(exact), force=bool(force))
 
 
 def _fixed_knobs(f: Function, schedule) -> dict:

@@ -8,12 +8,13 @@ A search (`tune_program`):
    range, softmax rows are real rows), and the default's output to check candidates against.
 2. Kernels are tuned most expensive first; the budget is shared out in proportion to their
    default times.
-3. Candidates come from the kernel's knob space (kernels.knob_space, narrowed by the user's
-   `space`), less the invalid ones (kernels.invalid_knobs), in the search's order:
+3. Candidates come from the kernel's knob space (knobs.py: kernels.knob_space, narrowed by the
+   user's `space`), less the invalid ones (kernels.invalid_knobs), in the search's order:
    grid (every combination, nearest the default first), random (a seeded shuffle) or beam (from
    the default, change one knob by one step, keep the best few, repeat).
 4. Candidates compile in batches on a thread pool (each compile is its own gcc process), never
-   while one is being timed.
+   while one is being timed: lowered, rendered and built as compile_graph does, by the target's
+   own renderer and build step (runtime/targets.py).
 5. A candidate runs once (warm-up; its output is checked against the default's; a run longer
    than the timeout marks it "timed out": runs are never interrupted), then up to `repeats` timed
    runs of the kernel alone (C's monotonic clock, through the program's timed entry). Inputs
@@ -24,20 +25,23 @@ A search (`tune_program`):
    within `tie` of it loses to the default, then to the candidate earlier in the space's order,
    so noise never flips a choice back and forth.
 
-Checks: knobs other than NUMERIC_KNOBS must not change one bit of a kernel's output (the numerics
-contract), so a candidate that does is "wrong result"; a numeric knob (lanes) may change the last
-bits, within a tolerance, and the table says whether the bits are the default's.
+Checks (knobs.compare): knobs other than NUMERIC_KNOBS must not change one bit of a kernel's
+output (the numerics contract), so a candidate that does is "wrong result"; a numeric knob
+(lanes) may change the last bits, within a tolerance, and the table says whether the bits are
+the default's.
+
+The search reports its progress to the bar the caller gives (Settings.progress; the user's side,
+tessera/autotune.py, shows one in a terminal or a notebook) and returns a TuneResult: data, text
+and a table.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import random
 import sqlite3
 import statistics
-import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -46,19 +50,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ArgumentError, RuntimeFault, TesseraError
-from ..runtime import tunedb
+from ..runtime import targets, tunedb
 from .lower import lower_schedule
 from .schedule_ir import Buffer, Kernel, Schedule
-from .kernels import (ALIASES, KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs,
-                        kernel_signature, knob_space)
-from .target.c import build_program
+from .kernels import invalid_knobs, kernel_signature
+from .knobs import (GPU_KNOBS, REL_TOL, compare, enumerate_grid,  # noqa: F401 (the search's names)
+                    kernel_space, program_threads, resolve_space)
 
 SEARCHES = ("grid", "random", "beam")     # how candidates are ordered (not a kernel strategy)
 STATUSES = ("default", "ok", "slower", "same code", "failed to compile", "wrong result",
             "timed out")
-# GPU-only knobs, accepted and reported unused on the CPU
-GPU_KNOBS = ("warps", "stages")
-REL_TOL = {4: 1e-4, 8: 1e-10, 2: 1e-2}      # numeric knobs: max |diff| / max |default|
 
 
 @dataclass
@@ -203,11 +204,13 @@ def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
 
 
 def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
-    from ..runtime.isa import level_of
+    """(Tile IR, loaded library, source) of kernel k alone with these knobs: lowered, rendered
+    and built by its target as compile_graph builds a whole program."""
     s = single_kernel(schedule, k, knobs)
     tile = lower_schedule(s).verify()
-    source, lib = build_program(tile, s.name, level_of(schedule.target).name)
-    return tile, lib, source
+    t, level = targets.of(schedule.target), targets.level(schedule.target)
+    source = t.render(tile, level)
+    return tile, t.build(t, source, tile, s.name, level), source
 
 
 class KernelRunner:
@@ -292,161 +295,19 @@ def _copies(inputs, out_bytes) -> int:
     return 1 if ws >= want else min(8, math.ceil(want / max(ws, 1)))
 
 
-def compare(kernel_outs, default_outs, changed: dict) -> tuple:
-    """(status, bitwise, message) of a candidate's outputs against the default's."""
-    worst = ("ok", True, "")
-    for a, b in zip(_listed(kernel_outs), _listed(default_outs)):
-        verdict = _compare_one(a, b, changed)
-        if verdict[0] != "ok":
-            return verdict
-        if not verdict[1]:
-            worst = verdict
-    return worst
-
-
-def _listed(x):
-    return x if isinstance(x, (list, tuple)) else [x]
-
-
-def _compare_one(a, b, changed: dict) -> tuple:
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    if a.tobytes() == b.tobytes():
-        return "ok", True, ""
-    if not set(changed) & NUMERIC_KNOBS:
-        return "wrong result", False, f"bits differ, though {sorted(changed)} must not change them"
-    if a.dtype.kind not in "fc":
-        return "wrong result", False, "integer results differ"
-    fin_a, fin_b = np.isfinite(a), np.isfinite(b)
-    na, nb = a[~fin_a], b[~fin_b]
-    if (fin_a != fin_b).any() or not ((np.isnan(na) & np.isnan(nb)) | (na == nb)).all():
-        return "wrong result", False, "other infinities or NaNs"
-    ok = fin_a
-    scale = float(np.max(np.abs(b[ok]), initial=0.0)) or 1.0
-    err = float(np.max(np.abs(a[ok].astype(np.float64) - b[ok]), initial=0.0)) / scale
-    if not err <= REL_TOL.get(a.dtype.itemsize, 1e-4):
-        return "wrong result", False, f"relative error {err:.2g}"
-    return "ok", False, f"relative error {err:.2g}"
-
-
-# ---- the search spaces ----------------------------------------------------------------------------
-def resolve_space(user_space: dict | None) -> tuple[dict, list]:
-    """The user's space in our knob names, per strategy: ({(strategy|None, knob): values},
-    ignored GPU knobs). Bad names or values raise."""
-    if user_space is None:
-        return {}, []
-    if not isinstance(user_space, dict):
-        raise ArgumentError(f"autotune space must be a dict of knob -> values, not {user_space!r}")
-    out, ignored = {}, []
-    for name, values in user_space.items():
-        if isinstance(values, (int, bool)):
-            values = [values]
-        if not isinstance(values, (list, tuple)) or not values:
-            raise ArgumentError(f"autotune space[{name!r}] must be a non-empty list of values")
-        if name in GPU_KNOBS:
-            ignored.append(name)
-            continue
-        if name == "parallel":
-            if not all(isinstance(v, bool) for v in values):
-                raise ArgumentError(f"autotune space['parallel'] takes True/False, not {values!r}")
-        elif not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                     or (name == "threads" and v == 0) for v in values):
-            raise ArgumentError(f"autotune space[{name!r}] must hold positive integers, "
-                                f"not {list(values)!r}")
-        elif name in ("lanes", "vector") and max(values) > MAX_LANES:
-            raise ArgumentError(f"autotune space[{name!r}] goes up to {MAX_LANES} accumulators, "
-                                f"not {max(values)}")
-        if name in ALIASES:
-            for strategy, knob in ALIASES[name].items():
-                out[(strategy, knob)] = list(values)
-        elif name in KNOB_NAMES:
-            out[(None, name)] = list(values)
-        else:
-            raise ArgumentError(f"autotune space has an unknown knob {name!r}",
-                                expected=", ".join(list(KNOB_NAMES) + list(ALIASES) + list(GPU_KNOBS)))
-    return out, ignored
-
-
-def kernel_space(k: Kernel, cpus: int, user: dict, fixed: set, exact: bool = False) -> dict:
-    """The knob values to search for kernel k; `exact` leaves out the knobs that may change the
-    last bits of its results."""
-    space = knob_space(k, cpus)
-    if exact:
-        for knob in NUMERIC_KNOBS:
-            space.pop(knob, None)
-    for (strategy, knob), values in user.items():
-        if (knob in space or knob == "threads") and strategy in (None, k.strategy):
-            values = list(dict.fromkeys(values))
-            default = k.knobs.get(knob, 0 if knob == "threads" else None)
-            if default is not None and default not in values:   # the baseline is a candidate
-                values = sorted(values + [default], key=lambda v: (isinstance(v, bool), v))
-            space[knob] = values
-    for knob in fixed:                  # set by the user's Schedule or tile_shape: not tuned
-        space.pop(knob, None)
-    return space
-
-
-def enumerate_grid(k: Kernel, space: dict) -> list[dict]:
-    """Every valid combination, the default first, then by distance from the default (knobs
-    changed, then steps along each knob's list)."""
-    names = list(space)
-    default = {n: k.knobs.get(n) for n in names}
-
-    def distance(combo):
-        changed = sum(combo[n] != default[n] for n in names)
-        steps = sum(abs(space[n].index(combo[n]) - space[n].index(default[n]))
-                    if default[n] in space[n] else 1 for n in names)
-        return changed, steps
-    combos = [dict(zip(names, vals)) for vals in itertools.product(*(space[n] for n in names))]
-    combos = [c for c in combos if invalid_knobs(k, {**k.knobs, **c}) is None]
-    return sorted(combos, key=distance)
-
-
 # ---- the search -----------------------------------------------------------------------------------
-class Progress:
-    """A progress bar: a line redrawn on stderr in a terminal, an HTML bar in a notebook (its text
-    form holds no timings, so a saved notebook compares equal run after run)."""
+class NoProgress:
+    """Progress reported nowhere (Settings.progress None): the bar's interface, which
+    tessera/autotune.py's bar has too."""
 
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.done, self.label, self.note = max(total, 1), 0, label, ""
-        self.enabled = enabled
-        self._handle = None
-        if enabled and _in_notebook():
-            from IPython.display import display
-            self._handle = display(self._bundle(""), raw=True, display_id=True)
-
-    def _bundle(self, note):
-        from html import escape
-        text = f"{self.label}: {self.done}/{self.total} candidates"
-        return {"text/plain": text,
-                "text/html": f"<progress value='{self.done}' max='{self.total}' "
-                             f"style='width:30em'></progress> {escape(text)} {escape(note)}"}
+    def __init__(self, total: int, label: str):
+        self.total = total
 
     def update(self, n=1, note=""):
-        self.done = min(self.total, self.done + n)
-        self.note = note
-        if not self.enabled:
-            return
-        if self._handle is not None:
-            self._handle.update(self._bundle(note), raw=True)
-        elif sys.stderr.isatty():           # a log gets the last line only (close)
-            self._draw("\r")
-
-    def _draw(self, end):
-        width = 30
-        fill = int(width * self.done / self.total)
-        sys.stderr.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
-                         f"{self.done}/{self.total} {self.note[:40]:<40}{end}")
-        sys.stderr.flush()
+        pass
 
     def close(self):
-        if self.enabled and self._handle is None:
-            self._draw("\n")
-
-
-def _in_notebook() -> bool:
-    ip = sys.modules.get("IPython")
-    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+        pass
 
 
 @dataclass
@@ -460,7 +321,7 @@ class Settings:
     beam_width: int = 3
     seed: int = 0
     workers: int = 0                   # 0: the machine's cores
-    progress: bool = True
+    progress: object = None            # (total, label) -> a bar with update and close; None: none
     top: int = 3                       # leaders timed again against the default
     exact: bool = False                # only knobs that keep every bit of the default's results
     force: bool = False                # search even where the database holds a result
@@ -594,12 +455,6 @@ def _search(schedule: Schedule, inputs: list, tunable: list, settings: Settings,
         pool.shutdown(wait=True)
 
 
-def program_threads() -> int:
-    """The threads a parallel kernel runs on (OMP_NUM_THREADS, else the cores)."""
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
-
-
 def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> KernelTuning:
     comp, args, default_out, default_t = default
     runner = KernelRunner(comp, args, _copies(args, _out_bytes(k)))
@@ -639,7 +494,7 @@ def _tune_kernel(k, space, default, budget_s, st: Settings, pool, schedule) -> K
                                _leader(cands))
             bar.update(1, f"best x{base.median / max(_leader(cands).median, 1e-12):.2f}")
 
-    bar = Progress(len(grid), f"autotune {k.name}", st.progress)
+    bar = (st.progress or NoProgress)(len(grid), f"autotune {k.name}")
     try:
         batch_size = max(2, 2 * (st.workers or min(os.cpu_count() or 1, 8)))
         if st.search in ("grid", "random"):
