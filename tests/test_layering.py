@@ -18,6 +18,7 @@ LAYERS = [
                  "tessera.compiler.tile_ir", "tessera.compiler.dynamic",
                  # a tile kernel's traced body and its NumPy reference: the strategy reads them
                  "tessera.kernel.ir", "tessera.kernel.interpreter"]),
+    ("spellings", ["tessera.compiler.spelling"]),
     ("graph passes", ["tessera.compiler.passes", "tessera.compiler.backward",
                       "tessera.compiler.groups"]),
     ("the emitter", ["tessera.compiler.emit"]),

@@ -1,4 +1,5 @@
-"""Elementwise operators: one entry each (dtype rule, NumPy reference, C expression)."""
+"""Elementwise operators: one entry each (dtype rule, NumPy reference, adjoint). How a target
+spells one is not here: the C-style targets' templates are tessera/compiler/spelling/."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,6 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DTypeError
-from . import libm
 from .registry import (REGISTRY, Elementwise, OpDef, broadcast_shapes, check_no_bool, cj,
                        ref_errstate, register)
 from ..types import TensorType
@@ -101,17 +101,6 @@ def bitcast_rule(ds, attrs):
     return [src], out
 
 
-# The float <-> integer pairs bitcast copies through a union (the others are C conversions
-# between integers of one width: the same bits)
-_BITCASTS = [("f32", "i32"), ("f32", "u32"), ("i32", "f32"), ("u32", "f32"),
-             ("f64", "i64"), ("f64", "u64"), ("i64", "f64"), ("u64", "f64")]
-_CTYPE = {"f32": "float", "f64": "double", "i32": "int32_t", "u32": "uint32_t", "i64": "int64_t",
-          "u64": "uint64_t"}
-BITS = "\n".join(f"TS_INLINE {_CTYPE[b]} ts_bits_{a}_{b}({_CTYPE[a]} x) "
-                 f"{{ union {{ {_CTYPE[a]} a; {_CTYPE[b]} b; }} u; u.a = x; return u.b; }}"
-                 for a, b in _BITCASTS)
-
-
 def _fma_rule(ds, attrs):
     t = dt.result_type(*ds)
     check_no_bool(t, "fma")
@@ -132,9 +121,9 @@ def elementwise_infer(opdef):
     return infer
 
 
-def elementwise(name, nin, dtype_rule, c, reference, flops=1, helpers=None, attrs=None, doc=""):
+def elementwise(name, nin, dtype_rule, reference, flops=1, attrs=None, doc=""):
     opdef = OpDef(name=name, nin=nin, attrs=attrs or {}, dtype_rule=dtype_rule,
-                  reference=reference, lowering=Elementwise(c, flops, helpers or {}), doc=doc)
+                  reference=reference, lowering=Elementwise(flops), doc=doc)
     opdef.infer = elementwise_infer(opdef)
     return register(opdef)
 
@@ -202,58 +191,6 @@ def _gelu_ref(x, approximate):
     return (0.5 * x * (1 + _erf_ref(x / np.sqrt(2.0)))).astype(x.dtype)
 
 
-def _gelu_template(attrs, kind):
-    if attrs.get("approximate", "none") not in ("none", "tanh"):
-        raise DTypeError(f"gelu's approximate must be 'none' or 'tanh', not {attrs['approximate']!r}")
-    return "ts_gelu_tanh{F}({0})" if attrs.get("approximate") == "tanh" else "ts_gelu_erf{F}({0})"
-
-
-class _ByDType(tuple):
-    """Helper chunks that differ between float32 and float64 (picked by the renderer)."""
-    def __new__(cls, f32, f64):
-        self = super().__new__(cls, f32)
-        self.f64 = f64
-        return self
-
-
-# NaN-propagating max and min through mask selects (libm.SELF): a float ternary becomes a
-# branch that keeps a fused loop holding one from vectorising on AVX2 and NEON
-_FMAX = "TS_INLINE {T} ts_max{F}({T} a, {T} b) { return ts_sel{F}((a > b) | (a != a), a, b); }"
-_FMIN = "TS_INLINE {T} ts_min{F}({T} a, {T} b) { return ts_sel{F}((a < b) | (a != a), a, b); }"
-SELECT = _ByDType((libm.SELF,), (libm.SEL,))      # ts_sel{F}: c ? a : b through masks
-FMAX = _ByDType((libm.SELF, _FMAX), (libm.SEL, _FMAX))
-FMIN = _ByDType((libm.SELF, _FMIN), (libm.SEL, _FMIN))
-SIGMOID = "TS_INLINE {T} ts_sigmoid{F}({T} x) { return ({T})1 / (({T})1 + ts_exp{F}(-x)); }"
-GELU = ("TS_INLINE {T} ts_gelu_tanh{F}({T} x) { return ({T})0.5 * x * (({T})1 + ts_tanh{F}("
-        "({T})0.7978845608028654 * (x + ({T})0.044715 * x * x * x))); }\n"
-        "TS_INLINE {T} ts_gelu_erf{F}({T} x) { return ({T})0.5 * x * "
-        "(({T})1 + ts_erf{F}(x * ({T})0.7071067811865476)); }")
-# log(1 + x) and exp(x) - 1 without their cancellation near 0, on our own log and exp: Goldberg's
-# and Kahan's rewrites, log(u) * x / (u - 1) with u = 1 + x and (u - 1) * x / log(u) with
-# u = exp(x): the rounding of u cancels, leaving the error of log or exp plus a few roundings
-# (within 2.4 ulp, softplus 2.6, float32 and float64, over 4.8 million values spread across 31
-# decades: tests/ops/test_elementwise.py). Selects through masks (no branch, so
-# the loop vectorises; an unselected division by zero is an IEEE inf, no trap); the edges: u == 1
-# gives x (its sign of zero too), overflow inf, expm1 of a large negative -1.
-LOG1P = ("TS_INLINE {T} ts_log1p{F}({T} x) {\n"
-         "  {T} u = ({T})1 + x, d = u - ({T})1;\n"
-         "  {T} r = ts_log{F}(u) * (x / ts_sel{F}(d == 0, ({T})1, d));\n"
-         "  r = ts_sel{F}(d == 0, x, r);\n"
-         "  return ts_sel{F}(x == ({T})INFINITY, x, r);\n"
-         "}")
-EXPM1 = ("TS_INLINE {T} ts_expm1{F}({T} x) {\n"
-         "  {T} u = ts_exp{F}(x), d = u - ({T})1, l = ts_log{F}(u);\n"
-         "  {T} r = d * (x / ts_sel{F}(l == 0, ({T})1, l));\n"
-         "  r = ts_sel{F}(d == 0, x, r);\n"
-         "  r = ts_sel{F}(d == -1, ({T})-1, r);\n"
-         "  return ts_sel{F}(u == ({T})INFINITY, u, r);\n"
-         "}")
-# softplus(x) = log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow, and exact where
-# PyTorch's threshold switches to x (the correction is below half an ulp of x there)
-SOFTPLUS = ("TS_INLINE {T} ts_softplus{F}({T} x) "
-            "{ return ts_max{F}(x, ({T})0) + ts_log1p{F}(ts_exp{F}(-fabs{F}(x))); }")
-
-
 def _log1p_ref(x):
     with ref_errstate():
         return np.log1p(x)
@@ -270,203 +207,83 @@ def _softplus_ref(x):
         return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype)
 
 
-# Integer arithmetic wraps around, as NumPy's does: it runs in the unsigned type {U} (where C
-# defines overflow; a narrower type would be promoted to int) and is converted back to {T}
-# (modulo 2^bits). Every integer result is in {T}'s range, so fused expressions stay exact.
-def _wrapping(sym, *operands):
-    return "(({T})(" + f" {sym} ".join("({U})" + o for o in operands) + "))"
-
-
-INT_ADD, INT_SUB, INT_MUL = (_wrapping(c, "{0}", "{1}") for c in "+-*")
-INT_ADD_ACC, INT_MUL_ACC = _wrapping("+", "{acc}", "{x}"), _wrapping("*", "{acc}", "{x}")
-INT_NEG = _wrapping("-", "0", "{0}")
-INT_FMA = "(({T})(({U}){0} * ({U}){1} + ({U}){2}))"
-INT_POW = ("TS_INLINE {T} ts_ipow_{S}({T} b, {T} e) { {T} r = 1; "
-           "if (e < 0) return (b == 1) ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);"
-           " while (e) { if (e & 1) r = ({T})(({U})r * ({U})b); b = ({T})(({U})b * ({U})b);"
-           " e >>= 1; } return r; }")
-# A float into a narrower integer or an unsigned one goes through int64 (NumPy's result on x86
-# for values within int32's range). Outside the integer's range ONNX, NumPy and C leave it
-# undefined (C's conversion may trap or differ by ISA); here it is the value truncated toward
-# zero, modulo 2^bits, while |value| < 2^63 (2^64 into uint64), and 0 beyond and for NaN.
-_IN_I64 = "({0} > -9.2233720368547758e18 && {0} < 9.2233720368547758e18)"
-_F_TO_I = "(({T})(%s ? (int64_t){0} : 0))" % _IN_I64
-_F_TO_U64 = ("({0} < 0 ? (%s ? (uint64_t)(int64_t){0} : 0) : "
-             "({0} < 1.8446744073709552e19 ? (uint64_t){0} : 0))" % _IN_I64)
-FLOAT_TO_INT = {f"{f}->{i}": _F_TO_I for f in ("f16", "bf16", "f8e4m3", "f8e5m2", "f32", "f64")
-                for i in ("i8", "i16", "u8", "u16", "u32")} | \
-    {f"{f}->u64": _F_TO_U64 for f in ("f16", "bf16", "f8e4m3", "f8e5m2", "f32", "f64")}
-
-
-# Python's and NumPy's floor division and remainder: the remainder takes the divisor's sign.
-# Floats follow NumPy's divmod step by step (fmod, then a quotient snapped to an integer), so
-# the bits are NumPy's; by zero: a / b and NaN. Integers: by zero 0, and MIN // -1 wraps to MIN
-# (C's own division would trap), both as NumPy gives them.
-FLOOR_DIVMOD_F = (
-    "TS_INLINE {T} ts_mod_{S}({T} a, {T} b) {\n"
-    "  {T} m = fmod{F}(a, b);\n"
-    "  if (b == 0) return m;\n"
-    "  if (m != 0) { if ((b < 0) != (m < 0)) m += b; }\n"
-    "  else m = copysign{F}(({T})0, b);\n"
-    "  return m;\n"
-    "}\n"
-    "TS_INLINE {T} ts_floordiv_{S}({T} a, {T} b) {\n"
-    "  if (b == 0) return a / b;\n"
-    "  {T} m = fmod{F}(a, b), d = (a - m) / b;\n"
-    "  if (m != 0 && (b < 0) != (m < 0)) d -= 1;\n"
-    "  if (d == 0) return copysign{F}(({T})0, a / b);\n"
-    "  {T} f = floor{F}(d);\n"
-    "  return d - f > ({T})0.5 ? f + 1 : f;\n"
-    "}")
-FLOOR_DIVMOD_I = (
-    "TS_INLINE {T} ts_mod_{S}({T} a, {T} b) {\n"
-    "  if (b == 0 || b == -1) return 0;\n"
-    "  {T} r = a % b;\n"
-    "  return (r != 0 && (r < 0) != (b < 0)) ? r + b : r;\n"
-    "}\n"
-    "TS_INLINE {T} ts_floordiv_{S}({T} a, {T} b) {\n"
-    "  if (b == 0) return 0;\n"
-    "  if (b == -1) return ({T})(0 - (uint64_t)a);\n"
-    "  {T} q = a / b;\n"
-    "  return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;\n"
-    "}")
-FLOOR_DIVMOD_U = (
-    "TS_INLINE {T} ts_mod_{S}({T} a, {T} b) { return b == 0 ? 0 : a % b; }\n"
-    "TS_INLINE {T} ts_floordiv_{S}({T} a, {T} b) { return b == 0 ? 0 : a / b; }")
-
-
-def math_helpers(*names, extra=()):
-    """Helper chunks for kind "f": our transcendentals (tessera/ops/libm.py) for float32 and,
-    as `.f64`, for float64 (float64 log is a thin libm wrapper, ts_log), then the operator's
-    own chunks (`extra`: a chunk, or a _ByDType of chunks per dtype such as FMAX). Shared
-    chunks are the same strings, dependencies first (ts_exp before ts_erf and ts_sigmoid), each
-    listed once; the renderer emits each distinct chunk once per program."""
-    f32, f64 = [], []
-    for n in names:
-        f32 += [c for c in libm.F32[n] if c not in f32]
-        f64 += [c for c in libm.F64[n] if c not in f64]
-    for e in extra:
-        by_dtype = isinstance(e, _ByDType)
-        f32 += [c for c in (e if by_dtype else (e,)) if c not in f32]
-        f64 += [c for c in (e.f64 if by_dtype else (e,)) if c not in f64]
-    return {"f": _ByDType(tuple(f32), tuple(f64))}
-
-
 with np.errstate(all="ignore"):
-    elementwise("neg", 1, unary_same(allow_bool=False), {"*": "(-{0})", "i": INT_NEG},
-                lambda a, t: -a[0], doc="-x")
-    elementwise("abs", 1, _abs_rule, {"f": "fabs{F}({0})", "i": "({0} < 0 ? %s : {0})" % INT_NEG,
-                                      "u": "{0}", "b": "{0}"},
-                lambda a, t: np.abs(a[0]), doc="|x|")
+    elementwise("neg", 1, unary_same(allow_bool=False), lambda a, t: -a[0], doc="-x")
+    elementwise("abs", 1, _abs_rule, lambda a, t: np.abs(a[0]), doc="|x|")
     for _name, _fn in [("sqrt", np.sqrt), ("sin", np.sin), ("cos", np.cos)]:
-        elementwise(_name, 1, unary_float, {"f": _name + "{F}({0})"},
-                    (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8, doc=f"{_name}(x)")
-    # ts_exp{F} etc.: {F} picks ts_expf (float32) or ts_exp (float64), both defined in libm
+        elementwise(_name, 1, unary_float, (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=8,
+                    doc=f"{_name}(x)")
     for _name, _fn in [("exp", np.exp), ("tanh", np.tanh), ("erf", _erf_ref), ("log", np.log)]:
-        elementwise(_name, 1, unary_float, {"f": "ts_" + _name + "{F}({0})"},
-                    (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=12,
-                    helpers=math_helpers(_name),
-                    doc=f"{_name}(x) (our own polynomial, tessera/ops/libm.py)")
-    elementwise("rsqrt", 1, unary_float, {"f": "(({T})1 / sqrt{F}({0}))"},
-                lambda a, t: 1 / np.sqrt(_as_float(a[0])), flops=2, doc="1/sqrt(x)")
-    elementwise("sigmoid", 1, unary_float, {"f": "ts_sigmoid{F}({0})"},
-                lambda a, t: _sigmoid_ref(a[0]), flops=14,
-                helpers=math_helpers("exp", extra=(SIGMOID,)), doc="1/(1+exp(-x))")
-    elementwise("log1p", 1, unary_float, {"f": "ts_log1p{F}({0})"},
-                lambda a, t: _log1p_ref(a[0]), flops=16,
-                helpers=math_helpers("log", extra=(SELECT, LOG1P)),
+        elementwise(_name, 1, unary_float, (lambda fn: lambda a, t: fn(a[0]))(_fn), flops=12,
+                    doc=f"{_name}(x) (our own polynomial, tessera/compiler/spelling/libm.h)")
+    elementwise("rsqrt", 1, unary_float, lambda a, t: 1 / np.sqrt(_as_float(a[0])), flops=2,
+                doc="1/sqrt(x)")
+    elementwise("sigmoid", 1, unary_float, lambda a, t: _sigmoid_ref(a[0]), flops=14,
+                doc="1/(1+exp(-x))")
+    elementwise("log1p", 1, unary_float, lambda a, t: _log1p_ref(a[0]), flops=16,
                 doc="log(1 + x), accurate near 0")
-    elementwise("expm1", 1, unary_float, {"f": "ts_expm1{F}({0})"},
-                lambda a, t: _expm1_ref(a[0]), flops=28,
-                helpers=math_helpers("exp", "log", extra=(SELECT, EXPM1)),
+    elementwise("expm1", 1, unary_float, lambda a, t: _expm1_ref(a[0]), flops=28,
                 doc="exp(x) - 1, accurate near 0")
-    elementwise("softplus", 1, unary_float, {"f": "ts_softplus{F}({0})"},
-                lambda a, t: _softplus_ref(a[0]), flops=30,
-                helpers=math_helpers("exp", "log", extra=(FMAX, LOG1P, SOFTPLUS)),
+    elementwise("softplus", 1, unary_float, lambda a, t: _softplus_ref(a[0]), flops=30,
                 doc="log(1 + exp(x)), without overflow")
-    elementwise("silu", 1, unary_float, {"f": "({0} * ts_sigmoid{F}({0}))"},
-                lambda a, t: _as_float(a[0]) * _sigmoid_ref(a[0]), flops=15,
-                helpers=math_helpers("exp", extra=(SIGMOID,)), doc="x*sigmoid(x)")
-    elementwise("gelu", 1, unary_float, _gelu_template,
+    elementwise("silu", 1, unary_float, lambda a, t: _as_float(a[0]) * _sigmoid_ref(a[0]),
+                flops=15, doc="x*sigmoid(x)")
+    elementwise("gelu", 1, unary_float,
                 lambda a, t: _gelu_ref(a[0], t.get("approximate", "none")), flops=20,
                 attrs={"approximate": "none"},
-                helpers=math_helpers("tanh", "erf", extra=(GELU,)),
                 doc="x*Phi(x); approximate='tanh' gives the tanh form")
-    elementwise("relu", 1, unary_same(), {"f": "ts_max{F}({0}, ({T})0)", "i": "({0} > 0 ? {0} : 0)",
-                                          "b": "{0}"},
-                lambda a, t: np.maximum(a[0], a[0].dtype.type(0)), helpers={"f": FMAX},
+    elementwise("relu", 1, unary_same(), lambda a, t: np.maximum(a[0], a[0].dtype.type(0)),
                 doc="max(x, 0); NaN stays NaN")
 
     # an identity whose result is a constant to autodiff (differentiable=False: a zero
     # derivative), as jax.lax.stop_gradient and torch's detach
-    elementwise("stop_gradient", 1, unary_same(), {"*": "{0}"}, lambda a, t: a[0].copy(),
+    elementwise("stop_gradient", 1, unary_same(), lambda a, t: a[0].copy(),
                 flops=0, doc="x, with no gradient flowing back through it")
     REGISTRY["stop_gradient"].differentiable = False
 
     # rounding: exact, so every target gives NumPy's bits; integers are already integral
-    # (NumPy 2 keeps their dtype); round is half to even (rint in the default rounding mode)
-    for _name, _c, _fn in [("floor", "floor", np.floor), ("ceil", "ceil", np.ceil),
-                           ("round", "rint", np.round)]:
-        elementwise(_name, 1, unary_same(allow_bool=False), {"f": _c + "{F}({0})", "i": "{0}"},
+    # (NumPy 2 keeps their dtype); round is half to even
+    for _name, _fn in [("floor", np.floor), ("ceil", np.ceil), ("round", np.round)]:
+        elementwise(_name, 1, unary_same(allow_bool=False),
                     (lambda fn: lambda a, t: fn(a[0]))(_fn), doc=f"{_name}(x), elementwise")
-    elementwise("sign", 1, unary_same(allow_bool=False),
-                {"f": "ts_sel{F}({0} != {0}, {0}, ({T})(({0} > 0) - ({0} < 0)))",
-                 "i": "({T})(({0} > 0) - ({0} < 0))"},
-                lambda a, t: np.sign(a[0]), helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))},
+    elementwise("sign", 1, unary_same(allow_bool=False), lambda a, t: np.sign(a[0]),
                 doc="-1, 0 or 1 by the sign of x (0 for -0.0); NaN stays NaN")
 
-    elementwise("add", 2, binary_arith(), {"*": "({0} + {1})", "i": INT_ADD, "b": "({0} | {1})"},
-                lambda a, t: np.add(a[0], a[1]), doc="a + b")
-    elementwise("sub", 2, binary_arith(allow_bool=False), {"*": "({0} - {1})", "i": INT_SUB},
-                lambda a, t: np.subtract(a[0], a[1]), doc="a - b")
-    elementwise("mul", 2, binary_arith(), {"*": "({0} * {1})", "i": INT_MUL, "b": "({0} & {1})"},
-                lambda a, t: np.multiply(a[0], a[1]), doc="a * b")
-    elementwise("div", 2, true_divide, {"f": "({0} / {1})"},
-                lambda a, t: np.true_divide(a[0], a[1]), doc="a / b (true division)")
-    elementwise("pow", 2, binary_arith(allow_bool=False),
-                {"f": "pow{F}({0}, {1})", "i": "ts_ipow_{S}({0}, {1})"},
-                lambda a, t: _pow_ref(a[0], a[1]), flops=8,
-                helpers={"i": INT_POW},
-                doc="a ** b")
+    elementwise("add", 2, binary_arith(), lambda a, t: np.add(a[0], a[1]), doc="a + b")
+    elementwise("sub", 2, binary_arith(allow_bool=False), lambda a, t: np.subtract(a[0], a[1]),
+                doc="a - b")
+    elementwise("mul", 2, binary_arith(), lambda a, t: np.multiply(a[0], a[1]), doc="a * b")
+    elementwise("div", 2, true_divide, lambda a, t: np.true_divide(a[0], a[1]),
+                doc="a / b (true division)")
+    elementwise("pow", 2, binary_arith(allow_bool=False), lambda a, t: _pow_ref(a[0], a[1]),
+                flops=8, doc="a ** b")
     REGISTRY["pow"].simplify = [_pow_by_products]
-    elementwise("atan2", 2, binary_float, {"f": "atan2{F}({0}, {1})"},
-                lambda a, t: np.arctan2(a[0], a[1]), flops=20,
+    elementwise("atan2", 2, binary_float, lambda a, t: np.arctan2(a[0], a[1]), flops=20,
                 doc="the angle of the point (x, y) = (b, a) from the x axis, in (-pi, pi] "
                     "(NumPy's arctan2)")
-    elementwise("maximum", 2, binary_arith(),
-                {"f": "ts_max{F}({0}, {1})", "i": "({0} > {1} ? {0} : {1})", "b": "({0} | {1})"},
-                lambda a, t: np.maximum(a[0], a[1]), helpers={"f": FMAX},
+    elementwise("maximum", 2, binary_arith(), lambda a, t: np.maximum(a[0], a[1]),
                 doc="elementwise max; NaN propagates")
-    elementwise("minimum", 2, binary_arith(),
-                {"f": "ts_min{F}({0}, {1})", "i": "({0} < {1} ? {0} : {1})", "b": "({0} & {1})"},
-                lambda a, t: np.minimum(a[0], a[1]), helpers={"f": FMIN},
+    elementwise("minimum", 2, binary_arith(), lambda a, t: np.minimum(a[0], a[1]),
                 doc="elementwise min; NaN propagates")
-    elementwise("mod", 2, binary_arith(allow_bool=False), {"*": "ts_mod_{S}({0}, {1})"},
-                lambda a, t: np.remainder(a[0], a[1]), flops=4,
-                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I, "u": FLOOR_DIVMOD_U},
+    elementwise("mod", 2, binary_arith(allow_bool=False), lambda a, t: np.remainder(a[0], a[1]),
+                flops=4,
                 doc="a - floor(a / b) * b: the remainder with the divisor's sign (Python's %, "
                     "NumPy's remainder)")
     elementwise("floor_divide", 2, binary_arith(allow_bool=False),
-                {"*": "ts_floordiv_{S}({0}, {1})"},
                 lambda a, t: np.floor_divide(a[0], a[1]), flops=4,
-                helpers={"f": FLOOR_DIVMOD_F, "i": FLOOR_DIVMOD_I, "u": FLOOR_DIVMOD_U},
                 doc="floor(a / b) (Python's //, NumPy's floor_divide); integers by zero give 0")
     # bits: NumPy's, shifts included: a shift by the width or more (or a negative one, which
     # NumPy reads as unsigned) gives 0, or -1 for a negative integer shifted right (C leaves
     # both undefined)
     for _name, _sym, _fn in [("bitwise_and", "&", np.bitwise_and), ("bitwise_or", "|", np.bitwise_or),
                              ("bitwise_xor", "^", np.bitwise_xor)]:
-        elementwise(_name, 2, integer_bits(), {"*": "(({T})({0} %s {1}))" % _sym},
-                    (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b, bitwise")
-    elementwise("bitwise_not", 1, integer_bits(), {"*": "(({T})~{0})", "b": "(!{0})"},
-                lambda a, t: np.invert(a[0]), doc="~x, bitwise (not, for bool)")
-    _FITS = "(({U}){1} < sizeof({T}) * 8)"
+        elementwise(_name, 2, integer_bits(), (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn),
+                    doc=f"a {_sym} b, bitwise")
+    elementwise("bitwise_not", 1, integer_bits(), lambda a, t: np.invert(a[0]),
+                doc="~x, bitwise (not, for bool)")
     elementwise("left_shift", 2, integer_bits(allow_bool=False),
-                {"i": "(%s ? ({T})(({U}){0} << {1}) : 0)" % _FITS},
                 lambda a, t: np.left_shift(a[0], a[1]), doc="a << b (0 when b is the width or more)")
     elementwise("right_shift", 2, integer_bits(allow_bool=False),
-                {"i": "(%s ? ({T})({0} >> {1}) : ({0} < 0 ? -1 : 0))" % _FITS,
-                 "u": "(%s ? ({T})({0} >> {1}) : 0)" % _FITS},
                 lambda a, t: np.right_shift(a[0], a[1]),
                 doc="a >> b, arithmetic for signed integers")
     for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "left_shift",
@@ -475,38 +292,22 @@ with np.errstate(all="ignore"):
     for _name, _sym, _fn in [("eq", "==", np.equal), ("ne", "!=", np.not_equal),
                              ("lt", "<", np.less), ("le", "<=", np.less_equal),
                              ("gt", ">", np.greater), ("ge", ">=", np.greater_equal)]:
-        elementwise(_name, 2, compare, {"*": "({0} %s {1})" % _sym},
-                    (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn), doc=f"a {_sym} b")
+        elementwise(_name, 2, compare, (lambda fn: lambda a, t: fn(a[0], a[1]))(_fn),
+                    doc=f"a {_sym} b")
         REGISTRY[_name].differentiable = False     # a bool result carries no gradient
-    # floats select through bit masks (libm.SELF): a float ternary stays a branch, and a
-    # loop with a branch does not vectorise on AVX2 or NEON
-    elementwise("where", 3, where_rule, {"f": "ts_sel{F}({0}, {1}, {2})", "*": "({0} ? {1} : {2})"},
-                lambda a, t: np.where(a[0], a[1], a[2]),
-                helpers={"f": _ByDType((libm.SELF,), (libm.SEL,))}, doc="cond ? a : b")
+    elementwise("where", 3, where_rule, lambda a, t: np.where(a[0], a[1], a[2]),
+                doc="cond ? a : b")
     # a * b + c rounded once (the C library's fma): the step of every matmul chain, and of a
     # tile kernel's mma. The reference widens float32 to float64 (the product exact there, the
     # sum rounded twice: an ulp apart at most, in rare ties); float64's rounds a * b first
-    elementwise("fma", 3, _fma_rule, {"f": "fma{F}({0}, {1}, {2})", "i": INT_FMA,
-                                      "*": "({0} * {1} + {2})"},
-                lambda a, t: _fma_ref(*a), flops=2, doc="a * b + c, rounded once")
-    # into a narrow float, a value float32 cannot hold goes through float32 rounded to odd,
-    # whose rounding to 16 or 8 bits is then the value's own (one rounding: dtypes.convert);
-    # 32- and 64-bit integer sources matter for bfloat16 only (they overflow the others past
-    # 2^24)
-    elementwise("cast", 1, cast_rule, {**{f"f64->{d}": "{H}_f64_to_f32_odd({0})"
-                                          for d in ("f16", "bf16", "f8e4m3", "f8e5m2")},
-                                       "i32->bf16": "{H}_f64_to_f32_odd((double){0})",
-                                       "u32->bf16": "{H}_f64_to_f32_odd((double){0})",
-                                       "i64->bf16": "{H}_i64_to_f32_odd({0})",
-                                       "u64->bf16": "{H}_u64_to_f32_odd({0})",
-                                       **FLOAT_TO_INT, "*": "(({T}){0})"},
-                lambda a, t: dt.convert(a[0], t["dtype"]), attrs={"dtype": None},
+    elementwise("fma", 3, _fma_rule, lambda a, t: _fma_ref(*a), flops=2,
+                doc="a * b + c, rounded once")
+    # into a narrow float the value is rounded once (dtypes.convert)
+    elementwise("cast", 1, cast_rule, lambda a, t: dt.convert(a[0], t["dtype"]),
+                attrs={"dtype": None},
                 doc="convert to another dtype (into a narrow float: the value rounded once)")
-    elementwise("bitcast", 1, bitcast_rule, {**{f"{a}->{b}": f"ts_bits_{a}_{b}({{0}})"
-                                                for a, b in _BITCASTS},
-                                             "*": "(({T}){0})"},
-                lambda a, t: a[0].view(dt.get(t["dtype"]).np), attrs={"dtype": None},
-                helpers={k: (BITS,) for k in "fiu"},
+    elementwise("bitcast", 1, bitcast_rule, lambda a, t: a[0].view(dt.get(t["dtype"]).np),
+                attrs={"dtype": None},
                 doc="the same bits read as another dtype of the same width (NumPy's view, "
                     "ONNX's BitCast, PyTorch's Tensor.view(dtype)); a byte into bool is "
                     "whether it is nonzero")

@@ -34,13 +34,6 @@ M1 = 0xBF58476D1CE4E5B9
 M2 = 0x94D049BB133111EB
 _U64 = (1 << 64) - 1
 
-MIX64 = ("TS_INLINE uint64_t ts_mix64(uint64_t z) { "
-         "z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL; "
-         "z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL; return z ^ (z >> 31); }")
-BITS = ("TS_INLINE uint64_t ts_rand_bits(uint64_t seed, uint64_t n) { "
-        "return ts_mix64(ts_mix64(seed) + (n + 1) * 0x9E3779B97F4A7C15ULL); }")
-
-
 def mix64(z: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser on uint64 arrays (NumPy wraps uint64 arithmetic mod 2**64)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(M1)
@@ -81,16 +74,8 @@ def _dtype_rule(ds, attrs):
     return ins, out
 
 
-def _template(attrs, kind):
-    if attrs.get("dtype", "float32") == "float64":
-        return "((double)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 11) * 0x1p-53)"
-    # (through int32: AVX2 converts 32-bit integers to float in vectors, not 64-bit ones)
-    return "((float)(int32_t)(ts_rand_bits((uint64_t){0}, (uint64_t){1}) >> 40) * 0x1p-24f)"
-
-
 _op = elementwise(
-    "random_uniform", 2, _dtype_rule, _template, _reference, flops=12,
-    helpers={"i": (MIX64, BITS)}, attrs={"dtype": "float32"},
+    "random_uniform", 2, _dtype_rule, _reference, flops=12, attrs={"dtype": "float32"},
     doc="uniform [0, 1) numbers from (seed, counter) by counter-based SplitMix64; "
         "op.random_uniform(shape, seed, offset) builds the counters")
 _op.differentiable = False
@@ -104,7 +89,7 @@ _op.normalize = lambda ts, a: {"dtype": dt.get(a.get("dtype") or "float32").name
 # The probability is an exact quotient (the neighbours' distance is a power of two) compared
 # with a 24-bit uniform, so the result is unbiased wherever that quotient has at most 24
 # fractional bits (every normal x). Beyond the largest finite value, and for NaN, it rounds as
-# the nearest-even cast does. The C is half.h's {H}_sround_<format>.
+# the nearest-even cast does. (Its C: sround.h beside half.h, strategies/routines/.)
 def _sround_rule(ds, attrs):
     out = dt.get(attrs.get("dtype") or "float16")
     out.np          # bf16 and fp8 need ml_dtypes: say so at this operator
@@ -140,11 +125,7 @@ def _sround_reference(arrays, attrs):
 
 
 _op = elementwise(
-    "round_stochastic", 3, _sround_rule,
-    lambda attrs, kind: (f"{{H}}_sround_{dt.get(attrs['dtype']).short}({{0}}, "
-                         "(float)(int32_t)(ts_rand_bits((uint64_t){1}, (uint64_t){2}) >> 40)"
-                         " * 0x1p-24f)"),
-    _sround_reference, flops=16, helpers={"i": (MIX64, BITS)}, attrs={"dtype": None},
+    "round_stochastic", 3, _sround_rule, _sround_reference, flops=16, attrs={"dtype": None},
     doc="x rounded to a narrow float dtype stochastically (unbiased) from the counter-based "
         "stream (seed, counter): numerical policies' rounding=\"stochastic\"")
 # straight through, as a cast: the rounding's expected value is x

@@ -8,7 +8,6 @@ from .. import dtypes as dt
 from ..errors import DTypeError, ShapeError
 from ..shapes import prod
 from ..types import TensorType
-from .elementwise import FMAX, FMIN, INT_ADD_ACC, INT_MUL_ACC
 from .registry import (ArgReduce, OpDef, Reduce, Scan, count_value, flip, keepdim_shape,
                        norm_axes, norm_axis, register, zeros)
 
@@ -80,7 +79,7 @@ register(OpDef(
     "sum", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
     reference=lambda a, t: np.sum(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                   dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
-    lowering=Reduce(init={"*": "0"}, combine={"*": "({acc} + {x})", "i": INT_ADD_ACC}),
+    lowering=Reduce(),
     vjp=_sum_vjp,
     accumulates=True,
     doc="sum over axis (all axes when None)"))
@@ -116,7 +115,7 @@ register(OpDef(
     "prod", 1, dict(REDUCE_ATTRS), infer=reduce_infer(sum_dtype), normalize=normalize_axes,
     reference=lambda a, t: np.prod(a[0], axis=_np_axis(t), keepdims=t["keepdim"],
                                    dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np),
-    lowering=Reduce(init={"*": "1"}, combine={"*": "({acc} * {x})", "i": INT_MUL_ACC}),
+    lowering=Reduce(),
     vjp=_prod_vjp, accumulates=True,
     doc="product over axis (all axes when None); integers and bool in int64 or uint64, as "
         "NumPy"))
@@ -125,18 +124,14 @@ register(OpDef(
     "max", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
     normalize=normalize_axes,
     reference=lambda a, t: np.max(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
-    lowering=Reduce(init={"f": "-INFINITY", "i": "{IMIN}", "b": "0"},
-                    combine={"f": "ts_max{F}({acc}, {x})", "*": "({x} > {acc} ? {x} : {acc})"},
-                    helpers={"f": FMAX}), vjp=_extremum_vjp,
+    lowering=Reduce(), vjp=_extremum_vjp,
     doc="maximum over axis; NaN propagates"))
 
 register(OpDef(
     "min", 1, dict(REDUCE_ATTRS), infer=reduce_infer(same_dtype, True),
     normalize=normalize_axes,
     reference=lambda a, t: np.min(a[0], axis=_np_axis(t), keepdims=t["keepdim"]),
-    lowering=Reduce(init={"f": "INFINITY", "i": "{IMAX}", "b": "1"},
-                    combine={"f": "ts_min{F}({acc}, {x})", "*": "({x} < {acc} ? {x} : {acc})"},
-                    helpers={"f": FMIN}), vjp=_extremum_vjp,
+    lowering=Reduce(), vjp=_extremum_vjp,
     doc="minimum over axis; NaN propagates"))
 
 
@@ -166,8 +161,7 @@ for _name, _np_fn, _cmp in [("argmax", np.argmax, ">"), ("argmin", np.argmin, "<
         normalize=_arg_normalize,
         reference=(lambda fn: lambda a, t: np.asarray(
             fn(a[0], axis=t["axis"], keepdims=t["keepdim"]), dtype=np.int64))(_np_fn),
-        lowering=ArgReduce(better={"f": "({x} %s {best} || ({x} != {x} && {best} == {best}))" % _cmp,
-                                   "*": "({x} %s {best})" % _cmp}),
+        lowering=ArgReduce(),
         differentiable=False,
         doc=f"index of the first {'largest' if _cmp == '>' else 'smallest'} element"))
 
@@ -214,14 +208,12 @@ def _cumprod_vjp(b, xs, y, g, a):
     return [b.op("transpose", b.op("mul", y_prev, z), perm=back)]
 
 
-for _name, _np_fn, _init, _combine in [("cumsum", np.cumsum, "0", "({acc} + {x})"),
-                                       ("cumprod", np.cumprod, "1", "({acc} * {x})")]:
-    _int = INT_ADD_ACC if _name == "cumsum" else INT_MUL_ACC
+for _name, _np_fn in [("cumsum", np.cumsum), ("cumprod", np.cumprod)]:
     register(OpDef(
         _name, 1, {"axis": -1}, infer=_scan_infer, normalize=_scan_normalize,
         reference=(lambda fn: lambda a, t: fn(
             a[0], axis=t["axis"], dtype=sum_dtype(dt.from_numpy(a[0].dtype)).np))(_np_fn),
-        lowering=Scan(init={"*": _init}, combine={"*": _combine, "i": _int}),
+        lowering=Scan(),
         vjp=_cumsum_vjp if _name == "cumsum" else _cumprod_vjp, accumulates=True,
         doc=f"running {'sum' if _name == 'cumsum' else 'product'} along axis, in order "
             "(integers and bool in int64 or uint64, as NumPy)"))

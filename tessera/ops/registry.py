@@ -3,8 +3,10 @@
 An entry carries the operator's attributes and defaults, its dtype rule, its shape rule (with the
 errors it raises), its NumPy reference, and how it reaches code: either a *decomposition* into
 other operators (softmax → max, sub, exp, sum, div) or a *lowering descriptor* that the compiler's
-generic lowerings read (an elementwise C expression, a reduction, a contraction, a strided view,
-...). No compiler file grows an ``if op == ...`` branch: adding an operator is adding an entry.
+generic lowerings read (elementwise, a reduction, a contraction, a strided view, ...). No compiler
+file grows an ``if op == ...`` branch: adding an operator is adding an entry (and, for one the
+C-style targets compute from templates, its row in tessera/compiler/spelling/, which says how C
+spells it: operators say what, targets say how).
 """
 from __future__ import annotations
 
@@ -22,40 +24,17 @@ from ..types import TensorType
 
 
 # ---- lowering descriptors (plain data the compiler reads) ---------------------------------------
-def by_kind(table: dict, kind: str):
-    """A template table's entry for a dtype kind ('f', 'i', 'u', 'b'): its own, else, for an
-    unsigned kind, the signed one's (C spells most integer arithmetic alike), else '*'."""
-    return table.get(kind) or (table.get("i") if kind == "u" else None) or table.get("*")
-
-
+# They say which generic lowering an operator takes, never how a target spells it: the C-style
+# targets' templates are a table keyed by the operator's name (tessera/compiler/spelling/).
 @dataclass(frozen=True)
 class Elementwise:
-    """out = expr(operands): C templates by the compute dtype's kind ('f', 'i', 'u', 'b'; see
-    by_kind).
-
-    In a template, {0}, {1}, ... are the operands (already in their operand dtypes), {T} is the
-    C type of the result, {F} the libm suffix ("f" for float, "" for double) and {H} the prefix
-    of the target's 16-bit conversions. A template keyed by a conversion ("f64->f16") serves
-    that pair of compute and result dtypes before the kind's.
-    """
-    c: dict | Callable          # kind -> template, or f(attrs, kind) -> template
+    """out = f(operands), element by element (broadcasting); `flops` per element, for costs."""
     flops: int = 1
-    helpers: dict = field(default_factory=dict)   # kind -> C helper functions, templated like c
-
-    def template(self, attrs, kind: str, conversion: str = "") -> str:
-        t = self.c(attrs, kind) if callable(self.c) else \
-            (self.c.get(conversion) or by_kind(self.c, kind))
-        if t is None:
-            raise KeyError(kind)
-        return t
 
 
 @dataclass(frozen=True)
 class Reduce:
     """acc = init; acc = combine(acc, x) over the reduced axes, in a fixed order."""
-    init: dict                  # kind -> C literal ("0", "-INFINITY", ...)
-    combine: dict               # kind -> template over {acc} and {x}
-    helpers: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,14 +47,11 @@ class Scatter:
 class Scan:
     """out[.., i, ..] = combine(out[.., i-1, ..], x[.., i, ..]) along one axis, in order from
     init: a running sum or product, the same order on every target."""
-    init: dict                  # kind -> C literal
-    combine: dict               # kind -> template over {acc} and {x}
 
 
 @dataclass(frozen=True)
 class ArgReduce:
     """Index of the first element that wins ``better`` (NaN wins, as in NumPy)."""
-    better: dict                # kind -> template over {x} and {best}
 
 
 @dataclass(frozen=True)
@@ -83,7 +59,6 @@ class Sort:
     """A stable sort of each line along one axis: the indices (argsort) or the values (sort)
     in the order ``better`` defines (x goes before best; descending swaps its operands), equal
     elements in index order."""
-    better: dict                # kind -> template over {x} and {best}
     values: bool                # store the sorted values, else their indices
 
 

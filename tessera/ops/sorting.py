@@ -11,10 +11,6 @@ from ..types import TensorType
 from .movement import along_transpose
 from .registry import OpDef, Sort, norm_axis, register
 
-# x goes strictly before best, ascending (descending swaps the operands): NaN after numbers
-_BEFORE = {"f": "({x} < {best} || ({best} != {best} && {x} == {x}))", "*": "({x} < {best})"}
-
-
 def _normalize(types, attrs):
     t = types[0]
     return {"axis": norm_axis(attrs["axis"], t.rank, t), "descending": bool(attrs["descending"])}
@@ -52,7 +48,7 @@ register(OpDef(
     "argsort", 1, {"axis": -1, "descending": False}, infer=_infer(dt.int64),
     normalize=_normalize,
     reference=lambda xs, t: argsort_ref(xs[0], t["axis"], t["descending"]),
-    lowering=Sort(better=_BEFORE, values=False), differentiable=False,
+    lowering=Sort(values=False), differentiable=False,
     doc="the indices that sort x along axis (stable: equal elements in index order; NaN last, "
         "first when descending), int64"))
 
@@ -61,5 +57,5 @@ register(OpDef(
     normalize=_normalize,
     reference=lambda xs, t: np.take_along_axis(
         xs[0], argsort_ref(xs[0], t["axis"], t["descending"]), axis=t["axis"]),
-    lowering=Sort(better=_BEFORE, values=True), vjp=_sort_vjp,
+    lowering=Sort(values=True), vjp=_sort_vjp,
     doc="x sorted along axis (stable; NaN last, first when descending)"))

@@ -1,5 +1,5 @@
-"""Our transcendentals (tessera/ops/libm.py), compiled through the public API: the largest
-error in ulp against a float64 reference (float32 functions) or a long double one (float64
+"""Our transcendentals (tessera/compiler/spelling/libm.h), compiled through the public API: the
+largest error in ulp against a float64 reference (float32 functions) or a long double one (float64
 functions) over dense sweeps, the edges of every branch and clamp, fresh random inputs and
 random bit patterns; the special values; no libm call left in the generated C; gcc vectorises
 each function inside `#pragma omp simd`; the vector and scalar code give the same bits."""
@@ -15,7 +15,7 @@ import pytest
 
 import tessera as ts
 from tessera import op
-from tessera.ops import libm
+from tessera.compiler.spelling import libm
 from tessera.runtime import isa
 from tessera.runtime.toolchain import flags
 

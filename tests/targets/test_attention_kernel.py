@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tessera.compiler.strategies.routines import c_attention as A
-from tessera.ops import libm
+from tessera.compiler.spelling import libm
 from tessera.runtime import isa
 from tessera.runtime.toolchain import find_compiler, flags
 

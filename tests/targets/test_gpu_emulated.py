@@ -14,7 +14,7 @@ import pytest
 import tessera as ts
 from tessera import op
 from tessera.errors import CompileError
-from tessera.ops.libm import FROM_C_LIBRARY
+from tessera.compiler.spelling.libm import FROM_C_LIBRARY
 
 from conftest import assert_close, assert_within_dot_bound, attention_reference
 from gpu_emulator import run_program

@@ -23,7 +23,7 @@ from tessera.compiler.strategies.routines import c_attention
 from tessera.compiler.strategies.routines import gpu_attention as GA
 from tessera.compiler.strategies.routines import gpu_gemm as GG
 from tessera.errors import ArgumentError, UnsupportedDTypeError
-from tessera.ops import libm
+from tessera.compiler.spelling import libm
 from tessera.runtime import gpu_toolchain as tc
 from tessera.runtime import isa
 from tessera.runtime.toolchain import find_compiler, flags

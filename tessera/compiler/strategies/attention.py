@@ -12,13 +12,13 @@ import numpy as np
 
 from ... import dtypes as dt
 from ...errors import ArgumentError, DTypeError
-from ...ops import libm
 from ...ops import registry as R
 from ..dynamic import representative
 from ..emit import (Names, batch_strides, contiguous, idx_div, idx_min, idx_mod, launch_of,
                     operand, unflatten)
 from ..groups import Group, is_view, unit_inner_stride
 from ..schedule_ir import Kernel
+from ..spelling import libm
 from ..tile_ir import Addr, Barrier, Bin, Call, Const, Decl, Loop, Var, idx_mul, linear
 from .base import PARALLEL_MIN_FLOPS, Strategy, register
 from .routines import c_attention, gpu_attention

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from ... import dtypes as dt
-from ...ops import registry as R
+from .. import spelling
 from ..dynamic import C_HELPERS, c_expr, is_dynamic
 from ..strategies.routines import narrow_conversions, specialise
 from ..tile_ir import (Addr, Aligned, Assign, AtomicAdd, Bin, Call, Cast, CheckIndex, Const, Decl,
@@ -127,13 +127,9 @@ class CStyleRenderer:
         raise TypeError(f"cannot render {e!r}")
 
     def template(self, e: OpCall) -> str:
-        desc = R.get(e.op).lowering
-        kind = e.compute.kind
-        if e.role == "elem":
-            return desc.template(dict(e.attrs), kind, f"{e.compute.short}->{e.out.short}")
-        table = {"combine": getattr(desc, "combine", None), "init": getattr(desc, "init", None),
-                 "better": getattr(desc, "better", None)}[e.role]
-        return R.by_kind(table, kind)
+        """The call's C template, from the spelling table by its operator's name."""
+        conversion = f"{e.compute.short}->{e.out.short}" if e.role == "elem" else ""
+        return spelling.template(e.op, e.role, dict(e.attrs), e.compute.kind, conversion)
 
     def opcall(self, e: OpCall, rounded: bool = True) -> str:
         """The call as C; a 16-bit result is rounded to its grid unless `rounded` is False
@@ -174,13 +170,8 @@ class CStyleRenderer:
             for e in walk_exprs(k.body):
                 if not isinstance(e, OpCall):
                     continue
-                chunks = R.by_kind(R.get(e.op).lowering.helpers, e.compute.kind) \
-                    if hasattr(R.get(e.op).lowering, "helpers") else None
-                # a str, or a tuple of chunks that several operators share (each emitted once);
-                # a tuple may carry other chunks for float64 (`.f64`)
-                if e.compute.itemsize == 8 and hasattr(chunks, "f64"):
-                    chunks = chunks.f64
-                for text in ((chunks,) if isinstance(chunks, str) else chunks or ()):
+                # chunks that several operators share are the same text (each emitted once)
+                for text in spelling.helpers(e.op, e.compute.kind, e.compute.itemsize == 8):
                     h = specialise(text, **self.subs(e.compute, e.compute.compute))
                     if h not in out:
                         out.append(h)

@@ -7,8 +7,8 @@ with TileKernel.launch's grid and block (no dynamic shared memory); a bad gather
 the kernel's code in *ts_status, and the ints after it are the program's workspace (zeroed by
 the runtime before each run: TileProgram.workspace). There is no host entry point:
 TileProgram.calls lists the launches. CUDA source includes no system header (NVRTC has none):
-the prelude defines the few names the code uses. The op helpers (tessera/ops/libm.py) and the
-routines are device functions.
+the prelude defines the few names the code uses. The op helpers (tessera/compiler/spelling/)
+and the routines are device functions.
 """
 from __future__ import annotations
 

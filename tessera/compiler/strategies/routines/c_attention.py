@@ -54,7 +54,7 @@ same tiles, half as wide) and portable C (no AVX2, or forced with -DTS_ATTENTION
 the same operations in the same order, so they agree bit for bit (the tests check it).
 Contraction is off in our CFLAGS: every fma is written.
 Accuracy: float32 results are within a few 1e-7 of a float64 reference on unit-normal data
-(D <= 128); ts_expf's own bound (libm.py) adds at most ~1 ulp per probability.
+(D <= 128); ts_expf's own bound (spelling/libm.h) adds at most ~1 ulp per probability.
 
 The caller hands (batch * head, query block) pairs to threads, e.g.
 
@@ -65,7 +65,8 @@ with nq = block_q (DEFAULT_BLOCKS) except for the last block of a head; `driver_
 that loop for [B, H] batches with arbitrary element strides (tests and benchmarks use it).
 
 The routine calls `ts_expf` (f32) / `ts_exp` (f64), which must be defined earlier in the same
-translation unit (tessera/ops/libm.py); it defines neither, and needs <math.h>, <stdint.h>.
+translation unit (tessera/compiler/spelling/libm.h); it defines neither, and needs <math.h>,
+<stdint.h>.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ call it together; it begins with a barrier, so it can be called again at once. T
 double (R = T), or unsigned short holding f16 / bf16 bits (R = float: `scale` is a float, the
 softmax and accumulation are f32, the output is rounded to nearest even once). O must not
 overlap the inputs (f32/f64 may use O's rows as the accumulator). Any D and Dv work; the chunks
-need ts_expf / ts_exp (tessera/ops/libm.py) earlier in the translation unit, as the renderer
-emits them. Shared memory is static (`__shared__` in the routine, under the 48 KiB limit).
+need ts_expf / ts_exp (tessera/compiler/spelling/libm.h) earlier in the translation unit, as
+the renderer emits them. Shared memory is static (`__shared__` in the routine, under the 48 KiB limit).
 
 Numerics. Bitwise reproducible (fixed orders, no atomics). The SIMT routine (f32/f64, and HIP
 f16/bf16) is bitwise equal to the CPU routine built with the same key block (the CPU's
