@@ -79,8 +79,7 @@ class KernelFunction:
                     raise TracingError("a tile kernel has one output: it stores into a "
                                        "parameter and returns a tile")
                 self._check_return(v, body)
-                body.output = ("return", v)
-                t.emit(Return(value=v, loc=v.loc))    # (the caller's frame varies)
+                body.output = t.emit(Return(value=v, loc=v.loc))   # (the caller's frame varies)
         finally:
             tracing(before)
         resolve(body)
@@ -101,7 +100,7 @@ class KernelFunction:
 
     # -- calls -------------------------------------------------------------------------------------
     def _output_arg(self, body, args):
-        return args[[n for n, _ in self.specs].index(body.output[1])]
+        return args[[n for n, _ in self.specs].index(body.output_param)]
 
     def _check(self, args):
         """The body for these arguments' dtypes, after checking them; an error names the
@@ -131,14 +130,14 @@ class KernelFunction:
                                      location=user_location())
             dtypes.append(d)
         body = self.body(dtypes)
-        if body.output[0] != "return":
+        if body.output_param is not None:
             out = self._output_arg(body, args)
             if isinstance(out, np.ndarray) and not out.flags.writeable:
-                raise ArgumentError(f"output {body.output[1]!r} of {self.name} is read-only",
+                raise ArgumentError(f"output {body.output_param!r} of {self.name} is read-only",
                                     location=user_location())
             for p, a in zip(body.params, args):
-                if p.read and p.name != body.output[1] and a is not out and _overlap(a, out):
-                    raise ArgumentError(f"output {body.output[1]!r} of {self.name} overlaps "
+                if p.read and p.name != body.output_param and a is not out and _overlap(a, out):
+                    raise ArgumentError(f"output {body.output_param!r} of {self.name} overlaps "
                                         f"input {p.name!r}", location=user_location(),
                                         hint="pass a separate output array")
         return body
@@ -174,7 +173,7 @@ class KernelFunction:
     def __call__(self, *args, target=None):
         body = self._check(args)
         result = self.function(body, target)(*args)
-        if body.output[0] != "return":
+        if body.output_param is not None:
             out = self._output_arg(body, args)
             if hasattr(result, "get") and not hasattr(out, "get"):    # a GPU's result, a
                 result = result.get()                                   # NumPy output

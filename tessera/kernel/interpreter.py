@@ -36,13 +36,14 @@ class _Launch:
         self.body, self.dims, self.knobs = body, dims, knobs
         self.grid = [1 if b is None else -(-dims[d] // self.size(b)) for d, b in body.grid]
         self.named = dict(zip([p.name for p in body.params], arrays))
-        kind, what = body.output
-        if kind in ("store", "atomic"):
-            self.dst = np.array(self.named[what])   # what no program stores keeps the caller's
-            self.out_dims = body.param(what).dims
+        param = body.output_param
+        if param is not None:
+            self.dst = np.array(self.named[param])  # what no program stores keeps the caller's
+            self.out_dims = body.param(param).dims
         else:
-            self.dst = np.zeros([dims[d] for d in what.dims], (body.out_dtype or what.dtype).np)
-            self.out_dims = what.dims
+            v = body.output.value
+            self.dst = np.zeros([dims[d] for d in v.dims], (body.out_dtype or v.dtype).np)
+            self.out_dims = v.dims
 
     def size(self, s):
         return s.args[0] if s.op == "const" else self.knobs.get(s.args[0], 1) \

@@ -268,7 +268,8 @@ class KernelBody:
         self.params = params                     # Param, in the signature's order
         self.stmts: list = []
         self.knobs: list = []                    # the knobs the body uses, in KNOBS order
-        self.output = None                       # ("store" | "atomic", param) or ("return", v)
+        self.output = None                       # what makes the output: the Store, the first
+                                                 # Atomic, or the Return
         self.out_dtype = None                    # a returned tile's stored dtype, if annotated
         self.n = 0
         self.updated: set = set()                # ids of values updated in place
@@ -276,6 +277,12 @@ class KernelBody:
 
     def param(self, name) -> Param:
         return next(p for p in self.params if p.name == name)
+
+    @property
+    def output_param(self) -> str | None:
+        """The parameter the kernel stores or adds into; None where it returns a tile."""
+        return None if self.output is None or isinstance(self.output, Return) \
+            else self.output.param
 
     def sizes(self, types) -> dict:
         """Each dimension name's size in these operand types (one per parameter)."""

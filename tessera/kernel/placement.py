@@ -14,21 +14,20 @@ def resolve(body: KernelBody):
     """Tie the output's axes to the grid and check every load against it. Sets
     body.grid: [(dim, block size Ix or None for whole)] per output axis; each Load's place:
     per axis "grid", "whole", "stream" or "offset"."""
-    kind, what = body.output or (None, None)
-    if kind is None:
+    out = body.output
+    if out is None:
         raise TracingError(f"tile kernel {body.name} neither stores into a parameter nor "
                            "returns a tile", hint="end it with tile.store(C, acc) or "
                                                   "return a tile")
-    if kind == "atomic":
+    if isinstance(out, Atomic):
         body.grid = _load_grid(body)
         _place_loads(body)
         _place_atomics(body)
         return
-    if kind == "store":
-        st = next(s for s in body.stmts if isinstance(s, Store))
-        v, dims, offsets = st.value, body.param(what).dims, st.offsets
-    else:
-        v = what
+    if isinstance(out, Store):
+        v, dims, offsets = out.value, body.param(out.param).dims, out.offsets
+    else:                                   # a Return
+        v = out.value
         dims = [d for d in v.dims]
         offsets = None
         if any(d is None for d in dims):

@@ -353,9 +353,8 @@ def store(x, value, *, offset=None):
         raise TracingError("a tile kernel has one output: a second tile.store, or a store "
                            "beside a return or an atomic_add", location=user_location())
     p.written = True
-    t.body.output = ("store", p.name)
-    t.emit(Store(value=v, param=p.name,
-                 offsets=_offsets(offset, len(p.dims), "tile.store")))
+    t.body.output = t.emit(Store(value=v, param=p.name,
+                                 offsets=_offsets(offset, len(p.dims), "tile.store")))
 
 
 ATOMIC_DTYPES = (dt.int32, dt.int64)     # the widths GPUs add atomically
@@ -407,14 +406,15 @@ def atomic_add(x, value, *, offset=None, index=None):
         raise ShapeError(f"tile.atomic_add of a rank-{len(v.shape)} tile into {p.name} "
                          f"(rank {len(p.dims)})", location=user_location(), received=type_text(v),
                          expected=f"Tile[{', '.join(p.dims)}]")
-    if t.body.output is not None and t.body.output != ("atomic", p.name):
+    if t.body.output is not None and not (isinstance(t.body.output, Atomic) and
+                                          t.body.output.param == p.name):
         raise TracingError("a tile kernel has one output: tile.atomic_add into "
                            f"{p.name} beside another store, return or atomic_add",
                            location=user_location())
     p.read = p.written = True          # the adds start from the caller's values
-    t.body.output = ("atomic", p.name)
-    t.emit(Atomic(value=v if v is not None else value, index=iv, param=p.name,
-                  offsets=_offsets(offset, len(p.dims), "tile.atomic_add")))
+    s = t.emit(Atomic(value=v if v is not None else value, index=iv, param=p.name,
+                      offsets=_offsets(offset, len(p.dims), "tile.atomic_add")))
+    t.body.output = t.body.output or s
 
 
 def _is_number(x) -> bool:

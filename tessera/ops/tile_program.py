@@ -17,10 +17,10 @@ def _infer(types, attrs):
     if len(types) != len(body.params):
         raise ShapeError(f"tile kernel {body.name} takes {len(body.params)} operands, "
                          f"got {len(types)}")
-    kind, what = body.output
-    if kind in ("store", "atomic"):
-        i = [p.name for p in body.params].index(what)
+    if body.output_param is not None:           # a parameter stored (or added) into
+        i = [p.name for p in body.params].index(body.output_param)
         return types[i]
+    what = body.output.value                    # a returned tile
     dims = body.sizes(types)
     return TensorType(body.out_dtype or what.dtype, tuple(dims[d] for d in what.dims))
 

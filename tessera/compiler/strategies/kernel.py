@@ -420,11 +420,10 @@ class _Lower:
         """A store at explicit offsets may leave parts of the output to no program, and atomic
         adds start from the caller's values: those are copied into the output first (a grid
         loop on GPUs)."""
-        kind, param = self.body.output
-        if kind == "return" or kind == "store" and all(
-                s.offsets is None for s in self.body.stmts if isinstance(s, kir.Store)):
+        out = self.body.output
+        if isinstance(out, kir.Return) or isinstance(out, kir.Store) and out.offsets is None:
             return []
-        src = self.bufs[param]
+        src = self.bufs[out.param]
         i = self.names("i")
         n = self.k.output.type.numel()
         kind = "grid" if self.gpu else "parallel+vector"
