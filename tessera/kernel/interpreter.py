@@ -1,9 +1,9 @@
 """The reference of a tile kernel: its body run with NumPy, one program at a time.
 
 What eager calls, `ts.interpret` and the debugger compute (the `tile_program` operator's
-reference). Each statement class has its method here; mma and sums run in float64. Every tile
-keeps its valid extent per axis (what lies inside the tensor), which reductions, mma and the
-stores respect, as the compiled kernels do.
+reference). Each statement class has its method here (RUN_STMT); mma and sums run in
+float64. Every tile keeps its valid extent per axis (what lies inside the tensor), which
+reductions, mma and the stores respect, as the compiled kernels do.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class _Program:
 
     def run(self, stmts):
         for st in stmts:
-            _RUN[type(st)](self, st)
+            RUN_STMT[type(st)](self, st)
 
     def fill(self, st: Load, v: Value, k=None):
         """v: the tensor's block st places (at k along a stream), `other` outside it."""
@@ -209,7 +209,7 @@ class _Program:
         np.add.at(dst, idx, vals.astype(dst.dtype))
 
 
-_RUN = {Load: _Program.load, Part: _Program.part, Full: _Program.full, Elem: _Program.elem,
-        Reduce: _Program.reduce, Mma: _Program.mma, Update: _Program.update,
-        Loop: _Program.loop, Store: _Program.store, Return: _Program.store,
-        Atomic: _Program.atomic}
+RUN_STMT = {Load: _Program.load, Part: _Program.part, Full: _Program.full,
+            Elem: _Program.elem, Reduce: _Program.reduce, Mma: _Program.mma,
+            Update: _Program.update, Loop: _Program.loop, Store: _Program.store,
+            Return: _Program.store, Atomic: _Program.atomic}

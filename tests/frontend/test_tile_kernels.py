@@ -561,3 +561,26 @@ def test_atomic_mistakes_are_named_and_write_nothing():
         with pytest.raises(err, match=what) as e:
             ts.kernel(fn)(*args)
         assert e.value.location.lineno == _line_of(fn, "tile.atomic_add")
+
+
+def test_every_statement_class_is_interpreted_and_lowered():
+    """A statement class (tessera/kernel/ir.py) without its method in the interpreter or the
+    strategy would fail only when a kernel uses it: here it fails at once."""
+    from tessera.compiler.strategies import kernel as strategy
+    from tessera.kernel import interpreter, ir
+    kinds = set(ir.Stmt.__subclasses__())
+    assert kinds == set(interpreter.RUN_STMT) == set(strategy.LOWER_STMT)
+    assert len({k.name for k in kinds}) == len(kinds)        # each its own name in the text
+
+
+def test_ts_kernel_is_the_decorator_beside_the_package():
+    """`tessera.kernel` is the kernel language's package and `ts.kernel` the decorator: the
+    package is imported before the name is bound (tessera/__init__.py)."""
+    import sys
+
+    from tessera.kernel import function
+
+    def copy(x: Tile["N", f32], y: Tile["N", f32]):
+        tile.store(y, tile.load(x))
+    assert ts.kernel is not sys.modules["tessera.kernel"] and callable(ts.kernel.autotune)
+    assert isinstance(ts.kernel(copy), function.KernelFunction)
