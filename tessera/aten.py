@@ -26,6 +26,8 @@ import numpy as np
 from . import dtypes as dt
 from . import op
 from .errors import ArgumentError, TesseraError
+from .function import Function
+from .interop import from_dlpack
 from .trace import apply, dtype_of
 
 def _dtype(torch_dtype) -> str:
@@ -457,8 +459,6 @@ def from_torch(model, *example_inputs):
     """(a tessera Function of (params, *inputs), params: the model's tensors as a dict of NumPy
     arrays). ``model`` is a torch.nn.Module or a function of tensors."""
     import torch
-    from .function import Function
-    from .interop import from_dlpack
 
     module = model if isinstance(model, torch.nn.Module) else _as_module(model)
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else \

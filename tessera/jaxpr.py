@@ -27,6 +27,7 @@ import numpy as np
 from . import dtypes as dt
 from . import op
 from .errors import ArgumentError, TesseraError
+from .function import Function
 from .trace import dtype_of
 
 
@@ -404,7 +405,6 @@ def from_jax(fn, *example_args):
         [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
     body.__name__ = body.__qualname__ = name
     body.__doc__ = f"{name}, converted from JAX by jax.make_jaxpr (tessera.from_jax)"
-    from .function import Function
     return Function(body, name=name)
 
 

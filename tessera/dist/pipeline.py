@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShardingError
+from ..function import function
 from ..pytree import tree_map
 from .data_parallel import tree_sum
 from .layout import at_user_line
@@ -30,7 +31,6 @@ class Pipeline:
 
     @at_user_line
     def __init__(self, stages, mesh, axis="pp", loss=None):
-        from .. import function
         (self.axis,) = mesh.check_axis(axis)
         if len(stages) != mesh.shape[self.axis]:
             raise ShardingError(f"{len(stages)} stages on a mesh axis of "

@@ -20,6 +20,8 @@ import numpy as np
 
 from ..compiler.graph_ir import format_attrs
 from ..errors import IRVerificationError, ShardingError
+from ..function import Function, function, tracing
+from ..function.interpreter import structured
 from .collectives import apply_moves, bytes_moved, moves
 from .layout import Layout
 from .tensor import DTensor, _fixed_arity, _rule, _run, apply_local, local_attrs
@@ -244,7 +246,6 @@ def _segment(p: Plan):
 
 def _segment_function(name, run, reads, ins, outs, layouts, mesh):
     """One tessera function replaying the run's operators on local blocks."""
-    from .. import function
 
     def body(*blocks):
         env = dict(zip(ins, blocks))
@@ -300,7 +301,6 @@ def prepare(fn, args, kwargs):
     k = (mesh, tuple(key), repr(sorted(statics.items(), key=lambda kv: kv[0])))
     p = cache.get(k)
     if p is None:
-        from ..function import tracing
         from ..types import type_of_array
         fn.programs.check_symbolic(arrays, statics, bindings)
         g = fn._trace({n: type_of_array(a) for n, a in arrays.items()}, statics, bindings)
@@ -310,14 +310,11 @@ def prepare(fn, args, kwargs):
 
 
 def call(fn, args, kwargs):
-    from ..function.interpreter import structured
     p, inputs = prepare(fn, args, kwargs)
     return structured(p.graph, p.run(inputs))
 
 
 def plan_for(fn, *args, **kwargs) -> Plan:
     """The sharded plan a call of ``fn`` with these arguments runs, without running it."""
-    from .. import function as make_function
-    from ..function import Function
-    f = fn if isinstance(fn, Function) else make_function(fn)
+    f = fn if isinstance(fn, Function) else function(fn)
     return prepare(f, args, kwargs)[0]

@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import ShardingError, TesseraError, enrich
+from ..function import function
 from .collectives import bytes_moved, moves, redistribute
 from .engine import on_gpu
 from .layout import Layout, Mesh, ShardSpec, at_user_line
@@ -586,8 +587,6 @@ def _local_function(name, attrs, packed, consts, target="cpu"):
     key = (name, repr(sorted(attrs.items())), packed, repr(consts), target)
     fn = _LOCAL.get(key)
     if fn is None:
-        from .. import function
-
         def body(*tensors):
             it = iter(tensors)
             return apply_local(name, packed, [next(it) if c is None else c for c in consts],

@@ -27,6 +27,7 @@ from collections import deque
 import numpy as np
 
 from ..errors import ArgumentError, TesseraError
+from ..function import function
 from ..nn.paged import PagedKVCache
 
 
@@ -76,7 +77,6 @@ def _steps(model):
     """The model's compiled prefill and decode steps (compiled once per model object)."""
     steps = getattr(model, "_generation_steps", None)
     if steps is None:
-        from ..function import function
         steps = model._generation_steps = (function(model.prefill), function(model.decode))
     return steps
 

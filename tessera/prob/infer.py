@@ -31,7 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import op
+from ..autodiff import value_and_grad
+from ..control import scan
 from ..errors import ArgumentError, TesseraError
+from ..function import function
 from . import diagnostics
 from .handlers import log_joint, seed as seed_handler, substitute, trace
 
@@ -97,11 +101,6 @@ class _Unconstrained(Layout):
         self._compile()
 
     def _compile(self):
-        from .. import op
-        from ..autodiff import value_and_grad
-        from ..control import scan
-        from ..function import function
-
         def potential(z):
             values, jac = self.values(z)
             return -(log_joint(self.model, values, *self.args, **self.kwargs) + jac)

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import op
+from ..autodiff import value_and_grad
+from ..control import scan
 from ..errors import TesseraError
+from ..function import function
 from .distributions import Distribution, Normal, _normal
 from .handlers import log_joint
 from .infer import Layout
@@ -149,9 +152,6 @@ class SVI:
     def _step_fns(self, args, kwargs):
         """(one step, RUN_CHUNK steps in a compiled loop stacking the losses), compiled
         functions of (params, optimiser state, seed)."""
-        from ..autodiff import value_and_grad
-        from ..control import scan
-        from ..function import function
         # the data are constants of the step (exact log-gamma terms, folded): one compiled
         # step per set of data objects, kept with them (so their ids stay theirs)
         key = tuple(map(id, args)), tuple((k, id(v)) for k, v in sorted(kwargs.items()))
