@@ -24,7 +24,7 @@ class Value:
     dtype: dt.DType
     dims: list
     loc: object
-    kind: str = "tile"          # tile, or stream (a load to be read by load_partition)
+    stream: bool = False        # a load to be read a block at a time by load_partition
     param: str = ""             # a stream's (or a direct use's) parameter
 
     def __str__(self):
@@ -33,7 +33,7 @@ class Value:
 
 def type_text(v: Value) -> str:
     return f"{v.dtype.short}[{', '.join(map(str, v.shape))}]" + \
-        (" stream" if v.kind == "stream" else "")
+        (" stream" if v.stream else "")
 
 
 @dataclass(eq=False)

@@ -65,7 +65,7 @@ def _load_grid(body) -> list:
     by load_partition), in the order the body first loads them."""
     grid = {}                           # dimension -> its block (first load first)
     for st in walk(body.stmts):
-        if not isinstance(st, Load) or st.offsets is not None or st.out.kind == "stream":
+        if not isinstance(st, Load) or st.offsets is not None or st.out.stream:
             continue
         for d, s in zip(body.param(st.param).dims, st.out.shape):
             if not (s.op == "dim" and s.args[0] == d):
@@ -115,13 +115,13 @@ def _place_loads(body):
                                       f"ctx.{d})")
             else:
                 place.append("stream")
-        if out.kind == "stream" and "stream" not in place:
+        if out.stream and "stream" not in place:
             raise ShapeError(f"tile.load_partition of a tile.load of {p.name} that has no "
                              f"axis in blocks the grid does not walk: nothing to partition",
                              location=st.loc, received=type_text(out),
                              hint="load_partition takes a load with one axis in blocks of a "
                                   "dimension the output does not have (ctx.BK of K)")
-        if "stream" in place and out.kind != "stream":
+        if "stream" in place and not out.stream:
             axis = place.index("stream")
             raise ShapeError(f"tile.load of {p.name}: its axis {axis} takes blocks of "
                              f"{out.shape[axis]} of {p.dims[axis]}, which the grid does not "
@@ -135,7 +135,7 @@ def _place_loads(body):
         st.place = tuple(place)
     for st in walk(body.stmts):
         for a in st.reads():
-            if isinstance(a, Value) and a.kind == "stream" and not isinstance(st, Part):
+            if isinstance(a, Value) and a.stream and not isinstance(st, Part):
                 raise ShapeError(f"{a}, a tile.load streamed by tile.load_partition, is used "
                                  f"whole", location=st.loc,
                                  hint="use the partitions tile.load_partition gives")

@@ -191,7 +191,7 @@ def load_partition(stream, k) -> TileValue:
                            location=user_location(),
                            hint="for k in tile.range_k(0, ctx.K, ctx.BK): "
                                 "a = tile.load_partition(a_stream, k)")
-    v.kind = "stream"
+    v.stream = True
     out = t.new(v.shape, v.dtype, v.dims)
     t.emit(Part(out=out, stream=v, k=k))
     return wrap(t, out)

@@ -40,9 +40,9 @@ class Tracer:
         self.direct: dict = {}                   # parameter name -> its direct-use Value
         self.broken = None                       # where a range_k loop was left by a break
 
-    def new(self, shape, dtype, dims, kind="tile", param="") -> Value:
+    def new(self, shape, dtype, dims) -> Value:
         b = self.body
-        v = Value(b.n, tuple(shape), dtype, list(dims), user_location(), kind, param)
+        v = Value(b.n, tuple(shape), dtype, list(dims), user_location())
         b.n += 1
         self.made_in[v.id] = tuple(id(lp) for lp in self.loops)
         return v
