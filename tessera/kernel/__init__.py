@@ -26,13 +26,17 @@ The modules, in the order a kernel meets them:
   annotations   `Tile[...]`, a parameter's annotation
   index         `Ix`, the symbolic sizes and indices of a body (ctx.BM, program_id(0), k + 1)
   ir            the traced body: `Value`, `Param`, one statement class per statement kind,
-                `KernelBody` (IR data: the compiler's strategy reads it)
+                `KernelBody` (IR data: the compiler's `tile` strategy reads it)
   tracer        the tracer a body runs under, `tile.context()`
-  builtins      the builtins' semantics (what `tessera.tile` calls) and the values a body holds
+  builtins      the names `tessera.tile` gives a body (tile.load, tile.mma, ...)
+  semantic      what they do: each checks its operands and appends its statement; the
+                values a body holds (a parameter, a tile)
   placement     after tracing: the grid, and each load's placement against it
   interpreter   the body run with NumPy, program by program (the operator's reference)
   function      `KernelFunction`, what `@ts.kernel` makes; `kernel`, the decorator
 
 Nothing is imported here, so the compiler can read `tessera.kernel.ir` without the front end.
-`ts.kernel` (tessera/autotune.py) is the decorator, bound after this package is imported.
+The name `ts.kernel` is the decorator (tessera/autotune.py), bound after this package is
+imported: import its modules as `from tessera.kernel import ir` (`import tessera.kernel.ir as
+m` looks the package up as the attribute `tessera.kernel`, the decorator, and fails).
 """
