@@ -159,7 +159,7 @@ class Attention:
 
 @dataclass(frozen=True)
 class TileProgram:
-    """A user's tile kernel (tessera/tiles.py): its traced body, run program by program over
+    """A user's tile kernel (tessera/kernel/): its traced body, run program by program over
     the blocks of its output."""
 
 
