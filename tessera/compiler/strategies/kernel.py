@@ -106,7 +106,8 @@ def _used(k):
     return [KNOB_OF[n] for n in _body(k).knobs if n in KNOB_OF]
 
 
-class Tiles(Strategy):
+class TileKernel(Strategy):
+    """A user's `@ts.kernel` (the strategy's name, `tile`, is in schedules and tuning keys)."""
     name = "tile"
     grows = False
     fuses_views = False
@@ -187,7 +188,7 @@ class Tiles(Strategy):
         return [(keep, launch_of(max(1, k.output.type.numel()), knobs["threads"])), main]
 
 
-register(Tiles())
+register(TileKernel())
 
 
 def _operands(k):
