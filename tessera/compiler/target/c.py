@@ -341,8 +341,3 @@ CPU = targets.register(targets.Target(
     "cpu", "c", ".c", render=render_c, build=build_c, levels=True,
     about="C for this machine's CPU at an ISA level, built by the system C compiler"))
 
-
-def build_program(program: TileProgram, name: str, level: str):
-    """(C source, loaded library or None) of a tile program for the CPU target."""
-    source = render_c(program, level)
-    return source, build_c(CPU, source, program, name, level)
