@@ -12,6 +12,7 @@ from IPython.display import display
 
 from ..errors import ArgumentError, TesseraError
 from ..function import Function, def_location
+from ..runtime import targets
 from ..types import TensorSpec
 from .explorer import LEVELS, Explorer, needs_arrays, parse_shapes
 
@@ -238,7 +239,7 @@ def _resolve_target(name: str) -> str:
         return name
     from ..compiler.pipeline import available_targets
     runnable = available_targets()
-    return next((t for t in ("cuda", "hip") if t in runnable), "cpu")
+    return next((t for t in runnable if targets.is_gpu(t)), "cpu")
 
 
 def _bind(fn, dynamic=()):

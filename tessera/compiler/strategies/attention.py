@@ -13,6 +13,7 @@ import numpy as np
 from ... import dtypes as dt
 from ...errors import ArgumentError, DTypeError
 from ...ops import registry as R
+from ...runtime import targets
 from ..dynamic import representative
 from ..emit import (Names, batch_strides, contiguous, idx_div, idx_min, idx_mod, launch_of,
                     operand, unflatten)
@@ -59,7 +60,8 @@ class Attention(Strategy):
 
     def gpu_knobs(self, k, target) -> dict:
         anchor = k.group.anchor
-        bq, threads = gpu_attention.DEFAULT_KNOBS[target][anchor.inputs[0].type.dtype.short]
+        t = targets.of(target)
+        bq, threads = gpu_attention.DEFAULT_KNOBS[t.knob_table][anchor.inputs[0].type.dtype.short]
         sq = anchor.out.type.shape[-2]
         while bq > 16 and bq >= 2 * sq:
             bq //= 2
@@ -163,7 +165,8 @@ def gpu_attention_blocks(k: Kernel, code, target, knobs):
     threads = knobs["threads"]
     task = attention_task(k, Names(), knobs["block_q"])
     d = k.output.type.dtype.short
-    fn, _ = gpu_attention.attention_routine(target, d, knobs["block_q"], threads)   # nq <= block_q
+    fn, _ = gpu_attention.attention_routine(targets.of(target).language, d, knobs["block_q"],
+                                            threads)                # nq <= block_q
     body = task.decls + [Call(fn, task.args, f"attention:{d}:{knobs['block_q']}:{threads}"),
                          Barrier()]         # the routine's shared memory is free again after it
     return [Loop(task.var, task.tasks, "block", body)], launch_of(task.tasks, threads, per_block=True)

@@ -18,6 +18,7 @@ from ... import dtypes as dt
 from ...errors import BackendUnavailableError, TesseraError
 from ...kernel import ir as kir
 from ...ops import registry as R
+from ...runtime import targets
 from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
 from ..tile_ir import (Addr, Assign, AtomicAdd, Barrier, Bin, Call, Cast, CheckIndex, Const, Decl,
                        If, Load, Local, Loop, OpCall, Scratch, Select, Shared, Store, Var,
@@ -266,6 +267,8 @@ class _Lower:
     def __init__(self, k, code, gpu_knobs, target="cpu"):
         self.k, self.code, self.gpu = k, code, gpu_knobs is not None
         self.target, self.gpu_knobs = target, gpu_knobs
+        # the GPU routines are written per language (a registered target names its own)
+        self.language = targets.of(target).language if self.gpu else "c"
         self.routine_shared = 0    # GPU: static shared bytes of the routines the kernel calls
         self.body = _body(k)
         ops = _operands(k)
@@ -744,7 +747,7 @@ class _Lower:
         """The operand dtypes the GEMM routine takes into an accumulator of acc_dtype: its own,
         and on CUDA 16-bit ones into f32 (tensor cores)."""
         if self.gpu and acc_dtype == dt.float32 and \
-                gpu_gemm.uses_tensor_cores(self.target, "bf16"):
+                gpu_gemm.uses_tensor_cores(self.language, "bf16"):
             return (acc_dtype, dt.float16, dt.bfloat16)
         return (acc_dtype,)
 
@@ -808,7 +811,7 @@ class _Lower:
                     smem = gpu_gemm.mma_plan(opd, *tiles)["smem"]
                     d = f"{opd}>{d}"
                 else:
-                    fn, _ = gpu_gemm.gemm_routine(self.target, d, *tiles)
+                    fn, _ = gpu_gemm.gemm_routine(self.language, d, *tiles)
                     smem = gpu_gemm.simt_plan(d, *tiles)["smem"]
             except TesseraError:
                 return False              # knobs the routine cannot take: the FMA chains
