@@ -15,7 +15,8 @@ import numpy as np
 from . import dtypes as dt
 from . import numerics, ops
 from .compiler.graph_ir import Graph, SourceLocation, Value, check_op
-from .ops.registry import is_scalar, operand_dtypes, ref_errstate, run_reference
+from .ops.registry import (PYTHON_BINARY, PYTHON_UNARY, install_operators, is_scalar,
+                           operand_dtypes, ref_errstate, run_reference)
 from .errors import (ArgumentError, DTypeError, RuntimeFault, ShapeError, SymbolicValueError,
                      TesseraError, TracingError, enrich, first_user_frame)
 from .shapes import Sym
@@ -212,42 +213,8 @@ class Traced:
     __float__ = __int__ = __complex__ = __index__ = item = tolist = numpy = _no_number
 
     # -- arithmetic -------------------------------------------------------------------------
-    def __add__(self, o): return apply("add", self, o)
-    def __radd__(self, o): return apply("add", o, self)
-    def __sub__(self, o): return apply("sub", self, o)
-    def __rsub__(self, o): return apply("sub", o, self)
-    def __mul__(self, o): return apply("mul", self, o)
-    def __rmul__(self, o): return apply("mul", o, self)
-    def __truediv__(self, o): return apply("div", self, o)
-    def __rtruediv__(self, o): return apply("div", o, self)
-    def __floordiv__(self, o): return apply("floor_divide", self, o)
-    def __rfloordiv__(self, o): return apply("floor_divide", o, self)
-    def __mod__(self, o): return apply("mod", self, o)
-    def __rmod__(self, o): return apply("mod", o, self)
-    def __pow__(self, o): return apply("pow", self, o)
-    def __rpow__(self, o): return apply("pow", o, self)
-    def __matmul__(self, o): return apply("matmul", self, o)
-    def __rmatmul__(self, o): return apply("matmul", o, self)
-    def __and__(self, o): return apply("bitwise_and", self, o)
-    def __rand__(self, o): return apply("bitwise_and", o, self)
-    def __or__(self, o): return apply("bitwise_or", self, o)
-    def __ror__(self, o): return apply("bitwise_or", o, self)
-    def __xor__(self, o): return apply("bitwise_xor", self, o)
-    def __rxor__(self, o): return apply("bitwise_xor", o, self)
-    def __lshift__(self, o): return apply("left_shift", self, o)
-    def __rlshift__(self, o): return apply("left_shift", o, self)
-    def __rshift__(self, o): return apply("right_shift", self, o)
-    def __rrshift__(self, o): return apply("right_shift", o, self)
-    def __invert__(self): return apply("bitwise_not", self)
-    def __neg__(self): return apply("neg", self)
+    # (Python's operators build nodes: installed from ops.registry's table below apply)
     def __pos__(self): return self
-    def __abs__(self): return apply("abs", self)
-    def __lt__(self, o): return apply("lt", self, o)
-    def __le__(self, o): return apply("le", self, o)
-    def __gt__(self, o): return apply("gt", self, o)
-    def __ge__(self, o): return apply("ge", self, o)
-    def __eq__(self, o): return apply("eq", self, o)    # noqa: comparisons build nodes
-    def __ne__(self, o): return apply("ne", self, o)
     __hash__ = object.__hash__
 
     # -- methods ----------------------------------------------------------------------------
@@ -536,6 +503,9 @@ def _apply_eager(opdef, args, attrs):
             return np.asarray(result, dtype=out_type.dtype.np)
     except TesseraError as e:
         raise enrich(e, location=user_location(), op=opdef.name)
+
+
+install_operators(Traced, apply, [*PYTHON_BINARY, *PYTHON_UNARY])
 
 
 # ---- Python indexing: basic slices, ints, None, ..., and one integer-array index ----------------

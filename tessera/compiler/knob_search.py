@@ -208,9 +208,8 @@ def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
     and built by its target as compile_graph builds a whole program."""
     s = single_kernel(schedule, k, knobs)
     tile = lower_schedule(s).verify()
-    t, level = targets.of(schedule.target), targets.level(schedule.target)
-    source = t.render(tile, level)
-    return tile, t.build(t, source, tile, s.name, level), source
+    source, lib = targets.of(schedule.target).compile(tile, s.name, schedule.target)
+    return tile, lib, source
 
 
 class KernelRunner:

@@ -91,12 +91,11 @@ def compile_graph(graph: Graph, target: str = "cpu", output_structure=None,
     if _calls_host(graph):
         return SplitProgram(graph, target, output_structure, schedule)
     g, prim, schedule, tile = lower_graph(graph, target, schedule)
-    t, level = targets.of(target), targets.level(target)
-    source = t.render(tile, level)
+    t = targets.of(target)
+    source, lib = t.compile(tile, graph.name, target)
     if t.gpu:
         return GPUProgram(g, prim, schedule, tile, source, target,
                           output_structure=output_structure)
-    lib = t.build(t, source, tile, graph.name, level)
     return Program(g, prim, schedule, tile, source, target, lib, output_structure)
 
 
@@ -130,9 +129,7 @@ def compile_dynamic(graph: Graph, target: str, sizes: dict, generics: list,
         cache.count("dynamic_reuses")
     else:
         frozen = replace(tile, kernels=dynamic.freeze(tile.kernels))
-        source = t.render(frozen, level, list(sizes))
-        # (a GPU module is compiled when it first runs, as any GPU one)
-        lib = None if t.gpu else t.build(t, source, frozen, graph.name, level)
+        source, lib = t.compile(frozen, graph.name, target, list(sizes))
         generic = ShapeGenericLibrary(frozen, source, lib)
         if all(gen.source != source for gen in generics):   # (threads may race to one)
             generics.append(generic)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, TesseraError, TracingError
+from ..ops.registry import install_operators
 from ..trace import user_location
 from .index import ONE, Ix, ix, size_of
 from .ir import Atomic, Elem, Full, Load, Loop, Mma, Param, Part, Reduce, Store, Update, Value, \
@@ -80,28 +81,9 @@ class TileValue:
     def __repr__(self):
         return f"<tile {type_text(self._v)}>"
 
-    def __add__(self, o): return elementwise("add", self, o)
-    def __radd__(self, o): return elementwise("add", o, self)
-    def __sub__(self, o): return elementwise("sub", self, o)
-    def __rsub__(self, o): return elementwise("sub", o, self)
-    def __mul__(self, o): return elementwise("mul", self, o)
-    def __rmul__(self, o): return elementwise("mul", o, self)
-    def __truediv__(self, o): return elementwise("div", self, o)
-    def __rtruediv__(self, o): return elementwise("div", o, self)
-    def __neg__(self): return elementwise("neg", self)
-    def __lt__(self, o): return elementwise("lt", self, o)
-    def __le__(self, o): return elementwise("le", self, o)
-    def __gt__(self, o): return elementwise("gt", self, o)
-    def __ge__(self, o): return elementwise("ge", self, o)
-
-    def __eq__(self, o): return elementwise("eq", self, o)            # noqa: E704
-    def __ne__(self, o): return elementwise("ne", self, o)            # noqa: E704
+    # (Python's operators are elementwise tile operations: installed from ops.registry's table
+    # below elementwise)
     __hash__ = None
-    def __pow__(self, o): return elementwise("pow", self, o)
-    def __rpow__(self, o): return elementwise("pow", o, self)
-    def __mod__(self, o): return elementwise("mod", self, o)
-    def __floordiv__(self, o): return elementwise("floor_divide", self, o)
-    def __abs__(self): return elementwise("abs", self)
 
     def __iadd__(self, o): return update(self, "add", o)
     def __isub__(self, o): return update(self, "sub", o)
@@ -268,6 +250,11 @@ def elementwise(op, *args, **attrs) -> TileValue:
     t.emit(Elem(out=v, args=tuple(vals), op=op,
                 operand=tuple(tile_dtype(d) for d in operand), extra=dict(attrs)))
     return wrap(t, v)
+
+
+install_operators(TileValue, elementwise,
+                  ["add", "sub", "mul", "div", "pow", "neg", "abs", "lt", "le", "gt", "ge", "eq", "ne"])
+install_operators(TileValue, elementwise, ["mod", "floor_divide"], reflected=False)
 
 
 def reduce(op, x, axis=-1, keepdim=False) -> TileValue:

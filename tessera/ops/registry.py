@@ -421,3 +421,36 @@ def count_value(b, shape, axes, like):
     """How many elements the axes hold (for mean and var)."""
     n = prod([shape[a] for a in axes])
     return dim_value(b, n, like)
+
+
+# ---- Python's operators ---------------------------------------------------------------------------
+# The operator each dunder applies, for the values users write expressions with (trace.Traced,
+# a tile kernel's TileValue): forward and reflected method names (None: no reflected form)
+PYTHON_BINARY = {"add": ("__add__", "__radd__"), "sub": ("__sub__", "__rsub__"),
+                 "mul": ("__mul__", "__rmul__"), "div": ("__truediv__", "__rtruediv__"),
+                 "floor_divide": ("__floordiv__", "__rfloordiv__"),
+                 "mod": ("__mod__", "__rmod__"), "pow": ("__pow__", "__rpow__"),
+                 "matmul": ("__matmul__", "__rmatmul__"),
+                 "bitwise_and": ("__and__", "__rand__"), "bitwise_or": ("__or__", "__ror__"),
+                 "bitwise_xor": ("__xor__", "__rxor__"),
+                 "left_shift": ("__lshift__", "__rlshift__"),
+                 "right_shift": ("__rshift__", "__rrshift__"),
+                 "lt": ("__lt__", None), "le": ("__le__", None), "gt": ("__gt__", None),
+                 "ge": ("__ge__", None), "eq": ("__eq__", None), "ne": ("__ne__", None)}
+PYTHON_UNARY = {"neg": "__neg__", "abs": "__abs__", "bitwise_not": "__invert__"}
+
+
+def install_operators(cls, apply, ops, reflected=True):
+    """Give `cls` the dunders of `ops` (names in PYTHON_BINARY or PYTHON_UNARY), each returning
+    apply(op, operands...); reflected=False leaves the reflected forms out (x.__rmod__)."""
+    def method(dunder, fn):
+        fn.__name__ = fn.__qualname__ = dunder
+        setattr(cls, dunder, fn)
+    for op in ops:
+        if op in PYTHON_UNARY:
+            method(PYTHON_UNARY[op], lambda self, _op=op: apply(_op, self))
+            continue
+        forward, back = PYTHON_BINARY[op]
+        method(forward, lambda self, o, _op=op: apply(_op, self, o))
+        if back and reflected:
+            method(back, lambda self, o, _op=op: apply(_op, o, self))

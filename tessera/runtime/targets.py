@@ -44,6 +44,14 @@ class Target:
     def knob_table(self) -> str:
         return self.knobs_like or self.name
 
+    def compile(self, tile, name: str, spec: str, symbols=None):
+        """(source, loaded library) of a tile program for `spec` (this target, with its level):
+        rendered, then built where this target builds (the library is None for a GPU target,
+        compiled when it first runs, and for a level of another architecture)."""
+        lv = level(spec)
+        source = self.render(tile, lv, symbols)
+        return source, (None if self.build is None else self.build(self, source, tile, name, lv))
+
     def runs_here(self) -> bool:
         if self.available is not None:
             return bool(self.available())
