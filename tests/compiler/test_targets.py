@@ -3,6 +3,8 @@ compiler, as a user or a plug-in would, compiles and runs through the public API
 compiler file changed. Two are added here: the CPU target built by another compiler driver
 (clang), and a C dialect of our own (a renderer subclass)."""
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -119,3 +121,12 @@ def test_the_builtin_targets():
     assert (cuda.warp, hip.warp) == (32, 64) and cuda.gpu and hip.gpu and not cpu.gpu
     assert targets.resolve("cpu") == f"cpu:{isa.default_level()}"
     assert targets.resolve("cuda") == "cuda" and targets.level("cuda") is None
+
+
+def test_import_tessera_registers_the_builtin_targets():
+    """In a fresh process (this module imported the driver): `import tessera` is enough."""
+    code = ("import tessera\nfrom tessera.runtime import targets\n"
+            "print(sorted(targets.names()), targets.of('cpu').language)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["['cpu',", "'cuda',", "'hip']", "c"]
