@@ -441,7 +441,10 @@ def test_diagnostics_against_known_cases(rng):
     for t in range(1, 4000):
         ar[:, t] = rho * ar[:, t - 1] + noise[:, t]
     want = 16000 * (1 - rho) / (1 + rho)
-    assert 0.7 < diagnostics.ess_bulk(ar) / want < 1.3
+    # the estimate's spread over fresh chains is 9.5% (301 seeds: mean ratio 1.00, 0.7% below 0.7,
+    # as seed 1438360498 was): a bound at 4.7 standard deviations, where a wrong estimator (one
+    # blind to the autocorrelation gives 19 times `want`) still fails
+    assert 0.55 < diagnostics.ess_bulk(ar) / want < 1.45
     p = rng.uniform(1e-6, 1 - 1e-6, 200)
     np.testing.assert_allclose(diagnostics._normal_quantile(p), stats.norm.ppf(p), rtol=1e-9,
                                atol=1e-9)
