@@ -102,10 +102,16 @@ def ess_bulk(draws) -> float:
     return _ess(_rank_normalize(_split(np.asarray(draws, np.float64))))
 
 
+def ess_mean(draws) -> float:
+    """The effective sample size of the draws' mean, on their own scale (no rank normalisation):
+    what an estimate of E[f] made from draws of f has, e.g. of a variance from squared deviations."""
+    return _ess(_split(np.asarray(draws, np.float64)))
+
+
 def ess_tail(draws) -> float:
     x = _split(np.asarray(draws, np.float64))
     lo, hi = np.quantile(x, [0.05, 0.95])
     return min(_ess((x <= lo).astype(np.float64)), _ess((x <= hi).astype(np.float64)))
 
 
-__all__ = ["rhat", "ess_bulk", "ess_tail"]
+__all__ = ["rhat", "ess_bulk", "ess_mean", "ess_tail"]

@@ -445,6 +445,10 @@ def test_diagnostics_against_known_cases(rng):
     # as seed 1438360498 was): a bound at 4.7 standard deviations, where a wrong estimator (one
     # blind to the autocorrelation gives 19 times `want`) still fails
     assert 0.55 < diagnostics.ess_bulk(ar) / want < 1.45
+    assert 0.55 < diagnostics.ess_mean(ar) / want < 1.45
+    # the squares of a Gaussian AR(1) are correlated by rho^2 at lag one (and rho^(2k) at k)
+    want_sq = 16000 * (1 - rho ** 2) / (1 + rho ** 2)
+    assert 0.55 < diagnostics.ess_mean(ar ** 2) / want_sq < 1.45
     p = rng.uniform(1e-6, 1 - 1e-6, 200)
     np.testing.assert_allclose(diagnostics._normal_quantile(p), stats.norm.ppf(p), rtol=1e-9,
                                atol=1e-9)
@@ -538,9 +542,12 @@ def test_eight_schools_against_quadrature(rng):
         assert diagnostics.rhat(draws) < 1.05 and ess > 200, name
         assert abs(draws.mean() - ref_mean) < 4 * ref_sd / np.sqrt(ess), name
         # the sd's relative standard error, sqrt((kurtosis - 1) / (4 ess)): tau's posterior
-        # has a long tail, so its sd is estimated far less precisely than mu's
+        # has a long tail, so its sd is estimated far less precisely than mu's; the ess is the
+        # squared deviations' own (NUTS mixes them more slowly than the draws: mu's 314 against
+        # a bulk ess of 992 at seed 679239697; the largest of 101 seeds was 2.9 standard errors)
         kurtosis = float((w * (grid - ref_mean) ** 4).sum()) / ref_sd ** 4
-        assert abs(draws.std() / ref_sd - 1) < 4 * np.sqrt((kurtosis - 1) / (4 * ess)), name
+        ess_sq = min(ess, diagnostics.ess_mean((draws - draws.mean()) ** 2))
+        assert abs(draws.std() / ref_sd - 1) < 4 * np.sqrt((kurtosis - 1) / (4 * ess_sq)), name
 
 
 def test_the_seeds_probabilistic_model_returning_a_distribution(rng):
