@@ -374,16 +374,22 @@ def compare(fn, *args, against="interpret", rtol: float | None = None, **kwargs)
     elif _is_target(against):
         ref = _target_values(g, against, params)
     else:
+        from .runtime import targets
         raise ArgumentError(f"compare against {against!r}?", expected="'interpret', 'float64', "
-                            "a target ('cpu', 'cpu:LEVEL', 'cuda', 'hip') or a callable")
+                            f"a target ({', '.join(map(repr, targets.names()))}, 'cpu:LEVEL') "
+                            "or a callable")
     for i, n in enumerate(_observed(g)):
         row(i, n.op, n.loc, env[n.out.id], ref[n.out.id])
     return report
 
 
 def _is_target(name) -> bool:
-    from .runtime import isa
-    return isinstance(name, str) and (isa.is_gpu(name) or isa.is_cpu(name))
+    from .runtime import targets
+    try:
+        targets.of(name)
+        return True
+    except TesseraError:
+        return False
 
 
 def _target_values(g, target: str, params) -> dict:
@@ -578,10 +584,10 @@ def dump(path, fn, *args, **kwargs) -> str:
 
 
 def _versions(prog) -> dict:
-    from .runtime import isa
+    from .runtime import isa, targets
     out = {"tessera": __version__, "numpy": np.__version__, "python": platform.python_version(),
            "machine": platform.machine(), "host_isa": isa.host_level()}
-    if not isa.is_gpu(prog.target):
+    if not targets.is_gpu(prog.target):
         from .runtime.toolchain import compiler_version, find_compiler
         out["cc"] = compiler_version(find_compiler())
     return out

@@ -30,10 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArgumentError, BackendUnavailableError, TesseraError
-from ..runtime import isa, toolchain
+from ..runtime import isa, targets, toolchain
 from ..version import __version__
 
-FORMAT, VERSION = "tessera-program", 1
+# version 2: the tile-kernel statements moved to tessera.kernel (their pickled Tile IR changed)
+FORMAT, VERSION = "tessera-program", 2
 
 
 def _sha(data: bytes) -> str:
@@ -56,9 +57,10 @@ def _gpu_members(program, at: str, archs) -> tuple[dict, dict]:
     the PTX NVRTC makes of it for each architecture (NVRTC is needed here, not where it loads)."""
     from ..runtime.gpu import NVRTC_OPTIONS
     from ..runtime.gpu_toolchain import nvrtc_compile, nvrtc_version
-    members = {f"{at}source/program.{'cu' if program.target == 'cuda' else 'hip'}":
-               program.target_code.encode(), f"{at}levels.pkl": _levels(program)}
-    if program.target != "cuda":            # HIP: compiled where it loads (ROCm's hiprtc)
+    target = targets.of(program.target)
+    members = {f"{at}source/program{target.extension}": program.target_code.encode(),
+               f"{at}levels.pkl": _levels(program)}
+    if target.name != "cuda":               # HIP: compiled where it loads (ROCm's hiprtc)
         return members, {"archs": []}
     archs = list(archs or CUDA_ARCHS)
     for arch in archs:
@@ -206,7 +208,8 @@ def _load_one(path, manifest, entry, members, at, recompile):
     from .program import GPUProgram, Program
     levels = pickle.loads(members[at + "levels.pkl"])
     graph_ir, output_structure = levels[0], levels[6]
-    if entry["target"] in ("cuda", "hip"):      # runs where CuPy finds a device (on first run)
+    target = targets.of(entry["target"])
+    if target.gpu:                              # runs where CuPy finds a device (on first run)
         program = GPUProgram(*levels[:6], output_structure=output_structure,
                              dynamic_sizes=entry.get("dynamic_sizes"))
         program.saved_ptx = {arch: members[f"{at}ptx/{arch}.ptx"]
@@ -215,7 +218,7 @@ def _load_one(path, manifest, entry, members, at, recompile):
     here, level = platform.machine(), entry["level"]
     if not (manifest["machine"] == here and isa.runs_here(level)):
         if recompile:
-            return compile_graph(graph_ir, "cpu", output_structure)
+            return compile_graph(graph_ir, target.name, output_structure)
         raise BackendUnavailableError(
             f"{path} holds a program built for {isa.describe(level)} on {manifest['machine']}; "
             f"this machine is {here} running {isa.describe(isa.host_level())}",
@@ -226,7 +229,7 @@ def _load_one(path, manifest, entry, members, at, recompile):
                                         manifest["digests"][at + "lib/program.so"])
     except OSError as e:
         if recompile:
-            return compile_graph(graph_ir, "cpu", output_structure)
+            return compile_graph(graph_ir, target.name, output_structure)
         raise BackendUnavailableError(f"{path}: its shared object does not load here: {e}",
                                       hint="ts.load(..., recompile=True)") from None
     return Program(*levels[:6], lib, output_structure,

@@ -143,8 +143,8 @@ class Explorer:
         if key == "tile":
             return code_html(prog.tile_ir, "ir")
         if key == "target":
-            from ..runtime.isa import is_cpu
-            language = "c" if is_cpu(prog.target) else prog.target
+            from ..runtime import targets
+            language = targets.of(prog.target).language
             helpers, kernels = split_target_code(prog)
             sizes = getattr(prog, "dynamic_sizes", None)
             note = "" if not sizes else (

@@ -102,32 +102,6 @@ def default_level() -> str:
     return check_level(env, f"${ENV}") if env else host_level()
 
 
-def resolve(target: str) -> str:
-    """A CPU target in its canonical form: "cpu" -> "cpu:<default level>", "cpu:LEVEL" checked.
-    Other targets (cuda, hip) are returned as they are."""
-    if target == "cpu":
-        return f"cpu:{default_level()}"
-    if target.startswith("cpu:"):
-        return f"cpu:{check_level(target[4:], f'target {target!r}')}"
-    return target
-
-
-GPU_TARGETS = ("cuda", "hip")     # the other targets: no ISA level, one kind of device each
-
-
-def is_cpu(target: str) -> bool:
-    return target == "cpu" or target.startswith("cpu:")
-
-
-def is_gpu(target: str) -> bool:
-    return target in GPU_TARGETS
-
-
-def level_of(target: str) -> Level:
-    """The Level of a CPU target ("cpu" means the default level)."""
-    return LEVELS[resolve(target)[4:]]
-
-
 def runs_here(name: str) -> bool:
     lv = LEVELS[name]
     if lv.arch == "any":

@@ -9,7 +9,7 @@ import pytest
 import tessera as ts
 from tessera import op
 from tessera.errors import BackendUnavailableError
-from tessera.runtime import isa, toolchain
+from tessera.runtime import isa, targets, toolchain
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 needs_x86 = pytest.mark.skipif(not X86, reason="the levels compared here are x86-64 ones")
@@ -23,15 +23,15 @@ def runnable_or_skip(level):
 
 def test_the_default_is_the_hosts_level_and_the_environment_overrides_it(monkeypatch):
     monkeypatch.delenv(isa.ENV, raising=False)
-    assert isa.resolve("cpu") == f"cpu:{isa.host_level()}"
+    assert targets.resolve("cpu") == f"cpu:{isa.host_level()}"
     assert isa.runs_here(isa.host_level())
     monkeypatch.setenv(isa.ENV, "generic")
-    assert isa.resolve("cpu") == "cpu:generic"
-    assert isa.resolve("cpu:x86-64-v3") == "cpu:x86-64-v3"     # an explicit level wins
-    assert isa.resolve("cuda") == "cuda"
+    assert targets.resolve("cpu") == "cpu:generic"
+    assert targets.resolve("cpu:x86-64-v3") == "cpu:x86-64-v3"     # an explicit level wins
+    assert targets.resolve("cuda") == "cuda"
     monkeypatch.setenv(isa.ENV, "avx9")
     with pytest.raises(BackendUnavailableError, match="TESSERA_CPU_TARGET"):
-        isa.resolve("cpu")
+        targets.resolve("cpu")
 
 
 def test_unknown_levels_and_targets_are_clear_errors():
