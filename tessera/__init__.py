@@ -40,7 +40,7 @@ from . import prob  # noqa: E402
 from . import checkpoint, collectives, dist  # noqa: E402
 from .fault import fault_tolerant, recover_and_continue  # noqa: E402
 from .prob import elbo, mcmc, probabilistic, variational  # noqa: E402
-from .compiler.saved import load  # noqa: E402
+from .compiler.load import load  # noqa: E402
 # the renderers register the built-in targets (cpu, cuda, hip: runtime/targets.py) as they load
 from .compiler import target as _renderers  # noqa: E402,F401
 

@@ -11,6 +11,8 @@ import inspect as _inspect
 from . import ops as _ops
 from .errors import ArgumentError as _ArgumentError
 from .trace import apply as _apply
+from .trace import element_counters as _counters
+from .trace import lift as _lift
 from .trace import dtype_of as _dtype_of
 
 
@@ -1220,41 +1222,3 @@ def random_uniform(shape, seed, offset=0, dtype="float32"):
     training step take a new seed each call without recompiling); ``offset`` (an int) moves to
     another part of the stream: draws at offsets 0 and prod(shape) do not overlap."""
     return _random_uniform(seed, _counters(shape, offset), dtype=dtype)
-
-
-def _counters(shape, offset=0):
-    """offset + the row-major index of each element of ``shape``, as a sum of one small
-    constant per axis (arange * stride) broadcast together. Inside a trace the constants are
-    graph constants and the sum is traced: the compiler folds it into one constant when it is
-    small and otherwise computes it inside the kernel that consumes it, so a large draw stores
-    no counter tensor. (No compiler support is needed for "the element's index".)"""
-    import numpy as np
-    from .errors import SymbolicValueError
-    dims = list(shape) if isinstance(shape, (list, tuple)) else [shape]
-    if not all(isinstance(d, (int, np.integer)) for d in dims):
-        raise SymbolicValueError(f"random numbers need concrete sizes, not {tuple(dims)}",
-                                 hint="leave the parameter unannotated to trace with its sizes")
-    dims = [int(d) for d in dims]
-    offset = int(offset)
-    n = int(np.prod(dims, dtype=np.int64))
-    wide = offset < 0 or offset + n > np.iinfo(np.int32).max
-    itype = np.int64 if wide else np.int32
-    total, stride = None, 1
-    for k in reversed(range(len(dims))):
-        if dims[k] != 1:
-            a = np.arange(dims[k], dtype=itype) * itype(stride)
-            if total is None:
-                a = a + itype(offset)       # the offset rides on the first constant
-            a = _lift(a.reshape([1] * k + [dims[k]] + [1] * (len(dims) - k - 1)))
-            total = a if total is None else _apply("add", a, total)
-        stride *= dims[k]
-    if total is None:                       # every size is 1 (or a rank-0 shape)
-        total = _lift(np.full(dims, offset, dtype=itype))
-    return total
-
-
-def _lift(a):
-    """A NumPy constant as a graph constant inside a trace; itself outside one."""
-    from .trace import Traced, current_trace
-    trace = current_trace()
-    return Traced(trace.graph.const(a), trace) if trace is not None else a

@@ -360,8 +360,6 @@ def _apply_with_policy(policy, opdef, flat, attrs, trace):
 
 
 def _policy_steps(policy, opdef, flat, attrs, trace):
-    from . import op as _op      # (the front end's own helpers: clamp, round_stochastic)
-
     def run(args):
         return apply(opdef.name, *([args] if opdef.nin == -1 else args), **attrs)
 
@@ -389,7 +387,7 @@ def _policy_steps(policy, opdef, flat, attrs, trace):
     if dtype_of(r) is dt.float64:
         r = apply("cast", r, dtype="float32")
     if policy.saturate:
-        r = _op.clamp(r, -out.max_finite, out.max_finite)
+        r = apply("minimum", apply("maximum", r, -out.max_finite), out.max_finite)   # op.clamp
     if policy.rounding == "stochastic":
         return _round_stochastic(r, out, policy, trace)
     return apply("cast", r, dtype=out.name)
@@ -400,17 +398,51 @@ def _round_stochastic(r, out, policy, trace):
     each iteration's elements take counters of their own (the element's index plus the
     iteration's number among every enclosing loop's times the size), so no two iterations
     draw the same numbers."""
-    from . import op as _op
     seed = _stream_seed(policy, trace)
     position, count = loop_position(trace) if trace is not None else (None, 1)
     if position is None:
-        return _op.round_stochastic(r, out, seed=seed)
+        return apply("round_stochastic", r, seed, element_counters(_shape(r)), dtype=out.name)
     numel = int(np.prod(_shape(r), dtype=np.int64))
     if numel * count >= 2 ** 63:
         raise TracingError(f"stochastic rounding of {numel} elements over {count} loop "
                            "iterations needs more than 2**63 counters", location=user_location())
-    counters = apply("add", _op._counters(_shape(r)), apply("mul", position, numel))
+    counters = apply("add", element_counters(_shape(r)), apply("mul", position, numel))
     return apply("round_stochastic", r, seed, counters, dtype=out.name)
+
+
+def element_counters(shape, offset=0):
+    """offset + the row-major index of each element of ``shape``, as a sum of one small
+    constant per axis (arange * stride) broadcast together. Inside a trace the constants are
+    graph constants and the sum is traced: the compiler folds it into one constant when it is
+    small and otherwise computes it inside the kernel that consumes it, so a large draw stores
+    no counter tensor. (No compiler support is needed for "the element's index".)"""
+    dims = list(shape) if isinstance(shape, (list, tuple)) else [shape]
+    if not all(isinstance(d, (int, np.integer)) for d in dims):
+        raise SymbolicValueError(f"random numbers need concrete sizes, not {tuple(dims)}",
+                                 hint="leave the parameter unannotated to trace with its sizes")
+    dims = [int(d) for d in dims]
+    offset = int(offset)
+    n = int(np.prod(dims, dtype=np.int64))
+    wide = offset < 0 or offset + n > np.iinfo(np.int32).max
+    itype = np.int64 if wide else np.int32
+    total, stride = None, 1
+    for k in reversed(range(len(dims))):
+        if dims[k] != 1:
+            a = np.arange(dims[k], dtype=itype) * itype(stride)
+            if total is None:
+                a = a + itype(offset)       # the offset rides on the first constant
+            a = lift(a.reshape([1] * k + [dims[k]] + [1] * (len(dims) - k - 1)))
+            total = a if total is None else apply("add", a, total)
+        stride *= dims[k]
+    if total is None:                       # every size is 1 (or a rank-0 shape)
+        total = lift(np.full(dims, offset, dtype=itype))
+    return total
+
+
+def lift(a):
+    """A NumPy constant as a graph constant inside a trace; itself outside one."""
+    trace = current_trace()
+    return Traced(trace.graph.const(a), trace) if trace is not None else a
 
 
 def loop_position(trace):

@@ -14,6 +14,7 @@ from ..runtime.program import steps_of
 from ..types import type_of_array
 from . import dynamic
 from .graph_ir import Graph
+from .saved import save
 from .target.c import routine_library_source
 from .target.cstyle import routine_keys
 
@@ -69,7 +70,6 @@ class ProgramLevels:
         """This program in one file that ``ts.load`` runs without a compiler (every IR level,
         the source, a standalone shared object or, for CUDA, PTX per architecture in `archs`;
         digests: tessera/compiler/saved.py)."""
-        from .saved import save
         return save(self, path, archs=archs)
 
     def __call__(self, *arrays):

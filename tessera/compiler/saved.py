@@ -1,4 +1,5 @@
-"""Saved programs: ``prog.save("model.tsr")`` and ``ts.load("model.tsr")``.
+"""Saved programs: ``prog.save("model.tsr")`` writes the file; ``ts.load("model.tsr")``
+(compiler/load.py) reads it back.
 
 One file (a zip) holds a compiled CPU program whole: a manifest (format, versions, the target
 and its ISA level, the machine, the arguments and results, a SHA-256 digest of every other
@@ -26,8 +27,6 @@ import platform
 import tempfile
 import zipfile
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import ArgumentError, BackendUnavailableError, TesseraError
 from ..runtime import isa, targets, toolchain
@@ -73,11 +72,13 @@ def save(programs, path, archs=None) -> Path:
     """Write a Program (CPU, CUDA or HIP), or a list of them (the same function at several
     shapes, which ``ts.load`` gives back as one ProgramSet), to `path`; returns the path. A
     CUDA program carries PTX for `archs` (default CUDA_ARCHS)."""
-    from .program import GPUProgram, Program
     programs = list(programs) if isinstance(programs, (list, tuple)) else [programs]
     members, entries = {}, []
     for k, program in enumerate(programs):
-        if isinstance(program, GPUProgram):
+        if getattr(program, "target_code", None) is None:      # (not a Program)
+            raise ArgumentError(f"a {type(program).__name__} cannot be saved",
+                                hint="save a program from fn.lower(*arrays)")
+        if targets.is_gpu(program.target):
             at = f"p{k}/"
             gpu_members, fields = _gpu_members(program, at, archs)
             members.update(gpu_members)
@@ -88,9 +89,6 @@ def save(programs, path, archs=None) -> Path:
                                        for p in program.graph_ir.params},
                             "outputs": [str(v.type) for v in program.graph_ir.outputs]})
             continue
-        if not isinstance(program, Program):
-            raise ArgumentError(f"a {type(program).__name__} cannot be saved",
-                                hint="save a program from fn.lower(*arrays)")
         if not program._runs_here and program._lib is None:
             raise BackendUnavailableError(f"program @{program.graph_ir.name} is for "
                                           f"{isa.describe(program.level)}, not built here: "
@@ -139,39 +137,13 @@ def _compiler_version():
         return None
 
 
-class ProgramSet:
-    """Several programs of one function, one per shape (a saved ``tessera_server`` file): a call
-    runs the one whose argument types match, or says which there are."""
-
-    def __init__(self, programs: list):
-        self.programs = programs
-
-    def program_for(self, arrays):
-        types = [(np.dtype(a.dtype), tuple(a.shape)) if hasattr(a, "shape") and
-                 hasattr(a, "dtype") else (np.asarray(a).dtype, np.shape(a)) for a in arrays]
-        for p in self.programs:
-            if types == [(np.dtype(q.type.dtype.np), tuple(q.type.shape))
-                         for q in p.graph_ir.params]:
-                return p
-        have = "; ".join(", ".join(str(v.type) for v in p.graph_ir.params)
-                         for p in self.programs)
-        got = ", ".join(f"{d}{list(shape)}" for d, shape in types)
-        raise ArgumentError(f"no saved program takes these arguments ({got})", expected=have,
-                            hint="save one for these shapes too")
-
-    def __call__(self, *arrays):
-        return self.program_for(arrays)(*arrays)
-
-    def __repr__(self):
-        return f"<ProgramSet @{self.programs[0].graph_ir.name}: {len(self.programs)} shapes>"
-
-
 def read_manifest(path) -> dict:
     """The manifest of a saved program (what it was built for, from what)."""
-    return _open(path)[0]
+    return read(path)[0]
 
 
-def _open(path):
+def read(path) -> tuple[dict, dict]:
+    """(manifest, {member name: bytes}) of a saved program, every digest checked."""
     try:
         with zipfile.ZipFile(path) as z:
             manifest = json.loads(z.read("manifest.json"))
@@ -191,46 +163,3 @@ def _open(path):
             raise TesseraError(f"{path} is damaged: its member {name} {what}",
                                hint="save the program again")
     return manifest, members
-
-
-def load(path, recompile: bool = False):
-    """The Program saved at `path` (a ProgramSet when it holds several), ready to run on NumPy
-    arrays. A program this machine cannot run is an error naming both machines, unless
-    `recompile` (then its Graph IR is compiled here: needs a C compiler)."""
-    manifest, members = _open(path)
-    progs = [_load_one(path, manifest, entry, members, f"p{k}/", recompile)
-             for k, entry in enumerate(manifest["programs"])]
-    return progs[0] if len(progs) == 1 else ProgramSet(progs)
-
-
-def _load_one(path, manifest, entry, members, at, recompile):
-    from .pipeline import compile_graph
-    from .program import GPUProgram, Program
-    levels = pickle.loads(members[at + "levels.pkl"])
-    graph_ir, output_structure = levels[0], levels[6]
-    target = targets.of(entry["target"])
-    if target.gpu:                              # runs where CuPy finds a device (on first run)
-        program = GPUProgram(*levels[:6], output_structure=output_structure,
-                             dynamic_sizes=entry.get("dynamic_sizes"))
-        program.saved_ptx = {arch: members[f"{at}ptx/{arch}.ptx"]
-                             for arch in entry.get("archs", [])}
-        return program
-    here, level = platform.machine(), entry["level"]
-    if not (manifest["machine"] == here and isa.runs_here(level)):
-        if recompile:
-            return compile_graph(graph_ir, target.name, output_structure)
-        raise BackendUnavailableError(
-            f"{path} holds a program built for {isa.describe(level)} on {manifest['machine']}; "
-            f"this machine is {here} running {isa.describe(isa.host_level())}",
-            hint=f"ts.load({str(path)!r}, recompile=True) compiles its Graph IR here "
-                 "(needs a C compiler)")
-    try:
-        lib = toolchain.load_standalone(members[at + "lib/program.so"],
-                                        manifest["digests"][at + "lib/program.so"])
-    except OSError as e:
-        if recompile:
-            return compile_graph(graph_ir, target.name, output_structure)
-        raise BackendUnavailableError(f"{path}: its shared object does not load here: {e}",
-                                      hint="ts.load(..., recompile=True)") from None
-    return Program(*levels[:6], lib, output_structure,
-                   dynamic_sizes=entry.get("dynamic_sizes"))

@@ -4,7 +4,7 @@ A tile kernel is a Python function over `Tile["M", "K", bf16]` parameters whose 
 `tessera.tile` builtins (load, store, mma, reductions, elementwise math). Its body is traced once
 per parameter dtypes into a `KernelBody`: a short list of typed statements over symbolic sizes
 (the problem's dimensions M, K, N and the launch's knobs BM, BN, BK), checked as it is traced.
-The kernel then becomes one Graph IR node, `tile_program` (ops/tile_program.py), which the `tile`
+The kernel then becomes one Graph IR node, `tile_program` (operator.py), which the `tile`
 strategy (compiler/strategies/kernel.py) lowers to Tile IR for the CPU and the GPUs: so a tile
 kernel has a Program like any function, and the explorer, `%%tessera`, the profiler and the
 autotuner work on it unchanged.
@@ -33,6 +33,7 @@ The modules, in the order a kernel meets them:
                 values a body holds (a parameter, a tile)
   placement     after tracing: the grid, and each load's placement against it
   interpreter   the body run with NumPy, program by program (the operator's reference)
+  operator      the Graph IR operator `tile_program` a kernel call becomes
   function      `KernelFunction`, what `@ts.kernel` makes; `kernel`, the decorator
 
 Nothing is imported here, so the compiler can read `tessera.kernel.ir` without the front end.

@@ -7,7 +7,9 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, TracingError
 from ..trace import user_location
 from ..types import TensorSpec
+from . import operator  # noqa: F401 (registers tile_program, the node this module makes)
 from .annotations import TileSpec
+from .interpreter import interpret
 from .ir import KernelBody, Param, Return, Value, type_text
 from .placement import resolve
 from .semantic import ParamRef, as_value
@@ -203,6 +205,12 @@ class KernelFunction:
         """The Program for these arguments (Graph, Schedule and Tile IR, target source)."""
         body = self._check(args)
         return self.function(body, target).lower(*args)
+
+    def interpret(self, *args, knobs=None):
+        """The output for these arguments computed with NumPy, program by program (the
+        operator's reference; `knobs`: the block sizes, {"BM": 16}). Unlike a call, it writes
+        into no argument: the stored-into parameter's new value is returned."""
+        return interpret(self._check(args), list(args), knobs)
 
     def ir(self, *args) -> str:
         """The traced tile statements for these arguments' dtypes."""

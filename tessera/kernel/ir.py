@@ -294,11 +294,6 @@ class KernelBody:
                                      f"and {n}")
         return out
 
-    def interpret(self, arrays, knobs=None):
-        """The output computed with NumPy, program by program (the operator's reference)."""
-        from .interpreter import interpret
-        return interpret(self, arrays, knobs)
-
     @property
     def inputs(self) -> list:
         """The parameters the program reads: the node's operands, in signature order."""

@@ -2,8 +2,9 @@
 programs run inside the block on this thread (each kernel timed in the generated C with a
 monotonic clock, or by CUDA events on a GPU), and relates each kernel's FLOPs and bytes to the
 peaks of what ran it: the CPU's measured FMA peak and copy bandwidth (`machine_peaks`, measured
-once by a small probe and cached), a GPU's measured device-to-device copy bandwidth
-(`runtime.gpu.device_peaks`; no FMA peak is measured there, so its % peak stays empty).
+once by a small probe and cached), a GPU's measured device-to-device copy bandwidth (its
+target's `peaks`: `runtime.gpu.device_peaks`; no FMA peak is measured there, so its % peak
+stays empty).
 
     with ts.profiler() as prof:
         for _ in range(10):
@@ -122,14 +123,11 @@ class Profile:
 
     # -- aggregates ------------------------------------------------------------------------------
     def peaks(self, device: str = "cpu") -> dict:
-        """The peaks the percentages of `device`'s kernels are relative to: the CPU's
-        (`machine_peaks`) or the current GPU's (`runtime.gpu.device_peaks`)."""
+        """The peaks the percentages of `device`'s kernels are relative to: its target's
+        (a GPU target's `peaks`: the current device's, runtime.gpu.device_peaks), else this
+        CPU's (`machine_peaks`)."""
         if device not in self._peaks:
-            if device == "cpu":
-                self._peaks[device] = machine_peaks()
-            else:
-                from .gpu import device_peaks
-                self._peaks[device] = device_peaks()
+            self._peaks[device] = (targets.of(device).peaks or machine_peaks)()
         return self._peaks[device]
 
     def rows(self) -> list[dict]:

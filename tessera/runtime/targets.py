@@ -38,6 +38,9 @@ class Target:
     knobs_like: str = ""        # the target whose heuristic knobs it takes ("": its own)
     # whether this machine runs its programs (None: a C compiler is found)
     available: Callable | None = field(default=None, repr=False)
+    # () -> the device's peaks the profiler's percentages are relative to (None: this CPU's,
+    # runtime/probe.py's machine_peaks)
+    peaks: Callable | None = field(default=None, repr=False)
     about: str = ""
 
     @property

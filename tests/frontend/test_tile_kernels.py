@@ -517,12 +517,12 @@ def test_block_atomic_adds_and_the_interpreter(rng):
     total = rng.integers(-9, 9, (1, 13)).astype(np.int64)
     want = total + x.sum(0, keepdims=True)
     np.testing.assert_array_equal(tile_column_sums(x, total.copy()), want)
-    body = tile_column_sums.body([ts.int64, ts.int64])
-    np.testing.assert_array_equal(body.interpret([x, total.copy()], {"BM": 16}), want)
+    before = total.copy()
+    np.testing.assert_array_equal(tile_column_sums.interpret(x, total, knobs={"BM": 16}), want)
+    np.testing.assert_array_equal(total, before)           # (the interpreter writes into none)
     xs = rng.integers(0, 9, 50).astype(np.int32)
-    np.testing.assert_array_equal(
-        tile_histogram.body([ts.int32, ts.int32]).interpret([xs, np.zeros(9, np.int32)]),
-        np.bincount(xs, minlength=9))
+    np.testing.assert_array_equal(tile_histogram.interpret(xs, np.zeros(9, np.int32)),
+                                  np.bincount(xs, minlength=9))
     # int32 sums wrap as C's and NumPy's do: the same bits whatever the order
     big = np.full((64, 2), 2**30, np.int32)
     got = tile_column_sums(big, np.zeros((1, 2), np.int32))

@@ -271,10 +271,10 @@ def render_hip(program: TileProgram, symbols=None) -> str:
 CUDA = targets.register(targets.Target(
     "cuda", "cuda", ".cu", render=lambda program, level=None, symbols=None:
     render_cuda(program, symbols), gpu=True, warp=CudaRenderer.warp,
-    available=lambda: "cuda" in gpu_runtime.runnable_targets(),
+    available=lambda: "cuda" in gpu_runtime.runnable_targets(), peaks=gpu_runtime.device_peaks,
     about="CUDA C++ for NVIDIA GPUs, compiled by NVRTC, run through CuPy"))
 HIP = targets.register(targets.Target(
     "hip", "hip", ".hip", render=lambda program, level=None, symbols=None:
     render_hip(program, symbols), gpu=True, warp=HipRenderer.warp,
-    available=lambda: "hip" in gpu_runtime.runnable_targets(),
+    available=lambda: "hip" in gpu_runtime.runnable_targets(), peaks=gpu_runtime.device_peaks,
     about="HIP C++ for AMD GPUs (64-wide wavefronts), compiled by hipRTC, run through CuPy"))

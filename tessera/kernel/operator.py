@@ -1,4 +1,6 @@
-"""tile_program: a user's tile kernel (`@ts.kernel`, tessera/kernel/) as one Graph IR node.
+"""tile_program: a user's tile kernel (`@ts.kernel`) as one Graph IR node, registered here
+beside the kernel language (its reference is the kernel's interpreter), when function.py, which
+makes such nodes, is imported.
 
 Its operands are the kernel's parameters in order (a parameter it only stores into is an
 operand for its shape); its `kernel` attribute is the traced body (a KernelBody,
@@ -8,8 +10,9 @@ Its result is the kernel's output.
 from __future__ import annotations
 
 from ..errors import ShapeError
+from ..ops.registry import OpDef, TileProgram, register
 from ..types import TensorType
-from .registry import OpDef, TileProgram, register
+from .interpreter import interpret
 
 
 def _infer(types, attrs):
@@ -26,7 +29,7 @@ def _infer(types, attrs):
 
 
 def _reference(arrays, attrs):
-    return attrs["kernel"].interpret(arrays)      # the body run with NumPy, program by program
+    return interpret(attrs["kernel"], arrays)     # the body run with NumPy, program by program
 
 
 register(OpDef(
