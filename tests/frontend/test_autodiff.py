@@ -190,10 +190,10 @@ def _cases():
 
 def test_every_differentiable_operator_is_covered():
     want = {n for n, d in ops.REGISTRY.items() if d.differentiable}
-    # control flow's adjoints: tests/frontend/test_control_flow.py; round_stochastic's rule
-    # is straight through, a convention no finite difference reproduces (a rounding is a
+    # control flow's adjoints: tests/frontend/language/test_control_flow.py; round_stochastic's
+    # rule is straight through, a convention no finite difference reproduces (a rounding is a
     # staircase): tests/frontend/test_numerics.py checks it exactly; a host call's is PyTorch's
-    # autograd: tests/frontend/test_interop.py
+    # autograd: tests/frontend/interop/test_interop.py
     assert set(CASES) == want - set(ops.regions.REGION_OPS) - {"round_stochastic"} - \
         set(ops.host.HOST_OPS)
 

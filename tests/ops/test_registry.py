@@ -11,9 +11,10 @@ from conftest import assert_close
 
 
 def test_every_operator_has_an_example():
-    # control flow's operators carry nested graphs: tests/frontend/test_control_flow.py
-    # (host calls run Python between kernels, never a kernel: tests/frontend/test_interop.py;
-    # a tile kernel's node carries its traced body: tests/frontend/test_tile_kernels.py)
+    # control flow's operators carry nested graphs: tests/frontend/language/test_control_flow.py
+    # (host calls run Python between kernels, never a kernel:
+    # tests/frontend/interop/test_interop.py; a tile kernel's node carries its traced body:
+    # tests/frontend/test_tile_kernels.py)
     assert set(EXAMPLES) == set(ops.REGISTRY) - set(ops.regions.REGION_OPS) - \
         set(ops.host.HOST_OPS) - {"tile_program"}
 

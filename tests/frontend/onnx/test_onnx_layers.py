@@ -3,7 +3,7 @@ GRU, LSTM, imported onto ts.scan; also one-node models with what PyTorch's expor
 sequence lengths, initial states, peepholes, clipping, linear_before_reset, batch-first layout,
 against onnxruntime), grid sampling (GridSample, AffineGrid), Col2Im, MaxUnpool, STFT,
 RoiAlign (against onnxruntime), DeformConv and Det. (ONNX's own node tests of them:
-tests/frontend/test_onnx_node.py.)"""
+tests/frontend/onnx/test_onnx_node.py.)"""
 import io
 import warnings
 

@@ -4,7 +4,7 @@ importer's table has. A test runs and must pass unless it needs what tessera doe
 per test: a dtype outside tessera's table (int4, int2, the fp8 "fnuz" formats, ...), training
 mode, or an einsum diagonal.
 
-    python tests/frontend/test_onnx_node.py      # the per-operator counts (the README's table)
+    python tests/frontend/onnx/test_onnx_node.py   # the per-operator counts (the README's table)
 """
 import collections
 import sys
