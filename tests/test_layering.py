@@ -15,9 +15,7 @@ LAYERS = [
     ("operators", ["tessera.ops"]),
     ("runtime", ["tessera.runtime"]),
     ("IR data", ["tessera.compiler.graph_ir", "tessera.compiler.schedule_ir",
-                 "tessera.compiler.tile_ir", "tessera.compiler.dynamic",
-                 # a tile kernel's traced body and its NumPy reference: the strategy reads them
-                 "tessera.kernel.ir", "tessera.kernel.interpreter"]),
+                 "tessera.compiler.tile_ir", "tessera.compiler.dynamic"]),
     ("spellings", ["tessera.compiler.spelling"]),
     ("graph passes", ["tessera.compiler.passes", "tessera.compiler.backward",
                       "tessera.compiler.groups"]),

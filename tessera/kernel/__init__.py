@@ -5,7 +5,7 @@ A tile kernel is a Python function over `Tile["M", "K", bf16]` parameters whose 
 per parameter dtypes into a `KernelBody`: a short list of typed statements over symbolic sizes
 (the problem's dimensions M, K, N and the launch's knobs BM, BN, BK), checked as it is traced.
 The kernel then becomes one Graph IR node, `tile_program` (operator.py), which the `tile`
-strategy (compiler/strategies/kernel.py) lowers to Tile IR for the CPU and the GPUs: so a tile
+strategy (lowering.py) lowers to Tile IR for the CPU and the GPUs: so a tile
 kernel has a Program like any function, and the explorer, `%%tessera`, the profiler and the
 autotuner work on it unchanged.
 
@@ -34,9 +34,11 @@ The modules, in the order a kernel meets them:
   placement     after tracing: the grid, and each load's placement against it
   interpreter   the body run with NumPy, program by program (the operator's reference)
   operator      the Graph IR operator `tile_program` a kernel call becomes
+  lowering      the `tile` strategy: a body to Tile IR, registered with the compiler's strategies
   function      `KernelFunction`, what `@ts.kernel` makes; `kernel`, the decorator
 
-Nothing is imported here, so the compiler can read `tessera.kernel.ir` without the front end.
+Nothing is imported here. The compiler imports nothing of this package: the operator and its
+strategy register themselves with it.
 The name `ts.kernel` is the decorator (tessera/autotune.py), bound after this package is
 imported: import its modules as `from tessera.kernel import ir` (`import tessera.kernel.ir as
 m` looks the package up as the attribute `tessera.kernel`, the decorator, and fails).

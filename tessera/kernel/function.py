@@ -7,7 +7,8 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, TracingError
 from ..trace import user_location
 from ..types import TensorSpec
-from . import operator  # noqa: F401 (registers tile_program, the node this module makes)
+from . import lowering, operator  # noqa: F401 (register tile_program, the node this module
+                                  # makes, and its strategy)
 from .annotations import TileSpec
 from .interpreter import interpret
 from .ir import KernelBody, Param, Return, Value, type_text

@@ -2,7 +2,7 @@
 
 IR data, like the compiler's IR levels: the tracer (tracer.py, builtins.py) builds it, the
 placement pass completes it, and the interpreter and the `tile` strategy
-(compiler/strategies/kernel.py) read it, telling statements apart by their class. Indices and
+(lowering.py) read it, telling statements apart by their class. Indices and
 sizes in it are `Ix` expressions (index.py), read through their `op` and `args`.
 """
 from __future__ import annotations

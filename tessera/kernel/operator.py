@@ -4,7 +4,7 @@ makes such nodes, is imported.
 
 Its operands are the kernel's parameters in order (a parameter it only stores into is an
 operand for its shape); its `kernel` attribute is the traced body (a KernelBody,
-tessera/kernel/ir.py), which the `tile` strategy lowers (tessera/compiler/strategies/kernel.py).
+tessera/kernel/ir.py), which the `tile` strategy lowers (lowering.py).
 Its result is the kernel's output.
 """
 from __future__ import annotations

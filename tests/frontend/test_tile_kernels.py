@@ -566,7 +566,7 @@ def test_atomic_mistakes_are_named_and_write_nothing():
 def test_every_statement_class_is_interpreted_and_lowered():
     """A statement class (tessera/kernel/ir.py) without its method in the interpreter or the
     strategy would fail only when a kernel uses it: here it fails at once."""
-    from tessera.compiler.strategies import kernel as strategy
+    from tessera.kernel import lowering as strategy
     from tessera.kernel import interpreter, ir
     kinds = set(ir.Stmt.__subclasses__())
     assert kinds == set(interpreter.RUN_STMT) == set(strategy.LOWER_STMT)

@@ -1,4 +1,7 @@
-"""tile: a user's tile kernel (`@ts.kernel`, tessera/kernel/), alone.
+"""tile: the strategy lowering a user's tile kernel (`@ts.kernel`) to Tile IR, alone. It is
+registered with the compiler's strategies from here, beside the kernel language it reads (as a
+strategy from outside the compiler would be: tests/compiler/test_strategies.py), when
+function.py, which makes tile_program nodes, is imported.
 
 One program per block of the output. Every tile is a buffer of its static shape (the knobs'
 sizes): a local array on the CPU (the heap past LOCAL_MAX_BYTES), a shared array on GPUs;
@@ -14,18 +17,19 @@ Each statement class of the body (tessera/kernel/ir.py) has its method in _Lower
 """
 from __future__ import annotations
 
-from ... import dtypes as dt
-from ...errors import BackendUnavailableError, TesseraError
-from ...kernel import ir as kir
-from ...ops import registry as R
-from ...runtime import targets
-from ..emit import Names, attrs_key, contiguous, idx_min, launch_of, prod, read, split_index
-from ..tile_ir import (Addr, Assign, AtomicAdd, Barrier, Bin, Call, Cast, CheckIndex, Const, Decl,
-                       If, Load, Local, Loop, OpCall, Scratch, Select, Shared, Store, Var,
-                       idx_add, idx_mul, linear)
-from .base import Strategy, register
-from .routines import gpu_gemm
-from .row import EXPENSIVE_FLOPS
+from .. import dtypes as dt
+from ..compiler.emit import (Names, attrs_key, contiguous, idx_min, launch_of, prod, read,
+                             split_index)
+from ..compiler.strategies import Strategy, register
+from ..compiler.strategies.routines import gpu_gemm
+from ..compiler.strategies.row import EXPENSIVE_FLOPS
+from ..compiler.tile_ir import (Addr, Assign, AtomicAdd, Barrier, Bin, Call, Cast, CheckIndex,
+                                Const, Decl, If, Load, Local, Loop, OpCall, Scratch, Select,
+                                Shared, Store, Var, idx_add, idx_mul, linear)
+from ..errors import BackendUnavailableError, TesseraError
+from ..ops import registry as R
+from ..runtime import targets
+from . import ir as kir
 
 KNOB_OF = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
 CPU_BLOCK = {"tile_m": 64, "tile_n": 64, "tile_k": 64}
