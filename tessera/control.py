@@ -403,7 +403,6 @@ def _predicate_value(trace: Trace, x: Traced, fn=None):
         raise ShapeError("a control-flow predicate is a tensor of one element",
                          location=def_location(fn) if fn else user_location(),
                          received=str(t), hint="reduce it first: x.sum() > 0, op.norm(x) > t")
-    from .trace import apply
     if t.rank:
         x = apply("reshape", x, shape=[])
     if t.dtype != dt.bool_:

@@ -10,6 +10,7 @@ import inspect as _inspect
 
 from . import ops as _ops
 from .errors import ArgumentError as _ArgumentError
+from .errors import ShapeError as _ShapeError
 from .trace import apply as _apply
 from .trace import element_counters as _counters
 from .trace import lift as _lift
@@ -651,8 +652,7 @@ def einsum(spec, *operands):
                                  f"{word!r} names {len(word)} axes")
         for c, d in zip(word, shape):
             if c in size and not same(size[c], d):
-                from .errors import ShapeError
-                raise ShapeError(f"op.einsum({spec!r}): {c!r} is {size[c]} in one operand and "
+                raise _ShapeError(f"op.einsum({spec!r}): {c!r} is {size[c]} in one operand and "
                                  f"{d} in operand {k}")
             size.setdefault(c, d)
 

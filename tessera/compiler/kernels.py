@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..runtime import targets
 from . import strategies
 from .fusion import fuse
-from .graph_ir import Graph
+from .graph_ir import Graph, format_attrs, format_value
 from .groups import Group, is_reduce
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .schedule_ir import Buffer, Kernel, RegionStep, Schedule, storage
@@ -305,7 +305,6 @@ def kernel_signature(k: Kernel) -> str:
     """The kernel's structure as text: its strategy and fused operators with their attributes and
     types, operands numbered by position, not by name, so one kernel has one signature wherever it
     sits in whichever graph."""
-    from .graph_ir import format_attrs, format_value
     local, lines = {}, [k.strategy]
     for n in k.fuses:
         args = []

@@ -10,7 +10,7 @@ from .. import ops
 from ..errors import TesseraError
 from ..ops.registry import run_reference
 from ..types import TensorType
-from .graph_ir import Builder, Graph, Node, Region, Value
+from .graph_ir import Builder, Graph, Node, Region, Value, make_attrs
 
 FOLD_LIMIT = 1 << 16          # fold constants up to this many elements
 
@@ -125,7 +125,6 @@ def decompose(g: Graph) -> Graph:
         if opdef.decompose is not None:
             b = _ExpandingBuilder(out, loc, origin, emit)
             types = [v.type for v in inputs]
-            from .graph_ir import make_attrs
             result = opdef.decompose(b, inputs, make_attrs(opdef, attrs, types))
             if result is not None:
                 return result

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import ShardingError
 from ..pytree import flatten
-from .collectives import _packed_all_reduce, reduce_blocks
+from .collectives import _packed_all_reduce
+from .moves import reduce_blocks
 from .engine import tree_reduce
 from .layout import at_user_line
 

@@ -21,14 +21,13 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BackendUnavailableError, RankFailure
-from .engine import under_mpi
+from .engine import MPIEngine, under_mpi
 
 
 def rank() -> int:
     """This process's MPI rank (0 outside mpiexec)."""
     if not under_mpi():
         return 0
-    from .engine import MPIEngine
     return MPIEngine.world().rank
 
 
@@ -36,7 +35,6 @@ def world_size() -> int:
     """The number of MPI ranks (1 outside mpiexec)."""
     if not under_mpi():
         return 1
-    from .engine import MPIEngine
     return MPIEngine.world().size
 
 

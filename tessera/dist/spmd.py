@@ -20,11 +20,11 @@ import numpy as np
 
 from ..compiler.graph_ir import format_attrs
 from ..errors import IRVerificationError, ShardingError
-from ..function import Function, function, tracing
+from ..function import Function, extensions, function, tracing
 from ..function.interpreter import structured
-from .collectives import apply_moves, bytes_moved, moves
 from .layout import Layout
-from .tensor import DTensor, _fixed_arity, _rule, _run, apply_local, local_attrs
+from .moves import apply_moves, bytes_moved, moves
+from .tensor import DTensor, _fixed_arity, _rule, _run, apply_local, local_attrs, shard
 
 
 class _Abstract:
@@ -293,7 +293,6 @@ def prepare(fn, args, kwargs):
     for name, a in arrays.items():
         x = holders[id(a)][0] if id(a) in holders else None
         if x is None:
-            from .tensor import shard
             x = shard(a, None, mesh)
         inputs.append(x)
         key.append((name, x.shape, x.dtype.str, x.layout))
@@ -312,6 +311,9 @@ def prepare(fn, args, kwargs):
 def call(fn, args, kwargs):
     p, inputs = prepare(fn, args, kwargs)
     return structured(p.graph, p.run(inputs))
+
+
+extensions.register_caller(DTensor, call)       # a tessera function called with sharded tensors
 
 
 def plan_for(fn, *args, **kwargs) -> Plan:

@@ -37,7 +37,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..errors import ShardingError, TesseraError, enrich
 from ..function import function
-from .collectives import bytes_moved, moves, redistribute
+from .moves import apply_moves, bytes_moved, moves
 from .engine import on_gpu
 from .layout import Layout, Mesh, ShardSpec, at_user_line
 
@@ -92,12 +92,6 @@ class DTensor:
         except TesseraError as e:
             from ..trace import user_location
             raise enrich(e, location=user_location(), op=opdef.name)
-
-    @classmethod
-    def __tessera_call__(cls, fn, args, kwargs):
-        """A tessera function called with sharded tensors (tessera/dist/spmd.py)."""
-        from .spmd import call
-        return call(fn, args, kwargs)
 
     def _op(self, name, *args, **attrs):
         from ..trace import apply
@@ -630,3 +624,11 @@ def _run(mesh, fn, operands: dict) -> dict:
         eng.barrier()
     _COMPILED.add(key)
     return out
+
+
+def redistribute(x, layout):
+    """``x`` (a DTensor) in ``layout`` (see `moves`); x itself when nothing changes."""
+    if x.layout == layout:
+        return x
+    blocks = apply_moves(x.mesh, dict(x.blocks), moves(x.layout, layout))
+    return DTensor(x.mesh, x.shape, x.dtype, layout, blocks)

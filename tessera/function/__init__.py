@@ -255,9 +255,12 @@ def _dynamic_symbols(dynamic, sig, name) -> tuple:
 
 
 def _call_hook(args, kwargs):
-    """An argument's type that runs calls itself (``__tessera_call__``: a sharded tensor)."""
+    """The call of an argument's type that runs calls itself (extensions.callers: a sharded
+    tensor), or None."""
+    if not extensions.callers:
+        return None
     for x in pytree.flatten((args, kwargs))[0]:
-        hook = getattr(type(x), "__tessera_call__", None)
+        hook = extensions.callers.get(type(x))
         if hook is not None:
             return hook
     return None

@@ -5,6 +5,8 @@
   (active, checked_call): a call checks ``active()`` (this thread's checks) and, when on, runs
   through ``checked_call(fn, args, kwargs)``; None otherwise, so a call's cost is one read.
 - export formats (tessera/onnx.py): ``exporters[format](fn, path, *example, **options)``.
+- argument types that run calls themselves (tessera/dist/spmd.py: a sharded tensor's call is
+  planned and run SPMD): ``callers[type(x)](fn, args, kwargs)``.
 - other libraries' arrays (tessera/interop.py): ``as_array(x)`` reads an argument (PyTorch and
   JAX arrays through DLPack), ``convert_results(out, args)`` gives the results in the callers'
   array type.
@@ -15,6 +17,7 @@ import numpy as np
 
 debug = None                    # (active, checked_call) while a debug block is open
 exporters: dict = {}            # format name -> export function
+callers: dict = {}              # argument type -> call(fn, args, kwargs)
 as_array = np.asarray           # an argument as the array a program takes
 convert_results = None          # (results, the call's arguments) -> results; None: as they are
 
@@ -26,6 +29,12 @@ def register(**hooks):
         if name not in ("debug", "as_array", "convert_results"):
             raise TypeError(f"Function has no extension point {name!r}")
         globals()[name] = value
+
+
+def register_caller(cls: type, call):
+    """A call of a tessera function with an argument of type `cls` (anywhere in its pytrees)
+    runs as ``call(fn, args, kwargs)``."""
+    callers[cls] = call
 
 
 def register_exporter(format: str, export):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, TracingError
-from ..trace import user_location
+from ..trace import apply, user_location
 from ..types import TensorSpec
 from . import lowering, operator  # noqa: F401 (register tile_program, the node this module
                                   # makes, and its strategy)
@@ -150,7 +150,6 @@ class KernelFunction:
         parameter (an output parameter is an operand for its shape only, unless read)."""
         import inspect
         from ..function import Function
-        from ..trace import apply
         target = target or self.target
         key = (tuple(p.dtype for p in body.params), target)
         f = self.functions.get(key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, TesseraError, TracingError
+from ..ops import registry as R
 from ..ops.registry import install_operators
 from ..trace import user_location
 from .index import ONE, Ix, ix, size_of
@@ -220,7 +221,6 @@ def _broadcast(shapes, dims_list, op) -> tuple:
 
 
 def elementwise(op, *args, **attrs) -> TileValue:
-    from ..ops import registry as R
     t = tracer()
     opdef = R.get(op)
     if not isinstance(opdef.lowering, R.Elementwise):
@@ -304,8 +304,7 @@ def update(target: TileValue, op, value):
     t = tracer()
     v = as_value(value)
     tv = target._v
-    from ..ops.registry import is_scalar
-    if v is None and not is_scalar(value):
+    if v is None and not R.is_scalar(value):
         raise ArgumentError(f"an in-place update takes a tile or a number, not {value!r}",
                             location=user_location())
     shape = v.shape if v is not None else tv.shape
@@ -405,8 +404,7 @@ def atomic_add(x, value, *, offset=None, index=None):
 
 
 def _is_number(x) -> bool:
-    from ..ops.registry import is_scalar
-    return is_scalar(x) and not isinstance(x, bool)
+    return R.is_scalar(x) and not isinstance(x, bool)
 
 
 def _buffers(n, what):

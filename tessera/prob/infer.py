@@ -77,7 +77,6 @@ class Layout:
 
     def values(self, z):
         """(site values, log |det J|) at a flat point z (a tensor), in tessera operators."""
-        from .. import op
         values, jac, at = {}, None, 0
         for s in self.sites:
             name, support = s["name"], s["dist"].support

@@ -32,8 +32,8 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, BackendUnavailableError, DeviceError, ResourceError
 from ..types import type_of_array
 from . import cache, profiler, targets
+from .gpu_toolchain import NVRTC_OPTIONS, nvrtc_compile, nvrtc_version
 from .program import HostSteps, no_memory, results, status_error
-from .gpu_toolchain import NVRTC_OPTIONS
 
 # clang compiles HIP with -ffp-contract=fast by default: a*b+c would become an FMA, against the
 # numerics contract (hipcc's compile check in CI passes the same flag)
@@ -104,7 +104,6 @@ def ptx_path(source: str, arch: str) -> Path:
     """Where the PTX of `source` for `arch` lives: the kernel cache, keyed by everything that
     changes the PTX (or a directory of this process's own under TESSERA_NO_CACHE=1)."""
     from ..version import __version__
-    from .gpu_toolchain import nvrtc_version
     key = hashlib.sha256("\0".join([source, arch, nvrtc_version(), *NVRTC_OPTIONS,
                                     str(cache.SCHEMA_VERSION), __version__]).encode())
     root = cache.cache_dir() / "kernels" if cache.cache_enabled() else _private_dir()
@@ -124,7 +123,6 @@ def _private_dir() -> Path:
 
 
 def _compile_ptx(source: str, arch: str, name: str) -> Path:
-    from .gpu_toolchain import nvrtc_compile
     path = ptx_path(source, arch)
     ptx = nvrtc_compile(source, arch=arch, name=name, options=NVRTC_OPTIONS)
     cache.count("compiles")

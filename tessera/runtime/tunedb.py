@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from ..version import __version__
-from ..errors import first_user_frame
+from ..errors import ArgumentError, first_user_frame
 from . import cache
 
 DB_SCHEMA = 1
@@ -156,7 +156,6 @@ class TuneDB:
 
     def _check_path(self):
         if self.path.exists() and not self.path.is_file():
-            from ..errors import ArgumentError
             raise ArgumentError(f"the autotuning database {self.path} is not a file",
                                 hint="give the path of a file (it is created if missing)")
 

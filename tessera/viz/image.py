@@ -17,7 +17,9 @@ import subprocess
 from html import escape
 
 from ..errors import ArgumentError, BackendUnavailableError
+from .figures import figure_png, figure_svg
 from .graph import drawing, to_dot
+from .svg import DOT_TIMEOUT_S, drawing_svg
 
 PNG_DPI = 144           # drawn at 1.5x and shown at its size in CSS pixels: sharp on HiDPI screens
 
@@ -95,7 +97,6 @@ def _dot_png(dot_text: str, timeout: float):
 def graph_image(obj, *, layout: str | None = None, **kw) -> Image:
     """The drawing of graph_svg(obj, layout=layout, **kw) as an Image for a notebook, with a
     PNG from Graphviz when it draws the graph."""
-    from .svg import DOT_TIMEOUT_S, drawing_svg
     d = drawing(obj, **kw)
     svg, by_dot = drawing_svg(d, layout)
     png = _dot_png(to_dot(d), DOT_TIMEOUT_S) if by_dot else None
@@ -104,5 +105,4 @@ def graph_image(obj, *, layout: str | None = None, **kw) -> Image:
 
 def figure_image(fig) -> Image:
     """A matplotlib figure as an Image (SVG and PNG)."""
-    from .figures import figure_png, figure_svg
     return Image(figure_svg(fig), figure_png(fig, dpi=PNG_DPI), "<figure>")
