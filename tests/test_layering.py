@@ -104,3 +104,30 @@ def test_the_layers_name_every_module_and_the_test_sees_imports():
     assert "tessera.compiler.strategies" in found and "tessera.runtime.targets" in found
     lazy = {t for t, _ in imports(ROOT / "schedule.py")}
     assert "tessera.compiler.strategies" in lazy
+
+
+def test_no_circle_of_imports():
+    """Within a layer too, no module reaches itself through its imports (lazy ones counted: a
+    lazy import is for an optional dependency or import time, never to break a circle). A
+    package's __init__ importing its own modules is not a circle (Python runs it first)."""
+    edges = {}
+    for path in ROOT.rglob("*.py"):
+        here = module_name(path)
+        edges[here] = {t for t, _ in imports(path)
+                       if t != here and not (path.name == "__init__.py" and
+                                             t.startswith(here + "."))
+                       and not here.startswith(t + ".")}     # (a module's own package)
+    circles, done = [], set()
+
+    def visit(m, stack):
+        if m in stack:
+            circles.append(" -> ".join(stack[stack.index(m):] + [m]))
+            return
+        if m in done:
+            return
+        for t in sorted(edges.get(m, ())):
+            visit(t, stack + [m])
+        done.add(m)
+    for m in sorted(edges):
+        visit(m, [])
+    assert not circles, "circles of imports:\n" + "\n".join(circles)
