@@ -478,7 +478,7 @@ def analyze_performance(fn, *args, repeat: int = 10, **kwargs) -> PerformanceRep
     if fusion's rules could be made to take it), a memory-bound kernel in a narrower dtype
     (the bytes it would save), a kernel far under its roof that has knobs to search."""
     from .compiler import strategies
-    from .compiler.kernels import knob_space
+    from .compiler.scheduler import knob_space
     from .runtime.profiler import fma_peak, profiler
     f = fn if isinstance(fn, Function) else Function(fn)
     prog = f.lower(*args, **kwargs)

@@ -61,21 +61,12 @@ class Schedule:
             raise ArgumentError(f"Schedule vector_width must be at most 256, not "
                                 f"{self.vector_width}")
 
-    # -- deriving --------------------------------------------------------------------------------
+    # -- deriving (the seeds' two; dataclasses.replace sets any field) -------------------------
     def with_block(self, *block) -> "Schedule":
         return dataclasses.replace(self, block=tuple(block))
 
     def with_stages(self, stages: int) -> "Schedule":
         return dataclasses.replace(self, stages=stages)
-
-    def with_vector_width(self, width: int) -> "Schedule":
-        return dataclasses.replace(self, vector_width=width)
-
-    def with_parallel(self, parallel: bool) -> "Schedule":
-        return dataclasses.replace(self, parallel=parallel)
-
-    def with_fusion(self, fusion: bool) -> "Schedule":
-        return dataclasses.replace(self, fusion=fusion)
 
     # -- applying --------------------------------------------------------------------------------
     def knobs_for(self, strategy: str) -> dict:

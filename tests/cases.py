@@ -8,7 +8,7 @@ from tessera import Tile, tile
 from tessera import dtypes as dt
 from tessera import ops
 from tessera.compiler.graph_ir import Graph, make_attrs
-from tessera.compiler.kernels import build_schedule
+from tessera.compiler.scheduler import build_schedule
 from tessera.compiler.lower import lower_schedule_gpu
 from tessera.compiler.pipeline import prepare
 from tessera.compiler.tile_ir import TileProgram

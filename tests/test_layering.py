@@ -21,7 +21,7 @@ LAYERS = [
                       "tessera.compiler.groups"]),
     ("the emitter", ["tessera.compiler.emit"]),
     ("strategies", ["tessera.compiler.strategies"]),
-    ("fusion and scheduling", ["tessera.compiler.fusion", "tessera.compiler.kernels"]),
+    ("fusion and scheduling", ["tessera.compiler.fusion", "tessera.compiler.scheduler"]),
     ("lowering", ["tessera.compiler.lower"]),
     ("renderers", ["tessera.compiler.target"]),
     ("pipeline and search", ["tessera.compiler"]),

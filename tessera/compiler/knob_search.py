@@ -53,7 +53,7 @@ from ..errors import ArgumentError, RuntimeFault, TesseraError
 from ..runtime import targets, tunedb
 from .lower import lower_schedule
 from .schedule_ir import Buffer, Kernel, Schedule
-from .kernels import invalid_knobs, kernel_signature
+from .scheduler import invalid_knobs, kernel_signature
 from .knobs import (GPU_KNOBS, REL_TOL, compare, enumerate_grid,  # noqa: F401 (the search's names)
                     kernel_space, program_threads, resolve_space)
 

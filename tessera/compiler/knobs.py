@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from ..errors import ArgumentError
-from .kernels import (ALIASES, KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs,
+from .scheduler import (ALIASES, KNOB_NAMES, MAX_LANES, NUMERIC_KNOBS, invalid_knobs,
                       knob_space)
 from .schedule_ir import Kernel
 

@@ -12,7 +12,7 @@ from ..runtime import targets
 from . import strategies
 from .emit import params
 from .schedule_ir import VIEWS, Schedule
-from .kernels import default_knobs
+from .scheduler import default_knobs
 from .tile_ir import TileKernel, TileProgram
 
 

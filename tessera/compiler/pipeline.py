@@ -15,7 +15,7 @@ from . import dynamic
 from .graph_ir import Graph, Node
 from .lower import lower_schedule, lower_schedule_gpu
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
-from .kernels import build_schedule, checked_record, kernel_signature
+from .scheduler import build_schedule, checked_record, kernel_signature
 from .program import GPUProgram, Program, ProgramLevels, ShapeGenericLibrary
 from . import target as renderers  # noqa: F401 (importing them registers their targets)
 

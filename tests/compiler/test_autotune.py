@@ -105,7 +105,7 @@ def test_record_read_in_another_process(rng, db, tmp_path):
     purpose, away from the heuristics', so their effect is visible)."""
     code = """
         import numpy as np, tessera as ts
-        from tessera.compiler.kernels import kernel_signature
+        from tessera.compiler.scheduler import kernel_signature
         from tessera.runtime import tunedb
         def mm(a, b):
             return a @ b
@@ -234,7 +234,7 @@ def test_tuned_program_is_deterministic_across_threads(rng, db, tmp_path):
     knobs = json.dumps(r.kernels[0].best_knobs)
     code = f"""
         import json, numpy as np, tessera as ts
-        from tessera.compiler.kernels import kernel_signature
+        from tessera.compiler.scheduler import kernel_signature
         from tessera.runtime import tunedb
         from test_autotune import mm_bias
         d = np.load({str(tmp_path / 'in.npz')!r})
@@ -441,7 +441,7 @@ def test_decorator_tunes_each_specialisation_and_keeps_its_own_arguments(rng, tm
 
 
 def test_exact_ignores_recorded_lanes(rng, tmp_path):
-    from tessera.compiler.kernels import kernel_signature
+    from tessera.compiler.scheduler import kernel_signature
     path = tmp_path / "exact.sqlite"
     x = rng.standard_normal((64, 333), dtype=np.float32)
     fn = lambda x: op.sum(x * x, axis=-1)                   # noqa: E731
@@ -459,7 +459,7 @@ def test_exact_ignores_recorded_lanes(rng, tmp_path):
 
 
 def test_bad_records_and_bad_paths(rng, tmp_path):
-    from tessera.compiler.kernels import kernel_signature
+    from tessera.compiler.scheduler import kernel_signature
     path = tmp_path / "bad.sqlite"
     x = rng.standard_normal((8, 50), dtype=np.float32)
     fn = lambda x: op.sum(x, axis=-1)                       # noqa: E731

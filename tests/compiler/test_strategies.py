@@ -46,7 +46,7 @@ def test_every_strategy_lowers_for_every_target():
 
 
 def test_knob_names_and_aliases_come_from_the_strategies():
-    from tessera.compiler.kernels import ALIASES, KNOB_NAMES
+    from tessera.compiler.scheduler import ALIASES, KNOB_NAMES
     assert {"tile_m", "block_q", "lanes", "unroll"} <= set(KNOB_NAMES)
     assert ALIASES["BM"] == {"contract": "tile_m", "conv": "tile_m", "attention": "block_q",
                              "tile": "tile_m"}

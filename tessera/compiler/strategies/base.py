@@ -7,7 +7,7 @@ per target, what the autotuner may try, which values are invalid, the seeds' nam
 what a user's Schedule sets), its lowering to Tile IR for the CPU and for GPUs side by side on
 the shared emitter (compiler/emit.py), and the sources of the routines its kernels call.
 
-Fusion, the kernels pass (kernels.py), the autotuner and the renderers loop over the registry; no
+Fusion, the scheduler (scheduler.py), the autotuner and the renderers loop over the registry; no
 compiler file outside a strategy names one.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """region: a control-flow operator (fori_loop, while_loop, scan, cond), never a kernel. Its
 results are sibling nodes that start groups of their own and take nothing in; the kernels pass
-schedules its bodies' kernels inside a RegionStep (compiler/kernels.py) and the C renderer
+schedules its bodies' kernels inside a RegionStep (compiler/scheduler.py) and the C renderer
 writes the loop or branch around them in the program's entry point."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Graph IR (primitive, concrete) → Schedule IR: fusion groups become kernels, with knobs and a
-cost (FLOPs, bytes) for each. What a kernel's knobs are, their defaults per target and the values
+"""The scheduler: Graph IR (primitive, concrete) → Schedule IR, fusion groups become kernels
+with knobs and a cost (FLOPs, bytes) each. What a kernel's knobs are, their defaults per target and the values
 the autotuner may try come from its strategy (tessera/compiler/strategies/); this file holds
 what every strategy shares."""
 from __future__ import annotations
