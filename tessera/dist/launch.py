@@ -130,7 +130,7 @@ def _run(job: Path, nprocs: int, timeout: float, threads):
     return [pickle.loads((job / f"result.{r}").read_bytes()) for r in range(nprocs)]
 
 
-class Module:
+class ModuleByName:
     """A module a `%%tessera --mesh` cell reads, sent by name (each rank imports it)."""
 
     def __init__(self, name: str):
@@ -146,7 +146,7 @@ def run_source(source: str, inputs: dict, axes: dict, filename: str = "<cell>"):
     from .layout import Mesh
     ns = {"__name__": "__mesh_cell__"}
     for name, value in inputs.items():
-        ns[name] = importlib.import_module(value.name) if isinstance(value, Module) else value
+        ns[name] = importlib.import_module(value.name) if isinstance(value, ModuleByName) else value
     ns["mesh"] = Mesh(axes=dict(axes))
     tree = ast.parse(source, filename)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None

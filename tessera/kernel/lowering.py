@@ -111,7 +111,7 @@ def _used(k):
     return [KNOB_OF[n] for n in _body(k).knobs if n in KNOB_OF]
 
 
-class TileKernel(Strategy):
+class TileKernelStrategy(Strategy):
     """A user's `@ts.kernel` (the strategy's name, `tile`, is in schedules and tuning keys)."""
     name = "tile"
     grows = False
@@ -120,7 +120,7 @@ class TileKernel(Strategy):
     aliases = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
 
     def claims(self, n) -> bool:
-        return isinstance(n.opdef.lowering, R.TileProgram)
+        return isinstance(n.opdef.lowering, R.UserTileKernel)
 
     def absorb(self, grp, p, m, users) -> bool:
         return False
@@ -193,7 +193,7 @@ class TileKernel(Strategy):
         return [(keep, launch_of(max(1, k.output.type.numel()), knobs["threads"])), main]
 
 
-register(TileKernel())
+register(TileKernelStrategy())
 
 
 def _operands(k):

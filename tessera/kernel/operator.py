@@ -10,7 +10,7 @@ Its result is the kernel's output.
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..ops.registry import OpDef, TileProgram, register
+from ..ops.registry import OpDef, UserTileKernel, register
 from ..types import TensorType
 from .interpreter import interpret
 
@@ -34,5 +34,5 @@ def _reference(arrays, attrs):
 
 register(OpDef(
     "tile_program", -1, {"kernel": None}, infer=_infer, reference=_reference,
-    lowering=TileProgram(), differentiable=False,
+    lowering=UserTileKernel(), differentiable=False,
     doc="a user's tile kernel (@ts.kernel): its body run over the blocks of its output"))

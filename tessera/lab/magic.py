@@ -180,7 +180,7 @@ def _run_on_mesh(shell, cell: str, spec: str, timeout: float):
     notebook's values it reads (modules by name); the list of the ranks' last values."""
     import math
 
-    from ..dist.launch import Module, launch, run_source
+    from ..dist.launch import ModuleByName, launch, run_source
     try:
         from cloudpickle import dumps
     except ImportError:             # launch says what to install
@@ -197,7 +197,7 @@ def _run_on_mesh(shell, cell: str, spec: str, timeout: float):
             continue
         value = shell.user_ns[name]
         if isinstance(value, types.ModuleType):
-            inputs[name] = Module(value.__name__)
+            inputs[name] = ModuleByName(value.__name__)
             continue
         try:
             dumps(value)

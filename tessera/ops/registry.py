@@ -158,7 +158,7 @@ class Attention:
 
 
 @dataclass(frozen=True)
-class TileProgram:
+class UserTileKernel:
     """A user's tile kernel (tessera/kernel/): its traced body, run program by program over
     the blocks of its output."""
 

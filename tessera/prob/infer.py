@@ -43,7 +43,7 @@ MAX_DELTA_H = 1000.0
 
 
 # ---- the model in unconstrained space ----------------------------------------------------------
-class Layout:
+class SiteLayout:
     """A model's unobserved sites laid out in one flat unconstrained vector (what MCMC moves
     and the SVI guides draw): `values(z)` gives the site values on their supports and the log
     Jacobian of the map, in tessera operators; `constrained(z)` the values as NumPy arrays."""
@@ -91,7 +91,7 @@ class Layout:
         return values, jac
 
 
-class _Unconstrained(Layout):
+class _Unconstrained(SiteLayout):
     """The layout with its potential (minus the log joint plus the log Jacobian) and gradient,
     one compiled function; a leapfrog trajectory of it and a whole NUTS subtree, two more."""
 
@@ -595,4 +595,4 @@ class Posterior:
         return y.mean(axis=0), y.std(axis=0, ddof=1)
 
 
-__all__ = ["mcmc", "Posterior", "Layout"]
+__all__ = ["mcmc", "Posterior", "SiteLayout"]

@@ -27,21 +27,21 @@ from ..errors import TesseraError
 from ..function import function
 from .distributions import Distribution, Normal, _normal
 from .handlers import log_joint
-from .infer import Layout
+from .infer import SiteLayout
 
 LOG_2PI = math.log(2 * math.pi)
 
 
 class _AutoGuide:
     """What both guides share: the model's unobserved sites in one flat unconstrained vector
-    (infer.Layout, as MCMC has them)."""
+    (infer.SiteLayout, as MCMC has them)."""
     def __init__(self, model, init_scale=0.1):
         self.model, self.init_scale = model, float(init_scale)
         self.layout = None
 
     def _setup(self, args, kwargs):
         if self.layout is None:
-            self.layout = Layout(self.model, args, kwargs)
+            self.layout = SiteLayout(self.model, args, kwargs)
             self.dim = self.layout.dim
 
     def _values(self, z):

@@ -1,8 +1,8 @@
 """A program as the runtime runs it, the same way on every target: a table of buffers (the
 caller's inputs, constants, outputs and temporaries) and a list of steps over it.
 
-Steps are kernel launches (`Launch`) and control-flow regions, which the CPU's entry point runs
-as C loops and a GPU program from the host (`HostSteps`); collectives and loads of saved
+Steps are kernel launches (`KernelLaunch`) and control-flow regions, which the CPU's entry point
+runs as C loops and a GPU program from the host (`HostSteps`); collectives and loads of saved
 artifacts are to come, each a step of its own. A target's executor says how launches run: the
 CPU (runtime/cpu.py) runs a program's launches in one call of its C entry point (calling into
 C once per kernel would cost what a small kernel does), a GPU (runtime/gpu.py) launches each
@@ -20,7 +20,7 @@ from ..errors import ResourceError, RuntimeFault
 
 
 @dataclass(frozen=True)
-class Launch:
+class KernelLaunch:
     """Run kernel `kernel` of the program on the buffers named `args`, in order."""
     kernel: str
     args: tuple
@@ -28,11 +28,11 @@ class Launch:
 
 def steps_of(tile_program) -> list:
     """The steps of a tile program: its kernel launches in order."""
-    return [Launch(name, tuple(args)) for name, args in tile_program.calls]
+    return [KernelLaunch(name, tuple(args)) for name, args in tile_program.calls]
 
 
 def launches_only(steps) -> bool:
-    return all(isinstance(s, Launch) for s in steps)
+    return all(isinstance(s, KernelLaunch) for s in steps)
 
 
 class HostSteps:

@@ -13,7 +13,7 @@ from ..tile_ir import Assign, Const, Decl, OpCall, Select, Store, Var, linear
 from .base import Strategy, register, worth_threads
 
 
-class ArgReduce(Strategy):
+class ArgReduceStrategy(Strategy):
     name = "argreduce"
 
     def claims(self, n) -> bool:
@@ -46,7 +46,7 @@ class ArgReduce(Strategy):
         return grid_from_cpu_nests(self.lower_cpu(k, code), knobs)
 
 
-register(ArgReduce())
+register(ArgReduceStrategy())
 
 
 def lower_argreduce(k: Kernel, code):

@@ -25,7 +25,7 @@ from .base import PARALLEL_MIN_FLOPS, Strategy, register
 from .routines import c_attention, gpu_attention
 
 
-class Attention(Strategy):
+class AttentionStrategy(Strategy):
     name = "attention"
     fuses_views = False
     knobs = ("block_q",)
@@ -100,7 +100,7 @@ class Attention(Strategy):
         return [*exp, *gpu_attention.attention_routine(lang, dtype, *sizes)[1]]
 
 
-register(Attention())
+register(AttentionStrategy())
 
 
 def lower_attention(k: Kernel, code):

@@ -10,7 +10,7 @@ from ..tile_ir import Cast, Store, linear
 from .base import Strategy, register
 
 
-class Concat(Strategy):
+class ConcatStrategy(Strategy):
     name = "concat"
     grows = False
 
@@ -24,7 +24,7 @@ class Concat(Strategy):
         return grid_from_cpu_nests(self.lower_cpu(k, code), knobs)
 
 
-register(Concat())
+register(ConcatStrategy())
 
 
 def lower_concat(k: Kernel, code):

@@ -52,7 +52,7 @@ def routine_dtype(c) -> str | None:
     return None
 
 
-class Contract(Strategy):
+class ContractStrategy(Strategy):
     name = "contract"
     knobs = ("tile_m", "tile_n", "tile_k")
     aliases = {"BM": "tile_m", "BN": "tile_n", "BK": "tile_k"}
@@ -188,7 +188,7 @@ class Contract(Strategy):
         return list(gpu_gemm.gemm_routine(lang, dtype, *sizes)[1])
 
 
-register(Contract())
+register(ContractStrategy())
 
 
 def gemm_tiles(c, dtype_short: str) -> dict:

@@ -22,7 +22,7 @@ from ..emit import Emitter, Names, contiguous, idx_div, idx_min, idx_mod, launch
 from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select, Store, Var, \
     idx_add, idx_mul
 from .base import PARALLEL_MIN_FLOPS, register
-from .contract import Contract, task_tiles
+from .contract import ContractStrategy, task_tiles
 from .routines import c_conv, c_gemm
 
 
@@ -41,7 +41,7 @@ def geometry(n) -> dict:
             "P": prod(out[2:]), "KK": prod(w[2:])}
 
 
-class Conv(Contract):
+class ConvStrategy(ContractStrategy):
     name = "conv"
     routines = {"conv": "ts_conv_tile_{S}"}
 
@@ -98,7 +98,7 @@ class Conv(Contract):
         raise KeyError(name)
 
 
-register(Conv())
+register(ConvStrategy())
 
 
 def _epilogue_loops(em: Emitter, g: dict):

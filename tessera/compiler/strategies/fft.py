@@ -31,7 +31,7 @@ LONG_LINE = 1 << 16                 # a line this long is worth threads of its o
 KIND_CODE = {("c2c", False): 0, ("c2c", True): 1, ("r2c", False): 2, ("c2r", False): 3}
 
 
-class FFT(Strategy):
+class FFTStrategy(Strategy):
     name = "fft"
     routines = {"fft": "ts_fft_{S}"}
 
@@ -85,7 +85,7 @@ class FFT(Strategy):
                 specialise(ROUTINE, COS_SIN=c_cos_sin(), S=dtype, T=t)]
 
 
-register(FFT())
+register(FFTStrategy())
 
 
 def lanes_for(n: int, lines: int) -> int:

@@ -12,7 +12,7 @@ from ..tile_ir import Cast, CheckIndex, Const, Decl, Loop, Store, Var, idx_add, 
 from .base import Strategy, register
 
 
-class Gather(Strategy):
+class GatherStrategy(Strategy):
     name = "gather"
     grows = False
 
@@ -26,7 +26,7 @@ class Gather(Strategy):
         return gpu_gather(k, code, target, knobs)
 
 
-register(Gather())
+register(GatherStrategy())
 
 
 def gather_shape(k: Kernel):

@@ -19,7 +19,7 @@ from .base import Strategy, register
 from .row import EXPENSIVE_FLOPS
 
 
-class Pointwise(Strategy):
+class PointwiseStrategy(Strategy):
     name = "pointwise"
     knobs = ("unroll",)
 
@@ -63,7 +63,7 @@ class Pointwise(Strategy):
         return gpu_pointwise(k, code, target, knobs)
 
 
-class Copy(Pointwise):
+class CopyStrategy(PointwiseStrategy):
     name = "copy"
     grows = False
 
@@ -71,8 +71,8 @@ class Copy(Pointwise):
         return is_view(n) and not squeezes_only(n)
 
 
-register(Pointwise())
-register(Copy())
+register(PointwiseStrategy())
+register(CopyStrategy())
 
 
 def lower_pointwise(k: Kernel, code):

@@ -12,10 +12,10 @@ from ..groups import identity_map
 from ..schedule_ir import Kernel
 from ..tile_ir import Assign, Const, Decl, Load, Local, Loop, OpCall, Store, Var, idx_add, idx_mul
 from .base import register
-from .row import Reduction
+from .row import ReductionStrategy
 
 
-class ColumnReduce(Reduction):
+class ColumnReduceStrategy(ReductionStrategy):
     name = "reduce"
     column = True
 
@@ -26,7 +26,7 @@ class ColumnReduce(Reduction):
         return gpu_column_reduce(k, code, target, knobs)
 
 
-register(ColumnReduce())
+register(ColumnReduceStrategy())
 
 
 COLUMN_BLOCK = 256      # output columns accumulated together by a column reduction

@@ -8,7 +8,7 @@ from ...ops.regions import REGION_OPS
 from .base import Strategy, register
 
 
-class Region(Strategy):
+class RegionStrategy(Strategy):
     name = "region"
     makes_kernels = False
     grows = False
@@ -17,4 +17,4 @@ class Region(Strategy):
         return n.op in REGION_OPS
 
 
-register(Region())
+register(RegionStrategy())

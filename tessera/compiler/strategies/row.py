@@ -36,7 +36,7 @@ GPU_ROW_PER_THREAD = 16         # enough that each takes at most 16 elements (an
 GPU_WARP_MULTIPLE = 64          # blocks are whole warps on both targets (HIP's are 64 wide)
 
 
-class Reduction(Strategy):
+class ReductionStrategy(Strategy):
     """What row and column reductions share: the group over the reduction's input, the cost,
     and the `lanes` knob (accumulators per reduction, the seeds' `vector`)."""
     knobs = ("lanes",)
@@ -73,7 +73,7 @@ def reduction_axes(n) -> tuple:
     return tuple(n.inputs[0].type.shape), tuple(sorted(n.attrs["axis"]))
 
 
-class Row(Reduction):
+class RowStrategy(ReductionStrategy):
     name = "row"
     column = False
 
@@ -155,7 +155,7 @@ def passes(grp: Group) -> int:
     return reductions + any(a in grp.reduced for a in root_map if a is not None)
 
 
-register(Row())
+register(RowStrategy())
 
 
 def lower_row(k: Kernel, code):

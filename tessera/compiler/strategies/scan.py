@@ -11,7 +11,7 @@ from ..tile_ir import Assign, Decl, Loop, OpCall, Store, Var, linear
 from .base import Strategy, register, worth_threads
 
 
-class Scan(Strategy):
+class ScanStrategy(Strategy):
     name = "scan"
     grows = False
 
@@ -32,7 +32,7 @@ class Scan(Strategy):
         return grid_from_cpu_nests(self.lower_cpu(k, code), knobs)
 
 
-register(Scan())
+register(ScanStrategy())
 
 
 def lower_scan(k):

@@ -13,7 +13,7 @@ from .base import Strategy, register, worth_threads
 from .gather import gather_shape, load_index
 
 
-class Scatter(Strategy):
+class ScatterStrategy(Strategy):
     name = "scatter"
     grows = False
 
@@ -54,7 +54,7 @@ class Scatter(Strategy):
         return [Loop(g, total, "grid", body)], launch_of(total, knobs["threads"])
 
 
-register(Scatter())
+register(ScatterStrategy())
 
 
 def _at(p, row, r, n, Rr):

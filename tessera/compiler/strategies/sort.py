@@ -18,7 +18,7 @@ from ..tile_ir import (Assign, Bin, Const, Decl, Load, Loop, OpCall, Scratch, Se
 from .base import Strategy, register, worth_threads
 
 
-class Sort(Strategy):
+class SortStrategy(Strategy):
     name = "sort"
     grows = False
 
@@ -42,7 +42,7 @@ class Sort(Strategy):
         return rank_sort(k, knobs)
 
 
-register(Sort())
+register(SortStrategy())
 
 
 class _Line:
