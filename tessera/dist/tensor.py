@@ -37,9 +37,9 @@ import numpy as np
 from .. import dtypes as dt
 from ..errors import ShardingError, TesseraError, enrich
 from ..function import function
-from .moves import apply_moves, bytes_moved, moves
 from .engine import on_gpu
 from .layout import Layout, Mesh, ShardSpec, at_user_line
+from .moves import apply_moves, bytes_moved, moves
 
 _LINEAR_SUM = {"add", "sub", "neg"}
 _AXIS_OPS = {"softmax", "log_softmax", "layernorm", "rmsnorm", "cumsum", "cumprod", "logcumsumexp",
