@@ -257,8 +257,6 @@ def _dynamic_symbols(dynamic, sig, name) -> tuple:
 def _call_hook(args, kwargs):
     """The call of an argument's type that runs calls itself (extensions.callers: a sharded
     tensor), or None."""
-    if not extensions.callers:
-        return None
     for x in pytree.flatten((args, kwargs))[0]:
         hook = extensions.callers.get(type(x))
         if hook is not None:
