@@ -9,7 +9,8 @@ import numpy as np
 
 from .. import op
 from ..errors import ArgumentError, TesseraError
-from ..nn.attention import grouped_query_attention, rope, rope_tables, sliding_window_mask
+from ..nn.attention import (grouped_query_attention, rope, rope_frequencies, rope_tables,
+                            sliding_window_mask)
 from ..nn.init import normal
 from ..nn.layers import Module, _shape, linear
 from ..nn.paged import paged_attention
@@ -22,7 +23,7 @@ _CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
            "head_dim": None, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
            "tie_word_embeddings": False, "max_position_embeddings": 2048,
-           "initializer_range": 0.02, "attention_bias": False}
+           "initializer_range": 0.02, "attention_bias": False, "rope_scaling": None}
 
 
 class LLaMA(Module):
@@ -30,7 +31,8 @@ class LLaMA(Module):
     "gate", "up", "down"}], "norm": [D], "lm_head": [D, V] (absent when tied)}; projection
     weights are [in, out] (transformers' transposed), and "q_bias", ... where the model has
     them. ``__call__(params, ids, mask=None)``: ids [B, S] int, mask [B, S] (1 keeps a token,
-    0 is padding) -> logits [B, S, V]."""
+    0 is padding) -> logits [B, S, V]. ``rope_scaling``: a context extension of RoPE
+    (``nn.rope_frequencies``: ``{"rope_type": "llama3" | "linear" | "yarn", ...}``)."""
     model_type, architecture, settings = "llama", "LlamaForCausalLM", _CONFIG
 
     def __init__(self, **config):
@@ -41,6 +43,7 @@ class LLaMA(Module):
         if c["num_attention_heads"] % c["num_key_value_heads"]:
             raise ArgumentError(f"{c['num_attention_heads']} attention heads do not share "
                                 f"{c['num_key_value_heads']} key/value heads evenly")
+        rope_frequencies(c["head_dim"], c["rope_theta"], c["rope_scaling"])   # (checked here)
         self.config = c
 
     @property
@@ -115,9 +118,9 @@ class LLaMA(Module):
         for i, p in enumerate(params["layers"]):
             a = op.rmsnorm(x, p["input_norm"], eps)
             q = rope(self._heads(linear(a, p["q"], p.get("q_bias")), h), c["rope_theta"],
-                     tables=tables)
+                     tables=tables, scaling=c["rope_scaling"])
             k = rope(self._heads(linear(a, p["k"], p.get("k_bias")), kv), c["rope_theta"],
-                     tables=tables)
+                     tables=tables, scaling=c["rope_scaling"])
             v = self._heads(linear(a, p["v"], p.get("v_bias")), kv)
             o = attend(q, k, v, i)
             b, _, s, hd = _shape(o)
@@ -160,8 +163,9 @@ class LLaMA(Module):
 
     def rope_tables(self, positions):
         """``rope_tables`` of positions [B, T], shaped to turn q and k [B, heads, T, hd]."""
-        cos, ssin = rope_tables(0, self.config["head_dim"], self.config["rope_theta"],
-                                positions=positions)
+        c = self.config
+        cos, ssin = rope_tables(0, c["head_dim"], c["rope_theta"], positions=positions,
+                                scaling=c["rope_scaling"])
         return cos[:, None], ssin[:, None]
 
     def prefill(self, params, ids, cos, ssin, last):
@@ -204,15 +208,25 @@ class LLaMA(Module):
         (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): its config.json and
         model.safetensors (or sharded model-*.safetensors with their index)."""
         config = read_config(directory, cls.model_type)
-        rope_params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        kind = rope_params.get("rope_type", rope_params.get("type", "default"))
-        if kind != "default":
-            raise TesseraError(f"{directory}: RoPE of type {kind!r} (a scaled RoPE) is not read "
-                               f"yet; {cls.__name__} reads the default rotation")
         if config.get("mlp_bias"):
             raise TesseraError(f"{directory}: an MLP with biases (mlp_bias) is not read yet")
-        if "rope_theta" in rope_params:        # (transformers 5 keeps it there)
-            config = {**config, "rope_theta": rope_params["rope_theta"]}
+        # transformers 5 keeps RoPE's settings in rope_parameters, with rope_theta; 4 wrote a
+        # rope_scaling beside a top-level rope_theta
+        rope_params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+        if "rope_theta" in rope_params:
+            config = {**config, "rope_theta": rope_params.pop("rope_theta")}
+        kind = rope_params.get("rope_type", rope_params.get("type", "default"))
+        if rope_params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise TesseraError(f"{directory}: RoPE over part of each head "
+                               "(partial_rotary_factor) is not read yet")
+        scaling = None
+        if kind != "default":
+            scaling = {**rope_params, "rope_type": kind}
+            scaling.pop("type", None)
+            if kind == "yarn" and scaling.get("factor") is None:   # (DeepSeek's convention)
+                scaling["factor"] = (config["max_position_embeddings"]
+                                     / scaling["original_max_position_embeddings"])
+        config = {**config, "rope_scaling": scaling}
         model = from_config(cls, config, directory)
         w = read_safetensors(directory)
         c = model.config
@@ -251,11 +265,11 @@ class LLaMA(Module):
             tensors[pre + "post_attention_layernorm.weight"] = layer["post_norm"]
         if "lm_head" in params:
             tensors["lm_head.weight"] = np.asarray(params["lm_head"]).T
-        config = {**{k: v for k, v in self.config.items()}, "model_type": self.model_type,
-                  "architectures": [self.architecture], "hidden_act": "silu",
-                  "torch_dtype": "float32", "mlp_bias": False,
-                  "rope_parameters": {"rope_type": "default",
-                                      "rope_theta": self.config["rope_theta"]}}
+        scaling = self.config["rope_scaling"] or {"rope_type": "default"}
+        config = {**{k: v for k, v in self.config.items() if k != "rope_scaling"},
+                  "model_type": self.model_type, "architectures": [self.architecture],
+                  "hidden_act": "silu", "torch_dtype": "float32", "mlp_bias": False,
+                  "rope_parameters": {**scaling, "rope_theta": self.config["rope_theta"]}}
         write_checkpoint(directory, tensors, config)
 
 

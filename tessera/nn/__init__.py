@@ -23,8 +23,8 @@ A compiled training step (tessera.optim for the update):
 from . import init
 from .attention import (ALiBi, FlashAttention2, FlashDecoding, KVCache, MultiHeadAttention, RoPE,
                         SlidingWindowAttention, TransformerBlock, alibi_bias, alibi_slopes,
-                        flash_decoding, grouped_query_attention, rope, rope_tables,
-                        sliding_window_mask)
+                        flash_decoding, grouped_query_attention, rope, rope_frequencies,
+                        rope_tables, sliding_window_mask)
 from .init import Key
 from .layers import (ACTIVATIONS, MLP, Dropout, Embedding, FusedLinearGeLU, FusedLinearSiLU,
                      LayerNorm, Linear, Module, RMSNorm, Sequential, SwiGLU, activation, dropout,
@@ -52,8 +52,8 @@ __all__ = ["AdaptiveAvgPool", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Adaptiv
            "Module", "MixtureOfExperts", "TopKRouter",
            "MultiHeadAttention", "RMSNorm", "RoPE", "Sequential", "TransformerBlock",
            "activation", "cross_entropy", "dropout", "init", "kl_divergence", "linear", "mse",
-           "rope", "rope_tables", "MixedPrecision", "to_mixed_precision", "quantize_int8",
-           "dequantize_int8",
+           "rope", "rope_frequencies", "rope_tables", "MixedPrecision", "to_mixed_precision",
+           "quantize_int8", "dequantize_int8",
            # the seeds' standard library
            "ALiBi", "FlashAttention2", "FlashDecoding", "SlidingWindowAttention", "alibi_bias",
            "alibi_slopes", "flash_decoding", "sliding_window_mask", "FusedLinearGeLU",

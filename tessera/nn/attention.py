@@ -13,21 +13,85 @@ from .layers import MLP, LayerNorm, Linear, Module, RMSNorm, _shape, dropout
 
 
 # ---- rotary position embedding -------------------------------------------------------------------
+_ROPE_SCALING = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings"),
+                 "yarn": ("factor", "original_max_position_embeddings")}
+
+
+def rope_frequencies(dim: int, base: float = 10000.0, scaling: dict | None = None):
+    """(inverse frequencies [dim/2] in float64, the factor cos and sin are multiplied by) of a
+    rotary embedding over ``dim`` features: base**(-2i/dim), or those stretched for contexts
+    longer than the model was trained on by ``scaling`` (transformers' ``rope_parameters``:
+    ``{"rope_type": ...}`` with its settings):
+      - ``linear``: every frequency divided by ``factor`` (position interpolation);
+      - ``llama3``: Llama 3.1's: wavelengths over ``original_max_position_embeddings /
+        low_freq_factor`` divided by ``factor``, under ``.../ high_freq_factor`` kept, those
+        between blended linearly in the context's count of turns;
+      - ``yarn``: each frequency between extrapolated and divided by ``factor`` by a ramp over
+        the dimensions that turn ``beta_fast`` .. ``beta_slow`` times in the original context
+        (bounds floored and ceiled unless ``truncate`` is false), cos and sin scaled by
+        ``attention_factor`` (default 0.1 ln(factor) + 1, or the ratio of that with ``mscale``
+        and ``mscale_all_dim``).
+    ``dynamic`` and ``longrope`` are refused: their frequencies change with the longest position
+    of each call, so a cache's keys would be rotated by tables the next step no longer uses."""
+    inv = base ** (-np.arange(0, dim // 2, dtype=np.float64) * 2.0 / dim)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    if kind not in _ROPE_SCALING:
+        why = " (its frequencies follow each call's longest position)" \
+            if kind in ("dynamic", "longrope") else ""
+        raise ArgumentError(f"a RoPE scaling of type {kind!r} is not supported{why}",
+                            expected="default, " + ", ".join(_ROPE_SCALING))
+    missing = [k for k in _ROPE_SCALING[kind] if scaling.get(k) is None]
+    if missing:
+        raise ArgumentError(f"a {kind!r} RoPE scaling needs {', '.join(missing)}")
+    if kind == "linear":
+        return inv / scaling["factor"], 1.0
+    context = scaling["original_max_position_embeddings"]
+    if kind == "llama3":
+        factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor",
+                                                  "high_freq_factor"))
+        wavelength = 2 * math.pi / inv
+        smooth = (context / wavelength - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        return np.where(wavelength > context / low, inv / factor,
+                        np.where(wavelength < context / high, inv, blended)), 1.0
+    factor = scaling["factor"]
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        def mscale(m):
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(m) / mscale(m_all) if m and m_all else mscale(1)
+
+    def turns_dim(turns):          # the dimension whose wavelength fits `turns` in the context
+        return dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = turns_dim(scaling.get("beta_fast") or 32), turns_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    ramp = np.clip((np.arange(dim // 2) - lo) / ((hi - lo) or 0.001), 0, 1)
+    return inv / factor * ramp + inv * (1 - ramp), float(attention)
+
+
 def rope_tables(seq: int, dim: int, base: float = 10000.0, offset: int = 0, dtype=np.float32,
-                positions=None):
+                positions=None, scaling: dict | None = None):
     """(cos [S, 1, dim/2], signed sin [S, 2, dim/2]) for ``rope``: angle[p, i] = (offset + p) *
     base**(-2i/dim), computed in float64 and rounded once. ``positions`` (an int array [..., S])
     gives each row its own positions instead (a batch decoding sequences of different lengths):
-    the tables are then [..., S, 1, dim/2] and [..., S, 2, dim/2]."""
-    inv = base ** (-np.arange(0, dim // 2, dtype=np.float64) * 2.0 / dim)
+    the tables are then [..., S, 1, dim/2] and [..., S, 2, dim/2]. ``scaling``: a context
+    extension's frequencies and factor (``rope_frequencies``)."""
+    inv, factor = rope_frequencies(dim, base, scaling)
     pos = (offset + np.arange(seq, dtype=np.float64)) if positions is None else \
         np.asarray(positions, np.float64)
     ang = pos[..., None] * inv
-    cos, sin = np.cos(ang)[..., None, :], np.sin(ang)[..., None, :]
+    cos, sin = factor * np.cos(ang)[..., None, :], factor * np.sin(ang)[..., None, :]
     return cos.astype(dtype), np.concatenate([-sin, sin], axis=-2).astype(dtype)
 
 
-def rope(x, base: float = 10000.0, offset: int = 0, tables=None):
+def rope(x, base: float = 10000.0, offset: int = 0, tables=None, scaling: dict | None = None):
     """Rotary position embedding over x [..., S, D] (D even), position p = offset + row.
 
     The "rotate-half" convention (GPT-NeoX, LLaMA as most code writes it): feature i pairs with
@@ -39,13 +103,15 @@ def rope(x, base: float = 10000.0, offset: int = 0, tables=None):
     ``tables``: ``rope_tables``'s (cos, signed sin) given as arguments instead of made here, so a
     compiled decoding step serves every position (KVCache.rope_tables); base and offset are
     then theirs. Tables with leading axes (``rope_tables(positions=...)``) broadcast against
-    x's leading axes: [B, 1, S, 1, D/2] turns every head of row b by that row's positions."""
+    x's leading axes: [B, 1, S, 1, D/2] turns every head of row b by that row's positions.
+    ``scaling``: a context extension (``rope_frequencies``) for the tables made here."""
     shape = _shape(x)
     s, d = shape[-2], shape[-1]
     if not isinstance(d, int) or d % 2:
         raise ArgumentError(f"rope needs an even feature size, not {d}")
     if tables is None:
-        cos, ssin = rope_tables(s, d, base, offset, np.dtype(getattr(x.dtype, "np", x.dtype)))
+        cos, ssin = rope_tables(s, d, base, offset, np.dtype(getattr(x.dtype, "np", x.dtype)),
+                                scaling=scaling)
     else:
         cos, ssin = tables
         if tuple(_shape(cos)[-3:]) != (s, 1, d // 2) or \
@@ -60,13 +126,15 @@ def rope(x, base: float = 10000.0, offset: int = 0, tables=None):
 
 
 class RoPE(Module):
-    """Rotary position embedding as a module without parameters: ``RoPE()(params, x)``."""
+    """Rotary position embedding as a module without parameters: ``RoPE()(params, x)``;
+    ``scaling`` stretches it past a trained context (``rope_frequencies``)."""
 
-    def __init__(self, base: float = 10000.0):
-        self.base = float(base)
+    def __init__(self, base: float = 10000.0, scaling: dict | None = None):
+        self.base, self.scaling = float(base), scaling
+        rope_frequencies(2, self.base, scaling)            # (a bad scaling refused here)
 
     def __call__(self, params, x, offset: int = 0, **kw):
-        return rope(x, self.base, offset)
+        return rope(x, self.base, offset, scaling=self.scaling)
 
 
 # ---- multi-head attention ------------------------------------------------------------------------

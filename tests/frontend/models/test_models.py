@@ -67,6 +67,95 @@ def test_llama_writes_checkpoints_transformers_loads(tmp_path, rng):
     np.testing.assert_array_equal(params2["layers"][1]["q"], params["layers"][1]["q"])
 
 
+SCALINGS = {    # head_dim 8 at theta 500: wavelengths 6.3, 30, 140, 660 positions, so an original
+    # context of 16 puts one in each of llama3's three bands and yarn's ramp inside the head
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+             "beta_fast": 8.0, "beta_slow": 0.5},
+    "yarn_mscale": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16,
+                    "mscale": 0.8, "mscale_all_dim": 0.3}}
+
+
+@pytest.mark.parametrize("kind", sorted(SCALINGS))
+def test_llama_reads_and_writes_scaled_rope(kind, tmp_path, rng):
+    """RoPE stretched past the context it was trained on (Llama 3.1's llama3, linear position
+    interpolation, YaRN with its attention factor): transformers' logits on a padded batch,
+    transformers' greedy tokens decoding past the original context, and the directory written
+    back loads into transformers with the same logits."""
+    config = _config()
+    config.rope_parameters = {**SCALINGS[kind], "rope_theta": 500.0}
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    theirs = transformers.LlamaForCausalLM(config).eval()
+    theirs.save_pretrained(tmp_path / "theirs")
+    model, params = models.LLaMA.from_pretrained(tmp_path / "theirs")
+    assert model.config["rope_scaling"]["rope_type"] == SCALINGS[kind]["rope_type"]
+    ids, mask = _batch(rng, True)
+    with torch.no_grad():
+        want = theirs(input_ids=torch.from_numpy(ids),
+                      attention_mask=torch.from_numpy(mask)).logits.numpy()
+    got = ts.function(model)(params, ids, mask)
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(got[keep], want[keep], atol=2e-5, rtol=1e-5)
+    prompt = rng.integers(1, 101, 7)
+    tokens = model.generate(params, [prompt], max_new_tokens=20, block_size=4)[0]
+    with torch.no_grad():
+        theirs_tokens = theirs.generate(torch.from_numpy(prompt)[None], max_new_tokens=20,
+                                        do_sample=False, pad_token_id=0,
+                                        eos_token_id=None)[0].numpy()
+    np.testing.assert_array_equal(tokens, theirs_tokens)
+    model.save_pretrained(params, tmp_path / "ours")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        again = back(input_ids=torch.from_numpy(ids),
+                     attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_array_equal(again, want)
+
+
+@pytest.mark.parametrize("kind", sorted(SCALINGS))
+def test_rope_frequencies_are_transformers(kind, rng):
+    """nn.rope_frequencies against transformers' own RoPE initialisers (float32 there), with a
+    head of 64 features at theta 10000, where the bands fall across many dimensions; the RoPE
+    module turns x by those frequencies."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    scaling = {**SCALINGS[kind]}
+    if "original_max_position_embeddings" in scaling:
+        scaling["original_max_position_embeddings"] = 2048
+    config = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4,
+                                      max_position_embeddings=8192,
+                                      rope_parameters={**scaling, "rope_theta": 10000.0})
+    want, want_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    inv, factor = ts.nn.rope_frequencies(64, 10000.0, scaling)
+    np.testing.assert_allclose(inv, want.numpy(), rtol=3e-7)
+    assert factor == pytest.approx(want_factor, rel=1e-12)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    angle = np.arange(3)[:, None] * inv
+    cos, sin = factor * np.cos(angle), factor * np.sin(angle)
+    want_x = np.concatenate([x[:, :32] * cos - x[:, 32:] * sin,
+                             x[:, 32:] * cos + x[:, :32] * sin], axis=1)
+    got = ts.function(lambda x: ts.nn.RoPE(10000.0, scaling)(None, x))(x)
+    np.testing.assert_allclose(got, want_x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
+def test_a_rope_whose_frequencies_follow_the_call_is_refused_by_name(kind, tmp_path):
+    model = models.LLaMA(vocab_size=11, hidden_size=16, intermediate_size=16,
+                         num_hidden_layers=1, num_attention_heads=2)
+    model.save_pretrained(model.init(0), tmp_path)
+    import json
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"].update(rope_type=kind, factor=2.0)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ts.TesseraError, match=f"(?s){tmp_path}.*RoPE scaling of type '{kind}' is "
+                                              "not supported .its frequencies follow"):
+        models.LLaMA.from_pretrained(tmp_path)
+    with pytest.raises(ts.TesseraError, match="'llama3' RoPE scaling needs low_freq_factor"):
+        models.LLaMA(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                   "original_max_position_embeddings": 16,
+                                   "high_freq_factor": 4.0})
+
+
 @pytest.mark.parametrize("name", ["Mistral", "Qwen2"])
 def test_llamas_relatives_read_and_write_transformers_checkpoints(name, tmp_path, rng):
     """Mistral's sliding window (3 positions, shorter than the 9 tokens) and Qwen2's biased
