@@ -780,3 +780,46 @@ def test_integer_arithmetic_wraps_on_gpus(target, dtype, rng):
     for g, w in zip(emulate(target, fn, a, b), want):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g, w)
+
+
+# ---- the seeds' standard library -----------------------------------------------------------------
+def _stdlib_cases(rng):
+    from tessera import nn
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    q, k, v = f32(2, 4, 6, 8), f32(2, 4, 9, 8), f32(2, 4, 9, 8)
+    seen = np.where(np.arange(9) < int(rng.integers(1, 9)), 0.0, -np.inf).astype(np.float32)
+    layers = {"FusedLinearGeLU": nn.FusedLinearGeLU(8, 6), "FusedLinearSiLU":
+              nn.FusedLinearSiLU(8, 6), "SwiGLU": nn.SwiGLU(8, 12), "GroupNorm": nn.GroupNorm(2, 4),
+              "SwitchTransformer": nn.SwitchTransformer(dim=8, num_heads=2, hidden=16,
+                                                        num_experts=4, capacity_factor=4.0)}
+    p = {n: m.init(int(rng.integers(1 << 30))) for n, m in layers.items()}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    return {
+        "FlashAttention2": (lambda q, k, v: nn.FlashAttention2(causal=True, scale=0.3)(
+            {}, q, k, v), [q, k, v]),
+        "SlidingWindowAttention": (lambda q, k, v: nn.SlidingWindowAttention(3)({}, q, k, v),
+                                   [q, k, v]),
+        "ALiBi": (lambda q, k, v: nn.ALiBi()({}, q, k, v), [q, k[:, :, :6], v[:, :, :6]]),
+        "FlashDecoding": (lambda q, k, v, m: nn.FlashDecoding(block=4)({}, q, k, v, mask=m),
+                          [q[:, :, :2], k, v, np.stack([seen, seen[::-1]])]),
+        "grouped_query_attention": (lambda q, k, v: nn.grouped_query_attention(
+            q, k, v, causal=True), [q, k[:, :2], v[:, :2]]),
+        "RoPE (llama3)": (lambda x: nn.RoPE(500.0, llama3)(None, x), [f32(2, 9, 8)]),
+        **{n: (lambda x, n=n: layers[n](p[n], x),
+               [f32(2, 4, 5, 5) if n == "GroupNorm" else f32(2, 5, 8)]) for n in layers},
+    }
+
+
+@pytest.mark.parametrize("name", ["FlashAttention2", "SlidingWindowAttention", "ALiBi",
+                                  "FlashDecoding", "grouped_query_attention", "RoPE (llama3)",
+                                  "FusedLinearGeLU", "FusedLinearSiLU", "SwiGLU", "GroupNorm",
+                                  "SwitchTransformer"])
+def test_the_seeds_standard_library_gives_the_cpus_results(target, name, rng):
+    """Each layer of the seeds' standard library lowered for the GPU (its attention as the
+    fused attention kernel, its epilogues fused into the GEMM, the switch layer's routing
+    through sort, gather and scan) gives the CPU's results, in the reversed run too."""
+    fn, arrays = _stdlib_cases(rng)[name]
+    assert_close(emulate(target, fn, *arrays), ts.function(fn)(*arrays), scale=20)
