@@ -40,7 +40,7 @@ test-clang: setup
 	CC=$(CLANG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/ops/test_elementwise.py \
 		tests/ops/test_reductions.py tests/ops/test_integers.py tests/targets/test_gemm.py \
 		tests/ops/test_attention.py \
-		tests/targets/test_isa.py
+		tests/targets/test_isa.py tests/targets/test_gemm_bf16.py
 
 # The random-program fuzzer (tests/fuzz/fuzzer.py) for FUZZ_SECONDS (default an hour): fresh
 # programs against float64 NumPy; each failure is printed and kept in tests/fuzz/regressions.json,

@@ -288,6 +288,7 @@ class Case:
     min_vs_torch: float | None = None        # tessera >= this x PyTorch's best (eager, compiled)
     min_peak_share: float | None = None      # share of the probe's FMA peak
     integer_ops: bool = False                # flops counts integer operations: no FMA peak
+    pair_dots: bool = False                  # flops on bf16 dot products of pairs: no FMA peak
     reference: Callable | None = None        # float64 reference if not `numpy` on float64 inputs
     pack: Callable | None = None             # several outputs -> one flat array to compare
     # a tile kernel's goal: within a factor of tessera's own routine for the same result
@@ -588,6 +589,50 @@ def _int8_case(n, a_type=np.int8):
 
 
 CASES += [_int8_case(1024), _int8_case(2048, np.uint8)]
+
+
+# ---- bf16 products (issue 44): the FMA chains, and AVX-512 BF16's dot product of pairs ----------
+# The inputs are bf16 bits as uint16 (PyTorch takes no ml_dtypes array): each side views them.
+BF16_DOT = "x86-64-v4+bf16"
+
+
+def _bf16(x):
+    import ml_dtypes
+    return x.view(ml_dtypes.bfloat16)
+
+
+def _on_bf16(fn):
+    """fn called on the bits viewed as bf16 (a view: nothing copied)."""
+    return lambda a, b: fn(_bf16(a), _bf16(b))
+
+
+def _bf16_case(n, level=None):
+    """An n x n x n bf16 product, rounded once to bf16: at the machine's own level (float32 FMA
+    chains on widened operands), or at x86-64-v4+bf16 (vdpbf16ps; a choice, never the host's
+    default) where this CPU runs it."""
+    from tessera.runtime import isa
+    dot = level is not None
+    target = {"target": f"cpu:{level}"} if dot else {}
+    return Case(
+        f"matmul_bf16_{n}" + ("_dot" if dot else ""),
+        f"bf16 matmul {n}×{n} @ {n}×{n} into bf16 (--quick: half), "
+        + (f"tessera at {level} (AVX-512 BF16 vdpbf16ps)" if dot else
+           "tessera's FMA chains on float32 widened operands"),
+        "at least PyTorch's bf16 matmul (issue 44: on a machine with AMX or AVX-512 BF16)"
+        if dot else "side by side with PyTorch's bf16 matmul (issue 44)",
+        lambda r, q: [(r.standard_normal((n >> q, n >> q), np.float32).view(np.uint32) >> 16)
+                      .astype(np.uint16) for _ in range(2)],
+        lambda a, b: _bf16(a).astype(np.float64) @ _bf16(b).astype(np.float64)
+        if a.dtype == np.uint16 else a @ b,
+        lambda a, b: _on_bf16(ts.function(lambda a, b: a @ b, **target)),
+        torch=lambda t, a, b: (a.view(t.bfloat16) @ b.view(t.bfloat16)).float(),
+        flops=mm_flops, bytes=lambda a, b: 2 * (a.size + b.size + a.shape[0] * b.shape[1]),
+        atol=2e-2, min_speedup=None, min_vs_torch=1.0 if dot else None, pair_dots=dot) \
+        if not dot or isa.runs_here(level) else None
+
+
+CASES += [c for c in (_bf16_case(1024), _bf16_case(2048), _bf16_case(1024, BF16_DOT),
+                      _bf16_case(2048, BF16_DOT)) if c is not None]
 
 
 # ---- a ResNet-18 training step (issue 40): torchvision's architecture (7x7 stem, max pool, four
@@ -973,8 +1018,8 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
         row["speedup_vs_best_peer_by_min"] = min(mins[p] for p in peer_times) / mins["tessera"]
     if case.flops:
         row["tessera_gflops"] = case.flops(*arrays) / tt / 1e6
-        row["integer_ops"] = case.integer_ops
-        if peaks and not case.integer_ops:
+        row["integer_ops"], row["pair_dots"] = case.integer_ops, case.pair_dots
+        if peaks and not case.integer_ops and not case.pair_dots:
             row["tessera_peak_share"] = row["tessera_gflops"] / peaks["fma_gflops"]
     if case.bytes:
         row["tessera_gbs"] = case.bytes(*arrays) / tt / 1e6
@@ -1249,6 +1294,8 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
             share = r.get("tessera_peak_share")
             facts.append(f"{r['tessera_gflops']:.0f} GOP/s (integer; no FMA peak)"
                          if r.get("integer_ops") else
+                         f"{r['tessera_gflops']:.0f} GFLOP/s (bf16 pairs; no FMA peak)"
+                         if r.get("pair_dots") else
                          f"{r['tessera_gflops']:.0f} GFLOP/s"
                          + (f" ({100 * share:.0f}% of peak)" if share is not None else
                             " (peak n/a)"))

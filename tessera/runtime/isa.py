@@ -29,6 +29,7 @@ class Level:
     needs: frozenset            # the /proc/cpuinfo flags (x86) or Features (ARM) it needs
     rank: int                   # within one arch, the host's level is the highest-ranked it runs
     about: str
+    chosen: bool = True         # whether a host that runs it takes it by itself
 
 
 _X86_V2 = frozenset("cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3".split())
@@ -47,11 +48,17 @@ LEVELS = {lv.name: lv for lv in [
     Level("x86-64-v4", "x86_64", ("-march=x86-64-v4",), _X86_V4, 4, "AVX-512"),
     Level("x86-64-v4+vnni", "x86_64", ("-march=x86-64-v4", "-mavx512vnni"),
           _X86_V4 | {"avx512_vnni"}, 5, "AVX-512 + VNNI"),
+    # bf16 products on AVX-512 BF16's dot product of pairs (Cooper Lake, Sapphire Rapids, Zen 4):
+    # their bits are not the FMA chains' of every other level, so it is chosen, never taken
+    Level("x86-64-v4+bf16", "x86_64", ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16"),
+          _X86_V4 | {"avx512_vnni", "avx512_bf16"}, 6,
+          "AVX-512 + VNNI + BF16 dot products (bf16 products in the instruction's order)",
+          chosen=False),
     Level("armv8-a", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), 1, "NEON"),
     Level("armv8.2-a+dotprod", "aarch64", ("-march=armv8.2-a+dotprod",),
           frozenset({"asimd", "asimddp"}), 2, "NEON + dot product"),
     Level("armv8.2-a+sve", "aarch64", ("-march=armv8.2-a+sve",), frozenset({"asimd", "sve"}), 3,
-          "NEON + SVE"),
+          "NEON + SVE", chosen=False),
 ]}
 
 ENV = "TESSERA_CPU_TARGET"
@@ -77,12 +84,13 @@ def _host_features() -> frozenset:
 
 @functools.lru_cache(maxsize=None)
 def host_level() -> str:
-    """The highest level this machine runs. SVE is never chosen by itself: NEON code is as fast
-    for our kernels on the cores that have both, and SVE stays an explicit choice."""
+    """The highest level this machine runs, of those a host takes by itself: not SVE (NEON code
+    is as fast for our kernels on the cores that have both) and not x86-64-v4+bf16 (its bf16
+    products have bits of their own); those stay explicit choices."""
     arch, features = _arch(), _host_features()
     best = "generic"
     for lv in LEVELS.values():
-        if lv.arch == arch and lv.needs <= features and "sve" not in lv.needs \
+        if lv.arch == arch and lv.needs <= features and lv.chosen \
                 and lv.rank > LEVELS[best].rank:
             best = lv.name
     return best

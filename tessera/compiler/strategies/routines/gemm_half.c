@@ -1,6 +1,10 @@
 static void ts_gemm_tile_{S}(const uint16_t* A, int64_t rsa, int64_t csa, const uint16_t* B,
                              int64_t rsb, int64_t csb, uint16_t* C, int64_t ldc, int64_t K,
                              int64_t mt, int64_t nt, int64_t KC) {
+#ifdef TS_GEMM_DOT_{S}        /* the ISA's dot product of pairs (gemm_bf16_dot.c): its own bits */
+  ts_gemm_dot_{S}(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt, KC);
+  return;
+#endif
   float* a = (float*)malloc(sizeof(float) * (size_t)(mt * K + K * nt + mt * nt + 1));
   if (!a) {          /* no scratch: the routine's own chains, fma in k order from 0, unpacked */
     for (int64_t i = 0; i < mt; ++i)
