@@ -29,6 +29,19 @@ def _batch(rng, padded):
     return ids, mask
 
 
+def _their_logits_on_a_padded_batch(theirs, model, params, rng):
+    """transformers' logits on a left-padded batch, ours equal at every token that is not
+    padding: (ids, mask, their logits)."""
+    ids, mask = _batch(rng, True)
+    with torch.no_grad():
+        want = theirs(input_ids=torch.from_numpy(ids),
+                      attention_mask=torch.from_numpy(mask)).logits.numpy()
+    got = ts.function(model)(params, ids, mask)
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(got[keep], want[keep], atol=2e-5, rtol=1e-5)
+    return ids, mask, want
+
+
 @pytest.mark.parametrize("tied, kv_heads", [(False, 2), (True, 4), (False, 1)])
 def test_llama_reads_transformers_checkpoints(tied, kv_heads, tmp_path, rng):
     """Grouped-query (2 of 4 heads), multi-head and multi-query attention; tied and untied
@@ -91,13 +104,7 @@ def test_llama_reads_and_writes_scaled_rope(kind, tmp_path, rng):
     theirs.save_pretrained(tmp_path / "theirs")
     model, params = models.LLaMA.from_pretrained(tmp_path / "theirs")
     assert model.config["rope_scaling"]["rope_type"] == SCALINGS[kind]["rope_type"]
-    ids, mask = _batch(rng, True)
-    with torch.no_grad():
-        want = theirs(input_ids=torch.from_numpy(ids),
-                      attention_mask=torch.from_numpy(mask)).logits.numpy()
-    got = ts.function(model)(params, ids, mask)
-    keep = mask.astype(bool)
-    np.testing.assert_allclose(got[keep], want[keep], atol=2e-5, rtol=1e-5)
+    ids, mask, want = _their_logits_on_a_padded_batch(theirs, model, params, rng)
     prompt = rng.integers(1, 101, 7)
     tokens = model.generate(params, [prompt], max_new_tokens=20, block_size=4)[0]
     with torch.no_grad():
@@ -176,13 +183,7 @@ def test_llamas_relatives_read_and_write_transformers_checkpoints(name, tmp_path
                 p.normal_(0, 0.3)
     theirs.save_pretrained(tmp_path / "theirs")
     model, params = getattr(models, name).from_pretrained(tmp_path / "theirs")
-    ids, mask = _batch(rng, True)
-    with torch.no_grad():
-        want = theirs(input_ids=torch.from_numpy(ids),
-                      attention_mask=torch.from_numpy(mask)).logits.numpy()
-    got = ts.function(model)(params, ids, mask)
-    keep = mask.astype(bool)
-    np.testing.assert_allclose(got[keep], want[keep], atol=2e-5, rtol=1e-5)
+    ids, mask, want = _their_logits_on_a_padded_batch(theirs, model, params, rng)
     model.save_pretrained(params, tmp_path / "ours")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
     assert type(back).__name__ == type(theirs).__name__
