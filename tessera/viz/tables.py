@@ -72,19 +72,22 @@ def profile_table(profile):
 
 
 # ---- autotuning ----------------------------------------------------------------------------------
+def _changed(result) -> list[str]:
+    """Per candidate, the knobs that differ from the default's, as text."""
+    return [knob_text(c.changed) or "default" for kt in result.kernels for c in kt.candidates]
+
+
 def autotune_rows(result) -> list[dict]:
     """The TuneResult's rows (one per candidate: knob:<name> columns, time_ms, speedup, gflops,
     status, best, ...) with `changed`: the knobs that differ from the default's, as text."""
-    cands = [c for kt in result.kernels for c in kt.candidates]
-    return [dict(r, changed=knob_text(c.changed) or "default")
-            for r, c in zip(result.rows(), cands)]
+    return [dict(r, changed=c) for r, c in zip(result.rows(), _changed(result))]
 
 
 def autotune_table(result):
-    """One row per candidate as a DataFrame: the TuneResult's columns (knobs without their
-    prefix) and `changed`."""
-    df = _pandas().DataFrame(autotune_rows(result))
-    df.columns = [c[5:] if c.startswith("knob:") else c for c in df.columns]
+    """One row per candidate as a DataFrame: the TuneResult's own (``to_pandas``: knobs without
+    their prefix) and `changed`."""
+    df = result.to_pandas()
+    df["changed"] = _changed(result)
     return df
 
 
