@@ -18,7 +18,9 @@ from ..types import spec_of
 from . import extensions
 
 
-class Param:
+class AnnotatedParam:
+    """One parameter of a traced function with its annotation (`Tensor["B", "S"]`), if any."""
+
     def __init__(self, p: inspect.Parameter):
         self.name = p.name
         self.spec = spec_of(p.annotation) if p.annotation is not inspect.Parameter.empty else None
@@ -38,7 +40,7 @@ class Signature:
         except (NameError, TypeError, ValueError) as e:
             raise ArgumentError(f"cannot read the signature of {fn.__name__}: {e}") from None
         self.sig = sig
-        self.params = [Param(p) for p in sig.parameters.values()]
+        self.params = [AnnotatedParam(p) for p in sig.parameters.values()]
         if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
             raise ArgumentError(f"{name}: *args and **kwargs parameters are not supported")
         ret = sig.return_annotation
