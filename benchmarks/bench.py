@@ -1071,7 +1071,8 @@ def ratios_and_goal(case: Case, row: dict, arrays: Arrays, peaks: dict | None) -
     if row["status"].get("tessera") != "ok":
         parts.append((False, "tessera's result is wrong"))
     oks = [ok for ok, _ in parts]
-    row["goal_met"] = False if False in oks else (None if None in oks else True)
+    # (a case only side by side has no part: nothing to meet, not "met")
+    row["goal_met"] = False if False in oks else (None if None in oks or not oks else True)
     row["goal_detail"] = [("✓ " if ok else "✗ " if ok is False else "? ") + text
                           for ok, text in parts]
 
@@ -1277,7 +1278,8 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
             p(f"{r['case']:<18}  !! the case failed: {r['fatal']}")
             continue
         sp, bp = r.get("speedup_vs_numpy"), r.get("speedup_vs_best_peer")
-        goal = {True: "met", False: "no", None: "?"}[r.get("goal_met")]
+        goal = "-" if r.get("goal_detail") == [] else \
+            {True: "met", False: "no", None: "?"}[r.get("goal_met")]
         p(f"{r['case']:<18}" + "".join(_cell(r, c, w) for c in COLUMNS)
           + (f"{sp:>8.2f}×" if sp else f"{'-':>9}") + (f"{bp:>7.2f}×" if bp else f"{'-':>8}")
           + f"  {goal}")
