@@ -60,9 +60,7 @@ class CRenderer(CStyleRenderer):
                     specialise(owner.c_half_routine(name), S=dtype)]
         return owner.c_routine(name, dtype)
 
-    def stmt(self, s, k: TileKernel, depth: int, out: list):
-        if not isinstance(s, Scratch):
-            return super().stmt(s, k, depth, out)
+    def stmt_Scratch(self, s: Scratch, k: TileKernel, depth: int, out: list):
         pad, T = "  " * depth, self.ctype(s.dtype)     # (the builtins need no stdlib.h)
         out += [f"{pad}{{",
                 f"{pad}  {T}* {s.name} = ({T}*)__builtin_malloc("
@@ -70,8 +68,7 @@ class CRenderer(CStyleRenderer):
                 f"{pad}  if (!{s.name}) {{",
                 *(pad + "    " + line for line in self.flag_error(-s.code)),
                 f"{pad}  }} else {{"]
-        for c in s.body:
-            self.stmt(c, k, depth + 2, out)
+        self.stmts(s.body, k, depth + 2, out)
         out += [f"{pad}    __builtin_free({s.name});", f"{pad}  }}", f"{pad}}}"]
 
     def flag_error(self, code: int):

@@ -103,28 +103,42 @@ class CStyleRenderer:
 
     # -- expressions -----------------------------------------------------------------------------
     def expr(self, e) -> str:
-        if isinstance(e, Var):
-            return e.name
-        if isinstance(e, Const):
-            return self.literal(e.value, e.dtype)
-        if isinstance(e, Load):
-            text = f"{e.buf}[{self.expr(e.index)}]"
-            d = self._halves.get(e.buf)
-            return self.widen(d, text) if d is not None else text
-        if isinstance(e, Bin):
-            return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
-        if isinstance(e, Cast):
-            text = f"(({self.ctype(e.dtype)}){self.expr(e.e)})"
-            return self.round_half(e.dtype, text) if e.dtype.is_narrow else text
-        if isinstance(e, Select):
-            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
-        if isinstance(e, OpCall):
-            return self.opcall(e)
-        if isinstance(e, Addr):
-            return "0" if e.buf is None else f"({e.buf} + {self.expr(e.index)})"
-        if isinstance(e, Aligned):
-            return f"((((unsigned long long){e.buf}) & {e.bytes - 1}u) == 0)"
-        raise TypeError(f"cannot render {e!r}")
+        """e's text: the method named for its class (``expr_Load``); a renderer adds its own
+        expressions' methods (a GPU's ``expr_ThreadIndex``)."""
+        render = getattr(self, "expr_" + type(e).__name__, None)
+        if render is None:
+            raise TypeError(f"cannot render {e!r}")
+        return render(e)
+
+    def expr_Var(self, e: Var) -> str:
+        return e.name
+
+    def expr_Const(self, e: Const) -> str:
+        return self.literal(e.value, e.dtype)
+
+    def expr_Load(self, e: Load) -> str:
+        text = f"{e.buf}[{self.expr(e.index)}]"
+        d = self._halves.get(e.buf)
+        return self.widen(d, text) if d is not None else text
+
+    def expr_Bin(self, e: Bin) -> str:
+        return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
+
+    def expr_Cast(self, e: Cast) -> str:
+        text = f"(({self.ctype(e.dtype)}){self.expr(e.e)})"
+        return self.round_half(e.dtype, text) if e.dtype.is_narrow else text
+
+    def expr_Select(self, e: Select) -> str:
+        return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+
+    def expr_OpCall(self, e: OpCall) -> str:
+        return self.opcall(e)
+
+    def expr_Addr(self, e: Addr) -> str:
+        return "0" if e.buf is None else f"({e.buf} + {self.expr(e.index)})"
+
+    def expr_Aligned(self, e: Aligned) -> str:
+        return f"((((unsigned long long){e.buf}) & {e.bytes - 1}u) == 0)"
 
     def template(self, e: OpCall) -> str:
         """The call's C template, from the spelling table by its operator's name."""
@@ -186,52 +200,71 @@ class CStyleRenderer:
         return "0", f"++{s.var}"
 
     def stmt(self, s, k: TileKernel, depth: int, out: list):
+        """s's lines, appended to out at this depth: the method named for its class
+        (``stmt_Loop``); a renderer adds its own statements' methods (C's ``stmt_Scratch``, a
+        GPU's ``stmt_Shared``)."""
+        render = getattr(self, "stmt_" + type(s).__name__, None)
+        if render is None:
+            raise TypeError(f"cannot render {s!r}")
+        render(s, k, depth, out)
+
+    def stmts(self, body, k: TileKernel, depth: int, out: list):
+        for s in body:
+            self.stmt(s, k, depth, out)
+
+    def stmt_Loop(self, s: Loop, k: TileKernel, depth: int, out: list):
         pad = "  " * depth
-        if isinstance(s, Loop):
-            out.extend(pad + line for line in self.loop_header(s, k))
-            it = self.index_type
-            extent = self.literal(s.extent, None) if isinstance(s.extent, int) else \
-                self.expr(s.extent)
-            start, step = self.loop_range(s)
-            out.append(f"{pad}for ({it} {s.var} = {start}; {s.var} < {extent}; {step}) {{")
-            for c in s.body:
-                self.stmt(c, k, depth + 1, out)
-            out.append(pad + "}")
-        elif isinstance(s, If):
-            out.append(f"{pad}if ({self.expr(s.cond)}) {{")
-            for c in s.body:
-                self.stmt(c, k, depth + 1, out)
-            if s.orelse:
-                out.append(pad + "} else {")
-                for c in s.orelse:
-                    self.stmt(c, k, depth + 1, out)
-            out.append(pad + "}")
-        elif isinstance(s, Decl):
-            out.append(f"{pad}{self.ctype(s.dtype)} {s.name} = {self.expr(s.init)};")
-        elif isinstance(s, Local):
-            out.append(f"{pad}{self.ctype(s.dtype)} {s.name}[{s.size}];")
-        elif isinstance(s, Call):
-            call = f"{s.fn}({', '.join(self.expr(a) for a in s.args)})"
-            if s.fail_code:
-                out.append(f"{pad}if ({call}) {{")
-                out.extend(pad + "  " + line for line in self.flag_error(-s.fail_code))
-                out.append(pad + "}")
-            else:
-                out.append(f"{pad}{call};")
-        elif isinstance(s, Assign):
-            out.append(f"{pad}{s.name} = {self.expr(s.value)};")
-        elif isinstance(s, Store):
-            out.append(f"{pad}{s.buf}[{self.expr(s.index)}] = {self.stored(s.buf, s.value)};")
-        elif isinstance(s, AtomicAdd):
-            out.extend(pad + line for line in self.atomic_add(s, k))
-        elif isinstance(s, CheckIndex):
-            out.append(f"{pad}if ({s.name} < 0) {s.name} += {s.extent};")
-            out.append(f"{pad}if ({s.name} < 0 || {s.name} >= {s.extent}) {{")
-            out.extend(pad + "  " + line for line in self.flag_error(s.code))
-            out.append(f"{pad}  {s.name} = 0;")
+        out.extend(pad + line for line in self.loop_header(s, k))
+        it = self.index_type
+        extent = self.literal(s.extent, None) if isinstance(s.extent, int) else \
+            self.expr(s.extent)
+        start, step = self.loop_range(s)
+        out.append(f"{pad}for ({it} {s.var} = {start}; {s.var} < {extent}; {step}) {{")
+        self.stmts(s.body, k, depth + 1, out)
+        out.append(pad + "}")
+
+    def stmt_If(self, s: If, k: TileKernel, depth: int, out: list):
+        pad = "  " * depth
+        out.append(f"{pad}if ({self.expr(s.cond)}) {{")
+        self.stmts(s.body, k, depth + 1, out)
+        if s.orelse:
+            out.append(pad + "} else {")
+            self.stmts(s.orelse, k, depth + 1, out)
+        out.append(pad + "}")
+
+    def stmt_Decl(self, s: Decl, k: TileKernel, depth: int, out: list):
+        out.append(f"{'  ' * depth}{self.ctype(s.dtype)} {s.name} = {self.expr(s.init)};")
+
+    def stmt_Local(self, s: Local, k: TileKernel, depth: int, out: list):
+        out.append(f"{'  ' * depth}{self.ctype(s.dtype)} {s.name}[{s.size}];")
+
+    def stmt_Call(self, s: Call, k: TileKernel, depth: int, out: list):
+        pad = "  " * depth
+        call = f"{s.fn}({', '.join(self.expr(a) for a in s.args)})"
+        if s.fail_code:
+            out.append(f"{pad}if ({call}) {{")
+            out.extend(pad + "  " + line for line in self.flag_error(-s.fail_code))
             out.append(pad + "}")
         else:
-            raise TypeError(f"cannot render {s!r}")
+            out.append(f"{pad}{call};")
+
+    def stmt_Assign(self, s: Assign, k: TileKernel, depth: int, out: list):
+        out.append(f"{'  ' * depth}{s.name} = {self.expr(s.value)};")
+
+    def stmt_Store(self, s: Store, k: TileKernel, depth: int, out: list):
+        out.append(f"{'  ' * depth}{s.buf}[{self.expr(s.index)}] = "
+                   f"{self.stored(s.buf, s.value)};")
+
+    def stmt_AtomicAdd(self, s: AtomicAdd, k: TileKernel, depth: int, out: list):
+        out.extend("  " * depth + line for line in self.atomic_add(s, k))
+
+    def stmt_CheckIndex(self, s: CheckIndex, k: TileKernel, depth: int, out: list):
+        pad = "  " * depth
+        out.append(f"{pad}if ({s.name} < 0) {s.name} += {s.extent};")
+        out.append(f"{pad}if ({s.name} < 0 || {s.name} >= {s.extent}) {{")
+        out.extend(pad + "  " + line for line in self.flag_error(s.code))
+        out.append(f"{pad}  {s.name} = 0;")
+        out.append(pad + "}")
 
     def atomic_add(self, s, k: TileKernel) -> list[str]:
         """An integer add into a parameter that other threads add into too (OpenMP's)."""

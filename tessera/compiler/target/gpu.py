@@ -42,49 +42,53 @@ class GpuRenderer(CStyleRenderer):
     def loop_header(self, s: Loop, k: TileKernel) -> list[str]:
         return ["#pragma unroll"] if s.kind == "unroll" else []
 
-    def expr(self, e) -> str:
-        return "(long long)threadIdx.x" if isinstance(e, ThreadIndex) else super().expr(e)
+    def expr_ThreadIndex(self, e: ThreadIndex) -> str:
+        return "(long long)threadIdx.x"
 
-    def stmt(self, s, k: TileKernel, depth: int, out: list):
-        pad = "  " * depth
-        if isinstance(s, Shared):
-            out.append(f"{pad}__shared__ {self.ctype(s.dtype)} {s.name}[{s.size}];")
-        elif isinstance(s, Barrier):
-            out.append(f"{pad}__syncthreads();")
-        elif isinstance(s, BlockReduce):
-            out.extend(pad + line for line in self.block_reduce(s, k.launch["block"]))
-        elif isinstance(s, Workspace):
-            T = self.storage_type(s.dtype)
-            at = f"ts_status + {1 + self._work_base + s.offset}"
-            if s.per_block or not s.volatile:
-                own = f" + (long long)blockIdx.x * {s.per_block}" if s.per_block else ""
-                out.append(f"{pad}{T}* {s.name} = ({T}*)({at}{own});")
-            else:
-                out.append(f"{pad}volatile {T}* {s.name} = (volatile {T}*)({at});")
-        elif isinstance(s, Ticket):
-            out += [f"{pad}int {s.name};",
-                    f"{pad}{{",
-                    f"{pad}  __shared__ int {s.name}_s;",
-                    f"{pad}  __threadfence();      /* this block's writes, before its ticket */",
-                    f"{pad}  if (threadIdx.x == 0) {s.name}_s = "
-                    f"atomicAdd(ts_status + {1 + self._work_base + s.counter}, 1);",
-                    f"{pad}  __syncthreads();",
-                    f"{pad}  {s.name} = {s.name}_s;",
-                    f"{pad}  __syncthreads();          /* {s.name}_s is free again */",
-                    f"{pad}}}"]
-        elif isinstance(s, VecLoad):
-            v = self.vector_type(s.dtype, s.lanes)
-            out.append(f"{pad}{v} {s.name} = *(const {v}*)({s.buf} + {self.expr(s.index)});")
-        elif isinstance(s, VecStore):
-            v = self.vector_type(self._dtypes[s.buf], len(s.values))
-            out.append(f"{pad}{{")
-            out.append(f"{pad}  {v} ts_v;")
-            out.extend(f"{pad}  ts_v[{lane}] = {self.stored(s.buf, value)};"
-                       for lane, value in enumerate(s.values))
-            out.append(f"{pad}  *({v}*)({s.buf} + {self.expr(s.index)}) = ts_v;")
-            out.append(f"{pad}}}")
+    def stmt_Shared(self, s: Shared, k: TileKernel, depth: int, out: list):
+        out.append(f"{'  ' * depth}__shared__ {self.ctype(s.dtype)} {s.name}[{s.size}];")
+
+    def stmt_Barrier(self, s: Barrier, k: TileKernel, depth: int, out: list):
+        out.append(f"{'  ' * depth}__syncthreads();")
+
+    def stmt_BlockReduce(self, s: BlockReduce, k: TileKernel, depth: int, out: list):
+        out.extend("  " * depth + line for line in self.block_reduce(s, k.launch["block"]))
+
+    def stmt_Workspace(self, s: Workspace, k: TileKernel, depth: int, out: list):
+        pad, T = "  " * depth, self.storage_type(s.dtype)
+        at = f"ts_status + {1 + self._work_base + s.offset}"
+        if s.per_block or not s.volatile:
+            own = f" + (long long)blockIdx.x * {s.per_block}" if s.per_block else ""
+            out.append(f"{pad}{T}* {s.name} = ({T}*)({at}{own});")
         else:
-            super().stmt(s, k, depth, out)
+            out.append(f"{pad}volatile {T}* {s.name} = (volatile {T}*)({at});")
+
+    def stmt_Ticket(self, s: Ticket, k: TileKernel, depth: int, out: list):
+        pad = "  " * depth
+        out += [f"{pad}int {s.name};",
+                f"{pad}{{",
+                f"{pad}  __shared__ int {s.name}_s;",
+                f"{pad}  __threadfence();      /* this block's writes, before its ticket */",
+                f"{pad}  if (threadIdx.x == 0) {s.name}_s = "
+                f"atomicAdd(ts_status + {1 + self._work_base + s.counter}, 1);",
+                f"{pad}  __syncthreads();",
+                f"{pad}  {s.name} = {s.name}_s;",
+                f"{pad}  __syncthreads();          /* {s.name}_s is free again */",
+                f"{pad}}}"]
+
+    def stmt_VecLoad(self, s: VecLoad, k: TileKernel, depth: int, out: list):
+        v = self.vector_type(s.dtype, s.lanes)
+        out.append(f"{'  ' * depth}{v} {s.name} = *(const {v}*)({s.buf} + "
+                   f"{self.expr(s.index)});")
+
+    def stmt_VecStore(self, s: VecStore, k: TileKernel, depth: int, out: list):
+        pad, v = "  " * depth, self.vector_type(self._dtypes[s.buf], len(s.values))
+        out.append(f"{pad}{{")
+        out.append(f"{pad}  {v} ts_v;")
+        out.extend(f"{pad}  ts_v[{lane}] = {self.stored(s.buf, value)};"
+                   for lane, value in enumerate(s.values))
+        out.append(f"{pad}  *({v}*)({s.buf} + {self.expr(s.index)}) = ts_v;")
+        out.append(f"{pad}}}")
 
     def vector_type(self, d: dt.DType, lanes: int) -> str:
         return f"ts_vec<{self.storage_type(d)}, {lanes}>"
