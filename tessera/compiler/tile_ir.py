@@ -478,142 +478,11 @@ class TileKernel:
         return "\n".join([head + " {", *_printed(self.body, 1), "}"])
 
     def verify(self):
-        names = {p.name for p in self.params}
-        if len(names) != len(self.params):
+        if len({p.name for p in self.params}) != len(self.params):
             raise IRVerificationError(f"{self.name}: two parameters share a name")
-        outs = {p.name for p in self.params if p.mode == "out"}
-        sizes = {p.name: _numel(p.shape) for p in self.params}
-        gpu = self.launch is not None
-        shared = {}
-        if gpu:
+        if self.launch is not None:
             self._verify_launch()
-
-        def walk(stmts, scope, divergent=None, top=False):
-            """divergent: the kind of the enclosing loop whose trip count differs between the
-            block's threads (grid, thread), where no barrier may stand."""
-            scope = set(scope)
-            for s in stmts:
-                if isinstance(s, (Shared, Barrier, BlockReduce)) and not gpu:
-                    raise IRVerificationError(f"{self.name}: {type(s).__name__} in a CPU kernel")
-                if isinstance(s, (Barrier, BlockReduce, Ticket)) or \
-                        (isinstance(s, Call) and gpu):
-                    if divergent:
-                        raise IRVerificationError(
-                            f"{self.name}: {type(s).__name__.lower()} inside a {divergent}, "
-                            "where the block's threads diverge")
-                if isinstance(s, Loop):
-                    if s.kind not in (GPU_LOOPS if gpu else CPU_LOOPS):
-                        raise IRVerificationError(f"{self.name}: a {s.kind} loop in a "
-                                                  f"{'GPU' if gpu else 'CPU'} kernel")
-                    if isinstance(s.extent, int) and s.extent < 0:
-                        raise IRVerificationError(f"{self.name}: loop {s.var} has extent {s.extent}")
-                    if isinstance(s.extent, Expr):
-                        _check_expr(s.extent, scope, names, self.name)
-                    if s.var in scope or s.var in names:
-                        raise IRVerificationError(f"{self.name}: {s.var} is declared twice")
-                    inner = divergent or \
-                        (f"{s.kind} loop" if s.kind in ("grid", "thread") else None)
-                    walk(s.body, scope | {s.var}, inner)
-                elif isinstance(s, Shared):
-                    if not top:
-                        raise IRVerificationError(f"{self.name}: shared {s.name} is not declared "
-                                                  "at kernel level")
-                    if s.name in names or s.size <= 0:
-                        raise IRVerificationError(f"{self.name}: bad shared buffer {s.name}")
-                    names.add(s.name)
-                    outs.add(s.name)
-                    sizes[s.name] = s.size
-                    shared[s.name] = s
-                elif isinstance(s, Barrier):
-                    pass
-                elif isinstance(s, BlockReduce):
-                    _check_expr(s.value, scope, names, self.name)
-                    scratch = shared.get(s.scratch)
-                    if scratch is None or scratch.dtype != s.dtype or \
-                            scratch.size < self.launch["block"] // 32 + 1:
-                        raise IRVerificationError(f"{self.name}: {s.name}'s scratch {s.scratch} "
-                                                  "is not a large enough shared buffer of its "
-                                                  "dtype")
-                    if s.name in scope or s.name in names:
-                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
-                    scope.add(s.name)
-                elif isinstance(s, Scratch):
-                    if gpu or s.name in scope or s.name in names or s.size <= 0:
-                        raise IRVerificationError(f"{self.name}: bad scratch {s.name}")
-                    names.add(s.name)
-                    outs.add(s.name)
-                    sizes[s.name] = s.size
-                    walk(s.body, scope, divergent)
-                elif isinstance(s, Local):
-                    if s.name in scope or s.name in names:
-                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
-                    names.add(s.name)
-                    outs.add(s.name)
-                    sizes[s.name] = s.size
-                elif isinstance(s, Decl):
-                    _check_expr(s.init, scope, names, self.name)
-                    if s.name in scope or s.name in names:
-                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
-                    scope.add(s.name)
-                elif isinstance(s, Assign):
-                    if s.name not in scope:
-                        raise IRVerificationError(f"{self.name}: assigns undeclared {s.name}")
-                    _check_expr(s.value, scope, names, self.name)
-                elif isinstance(s, (Store, AtomicAdd)):
-                    if s.buf not in outs:
-                        raise IRVerificationError(f"{self.name}: stores to {s.buf}, not an output")
-                    if isinstance(s.index, Const) and not 0 <= s.index.value < sizes[s.buf]:
-                        raise IRVerificationError(f"{self.name}: stores outside {s.buf} "
-                                                  f"(index {s.index.value})")
-                    _check_expr(s.index, scope, names, self.name)
-                    _check_expr(s.value, scope, names, self.name)
-                elif isinstance(s, If):       # (a barrier under a condition may deadlock)
-                    _check_expr(s.cond, scope, names, self.name)
-                    inner = divergent if s.uniform else divergent or "condition"
-                    walk(s.body, scope, inner)
-                    walk(s.orelse, scope, inner)
-                elif isinstance(s, Workspace):
-                    end = s.offset + -(-s.size * s.dtype.itemsize // 4)
-                    copies = self.launch.get("grid", 1) if s.per_block else 1
-                    if not gpu or s.name in scope or s.name in names or s.size <= 0 or \
-                            (s.per_block and end > s.per_block) or \
-                            s.per_block * (copies - 1) + end > self.launch.get("workspace", 0):
-                        raise IRVerificationError(f"{self.name}: bad workspace {s.name}")
-                    names.add(s.name)
-                    outs.add(s.name)
-                    sizes[s.name] = s.size
-                elif isinstance(s, Ticket):
-                    if not 0 <= s.counter < self.launch.get("workspace", 0):
-                        raise IRVerificationError(f"{self.name}: ticket counter {s.counter} is "
-                                                  "outside the workspace")
-                    if s.name in scope or s.name in names:
-                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
-                    scope.add(s.name)
-                elif isinstance(s, VecLoad):
-                    if not gpu or s.buf not in sizes or s.lanes < 1:
-                        raise IRVerificationError(f"{self.name}: bad vector load {s.name} of "
-                                                  f"{s.buf}")
-                    _check_expr(s.index, scope, names, self.name)
-                    if s.name in scope or s.name in names:
-                        raise IRVerificationError(f"{self.name}: {s.name} is declared twice")
-                    names.add(s.name)
-                    sizes[s.name] = s.lanes
-                elif isinstance(s, VecStore):
-                    if not gpu or s.buf not in outs:
-                        raise IRVerificationError(f"{self.name}: vector store to {s.buf}, not an "
-                                                  "output")
-                    for e in (s.index, *s.values):
-                        _check_expr(e, scope, names, self.name)
-                elif isinstance(s, CheckIndex):
-                    if s.name not in scope:
-                        raise IRVerificationError(f"{self.name}: checks undeclared {s.name}")
-                elif isinstance(s, Call):
-                    for a in s.args:
-                        if isinstance(a, Addr) and a.buf is not None and a.buf not in names:
-                            raise IRVerificationError(f"{self.name}: {s.fn} gets unknown "
-                                                      f"buffer {a.buf}")
-                        _check_expr(a, scope, names, self.name)
-        walk(self.body, (), top=True)
+        _Verifier(self).walk(self.body, (), top=True)
         return self
 
     def _verify_launch(self):
@@ -629,6 +498,162 @@ class TileKernel:
             raise IRVerificationError(f"{self.name}: launch grid={launch['grid']} "
                                       f"block={launch['block']} is out of range (block: a "
                                       "multiple of 32 up to 1024)")
+
+
+class _Verifier:
+    """A kernel's body checked statement by statement, each by the method named for its class
+    (``check_Loop``): names declared once and used in scope, stores only to outputs and inside
+    constant bounds, GPU-only statements only on the GPU, and no barrier where the block's
+    threads diverge."""
+
+    def __init__(self, k: TileKernel):
+        self.k, self.name, self.gpu = k, k.name, k.launch is not None
+        self.names = {p.name for p in k.params}
+        self.outs = {p.name for p in k.params if p.mode == "out"}
+        self.sizes = {p.name: _numel(p.shape) for p in k.params}
+        self.shared = {}
+
+    def fail(self, text: str):
+        raise IRVerificationError(f"{self.name}: {text}")
+
+    def walk(self, stmts, scope, divergent=None, top=False):
+        """divergent: the kind of the enclosing loop or condition whose trip count differs
+        between the block's threads (grid, thread), where no barrier may stand."""
+        scope = set(scope)
+        for s in stmts:
+            if isinstance(s, (Shared, Barrier, BlockReduce)) and not self.gpu:
+                self.fail(f"{type(s).__name__} in a CPU kernel")
+            if isinstance(s, (Barrier, BlockReduce, Ticket)) or (isinstance(s, Call) and self.gpu):
+                if divergent:
+                    self.fail(f"{type(s).__name__.lower()} inside a {divergent}, where the "
+                              "block's threads diverge")
+            check = getattr(self, "check_" + type(s).__name__, None)
+            if check is None:
+                self.fail(f"{type(s).__name__} is not a Tile IR statement")
+            check(s, scope, divergent, top)
+
+    def expr(self, e, scope):
+        _check_expr(e, scope, self.names, self.name)
+
+    def declare(self, name, scope):
+        """A name new to the kernel and the scope, now in the scope."""
+        if name in scope or name in self.names:
+            self.fail(f"{name} is declared twice")
+        scope.add(name)
+
+    def buffer(self, name, size):
+        """A buffer of the kernel's own (shared, scratch, local, workspace): stored into."""
+        self.names.add(name)
+        self.outs.add(name)
+        self.sizes[name] = size
+
+    def check_Loop(self, s, scope, divergent, top):
+        if s.kind not in (GPU_LOOPS if self.gpu else CPU_LOOPS):
+            self.fail(f"a {s.kind} loop in a {'GPU' if self.gpu else 'CPU'} kernel")
+        if isinstance(s.extent, int) and s.extent < 0:
+            self.fail(f"loop {s.var} has extent {s.extent}")
+        if isinstance(s.extent, Expr):
+            self.expr(s.extent, scope)
+        if s.var in scope or s.var in self.names:
+            self.fail(f"{s.var} is declared twice")
+        inner = divergent or (f"{s.kind} loop" if s.kind in ("grid", "thread") else None)
+        self.walk(s.body, scope | {s.var}, inner)
+
+    def check_Shared(self, s, scope, divergent, top):
+        if not top:
+            self.fail(f"shared {s.name} is not declared at kernel level")
+        if s.name in self.names or s.size <= 0:
+            self.fail(f"bad shared buffer {s.name}")
+        self.buffer(s.name, s.size)
+        self.shared[s.name] = s
+
+    def check_Barrier(self, s, scope, divergent, top):
+        pass
+
+    def check_BlockReduce(self, s, scope, divergent, top):
+        self.expr(s.value, scope)
+        scratch = self.shared.get(s.scratch)
+        if scratch is None or scratch.dtype != s.dtype or \
+                scratch.size < self.k.launch["block"] // 32 + 1:
+            self.fail(f"{s.name}'s scratch {s.scratch} is not a large enough shared buffer of "
+                      "its dtype")
+        self.declare(s.name, scope)
+
+    def check_Scratch(self, s, scope, divergent, top):
+        if self.gpu or s.name in scope or s.name in self.names or s.size <= 0:
+            self.fail(f"bad scratch {s.name}")
+        self.buffer(s.name, s.size)
+        self.walk(s.body, scope, divergent)
+
+    def check_Local(self, s, scope, divergent, top):
+        if s.name in scope or s.name in self.names:
+            self.fail(f"{s.name} is declared twice")
+        self.buffer(s.name, s.size)
+
+    def check_Decl(self, s, scope, divergent, top):
+        self.expr(s.init, scope)
+        self.declare(s.name, scope)
+
+    def check_Assign(self, s, scope, divergent, top):
+        if s.name not in scope:
+            self.fail(f"assigns undeclared {s.name}")
+        self.expr(s.value, scope)
+
+    def check_Store(self, s, scope, divergent, top):
+        if s.buf not in self.outs:
+            self.fail(f"stores to {s.buf}, not an output")
+        if isinstance(s.index, Const) and not 0 <= s.index.value < self.sizes[s.buf]:
+            self.fail(f"stores outside {s.buf} (index {s.index.value})")
+        self.expr(s.index, scope)
+        self.expr(s.value, scope)
+
+    check_AtomicAdd = check_Store
+
+    def check_If(self, s, scope, divergent, top):      # (a barrier under a condition may deadlock)
+        self.expr(s.cond, scope)
+        inner = divergent if s.uniform else divergent or "condition"
+        self.walk(s.body, scope, inner)
+        self.walk(s.orelse, scope, inner)
+
+    def check_Workspace(self, s, scope, divergent, top):
+        launch = self.k.launch or {}
+        end = s.offset + -(-s.size * s.dtype.itemsize // 4)
+        copies = launch.get("grid", 1) if s.per_block else 1
+        if not self.gpu or s.name in scope or s.name in self.names or s.size <= 0 or \
+                (s.per_block and end > s.per_block) or \
+                s.per_block * (copies - 1) + end > launch.get("workspace", 0):
+            self.fail(f"bad workspace {s.name}")
+        self.buffer(s.name, s.size)
+
+    def check_Ticket(self, s, scope, divergent, top):
+        if not 0 <= s.counter < (self.k.launch or {}).get("workspace", 0):
+            self.fail(f"ticket counter {s.counter} is outside the workspace")
+        self.declare(s.name, scope)
+
+    def check_VecLoad(self, s, scope, divergent, top):
+        if not self.gpu or s.buf not in self.sizes or s.lanes < 1:
+            self.fail(f"bad vector load {s.name} of {s.buf}")
+        self.expr(s.index, scope)
+        if s.name in scope or s.name in self.names:
+            self.fail(f"{s.name} is declared twice")
+        self.names.add(s.name)
+        self.sizes[s.name] = s.lanes
+
+    def check_VecStore(self, s, scope, divergent, top):
+        if not self.gpu or s.buf not in self.outs:
+            self.fail(f"vector store to {s.buf}, not an output")
+        for e in (s.index, *s.values):
+            self.expr(e, scope)
+
+    def check_CheckIndex(self, s, scope, divergent, top):
+        if s.name not in scope:
+            self.fail(f"checks undeclared {s.name}")
+
+    def check_Call(self, s, scope, divergent, top):
+        for a in s.args:
+            if isinstance(a, Addr) and a.buf is not None and a.buf not in self.names:
+                self.fail(f"{s.fn} gets unknown buffer {a.buf}")
+            self.expr(a, scope)
 
 
 def _numel(shape) -> int:
