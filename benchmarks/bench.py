@@ -622,8 +622,7 @@ def _bf16_case(n, level=None):
         if dot else "side by side with PyTorch's bf16 matmul (issue 44)",
         lambda r, q: [(r.standard_normal((n >> q, n >> q), np.float32).view(np.uint32) >> 16)
                       .astype(np.uint16) for _ in range(2)],
-        lambda a, b: _bf16(a).astype(np.float64) @ _bf16(b).astype(np.float64)
-        if a.dtype == np.uint16 else a @ b,
+        lambda a, b: _bf16(a).astype(np.float64) @ _bf16(b).astype(np.float64),
         lambda a, b: _on_bf16(ts.function(lambda a, b: a @ b, **target)),
         torch=lambda t, a, b: (a.view(t.bfloat16) @ b.view(t.bfloat16)).float(),
         flops=mm_flops, bytes=lambda a, b: 2 * (a.size + b.size + a.shape[0] * b.shape[1]),
