@@ -81,6 +81,21 @@ def hipcc_or_skip():
         pytest.skip(f"hipcc is not installed: {e.summary}")
 
 
+def onnx_exported_by_pytorch(module, *args) -> bytes:
+    """PyTorch's ONNX exporter's file for module on args (torch.export, then onnxscript's
+    translation, opset 18), written through a temporary file (a BytesIO destination is
+    deprecated) with its weights inside."""
+    import contextlib
+    import io
+    import torch
+    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()):
+        path = os.path.join(folder, "model.onnx")
+        torch.onnx.export(module, args, path, dynamo=True, opset_version=18,
+                          external_data=False)
+        with open(path, "rb") as f:
+            return f.read()
+
+
 def attention_reference(q, k, v, mask=None, causal=False, scale=None):
     """float64 softmax(scale * q k^T + mask) v, the reference of every attention test: the mask
     read in q's dtype (as the kernels read it), a bottom-right causal horizon, and 0 for a row

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import op
+from tessera import nn, op
 from tessera.errors import CompileError
 from tessera.compiler.spelling.libm import FROM_C_LIBRARY
 
@@ -783,43 +783,63 @@ def test_integer_arithmetic_wraps_on_gpus(target, dtype, rng):
 
 
 # ---- the seeds' standard library -----------------------------------------------------------------
-def _stdlib_cases(rng):
-    from tessera import nn
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
 
-    def f32(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-    q, k, v = f32(2, 4, 6, 8), f32(2, 4, 9, 8), f32(2, 4, 9, 8)
+
+def _attention_case(layer):
+    """(fn, arrays) of an attention layer on q [2, 4, 6, 8] and keys and values of 9."""
+    def make(rng):
+        return (lambda q, k, v: layer()({}, q, k, v),
+                [_f32(rng, 2, 4, 6, 8), _f32(rng, 2, 4, 9, 8), _f32(rng, 2, 4, 9, 8)])
+    return make
+
+
+def _layer_case(layer, *shape):
+    """(fn, arrays) of a layer with parameters (its own init) on x of this shape."""
+    def make(rng):
+        m = layer()
+        p = m.init(int(rng.integers(1 << 30)))
+        return (lambda x: m(p, x), [_f32(rng, *shape)])
+    return make
+
+
+def _flash_decoding(rng):
     seen = np.where(np.arange(9) < int(rng.integers(1, 9)), 0.0, -np.inf).astype(np.float32)
-    layers = {"FusedLinearGeLU": nn.FusedLinearGeLU(8, 6), "FusedLinearSiLU":
-              nn.FusedLinearSiLU(8, 6), "SwiGLU": nn.SwiGLU(8, 12), "GroupNorm": nn.GroupNorm(2, 4),
-              "SwitchTransformer": nn.SwitchTransformer(dim=8, num_heads=2, hidden=16,
-                                                        num_experts=4, capacity_factor=4.0)}
-    p = {n: m.init(int(rng.integers(1 << 30))) for n, m in layers.items()}
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    return {
-        "FlashAttention2": (lambda q, k, v: nn.FlashAttention2(causal=True, scale=0.3)(
-            {}, q, k, v), [q, k, v]),
-        "SlidingWindowAttention": (lambda q, k, v: nn.SlidingWindowAttention(3)({}, q, k, v),
-                                   [q, k, v]),
-        "ALiBi": (lambda q, k, v: nn.ALiBi()({}, q, k, v), [q, k[:, :, :6], v[:, :, :6]]),
-        "FlashDecoding": (lambda q, k, v, m: nn.FlashDecoding(block=4)({}, q, k, v, mask=m),
-                          [q[:, :, :2], k, v, np.stack([seen, seen[::-1]])]),
-        "grouped_query_attention": (lambda q, k, v: nn.grouped_query_attention(
-            q, k, v, causal=True), [q, k[:, :2], v[:, :2]]),
-        "RoPE (llama3)": (lambda x: nn.RoPE(500.0, llama3)(None, x), [f32(2, 9, 8)]),
-        **{n: (lambda x, n=n: layers[n](p[n], x),
-               [f32(2, 4, 5, 5) if n == "GroupNorm" else f32(2, 5, 8)]) for n in layers},
-    }
+    return (lambda q, k, v, m: nn.FlashDecoding(block=4)({}, q, k, v, mask=m),
+            [_f32(rng, 2, 4, 2, 8), _f32(rng, 2, 4, 9, 8), _f32(rng, 2, 4, 9, 8),
+             np.stack([seen, seen[::-1]])])
 
 
-@pytest.mark.parametrize("name", ["FlashAttention2", "SlidingWindowAttention", "ALiBi",
-                                  "FlashDecoding", "grouped_query_attention", "RoPE (llama3)",
-                                  "FusedLinearGeLU", "FusedLinearSiLU", "SwiGLU", "GroupNorm",
-                                  "SwitchTransformer"])
+def _gqa(rng):
+    return (lambda q, k, v: nn.grouped_query_attention(q, k, v, causal=True),
+            [_f32(rng, 2, 4, 6, 8), _f32(rng, 2, 2, 9, 8), _f32(rng, 2, 2, 9, 8)])
+
+
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+STDLIB = {   # name -> rng -> (fn, arrays)
+    "FlashAttention2": _attention_case(lambda: nn.FlashAttention2(causal=True, scale=0.3)),
+    "SlidingWindowAttention": _attention_case(lambda: nn.SlidingWindowAttention(3)),
+    "ALiBi": lambda rng: (lambda q, k, v: nn.ALiBi()({}, q, k, v),
+                          [_f32(rng, 2, 4, 6, 8), _f32(rng, 2, 4, 6, 8), _f32(rng, 2, 4, 6, 8)]),
+    "FlashDecoding": _flash_decoding,
+    "grouped_query_attention": _gqa,
+    "RoPE (llama3)": lambda rng: (lambda x: nn.RoPE(500.0, _LLAMA3)(None, x),
+                                  [_f32(rng, 2, 9, 8)]),
+    "FusedLinearGeLU": _layer_case(lambda: nn.FusedLinearGeLU(8, 6), 2, 5, 8),
+    "FusedLinearSiLU": _layer_case(lambda: nn.FusedLinearSiLU(8, 6), 2, 5, 8),
+    "SwiGLU": _layer_case(lambda: nn.SwiGLU(8, 12), 2, 5, 8),
+    "GroupNorm": _layer_case(lambda: nn.GroupNorm(2, 4), 2, 4, 5, 5),
+    "SwitchTransformer": _layer_case(lambda: nn.SwitchTransformer(
+        dim=8, num_heads=2, hidden=16, num_experts=4, capacity_factor=4.0), 2, 5, 8),
+}
+
+
+@pytest.mark.parametrize("name", list(STDLIB))
 def test_the_seeds_standard_library_gives_the_cpus_results(target, name, rng):
     """Each layer of the seeds' standard library lowered for the GPU (its attention as the
     fused attention kernel, its epilogues fused into the GEMM, the switch layer's routing
     through sort, gather and scan) gives the CPU's results, in the reversed run too."""
-    fn, arrays = _stdlib_cases(rng)[name]
+    fn, arrays = STDLIB[name](rng)
     assert_close(emulate(target, fn, *arrays), ts.function(fn)(*arrays), scale=20)

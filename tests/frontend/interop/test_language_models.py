@@ -9,6 +9,8 @@ import pytest
 
 import tessera as ts
 
+from conftest import onnx_exported_by_pytorch
+
 torch = pytest.importorskip("torch", reason="ts.from_torch needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="the models come from transformers")
 
@@ -110,20 +112,6 @@ def test_clip_vision_and_whisper_encoders_give_pytorchs_outputs(rng):
                      torch.from_numpy(rng.standard_normal((2, 8, 20), np.float32)))
 
 
-def _exported_by_pytorch(module, *args):
-    """torch.onnx.export's ONNX bytes (torch.export, then onnxscript's translation, opset 18),
-    through a file (its BytesIO destination is deprecated)."""
-    import contextlib
-    import io
-    import pathlib
-    import tempfile
-    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()):
-        path = pathlib.Path(folder) / "model.onnx"
-        torch.onnx.export(module, args, path, dynamo=True, opset_version=18,
-                          external_data=False)
-        return path.read_bytes()
-
-
 # T5 is left out: PyTorch's exporter itself fails on it (a ConversionError while decomposing
 # its FX graph, torch 2.13), before there is a file to import.
 @pytest.mark.parametrize("name", sorted(set(_text_models()) - {"t5"}))
@@ -139,7 +127,7 @@ def test_a_language_model_exported_by_pytorch_imports_to_its_outputs(name, rng):
     mask = torch.ones(2, 9, dtype=torch.int64)
     pad = int(rng.integers(1, 5))
     mask[1, :pad] = 0
-    exported = _exported_by_pytorch(model, ids, mask)
+    exported = onnx_exported_by_pytorch(model, ids, mask)
     got = ts.onnx.import_model(exported)(ids.numpy(), mask.numpy())
     with torch.no_grad():
         want = model(ids, mask).numpy()
@@ -170,7 +158,7 @@ def test_clip_vision_and_whisper_encoders_exported_by_pytorch_import_to_its_outp
                               (whisper, "input_features", (2, 8, 20))]:
         module = Outputs(model, key)
         x = torch.from_numpy(rng.standard_normal(shape, np.float32))
-        got = ts.onnx.import_model(_exported_by_pytorch(module, x))(x.numpy())
+        got = ts.onnx.import_model(onnx_exported_by_pytorch(module, x))(x.numpy())
         with torch.no_grad():
             want = module(x).numpy()
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=key)

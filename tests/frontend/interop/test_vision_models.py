@@ -7,6 +7,8 @@ import pytest
 import tessera as ts
 from tessera import op
 
+from conftest import onnx_exported_by_pytorch
+
 torch = pytest.importorskip("torch", reason="ts.from_torch needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="the models come from transformers")
 
@@ -59,20 +61,14 @@ def test_a_resnets_gradients_are_pytorchs(rng):
 
 
 @pytest.mark.parametrize("name", sorted(_models()))
-def test_a_vision_model_through_onnx_gives_pytorchs_logits(name, rng, tmp_path):
+def test_a_vision_model_through_onnx_gives_pytorchs_logits(name, rng):
     """Exported by PyTorch's ONNX exporter (torch.export, then onnxscript's translation, at
     opset 18), imported by ts.onnx.import_model."""
     pytest.importorskip("onnxscript", reason="PyTorch's ONNX exporter needs onnxscript")
-    import contextlib
-    import io
     torch.manual_seed(int(rng.integers(1 << 30)))
     model = Logits(_models()[name]()).eval()
     x = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
     with torch.no_grad():
         want = model(x).numpy()
-    path = tmp_path / "model.onnx"         # (a BytesIO destination is deprecated)
-    with contextlib.redirect_stdout(io.StringIO()):
-        torch.onnx.export(model, (x,), path, dynamo=True, opset_version=18,
-                          external_data=False)
-    got = ts.onnx.import_model(path.read_bytes())(x.numpy())
+    got = ts.onnx.import_model(onnx_exported_by_pytorch(model, x))(x.numpy())
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max())
