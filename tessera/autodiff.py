@@ -477,6 +477,10 @@ def _make_laplacian(fn, argnum):
 
 
 # ---- check_grad ---------------------------------------------------------------------------------
+_F64_EPS = float(np.finfo(np.float64).eps)
+_FD_ULPS = 4.0
+
+
 def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) -> float:
     """Check ``fn``'s compiled gradient against central finite differences, in float64.
 
@@ -489,7 +493,8 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
 
     Returns the largest absolute difference; raises ``GradientCheckError`` (an AssertionError)
     naming the worst element, with both values, where |analytic - numeric| > atol + rtol *
-    max(|analytic|, |numeric|)."""
+    max(|analytic|, |numeric|) + the central difference's rounding noise (4 ulps of
+    |f(x+h)| + |f(x-h)|, over the step 2h: a large function value makes the numeric side noisy)."""
     args = tuple(pytree.tree_map(_to_f64, a) for a in args)
     F = _forward(fn)
     fname = F.name
@@ -557,25 +562,29 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
             k = keys.index(key)
             for idx in np.ndindex(x.shape):
                 # a complex element's gradient is d/dre + i d/dim (PyTorch's convention)
-                want = 0.0
+                want, noise = 0.0, 0.0
                 for unit in ((1.0, 1j) if x.dtype.kind == "c" else (1.0,)):
                     h = eps * max(1.0, abs(x[idx]))
                     xp, xm = x.copy(), x.copy()
                     xp[idx] += h * unit
                     xm[idx] -= h * unit
                     step = ((xp[idx] - xm[idx]) / unit).real      # (exact, as stored)
-                    want += unit * (value(k, xp) - value(k, xm)) / step
+                    fp, fm = value(k, xp), value(k, xm)
+                    want += unit * (fp - fm) / step
+                    # the difference's own rounding: a few ulps of |f| over the step (a
+                    # function of 1e4 carries 3e-6 of noise at a step of 1e-6)
+                    noise += _FD_ULPS * _F64_EPS * (abs(fp) + abs(fm)) / step
                 a = np.asarray(got)[idx]
                 a, want = (complex(a), complex(want)) if x.dtype.kind == "c" else \
                     (float(a), float(want))
                 err = abs(a - want)
-                if not err <= atol + rtol * max(abs(a), abs(want)):   # NaN fails too
+                if not err <= atol + rtol * max(abs(a), abs(want)) + noise:   # NaN fails
                     where = f"argument {names[pos]!r}{_path(path)}[{', '.join(map(str, idx))}]"
                     raise GradientCheckError(
                         f"the gradient of {fname} disagrees with finite differences at {where}",
                         function=fname, expected=f"{want!r} (central difference, step {h:.1e})",
                         received=f"{a!r} (compiled gradient); |difference| {err:.3g} > "
-                                 f"{atol:g} + {rtol:g} * |value|")
+                                 f"{atol:g} + {rtol:g} * |value| + {noise:.2g} (rounding)")
                 if err > worst[0]:
                     worst = (err, idx)
     return worst[0]
