@@ -1,12 +1,18 @@
-"""Symbolic dimensions.
+"""Symbolic sizes: the one representation of a size in terms of named symbols.
 
-A dimension is an ``int`` or a ``Sym``: a polynomial with integer coefficients over named symbols
-("B", "S") and opaque atoms (such as ``(D//3)``, where division is not exact). Polynomials give
-reshape and concat exact symbolic shapes (``B*S``, ``2*S``); equality is structural, so two
-different symbols are two different dimensions even when they happen to be equal at a call.
+A dimension is an ``int`` or a ``Sym``: a polynomial with integer coefficients over atoms,
+which are named symbols ("B", "S") or a floor division or remainder that is not exact
+(``Division``: ``(D//3)``, ``(B%16)``, with Python's floor semantics). Polynomials give reshape
+and concat exact symbolic shapes (``B*S``, ``2*S``); equality is structural, so two different
+symbols are two different dimensions even when they happen to be equal at a call.
+
+The shape checker traces with Syms that have no value; the compiler's shape-generic programs
+(`compiler/dynamic.DynamicSize`) carry a Sym beside each size's value, evaluate it here and
+render it to C from its terms.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Union
 
@@ -71,19 +77,20 @@ class Sym:
 
     def __floordiv__(self, other):
         q = exact_div(self, other)
-        if q is not None:
-            return q
-        return Sym.var(f"({self}//{_paren(other)})")
+        return q if q is not None else Division.atom("//", self, other)
 
     def __rfloordiv__(self, other):
         q = exact_div(other, self)
-        return q if q is not None else Sym.var(f"({other}//{_paren(self)})")
+        return q if q is not None else Division.atom("//", other, self)
 
     def __truediv__(self, other):
         return self.__floordiv__(other)
 
     def __mod__(self, other):
-        return Sym.var(f"({self}%{_paren(other)})")
+        return 0 if exact_div(self, other) is not None else Division.atom("%", self, other)
+
+    def __rmod__(self, other):
+        return 0 if exact_div(other, self) is not None else Division.atom("%", other, self)
 
     # -- comparison ---------------------------------------------------------------------------
     def __eq__(self, other):
@@ -92,7 +99,7 @@ class Sym:
         return NotImplemented
 
     def __hash__(self):
-        return hash(tuple(sorted(self.terms.items())))
+        return hash(frozenset(self.terms.items()))
 
     def __bool__(self):
         return bool(self.terms)
@@ -107,21 +114,39 @@ class Sym:
 
     # -- values -------------------------------------------------------------------------------
     def atoms(self) -> set[str]:
-        return {a for m in self.terms for a, _ in m}
+        """The names of the symbols it is made of (inside its divisions too)."""
+        out = set()
+        for m in self.terms:
+            for a, _ in m:
+                out |= {a} if isinstance(a, str) else a.atoms()
+        return out
+
+    def opaque(self) -> bool:
+        """Whether it holds a division that is not exact, (D//3): a size Tessera cannot
+        reason about beyond evaluating it."""
+        return any(not isinstance(a, str) for m in self.terms for a, _ in m)
 
     def evaluate(self, bindings: dict) -> int:
+        """Its value with each symbol at its size in ``bindings`` (KeyError for a missing one)."""
         total = 0
         for m, c in self.terms.items():
             v = c
             for atom, p in m:
-                v *= _eval_atom(atom, bindings) ** p
+                v *= (int(bindings[atom]) if isinstance(atom, str) else
+                      atom.evaluate(bindings)) ** p
             total += v
         return total
 
+    def ordered_terms(self) -> list:
+        """(monomial, coefficient) pairs, highest degree first, in a fixed order: how it prints
+        and how the C renders it."""
+        return sorted(self.terms.items(),
+                      key=lambda mc: (-len(mc[0]), [(_atom_key(a), p) for a, p in mc[0]]))
+
     def __str__(self):
         parts = []
-        for m, c in sorted(self.terms.items(), key=lambda mc: (-len(mc[0]), mc[0])):
-            body = "*".join(a if p == 1 else f"{a}**{p}" for a, p in m)
+        for m, c in self.ordered_terms():
+            body = "*".join(str(a) if p == 1 else f"{a}**{p}" for a, p in m)
             if not body:
                 parts.append(str(c))
             elif c == 1:
@@ -140,6 +165,37 @@ class Sym:
 Dim = Union[int, Sym]
 
 
+@dataclasses.dataclass(frozen=True)
+class Division:
+    """An atom of a Sym: ``num // den`` or ``num % den`` (op "//" or "%"), floor semantics, kept
+    whole because it is not exact as a polynomial."""
+    op: str
+    num: Dim
+    den: Dim
+
+    @staticmethod
+    def atom(op: str, num, den) -> Sym:
+        return Sym({((Division(op, _dim_of(num), _dim_of(den)), 1),): 1})
+
+    def atoms(self) -> set[str]:
+        return {a for d in (self.num, self.den) if isinstance(d, Sym) for a in d.atoms()}
+
+    def evaluate(self, bindings: dict) -> int:
+        a, b = evaluate(self.num, bindings), evaluate(self.den, bindings)
+        return a // b if self.op == "//" else a % b
+
+    def __str__(self):
+        return f"({_paren(self.num)}{self.op}{_paren(self.den)})"
+
+
+def _dim_of(x) -> Dim:
+    return x.simplify() if isinstance(x, Sym) else int(x)
+
+
+def _atom_key(a) -> tuple:
+    return (0, a) if isinstance(a, str) else (1, str(a))
+
+
 def _paren(x) -> str:
     s = str(x)
     return s if _NAME.match(s) or s.isdigit() else f"({s})"
@@ -149,7 +205,7 @@ def _mono_mul(a, b):
     powers = dict(a)
     for atom, p in b:
         powers[atom] = powers.get(atom, 0) + p
-    return tuple(sorted(powers.items()))
+    return tuple(sorted(powers.items(), key=lambda ap: _atom_key(ap[0])))
 
 
 def exact_div(a, b):
@@ -167,19 +223,10 @@ def exact_div(a, b):
             powers[atom] -= p
         if c % bc:
             return None
-        nm = tuple(sorted((x, p) for x, p in powers.items() if p))
+        nm = tuple(sorted(((x, p) for x, p in powers.items() if p),
+                          key=lambda ap: _atom_key(ap[0])))
         out[nm] = out.get(nm, 0) + c // bc
     return Sym(out).simplify()
-
-
-def _eval_atom(atom: str, bindings: dict) -> int:
-    if atom in bindings:
-        return int(bindings[atom])
-    names = {n: int(v) for n, v in bindings.items()}
-    try:
-        return int(eval(atom, {"__builtins__": {}}, names))  # atoms are our own printed forms
-    except NameError:
-        raise KeyError(atom) from None
 
 
 def dim(x) -> Dim:
@@ -214,5 +261,11 @@ def prod(dims) -> Dim:
     return out.simplify() if isinstance(out, Sym) else out
 
 
+def show(d) -> str:
+    """A size as the IRs print it: a compiled size that carries its expression in the symbols
+    (compiler/dynamic.DynamicSize: an int with a `sym`) prints the expression, 32*B."""
+    return str(getattr(d, "sym", d))
+
+
 def fmt_shape(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
+    return "[" + ",".join(map(show, shape)) + "]"

@@ -3,7 +3,8 @@ symbols (``ts.function(f, dynamic=("B",))``).
 
 A dynamic symbol's size enters the trace as a `DynamicSize`: an int, equal to the call's size,
 for every decision the compiler makes (a loop unrolled, a tile picked, a knob chosen), that
-also remembers how each size derived from it was computed (B * 32, (B + 15) // 16, B % 16).
+also carries each derived size's expression in the symbols as the shape checker's `shapes.Sym`
+(32*B, ((B+15)//16), (B%16)): one symbolic size for checking, generic code and the printed IR.
 Lowered, the program's Tile IR holds these sizes where it holds numbers; rendered, each is its
 expression in the symbols, which the generated code takes as arguments. So the C computes, at
 run time, what the compiler computed for the first size.
@@ -24,6 +25,8 @@ import operator
 
 import numpy as np
 
+from ..shapes import Sym
+
 # Python's floor division and modulo (C's / and % truncate toward zero), for the C and the GPU
 # renderers (`TS_INLINE`: each target's qualifiers)
 C_HELPERS = """\
@@ -35,29 +38,37 @@ TS_INLINE int64_t ts_floormod(int64_t a, int64_t b) { return a - ts_floordiv(a, 
 
 
 class DynamicSize(int):
-    """A size whose value is known now and whose form in the dynamic symbols is kept:
-    ("sym", name) or (op, a, b) with a, b DynamicSizes or ints."""
+    """A size whose value is known now and whose expression in the dynamic symbols is kept: an
+    int carrying a `shapes.Sym` (`sym`, the one symbolic size of the shape checker) and the
+    symbols' sizes in this call (`sizes`, for `representative`). Arithmetic with ints and other
+    DynamicSizes computes both. A result whose expression is a constant (-(-B // B) is 1) stays
+    a DynamicSize: the IR does not fold it, so the programs of neighbouring sizes (where the
+    same size is -(-B // 4)) keep one structure and one library."""
 
-    def __new__(cls, value: int, form):
+    def __new__(cls, value: int, sym, sizes: dict):
         self = int.__new__(cls, value)
-        self.form = form
+        self.sym, self.sizes = sym, sizes
         return self
 
     @classmethod
     def symbol(cls, name: str, value: int) -> "DynamicSize":
-        return cls(value, ("sym", name))
+        return cls(value, Sym.var(name), {name: int(value)})
 
     def __reduce__(self):           # pickled (a cache key) as the plain number it equals
         return (int, (int(self),))
 
 
+def _sym(x):
+    return x.sym if isinstance(x, DynamicSize) else int(x)
+
+
 def _make(op: str, a, b):
-    # (x * 1, x + 0 and the like are x: the forms stay short)
-    if type(b) is not DynamicSize and ((op in "+-" and b == 0) or (op in ("*", "//") and b == 1)):
-        return a
-    if type(a) is not DynamicSize and ((op == "+" and a == 0) or (op == "*" and a == 1)):
-        return b
-    return DynamicSize(_OPS[op](int(a), int(b)), (op, a, b))
+    fn = _OPS[op]
+    sym, value = fn(_sym(a), _sym(b)), fn(int(a), int(b))
+    sizes = a.sizes if isinstance(a, DynamicSize) else b.sizes
+    if isinstance(b, DynamicSize) and b.sizes is not sizes:
+        sizes = {**sizes, **b.sizes}
+    return DynamicSize(value, sym, sizes)
 
 
 def _combine(op: str):
@@ -91,7 +102,7 @@ def _pow(a, p):
 
 
 DynamicSize.__pow__ = _pow
-DynamicSize.__neg__ = lambda a: DynamicSize(-int(a), ("-", 0, a))
+DynamicSize.__neg__ = lambda a: _make("-", 0, a)
 DynamicSize.__pos__ = lambda a: a
 DynamicSize.__divmod__ = lambda a, b: (a // b, a % b)
 DynamicSize.__rdivmod__ = lambda a, b: (b // a, b % a) if isinstance(b, int) else NotImplemented
@@ -123,25 +134,31 @@ def evaluate(x, sizes: dict):
     """x at these sizes of the symbols (a plain int), x itself when it is not a DynamicSize."""
     if not isinstance(x, DynamicSize):
         return x
-    form = x.form
-    if form[0] == "sym":
-        return sizes[form[1]]
-    return _OPS[form[0]](evaluate(form[1], sizes), evaluate(form[2], sizes))
+    return x.sym.evaluate(sizes) if isinstance(x.sym, Sym) else x.sym
 
 
 def c_expr(x) -> str:
-    """x as a C expression of int64_t (the symbols are ts_size_<name>)."""
-    if not isinstance(x, DynamicSize):
-        return f"{int(x)}LL" if abs(int(x)) > 2 ** 31 - 1 else str(int(x))
-    form = x.form
-    if form[0] == "sym":
-        return f"ts_size_{form[1]}"
-    a, b = c_expr(form[1]), c_expr(form[2])
-    if form[0] == "//":
-        return f"ts_floordiv({a}, {b})"
-    if form[0] == "%":
-        return f"ts_floormod({a}, {b})"
-    return f"({a} {form[0]} {b})"
+    """x as a C expression of int64_t (the symbols are ts_size_<name>), from its terms."""
+    return _c_dim(x.sym if isinstance(x, DynamicSize) else int(x))
+
+
+def _c_dim(d) -> str:
+    if not isinstance(d, Sym):
+        return f"{d}LL" if abs(d) > 2 ** 31 - 1 else str(d)
+    terms = []
+    for monomial, coeff in d.ordered_terms():
+        factors = [_c_atom(a) for a, p in monomial for _ in range(p)]
+        if coeff != 1 or not factors:
+            factors.append(_c_dim(coeff))
+        terms.append(factors[0] if len(factors) == 1 else f"({' * '.join(factors)})")
+    return terms[0] if len(terms) == 1 else f"({' + '.join(terms)})"
+
+
+def _c_atom(a) -> str:
+    if isinstance(a, str):
+        return f"ts_size_{a}"
+    helper = "ts_floordiv" if a.op == "//" else "ts_floormod"
+    return f"{helper}({_c_dim(a.num)}, {_c_dim(a.den)})"
 
 
 def representative(x):
@@ -151,27 +168,14 @@ def representative(x):
     serves them all; knobs never change a result's bits."""
     if not isinstance(x, DynamicSize):
         return x
-    leaves = {}
-
-    def collect(y):
-        if isinstance(y, DynamicSize):
-            if y.form[0] == "sym":
-                v = int(y)
-                leaves[y.form[1]] = 1 << (v - 1).bit_length() if v > 1 else v
-            else:
-                collect(y.form[1])
-                collect(y.form[2])
-    collect(x)
-    return evaluate(x, leaves)
+    return evaluate(x, {name: 1 << (v - 1).bit_length() if v > 1 else v
+                        for name, v in x.sizes.items()})
 
 
 def form_key(x):
-    """A hashable stand-in for x that is the same at every size: its form (a plain int is
+    """A hashable stand-in for x that is the same at every size: its Sym (a plain int is
     itself)."""
-    if not isinstance(x, DynamicSize):
-        return x
-    f = x.form
-    return f if f[0] == "sym" else (f[0], form_key(f[1]), form_key(f[2]))
+    return x.sym if isinstance(x, DynamicSize) else x
 
 
 _FIELDS: dict = {}      # dataclass -> its fields' names (dataclasses.fields is slow)

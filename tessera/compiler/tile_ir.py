@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from .. import dtypes as dt
 from .dynamic import is_dynamic
 from ..errors import IRVerificationError
+from ..shapes import show
 from .graph_ir import format_attrs, format_value
 
 
@@ -37,8 +38,8 @@ class Const(Expr):
     dtype: object = None          # a DType, or None for an index constant
 
     def __str__(self):
-        if is_dynamic(self.value) and self.dtype is not None and self.dtype.is_float:
-            return format_value(float(self.value))
+        if is_dynamic(self.value):          # (a mean's count: its expression, 16*B)
+            return show(self.value)
         return format_value(self.value)
 
 
@@ -210,7 +211,7 @@ class Loop(Stmt):
     body: list = field(default_factory=list)
 
     def head(self) -> str:
-        return f"for.{self.kind} {self.var} in 0..{self.extent}"
+        return f"for.{self.kind} {self.var} in 0..{show(self.extent)}"
 
 
 CPU_LOOPS = {"serial", "parallel", "vector", "parallel+vector"}
@@ -242,7 +243,7 @@ class Scratch(Stmt):
     body: list = field(default_factory=list)
 
     def head(self) -> str:
-        return f"scratch {self.name}: {self.dtype.short}[{self.size}]"
+        return f"scratch {self.name}: {self.dtype.short}[{show(self.size)}]"
 
 
 @dataclass
@@ -382,7 +383,7 @@ class CheckIndex(Stmt):
     code: int
 
     def head(self) -> str:
-        return f"check {self.name} in 0..{self.extent} else error {self.code}"
+        return f"check {self.name} in 0..{show(self.extent)} else error {self.code}"
 
 
 @dataclass
@@ -469,7 +470,7 @@ class TileKernel:
 
     def __str__(self):
         ps = ", ".join(f"{p.mode} {p.name}" + (f"=%{p.label}" if p.label else "")
-                       + f": {p.dtype.short}{list(p.shape)}" for p in self.params)
+                       + f": {p.dtype.short}[{', '.join(map(show, p.shape))}]" for p in self.params)
         head = f"kernel {self.name}({ps}) strategy={self.strategy}"
         if self.launch is not None:
             static = sum(s.size * s.dtype.itemsize for s in self.body if isinstance(s, Shared))

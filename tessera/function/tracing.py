@@ -206,7 +206,7 @@ def _is_nested(result) -> bool:
 
 def _opaque(d) -> bool:
     """A dimension holding an expression Tessera cannot reason about, such as (D//3)."""
-    return isinstance(d, Sym) and any("(" in a for a in d.atoms())
+    return isinstance(d, Sym) and d.opaque()
 
 
 def has_reduction_upto(v) -> bool:

@@ -96,7 +96,7 @@ def as_dims(shape, what: str) -> list:
 
 # ---- reshape -----------------------------------------------------------------------------------
 def _has_opaque(dims) -> bool:
-    return any(isinstance(d, Sym) and any("(" in a for a in d.atoms()) for d in dims)
+    return any(isinstance(d, Sym) and d.opaque() for d in dims)
 
 
 def resolve_reshape(t: TensorType, shape) -> tuple:
