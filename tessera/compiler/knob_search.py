@@ -52,7 +52,7 @@ import numpy as np
 from ..errors import ArgumentError, RuntimeFault, TesseraError
 from ..runtime import targets, tunedb
 from .lower import lower_schedule
-from .schedule_ir import Buffer, Kernel, Schedule
+from .schedule_ir import Buffer, Kernel, ScheduleProgram
 from .scheduler import invalid_knobs, kernel_signature
 from .knobs import (GPU_KNOBS, REL_TOL, compare, enumerate_grid,  # noqa: F401 (the search's names)
                     kernel_space, program_threads, resolve_space)
@@ -181,7 +181,7 @@ class TuneResult:
 
 
 # ---- kernels cut out into programs of their own ------------------------------------------------
-def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
+def single_kernel(schedule: ScheduleProgram, k: Kernel, knobs: dict) -> ScheduleProgram:
     """A schedule running only kernel k with these knobs: what it reads become inputs 0, 1, ...
     (constants stay constants) and what it writes the output."""
     mapping, buffers, n_in = {}, [], 0
@@ -198,12 +198,12 @@ def single_kernel(schedule: Schedule, k: Kernel, knobs: dict) -> Schedule:
                              stores=[(v, o) for (v, _), o in zip(k.stores, outs[1:])],
                              reads={v: mapping[id(b)] for v, b in k.reads.items()},
                              knobs=dict(knobs))
-    s = Schedule(f"{schedule.name}_{k.name}", schedule.bindings, schedule.target,
+    s = ScheduleProgram(f"{schedule.name}_{k.name}", schedule.bindings, schedule.target,
                  buffers + outs, [kk], outs)
     return s.verify()
 
 
-def compile_single(schedule: Schedule, k: Kernel, knobs: dict):
+def compile_single(schedule: ScheduleProgram, k: Kernel, knobs: dict):
     """(Tile IR, loaded library, source) of kernel k alone with these knobs: lowered, rendered
     and built by its target as compile_graph builds a whole program."""
     s = single_kernel(schedule, k, knobs)
@@ -357,7 +357,7 @@ def recorded_tuning(k: Kernel, row: dict) -> KernelTuning:
                         row["default_s"], row["best_s"], cands)
 
 
-def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings, user_space=None,
+def tune_program(name: str, schedule: ScheduleProgram, inputs: list, settings: Settings, user_space=None,
                  fixed=None, only=None, db_path=None) -> TuneResult:
     """Search every tunable kernel of a scheduled program (built with the heuristics' knobs) on
     its example inputs, store each kernel's choice in the database and return what was found.
@@ -413,7 +413,7 @@ def tune_program(name: str, schedule: Schedule, inputs: list, settings: Settings
                       settings.budget_s, time.perf_counter() - start, ignored, recorded)
 
 
-def _search(schedule: Schedule, inputs: list, tunable: list, settings: Settings, workers: int,
+def _search(schedule: ScheduleProgram, inputs: list, tunable: list, settings: Settings, workers: int,
             start: float) -> list:
     """KernelTuning of each (kernel, space) of `tunable`, most expensive first."""
     pool = ThreadPoolExecutor(max_workers=workers)

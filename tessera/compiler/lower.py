@@ -11,12 +11,12 @@ from ..errors import BackendUnavailableError
 from ..runtime import targets
 from . import strategies
 from .emit import params
-from .schedule_ir import VIEWS, Schedule
+from .schedule_ir import VIEWS, ScheduleProgram
 from .scheduler import default_knobs
 from .tile_ir import TileKernel, TileProgram
 
 
-def lower_schedule(s: Schedule) -> TileProgram:
+def lower_schedule(s: ScheduleProgram) -> TileProgram:
     kernels, calls = [], []
     for code, k in enumerate(s.kernels, start=1):
         # a kernel whose outputs have no elements (a sum over axis 0 of a [17, 0]) writes
@@ -30,7 +30,7 @@ def lower_schedule(s: Schedule) -> TileProgram:
     return _program(s, kernels, calls)
 
 
-def _program(s: Schedule, kernels, calls) -> TileProgram:
+def _program(s: ScheduleProgram, kernels, calls) -> TileProgram:
     """The tile program: with control flow, the schedule's steps (the entry point, or the host,
     runs them) and the buffers without memory of their own that they pass."""
     if s.steps is s.kernels:            # launches only
@@ -41,7 +41,7 @@ def _program(s: Schedule, kernels, calls) -> TileProgram:
 
 
 
-def lower_schedule_gpu(s: Schedule, target: str) -> TileProgram:
+def lower_schedule_gpu(s: ScheduleProgram, target: str) -> TileProgram:
     """The GPU Tile IR of a schedule (knobs from build_schedule(..., target=target); a schedule
     built for another target gets the GPU heuristics' knobs)."""
     if not targets.is_gpu(target):

@@ -90,7 +90,9 @@ class RegionStep:
     loc: object = None
 
 
-class Schedule:
+class ScheduleProgram:
+    """A graph's Schedule IR: its kernels (fusion groups with knobs), buffers and control flow
+    (not tessera.Schedule, the user's scheduling directives)."""
     def __init__(self, name, bindings, target, buffers, kernels, outputs, steps=None):
         self.name = name
         self.bindings = dict(bindings or {})
@@ -154,7 +156,7 @@ class Schedule:
         return "\n".join(lines)
 
     def __repr__(self):
-        return f"<Schedule @{self.name}: {len(self.kernels)} kernels>"
+        return f"<ScheduleProgram @{self.name}: {len(self.kernels)} kernels>"
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))

@@ -10,11 +10,11 @@ from .fusion import fuse
 from .graph_ir import Graph, format_attrs, format_value
 from .groups import Group, is_reduce
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
-from .schedule_ir import Buffer, Kernel, RegionStep, Schedule, storage
+from .schedule_ir import Buffer, Kernel, RegionStep, ScheduleProgram, storage
 
 
 def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None,
-                   tuned=None) -> Schedule:
+                   tuned=None) -> ScheduleProgram:
     """Knobs, weakest first: the heuristics', `tuned(kernel)` (the autotuning database's record,
     or None), an operator's own tile_shape, then `user` (a tessera.Schedule)."""
     ctx = _Context(target, fusion, user, tuned)
@@ -27,7 +27,7 @@ def build_schedule(g: Graph, target: str = "cpu", fusion: bool = True, user=None
     steps = _schedule_nodes(g, ctx, of, out_ids, "")
     outputs = [of[v.id] for v in g.outputs]
     regions = any(isinstance(st, RegionStep) for st in steps)
-    schedule = Schedule(g.name, g.bindings, target, ctx.buffers, ctx.kernels, outputs,
+    schedule = ScheduleProgram(g.name, g.bindings, target, ctx.buffers, ctx.kernels, outputs,
                         steps if regions else None)
     plan_memory(schedule)
     return schedule
@@ -172,7 +172,7 @@ def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> 
     return step
 
 
-def plan_memory(s: Schedule):
+def plan_memory(s: ScheduleProgram):
     """Give temporaries memory slots, two sharing a slot when their lifetimes (first writer to
     last reader) do not overlap. A kernel never reads and writes the same slot.
 

@@ -43,13 +43,13 @@ def formatters() -> dict:
     """type -> mimebundle function, for IPython's mimebundle formatter."""
     from ..compiler.graph_ir import Graph
     from ..compiler.program import GPUProgram, Program
-    from ..compiler.schedule_ir import Schedule
+    from ..compiler.schedule_ir import ScheduleProgram
     from ..compiler.tile_ir import TileProgram
     from ..dist import DTensor, Mesh
     from ..dist.spmd import Plan
     from ..function import Function
     return {Function: _explorer, Program: _explorer, GPUProgram: _explorer, Graph: _graph,
-            Schedule: _schedule, TileProgram: _tile, Plan: _graph, DTensor: _blocks,
+            ScheduleProgram: _schedule, TileProgram: _tile, Plan: _graph, DTensor: _blocks,
             Mesh: _blocks}
 
 
