@@ -33,7 +33,8 @@ from ..runtime import isa, targets, toolchain
 from ..version import __version__
 
 # version 2: the tile-kernel statements moved to tessera.kernel (their pickled Tile IR changed)
-# version 3: the Schedule IR's program class is schedule_ir.ScheduleProgram (was Schedule)
+# version 3: the Schedule IR's program class is schedule_ir.ScheduleProgram (was Schedule), the
+# kernel language's statements are LoadStmt, MmaStmt, ... (were Load, Mma, ...)
 FORMAT, VERSION = "tessera-program", 3
 
 

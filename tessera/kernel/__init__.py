@@ -25,7 +25,8 @@ write only what lies inside the output.
 The modules, in the order a kernel meets them:
   annotations   `Tile[...]`, a parameter's annotation
   index         `Ix`, the symbolic sizes and indices of a body (ctx.BM, program_id(0), k + 1)
-  ir            the traced body: `Value`, `Param`, one statement class per statement kind,
+  ir            the traced body: `KernelValue`, `KernelParam`, one statement class per kind
+                (`LoadStmt`, `MmaStmt`, ...: not the Tile IR's `Load`, `Loop`),
                 `KernelBody` (IR data: the compiler's `tile` strategy reads it)
   tracer        the tracer a body runs under, `tile.context()`
   builtins      the names `tessera.tile` gives a body (tile.load, tile.mma, ...)

@@ -11,7 +11,7 @@ from . import lowering, operator  # noqa: F401 (register tile_program, the node 
                                   # makes, and its strategy)
 from .annotations import TileSpec
 from .interpreter import interpret
-from .ir import KernelBody, Param, Return, Value, type_text
+from .ir import KernelBody, KernelParam, KernelValue, ReturnStmt, type_text
 from .placement import resolve
 from .semantic import ParamRef, as_value
 from .tracer import Tracer, tracing
@@ -63,7 +63,7 @@ class KernelFunction:
         return b
 
     def _trace(self, dtypes) -> KernelBody:
-        params = [Param(n, s.dims, d) for (n, s), d in zip(self.specs, dtypes)]
+        params = [KernelParam(n, s.dims, d) for (n, s), d in zip(self.specs, dtypes)]
         body = KernelBody(self.name, params)
         t = Tracer(body)
         before = tracing(t)
@@ -82,13 +82,13 @@ class KernelFunction:
                     raise TracingError("a tile kernel has one output: it stores into a "
                                        "parameter and returns a tile")
                 self._check_return(v, body)
-                body.output = t.emit(Return(value=v, loc=v.loc))   # (the caller's frame varies)
+                body.output = t.emit(ReturnStmt(value=v, loc=v.loc))   # (the caller's frame varies)
         finally:
             tracing(before)
         resolve(body)
         return body
 
-    def _check_return(self, v: Value, body: KernelBody):
+    def _check_return(self, v: KernelValue, body: KernelBody):
         """The returned tile against the return annotation: the same dimensions in order; its
         dtype, if named, is what the result is stored as (rounded once)."""
         spec = self.returns

@@ -11,8 +11,8 @@ import numpy as np
 
 from ..errors import RuntimeFault
 from ..ops import registry as R
-from .ir import Atomic, Elem, Full, KernelBody, Load, Loop, Mma, Part, Reduce, Return, Store, \
-    Update, Value
+from .ir import AtomicStmt, ElemStmt, FullStmt, KernelBody, KernelValue, LoadStmt, LoopStmt, \
+    MmaStmt, PartStmt, ReduceStmt, ReturnStmt, StoreStmt, UpdateStmt
 
 
 def interpret(body: KernelBody, arrays, knobs=None):
@@ -73,7 +73,7 @@ class _Program:
         return {"+": a + b, "-": a - b, "*": a * b, "//": a // b, "%": a % b}[e.op]
 
     def val(self, a, d=None):
-        if isinstance(a, Value):
+        if isinstance(a, KernelValue):
             x = self.env[a.id]
             return x if d is None else x.astype(d.np)
         return np.asarray(a, d.np)
@@ -82,7 +82,7 @@ class _Program:
         for st in stmts:
             RUN_STMT[type(st)](self, st)
 
-    def fill(self, st: Load, v: Value, k=None):
+    def fill(self, st: LoadStmt, v: KernelValue, k=None):
         """v: the tensor's block st places (at k along a stream), `other` outside it."""
         p = self.l.body.param(st.param)
         src = self.l.named[p.name]
@@ -102,38 +102,38 @@ class _Program:
         self.valid[v.id] = [n if place == "offset" else h
                             for n, h, place in zip(shape, hi, st.place)]
 
-    def load(self, st: Load):
+    def load(self, st: LoadStmt):
         if st.streamed:
             self.streams[st.out.id] = st
         else:
             self.fill(st, st.out)
 
-    def part(self, st: Part):
+    def part(self, st: PartStmt):
         self.fill(self.streams[st.stream.id], st.out, self.ix(st.k))
 
-    def full(self, st: Full):
+    def full(self, st: FullStmt):
         v = st.out
         self.env[v.id] = np.full([self.l.size(s) for s in v.shape], st.value, v.dtype.np)
 
-    def elem(self, st: Elem):
+    def elem(self, st: ElemStmt):
         v = st.out
         args = [self.val(a, d) for a, d in zip(st.args, st.operand)]
         r = R.run_reference(R.get(st.op), args, {**R.get(st.op).attrs, **st.extra})
         self.env[v.id] = np.asarray(r).astype(v.dtype.np)
         self.valid[v.id] = self.elem_valid(st)
 
-    def elem_valid(self, st: Elem):
+    def elem_valid(self, st: ElemStmt):
         rank = len(st.out.shape)
         out = [self.l.size(s) for s in st.out.shape]
         for a in st.args:
-            if isinstance(a, Value) and a.id in self.valid:
+            if isinstance(a, KernelValue) and a.id in self.valid:
                 for j, n in enumerate(self.valid[a.id]):
                     i = rank - len(a.shape) + j
                     if self.l.size(a.shape[j]) != 1:
                         out[i] = min(out[i], n)
         return out
 
-    def reduce(self, st: Reduce):
+    def reduce(self, st: ReduceStmt):
         v = st.out
         x, ax = self.env[st.x.id], st.axis
         n = self.valid.get(st.x.id, x.shape)[ax]
@@ -153,7 +153,7 @@ class _Program:
             kept.insert(ax, 1)
         self.valid[v.id] = kept
 
-    def mma(self, st: Mma):
+    def mma(self, st: MmaStmt):
         a, b, env = st.a, st.b, self.env
         va, vb = self.valid.get(a.id, env[a.id].shape), self.valid.get(b.id, env[b.id].shape)
         kv = min(va[1], vb[0])
@@ -161,12 +161,12 @@ class _Program:
                           env[b.id][:kv].astype(np.float64)).astype(st.out.dtype.np)
         self.valid[st.out.id] = [va[0], vb[1]]
 
-    def update(self, st: Update):
+    def update(self, st: UpdateStmt):
         tv = st.target
         r = R.run_reference(R.get(st.op), [self.env[tv.id], self.val(st.value, tv.dtype)], {})
         self.env[tv.id] = np.asarray(r).astype(tv.dtype.np)
 
-    def loop(self, st: Loop):
+    def loop(self, st: LoopStmt):
         start, stop, step = self.ix(st.start), self.ix(st.stop), self.ix(st.step)
         for kk in range(start, stop, step):
             self.vars[st.var] = kk
@@ -190,7 +190,7 @@ class _Program:
             else:
                 dst[into] = part
 
-    def atomic(self, st: Atomic):
+    def atomic(self, st: AtomicStmt):
         if st.index is None:
             return self.store(st, add=True)
         # x[index[e]] += value[e] over the index tile's valid elements
@@ -200,7 +200,7 @@ class _Program:
         keep = tuple(slice(0, m) for m in n)
         idx = idx[keep].astype(np.int64).ravel()
         vals = np.broadcast_to(self.val(value, dst.dtype), self.env[index.id].shape)[keep].ravel() \
-            if isinstance(value, Value) else np.full(idx.shape, value, dst.dtype)
+            if isinstance(value, KernelValue) else np.full(idx.shape, value, dst.dtype)
         bad = (idx < -len(dst)) | (idx >= len(dst))
         if bad.any():
             raise RuntimeFault(f"tile.atomic_add into {st.param}: index {idx[bad][0]} is out "
@@ -209,7 +209,7 @@ class _Program:
         np.add.at(dst, idx, vals.astype(dst.dtype))
 
 
-RUN_STMT = {Load: _Program.load, Part: _Program.part, Full: _Program.full,
-            Elem: _Program.elem, Reduce: _Program.reduce, Mma: _Program.mma,
-            Update: _Program.update, Loop: _Program.loop, Store: _Program.store,
-            Return: _Program.store, Atomic: _Program.atomic}
+RUN_STMT = {LoadStmt: _Program.load, PartStmt: _Program.part, FullStmt: _Program.full,
+            ElemStmt: _Program.elem, ReduceStmt: _Program.reduce, MmaStmt: _Program.mma,
+            UpdateStmt: _Program.update, LoopStmt: _Program.loop, StoreStmt: _Program.store,
+            ReturnStmt: _Program.store, AtomicStmt: _Program.atomic}

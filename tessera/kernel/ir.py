@@ -16,7 +16,7 @@ from ..errors import ShapeError
 
 
 @dataclass(eq=False)
-class Value:
+class KernelValue:
     """A tile value: its shape (sizes), dtype, the dimension each axis runs over (None where
     unknown yet), and where it was made."""
     id: int
@@ -31,13 +31,13 @@ class Value:
         return f"%t{self.id}"
 
 
-def type_text(v: Value) -> str:
+def type_text(v: KernelValue) -> str:
     return f"{v.dtype.short}[{', '.join(map(str, v.shape))}]" + \
         (" stream" if v.stream else "")
 
 
 @dataclass(eq=False)
-class Param:
+class KernelParam:
     name: str
     dims: tuple
     dtype: dt.DType
@@ -46,7 +46,7 @@ class Param:
 
 
 # ---- statements ----------------------------------------------------------------------------------
-class Stmt:
+class KernelStmt:
     """A statement of a body. `reads()` are its operands in order (values, numbers, None),
     `attrs()` the rest as its text form shows them; `out` the value it makes, if any (a
     class attribute None where it makes none: a base-class default would become a field's)."""
@@ -66,10 +66,10 @@ class Stmt:
 
 
 @dataclass(eq=False)
-class Load(Stmt):
+class LoadStmt(KernelStmt):
     """`tile.load(P, shape)`: out is P's tile at the program's place; `place` (per axis "grid",
     "whole", "stream" or "offset") is set by the placement pass."""
-    out: Value
+    out: KernelValue
     param: str
     offsets: tuple | None
     other: float
@@ -89,10 +89,10 @@ class Load(Stmt):
 
 
 @dataclass(eq=False)
-class Part(Stmt):
+class PartStmt(KernelStmt):
     """`tile.load_partition(stream, k)`: the block of a streamed load at k."""
-    out: Value
-    stream: Value
+    out: KernelValue
+    stream: KernelValue
     k: object                   # an Ix
     loc: object = None
     name = "part"
@@ -105,9 +105,9 @@ class Part(Stmt):
 
 
 @dataclass(eq=False)
-class Full(Stmt):
+class FullStmt(KernelStmt):
     """`tile.full(shape, value)` (and tile.zeros)."""
-    out: Value
+    out: KernelValue
     value: object
     loc: object = None
     name = "full"
@@ -117,10 +117,10 @@ class Full(Stmt):
 
 
 @dataclass(eq=False)
-class Elem(Stmt):
+class ElemStmt(KernelStmt):
     """An elementwise operator of the registry over tiles and numbers, its operands converted
     to `operand` dtypes; `extra` the operator's attributes."""
-    out: Value
+    out: KernelValue
     args: tuple
     op: str
     operand: tuple
@@ -136,10 +136,10 @@ class Elem(Stmt):
 
 
 @dataclass(eq=False)
-class Reduce(Stmt):
+class ReduceStmt(KernelStmt):
     """`tile.max/min/sum(x, axis, keepdim)`."""
-    out: Value
-    x: Value
+    out: KernelValue
+    x: KernelValue
     op: str
     axis: int
     keepdim: bool
@@ -154,11 +154,11 @@ class Reduce(Stmt):
 
 
 @dataclass(eq=False)
-class Mma(Stmt):
+class MmaStmt(KernelStmt):
     """`tile.mma(a, b)`: a [m, k] times b [k, n]."""
-    out: Value
-    a: Value
-    b: Value
+    out: KernelValue
+    a: KernelValue
+    b: KernelValue
     loc: object = None
     name = "mma"
 
@@ -167,11 +167,11 @@ class Mma(Stmt):
 
 
 @dataclass(eq=False)
-class Update(Stmt):
+class UpdateStmt(KernelStmt):
     """`target op= value` in place: how a tile is carried through a range_k loop."""
     out = None
-    target: Value
-    value: object               # a Value or a number
+    target: KernelValue
+    value: object               # a KernelValue or a number
     op: str
     loc: object = None
     name = "update"
@@ -184,7 +184,7 @@ class Update(Stmt):
 
 
 @dataclass(eq=False)
-class Loop(Stmt):
+class LoopStmt(KernelStmt):
     """`for k in tile.range_k(start, stop, step, stages)`: `var` names k; `body` its statements."""
     out = None
     start: object
@@ -204,10 +204,10 @@ class Loop(Stmt):
 
 
 @dataclass(eq=False)
-class Store(Stmt):
+class StoreStmt(KernelStmt):
     """`tile.store(P, value, offset=)`."""
     out = None
-    value: Value
+    value: KernelValue
     param: str
     offsets: tuple | None
     loc: object = None
@@ -221,11 +221,11 @@ class Store(Stmt):
 
 
 @dataclass(eq=False)
-class Atomic(Stmt):
+class AtomicStmt(KernelStmt):
     """`tile.atomic_add(P, value, offset=)` (a block) or `(P, value, index=)` (a histogram)."""
     out = None
-    value: object               # a Value or a number
-    index: Value | None
+    value: object               # a KernelValue or a number
+    index: KernelValue | None
     param: str
     offsets: tuple | None
     loc: object = None
@@ -239,10 +239,10 @@ class Atomic(Stmt):
 
 
 @dataclass(eq=False)
-class Return(Stmt):
+class ReturnStmt(KernelStmt):
     """`return value`: the kernel's output is a new array."""
     out = None
-    value: Value
+    value: KernelValue
     loc: object = None
     name = "return"
 
@@ -254,7 +254,7 @@ def walk(stmts):
     """Every statement, a loop's body after the loop."""
     for s in stmts:
         yield s
-        if isinstance(s, Loop):
+        if isinstance(s, LoopStmt):
             yield from walk(s.body)
 
 
@@ -265,23 +265,23 @@ class KernelBody:
 
     def __init__(self, name: str, params: list):
         self.name = name
-        self.params = params                     # Param, in the signature's order
+        self.params = params                     # KernelParam, in the signature's order
         self.stmts: list = []
         self.knobs: list = []                    # the knobs the body uses, in KNOBS order
-        self.output = None                       # what makes the output: the Store, the first
-                                                 # Atomic, or the Return
+        self.output = None                       # what makes the output: the StoreStmt, the first
+                                                 # AtomicStmt, or the ReturnStmt
         self.out_dtype = None                    # a returned tile's stored dtype, if annotated
         self.n = 0
         self.updated: set = set()                # ids of values updated in place
         self.uses: dict = {}                     # value id -> how many statements read it
 
-    def param(self, name) -> Param:
+    def param(self, name) -> KernelParam:
         return next(p for p in self.params if p.name == name)
 
     @property
     def output_param(self) -> str | None:
         """The parameter the kernel stores or adds into; None where it returns a tile."""
-        return None if self.output is None or isinstance(self.output, Return) \
+        return None if self.output is None or isinstance(self.output, ReturnStmt) \
             else self.output.param
 
     def sizes(self, types) -> dict:
@@ -307,7 +307,7 @@ class KernelBody:
         def emit(stmts, depth):
             for s in stmts:
                 pad = "  " * depth
-                if isinstance(s, Loop):
+                if isinstance(s, LoopStmt):
                     lines.append(f"{pad}for {s.var} in range_k({s.start}, {s.stop}, "
                                  f"{s.step}) {{")
                     emit(s.body, depth + 1)

@@ -202,7 +202,7 @@ def _operands(k):
 
 
 def _has_mma(body) -> bool:
-    return any(isinstance(s, kir.Mma) for s in kir.walk(body.stmts))
+    return any(isinstance(s, kir.MmaStmt) for s in kir.walk(body.stmts))
 
 
 class _Sizes:
@@ -253,13 +253,13 @@ class _Sizes:
         def count(stmts, times):
             n = 0
             for s in stmts:
-                if isinstance(s, kir.Loop):
+                if isinstance(s, kir.LoopStmt):
                     n += count(s.body, times * self.trips(s))
-                elif isinstance(s, kir.Mma):
+                elif isinstance(s, kir.MmaStmt):
                     n += times * 2 * prod(self.shape(s.out)) * self.size(s.a.shape[1])
-                elif isinstance(s, kir.Elem):
+                elif isinstance(s, kir.ElemStmt):
                     n += times * prod(self.shape(s.out))
-                elif isinstance(s, kir.Reduce):
+                elif isinstance(s, kir.ReduceStmt):
                     n += times * prod(self.shape(s.x))
             return n
         return self.programs() * count(self.body.stmts, 1)
@@ -301,7 +301,7 @@ class _Lower:
         place, and costly ones (exp, tanh, ...) used more than once."""
         out, reads_updated, cost = set(), set(self.body.updated), {}
         for s in kir.walk(self.body.stmts):
-            if not isinstance(s, kir.Elem):
+            if not isinstance(s, kir.ElemStmt):
                 continue
             ins = [a.id for a in s.args if hasattr(a, "id")]
             cost[s.out.id] = R.get(s.op).lowering.flops + sum(
@@ -429,7 +429,8 @@ class _Lower:
         adds start from the caller's values: those are copied into the output first (a grid
         loop on GPUs)."""
         out = self.body.output
-        if isinstance(out, kir.Return) or isinstance(out, kir.Store) and out.offsets is None:
+        if isinstance(out, kir.ReturnStmt) or \
+                isinstance(out, kir.StoreStmt) and out.offsets is None:
             return []
         src = self.bufs[out.param]
         i = self.names("i")
@@ -467,11 +468,11 @@ class _Lower:
         i = 0
         while i < len(stmts):
             s = stmts[i]
-            if isinstance(s, kir.Loop) and self._gemm_loop(s):
+            if isinstance(s, kir.LoopStmt) and self._gemm_loop(s):
                 i += 1
                 continue
             nxt = stmts[i + 1] if i + 1 < len(stmts) else None
-            if isinstance(s, kir.Mma) and isinstance(nxt, kir.Update) and \
+            if isinstance(s, kir.MmaStmt) and isinstance(nxt, kir.UpdateStmt) and \
                     nxt.value is s.out and nxt.op == "add" and \
                     nxt.target not in s.reads() and \
                     self.body.uses.get(s.out.id, 0) == 1:
@@ -761,19 +762,19 @@ class _Lower:
         compiler's GEMM routine on the program's block: the same chain per element over k from
         0 (op.matmul's bits), with the routine's register blocking and packing."""
         body = loop.body
-        parts = [s for s in body if isinstance(s, kir.Part)]
+        parts = [s for s in body if isinstance(s, kir.PartStmt)]
         if loop not in self.body.stmts or len(body) != 4 or len(parts) != 2:
             return False
-        mma = next((s for s in body if isinstance(s, kir.Mma)), None)
-        upd = next((s for s in body if isinstance(s, kir.Update)), None)
+        mma = next((s for s in body if isinstance(s, kir.MmaStmt)), None)
+        upd = next((s for s in body if isinstance(s, kir.UpdateStmt)), None)
         if mma is None or upd is None or body.index(mma) + 1 != body.index(upd) or \
                 upd.value is not mma.out or upd.op != "add" or \
                 {mma.a, mma.b} != {p.out for p in parts} or mma.a is mma.b:
             return False
         acc = upd.target
         made = next((s for s in kir.walk(self.body.stmts) if s.out is acc), None)
-        if not isinstance(made, kir.Full) or made.value != 0 or \
-                sum(1 for s in kir.walk(self.body.stmts) if isinstance(s, kir.Update) and
+        if not isinstance(made, kir.FullStmt) or made.value != 0 or \
+                sum(1 for s in kir.walk(self.body.stmts) if isinstance(s, kir.UpdateStmt) and
                     s.target is acc) != 1 or acc.dtype not in (dt.float32, dt.float64):
             return False
         start, stop, step = loop.start, loop.stop, loop.step
@@ -881,7 +882,7 @@ class _Lower:
         the largest `prefetch` of the loads it partitions; 1 (no pipelining) on the CPU, for a
         loop without partitions or updating one, or where the buffers would take over half of
         a block's shared memory."""
-        parts = [s for s in loop.body if isinstance(s, kir.Part)]
+        parts = [s for s in loop.body if isinstance(s, kir.PartStmt)]
         if not self.gpu or not parts or any(p.out.id in self.body.updated for p in parts):
             return 1
         n = loop.stages
@@ -900,7 +901,7 @@ class _Lower:
         of one more per partition, and the loads of later blocks overlap this one's compute.
         The same values in the same order: the same bits."""
         kv = st.var
-        parts = [s for s in st.body if isinstance(s, kir.Part)]
+        parts = [s for s in st.body if isinstance(s, kir.PartStmt)]
         for p in parts:
             v, shape = p.out, self.sz.shape(p.out)
             name = self.names("ring")
@@ -1025,7 +1026,9 @@ class _Lower:
         self._store_into(v, self.k.output, v.dims, None)
 
 
-LOWER_STMT = {kir.Load: _Lower.s_load, kir.Part: _Lower.s_part, kir.Full: _Lower.s_full,
-              kir.Elem: _Lower.s_elem, kir.Reduce: _Lower.s_reduce, kir.Mma: _Lower.s_mma,
-              kir.Update: _Lower.s_update, kir.Loop: _Lower.s_loop, kir.Store: _Lower.s_store,
-              kir.Atomic: _Lower.s_atomic, kir.Return: _Lower.s_return}
+LOWER_STMT = {kir.LoadStmt: _Lower.s_load, kir.PartStmt: _Lower.s_part,
+              kir.FullStmt: _Lower.s_full, kir.ElemStmt: _Lower.s_elem,
+              kir.ReduceStmt: _Lower.s_reduce, kir.MmaStmt: _Lower.s_mma,
+              kir.UpdateStmt: _Lower.s_update, kir.LoopStmt: _Lower.s_loop,
+              kir.StoreStmt: _Lower.s_store, kir.AtomicStmt: _Lower.s_atomic,
+              kir.ReturnStmt: _Lower.s_return}

@@ -7,26 +7,26 @@ learns, per axis, where a program reads: its block of the grid ("grid"), all of 
 from __future__ import annotations
 
 from ..errors import ShapeError, TracingError
-from .ir import Atomic, KernelBody, Load, Part, Store, Value, type_text, walk
+from .ir import AtomicStmt, KernelBody, KernelValue, LoadStmt, PartStmt, StoreStmt, type_text, walk
 
 
 def resolve(body: KernelBody):
     """Tie the output's axes to the grid and check every load against it. Sets
-    body.grid: [(dim, block size Ix or None for whole)] per output axis; each Load's place:
+    body.grid: [(dim, block size Ix or None for whole)] per output axis; each LoadStmt's place:
     per axis "grid", "whole", "stream" or "offset"."""
     out = body.output
     if out is None:
         raise TracingError(f"tile kernel {body.name} neither stores into a parameter nor "
                            "returns a tile", hint="end it with tile.store(C, acc) or "
                                                   "return a tile")
-    if isinstance(out, Atomic):
+    if isinstance(out, AtomicStmt):
         body.grid = _load_grid(body)
         _place_loads(body)
         _place_atomics(body)
         return
-    if isinstance(out, Store):
+    if isinstance(out, StoreStmt):
         v, dims, offsets = out.value, body.param(out.param).dims, out.offsets
-    else:                                   # a Return
+    else:                                   # a ReturnStmt
         v = out.value
         dims = [d for d in v.dims]
         offsets = None
@@ -65,7 +65,7 @@ def _load_grid(body) -> list:
     by load_partition), in the order the body first loads them."""
     grid = {}                           # dimension -> its block (first load first)
     for st in walk(body.stmts):
-        if not isinstance(st, Load) or st.offsets is not None or st.out.stream:
+        if not isinstance(st, LoadStmt) or st.offsets is not None or st.out.stream:
             continue
         for d, s in zip(body.param(st.param).dims, st.out.shape):
             if not (s.op == "dim" and s.args[0] == d):
@@ -78,7 +78,7 @@ def _place_atomics(body):
     program's block (the tile must be that block); along any other, at 0 (or offset=)."""
     gridded = {d: s for d, s in body.grid}
     for st in walk(body.stmts):
-        if not isinstance(st, Atomic) or st.index is not None or st.offsets is not None:
+        if not isinstance(st, AtomicStmt) or st.index is not None or st.offsets is not None:
             continue
         p, v = body.param(st.param), st.value
         for i, (d, s) in enumerate(zip(p.dims, v.shape)):
@@ -91,10 +91,10 @@ def _place_atomics(body):
 
 
 def _place_loads(body):
-    """Each load's placement against the grid (Load.place)."""
+    """Each load's placement against the grid (LoadStmt.place)."""
     gridded = {d: s for d, s in body.grid if s is not None}
     for st in walk(body.stmts):
-        if not isinstance(st, Load):
+        if not isinstance(st, LoadStmt):
             continue
         p = body.param(st.param)
         out = st.out
@@ -135,7 +135,7 @@ def _place_loads(body):
         st.place = tuple(place)
     for st in walk(body.stmts):
         for a in st.reads():
-            if isinstance(a, Value) and a.stream and not isinstance(st, Part):
+            if isinstance(a, KernelValue) and a.stream and not isinstance(st, PartStmt):
                 raise ShapeError(f"{a}, a tile.load streamed by tile.load_partition, is used "
                                  f"whole", location=st.loc,
                                  hint="use the partitions tile.load_partition gives")

@@ -10,8 +10,8 @@ from ..ops import registry as R
 from ..ops.registry import install_operators
 from ..trace import user_location
 from .index import ONE, Ix, ix, size_of
-from .ir import Atomic, Elem, Full, Load, Loop, Mma, Param, Part, Reduce, Store, Update, Value, \
-    type_text, walk
+from .ir import AtomicStmt, ElemStmt, FullStmt, KernelParam, KernelValue, LoadStmt, LoopStmt, \
+    MmaStmt, PartStmt, ReduceStmt, StoreStmt, UpdateStmt, type_text, walk
 from .tracer import Tracer, tracer
 
 
@@ -19,13 +19,13 @@ class ParamRef:
     """A parameter inside the body: a tensor in memory. Loaded with tile.load, stored into with
     tile.store; used as a value, it is its block (see the package's docstring)."""
 
-    def __init__(self, t: Tracer, p: Param):
+    def __init__(self, t: Tracer, p: KernelParam):
         self._t, self._p = t, p
 
     def __repr__(self):
         return f"<tile parameter {self._p.name}: Tile[{', '.join(self._p.dims)}]>"
 
-    def _value(self) -> Value:
+    def _value(self) -> KernelValue:
         t, p = self._t, self._p
         v = t.direct.get(p.name)
         if v is None:
@@ -68,7 +68,7 @@ class TileValue:
     """A tile inside the body: Python operators are elementwise tile operations."""
     __slots__ = ("_v", "_t")
 
-    def __init__(self, t: Tracer, v: Value):
+    def __init__(self, t: Tracer, v: KernelValue):
         self._v, self._t = v, t
 
     @property
@@ -104,7 +104,7 @@ class TileValue:
                            location=user_location(), hint="use the tile builtins (tile.exp, ...)")
 
 
-def wrap(t, v: Value) -> TileValue:
+def wrap(t, v: KernelValue) -> TileValue:
     return TileValue(t, v)
 
 
@@ -157,14 +157,14 @@ def load(x, shape=None, *, offset=None, other=0.0, prefetch=None) -> TileValue:
     # grid is known (resolve); the value is a tile until then
     v = t.new(shape, tile_dtype(p.dtype), p.dims)
     v.param = p.name
-    t.emit(Load(out=v, param=p.name, offsets=offsets, other=float(other), prefetch=prefetch))
+    t.emit(LoadStmt(out=v, param=p.name, offsets=offsets, other=float(other), prefetch=prefetch))
     return wrap(t, v)
 
 
 def load_partition(stream, k) -> TileValue:
     t = tracer()
     v = as_value(stream)
-    if v is None or not any(isinstance(s, Load) and s.out is v for s in walk(t.body.stmts)):
+    if v is None or not any(isinstance(s, LoadStmt) and s.out is v for s in walk(t.body.stmts)):
         raise ArgumentError("tile.load_partition takes a tile made by tile.load",
                             location=user_location())
     k = ix(k, "tile.load_partition's index")
@@ -176,7 +176,7 @@ def load_partition(stream, k) -> TileValue:
                                 "a = tile.load_partition(a_stream, k)")
     v.stream = True
     out = t.new(v.shape, v.dtype, v.dims)
-    t.emit(Part(out=out, stream=v, k=k))
+    t.emit(PartStmt(out=out, stream=v, k=k))
     return wrap(t, out)
 
 
@@ -194,7 +194,7 @@ def full(shape, value, dtype=None) -> TileValue:
     d = tile_dtype(dt.get(dtype if dtype is not None else
                           (dt.float32 if isinstance(value, float) else dt.int64)))
     v = t.new(shape, d, [None] * len(shape))
-    t.emit(Full(out=v, value=value))
+    t.emit(FullStmt(out=v, value=value))
     return wrap(t, v)
 
 
@@ -236,10 +236,10 @@ def elementwise(op, *args, **attrs) -> TileValue:
             vals.append(a)
         else:
             vals.append(v)
-    tiles = [v for v in vals if isinstance(v, Value)]
+    tiles = [v for v in vals if isinstance(v, KernelValue)]
     if not tiles:
         raise ArgumentError(f"tile.{op} needs a tile operand", location=user_location())
-    items = [v.dtype if isinstance(v, Value) else v for v in vals]
+    items = [v.dtype if isinstance(v, KernelValue) else v for v in vals]
     try:
         operand, out = opdef.dtype_rule(items, {**opdef.attrs, **attrs, "_op": op})
     except TesseraError as e:
@@ -247,7 +247,7 @@ def elementwise(op, *args, **attrs) -> TileValue:
         raise
     shape, dims = _broadcast([v.shape for v in tiles], [v.dims for v in tiles], op)
     v = t.new(shape, tile_dtype(out), dims)
-    t.emit(Elem(out=v, args=tuple(vals), op=op,
+    t.emit(ElemStmt(out=v, args=tuple(vals), op=op,
                 operand=tuple(tile_dtype(d) for d in operand), extra=dict(attrs)))
     return wrap(t, v)
 
@@ -274,7 +274,7 @@ def reduce(op, x, axis=-1, keepdim=False) -> TileValue:
         del shape[axis], dims[axis]
     d = v.dtype if op != "sum" or not v.dtype.is_bool else dt.int64
     out = t.new(shape, d, dims)
-    t.emit(Reduce(out=out, x=v, op=op, axis=axis, keepdim=bool(keepdim)))
+    t.emit(ReduceStmt(out=out, x=v, op=op, axis=axis, keepdim=bool(keepdim)))
     return wrap(t, out)
 
 
@@ -295,7 +295,7 @@ def mma(a, b) -> TileValue:
                          received=f"{va.dtype.name} and {vb.dtype.name}")
     d = dt.float64 if dt.float64 in (va.dtype, vb.dtype) else dt.float32
     out = t.new((va.shape[0], vb.shape[1]), d, [va.dims[0], vb.dims[1]])
-    t.emit(Mma(out=out, a=va, b=vb))
+    t.emit(MmaStmt(out=out, a=va, b=vb))
     return wrap(t, out)
 
 
@@ -318,7 +318,7 @@ def update(target: TileValue, op, value):
         vd = [None] * (len(tv.dims) - len(v.dims)) + list(v.dims)
         tv.dims = [a or b for a, b in zip(tv.dims, vd)]
     t.body.updated.add(tv.id)
-    t.emit(Update(target=tv, value=v if v is not None else value, op=op))
+    t.emit(UpdateStmt(target=tv, value=v if v is not None else value, op=op))
     return target
 
 
@@ -339,7 +339,7 @@ def store(x, value, *, offset=None):
         raise TracingError("a tile kernel has one output: a second tile.store, or a store "
                            "beside a return or an atomic_add", location=user_location())
     p.written = True
-    t.body.output = t.emit(Store(value=v, param=p.name,
+    t.body.output = t.emit(StoreStmt(value=v, param=p.name,
                                  offsets=_offsets(offset, len(p.dims), "tile.store")))
 
 
@@ -392,13 +392,13 @@ def atomic_add(x, value, *, offset=None, index=None):
         raise ShapeError(f"tile.atomic_add of a rank-{len(v.shape)} tile into {p.name} "
                          f"(rank {len(p.dims)})", location=user_location(), received=type_text(v),
                          expected=f"Tile[{', '.join(p.dims)}]")
-    if t.body.output is not None and not (isinstance(t.body.output, Atomic) and
+    if t.body.output is not None and not (isinstance(t.body.output, AtomicStmt) and
                                           t.body.output.param == p.name):
         raise TracingError("a tile kernel has one output: tile.atomic_add into "
                            f"{p.name} beside another store, return or atomic_add",
                            location=user_location())
     p.read = p.written = True          # the adds start from the caller's values
-    s = t.emit(Atomic(value=v if v is not None else value, index=iv, param=p.name,
+    s = t.emit(AtomicStmt(value=v if v is not None else value, index=iv, param=p.name,
                       offsets=_offsets(offset, len(p.dims), "tile.atomic_add")))
     t.body.output = t.body.output or s
 
@@ -432,7 +432,7 @@ class RangeK:
             if isinstance(e, Ix) and e.op == "knob":
                 t.use_knob(e.args[0])
         var = f"k{len(t.loops)}"
-        s = Loop(start=self.start, stop=self.stop, step=self.step, var=var,
+        s = LoopStmt(start=self.start, stop=self.stop, step=self.step, var=var,
                  stages=self.stages, loc=user_location())
         t.block.append(s)
         outer = t.block

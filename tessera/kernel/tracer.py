@@ -7,7 +7,7 @@ import threading
 from ..errors import ArgumentError, TracingError
 from ..trace import user_location
 from .index import Ix
-from .ir import KernelBody, Stmt, Value
+from .ir import KernelBody, KernelStmt, KernelValue
 
 KNOBS = ("BM", "BN", "BK", "warps", "stages", "vector")
 BLOCK_KNOBS = ("BM", "BN", "BK")
@@ -35,29 +35,29 @@ class Tracer:
     def __init__(self, body: KernelBody):
         self.body = body
         self.block = body.stmts                  # where statements go (a loop's body inside it)
-        self.loops: list = []                    # open range_k loops (their Loop statement)
+        self.loops: list = []                    # open range_k loops (their LoopStmt statement)
         self.made_in: dict = {}                  # value id -> the loops open where it was made
-        self.direct: dict = {}                   # parameter name -> its direct-use Value
+        self.direct: dict = {}                   # parameter name -> its direct-use KernelValue
         self.broken = None                       # where a range_k loop was left by a break
 
-    def new(self, shape, dtype, dims) -> Value:
+    def new(self, shape, dtype, dims) -> KernelValue:
         b = self.body
-        v = Value(b.n, tuple(shape), dtype, list(dims), user_location())
+        v = KernelValue(b.n, tuple(shape), dtype, list(dims), user_location())
         b.n += 1
         self.made_in[v.id] = tuple(id(lp) for lp in self.loops)
         return v
 
-    def emit(self, s: Stmt) -> Stmt:
+    def emit(self, s: KernelStmt) -> KernelStmt:
         """Append s where the body is, after checking its operands are in scope."""
         for a in s.reads():
-            if isinstance(a, Value):
+            if isinstance(a, KernelValue):
                 self.check_scope(a)
                 self.body.uses[a.id] = self.body.uses.get(a.id, 0) + 1
         s.loc = s.loc or user_location()
         self.block.append(s)
         return s
 
-    def check_scope(self, v: Value):
+    def check_scope(self, v: KernelValue):
         made, now = self.made_in.get(v.id, ()), tuple(id(lp) for lp in self.loops)
         if now[:len(made)] != made:
             raise TracingError(f"{v} was made inside a tile.range_k loop that has ended",

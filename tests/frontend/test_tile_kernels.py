@@ -568,7 +568,7 @@ def test_every_statement_class_is_interpreted_and_lowered():
     strategy would fail only when a kernel uses it: here it fails at once."""
     from tessera.kernel import lowering as strategy
     from tessera.kernel import interpreter, ir
-    kinds = set(ir.Stmt.__subclasses__())
+    kinds = set(ir.KernelStmt.__subclasses__())
     assert kinds == set(interpreter.RUN_STMT) == set(strategy.LOWER_STMT)
     assert len({k.name for k in kinds}) == len(kinds)        # each its own name in the text
 
