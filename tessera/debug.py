@@ -101,7 +101,7 @@ def _probe(prog):
     graph's own outputs (made once per program)."""
     probe = getattr(prog, "_debug_probe", None)
     if probe is None:
-        from .compiler.pipeline import compile_graph
+        from .compiler.driver import compile_graph
         g = prog.graph_ir.clone()
         g.outputs = list(g.outputs) + [n.out for n in _observed(g)]
         g.output_tree, g.output_structure = None, "list"
@@ -128,7 +128,7 @@ def _values(prog, arrays: list):
 
 
 def _interpreted(prog, arrays: list):
-    """As _values, for a program in parts (tessera/compiler/pipeline.py's SplitProgram): the
+    """As _values, for a program in parts (tessera/compiler/driver.py's SplitProgram): the
     graph evaluated with the NumPy references, host calls run by the host."""
     g = prog.graph_ir
     env = {p.id: _host(a) for p, a in zip(g.params, arrays)}
@@ -395,7 +395,7 @@ def _is_target(name) -> bool:
 def _target_values(g, target: str, params) -> dict:
     """{value id: array}: the probe's graph compiled for another target (a GPU, another CPU
     level) and run on the same arguments, every operator's result read back."""
-    from .compiler.pipeline import compile_graph
+    from .compiler.driver import compile_graph
     out = compile_graph(g, target, output_structure="list").run(*params)
     observed = _observed(g)
     return {n.out.id: _host(a) for n, a in zip(observed, out[len(out) - len(observed):])}
@@ -612,7 +612,7 @@ class Replay:
 def replay(path, target: str | None = None) -> Replay:
     """Compile the saved Graph IR again (for the saved target, or `target`), run it on the saved
     arguments and compare the results with the saved ones bit for bit."""
-    from .compiler.pipeline import compile_graph
+    from .compiler.driver import compile_graph
     try:
         with zipfile.ZipFile(path) as z:
             manifest = json.loads(z.read("manifest.json"))

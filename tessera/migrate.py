@@ -7,7 +7,7 @@
 ``wrap_pytorch`` is for what ``from_torch`` cannot import yet (an operator without an entry, a
 custom CUDA extension) or what should stay PyTorch's: the layer runs in PyTorch, on the CPU,
 between the compiled parts of the function that calls it (a **graph break**: the program is
-compiled in parts cut at each call, tessera/compiler/pipeline.py's `SplitProgram`; fusion does not
+compiled in parts cut at each call, tessera/compiler/driver.py's `SplitProgram`; fusion does not
 cross the call). Its inputs reach PyTorch as tensors on copies of the arrays, its result comes
 back as a NumPy array of the dtype PyTorch gives. Gradients flow through it to its inputs
 (``torch.autograd.grad`` on the layer, run again on the saved inputs); the layer's own parameters

@@ -10,7 +10,7 @@ from tessera import ops
 from tessera.compiler.graph_ir import Graph, make_attrs
 from tessera.compiler.scheduler import build_schedule
 from tessera.compiler.lower import lower_schedule_gpu
-from tessera.compiler.pipeline import prepare
+from tessera.compiler.driver import prepare
 from tessera.compiler.tile_ir import TileProgram
 from tessera.errors import DTypeError, TesseraError
 from tessera.trace import Trace, Traced, apply, tracing

@@ -24,7 +24,7 @@ LAYERS = [
     ("fusion and scheduling", ["tessera.compiler.fusion", "tessera.compiler.scheduler"]),
     ("lowering", ["tessera.compiler.lower"]),
     ("renderers", ["tessera.compiler.target"]),
-    ("pipeline and search", ["tessera.compiler"]),
+    ("driver and search", ["tessera.compiler"]),
     # the front end, in layers
     ("tracing", ["tessera.trace", "tessera.op", "tessera.schedule"]),
     ("function", ["tessera.function"]),

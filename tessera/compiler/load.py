@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import ArgumentError, BackendUnavailableError
 from ..runtime import isa, targets, toolchain
-from .pipeline import compile_graph
+from .driver import compile_graph
 from .program import GPUProgram, Program
 from .saved import read
 

@@ -1,7 +1,7 @@
 """The programs the compiler gives: every IR level to read, the source, and a run on arrays.
 `Program` runs a loaded C library on the CPU, `GPUProgram` a CUDA or HIP module (compiled on
 its first run); `ShapeGenericLibrary` is a compiled library that serves many sizes
-(compiler/dynamic.py). compiler/pipeline.py makes them."""
+(compiler/dynamic.py). compiler/driver.py makes them."""
 from __future__ import annotations
 
 import numpy as np

@@ -26,7 +26,7 @@ class ProgramCache:
     def program(self, bound, target: str, schedule):
         """(Program, arrays) for a bound call (Signature.bind's result) on a target."""
         arrays, statics, bindings = bound
-        from ..compiler.pipeline import compile_graph, resolve_target
+        from ..compiler.driver import compile_graph, resolve_target
         target = resolve_target(target, arrays.values())     # "cpu" -> "cpu:<ISA level>"
         key = (target, tuple((n, a.dtype.str, a.shape) for n, a in arrays.items()),
                static_key(statics), schedule.key() if schedule else None, is_training(),
@@ -53,7 +53,7 @@ class ProgramCache:
         DynamicSize, run by a shape-generic library of an earlier size where one serves it
         (compiler/dynamic.py)."""
         from ..compiler.dynamic import DynamicSize
-        from ..compiler.pipeline import compile_dynamic
+        from ..compiler.driver import compile_dynamic
         symbolic = {s: DynamicSize.symbol(s, v) for s, v in sizes.items()}
         traced = {**bindings, **symbolic}
         types = {}

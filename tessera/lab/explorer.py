@@ -115,7 +115,7 @@ class Explorer:
 
     def _autotune(self, budget_s):
         from ..autotune import autotune
-        from ..compiler.pipeline import resolve_target
+        from ..compiler.driver import resolve_target
         if self.function is not None and \
                 resolve_target(self.function.target) != self.program.target:
             self.notes["autotune"] = (f"the autotuner searches {self.function.name}'s own target "

@@ -113,7 +113,7 @@ class TesseraMagics(Magics):
     def _line(self, args, sizes, options):
         if not args.function:
             from ..version import __version__
-            from ..compiler.pipeline import available_targets
+            from ..compiler.driver import available_targets
             print(f"tessera {__version__}: targets on this machine: "
                   f"{', '.join(available_targets())}")
             return None
@@ -231,13 +231,13 @@ def _explore(fn, sizes, options, build=True):
 
 def _resolve_target(name: str) -> str:
     if name != "auto":
-        from ..compiler.pipeline import resolve_target
+        from ..compiler.driver import resolve_target
         try:
             resolve_target(name)            # checked here; resolved again at each lowering
         except TesseraError as e:
             raise UsageError(f"--target: {e.summary}; {e.hint}") from None
         return name
-    from ..compiler.pipeline import available_targets
+    from ..compiler.driver import available_targets
     runnable = available_targets()
     return next((t for t in runnable if targets.is_gpu(t)), "cpu")
 

@@ -4,7 +4,7 @@
 node's ``fn`` attribute is a `HostFunction` (its name, the call on NumPy arrays, the rule giving
 its result type, and its adjoint per operand, itself a host function). The compiler never makes
 a kernel of it: a graph holding host calls is compiled in parts, the graph cut at each call
-(tessera/compiler/pipeline.py, `SplitProgram`), and the host runs the call on the arrays the part
+(tessera/compiler/driver.py, `SplitProgram`), and the host runs the call on the arrays the part
 before it left. Eager mode and the interpreter call it through the reference.
 """
 from __future__ import annotations

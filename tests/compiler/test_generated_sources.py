@@ -29,7 +29,7 @@ import tessera as ts  # noqa: E402
 from tessera import ops  # noqa: E402
 from tessera.compiler.lower import lower_schedule  # noqa: E402
 from tessera.compiler.lower import lower_schedule_gpu  # noqa: E402
-from tessera.compiler.pipeline import prepare  # noqa: E402
+from tessera.compiler.driver import prepare  # noqa: E402
 from tessera.compiler.scheduler import build_schedule, invalid_knobs, knob_space  # noqa: E402
 from tessera.compiler.target.c import render_c, routine_library_source  # noqa: E402
 from tessera.compiler.target.gpu import render_cuda, render_hip  # noqa: E402

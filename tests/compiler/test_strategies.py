@@ -11,7 +11,7 @@ import tessera as ts
 from tessera import ops
 from tessera.compiler import strategies
 from tessera.compiler.emit import Names, grid_from_cpu_nests, read
-from tessera.compiler.pipeline import prepare
+from tessera.compiler.driver import prepare
 from tessera.compiler.strategies.base import Strategy
 from tessera.compiler.tile_ir import Assign, Bin, Const, Decl, Loop, Store, Var, idx_add, idx_mul
 from tessera.ops.registry import OpDef

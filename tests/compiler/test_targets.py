@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.compiler.pipeline import available_targets
+from tessera.compiler.driver import available_targets
 from tessera.compiler.target.c import CRenderer, ShapeGenericC
 from tessera.errors import BackendUnavailableError
 from tessera.runtime import isa, targets

@@ -608,7 +608,7 @@ def test_a_graph_built_without_a_tracer_is_differentiated(rng):
     importer would) gets its gradient graph, which compiles and matches the closed form."""
     from tessera.compiler.backward import backward
     from tessera.compiler.graph_ir import Builder, Graph
-    from tessera.compiler.pipeline import compile_graph
+    from tessera.compiler.driver import compile_graph
     from tessera.types import type_of_array
     x, w = rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
     g = Graph("imported")

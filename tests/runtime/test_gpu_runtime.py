@@ -22,7 +22,7 @@ import pytest
 
 import tessera as ts
 from tessera import Tensor, op
-from tessera.compiler.pipeline import auto_target, available_targets
+from tessera.compiler.driver import auto_target, available_targets
 from tessera.compiler.program import GPUProgram
 from tessera.errors import (ArgumentError, BackendUnavailableError, ResourceError,
                             RuntimeFault)

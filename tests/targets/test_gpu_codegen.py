@@ -13,7 +13,7 @@ import tessera as ts
 from tessera import dtypes as dt
 from tessera import ops
 from tessera.compiler.lower import lower_schedule_gpu
-from tessera.compiler.pipeline import prepare
+from tessera.compiler.driver import prepare
 from tessera.compiler.scheduler import build_schedule
 from tessera.compiler.target.gpu import render_cuda, render_hip
 from tessera.compiler.tile_ir import (Barrier, BlockReduce, Call, Const, Loop, Shared, Store,
