@@ -571,8 +571,8 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-8, seed=0) 
                     step = ((xp[idx] - xm[idx]) / unit).real      # (exact, as stored)
                     fp, fm = value(k, xp), value(k, xm)
                     want += unit * (fp - fm) / step
-                    # the difference's own rounding: a few ulps of |f| over the step (a
-                    # function of 1e4 carries 3e-6 of noise at a step of 1e-6)
+                    # the difference's own rounding: a few ulps of |f| over the step (at
+                    # |f| = 1.4e4 and a step of 2e-6 it was off by 1.5e-6)
                     noise += _FD_ULPS * _F64_EPS * (abs(fp) + abs(fm)) / step
                 a = np.asarray(got)[idx]
                 a, want = (complex(a), complex(want)) if x.dtype.kind == "c" else \
