@@ -205,7 +205,12 @@ def _mono_mul(a, b):
     powers = dict(a)
     for atom, p in b:
         powers[atom] = powers.get(atom, 0) + p
-    return tuple(sorted(powers.items(), key=lambda ap: _atom_key(ap[0])))
+    return _monomial(powers)
+
+
+def _monomial(powers: dict) -> tuple:
+    """{atom: power} as a monomial: the atoms with a power, in the fixed order of _atom_key."""
+    return tuple(sorted(((a, p) for a, p in powers.items() if p), key=lambda ap: _atom_key(ap[0])))
 
 
 def exact_div(a, b):
@@ -223,8 +228,7 @@ def exact_div(a, b):
             powers[atom] -= p
         if c % bc:
             return None
-        nm = tuple(sorted(((x, p) for x, p in powers.items() if p),
-                          key=lambda ap: _atom_key(ap[0])))
+        nm = _monomial(powers)
         out[nm] = out.get(nm, 0) + c // bc
     return Sym(out).simplify()
 
