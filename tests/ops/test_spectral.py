@@ -161,6 +161,24 @@ def test_the_same_bits_whatever_the_threads_and_the_batch(rng, monkeypatch):
     assert one.tobytes() == ts.function(lambda v: op.rfft(v))(x)[5:6].tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_each_line_of_a_batch_is_its_own_transform(dtype, rng):
+    """A block of lines goes through the routine's transposes (whole vector tiles, then the
+    edges) and a line alone does not: each line of 37 (a multiple of no tile), at lengths that
+    fill tiles and leave edges (97 a Bluestein one), is its own transform bit for bit."""
+    cd = np.complex64 if dtype == np.float32 else np.complex128
+    for n in (1000, 97, 30):
+        x = rng.standard_normal((37, n)).astype(dtype)
+        z = crandn(rng, 37, n).astype(cd)
+        half = np.fft.rfft(x).astype(cd)
+        for f, a, kw in [(op.rfft, x, {}), (op.fft, z, {}), (op.ifft, z, {}),
+                         (op.irfft, half, {"n": n})]:
+            fn = ts.function(lambda v: f(v, **kw))
+            whole = fn(a)
+            for i in (0, 17, 36):
+                assert fn(a[i:i + 1]).tobytes() == whole[i:i + 1].tobytes(), (f.__name__, n, i)
+
+
 def test_bad_arguments_are_named(rng):
     x = np.zeros((3, 4), np.float32)
     with pytest.raises(ts.ShapeError, match="n=0"):

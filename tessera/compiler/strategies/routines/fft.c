@@ -1,15 +1,16 @@
 /* Fast Fourier transforms of `lanes` lines at once, in place on two planes of {T}: the real
-   parts re[k * lanes + v] and the imaginary parts im[k * lanes + v] of element k of line v
-   (element-major, so every butterfly works on `lanes` adjacent values: vector instructions
-   across the lines).
+   parts re[v * ld + k] and the imaginary parts im[v * ld + k] of element k of line v (ld at
+   least the elements a line takes and gives: n/2 + 1 for a packed real line, else n; the
+   caller gathers and scatters contiguous rows). Inside, a block of lines is
+   transposed to element-major order (element k of line v at k * lanes + v), so every
+   butterfly works on `lanes` adjacent values: vector instructions across the lines.
 
-   ts_fft_{S}(re, im, n, lanes, kind), kind: 0 forward complex, 1 inverse complex
+   ts_fft_{S}(re, im, n, lanes, ld, kind), kind: 0 forward complex, 1 inverse complex
    (unnormalised: n x), 2 real to complex, 3 complex to real (unnormalised). A real line of even
    n is packed by the caller as n/2 complex values (x_2j in re, x_2j+1 in im) and comes back the
    same way from kind 3; an odd one is n complex values with zero imaginary parts in, the real
    parts out. Kind 2 gives n/2 + 1 frequencies; kind 3 takes n/2 + 1, the imaginary parts of the
-   zero and Nyquist frequencies ignored. Each plane holds (n + 1) * lanes elements. Returns
-   nonzero when its memory cannot be had.
+   zero and Nyquist frequencies ignored. Returns nonzero when its memory cannot be had.
 
    Complex transforms: a Stockham autosort (decimation in frequency) over the factors of n,
    4s first, then 2, 3, 5, 7 and any odd prime up to TS_FFT_MAX_RADIX (a butterfly over the
@@ -21,7 +22,8 @@
    Twiddles are computed once per (n, kind) in double precision, from an octant reduction done
    in integers (so e^{-2 pi i j/N} is exact where it is 1, -1, i or -i), and rounded once to {T}.
    Plans are cached for the process (a lock only to add one). Every output is one fixed chain
-   of operations whatever the thread count: a stage's butterflies are independent. */
+   of operations whatever the thread count: a stage's butterflies are independent, and the
+   transposes move values without arithmetic. */
 #define TS_FFT_MAX_RADIX 31
 #define TS_FFT_MAX_STAGES 64
 #define TS_FFT_PLANS 512
@@ -364,6 +366,130 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
   }
 }
 
+/* The transposes between the caller's rows and the stages' element-major planes: square tiles
+   through vector registers (AVX-512: 16 floats or 8 doubles; AVX2: 8 or 4), the edges and
+   other ISAs element by element in tiles of 8 (so each cache line is touched while held). */
+#ifndef TS_FFT_TILES
+#define TS_FFT_TILES
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define TS_FFT_TILE_F32 16
+#define TS_FFT_TILE_F64 8
+static inline void ts_fft_tile_f32(const float* s, int64_t sld, float* d, int64_t dld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(s + i * sld);
+  for (int i = 0; i < 16; i += 2) {          /* pairs of rows: 2 x 2 blocks of single values */
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)            /* 4 x 4 blocks within each 128-bit lane */
+    for (int h = 0; h < 2; ++h) {
+      __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
+      r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int i = 0; i < 4; ++i) {              /* then the 128-bit lanes themselves */
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(d + i * dld, r[i]);
+}
+static inline void ts_fft_tile_f64(const double* s, int64_t sld, double* d, int64_t dld) {
+  __m512d r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm512_loadu_pd(s + i * sld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm512_unpacklo_pd(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_pd(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {              /* 128-bit pairs, then 256-bit halves */
+    r[i] = _mm512_shuffle_f64x2(t[i], t[i + 2], 0x88);
+    r[i + 2] = _mm512_shuffle_f64x2(t[i], t[i + 2], 0xdd);
+    r[i + 4] = _mm512_shuffle_f64x2(t[i + 4], t[i + 6], 0x88);
+    r[i + 6] = _mm512_shuffle_f64x2(t[i + 4], t[i + 6], 0xdd);
+  }
+  for (int i = 0; i < 2; ++i) {
+    t[i] = _mm512_shuffle_f64x2(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f64x2(r[i], r[i + 4], 0xdd);
+    t[i + 2] = _mm512_shuffle_f64x2(r[i + 2], r[i + 6], 0x88);
+    t[i + 6] = _mm512_shuffle_f64x2(r[i + 2], r[i + 6], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) _mm512_storeu_pd(d + i * dld, t[i]);
+}
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define TS_FFT_TILE_F32 8
+#define TS_FFT_TILE_F64 4
+static inline void ts_fft_tile_f32(const float* s, int64_t sld, float* d, int64_t dld) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(s + i * sld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      r[i + 2 * h] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0x44);
+      r[i + 2 * h + 1] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0xee);
+    }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(d + i * dld, t[i]);
+}
+static inline void ts_fft_tile_f64(const double* s, int64_t sld, double* d, int64_t dld) {
+  __m256d r[4], t[4];
+  for (int i = 0; i < 4; ++i) r[i] = _mm256_loadu_pd(s + i * sld);
+  for (int i = 0; i < 4; i += 2) {
+    t[i] = _mm256_unpacklo_pd(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_pd(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[i] = _mm256_permute2f128_pd(t[i], t[i + 2], 0x20);
+    r[i + 2] = _mm256_permute2f128_pd(t[i], t[i + 2], 0x31);
+  }
+  for (int i = 0; i < 4; ++i) _mm256_storeu_pd(d + i * dld, r[i]);
+}
+#else
+#define TS_FFT_TILE_F32 0
+#define TS_FFT_TILE_F64 0
+static inline void ts_fft_tile_f32(const float* s, int64_t sld, float* d, int64_t dld) {
+  (void)s; (void)sld; (void)d; (void)dld;
+}
+static inline void ts_fft_tile_f64(const double* s, int64_t sld, double* d, int64_t dld) {
+  (void)s; (void)sld; (void)d; (void)dld;
+}
+#endif
+#endif
+
+/* dst[c * dld + r] = src[r * sld + c] for r < rows, c < cols */
+static void ts_fft_transpose_{S}(const {T}* restrict src, int64_t sld, {T}* restrict dst,
+                                 int64_t dld, int64_t rows, int64_t cols) {
+  const int f32 = sizeof({T}) == 4;
+  const int64_t t = f32 ? TS_FFT_TILE_F32 : TS_FFT_TILE_F64, b = t ? t : 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += b)
+    for (int64_t c0 = 0; c0 < cols; c0 += b) {
+      if (t && r0 + t <= rows && c0 + t <= cols) {
+        if (f32) ts_fft_tile_f32((const float*)(src + r0 * sld + c0), sld,
+                                 (float*)(dst + c0 * dld + r0), dld);
+        else ts_fft_tile_f64((const double*)(src + r0 * sld + c0), sld,
+                             (double*)(dst + c0 * dld + r0), dld);
+        continue;
+      }
+      int64_t re = r0 + b < rows ? r0 + b : rows, ce = c0 + b < cols ? c0 + b : cols;
+      for (int64_t c = c0; c < ce; ++c)
+        for (int64_t r = r0; r < re; ++r) dst[c * dld + r] = src[r * sld + c];
+    }
+}
+
 static void ts_fft_negate_{S}({T}* x, int64_t count) {
   for (int64_t k = 0; k < count; ++k) x[k] = -x[k];
 }
@@ -395,25 +521,35 @@ static void ts_fft_untangle_{S}({T}* re, {T}* im, const {T}* rtw, int64_t h, int
   }
 }
 
-static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
+static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int64_t ld,
+                     int kind) {
   if (n <= 1) {                                    /* a one-point transform is the identity */
-    if (n == 1 && kind >= 2) for (int64_t v = 0; v < lanes; ++v) im[v] = 0;
+    if (n == 1 && kind >= 2) for (int64_t v = 0; v < lanes; ++v) rows_im[v * ld] = 0;
     return 0;
   }
   int even_real = kind >= 2 && n % 2 == 0;
   ts_fft_plan_{S}* own = 0;
   const ts_fft_plan_{S}* p = ts_fft_lookup_{S}(n, even_real, &own);
   if (!p) return 1;
-  {T}* work = ts_scratch_{S}((size_t)(p->work * lanes));
+  int64_t V = lanes, body = p->work * V, planes = V > 1 ? 2 * (n + 1) * V : 0;
+  {T}* work = ts_scratch_{S}((size_t)(body + planes));
   if (!work) { ts_fft_free_{S}(own); return 1; }
-  int64_t V = lanes;
+  /* the elements each kind takes and gives per line */
+  int64_t h = n / 2, count_in = kind == 3 ? h + 1 : (even_real ? h : n);
+  int64_t count_out = kind == 2 ? h + 1 : (even_real ? h : n);
+  {T}* re = rows_re;
+  {T}* im = rows_im;
+  if (V > 1) {                                     /* (one line: the two layouts agree) */
+    re = work + body; im = re + (n + 1) * V;
+    ts_fft_transpose_{S}(rows_re, ld, re, V, V, count_in);
+    ts_fft_transpose_{S}(rows_im, ld, im, V, V, count_in);
+  }
   if (kind == 0 || (kind == 2 && !even_real)) {    /* (odd real lines: zero imaginary parts) */
     ts_fft_run_{S}(p, re, im, V, work);
     if (kind == 2) for (int64_t v = 0; v < V; ++v) im[v] = 0;
   } else if (kind == 1) {
     ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work); ts_fft_negate_{S}(im, n * V);
   } else if (kind == 3 && !even_real) {            /* odd n: the Hermitian line, inverted */
-    int64_t h = n / 2;
     for (int64_t v = 0; v < V; ++v) im[v] = 0;
     for (int64_t k = 1; k <= h; ++k)
       for (int64_t v = 0; v < V; ++v) {
@@ -422,7 +558,6 @@ static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
     ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work);
   } else if (kind == 2) {
     /* Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
-    int64_t h = n / 2;
     ts_fft_run_{S}(p->sub, re, im, V, work);
     for (int64_t v = 0; v < V; ++v) {
       {T} z0r = re[v], z0i = im[v];
@@ -431,7 +566,6 @@ static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
     ts_fft_untangle_{S}(re, im, p->rtw, h, V, 1);
   } else {
     /* Z_k = (X_k + conj X_{h-k}) + i W^-k (X_k - conj X_{h-k}); x = IFFT_h(Z), unnormalised */
-    int64_t h = n / 2;
     for (int64_t v = 0; v < V; ++v) {
       {T} x0 = re[v], xh = re[h * V + v];
       re[v] = x0 + xh; im[v] = x0 - xh;
@@ -439,6 +573,10 @@ static int ts_fft_{S}({T}* re, {T}* im, int64_t n, int64_t lanes, int kind) {
     ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);
     ts_fft_negate_{S}(im, h * V); ts_fft_run_{S}(p->sub, re, im, V, work);
     ts_fft_negate_{S}(im, h * V);
+  }
+  if (V > 1) {
+    ts_fft_transpose_{S}(re, V, rows_re, ld, count_out, V);
+    if (kind != 3 || even_real) ts_fft_transpose_{S}(im, V, rows_im, ld, count_out, V);
   }
   ts_fft_free_{S}(own);
   return 0;
