@@ -1,9 +1,9 @@
 /* Fast Fourier transforms of `lanes` lines at once, in place on two planes of {T}: the real
    parts re[v * ld + k] and the imaginary parts im[v * ld + k] of element k of line v (ld at
    least the elements a line takes and gives: n/2 + 1 for a packed real line, else n; the
-   caller gathers and scatters contiguous rows). Inside, a block of lines is
-   transposed to element-major order (element k of line v at k * lanes + v), so every
-   butterfly works on `lanes` adjacent values: vector instructions across the lines.
+   caller gathers and scatters contiguous rows). Inside, a block of lines is transposed to
+   element-major order (element k of line v at k * lanes + v), so every butterfly works on
+   `lanes` adjacent values: vector instructions across the lines.
 
    ts_fft_{S}(re, im, n, lanes, ld, kind), kind: 0 forward complex, 1 inverse complex
    (unnormalised: n x), 2 real to complex, 3 complex to real (unnormalised). A real line of even
@@ -14,10 +14,12 @@
 
    Complex transforms: a Stockham autosort (decimation in frequency) over the factors of n,
    4s first, then 2, 3, 5, 7 and any odd prime up to TS_FFT_MAX_RADIX (a butterfly over the
-   radix's symmetric pairs); a larger prime factor makes the whole line a Bluestein transform
-   (a chirp convolution by FFTs of a 5-smooth length m >= 2n - 1). Real transforms of even n
-   pack the line as n/2 complex values and untangle the halves; odd n go through the complex
-   transform. The inverse is the conjugate of the forward transform of the conjugate.
+   radix's symmetric pairs), two radix-4 stages at a time in one pass over the planes (a lone
+   line's first pair vectorised across butterflies); a larger prime factor makes the whole
+   line a Bluestein transform (a chirp convolution by FFTs of a 5-smooth length m >= 2n - 1).
+   Real transforms of even n pack the line as n/2 complex values and untangle the halves; odd
+   n go through the complex transform. The inverse is the conjugate of the forward transform
+   of the conjugate.
 
    Twiddles are computed once per (n, kind) in double precision, from an octant reduction done
    in integers (so e^{-2 pi i j/N} is exact where it is 1, -1, i or -i), and rounded once to {T}.
@@ -28,10 +30,11 @@
 #define TS_FFT_MAX_STAGES 64
 #define TS_FFT_PLANS 512
 #define TS_FFT_PARALLEL 65536     /* complex elements of a stage worth threads of their own */
+#define TS_FFT_PIECES 64          /* a parallel stage's butterflies, in this many pieces */
 
 typedef struct ts_fft_plan_{S} {
   int64_t n, real;                  /* real: a plan for kind 2/3 of even n */
-  int nf;
+  int nf, passes;                   /* stages, and passes over the planes (pairs of 4s fused) */
   int radix[TS_FFT_MAX_STAGES];
   int64_t twoff[TS_FFT_MAX_STAGES]; /* each stage's twiddles in tw (complex elements) */
   {T}* tw;
@@ -97,6 +100,11 @@ static int64_t ts_fft_smooth_{S}(int64_t n) {   /* the least 2^a 3^b 5^c >= n */
       if (v < best) best = v;
     }
   return best;
+}
+
+/* whether stage i runs with stage i + 1 in one pass (two radix-4 stages) */
+static int ts_fft_fused_{S}(const ts_fft_plan_{S}* p, int i) {
+  return p->radix[i] == 4 && i + 1 < p->nf && p->radix[i + 1] == 4;
 }
 
 static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
@@ -165,7 +173,8 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
       }
     L = m;
   }
-  p->work = 2 * n;
+  for (int i = 0; i < p->nf; ++p->passes) i += ts_fft_fused_{S}(p, i) ? 2 : 1;
+  p->work = (p->passes % 2 && p->passes > 1 ? 4 : 2) * n;
   return p;
 }
 
@@ -213,157 +222,6 @@ static const ts_fft_plan_{S}* ts_fft_lookup_{S}(int64_t n, int real, ts_fft_plan
   if (found) return found;
   *own = made;                                     /* the cache is full: the caller frees it */
   return made;
-}
-
-/* (a + ib)(c + id), on plain {T}s (no fused multiply-add: -ffp-contract=off) */
-#define TS_CMUL_RE(a, b, c, d) ((a) * (c) - (b) * (d))
-#define TS_CMUL_IM(a, b, c, d) ((a) * (d) + (b) * (c))
-
-/* One stage: L = r m points per transform, stride s (n lanes = L s); element q + s (j + u m)
-   of the input goes into butterfly (j, q), whose output t lands at q + s (r j + t). */
-static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, const {T}* restrict xr,
-                             const {T}* restrict xi, {T}* restrict yr, {T}* restrict yi,
-                             const {T}* restrict tw, const {T}* restrict oc) {
-  int64_t total = m * s, sm = s * m;
-  if (r == 4) {
-    #pragma omp parallel for schedule(static) if (total >= TS_FFT_PARALLEL)
-    for (int64_t j = 0; j < m; ++j) {
-      const {T} w1r = tw[6 * j], w1i = tw[6 * j + 1], w2r = tw[6 * j + 2], w2i = tw[6 * j + 3],
-                w3r = tw[6 * j + 4], w3i = tw[6 * j + 5];
-      const {T}* ar = xr + s * j;
-      const {T}* ai = xi + s * j;
-      {T}* orr = yr + s * 4 * j;
-      {T}* oi = yi + s * 4 * j;
-      #pragma omp simd
-      for (int64_t q = 0; q < s; ++q) {
-        {T} t0r = ar[q] + ar[q + 2 * sm], t0i = ai[q] + ai[q + 2 * sm];
-        {T} t1r = ar[q] - ar[q + 2 * sm], t1i = ai[q] - ai[q + 2 * sm];
-        {T} t2r = ar[q + sm] + ar[q + 3 * sm], t2i = ai[q + sm] + ai[q + 3 * sm];
-        {T} t3r = ar[q + sm] - ar[q + 3 * sm], t3i = ai[q + sm] - ai[q + 3 * sm];
-        /* b0 = t0 + t2, b2 = t0 - t2, b1 = t1 - i t3, b3 = t1 + i t3 */
-        {T} b1r = t1r + t3i, b1i = t1i - t3r, b2r = t0r - t2r, b2i = t0i - t2i;
-        {T} b3r = t1r - t3i, b3i = t1i + t3r;
-        orr[q] = t0r + t2r; oi[q] = t0i + t2i;
-        orr[q + s] = TS_CMUL_RE(b1r, b1i, w1r, w1i); oi[q + s] = TS_CMUL_IM(b1r, b1i, w1r, w1i);
-        orr[q + 2 * s] = TS_CMUL_RE(b2r, b2i, w2r, w2i);
-        oi[q + 2 * s] = TS_CMUL_IM(b2r, b2i, w2r, w2i);
-        orr[q + 3 * s] = TS_CMUL_RE(b3r, b3i, w3r, w3i);
-        oi[q + 3 * s] = TS_CMUL_IM(b3r, b3i, w3r, w3i);
-      }
-    }
-  } else if (r == 2) {
-    #pragma omp parallel for schedule(static) if (total >= TS_FFT_PARALLEL)
-    for (int64_t j = 0; j < m; ++j) {
-      const {T} wr = tw[2 * j], wi = tw[2 * j + 1];
-      const {T}* ar = xr + s * j;
-      const {T}* ai = xi + s * j;
-      {T}* orr = yr + s * 2 * j;
-      {T}* oi = yi + s * 2 * j;
-      #pragma omp simd
-      for (int64_t q = 0; q < s; ++q) {
-        {T} dr = ar[q] - ar[q + sm], di = ai[q] - ai[q + sm];
-        orr[q] = ar[q] + ar[q + sm]; oi[q] = ai[q] + ai[q + sm];
-        orr[q + s] = TS_CMUL_RE(dr, di, wr, wi); oi[q + s] = TS_CMUL_IM(dr, di, wr, wi);
-      }
-    }
-  } else {
-    /* b_0 = sum a_u; for t = 1 .. (r-1)/2, over the pairs u, r - u:
-       b_t, b_{r-t} = a_0 + sum cos(2 pi u t/r) (a_u + a_{r-u}) -/+ i sin(..) (a_u - a_{r-u}) */
-    #pragma omp parallel for schedule(static) if (total >= TS_FFT_PARALLEL)
-    for (int64_t j = 0; j < m; ++j) {
-      const {T}* ar = xr + s * j;
-      const {T}* ai = xi + s * j;
-      {T}* orr = yr + s * r * j;
-      {T}* oi = yi + s * r * j;
-      for (int64_t q = 0; q < s; ++q) {
-        {T} s0r = ar[q], s0i = ai[q];
-        for (int u = 1; u <= r / 2; ++u) {
-          s0r += ar[q + u * sm] + ar[q + (r - u) * sm];
-          s0i += ai[q + u * sm] + ai[q + (r - u) * sm];
-        }
-        orr[q] = s0r; oi[q] = s0i;
-      }
-      for (int t = 1; t <= r / 2; ++t) {
-        const {T}* w1 = tw + 2 * (j * (r - 1) + t - 1);
-        const {T}* w2 = tw + 2 * (j * (r - 1) + r - t - 1);
-        for (int64_t q = 0; q < s; ++q) {
-          {T} er = ar[q], ei = ai[q], fr = 0, fi = 0;
-          for (int u = 1; u <= r / 2; ++u) {
-            int k = (int)(((int64_t)u * t) % r);
-            {T} c = oc[2 * k], sn = oc[2 * k + 1];
-            {T} pr = ar[q + u * sm], pi = ai[q + u * sm];
-            {T} nr = ar[q + (r - u) * sm], ni = ai[q + (r - u) * sm];
-            er += c * (pr + nr); ei += c * (pi + ni);
-            fr += sn * (pr - nr); fi += sn * (pi - ni);
-          }
-          /* b_t = e - i f, b_{r-t} = e + i f; then the twiddles */
-          {T} btr = er + fi, bti = ei - fr, bur = er - fi, bui = ei + fr;
-          orr[q + s * t] = TS_CMUL_RE(btr, bti, w1[0], w1[1]);
-          oi[q + s * t] = TS_CMUL_IM(btr, bti, w1[0], w1[1]);
-          orr[q + s * (r - t)] = TS_CMUL_RE(bur, bui, w2[0], w2[1]);
-          oi[q + s * (r - t)] = TS_CMUL_IM(bur, bui, w2[0], w2[1]);
-        }
-      }
-    }
-  }
-}
-
-/* The forward complex transform of `lanes` lines in place; work: p->work * lanes elements. */
-static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
-                           {T}* work) {
-  int64_t n = p->n;
-  if (p->m) {                                      /* Bluestein */
-    int64_t m = p->m, N = n * lanes, M = m * lanes;
-    {T}* ar = work;
-    {T}* ai = work + M;
-    const {T}* kre = p->kernel;
-    const {T}* kim = p->kernel + m;
-    for (int64_t k = 0; k < n; ++k) {
-      {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
-      for (int64_t v = 0; v < lanes; ++v) {
-        {T} xr = re[k * lanes + v], xi = im[k * lanes + v];
-        ar[k * lanes + v] = TS_CMUL_RE(xr, xi, cr, ci);
-        ai[k * lanes + v] = TS_CMUL_IM(xr, xi, cr, ci);
-      }
-    }
-    for (int64_t k = N; k < M; ++k) { ar[k] = 0; ai[k] = 0; }
-    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);
-    for (int64_t k = 0; k < m; ++k) {              /* times the kernel, conjugated */
-      {T} br = kre[k], bi = kim[k];
-      for (int64_t v = 0; v < lanes; ++v) {
-        {T} xr = ar[k * lanes + v], xi = ai[k * lanes + v];
-        ar[k * lanes + v] = TS_CMUL_RE(xr, xi, br, bi);
-        ai[k * lanes + v] = -TS_CMUL_IM(xr, xi, br, bi);
-      }
-    }
-    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);  /* the inverse: conj(F conj(.)) */
-    for (int64_t k = 0; k < n; ++k) {
-      {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
-      for (int64_t v = 0; v < lanes; ++v) {
-        {T} xr = ar[k * lanes + v], xi = -ai[k * lanes + v];
-        re[k * lanes + v] = TS_CMUL_RE(xr, xi, cr, ci);
-        im[k * lanes + v] = TS_CMUL_IM(xr, xi, cr, ci);
-      }
-    }
-    return;
-  }
-  {T}* sr = re;
-  {T}* si = im;
-  {T}* dr = work;
-  {T}* di = work + n * lanes;
-  int64_t L = n, s = lanes;
-  for (int i = 0; i < p->nf; ++i) {
-    int r = p->radix[i];
-    int64_t m = L / r;
-    ts_fft_stage_{S}(r, m, s, sr, si, dr, di, p->tw + 2 * p->twoff[i], p->odd + p->oddoff[i]);
-    {T}* t = sr; sr = dr; dr = t;
-    t = si; si = di; di = t;
-    L = m; s *= r;
-  }
-  if (sr != re) {
-    memcpy(re, sr, sizeof({T}) * n * lanes);
-    memcpy(im, si, sizeof({T}) * n * lanes);
-  }
 }
 
 /* The transposes between the caller's rows and the stages' element-major planes: square tiles
@@ -488,6 +346,263 @@ static void ts_fft_transpose_{S}(const {T}* restrict src, int64_t sld, {T}* rest
       for (int64_t c = c0; c < ce; ++c)
         for (int64_t r = r0; r < re; ++r) dst[c * dld + r] = src[r * sld + c];
     }
+}
+
+/* (a + ib)(c + id), on plain {T}s (no fused multiply-add: -ffp-contract=off) */
+#define TS_CMUL_RE(a, b, c, d) ((a) * (c) - (b) * (d))
+#define TS_CMUL_IM(a, b, c, d) ((a) * (d) + (b) * (c))
+
+/* The radix-4 butterfly: a0..a3 in, b0..b3 out, twiddles w1..w3 (each multiplied, 1
+   included). b0 = t0 + t2, b2 = t0 - t2, b1 = t1 - i t3, b3 = t1 + i t3 before the twiddles,
+   t0, t1 = a0 +/- a2 and t2, t3 = a1 +/- a3. */
+#define TS_FFT_BFLY4(T, a0r, a0i, a1r, a1i, a2r, a2i, a3r, a3i, w1r, w1i, w2r, w2i, w3r, w3i,    \
+                     b0r, b0i, b1r, b1i, b2r, b2i, b3r, b3i) do {                               \
+    T t0r = a0r + a2r, t0i = a0i + a2i, t1r = a0r - a2r, t1i = a0i - a2i;                     \
+    T t2r = a1r + a3r, t2i = a1i + a3i, t3r = a1r - a3r, t3i = a1i - a3i;                     \
+    T c1r = t1r + t3i, c1i = t1i - t3r, c2r = t0r - t2r, c2i = t0i - t2i;                     \
+    T c3r = t1r - t3i, c3i = t1i + t3r;                                                       \
+    b0r = t0r + t2r; b0i = t0i + t2i;                                                         \
+    b1r = TS_CMUL_RE(c1r, c1i, w1r, w1i); b1i = TS_CMUL_IM(c1r, c1i, w1r, w1i);               \
+    b2r = TS_CMUL_RE(c2r, c2i, w2r, w2i); b2i = TS_CMUL_IM(c2r, c2i, w2r, w2i);               \
+    b3r = TS_CMUL_RE(c3r, c3i, w3r, w3i); b3i = TS_CMUL_IM(c3r, c3i, w3r, w3i);               \
+  } while (0)
+
+/* One stage: L = r m points per transform, stride s (n lanes = L s); element q + s (j + u m)
+   of the input goes into butterfly (j, q), whose output t lands at q + s (r j + t). */
+static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb,
+                             const {T}* restrict xr, const {T}* restrict xi, {T}* restrict yr,
+                             {T}* restrict yi, const {T}* restrict tw, const {T}* restrict oc) {
+  int64_t sm = s * m;
+  if (r == 4) {
+    for (int64_t j = ja; j < jb; ++j) {
+      const {T} w1r = tw[6 * j], w1i = tw[6 * j + 1], w2r = tw[6 * j + 2], w2i = tw[6 * j + 3],
+                w3r = tw[6 * j + 4], w3i = tw[6 * j + 5];
+      const {T}* ar = xr + s * j;
+      const {T}* ai = xi + s * j;
+      {T}* orr = yr + s * 4 * j;
+      {T}* oi = yi + s * 4 * j;
+      #pragma omp simd
+      for (int64_t q = 0; q < s; ++q)
+        TS_FFT_BFLY4({T}, ar[q], ai[q], ar[q + sm], ai[q + sm], ar[q + 2 * sm], ai[q + 2 * sm],
+                     ar[q + 3 * sm], ai[q + 3 * sm], w1r, w1i, w2r, w2i, w3r, w3i,
+                     orr[q], oi[q], orr[q + s], oi[q + s], orr[q + 2 * s], oi[q + 2 * s],
+                     orr[q + 3 * s], oi[q + 3 * s]);
+    }
+  } else if (r == 2) {
+    for (int64_t j = ja; j < jb; ++j) {
+      const {T} wr = tw[2 * j], wi = tw[2 * j + 1];
+      const {T}* ar = xr + s * j;
+      const {T}* ai = xi + s * j;
+      {T}* orr = yr + s * 2 * j;
+      {T}* oi = yi + s * 2 * j;
+      #pragma omp simd
+      for (int64_t q = 0; q < s; ++q) {
+        {T} dr = ar[q] - ar[q + sm], di = ai[q] - ai[q + sm];
+        orr[q] = ar[q] + ar[q + sm]; oi[q] = ai[q] + ai[q + sm];
+        orr[q + s] = TS_CMUL_RE(dr, di, wr, wi); oi[q + s] = TS_CMUL_IM(dr, di, wr, wi);
+      }
+    }
+  } else {
+    /* b_0 = sum a_u; for t = 1 .. (r-1)/2, over the pairs u, r - u:
+       b_t, b_{r-t} = a_0 + sum cos(2 pi u t/r) (a_u + a_{r-u}) -/+ i sin(..) (a_u - a_{r-u}) */
+    for (int64_t j = ja; j < jb; ++j) {
+      const {T}* ar = xr + s * j;
+      const {T}* ai = xi + s * j;
+      {T}* orr = yr + s * r * j;
+      {T}* oi = yi + s * r * j;
+      for (int64_t q = 0; q < s; ++q) {
+        {T} s0r = ar[q], s0i = ai[q];
+        for (int u = 1; u <= r / 2; ++u) {
+          s0r += ar[q + u * sm] + ar[q + (r - u) * sm];
+          s0i += ai[q + u * sm] + ai[q + (r - u) * sm];
+        }
+        orr[q] = s0r; oi[q] = s0i;
+      }
+      for (int t = 1; t <= r / 2; ++t) {
+        const {T}* w1 = tw + 2 * (j * (r - 1) + t - 1);
+        const {T}* w2 = tw + 2 * (j * (r - 1) + r - t - 1);
+        for (int64_t q = 0; q < s; ++q) {
+          {T} er = ar[q], ei = ai[q], fr = 0, fi = 0;
+          for (int u = 1; u <= r / 2; ++u) {
+            int k = (int)(((int64_t)u * t) % r);
+            {T} c = oc[2 * k], sn = oc[2 * k + 1];
+            {T} pr = ar[q + u * sm], pi = ai[q + u * sm];
+            {T} nr = ar[q + (r - u) * sm], ni = ai[q + (r - u) * sm];
+            er += c * (pr + nr); ei += c * (pi + ni);
+            fr += sn * (pr - nr); fi += sn * (pi - ni);
+          }
+          /* b_t = e - i f, b_{r-t} = e + i f; then the twiddles */
+          {T} btr = er + fi, bti = ei - fr, bur = er - fi, bui = ei + fr;
+          orr[q + s * t] = TS_CMUL_RE(btr, bti, w1[0], w1[1]);
+          oi[q + s * t] = TS_CMUL_IM(btr, bti, w1[0], w1[1]);
+          orr[q + s * (r - t)] = TS_CMUL_RE(bur, bui, w2[0], w2[1]);
+          oi[q + s * (r - t)] = TS_CMUL_IM(bur, bui, w2[0], w2[1]);
+        }
+      }
+    }
+  }
+}
+
+/* Two radix-4 stages in one pass: (4, m, s) then (4, m/4, 4s), each value read and written
+   once instead of twice. Butterfly j' of the second stage takes output t of the first's
+   butterflies j' + u m/4 (u < 4), at stride s the same q: so for each (j', q) the 16 values
+   stay in registers between the stages. The butterflies are the stages' own (bit for bit).
+   TS_FFT_UNIT44 is one (j', q): IN(u, v, part) the first stage's input v of butterfly u,
+   OUT(t, w, part) the second's output w of butterfly t (part r or i), TW(u, k) twiddle part k
+   of the first stage's butterfly u (u = 4: the second stage's); c{t}{u} holds output t of
+   the first stage's butterfly u. */
+#define TS_FFT_FIRST(T, IN, TW, u)                                                          \
+  T c0##u##r, c0##u##i, c1##u##r, c1##u##i, c2##u##r, c2##u##i, c3##u##r, c3##u##i;         \
+  TS_FFT_BFLY4(T, IN(u, 0, r), IN(u, 0, i), IN(u, 1, r), IN(u, 1, i), IN(u, 2, r),           \
+               IN(u, 2, i), IN(u, 3, r), IN(u, 3, i), TW(u, 0), TW(u, 1), TW(u, 2),          \
+               TW(u, 3), TW(u, 4), TW(u, 5), c0##u##r, c0##u##i, c1##u##r, c1##u##i,         \
+               c2##u##r, c2##u##i, c3##u##r, c3##u##i)
+#define TS_FFT_SECOND(T, OUT, TW, t)                                                        \
+  TS_FFT_BFLY4(T, c##t##0r, c##t##0i, c##t##1r, c##t##1i, c##t##2r, c##t##2i, c##t##3r,     \
+               c##t##3i, TW(4, 0), TW(4, 1), TW(4, 2), TW(4, 3), TW(4, 4), TW(4, 5),        \
+               OUT(t, 0, r), OUT(t, 0, i), OUT(t, 1, r), OUT(t, 1, i), OUT(t, 2, r),         \
+               OUT(t, 2, i), OUT(t, 3, r), OUT(t, 3, i))
+#define TS_FFT_UNIT44(T, IN, OUT, TW) do {                                                  \
+    TS_FFT_FIRST(T, IN, TW, 0); TS_FFT_FIRST(T, IN, TW, 1);                                 \
+    TS_FFT_FIRST(T, IN, TW, 2); TS_FFT_FIRST(T, IN, TW, 3);                                 \
+    TS_FFT_SECOND(T, OUT, TW, 0); TS_FFT_SECOND(T, OUT, TW, 1);                             \
+    TS_FFT_SECOND(T, OUT, TW, 2); TS_FFT_SECOND(T, OUT, TW, 3);                             \
+  } while (0)
+
+static void ts_fft_stage44_{S}(int64_t m, int64_t s, int64_t ja, int64_t jb,
+                               const {T}* restrict xr, const {T}* restrict xi,
+                               {T}* restrict yr, {T}* restrict yi, const {T}* restrict twa,
+                               const {T}* restrict twb) {
+  int64_t mq = m / 4, sm = s * m;
+  if (s == 1 && ja % 16 == 0 && jb % 16 == 0) {
+    /* one line's first stages: vectors across 16 butterflies j' (their outputs 16 apart),
+       gathered in a tile and transposed into place */
+    for (int64_t j0 = ja; j0 < jb; j0 += 16) {
+      {T} tr[256], ti[256], w[5][6][16];          /* w[u][k][jj]: the twiddles, by lane */
+      for (int64_t jj = 0; jj < 16; ++jj)
+        for (int k = 0; k < 6; ++k) {
+          for (int u = 0; u < 4; ++u) w[u][k][jj] = twa[6 * (j0 + jj + u * mq) + k];
+          w[4][k][jj] = twb[6 * (j0 + jj) + k];
+        }
+      #pragma omp simd
+      for (int64_t jj = 0; jj < 16; ++jj) {
+        int64_t j = j0 + jj;
+#define TS_IN(u, v, part) x##part[j + (u) * mq + (v) * m]
+#define TS_OUT(b, w, part) t##part[16 * ((b) + 4 * (w)) + jj]
+#define TS_TW(u, k) w[u][k][jj]
+        TS_FFT_UNIT44({T}, TS_IN, TS_OUT, TS_TW);
+#undef TS_TW
+#undef TS_IN
+#undef TS_OUT
+      }
+      ts_fft_transpose_{S}(tr, 16, yr + 16 * j0, 16, 16, 16);
+      ts_fft_transpose_{S}(ti, 16, yi + 16 * j0, 16, 16, 16);
+    }
+    return;
+  }
+  for (int64_t j = ja; j < jb; ++j) {
+    const {T}* w[5] = {twa + 6 * j, twa + 6 * (j + mq), twa + 6 * (j + 2 * mq),
+                       twa + 6 * (j + 3 * mq), twb + 6 * j};
+    const {T}* ar = xr + s * j;
+    const {T}* ai = xi + s * j;
+    {T}* zr = yr + 16 * s * j;
+    {T}* zi = yi + 16 * s * j;
+    #pragma omp simd
+    for (int64_t q = 0; q < s; ++q) {
+#define TS_IN(u, v, part) a##part[q + (u) * s * mq + (v) * sm]
+#define TS_OUT(b, w, part) z##part[q + s * ((b) + 4 * (w))]
+#define TS_TW(u, k) w[u][k]
+      TS_FFT_UNIT44({T}, TS_IN, TS_OUT, TS_TW);
+#undef TS_TW
+#undef TS_IN
+#undef TS_OUT
+    }
+  }
+}
+
+/* Stage i (and i + 1 with it where both are radix 4) of L points at stride s, its
+   butterflies split among threads if par. Returns the stages taken. */
+static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int64_t L, int64_t s, int par,
+                           const {T}* xr, const {T}* xi, {T}* yr, {T}* yi) {
+  int r = p->radix[i], fuse = ts_fft_fused_{S}(p, i);
+  const {T}* twa = p->tw + 2 * p->twoff[i];
+  int64_t units = L / (fuse ? 16 : r), grain = fuse && s == 1 ? 16 : 1;
+#define TS_FFT_UNITS(ja, jb)                                                                 \
+  (fuse ? ts_fft_stage44_{S}(L / 4, s, ja, jb, xr, xi, yr, yi, twa,                         \
+                             p->tw + 2 * p->twoff[i + 1])                                    \
+        : ts_fft_stage_{S}(r, L / r, s, ja, jb, xr, xi, yr, yi, twa, p->odd + p->oddoff[i]))
+  if (par) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < TS_FFT_PIECES; ++c)   /* (pieces of whole grains) */
+      TS_FFT_UNITS(units / grain * c / TS_FFT_PIECES * grain,
+                   c + 1 == TS_FFT_PIECES ? units
+                                          : units / grain * (c + 1) / TS_FFT_PIECES * grain);
+  } else {
+    TS_FFT_UNITS(0, units);
+  }
+#undef TS_FFT_UNITS
+  return fuse ? 2 : 1;
+}
+
+/* The forward complex transform of `lanes` lines in place; work: p->work * lanes elements. */
+static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
+                           {T}* work) {
+  int64_t n = p->n;
+  if (p->m) {                                      /* Bluestein */
+    int64_t m = p->m, N = n * lanes, M = m * lanes;
+    {T}* ar = work;
+    {T}* ai = work + M;
+    const {T}* kre = p->kernel;
+    const {T}* kim = p->kernel + m;
+    for (int64_t k = 0; k < n; ++k) {
+      {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
+      for (int64_t v = 0; v < lanes; ++v) {
+        {T} xr = re[k * lanes + v], xi = im[k * lanes + v];
+        ar[k * lanes + v] = TS_CMUL_RE(xr, xi, cr, ci);
+        ai[k * lanes + v] = TS_CMUL_IM(xr, xi, cr, ci);
+      }
+    }
+    for (int64_t k = N; k < M; ++k) { ar[k] = 0; ai[k] = 0; }
+    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);
+    for (int64_t k = 0; k < m; ++k) {              /* times the kernel, conjugated */
+      {T} br = kre[k], bi = kim[k];
+      for (int64_t v = 0; v < lanes; ++v) {
+        {T} xr = ar[k * lanes + v], xi = ai[k * lanes + v];
+        ar[k * lanes + v] = TS_CMUL_RE(xr, xi, br, bi);
+        ai[k * lanes + v] = -TS_CMUL_IM(xr, xi, br, bi);
+      }
+    }
+    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);  /* the inverse: conj(F conj(.)) */
+    for (int64_t k = 0; k < n; ++k) {
+      {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
+      for (int64_t v = 0; v < lanes; ++v) {
+        {T} xr = ar[k * lanes + v], xi = -ai[k * lanes + v];
+        re[k * lanes + v] = TS_CMUL_RE(xr, xi, cr, ci);
+        im[k * lanes + v] = TS_CMUL_IM(xr, xi, cr, ci);
+      }
+    }
+    return;
+  }
+  /* pass k reads where pass k - 1 wrote; an even count alternates between the line and one
+     pair of work planes, an odd count of 3 or more goes line, A, B, A, ..., line, so that
+     neither ends with a copy */
+  int64_t N = n * lanes, L = n, s = lanes;
+  {T}* sr = re;
+  {T}* si = im;
+  for (int i = 0, k = 0; i < p->nf; ++k) {
+    {T}* dr;
+    if (p->passes % 2 == 0 || p->passes == 1) dr = sr == re ? work : re;
+    else if (k == p->passes - 1) dr = re;
+    else dr = sr == work ? work + 2 * N : work;
+    {T}* di = dr == re ? im : dr + N;
+    int step = ts_fft_pass_{S}(p, i, L, s, L * s >= TS_FFT_PARALLEL, sr, si, dr, di);
+    sr = dr; si = di;
+    for (int e = 0; e < step; ++e) { L /= p->radix[i]; s *= p->radix[i]; ++i; }
+  }
+  if (sr != re) {                                  /* (one pass) */
+    memcpy(re, sr, sizeof({T}) * N);
+    memcpy(im, si, sizeof({T}) * N);
+  }
 }
 
 static void ts_fft_negate_{S}({T}* x, int64_t count) {
