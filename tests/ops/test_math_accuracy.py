@@ -271,6 +271,25 @@ def test_gcc_vectorises_the_loop(tmp_path, name, level):
 
 @needs_x86_gcc
 @pytest.mark.parametrize("level", SIMD_LEVELS)
+def test_a_select_on_a_bool_mask_vectorises(tmp_path, level):
+    """A kernel reading a bool array is vectorised: masks are bytes in the generated C (gcc
+    gives a load of _Bool no vector type, which left every masked loop scalar)."""
+    m, x = np.ones(4096, bool), np.ones(4096, np.float32)
+    f = ts.function(lambda m, x: op.where(m, x * 2.0, op.exp(x)))
+    src = f.lower(m, x, target=f"cpu:{level}").target_code
+    path = tmp_path / "k.c"
+    path.write_text(src)
+    loop = next(i for i, t in enumerate(src.split("\n"), 1)
+                if t.strip().startswith("for (int64_t i0"))
+    out = subprocess.run(["gcc", *_gcc_flags(level), "-c", "-fopt-info-vec-optimized", str(path),
+                          "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert re.search(rf"k\.c:({loop}|{loop + 1}):\d+: optimized: loop vectorized", out.stderr), \
+        out.stderr
+
+
+@needs_x86_gcc
+@pytest.mark.parametrize("level", SIMD_LEVELS)
 @pytest.mark.parametrize("name", sorted(FUNCS))
 def test_vector_and_scalar_code_agree(tmp_path, rng, name, level):
     if not isa.runs_here(level):
