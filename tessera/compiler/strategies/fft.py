@@ -231,7 +231,8 @@ def lower_fft(k, code):
             Scratch(buf, d, 2 * plane, code, [
                 per_line(gather),
                 Call(f"ts_fft_{d.short}", (Addr(buf, Const(0)), Addr(buf, Const(plane)), Const(n),
-                                           Var(cnt), Const(ld), Const(code_kind)), f"fft:{d.short}", code),
+                                           Var(cnt), Const(ld), Const(code_kind)),
+                     f"fft:{d.short}", code),
                 per_line(scatter)])]
     return [Loop(blk, blocks, "parallel" if k.knobs.get("parallel") and blocks > 1 else "serial",
                  body)]
