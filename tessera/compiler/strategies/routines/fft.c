@@ -316,32 +316,29 @@ static inline void ts_fft_tile_f64(const double* s, int64_t sld, double* d, int6
   }
   for (int i = 0; i < 4; ++i) _mm256_storeu_pd(d + i * dld, r[i]);
 }
-#else
-#define TS_FFT_TILE_F32 0
-#define TS_FFT_TILE_F64 0
-static inline void ts_fft_tile_f32(const float* s, int64_t sld, float* d, int64_t dld) {
-  (void)s; (void)sld; (void)d; (void)dld;
-}
-static inline void ts_fft_tile_f64(const double* s, int64_t sld, double* d, int64_t dld) {
-  (void)s; (void)sld; (void)d; (void)dld;
-}
 #endif
 #endif
 
 /* dst[c * dld + r] = src[r * sld + c] for r < rows, c < cols */
 static void ts_fft_transpose_{S}(const {T}* restrict src, int64_t sld, {T}* restrict dst,
                                  int64_t dld, int64_t rows, int64_t cols) {
+#ifdef TS_FFT_TILE_F32
   const int f32 = sizeof({T}) == 4;
-  const int64_t t = f32 ? TS_FFT_TILE_F32 : TS_FFT_TILE_F64, b = t ? t : 8;
+  const int64_t b = f32 ? TS_FFT_TILE_F32 : TS_FFT_TILE_F64;
+#else
+  const int64_t b = 8;
+#endif
   for (int64_t r0 = 0; r0 < rows; r0 += b)
     for (int64_t c0 = 0; c0 < cols; c0 += b) {
-      if (t && r0 + t <= rows && c0 + t <= cols) {
+#ifdef TS_FFT_TILE_F32
+      if (r0 + b <= rows && c0 + b <= cols) {
         if (f32) ts_fft_tile_f32((const float*)(src + r0 * sld + c0), sld,
                                  (float*)(dst + c0 * dld + r0), dld);
         else ts_fft_tile_f64((const double*)(src + r0 * sld + c0), sld,
                              (double*)(dst + c0 * dld + r0), dld);
         continue;
       }
+#endif
       int64_t re = r0 + b < rows ? r0 + b : rows, ce = c0 + b < cols ? c0 + b : cols;
       for (int64_t c = c0; c < ce; ++c)
         for (int64_t r = r0; r < re; ++r) dst[c * dld + r] = src[r * sld + c];
