@@ -602,8 +602,12 @@ def _bf16(x):
 
 
 def _on_bf16(fn):
-    """fn called on the bits viewed as bf16 (a view: nothing copied)."""
-    return lambda a, b: fn(_bf16(a), _bf16(b))
+    """fn called on the bits viewed as bf16 (a view: nothing copied). The autotuner searches fn
+    itself, on the viewed inputs (`inner`, `view`)."""
+    def call(a, b):
+        return fn(_bf16(a), _bf16(b))
+    call.inner, call.view = fn, _bf16
+    return call
 
 
 def _bf16_case(n, level=None):
@@ -843,9 +847,11 @@ def _untuned(fn, arrays):
 
 def tuned_impl(case: Case, arrays: Arrays, tune: dict, row: dict):
     """The case's function after a search of `tune["budget_s"]` seconds (its own database)."""
+    fn, args = case.tessera, arrays
+    if hasattr(fn, "inner"):            # a tessera function on views of the case's inputs
+        fn, args = fn.inner, [fn.view(a) for a in arrays]
     t = time.perf_counter()
-    r = ts.autotune(case.tessera, *arrays, budget_s=tune["budget_s"], cache=tune["db"],
-                    progress=False)
+    r = ts.autotune(fn, *args, budget_s=tune["budget_s"], cache=tune["db"], progress=False)
     row["tuning"] = {"search_s": time.perf_counter() - t, "budget_s": tune["budget_s"],
                      "kernels": [{"kernel": k.name, "strategy": k.strategy,
                                   "candidates": len(k.candidates),
@@ -853,7 +859,7 @@ def tuned_impl(case: Case, arrays: Arrays, tune: dict, row: dict):
                                   "default_ms": k.default_s * 1e3, "best_ms": k.best_s * 1e3}
                                  for k in r.kernels]}
     prog = r.program
-    return Impl(lambda: prog(*arrays), case.pack or np.asarray)
+    return Impl(lambda: prog(*args), case.pack or np.asarray)
 
 
 def implementations(case: Case, arrays: Arrays, peers: dict, tune: dict | None = None,

@@ -53,11 +53,13 @@ def here():
 @x86
 def test_bf16_products_are_the_dot_products_chains(rng):
     """Micro-tile edges (8 x 32), few rows or columns, odd K, K across the routine's blocks,
-    tasks over several tiles; a transposed operand read in place, strided views, a broadcast
-    batch; K = 0 gives zeros."""
+    tasks over several tiles; transposed operands read in place (each side: A's rows adjacent or
+    with contiguous k take different packing paths), strided views, a broadcast batch; K = 0
+    gives zeros."""
     target = here()
     f = ts.function(lambda a, b: a @ b, target=target)
     ft = ts.function(lambda a, w: a @ w.T, target=target)
+    fa = ts.function(lambda at, b: at.T @ b, target=target)
     fs = ts.function(lambda a, b: a[:, 1::2] @ b[::2, 3:], target=target)
     for m, k, n in [(1, 1, 1), (7, 0, 5), (3, 9, 70), (13, 17, 19), (97, 64, 33),
                     (1, 300, 200), (9, 1031, 40), (300, 513, 530)]:
@@ -66,6 +68,7 @@ def test_bf16_products_are_the_dot_products_chains(rng):
         assert got.dtype == BF16
         assert got.tobytes() == dot_order(a, b).tobytes(), (m, k, n)
         assert ft(a, np.ascontiguousarray(b.T)).tobytes() == got.tobytes()
+        assert fa(np.ascontiguousarray(a.T), b).tobytes() == got.tobytes()
     a, b = bf16(rng, 20, 46), bf16(rng, 45, 40)
     assert fs(a, b).tobytes() == dot_order(a[:, 1::2], b[::2, 3:]).tobytes()
     a, b = bf16(rng, 3, 1, 10, 33), bf16(rng, 4, 33, 9)

@@ -12,21 +12,67 @@
 #define TS_D_MR 8                   /* micro-tile: 8 rows x 32 columns, 16 zmm accumulators */
 #define TS_D_NR 32
 
+/* A micro-panel whose rows have contiguous k: a pair is one 32-bit word of its row, so eight
+   pairs of each of the eight rows (TS_D_MR) go through one 8 x 8 transpose of words. Returns
+   the pairs packed (a multiple of eight). */
+static int64_t ts_dot_pack_a_rows(int64_t whole, const uint16_t* A, int64_t rsa, uint32_t* pa) {
+  int64_t p = 0;
+  for (; p + 8 <= whole; p += 8) {
+    __m256i x[8], t[8], u[8];
+    for (int r = 0; r < 8; ++r) x[r] = _mm256_loadu_si256((const __m256i*)(A + r * rsa + 2 * p));
+    for (int r = 0; r < 8; r += 2) {
+      t[r] = _mm256_unpacklo_epi32(x[r], x[r + 1]);
+      t[r + 1] = _mm256_unpackhi_epi32(x[r], x[r + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+      u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+      u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+      u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+      u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int q = 0; q < 4; ++q) {   /* u[q]: rows 0-3 at pairs q and q + 4; u[q + 4]: rows 4-7 */
+      _mm256_storeu_si256((__m256i*)(pa + (p + q) * 8),
+                          _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
+      _mm256_storeu_si256((__m256i*)(pa + (p + q + 4) * 8),
+                          _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
+    }
+  }
+  return p;
+}
+
+/* A micro-panel whose rows are adjacent (a transposed operand): each pair interleaves the eight
+   rows' values at k = 2p and 2p + 1. Returns the pairs packed (every whole pair). */
+static int64_t ts_dot_pack_a_cols(int64_t whole, const uint16_t* A, int64_t csa, uint32_t* pa) {
+  for (int64_t p = 0; p < whole; ++p) {
+    __m128i lo = _mm_loadu_si128((const __m128i*)(A + 2 * p * csa));
+    __m128i hi = _mm_loadu_si128((const __m128i*)(A + (2 * p + 1) * csa));
+    _mm_storeu_si128((__m128i*)(pa + p * 8), _mm_unpacklo_epi16(lo, hi));
+    _mm_storeu_si128((__m128i*)(pa + p * 8 + 4), _mm_unpackhi_epi16(lo, hi));
+  }
+  return whole;
+}
+
 /* A's rows in pairs of k: pa[(ir / MR * pairs + p) * MR + r] = (A[ir + r, 2p] | A[ir + r, 2p+1]
    << 16), zero past the rows and kc. */
 static void ts_dot_pack_a(int64_t m, int64_t kc, const uint16_t* A, int64_t rsa, int64_t csa,
                           uint32_t* pa) {
-  int64_t pairs = (kc + 1) / 2;
-  for (int64_t ir = 0; ir < m; ir += TS_D_MR, pa += TS_D_MR * pairs)
+  int64_t pairs = (kc + 1) / 2, whole = kc / 2;
+  for (int64_t ir = 0; ir < m; ir += TS_D_MR, pa += TS_D_MR * pairs) {
+    int64_t p0 = 0;                   /* pairs before p0 are packed by the vector paths */
+    if (ir + TS_D_MR <= m && csa == 1)
+      p0 = ts_dot_pack_a_rows(whole, A + ir * rsa, rsa, pa);
+    else if (ir + TS_D_MR <= m && rsa == 1)
+      p0 = ts_dot_pack_a_cols(whole, A + ir, csa, pa);
     for (int64_t r = 0; r < TS_D_MR; ++r) {
       const uint16_t* a = A + (ir + r) * rsa;
       int have = ir + r < m;
-      for (int64_t p = 0; p < pairs; ++p) {
+      for (int64_t p = p0; p < pairs; ++p) {
         uint32_t lo = have ? a[2 * p * csa] : 0;
         uint32_t hi = have && 2 * p + 1 < kc ? a[(2 * p + 1) * csa] : 0;
         pa[p * TS_D_MR + r] = lo | hi << 16;
       }
     }
+  }
 }
 
 /* B's columns in panels of NR, pairs of k interleaved: pb[((jr / NR * pairs + p) * NR + j) * 2 +
