@@ -1176,6 +1176,11 @@ def machine(peers: dict) -> dict:
                      if line.startswith("flags"))
         info["simd"] = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl")
                         if f in flags]
+        ids = {k: next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                        if line.split(":")[0].strip() == k), "?") for k in ("cpu family", "model")}
+        # which generation ("AMD EPYC" alone does not say): AMD's Zen 3 and 4 are family 25,
+        # Zen 5 is 26; Intel's cores are family 6, the model telling them apart
+        info["cpu_id"] = f"family {ids['cpu family']} model {ids['model']}"
     except (OSError, StopIteration):
         info["cpu"] = platform.processor() or "?"
     try:
@@ -1188,6 +1193,12 @@ def machine(peers: dict) -> dict:
     from tessera.runtime import isa
     info["isa_level"] = isa.default_level()             # what tessera's CPU code is built for
     info["host_isa_level"] = isa.host_level()
+    try:                                                # the GEMM micro-kernel measured best here
+        shape = ts.gemm_shape_report(info["isa_level"])
+        info["gemm_shape"] = {"shape": "x".join(map(str, shape["shape"])),
+                              "gflops": shape["gflops"]}
+    except Exception as e:                              # noqa: BLE001
+        info["gemm_shape"] = {"shape": f"the ISA's own ({_reason(e)})"}
     # tessera
     info["tessera"] = getattr(ts, "__version__", "?")
     info["tessera_rev"] = _run("git", "rev-parse", "HEAD").strip() or "unknown"
@@ -1260,8 +1271,10 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
         else "")
     if all(info.get("env", {}).get(k) == v for k, v in AS_AVX2.items()):
         built += "; every peer held to AVX2 (--as-avx2)"
-    p(f"\n{info['cpu']}, {info['cores']} cores ({', '.join(info.get('simd', []))}); "
-      f"{built}; {peaks_text}")
+    if info.get("gemm_shape"):
+        built += f", GEMM micro-kernel {info['gemm_shape']['shape']}"
+    p(f"\n{info['cpu']} ({info.get('cpu_id', '?')}), {info['cores']} cores "
+      f"({', '.join(info.get('simd', []))}); {built}; {peaks_text}")
     p(f"numpy {info['numpy']} ({info['numpy_blas']}); torch {info['torch']}; jax {info['jax']}; "
       f"tessera {info['tessera_rev'][:10]}"
       + (f" + {len(info['tessera_uncommitted'])} uncommitted files"

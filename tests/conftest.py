@@ -14,6 +14,10 @@ _CACHE = tempfile.mkdtemp(prefix="tessera-test-cache-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ["TESSERA_CACHE_DIR"] = _CACHE
 os.environ["TESSERA_POISON"] = "1"
+# The ISA's own GEMM micro-kernel shape: every fresh cache directory (a subprocess's, a test's)
+# would otherwise first measure the machine's best (about 5 s). Every shape gives the same bits;
+# tests/targets/test_gemm_shape.py runs each candidate, and the measurement.
+os.environ["TESSERA_GEMM_SHAPE"] = "default"
 
 # Tolerances per dtype, in one place: (rtol, atol).
 TOL = {

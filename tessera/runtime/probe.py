@@ -95,7 +95,7 @@ def machine_peaks(refresh: bool = False) -> dict:
             data = _read(path, key)
             if data is not None:
                 return data
-        with _file_lock(path):
+        with measuring_lock(path):
             if not refresh:             # another process may have measured while we waited
                 data = _read(path, key, quiet=True)
                 if data is not None:
@@ -155,12 +155,13 @@ def _warn(message: str):
     warnings.warn(message, RuntimeWarning, stacklevel=depth + 1)
 
 
-class _file_lock:
-    """An exclusive lock beside the cache file, so that two processes do not run the probe at
-    once (they would halve each other's numbers). Does nothing where flock is missing."""
+class measuring_lock:
+    """An exclusive lock beside the cache file, so that two processes do not run a probe of the
+    machine at once (they would halve each other's numbers). Does nothing where flock is
+    missing."""
 
     def __init__(self, path):
-        self.path = path.with_name(".peaks.lock")
+        self.path = path.with_name(".probe.lock")
         self.fd = None
 
     def __enter__(self):

@@ -1,9 +1,11 @@
 #include <stdlib.h>
 #include <string.h>
-/* One micro-kernel shape per instruction set: TS_MR rows of A broadcast against TS_NV vectors
+/* A micro-kernel shape per instruction set: TS_MR rows of A broadcast against TS_NV vectors
    of B's columns, TS_MR * TS_NV accumulators in registers (f32: AVX-512 8 x 32 in 16 of its 32
-   registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32). The shape only decides which
-   chains run side by side: every element is the same fma chain over k, so the same bits. */
+   registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32), unless the shape measured best
+   on this machine is defined first (TS_MICRO_MR, TS_MICRO_NV: compiler/target/gemm_shape.py).
+   The shape only decides which chains run side by side: every element is the same fma chain
+   over k, so the same bits. */
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -77,4 +79,10 @@ typedef double ts_v_f64;
 #define ts_vset1_f64(x) (x)
 #define ts_vfma_f64(a, b, c) fma(a, b, c)
 #define ts_vzero_f64() 0.0
+#endif
+#if defined(TS_MICRO_MR) && defined(TS_MICRO_NV)
+#undef TS_MR
+#undef TS_NV
+#define TS_MR TS_MICRO_MR
+#define TS_NV TS_MICRO_NV
 #endif

@@ -1,0 +1,158 @@
+"""The GEMM micro-kernel's shape, chosen per machine by measurement, not per ISA name.
+
+Cores that share an instruction set want different register blockings: Zen 4 runs AVX-512 on
+256-bit halves, Zen 5 and Intel's server cores on two full 512-bit FMA ports, with different load
+ports and latencies. So the first routine library built for a vector family (AVX-512, AVX2) on
+this machine times each candidate shape (rows of A x vectors of B's columns, its accumulators in
+registers) on a product run as programs run it (tasks over every thread) and keeps the fastest;
+the float32 and float64 GEMMs and the convolution's implicit GEMM use it. The choice is cached as
+JSON beside the machine's peaks, keyed by CPU fingerprint, family, compiler and thread count.
+
+Every shape computes each element as the same fma chain over k, so the choice never changes a
+bit; only speed. `TESSERA_GEMM_SHAPE=4x4` (rows x vectors) forces a candidate, `default` the
+ISA's own shape (the generated-sources record uses it); levels without vector FMAs have one
+shape, and so does a process without the cache (TESSERA_NO_CACHE=1). `gemm_shape_report()`
+says what was measured.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import threading
+
+from ...errors import BackendUnavailableError
+from ...runtime import cache, isa
+from ...runtime.probe import measuring_lock
+from ...runtime.toolchain import build, compiler_version, cpu_fingerprint, find_compiler
+from ..strategies.routines import routine_text
+
+ENV = "TESSERA_GEMM_SHAPE"
+VERSION = 1                     # bump when the probe or the candidates change
+
+# (rows, vectors) per vector family, the ISA's own first; each fits its registers (AVX-512: 32,
+# AVX2: 16) with the B vectors and a broadcast.
+CANDIDATES = {"avx512": [(8, 2), (4, 4), (6, 4), (8, 3), (12, 2)],
+              "avx2": [(6, 2), (4, 3), (4, 2)]}
+PROBE_N, PROBE_TILE, PROBE_ROUNDS = 1024, 256, 5    # about 2 GFLOP a run
+MARGIN = 1.03                   # another shape replaces the ISA's own only when this much faster
+
+_DRIVER = routine_text("gemm_shape_probe.c")
+_lock = threading.Lock()
+_memo: dict[str, dict] = {}
+
+
+def family(level: str) -> str | None:
+    """The vector family whose micro-kernel a level's routines compile to, or None (one shape)."""
+    needs = isa.LEVELS[level].needs
+    if "avx512f" in needs:
+        return "avx512"
+    if {"avx2", "fma"} <= needs:
+        return "avx2"
+    return None
+
+
+def forced(level: str):
+    """$TESSERA_GEMM_SHAPE for this level: (rows, vectors), "default", or None when unset."""
+    text = os.environ.get(ENV, "").strip().lower()
+    if not text:
+        return None
+    if text == "default":
+        return "default"
+    fam = family(level)
+    options = CANDIDATES.get(fam, [])
+    try:
+        rows, vectors = (int(p) for p in text.split("x"))
+    except ValueError:
+        rows = vectors = None
+    if (rows, vectors) not in options:
+        raise BackendUnavailableError(
+            f"${ENV}={text!r} is not a GEMM micro-kernel shape of {level}",
+            expected=" or ".join(["default"] + [f"{r}x{v}" for r, v in options]),
+            hint=f"unset {ENV} to use the shape measured best on this machine")
+    return rows, vectors
+
+
+def gemm_shape(level: str, compiler: str | None = None) -> tuple[int, int] | None:
+    """(rows, vectors) of the micro-kernel for routine libraries built for `level` on this
+    machine, or None for the ISA's own shape (levels of one shape, another architecture, a
+    level this CPU cannot run, $TESSERA_GEMM_SHAPE=default, or TESSERA_NO_CACHE)."""
+    fam = family(level)
+    if fam is None or not isa.runs_here(level):
+        return None
+    force = forced(level)
+    if force is not None:
+        return None if force == "default" else force
+    if not cache.cache_enabled():
+        return None             # (nothing kept: measuring in every process would cost seconds)
+    shape = tuple(gemm_shape_report(level, compiler)["shape"])
+    return None if shape == CANDIDATES[fam][0] else shape
+
+
+def gemm_shape_report(level: str | None = None, compiler: str | None = None,
+                      refresh: bool = False) -> dict:
+    """The measurement behind the choice for `level` (default: the host's): `shape` [rows,
+    vectors], `gflops` per candidate ("8x2": GFLOP/s), `family`, `threads`, `key`. Measured once
+    per machine and cached; `refresh=True` measures again."""
+    level = isa.check_level(level or isa.host_level())
+    fam = family(level)
+    if fam is None or not isa.runs_here(level):
+        raise BackendUnavailableError(
+            f"{level} has one GEMM micro-kernel shape on this machine: nothing to measure",
+            hint="levels with AVX2 or AVX-512 that this CPU runs have candidates")
+    cc = find_compiler(compiler)
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip() or "all"
+    tag = hashlib.sha256(f"{cc}\n{compiler_version(cc)}".encode()).hexdigest()[:8]
+    key = f"{cpu_fingerprint()}-{fam}-{tag}-{threads}t"
+    with _lock:
+        if not cache.cache_enabled():
+            if refresh or key not in _memo:
+                _memo[key] = _measure(level, fam, cc, threads, key)
+            return dict(_memo[key])
+        path = cache.cache_dir() / "machine" / f"gemm-shape-v{VERSION}-{key}.json"
+        with measuring_lock(path):       # (two processes measuring at once halve each other)
+            data = None if refresh else _read(path, key, fam)
+            if data is None:
+                data = _measure(level, fam, cc, threads, key)
+                try:
+                    cache.atomic_write(path, json.dumps(data, indent=1).encode())
+                except OSError:
+                    pass                 # an unwritable cache only costs a measurement next time
+        return data
+
+
+def _read(path, key, fam):
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None                     # missing or damaged: measured again
+    ok = isinstance(data, dict) and data.get("key") == key and \
+        isinstance(data.get("shape"), list) and tuple(data["shape"]) in CANDIDATES[fam]
+    return data if ok else None
+
+
+def _measure(level, fam, cc, threads, key) -> dict:
+    from .c import routine_library_source
+    probes = {}
+    for shape in CANDIDATES[fam]:
+        lib = build(routine_library_source("gemm:f32", shape) + "\n" + _DRIVER,
+                    f"the GEMM shape probe {shape[0]}x{shape[1]}", level, compiler=cc)
+        probe = lib.ts_gemm_shape_probe
+        probe.restype = ctypes.c_double
+        probe.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        probe(PROBE_N, PROBE_TILE, 1)                                  # (warm: pages, threads)
+        probes[shape] = probe
+    best_s = {shape: float("inf") for shape in probes}
+    for _ in range(PROBE_ROUNDS):       # interleaved, the fastest run of each kept
+        for shape, probe in probes.items():
+            s = probe(PROBE_N, PROBE_TILE, 1)
+            if s > 0:
+                best_s[shape] = min(best_s[shape], s)
+    gflops = {f"{r}x{v}": 2e-9 * PROBE_N ** 3 / s for (r, v), s in best_s.items()}
+    default = CANDIDATES[fam][0]
+    best = min(best_s, key=best_s.get)
+    if best_s[best] * MARGIN > best_s[default]:
+        best = default                  # within the noise: the ISA's own shape
+    return {"shape": list(best), "gflops": gflops, "family": fam, "level": level,
+            "threads": threads, "key": key, "version": VERSION}
