@@ -35,7 +35,7 @@ VERSION = 1                     # bump when the probe or the candidates change
 # AVX2: 16) with the B vectors and a broadcast.
 CANDIDATES = {"avx512": [(8, 2), (4, 4), (6, 4), (8, 3), (12, 2)],
               "avx2": [(6, 2), (4, 3), (4, 2)]}
-PROBE_N, PROBE_TILE, PROBE_ROUNDS = 1024, 256, 5    # about 2 GFLOP a run
+PROBE_N, PROBE_TILE, PROBE_ROUNDS = 1024, 256, 12   # about 2 GFLOP a run
 MARGIN = 1.03                   # another shape replaces the ISA's own only when this much faster
 
 _DRIVER = routine_text("gemm_shape_probe.c")
