@@ -1193,12 +1193,15 @@ def machine(peers: dict) -> dict:
     from tessera.runtime import isa
     info["isa_level"] = isa.default_level()             # what tessera's CPU code is built for
     info["host_isa_level"] = isa.host_level()
-    try:                                                # the GEMM micro-kernel measured best here
-        shape = ts.gemm_shape_report(info["isa_level"])
-        info["gemm_shape"] = {"shape": "x".join(map(str, shape["shape"])),
-                              "gflops": shape["gflops"]}
+    try:                          # the GEMM micro-kernel programs use here ($TESSERA_GEMM_SHAPE)
+        from tessera.compiler.target import gemm_shape as gs
+        level, fam = info["isa_level"], gs.family(info["isa_level"])
+        used = gs.gemm_shape(level) or (gs.CANDIDATES[fam][0] if fam else None)
+        info["gemm_shape"] = {"shape": "x".join(map(str, used)) if used else "one shape"}
+        if fam and isa.runs_here(level):
+            info["gemm_shape"]["measured"] = ts.gemm_shape_report(level)["gflops"]
     except Exception as e:                              # noqa: BLE001
-        info["gemm_shape"] = {"shape": f"the ISA's own ({_reason(e)})"}
+        info["gemm_shape"] = {"shape": f"? ({_reason(e)})"}
     # tessera
     info["tessera"] = getattr(ts, "__version__", "?")
     info["tessera_rev"] = _run("git", "rev-parse", "HEAD").strip() or "unknown"
