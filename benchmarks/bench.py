@@ -1195,8 +1195,9 @@ def machine(peers: dict) -> dict:
     info["host_isa_level"] = isa.host_level()
     try:                          # the GEMM micro-kernel programs use here ($TESSERA_GEMM_SHAPE)
         from tessera.compiler.target import gemm_shape as gs
+        from tessera.compiler.target.c import gemm_shape
         level, fam = info["isa_level"], gs.family(info["isa_level"])
-        used = gs.gemm_shape(level) or (gs.CANDIDATES[fam][0] if fam else None)
+        used = gemm_shape(level) or (gs.CANDIDATES[fam][0] if fam else None)
         info["gemm_shape"] = {"shape": "x".join(map(str, used)) if used else "one shape"}
         if fam and isa.runs_here(level):
             info["gemm_shape"]["measured"] = ts.gemm_shape_report(level)["gflops"]

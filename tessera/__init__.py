@@ -23,7 +23,7 @@ from .tiles import Tile  # noqa: E402
 from .autotune import autotune, kernel  # noqa: E402
 from .runtime import cache_stats, reset_cache_stats  # noqa: E402
 from .runtime.profiler import machine_peaks, profiler  # noqa: E402
-from .compiler.target.gemm_shape import gemm_shape_report  # noqa: E402
+from .compiler.target.c import gemm_shape_report  # noqa: E402
 from .schedule import Schedule  # noqa: E402
 from .types import Tensor, TensorType  # noqa: E402
 from .trace import is_training, static_range, training  # noqa: E402

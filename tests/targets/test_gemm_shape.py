@@ -12,7 +12,7 @@ import pytest
 import tessera as ts
 from tessera import op
 from tessera.compiler.target import gemm_shape as gs
-from tessera.compiler.target.c import routine_library_source
+from tessera.compiler.target.c import gemm_shape, gemm_shape_report, routine_library_source
 from tessera.errors import BackendUnavailableError
 from tessera.runtime import isa
 
@@ -46,7 +46,7 @@ def test_every_candidate_shape_gives_the_same_bits(level, monkeypatch):
     want = _products(level, np.random.default_rng(seed))
     for rows, vectors in gs.CANDIDATES[gs.family(level)][1:]:
         monkeypatch.setenv(gs.ENV, f"{rows}x{vectors}")
-        assert gs.gemm_shape(level) == (rows, vectors)
+        assert gemm_shape(level) == (rows, vectors)
         got = _products(level, np.random.default_rng(seed))
         for g, w in zip(got, want):
             assert g.tobytes() == w.tobytes(), (level, rows, vectors, g.shape)
@@ -65,7 +65,7 @@ def test_a_shape_reaches_the_libraries_that_have_a_micro_kernel():
 def test_the_measurement_picks_a_candidate_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(gs.ENV, raising=False)
-    report = gs.gemm_shape_report("x86-64-v3")
+    report = gemm_shape_report("x86-64-v3")
     assert tuple(report["shape"]) in gs.CANDIDATES["avx2"]
     assert set(report["gflops"]) == {f"{r}x{v}" for r, v in gs.CANDIDATES["avx2"]}
     assert all(g > 0 for g in report["gflops"].values())
@@ -73,16 +73,16 @@ def test_the_measurement_picks_a_candidate_and_is_cached(tmp_path, monkeypatch):
     assert report["gflops"]["x".join(map(str, report["shape"]))] * gs.MARGIN >= best
     [path] = (tmp_path / "machine").glob("gemm-shape-*.json")
     chosen = tuple(report["shape"])        # what programs built now take: the measured shape
-    assert gs.gemm_shape("x86-64-v3") == (None if chosen == gs.CANDIDATES["avx2"][0] else chosen)
+    assert gemm_shape("x86-64-v3") == (None if chosen == gs.CANDIDATES["avx2"][0] else chosen)
 
     def no_measuring(*a):
         raise AssertionError("measured again")
     monkeypatch.setattr(gs, "_measure", no_measuring)
-    assert gs.gemm_shape_report("x86-64-v3") == report
+    assert gemm_shape_report("x86-64-v3") == report
     path.write_text("{not json")                    # damaged: measured again, rewritten
     monkeypatch.undo()
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    again = gs.gemm_shape_report("x86-64-v3")
+    again = gemm_shape_report("x86-64-v3")
     assert tuple(again["shape"]) in gs.CANDIDATES["avx2"]
     assert json.loads(path.read_text())["shape"] == again["shape"]
 
@@ -94,4 +94,4 @@ def test_a_wrong_shape_names_the_variable(monkeypatch):
         gs.forced(level)
     assert "default" in str(e.value) and "x".join(map(str, gs.CANDIDATES[gs.family(level)][0])) \
         in str(e.value)
-    assert gs.gemm_shape("x86-64-v2") is None           # (one shape: nothing to choose)
+    assert gemm_shape("x86-64-v2") is None           # (one shape: nothing to choose)

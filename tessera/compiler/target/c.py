@@ -13,7 +13,7 @@ from ..strategies import routine_owner
 from ..strategies.routines import half_conversions, routine_text, specialise
 from ..tile_ir import Loop, Scratch, TileKernel, TileProgram
 from .cstyle import CStyleRenderer, ShapeGeneric, routine_keys
-from .gemm_shape import gemm_shape
+from . import gemm_shape as shapes
 
 
 class CRenderer(CStyleRenderer):
@@ -324,6 +324,24 @@ def _routine_library(key: str, shape=None) -> tuple[str, str]:
 
 def routine_library_source(key: str, shape=None) -> str:
     return _routine_library(key, shape)[0]
+
+
+def _f32_gemm_library(shape) -> str:
+    return routine_library_source("gemm:f32", shape)
+
+
+def gemm_shape(level: str, compiler: str | None = None):
+    """The GEMM micro-kernel (rows, vectors) this machine's routine libraries for `level` use,
+    or None for the ISA's own (gemm_shape.py; measured once per machine)."""
+    return shapes.chosen_shape(level, _f32_gemm_library, compiler)
+
+
+def gemm_shape_report(level: str | None = None, compiler: str | None = None,
+                      refresh: bool = False) -> dict:
+    """What the GEMM micro-kernel's measurement found for `level` (default: the host's):
+    `shape` [rows, vectors] and `gflops` per candidate; measured once per machine and cached,
+    again with `refresh=True`. Every shape gives the same bits (see gemm_shape.py)."""
+    return shapes.report(level, _f32_gemm_library, compiler, refresh)
 
 
 def routine_declarations(keys) -> str:

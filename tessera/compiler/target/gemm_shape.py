@@ -11,8 +11,9 @@ JSON beside the machine's peaks, keyed by CPU fingerprint, family, compiler and 
 Every shape computes each element as the same fma chain over k, so the choice never changes a
 bit; only speed. `TESSERA_GEMM_SHAPE=4x4` (rows x vectors) forces a candidate, `default` the
 ISA's own shape (the generated-sources record uses it); levels without vector FMAs have one
-shape, and so does a process without the cache (TESSERA_NO_CACHE=1). `gemm_shape_report()`
-says what was measured.
+shape, and so does a process without the cache (TESSERA_NO_CACHE=1). The C target asks
+(`target.c.gemm_shape`, `gemm_shape_report`: it hands this module the routine library's text);
+`ts.gemm_shape_report()` says what was measured.
 """
 from __future__ import annotations
 
@@ -74,10 +75,11 @@ def forced(level: str):
     return rows, vectors
 
 
-def gemm_shape(level: str, compiler: str | None = None) -> tuple[int, int] | None:
+def chosen_shape(level: str, library_source, compiler: str | None = None):
     """(rows, vectors) of the micro-kernel for routine libraries built for `level` on this
     machine, or None for the ISA's own shape (levels of one shape, another architecture, a
-    level this CPU cannot run, $TESSERA_GEMM_SHAPE=default, or TESSERA_NO_CACHE)."""
+    level this CPU cannot run, $TESSERA_GEMM_SHAPE=default, or TESSERA_NO_CACHE).
+    `library_source(shape)`: the float32 GEMM library's C with that shape (the C target's)."""
     fam = family(level)
     if fam is None or not isa.runs_here(level):
         return None
@@ -86,12 +88,12 @@ def gemm_shape(level: str, compiler: str | None = None) -> tuple[int, int] | Non
         return None if force == "default" else force
     if not cache.cache_enabled():
         return None             # (nothing kept: measuring in every process would cost seconds)
-    shape = tuple(gemm_shape_report(level, compiler)["shape"])
+    shape = tuple(report(level, library_source, compiler)["shape"])
     return None if shape == CANDIDATES[fam][0] else shape
 
 
-def gemm_shape_report(level: str | None = None, compiler: str | None = None,
-                      refresh: bool = False) -> dict:
+def report(level: str | None, library_source, compiler: str | None = None,
+           refresh: bool = False) -> dict:
     """The measurement behind the choice for `level` (default: the host's): `shape` [rows,
     vectors], `gflops` per candidate ("8x2": GFLOP/s), `family`, `threads`, `key`. Measured once
     per machine and cached; `refresh=True` measures again."""
@@ -108,13 +110,13 @@ def gemm_shape_report(level: str | None = None, compiler: str | None = None,
     with _lock:
         if not cache.cache_enabled():
             if refresh or key not in _memo:
-                _memo[key] = _measure(level, fam, cc, threads, key)
+                _memo[key] = _measure(level, fam, cc, threads, key, library_source)
             return dict(_memo[key])
         path = cache.cache_dir() / "machine" / f"gemm-shape-v{VERSION}-{key}.json"
         with measuring_lock(path):       # (two processes measuring at once halve each other)
             data = None if refresh else _read(path, key, fam)
             if data is None:
-                data = _measure(level, fam, cc, threads, key)
+                data = _measure(level, fam, cc, threads, key, library_source)
                 try:
                     cache.atomic_write(path, json.dumps(data, indent=1).encode())
                 except OSError:
@@ -132,11 +134,10 @@ def _read(path, key, fam):
     return data if ok else None
 
 
-def _measure(level, fam, cc, threads, key) -> dict:
-    from .c import routine_library_source
+def _measure(level, fam, cc, threads, key, library_source) -> dict:
     probes = {}
     for shape in CANDIDATES[fam]:
-        lib = build(routine_library_source("gemm:f32", shape) + "\n" + _DRIVER,
+        lib = build(library_source(shape) + "\n" + _DRIVER,
                     f"the GEMM shape probe {shape[0]}x{shape[1]}", level, compiler=cc)
         probe = lib.ts_gemm_shape_probe
         probe.restype = ctypes.c_double
