@@ -165,9 +165,11 @@ def test_the_same_bits_whatever_the_threads_and_the_batch(rng, monkeypatch):
 def test_each_line_of_a_batch_is_its_own_transform(dtype, rng):
     """A block of lines goes through the routine's transposes (whole vector tiles, then the
     edges) and a line alone does not: each line of 37 (a multiple of no tile), at lengths that
-    fill tiles and leave edges (97 a Bluestein one), is its own transform bit for bit."""
+    fill tiles and leave edges (97 a Bluestein one), is its own transform bit for bit. A block
+    of 16 lines of 16384 points outgrows the caches and runs its stages in cache-sized blocks
+    (the routine's ts_fft_blocked), a line alone in passes over its planes: the same bits."""
     cd = np.complex64 if dtype == np.float32 else np.complex128
-    for n in (1000, 97, 30):
+    for n in (1000, 97, 30, 16384):
         x = rng.standard_normal((37, n)).astype(dtype)
         z = crandn(rng, 37, n).astype(cd)
         half = np.fft.rfft(x).astype(cd)

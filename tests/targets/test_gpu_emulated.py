@@ -287,15 +287,18 @@ def test_complex_arguments_and_results_are_the_cpus_bits(target, rng):
                                         (2 * 509, np.float32, {"shared", "workspace"}),
                                         (4096, np.float64, {"workspace"}),
                                         (1 << 15, np.float64, {"phases"}),
-                                        (16411, np.float32, {"phases"})])
+                                        (16411, np.float32, {"phases"}),
+                                        (1 << 18, np.float32, {"phases"})])
 def test_bluestein_and_long_lines_are_the_cpus_bits(target, n, d, memory, rng):
     """A prime factor above 31 (37; 74 = 2 x 37, a real line packed as 37 complex values; 509)
     makes the transform a Bluestein one on the GPU as in the routine; planes and tables beyond
     a block's shared memory (1018 complex points' 2048-point convolution in float32, 4096
     points of float64) live in the block's own part of the workspace. A line longer than 2^14
     points (2^15; the prime 16411 and its 32805-point convolution) takes the whole grid, a
-    launch per step, every line's planes in the workspace. Each gives the CPU's bits, complex
-    and real, both ways."""
+    launch per step, every line's planes in the workspace; on the CPU a line of 2^18 points
+    runs its stages in cache-sized blocks (the routine's ts_fft_blocked, one line at a time)
+    and 3 lines of 2^15 float64 as one block of lines. Each gives the CPU's bits, complex and
+    real, both ways."""
     re, im = rng.standard_normal((2, 3, n)).astype(d)
 
     def fn(a, b):

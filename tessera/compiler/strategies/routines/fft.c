@@ -45,7 +45,7 @@ typedef struct ts_fft_plan_{S} {
   {T}* chirp;                        /* Bluestein: e^{-pi i k^2 / n}, k < n */
   {T}* kernel;                       /* Bluestein: FFT_m of the conjugate chirp, / m (planes) */
   {T}* rtw;                          /* real: e^{-2 pi i k / n}, k < n/2 */
-  int64_t work;                      /* scratch a call needs ({T} elements per lane) */
+  int64_t work;                      /* the passes' planes, {T}s per lane (ts_fft_work: a call's) */
 } ts_fft_plan_{S};
 
 static ts_fft_plan_{S}* ts_fft_cache_{S}[TS_FFT_PLANS];
@@ -89,6 +89,7 @@ static void ts_fft_free_{S}(ts_fft_plan_{S}* p) {
 
 static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
                            {T}* work);
+static int64_t ts_fft_work_{S}(const ts_fft_plan_{S}* p, int64_t lanes);
 
 static int64_t ts_fft_smooth_{S}(int64_t n) {   /* the least 2^a 3^b 5^c >= n */
   int64_t best = 1;
@@ -102,9 +103,9 @@ static int64_t ts_fft_smooth_{S}(int64_t n) {   /* the least 2^a 3^b 5^c >= n */
   return best;
 }
 
-/* whether stage i runs with stage i + 1 in one pass (two radix-4 stages) */
-static int ts_fft_fused_{S}(const ts_fft_plan_{S}* p, int i) {
-  return p->radix[i] == 4 && i + 1 < p->nf && p->radix[i + 1] == 4;
+/* whether stage i runs with stage i + 1 in one pass (two radix-4 stages, both before end) */
+static int ts_fft_fused_{S}(const ts_fft_plan_{S}* p, int i, int end) {
+  return p->radix[i] == 4 && i + 1 < end && p->radix[i + 1] == 4;
 }
 
 static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
@@ -122,7 +123,7 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
     p->sub = ts_fft_complex_plan_{S}(p->m);
     p->chirp = ({T}*)malloc(sizeof({T}) * 2 * n);
     p->kernel = ({T}*)calloc(2 * p->m, sizeof({T}));
-    {T}* w = ({T}*)malloc(sizeof({T}) * ((p->sub ? p->sub->work : 0) + 1));
+    {T}* w = ({T}*)malloc(sizeof({T}) * ((p->sub ? ts_fft_work_{S}(p->sub, 1) : 0) + 1));
     if (!p->sub || !p->chirp || !p->kernel || !w) { free(w); ts_fft_free_{S}(p); return 0; }
     for (int64_t k = 0; k < n; ++k) {
       double c, s;                                 /* k^2 mod 2n, exactly */
@@ -141,7 +142,6 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
     free(w);
     {T} inv = ({T})(1.0 / (double)p->m);
     for (int64_t k = 0; k < 2 * p->m; ++k) p->kernel[k] *= inv;
-    p->work = 2 * p->m + p->sub->work;    /* the padded line's planes, then the m-point work */
     return p;
   }
   int64_t tw = 0, odd = 0, L = n;
@@ -173,7 +173,7 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
       }
     L = m;
   }
-  for (int i = 0; i < p->nf; ++p->passes) i += ts_fft_fused_{S}(p, i) ? 2 : 1;
+  for (int i = 0; i < p->nf; ++p->passes) i += ts_fft_fused_{S}(p, i, p->nf) ? 2 : 1;
   p->work = (p->passes % 2 && p->passes > 1 ? 4 : 2) * n;
   return p;
 }
@@ -190,7 +190,6 @@ static ts_fft_plan_{S}* ts_fft_real_plan_{S}(int64_t n) {    /* even n */
     ts_fft_unit_{S}(k, n, &c, &s);
     p->rtw[2 * k] = ({T})c; p->rtw[2 * k + 1] = ({T})s;
   }
-  p->work = p->sub->work;
   return p;
 }
 
@@ -345,6 +344,17 @@ static void ts_fft_transpose_{S}(const {T}* restrict src, int64_t sld, {T}* rest
     }
 }
 
+#ifndef TS_FFT_TW_MAP
+#define TS_FFT_TW_MAP
+/* Where butterfly j of a stage finds its twiddles: at j (map 0), or, in a block of a long
+   line's first phase (ts_fft_blocked), at the whole line's butterfly of group g0 + j % G
+   (G = 2^shift of the R groups) and row j / G. */
+typedef struct { int64_t shift, g0, R; } ts_fft_tw_map;
+static inline int64_t ts_fft_tj(const ts_fft_tw_map* t, int64_t j) {
+  return t ? t->g0 + (j & (((int64_t)1 << t->shift) - 1)) + t->R * (j >> t->shift) : j;
+}
+#endif
+
 /* (a + ib)(c + id), on plain {T}s (no fused multiply-add: -ffp-contract=off) */
 #define TS_CMUL_RE(a, b, c, d) ((a) * (c) - (b) * (d))
 #define TS_CMUL_IM(a, b, c, d) ((a) * (d) + (b) * (c))
@@ -368,12 +378,13 @@ static void ts_fft_transpose_{S}(const {T}* restrict src, int64_t sld, {T}* rest
    of the input goes into butterfly (j, q), whose output t lands at q + s (r j + t). */
 static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb,
                              const {T}* restrict xr, const {T}* restrict xi, {T}* restrict yr,
-                             {T}* restrict yi, const {T}* restrict tw, const {T}* restrict oc) {
+                             {T}* restrict yi, const {T}* restrict tw, const {T}* restrict oc,
+                             const ts_fft_tw_map* map) {
   int64_t sm = s * m;
   if (r == 4) {
     for (int64_t j = ja; j < jb; ++j) {
-      const {T} w1r = tw[6 * j], w1i = tw[6 * j + 1], w2r = tw[6 * j + 2], w2i = tw[6 * j + 3],
-                w3r = tw[6 * j + 4], w3i = tw[6 * j + 5];
+      const {T}* w = tw + 6 * ts_fft_tj(map, j);
+      const {T} w1r = w[0], w1i = w[1], w2r = w[2], w2i = w[3], w3r = w[4], w3i = w[5];
       const {T}* ar = xr + s * j;
       const {T}* ai = xi + s * j;
       {T}* orr = yr + s * 4 * j;
@@ -387,7 +398,7 @@ static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb
     }
   } else if (r == 2) {
     for (int64_t j = ja; j < jb; ++j) {
-      const {T} wr = tw[2 * j], wi = tw[2 * j + 1];
+      const {T} wr = tw[2 * ts_fft_tj(map, j)], wi = tw[2 * ts_fft_tj(map, j) + 1];
       const {T}* ar = xr + s * j;
       const {T}* ai = xi + s * j;
       {T}* orr = yr + s * 2 * j;
@@ -416,8 +427,8 @@ static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb
         orr[q] = s0r; oi[q] = s0i;
       }
       for (int t = 1; t <= r / 2; ++t) {
-        const {T}* w1 = tw + 2 * (j * (r - 1) + t - 1);
-        const {T}* w2 = tw + 2 * (j * (r - 1) + r - t - 1);
+        const {T}* w1 = tw + 2 * (ts_fft_tj(map, j) * (r - 1) + t - 1);
+        const {T}* w2 = tw + 2 * (ts_fft_tj(map, j) * (r - 1) + r - t - 1);
         for (int64_t q = 0; q < s; ++q) {
           {T} er = ar[q], ei = ai[q], fr = 0, fi = 0;
           for (int u = 1; u <= r / 2; ++u) {
@@ -469,18 +480,20 @@ static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb
 static void ts_fft_stage44_{S}(int64_t m, int64_t s, int64_t ja, int64_t jb,
                                const {T}* restrict xr, const {T}* restrict xi,
                                {T}* restrict yr, {T}* restrict yi, const {T}* restrict twa,
-                               const {T}* restrict twb) {
+                               const {T}* restrict twb, const ts_fft_tw_map* map) {
   int64_t mq = m / 4, sm = s * m;
   if (s == 1 && ja % 16 == 0 && jb % 16 == 0) {
     /* one line's first stages: vectors across 16 butterflies j' (their outputs 16 apart),
        gathered in a tile and transposed into place */
     for (int64_t j0 = ja; j0 < jb; j0 += 16) {
       {T} tr[256], ti[256], w[5][6][16];          /* w[u][k][jj]: the twiddles, by lane */
-      for (int64_t jj = 0; jj < 16; ++jj)
-        for (int k = 0; k < 6; ++k) {
-          for (int u = 0; u < 4; ++u) w[u][k][jj] = twa[6 * (j0 + jj + u * mq) + k];
-          w[4][k][jj] = twb[6 * (j0 + jj) + k];
-        }
+      /* (a map's G is 16 at least: 16 butterflies from j0 have consecutive twiddles) */
+      const {T}* tb[5] = {twa + 6 * ts_fft_tj(map, j0), twa + 6 * ts_fft_tj(map, j0 + mq),
+                          twa + 6 * ts_fft_tj(map, j0 + 2 * mq),
+                          twa + 6 * ts_fft_tj(map, j0 + 3 * mq), twb + 6 * ts_fft_tj(map, j0)};
+      for (int u = 0; u < 5; ++u)
+        for (int64_t jj = 0; jj < 16; ++jj)
+          for (int k = 0; k < 6; ++k) w[u][k][jj] = tb[u][6 * jj + k];
       #pragma omp simd
       for (int64_t jj = 0; jj < 16; ++jj) {
         int64_t j = j0 + jj;
@@ -498,8 +511,9 @@ static void ts_fft_stage44_{S}(int64_t m, int64_t s, int64_t ja, int64_t jb,
     return;
   }
   for (int64_t j = ja; j < jb; ++j) {
-    const {T}* w[5] = {twa + 6 * j, twa + 6 * (j + mq), twa + 6 * (j + 2 * mq),
-                       twa + 6 * (j + 3 * mq), twb + 6 * j};
+    const {T}* w[5] = {twa + 6 * ts_fft_tj(map, j), twa + 6 * ts_fft_tj(map, j + mq),
+                       twa + 6 * ts_fft_tj(map, j + 2 * mq), twa + 6 * ts_fft_tj(map, j + 3 * mq),
+                       twb + 6 * ts_fft_tj(map, j)};
     const {T}* ar = xr + s * j;
     const {T}* ai = xi + s * j;
     {T}* zr = yr + 16 * s * j;
@@ -517,17 +531,19 @@ static void ts_fft_stage44_{S}(int64_t m, int64_t s, int64_t ja, int64_t jb,
   }
 }
 
-/* Stage i (and i + 1 with it where both are radix 4) of L points at stride s, its
-   butterflies split among threads if par. Returns the stages taken. */
-static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int64_t L, int64_t s, int par,
-                           const {T}* xr, const {T}* xi, {T}* yr, {T}* yi) {
-  int r = p->radix[i], fuse = ts_fft_fused_{S}(p, i);
+/* Stage i (and i + 1 with it where both are radix 4 and before end) of L points at stride s,
+   its butterflies split among threads if par, twiddles by map. Returns the stages taken. */
+static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int end, int64_t L, int64_t s,
+                           int par, const ts_fft_tw_map* map, const {T}* xr, const {T}* xi,
+                           {T}* yr, {T}* yi) {
+  int r = p->radix[i], fuse = ts_fft_fused_{S}(p, i, end);
   const {T}* twa = p->tw + 2 * p->twoff[i];
   int64_t units = L / (fuse ? 16 : r), grain = fuse && s == 1 ? 16 : 1;
 #define TS_FFT_UNITS(ja, jb)                                                                 \
   (fuse ? ts_fft_stage44_{S}(L / 4, s, ja, jb, xr, xi, yr, yi, twa,                         \
-                             p->tw + 2 * p->twoff[i + 1])                                    \
-        : ts_fft_stage_{S}(r, L / r, s, ja, jb, xr, xi, yr, yi, twa, p->odd + p->oddoff[i]))
+                             p->tw + 2 * p->twoff[i + 1], map)                               \
+        : ts_fft_stage_{S}(r, L / r, s, ja, jb, xr, xi, yr, yi, twa, p->odd + p->oddoff[i],  \
+                           map))
   if (par) {
     #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < TS_FFT_PIECES; ++c)   /* (pieces of whole grains) */
@@ -541,10 +557,137 @@ static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int64_t L, int64_t s
   return fuse ? 2 : 1;
 }
 
-/* The forward complex transform of `lanes` lines in place; work: p->work * lanes elements. */
+/* A transform whose two planes pass TS_FFT_BLOCKED bytes (beyond a core's L2) runs its stages in
+   two phases of cache-sized blocks, each value read and written twice in all instead of once
+   per pass (2^20 points: 10 stages in 5 passes). The butterflies and their twiddles are the
+   passes' own, only their order changes: the same bits.
+   Split before stage k, R = L_k points left: at stage i < k the values of group g < R (the
+   butterflies j = g mod R and their inputs) lie at a + s g + R s b (a < s, the stage's stride),
+   which for G consecutive groups from g0, gathered as a + s gg + G s b, is a Stockham stage of
+   G L_i / R points at the same stride whose butterfly j takes the line's twiddles of butterfly
+   g0 + j % G + R (j / G); after stage k - 1 group g is the row [g a, (g + 1) a) (a = N / R,
+   the lanes left). Phase one gathers G groups into a block, runs stages 0 .. k - 1 there and
+   writes the rows to the work planes; phase two gathers G of the a columns (element q + a X,
+   X < R), runs stages k .. nf - 1 as a transform of G lanes and scatters them into the line. */
+#define TS_FFT_BLOCKED (1 << 20)   /* bytes of the two planes beyond which the stages block */
+#define TS_FFT_BLOCK (1 << 18)     /* a block's two planes, bytes at most (8 rows at least) */
+#ifndef TS_FFT_SPLIT
+#define TS_FFT_SPLIT
+#ifdef _OPENMP
+#include <omp.h>
+#define TS_FFT_THREADS() omp_get_max_threads()
+#define TS_FFT_THREAD() omp_get_thread_num()
+#else
+#define TS_FFT_THREADS() 1
+#define TS_FFT_THREAD() 0
+#endif
+/* k the first stage of phase two, R its points, a = N / R its lanes; G1 the groups a block of
+   phase one takes, G2 the lanes of phase two; block: a block's elements per plane */
+typedef struct { int k; int64_t R, a, G1, G2, block; } ts_fft_split;
+
+/* the largest power of two dividing count, 16 at least (0: none; a cache line of float32, and
+   the twiddles of 16 butterflies in a row for the vector path) and beyond 16 only while G rows
+   of `bytes` stay within TS_FFT_BLOCK */
+static int64_t ts_fft_rows(int64_t count, int64_t bytes) {
+  int64_t G = 1;
+  while (count % (2 * G) == 0 && (G < 16 || 2 * G * bytes <= TS_FFT_BLOCK)) G *= 2;
+  return G >= 16 ? G : 0;
+}
+
+/* a row of bytes, a multiple of 64 (G >= 16), in pieces of 64 that the compiler moves inline
+   (a call to memcpy per row cost as much as the row) */
+static inline void ts_fft_copy(void* restrict d, const void* restrict s, size_t bytes) {
+  for (size_t e = 0; e < bytes; e += 64)
+    __builtin_memcpy((unsigned char*)d + e, (const unsigned char*)s + e, 64);
+}
+#endif
+
+/* whether the stages of `lanes` lines block, and how: the split whose larger side is least */
+static int ts_fft_split_{S}(const ts_fft_plan_{S}* p, int64_t lanes, ts_fft_split* sp) {
+  int64_t N = p->n * lanes, L = p->n, best = 0;
+  if (p->m || p->nf < 2 || 2 * N * (int64_t)sizeof({T}) <= TS_FFT_BLOCKED) return 0;
+  for (int i = 0; i + 1 < p->nf; ++i) {
+    L /= p->radix[i];
+    int64_t a = N / L, worst = a > L ? a : L;
+    if (!best || worst < best) { best = worst; sp->k = i + 1; sp->R = L; sp->a = a; }
+  }
+  sp->G1 = ts_fft_rows(sp->R, 2 * sp->a * (int64_t)sizeof({T}));
+  sp->G2 = ts_fft_rows(sp->a, 2 * sp->R * (int64_t)sizeof({T}));
+  sp->block = sp->G1 * sp->a > sp->G2 * sp->R ? sp->G1 * sp->a : sp->G2 * sp->R;
+  return sp->G1 && sp->G2;
+}
+
+/* The work a run of `lanes` lines takes ({T} elements): the blocked stages' work planes and
+   two blocks (two planes each) per thread, or the passes' planes. */
+static int64_t ts_fft_work_{S}(const ts_fft_plan_{S}* p, int64_t lanes) {
+  ts_fft_split sp;
+  if (p->real) return ts_fft_work_{S}(p->sub, lanes);
+  if (p->m) return 2 * p->m * lanes + ts_fft_work_{S}(p->sub, lanes);
+  if (ts_fft_split_{S}(p, lanes, &sp))
+    return 2 * p->n * lanes + 4 * sp.block * (int64_t)TS_FFT_THREADS();
+  return p->work * lanes;
+}
+
+static void ts_fft_blocked_{S}(const ts_fft_plan_{S}* p, const ts_fft_split* sp, {T}* re,
+                               {T}* im, int64_t lanes, {T}* work) {
+  const int64_t N = p->n * lanes, R = sp->R, a = sp->a, G1 = sp->G1, G2 = sp->G2, B = sp->block;
+  const int k = sp->k, nt = TS_FFT_THREADS();
+  int shift = 0;
+  while (((int64_t)1 << shift) < G1) ++shift;
+  #pragma omp parallel num_threads(nt) if(N >= TS_FFT_PARALLEL)
+  {
+    {T}* mine = work + 2 * N + 4 * B * TS_FFT_THREAD();
+    {T}* blk[2] = {mine, mine + 2 * B};           /* two blocks, planes re then im */
+    #pragma omp for schedule(static)
+    for (int64_t g0 = 0; g0 < R; g0 += G1) {
+      const int64_t rows = N / (R * lanes), chunk = lanes * G1;  /* (s = lanes at stage 0) */
+      for (int64_t b = 0; b < rows; ++b) {
+        ts_fft_copy(blk[0] + chunk * b, re + lanes * (g0 + R * b), sizeof({T}) * chunk);
+        ts_fft_copy(blk[0] + B + chunk * b, im + lanes * (g0 + R * b), sizeof({T}) * chunk);
+      }
+      const ts_fft_tw_map map = {shift, g0, R};
+      int64_t L = p->n, s = lanes;
+      int cur = 0;
+      for (int i = 0; i < k;) {
+        int last = i + (ts_fft_fused_{S}(p, i, k) ? 2 : 1) >= k;
+        {T}* dr = last ? work + a * g0 : blk[1 - cur];
+        {T}* di = last ? work + N + a * g0 : blk[1 - cur] + B;
+        int step = ts_fft_pass_{S}(p, i, k, G1 * (L / R), s, 0, &map, blk[cur], blk[cur] + B,
+                                   dr, di);
+        for (int e = 0; e < step; ++e) { L /= p->radix[i]; s *= p->radix[i]; ++i; }
+        cur = 1 - cur;
+      }
+    }
+    #pragma omp for schedule(static)
+    for (int64_t q0 = 0; q0 < a; q0 += G2) {
+      for (int64_t X = 0; X < R; ++X) {
+        ts_fft_copy(blk[0] + G2 * X, work + q0 + a * X, sizeof({T}) * G2);
+        ts_fft_copy(blk[0] + B + G2 * X, work + N + q0 + a * X, sizeof({T}) * G2);
+      }
+      int64_t L = R, s = G2;
+      int cur = 0;
+      for (int i = k; i < p->nf; cur = 1 - cur) {
+        int step = ts_fft_pass_{S}(p, i, p->nf, L, s, 0, 0, blk[cur], blk[cur] + B,
+                                   blk[1 - cur], blk[1 - cur] + B);
+        for (int e = 0; e < step; ++e) { L /= p->radix[i]; s *= p->radix[i]; ++i; }
+      }
+      for (int64_t X = 0; X < R; ++X) {
+        ts_fft_copy(re + q0 + a * X, blk[cur] + G2 * X, sizeof({T}) * G2);
+        ts_fft_copy(im + q0 + a * X, blk[cur] + B + G2 * X, sizeof({T}) * G2);
+      }
+    }
+  }
+}
+
+/* The forward complex transform of `lanes` lines in place; work: ts_fft_work elements. */
 static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
                            {T}* work) {
   int64_t n = p->n;
+  ts_fft_split sp;
+  if (ts_fft_split_{S}(p, lanes, &sp)) {
+    ts_fft_blocked_{S}(p, &sp, re, im, lanes, work);
+    return;
+  }
   if (p->m) {                                      /* Bluestein */
     int64_t m = p->m, N = n * lanes, M = m * lanes;
     {T}* ar = work;
@@ -592,7 +735,8 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
     else if (k == p->passes - 1) dr = re;
     else dr = sr == work ? work + 2 * N : work;
     {T}* di = dr == re ? im : dr + N;
-    int step = ts_fft_pass_{S}(p, i, L, s, L * s >= TS_FFT_PARALLEL, sr, si, dr, di);
+    int step = ts_fft_pass_{S}(p, i, p->nf, L, s, L * s >= TS_FFT_PARALLEL, 0, sr, si, dr,
+                               di);
     sr = dr; si = di;
     for (int e = 0; e < step; ++e) { L /= p->radix[i]; s *= p->radix[i]; ++i; }
   }
@@ -643,7 +787,7 @@ static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int6
   ts_fft_plan_{S}* own = 0;
   const ts_fft_plan_{S}* p = ts_fft_lookup_{S}(n, even_real, &own);
   if (!p) return 1;
-  int64_t V = lanes, body = p->work * V, planes = V > 1 ? 2 * (n + 1) * V : 0;
+  int64_t V = lanes, body = ts_fft_work_{S}(p, V), planes = V > 1 ? 2 * (n + 1) * V : 0;
   {T}* work = ts_scratch_{S}((size_t)(body + planes));
   if (!work) { ts_fft_free_{S}(own); return 1; }
   /* the elements each kind takes and gives per line */
