@@ -3,7 +3,8 @@ ops/spectral.py), with the elementwise prologue and views it gathers its lines t
 CPU: blocks of lines in parallel; a block's lines are gathered into two private planes (real
 and imaginary parts, element-major, so the routine's vector instructions run across the
 lines), transformed in place by the FFT routine (routines/fft.c: mixed-radix Stockham,
-Bluestein for large prime factors, packed real transforms) and scattered to the output times
+Bluestein for large prime factors, packed real transforms, cache-sized blocks of the stages for
+planes beyond L2) and scattered to the output times
 the norm's factor. A line is one fixed chain of operations whichever block or lane it is in,
 so neither threads nor the batch change a bit. GPUs: the routine's steps written in Tile IR
 (lower_fft_gpu), a block per line in shared memory or its part of the workspace, or for a

@@ -21,6 +21,9 @@
    n go through the complex transform. The inverse is the conjugate of the forward transform
    of the conjugate.
 
+   Planes larger than L2 run the stages in two phases of cache-sized blocks (ts_fft_blocked):
+   the same butterflies in another order.
+
    Twiddles are computed once per (n, kind) in double precision, from an octant reduction done
    in integers (so e^{-2 pi i j/N} is exact where it is 1, -1, i or -i), and rounded once to {T}.
    Plans are cached for the process (a lock only to add one). Every output is one fixed chain
@@ -31,10 +34,16 @@
 #define TS_FFT_PLANS 512
 #define TS_FFT_PARALLEL 65536     /* complex elements of a stage worth threads of their own */
 #define TS_FFT_PIECES 64          /* a parallel stage's butterflies, in this many pieces */
+/* Where part k (w1r w1i w2r w2i w3r w3i) of radix-4 butterfly j's twiddles lies in its stage's
+   table: six in a row, or (lm: a plan's lane16 stages) 16 butterflies' part k in a row, so that
+   a line's first stages, vectorised across butterflies, load them as vectors. */
+#define TS_FFT_TWI(lm, j, k) ((lm) ? ((j) >> 4) * 96 + (k) * 16 + ((j) & 15) : 6 * (j) + (k))
 
 typedef struct ts_fft_plan_{S} {
   int64_t n, real;                  /* real: a plan for kind 2/3 of even n */
   int nf, passes;                   /* stages, and passes over the planes (pairs of 4s fused) */
+  int lane16;                        /* stages 0 and 1 store their twiddles 16 butterflies by
+                                        16, part by part (TS_FFT_TWI) */
   int radix[TS_FFT_MAX_STAGES];
   int64_t twoff[TS_FFT_MAX_STAGES]; /* each stage's twiddles in tw (complex elements) */
   {T}* tw;
@@ -145,6 +154,7 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
     return p;
   }
   int64_t tw = 0, odd = 0, L = n;
+  p->lane16 = p->nf >= 2 && p->radix[0] == 4 && p->radix[1] == 4 && n % 256 == 0;
   for (int i = 0; i < p->nf; ++i) {
     int64_t m = L / p->radix[i];
     p->twoff[i] = tw; tw += m * (p->radix[i] - 1);
@@ -163,7 +173,9 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
       for (int u = 1; u < r; ++u) {
         double c, s;
         ts_fft_unit_{S}(j * u * (n / L), n, &c, &s);   /* e^{-2 pi i j u / L}: n-th roots */
-        t[2 * (j * (r - 1) + u - 1)] = ({T})c; t[2 * (j * (r - 1) + u - 1) + 1] = ({T})s;
+        int64_t at = r == 4 ? TS_FFT_TWI(p->lane16 && i < 2, j, 2 * u - 2)
+                            : 2 * (j * (r - 1) + u - 1);
+        t[at] = ({T})c; t[at + (r == 4 && p->lane16 && i < 2 ? 16 : 1)] = ({T})s;
       }
     if (r % 2)
       for (int u = 0; u < r; ++u) {                /* cos and sin of 2 pi u / r */
@@ -379,12 +391,14 @@ static inline int64_t ts_fft_tj(const ts_fft_tw_map* t, int64_t j) {
 static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb,
                              const {T}* restrict xr, const {T}* restrict xi, {T}* restrict yr,
                              {T}* restrict yi, const {T}* restrict tw, const {T}* restrict oc,
-                             const ts_fft_tw_map* map) {
+                             const ts_fft_tw_map* map, int lm) {
   int64_t sm = s * m;
   if (r == 4) {
     for (int64_t j = ja; j < jb; ++j) {
-      const {T}* w = tw + 6 * ts_fft_tj(map, j);
-      const {T} w1r = w[0], w1i = w[1], w2r = w[2], w2i = w[3], w3r = w[4], w3i = w[5];
+      const int64_t jt = ts_fft_tj(map, j);
+      const {T} w1r = tw[TS_FFT_TWI(lm, jt, 0)], w1i = tw[TS_FFT_TWI(lm, jt, 1)],
+                w2r = tw[TS_FFT_TWI(lm, jt, 2)], w2i = tw[TS_FFT_TWI(lm, jt, 3)],
+                w3r = tw[TS_FFT_TWI(lm, jt, 4)], w3i = tw[TS_FFT_TWI(lm, jt, 5)];
       const {T}* ar = xr + s * j;
       const {T}* ai = xi + s * j;
       {T}* orr = yr + s * 4 * j;
@@ -480,26 +494,32 @@ static void ts_fft_stage_{S}(int r, int64_t m, int64_t s, int64_t ja, int64_t jb
 static void ts_fft_stage44_{S}(int64_t m, int64_t s, int64_t ja, int64_t jb,
                                const {T}* restrict xr, const {T}* restrict xi,
                                {T}* restrict yr, {T}* restrict yi, const {T}* restrict twa,
-                               const {T}* restrict twb, const ts_fft_tw_map* map) {
+                               const {T}* restrict twb, const ts_fft_tw_map* map, int lma,
+                               int lmb) {
   int64_t mq = m / 4, sm = s * m;
   if (s == 1 && ja % 16 == 0 && jb % 16 == 0) {
     /* one line's first stages: vectors across 16 butterflies j' (their outputs 16 apart),
        gathered in a tile and transposed into place */
     for (int64_t j0 = ja; j0 < jb; j0 += 16) {
       {T} tr[256], ti[256], w[5][6][16];          /* w[u][k][jj]: the twiddles, by lane */
-      /* (a map's G is 16 at least: 16 butterflies from j0 have consecutive twiddles) */
-      const {T}* tb[5] = {twa + 6 * ts_fft_tj(map, j0), twa + 6 * ts_fft_tj(map, j0 + mq),
-                          twa + 6 * ts_fft_tj(map, j0 + 2 * mq),
-                          twa + 6 * ts_fft_tj(map, j0 + 3 * mq), twb + 6 * ts_fft_tj(map, j0)};
-      for (int u = 0; u < 5; ++u)
+      /* (16 butterflies from j0 have consecutive twiddles: a map's G is 16 at least) */
+      const int64_t jt[5] = {ts_fft_tj(map, j0), ts_fft_tj(map, j0 + mq),
+                             ts_fft_tj(map, j0 + 2 * mq), ts_fft_tj(map, j0 + 3 * mq),
+                             ts_fft_tj(map, j0)};
+      const {T}* tb[5];                           /* tb[u][16 k + jj]: the plan's or w's */
+      for (int u = 0; u < 5; ++u) {
+        const {T}* t = u < 4 ? twa : twb;
+        if (u < 4 ? lma : lmb) { tb[u] = t + TS_FFT_TWI(1, jt[u], 0); continue; }
         for (int64_t jj = 0; jj < 16; ++jj)
-          for (int k = 0; k < 6; ++k) w[u][k][jj] = tb[u][6 * jj + k];
+          for (int k = 0; k < 6; ++k) w[u][k][jj] = t[6 * (jt[u] + jj) + k];
+        tb[u] = &w[u][0][0];
+      }
       #pragma omp simd
       for (int64_t jj = 0; jj < 16; ++jj) {
         int64_t j = j0 + jj;
 #define TS_IN(u, v, part) x##part[j + (u) * mq + (v) * m]
 #define TS_OUT(b, w, part) t##part[16 * ((b) + 4 * (w)) + jj]
-#define TS_TW(u, k) w[u][k][jj]
+#define TS_TW(u, k) tb[u][16 * (k) + jj]
         TS_FFT_UNIT44({T}, TS_IN, TS_OUT, TS_TW);
 #undef TS_TW
 #undef TS_IN
@@ -511,9 +531,12 @@ static void ts_fft_stage44_{S}(int64_t m, int64_t s, int64_t ja, int64_t jb,
     return;
   }
   for (int64_t j = ja; j < jb; ++j) {
-    const {T}* w[5] = {twa + 6 * ts_fft_tj(map, j), twa + 6 * ts_fft_tj(map, j + mq),
-                       twa + 6 * ts_fft_tj(map, j + 2 * mq), twa + 6 * ts_fft_tj(map, j + 3 * mq),
-                       twb + 6 * ts_fft_tj(map, j)};
+    {T} w[5][6];
+    for (int u = 0; u < 5; ++u) {
+      const int64_t jt = ts_fft_tj(map, u < 4 ? j + u * mq : j);
+      for (int k = 0; k < 6; ++k)
+        w[u][k] = u < 4 ? twa[TS_FFT_TWI(lma, jt, k)] : twb[TS_FFT_TWI(lmb, jt, k)];
+    }
     const {T}* ar = xr + s * j;
     const {T}* ai = xi + s * j;
     {T}* zr = yr + 16 * s * j;
@@ -541,9 +564,10 @@ static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int end, int64_t L, 
   int64_t units = L / (fuse ? 16 : r), grain = fuse && s == 1 ? 16 : 1;
 #define TS_FFT_UNITS(ja, jb)                                                                 \
   (fuse ? ts_fft_stage44_{S}(L / 4, s, ja, jb, xr, xi, yr, yi, twa,                         \
-                             p->tw + 2 * p->twoff[i + 1], map)                               \
+                             p->tw + 2 * p->twoff[i + 1], map, p->lane16 && i < 2,           \
+                             p->lane16 && i + 1 < 2)                                         \
         : ts_fft_stage_{S}(r, L / r, s, ja, jb, xr, xi, yr, yi, twa, p->odd + p->oddoff[i],  \
-                           map))
+                           map, p->lane16 && i < 2))
   if (par) {
     #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < TS_FFT_PIECES; ++c)   /* (pieces of whole grains) */
