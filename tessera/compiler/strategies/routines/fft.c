@@ -594,7 +594,7 @@ static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int end, int64_t L, 
    writes the rows to the work planes; phase two gathers G of the a columns (element q + a X,
    X < R), runs stages k .. nf - 1 as a transform of G lanes and scatters them into the line. */
 #define TS_FFT_BLOCKED (1 << 20)   /* bytes of the two planes beyond which the stages block */
-#define TS_FFT_BLOCK (1 << 18)     /* a block's two planes, bytes at most (8 rows at least) */
+#define TS_FFT_BLOCK (1 << 18)     /* a block's two planes, bytes at most (16 rows at least) */
 #ifndef TS_FFT_SPLIT
 #define TS_FFT_SPLIT
 #ifdef _OPENMP
