@@ -181,6 +181,30 @@ def test_each_line_of_a_batch_is_its_own_transform(dtype, rng):
                 assert fn(a[i:i + 1]).tobytes() == whole[i:i + 1].tobytes(), (f.__name__, n, i)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_lines_read_in_place_are_the_gathered_bits(dtype, rng):
+    """A long complex line read as it lies in its array goes through the routine's
+    ts_fft_pairs, whose first pass reads the pairs and whose last writes them (in blocks where
+    the planes outgrow L2: 2^18 points). Computed on the way in (times 2, exact in NumPy too),
+    the same lines are gathered into planes and scattered back: the same bits, for a slice
+    of the batch too, every norm, and a Bluestein length; numpy's values within the bound."""
+    cd = np.complex64 if dtype == np.float32 else np.complex128
+    for n in (1 << 16, 65537, 1 << 18):
+        z = crandn(rng, 3, n).astype(cd)
+        for f, norm in [(op.fft, "backward"), (op.ifft, "backward"), (op.ifft, "ortho"),
+                        (op.fft, "forward"), (op.ifft, "forward")]:
+            direct = ts.function(lambda v: f(v, norm=norm))
+            gathered = ts.function(lambda v: f(v * 2, norm=norm))
+            assert "ts_fft_pairs" in direct.lower(z).target_code
+            assert "ts_fft_pairs" not in gathered.lower(z).target_code
+            got = direct(z * 2)
+            assert got.tobytes() == gathered(z).tobytes(), (f.__name__, norm, n)
+            assert direct(z[1:]).tobytes() == direct(z)[1:].tobytes(), (f.__name__, norm, n)
+            ref = getattr(np.fft, f.__name__)(z.astype(np.complex128) * 2, norm=norm)
+            size = z * 2 if (f is op.fft) == (norm != "forward") else ref
+            assert np.all(np.abs(got - ref) <= bound(dtype, n, size)), (f.__name__, norm, n)
+
+
 def test_bad_arguments_are_named(rng):
     x = np.zeros((3, 4), np.float32)
     with pytest.raises(ts.ShapeError, match="n=0"):

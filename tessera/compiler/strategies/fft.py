@@ -4,11 +4,12 @@ CPU: blocks of lines in parallel; a block's lines are gathered into two private 
 and imaginary parts, element-major, so the routine's vector instructions run across the
 lines), transformed in place by the FFT routine (routines/fft.c: mixed-radix Stockham,
 Bluestein for large prime factors, packed real transforms, cache-sized blocks of the stages for
-planes beyond L2) and scattered to the output times
-the norm's factor. A line is one fixed chain of operations whichever block or lane it is in,
-so neither threads nor the batch change a bit. GPUs: the routine's steps written in Tile IR
-(lower_fft_gpu), a block per line in shared memory or its part of the workspace, or for a
-long line each step a launch over the whole grid.
+planes beyond L2) and scattered to the output times the norm's factor. A long complex line
+read as it lies (a complex array's parts) is one call of the routine from the input to the
+output, which reads and writes the pairs itself (lower_fft_pairs). A line is one fixed chain
+of operations whichever block or lane it is in, so neither threads nor the batch change a bit.
+GPUs: the routine's steps written in Tile IR (lower_fft_gpu), a block per line in shared
+memory or its part of the workspace, or for a long line each step a launch over the whole grid.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import math
 from ... import dtypes as dt
 from ...ops import registry as R
 from ..emit import Emitter, Names, contiguous, idx_min, launch_of, prod, split_index
-from ..groups import Group, identity_map
+from ..groups import Group, identity_map, map_from
 from ..tile_ir import (Addr, Assign, Barrier, Bin, Call, Cast, Const, Decl, If, Load, Loop, OpCall,
                        Scratch, Select, Shared, Store, ThreadIndex, Var, Workspace, idx_add,
                        idx_mul, linear)
@@ -34,7 +35,7 @@ KIND_CODE = {("c2c", False): 0, ("c2c", True): 1, ("r2c", False): 2, ("c2r", Fal
 
 class FFTStrategy(Strategy):
     name = "fft"
-    routines = {"fft": "ts_fft_{S}"}
+    routines = {"fft": "ts_fft_{S}", "fft_pairs": "ts_fft_pairs_{S}"}
 
     def claims(self, n) -> bool:
         return isinstance(n.opdef.lowering, R.Spectral)
@@ -176,6 +177,9 @@ def lower_fft(k, code):
     if total == 0:
         return []
     V, ld = lanes_for(n, total), row_stride(n, packed)
+    pairs = V == 1 and paired_lines(L)
+    if pairs:
+        return lower_fft_pairs(L, pairs, code)
     plane = V * ld
     blk, cnt, v, line, j, buf = (names(w) for w in ("blk", "count", "v", "line", "j", "planes"))
     i64 = dt.int64
@@ -237,6 +241,46 @@ def lower_fft(k, code):
                 per_line(scatter)])]
     return [Loop(blk, blocks, "parallel" if k.knobs.get("parallel") and blocks > 1 else "serial",
                  body)]
+
+
+def paired_lines(L):
+    """(buffer, offset, strides per domain axis) of a complex transform's input where its lines
+    are read in place as they lie, pairs (re, im) one after another along the axis as in the
+    output (the parts of a complex array, no computation on the way), else None."""
+    if L.kind != "c2c" or L.n != L.domain[L.axis]:
+        return None
+    parts = []
+    for u in L.node.inputs[:2]:
+        m = L.k.group.maps.get(u.id) or identity_map(u.type.shape)
+        while (part := L.em.leaf(u, m)) is None and u.id in L.em.inside and \
+                isinstance(u.node.opdef.lowering, R.View):   # (a reshape renaming axes)
+            u, m = u.node.inputs[0], map_from(u.node, m, u.node.inputs[0])
+            if not isinstance(m, tuple):
+                return None
+        if part is None or part[0].role == "inline":
+            return None
+        parts.append(part)
+    (b0, o0, s0), (b1, o1, s1) = parts
+    if b0 is not b1 or o1 != o0 + 1 or s0 != s1 or s0[L.axis] != 2 or L.cout[L.axis] != 2:
+        return None
+    return parts[0]
+
+
+def lower_fft_pairs(L, source, code):
+    """Each line (long: V = 1) one call of the routine's ts_fft_pairs, from where it lies in
+    the input to where it goes in the output: the gather into planes and the scatter back are
+    the stages' own first and last passes (the same operations: the same bits)."""
+    names = Names()
+    buf, offset, strides = source
+    d, line = L.d, names("line")
+    kvars = split_index(Var(line), L.extents)
+    at_in = idx_add(Const(offset), linear(kvars, [strides[a] for a in L.kept]))
+    call = Call(f"ts_fft_pairs_{d.short}",
+                (Addr(buf.name, at_in), Addr(L.k.output.name, L.at_out(kvars, Const(0))),
+                 Const(L.n), Const(int(L.inverse)), Const(L.node.attrs["scale"], d)),
+                f"fft_pairs:{d.short}", code)
+    parallel = L.k.knobs.get("parallel") and L.total > 1
+    return [Loop(line, L.total, "parallel" if parallel else "serial", [call])]
 
 
 # ---- GPUs: a block per line, the Stockham stages in shared memory -----------------------------

@@ -22,7 +22,9 @@
    of the conjugate.
 
    Planes larger than L2 run the stages in two phases of cache-sized blocks (ts_fft_blocked):
-   the same butterflies in another order.
+   the same butterflies in another order. ts_fft_pairs_{S}(src, dst, n, inverse, scale): one
+   complex line out of place as a complex array holds it (re, im pairs), the first pass reading
+   the pairs and the last writing them times scale (what a caller's gather and scatter do).
 
    Twiddles are computed once per (n, kind) in double precision, from an octant reduction done
    in integers (so e^{-2 pi i j/N} is exact where it is 1, -1, i or -i), and rounded once to {T}.
@@ -154,7 +156,10 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
     return p;
   }
   int64_t tw = 0, odd = 0, L = n;
-  p->lane16 = p->nf >= 2 && p->radix[0] == 4 && p->radix[1] == 4 && n % 256 == 0;
+  /* (lines this long run alone, s = 1 at stage 0; shorter ones in blocks of lanes, whose
+     vectors run across the lines and load each twiddle once: six in a row serve them best) */
+  p->lane16 = p->nf >= 2 && p->radix[0] == 4 && p->radix[1] == 4 && n % 256 == 0 &&
+              n >= TS_FFT_PARALLEL;
   for (int i = 0; i < p->nf; ++i) {
     int64_t m = L / p->radix[i];
     p->twoff[i] = tw; tw += m * (p->radix[i] - 1);
@@ -581,6 +586,38 @@ static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int end, int64_t L, 
   return fuse ? 2 : 1;
 }
 
+/* count complex pairs (re, im) from src into two planes, the imaginary parts negated if conj
+   (as ts_fft_negate: -x, so a NaN's sign too) */
+static inline void ts_fft_unpair_{S}({T}* restrict re, {T}* restrict im,
+                                     const {T}* restrict src, int64_t count, int conj) {
+  if (conj) {
+    #pragma omp simd
+    for (int64_t e = 0; e < count; ++e) { re[e] = src[2 * e]; im[e] = -src[2 * e + 1]; }
+  } else {
+    #pragma omp simd
+    for (int64_t e = 0; e < count; ++e) { re[e] = src[2 * e]; im[e] = src[2 * e + 1]; }
+  }
+}
+
+/* two planes into count complex pairs at dst, the imaginary parts negated if conj, then times
+   scale unless it is 1 (the generated scatter's product) */
+static inline void ts_fft_pair_{S}({T}* restrict dst, const {T}* restrict re,
+                                   const {T}* restrict im, int64_t count, int conj, {T} scale) {
+  if (scale != 1) {
+    #pragma omp simd
+    for (int64_t e = 0; e < count; ++e) {
+      dst[2 * e] = re[e] * scale;
+      dst[2 * e + 1] = (conj ? -im[e] : im[e]) * scale;
+    }
+  } else if (conj) {
+    #pragma omp simd
+    for (int64_t e = 0; e < count; ++e) { dst[2 * e] = re[e]; dst[2 * e + 1] = -im[e]; }
+  } else {
+    #pragma omp simd
+    for (int64_t e = 0; e < count; ++e) { dst[2 * e] = re[e]; dst[2 * e + 1] = im[e]; }
+  }
+}
+
 /* A transform whose two planes pass TS_FFT_BLOCKED bytes (beyond a core's L2) runs its stages in
    two phases of cache-sized blocks, each value read and written twice in all instead of once
    per pass (2^20 points: 10 stages in 5 passes). The butterflies and their twiddles are the
@@ -652,8 +689,14 @@ static int64_t ts_fft_work_{S}(const ts_fft_plan_{S}* p, int64_t lanes) {
   return p->work * lanes;
 }
 
+/* pairs (one line, ts_fft_pairs): phase one gathers from pairs->src, conjugated if
+   pairs->conj, and phase two scatters to pairs->dst, conjugated and times pairs->scale; else
+   in place on re and im */
+typedef struct { const {T}* src; {T}* dst; int conj; {T} scale; } ts_fft_pairs_io_{S};
+
 static void ts_fft_blocked_{S}(const ts_fft_plan_{S}* p, const ts_fft_split* sp, {T}* re,
-                               {T}* im, int64_t lanes, {T}* work) {
+                               {T}* im, int64_t lanes, {T}* work,
+                               const ts_fft_pairs_io_{S}* pairs) {
   const int64_t N = p->n * lanes, R = sp->R, a = sp->a, G1 = sp->G1, G2 = sp->G2, B = sp->block;
   const int k = sp->k, nt = TS_FFT_THREADS();
   int shift = 0;
@@ -666,6 +709,11 @@ static void ts_fft_blocked_{S}(const ts_fft_plan_{S}* p, const ts_fft_split* sp,
     for (int64_t g0 = 0; g0 < R; g0 += G1) {
       const int64_t rows = N / (R * lanes), chunk = lanes * G1;  /* (s = lanes at stage 0) */
       for (int64_t b = 0; b < rows; ++b) {
+        if (pairs) {
+          ts_fft_unpair_{S}(blk[0] + chunk * b, blk[0] + B + chunk * b,
+                            pairs->src + 2 * (g0 + R * b), chunk, pairs->conj);
+          continue;
+        }
         ts_fft_copy(blk[0] + chunk * b, re + lanes * (g0 + R * b), sizeof({T}) * chunk);
         ts_fft_copy(blk[0] + B + chunk * b, im + lanes * (g0 + R * b), sizeof({T}) * chunk);
       }
@@ -696,6 +744,11 @@ static void ts_fft_blocked_{S}(const ts_fft_plan_{S}* p, const ts_fft_split* sp,
         for (int e = 0; e < step; ++e) { L /= p->radix[i]; s *= p->radix[i]; ++i; }
       }
       for (int64_t X = 0; X < R; ++X) {
+        if (pairs) {
+          ts_fft_pair_{S}(pairs->dst + 2 * (q0 + a * X), blk[cur] + G2 * X,
+                          blk[cur] + B + G2 * X, G2, pairs->conj, pairs->scale);
+          continue;
+        }
         ts_fft_copy(re + q0 + a * X, blk[cur] + G2 * X, sizeof({T}) * G2);
         ts_fft_copy(im + q0 + a * X, blk[cur] + B + G2 * X, sizeof({T}) * G2);
       }
@@ -709,7 +762,7 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
   int64_t n = p->n;
   ts_fft_split sp;
   if (ts_fft_split_{S}(p, lanes, &sp)) {
-    ts_fft_blocked_{S}(p, &sp, re, im, lanes, work);
+    ts_fft_blocked_{S}(p, &sp, re, im, lanes, work, 0);
     return;
   }
   if (p->m) {                                      /* Bluestein */
@@ -857,6 +910,36 @@ static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int6
   if (V > 1) {
     ts_fft_transpose_{S}(re, V, rows_re, ld, count_out, V);
     if (kind != 3 || even_real) ts_fft_transpose_{S}(im, V, rows_im, ld, count_out, V);
+  }
+  ts_fft_free_{S}(own);
+  return 0;
+}
+
+/* One complex line of n points out of place, in pairs (re, im) as a complex array holds them:
+   src's line transformed (inverse: unnormalised, kind 1's) into dst, times scale. The line is
+   read and written once, by the stages' first and last passes where they block: a long line's
+   gather into planes and scatter back (8 MB each way at 2^20 float32 points) are the caller's
+   no longer. The same operations, so the same bits, as ts_fft with the caller's gather and
+   scatter. Returns nonzero when its memory cannot be had. */
+static int ts_fft_pairs_{S}(const {T}* src, {T}* dst, int64_t n, int inverse, {T} scale) {
+  if (n < 1) return 0;
+  ts_fft_plan_{S}* own = 0;
+  const ts_fft_plan_{S}* p = n > 1 ? ts_fft_lookup_{S}(n, 0, &own) : 0;
+  if (n > 1 && !p) return 1;
+  ts_fft_split sp;
+  int conj = inverse && n > 1;                      /* (a point is its own transform) */
+  int blocked = n > 1 && ts_fft_split_{S}(p, 1, &sp);
+  int64_t body = n > 1 ? ts_fft_work_{S}(p, 1) : 0;
+  {T}* work = ts_scratch_{S}((size_t)(body + (blocked ? 0 : 2 * n)));
+  if (!work) { ts_fft_free_{S}(own); return 1; }
+  if (blocked) {
+    ts_fft_pairs_io_{S} io = {src, dst, conj, scale};
+    ts_fft_blocked_{S}(p, &sp, 0, 0, 1, work, &io);
+  } else {                                          /* (the planes after the work) */
+    {T}* re = work + body;
+    ts_fft_unpair_{S}(re, re + n, src, n, conj);
+    if (n > 1) ts_fft_run_{S}(p, re, re + n, 1, work);
+    ts_fft_pair_{S}(dst, re, re + n, n, conj, scale);
   }
   ts_fft_free_{S}(own);
   return 0;
