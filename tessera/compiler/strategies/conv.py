@@ -58,7 +58,11 @@ class ConvStrategy(ContractStrategy):
     def cpu_knobs(self, k) -> dict:
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
-        tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], k.output.type.dtype.short)
+        d = k.output.type.dtype.short
+        if g["Og"] > 1 and g["P"] < c_gemm.DEFAULT_TILE[d][1]:     # (images_per_tile's)
+            tiles = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)
+        else:
+            tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], d)
         if g["Og"] == 1 and g["N"] * g["G"] >= c_gemm.MIN_TASKS:
             tiles["tile_n"] = min(g["P"], 1 << 14)   # one output row per task (depthwise): a
         return knobs | tiles                         # call's own cost is most of a short one
@@ -76,7 +80,7 @@ class ConvStrategy(ContractStrategy):
         if "tile_m" not in knobs:
             return None
         g = geometry(k.group.anchor)
-        for name, size, step in (("tile_m", g["Og"], 6), ("tile_n", g["P"], 32),
+        for name, size, step in (("tile_m", g["Og"], 6), ("tile_n", g["N"] * g["P"], 32),
                                  ("tile_k", g["Cg"] * g["KK"], 64)):
             if knobs[name] >= 2 * max(size, step) and knobs[name] != k.knobs.get(name):
                 return f"{name}={knobs[name]} exceeds the product"
@@ -128,26 +132,43 @@ def _kernel_parts(k):
     return (names, em, k.group, n, geometry(n), k.output.type.dtype, *parts)
 
 
+def images_per_tile(g: dict, NT: int) -> int:
+    """Whole images a task's columns take when one image has fewer positions than tile_n
+    (ResNet's 7x7 and 14x14 layers: 49 columns of one image fill two 32-wide micro-tiles to
+    77%, and each task packs the weights for them alone); 1 otherwise, and for one output
+    channel per group (depthwise: its rows stream)."""
+    P = g["P"]
+    if g["Og"] == 1 or P >= NT:
+        return 1
+    imgs = min(g["N"], NT // P)
+    return imgs if imgs >= 2 and imgs * P > 2 else 1
+
+
 def lower_conv_tiles(k):
     """A fixed grid of (image, group, row tile, column tile) tasks, each one routine call and
-    then the epilogue over its finished tile."""
+    then the epilogue over its finished tile; for small images (images_per_tile) a task's
+    columns are all positions of a block of images instead of a column tile of one."""
     names, em, grp, n, g, d, (X, x_off), (W, w_off) = _kernel_parts(k)
     merged = _epilogue_loops(em, g)
     M, P, K = g["Og"], g["P"], g["Cg"] * g["KK"]
     MT, NT = k.knobs["tile_m"], k.knobs["tile_n"]
-    tm, tn = -(-M // MT), -(-P // NT)
+    imgs = images_per_tile(g, NT)
+    tm, tn = -(-M // MT), (1 if imgs > 1 else -(-P // NT))
     t = names("task")
     img, grpi = names("img"), names("grp")
-    i0, j0, mt, nt = names("i0"), names("j0"), names("mt"), names("nt")
+    i0, j0, mt, nt, ni = names("i0"), names("j0"), names("mt"), names("nt"), names("images")
     rest = idx_mod(Var(t), tm * tn)
-    plane = idx_div(Var(t), tm * tn)                  # image * G + group
+    plane = idx_div(Var(t), tm * tn)           # image (or block of images) * G + group
     spatial = g["in"][0] * g["in"][1] * g["in"][2]
-    decls = [Decl(img, dt.int64, idx_div(plane, g["G"])),
+    first = idx_mul(idx_div(plane, g["G"]), Const(imgs))
+    decls = [Decl(img, dt.int64, first),
+             Decl(ni, dt.int64, idx_min(Const(imgs), Bin("-", Const(g["N"]), Var(img)))),
              Decl(grpi, dt.int64, idx_mod(plane, g["G"])),
              Decl(i0, dt.int64, idx_mul(idx_div(rest, tn), Const(MT))),
              Decl(j0, dt.int64, idx_mul(idx_mod(rest, tn), Const(NT))),
              Decl(mt, dt.int64, idx_min(Const(MT), Bin("-", Const(M), Var(i0)))),
-             Decl(nt, dt.int64, idx_min(Const(NT), Bin("-", Const(P), Var(j0))))]
+             Decl(nt, dt.int64, idx_min(Const(P if imgs > 1 else NT),
+                                        Bin("-", Const(P), Var(j0))))]
     row0 = idx_add(idx_mul(Var(grpi), Const(M)), Var(i0))           # first output channel
     xbase = idx_add(Const(x_off), idx_mul(idx_add(idx_mul(Var(img), Const(g["C"])),
                                                   idx_mul(Var(grpi), Const(g["Cg"]))),
@@ -157,13 +178,14 @@ def lower_conv_tiles(k):
     geo = [Const(spatial)] + [Const(v) for key in ("in", "k", "out", "s", "d", "p")
                               for v in g[key]]
     args = (Addr(W.name, wbase), Const(K), Addr(X.name, xbase), Addr(k.output.name, cbase),
-            Const(P), Const(K), Var(mt), Var(nt), Const(k.knobs["tile_k"]), Var(j0), *geo)
+            Const(P), Const(K), Var(mt), Var(nt), Const(k.knobs["tile_k"]), Var(j0), *geo,
+            Var(ni), Const(g["C"] * spatial), Const(g["O"] * P))
     body = decls + [Call(f"ts_conv_tile_{d.short}", args, f"conv:{d.short}")]
     if grp.root is not grp.anchor:
-        ii, jj = names("i"), names("j")
+        ii, jj, iv = names("i"), names("j"), names("im")
         epi = Loop(jj, Var(nt), "vector" if k.knobs.get("simd") else "serial")
         pos = idx_add(Var(j0), Var(jj))
-        point = {0: Var(img), 1: idx_add(row0, Var(ii))}
+        point = {0: idx_add(Var(img), Var(iv)), 1: idx_add(row0, Var(ii))}
         if merged:
             if len(grp.domain) > 2:
                 point[2] = pos
@@ -171,8 +193,8 @@ def lower_conv_tiles(k):
             point |= {2 + q: e for q, e in enumerate(unflatten(pos, list(grp.domain[2:])))}
         value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
         epi.body.append(Store(k.output.name, em.out_index(point), value))
-        body.append(Loop(ii, Var(mt), "serial", [epi]))
-    tasks = g["N"] * g["G"] * tm * tn
+        body.append(Loop(iv, Var(ni), "serial", [Loop(ii, Var(mt), "serial", [epi])]))
+    tasks = -(-g["N"] // imgs) * g["G"] * tm * tn
     return [Loop(t, tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
 
 

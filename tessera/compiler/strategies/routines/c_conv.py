@@ -1,9 +1,11 @@
 """The CPU's convolution routine (conv.c): an implicit GEMM on the GEMM routine's packing of A
 and its micro-kernel, with B's panels packed straight from the input's windows.
 
-`ts_conv_tile_<T>(W, ldw, X, C, ldc, K, mt, nt, kc, j0, <geometry>)` overwrites an mt x nt block
-of output channels by output positions; each element is the GEMM's fma chain over k = (c, kd,
-kh, kw) from 0, so the result has the bits of the im2col matmul the operator decomposes into.
+`ts_conv_tile_<T>(W, ldw, X, C, ldc, K, mt, nt, kc, j0, <geometry>, nimg, xs, ys)` overwrites
+an mt x nt block of output channels by output positions, of nimg images (small ones: every
+position of each, image i's input at X + i xs, its output at C + i ys); each element is the
+GEMM's fma chain over k = (c, kd, kh, kw) from 0, so the result has the bits of the im2col
+matmul the operator decomposes into.
 """
 from __future__ import annotations
 
