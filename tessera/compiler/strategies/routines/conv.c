@@ -72,6 +72,39 @@ static void ts_conv_fill_{S}(const ts_conv_geom* g, const {T}* X, int64_t c, int
   }
 }
 
+/* Runs shorter than this (small images) pack by an index per position instead: a run's
+   bounds and branches cost more than its copy. */
+#define TS_CONV_SHORT_RUN 32
+
+/* For a tile of short runs: idx[r * nt + j], where position j finds its input under kernel
+   offset r (r = (kz, ky, kx) of the KK) in a channel's plane, -1 in the padding. */
+static void ts_conv_index(const ts_conv_geom* g, const int64_t* runs, int64_t count,
+                          int64_t nt, int32_t* idx) {
+  int64_t r = 0;
+  for (int64_t kz = 0; kz < g->k[0]; ++kz)
+    for (int64_t ky = 0; ky < g->k[1]; ++ky)
+      for (int64_t kx = 0; kx < g->k[2]; ++kx, ++r) {
+        int32_t* o = idx + r * nt;
+        for (int64_t q = 0; q < count; ++q) {
+          const int64_t* u = runs + 4 * q;
+          int64_t zi = u[0] * g->s[0] + kz * g->d[0] - g->p[0];
+          int64_t yi = u[1] * g->s[1] + ky * g->d[1] - g->p[1];
+          int in = zi >= 0 && zi < g->in[0] && yi >= 0 && yi < g->in[1];
+          for (int64_t t = 0; t < u[3]; ++t) {
+            int64_t xi = (u[2] + t) * g->s[2] + kx * g->d[2] - g->p[2];
+            *o++ = in && xi >= 0 && xi < g->in[2]
+                       ? (int32_t)((zi * g->in[1] + yi) * g->in[2] + xi) : -1;
+          }
+        }
+      }
+}
+
+/* n values of B's row from the channel at xc by an index row (ts_conv_index) */
+static inline void ts_conv_gather_{S}(const {T}* restrict xc, const int32_t* restrict idx,
+                                      int64_t n, {T}* restrict dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = idx[j] >= 0 ? xc[idx[j]] : ({T})0;
+}
+
 /* One element of B, for the path without scratch memory. */
 static {T} ts_conv_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t k, int64_t p) {
   int64_t kk = g->k[0] * g->k[1] * g->k[2], r = k % kk, run[4];
@@ -105,8 +138,11 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (cols + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   int narrow = mt == 1 || cols <= 2;
-  int64_t count = ts_conv_runs(&g, j0, nt, 0);
-  size_t table = (size_t)(4 * count * (int64_t)(sizeof(int64_t) / sizeof({T})) + 16);
+  int64_t count = ts_conv_runs(&g, j0, nt, 0), kk = k0 * k1 * k2;
+  int indexed = !narrow && nt < TS_CONV_SHORT_RUN * count && in0 * in1 * in2 < INT32_MAX &&
+                kk * nt <= (1 << 20);
+  size_t table = (size_t)(4 * count * (int64_t)(sizeof(int64_t) / sizeof({T})) + 16) +
+                 (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
                        : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
                          (nimg > 1 ? (size_t)mt * (size_t)cols : 0);
@@ -124,7 +160,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   }
   int64_t* runs = (int64_t*)(((uintptr_t)(pa + need) + 63) & ~(uintptr_t)63);
   ts_conv_runs(&g, j0, nt, runs);
-  int64_t kk = k0 * k1 * k2;
+  int32_t* idx = (int32_t*)(runs + 4 * count);
+  if (indexed) ts_conv_index(&g, runs, count, nt, idx);
   if (mt == 1) {                 /* one output row (a depthwise convolution): B's rows streamed */
     for (int64_t j = 0; j < nt; ++j) C[j] = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -166,8 +203,13 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     int64_t c = pc / kk, r = pc % kk;       /* row pc's (c, kz, ky, kx), then counted up */
     int64_t kz = r / (k1 * k2), ky = (r / k2) % k1, kx = r % k2;
     for (int64_t q = 0; q < kc; ++q) {     /* B's rows into NR-column panels, k-major */
-      for (int64_t i = 0; i < nimg; ++i)
-        ts_conv_fill_{S}(&g, X + i * xs, c, kz, ky, kx, runs, count, line + i * nt);
+      for (int64_t i = 0; i < nimg; ++i) {
+        if (indexed)
+          ts_conv_gather_{S}(X + i * xs + c * cs, idx + ((kz * k1 + ky) * k2 + kx) * nt, nt,
+                             line + i * nt);
+        else
+          ts_conv_fill_{S}(&g, X + i * xs, c, kz, ky, kx, runs, count, line + i * nt);
+      }
       if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; if (++kz == k0) { kz = 0; ++c; } } }
       int64_t whole = cols / TS_NR_{S} * TS_NR_{S};
       for (int64_t jr = 0; jr < whole; jr += TS_NR_{S}) {
