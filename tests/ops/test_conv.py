@@ -205,6 +205,27 @@ def test_conv_transpose_is_pytorchs_with_its_gradients(k, rng):
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_strided_transpose_of_a_batch_is_each_images_bits(dtype, rng):
+    """A strided transposed convolution decomposes into a product and col2im; for small
+    images the product takes every image's positions as its columns (ops/conv.py), for one
+    image its own: each image of a batch has the bits of that image alone, and a convolution's
+    weight gradient (windows built a row per position, read in place) PyTorch's values."""
+    y = rng.standard_normal((5, 6, 3, 4)).astype(dtype)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(dtype)
+    attrs = {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}
+    f = ts.function(lambda y, w: op.conv_transpose(y, w, **attrs))
+    whole = f(y, w)
+    for i in range(5):
+        assert f(y[i:i + 1], w).tobytes() == whole[i:i + 1].tobytes(), i
+    x = rng.standard_normal((3, 4, 11, 10))
+    wc = rng.standard_normal((6, 2, 3, 2))
+    dw = ts.grad(lambda w: op.sum(op.conv(x, w, stride=(2, 1), padding=1, groups=2) ** 2))(wc)
+    tw = torch.from_numpy(wc).requires_grad_()
+    (F.conv2d(torch.from_numpy(x), tw, stride=(2, 1), padding=1, groups=2) ** 2).sum().backward()
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
 def test_second_derivatives_of_a_convolution(rng):
     """grad of grad (the transposed convolution's own adjoints): against PyTorch's."""
     x, w = _case(rng, (1, 2, 7, 6), (3, 2, 3, 3))
