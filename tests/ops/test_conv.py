@@ -345,6 +345,21 @@ def test_pools_are_pytorchs_with_their_gradients(k, kind, rng):
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_max_pool_reads_its_windows_in_place(rng):
+    """A max pool is a chain of elementwise maxima over the kernel offsets' slices, in one
+    kernel reading them where they lie (besides the padding's copy): no windows stacked in
+    memory and reduced after. NumPy's max over the stacked windows, NaN propagating."""
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    x.flat[::13] = np.nan
+    f = ts.function(lambda x: op.max_pool(x, 3, 2, 1))
+    strategies = [kn.strategy for kn in f.lower(x).schedule_ir.kernels]
+    assert strategies.count("pointwise") == 1 and "reduce" not in strategies, strategies
+    xp = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=-np.inf)
+    want = np.max(np.stack([xp[:, :, i:i + 9:2, j:j + 7:2] for i in range(3) for j in range(3)]),
+                  axis=0)
+    np.testing.assert_array_equal(f(x), want)
+
+
 def test_a_window_inside_the_padding_and_a_window_larger_than_the_input(rng):
     """A padding wider than half the window (ONNX allows it, PyTorch refuses) gives windows
     without an input element: -inf from max_pool, NaN from avg_pool excluding the padding; a
