@@ -651,8 +651,19 @@ def _max_windows(b, x, a):
 
 
 def _sum_windows(b, x, a):
-    cols, _, _ = _pool_windows(b, x, a, 0.0)
-    return b.op("sum", cols, axis=[2], keepdim=False)
+    """Each window's sum: for float32 and float64 a chain of additions over the kernel
+    offsets' slices, in order (a sum over the stacked windows' order and rounding, read in
+    place as _max_windows); other dtypes sum wider than they add, so over the windows."""
+    t = b.type(x)
+    if t.dtype not in (dt.float32, dt.float64):
+        cols, _, _ = _pool_windows(b, x, a, 0.0)
+        return b.op("sum", cols, axis=[2], keepdim=False)
+    spatial = _pool_spatial(t, a)
+    w = _pool_attrs(a, spatial, list(t.shape[2:]))
+    y = None
+    for sl in _offset_slices(b, x, a["kernel"], w, spatial):
+        y = sl if y is None else b.op("add", y, sl)
+    return y
 
 
 def _max_pool_decompose(b, xs, a):

@@ -345,19 +345,25 @@ def test_pools_are_pytorchs_with_their_gradients(k, kind, rng):
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
-def test_max_pool_reads_its_windows_in_place(rng):
-    """A max pool is a chain of elementwise maxima over the kernel offsets' slices, in one
-    kernel reading them where they lie (besides the padding's copy): no windows stacked in
-    memory and reduced after. NumPy's max over the stacked windows, NaN propagating."""
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pools_read_their_windows_in_place(kind, rng):
+    """A float pool is a chain of elementwise maxima (or sums) over the kernel offsets'
+    slices, in one kernel reading them where they lie (besides the padding's copy): no windows
+    stacked in memory and reduced after. NumPy's max (NaN propagating) or mean over the
+    stacked windows."""
     x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
-    x.flat[::13] = np.nan
-    f = ts.function(lambda x: op.max_pool(x, 3, 2, 1))
+    if kind == "max":
+        x.flat[::13] = np.nan
+    f = ts.function(lambda x: getattr(op, f"{kind}_pool")(x, 3, 2, 1))
     strategies = [kn.strategy for kn in f.lower(x).schedule_ir.kernels]
     assert strategies.count("pointwise") == 1 and "reduce" not in strategies, strategies
-    xp = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=-np.inf)
-    want = np.max(np.stack([xp[:, :, i:i + 9:2, j:j + 7:2] for i in range(3) for j in range(3)]),
-                  axis=0)
-    np.testing.assert_array_equal(f(x), want)
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=fill)
+    windows = np.stack([xp[:, :, i:i + 9:2, j:j + 7:2] for i in range(3) for j in range(3)])
+    if kind == "max":
+        np.testing.assert_array_equal(f(x), np.max(windows, axis=0))
+    else:
+        np.testing.assert_allclose(f(x), np.mean(windows, axis=0), rtol=1e-6, atol=1e-6)
 
 
 def test_a_window_inside_the_padding_and_a_window_larger_than_the_input(rng):
