@@ -83,7 +83,7 @@ STRATEGY = CONV[:-1] + [
     ((1, 1, 9), (1, 1, 4), {"padding": 3}),                      # one row: the vector path
     ((2, 8, 2, 1), (8, 8, 2, 1), {}),                            # one column per image
     ((1, 3, 5, 6, 7), (4, 3, 2, 3, 2), {"stride": (1, 2, 1), "padding": 1}),
-    ((9, 16, 5, 5), (24, 16, 3, 3), {"padding": 1}),             # small images: a task's
+    ((9, 16, 5, 5), (13, 16, 3, 3), {"padding": 1}),             # small images: a task's
     ((7, 8, 3, 3), (12, 4, 3, 3), {"groups": 2}),                # columns are whole images
 ]
 
@@ -93,7 +93,8 @@ def test_the_conv_strategy_has_the_bits_of_the_im2col_matmul(k, rng):
     """The implicit GEMM (compiler/strategies/conv.py) computes each element as the GEMM
     routine's fma chain over (c, kernel offset): bit for bit the matmul of the windows built
     in NumPy, whatever its tiles (the K block included), threads, and the images a task's
-    columns span (tile_n 50: two images of 25 positions, the last block one)."""
+    columns span (tile_n 50: two images of 25 positions, the last block one; tile_m 6 of 13
+    rows: a last tile of one row, image by image)."""
     xs, ws, attrs = STRATEGY[k]
     x, w = _case(rng, xs, ws, np.float32)
     cols, out = _im2col(x, ws, attrs)
@@ -103,7 +104,8 @@ def test_the_conv_strategy_has_the_bits_of_the_im2col_matmul(k, rng):
     f = ts.function(lambda x, w: op.conv(x, w, **attrs))
     assert [kn.strategy for kn in f.lower(x, w).schedule_ir.kernels] == ["conv"]
     for sched in (None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5),
-                                                                     parallel=False)):
+                                                                     parallel=False),
+                  ts.Schedule(block=(6, 64, 64))):
         got = (f if sched is None else f.with_schedule(sched))(x, w)
         assert got.tobytes() == want.tobytes(), sched
     np.testing.assert_allclose(got, _torch_conv(len(xs) - 2)(

@@ -120,7 +120,7 @@ static {T} ts_conv_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t k, int64_
    same product with B in memory, so a convolution has the bits of its im2col matmul. W's rows
    have stride ldw; X points at the group's first input channel of one image.
    nimg > 1: the columns are every position of nimg images (j0 = 0, nt = the positions of one),
-   image i's input at X + i xs and its block of the output at C + i cs (small images: a tile of
+   image i's input at X + i xs and its block of the output at C + i ys (small images: a tile of
    one image's few positions would leave the micro-tiles' columns part empty and pack A for
    little work). The tile is computed in scratch memory and copied out image by image. */
 static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, int64_t ldc,
@@ -132,6 +132,12 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
                              int64_t xs, int64_t ys) {
   ts_conv_geom g = {cs, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2}, {s0, s1, s2},
                     {d0, d1, d2}, {p0, p1, p2}};
+  if (nimg > 1 && (mt == 1 || nimg * nt <= 2)) {   /* one row (a last row tile): image by image */
+    for (int64_t i = 0; i < nimg; ++i)
+      ts_conv_tile_{S}(W, ldw, X + i * xs, C + i * ys, ldc, K, mt, nt, KC, j0, cs, in0, in1, in2,
+                       k0, k1, k2, out0, out1, out2, s0, s1, s2, d0, d1, d2, p0, p1, p2, 1, 0, 0);
+    return;
+  }
   if (KC <= 0) KC = 256;
   int64_t cols = nimg * nt;                 /* the product's columns */
   int64_t kcap = K < KC ? K : KC;
@@ -146,8 +152,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   size_t need = narrow ? (size_t)kcap * (size_t)nt
                        : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
                          (nimg > 1 ? (size_t)mt * (size_t)cols : 0);
-  {T}* pa = K <= 0 || (nimg > 1 && narrow) ? 0 : ts_scratch_{S}(need + table);
-  if (!pa) {      /* K = 0, no memory, or one row of several images: image by image */
+  {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
+  if (!pa) {                     /* K = 0, or no memory: the same fma chains, element by element */
     for (int64_t i = 0; i < nimg; ++i)
       for (int64_t r = 0; r < mt; ++r)
         for (int64_t j = 0; j < nt; ++j) {
