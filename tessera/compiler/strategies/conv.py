@@ -5,8 +5,9 @@ Per image and group, the output is W [O/g, Cg*KK] @ B [Cg*KK, P] with B the inpu
 (k = (c, kd, kh, kw), P the output positions): the contract strategy's product, with B packed
 straight from the input (routines/c_conv.py), so the windows never exist in memory. A fixed grid
 of (image, group, row tile, column tile) tasks, each one call of the routine and then the
-epilogue over the finished tile; small images go several to a task, their positions its columns. Every element is the GEMM's fma chain over k from 0: the bits
-of the im2col matmul the operator decomposes into, on every ISA, thread count and tile.
+epilogue over the finished tile; small images go several to a task, their positions its
+columns. Every element is the GEMM's fma chain over k from 0: the bits of the im2col matmul
+the operator decomposes into, on every ISA, thread count and tile.
 
 GPUs run the same chains, an output element per thread (a direct loop; tensor cores are
 future work). The operator is primitive for float32 and float64 operands of static shapes;
