@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -725,7 +726,11 @@ def resnet18_tessera(*arrays):
                        name="resnet18_step")
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_prims(t):
+    """The step's layers for PyTorch: one class per torch module, so that torch.compile's
+    guards see the same object every call (a class made per call recompiled the step each
+    time until dynamo gave up at its recompile limit)."""
     F = t.nn.functional
 
     class P:
