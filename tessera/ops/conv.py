@@ -333,21 +333,6 @@ def _windows(b, x, kernel, a, out_spatial, fill=0.0):
     return cols[0] if len(cols) == 1 else b.op("concat", cols, axis=2), len(kernel)
 
 
-def _position_windows(b, x, kernel, a, out_spatial):
-    """The windows as [groups, N prod(out_spatial), C / groups * prod(kernel)]: a row per
-    image and position, its (channel, kernel offset) columns in _grouped_windows' order. Built
-    in this layout, the weight gradient's product reads it in place (the windows built
-    [N, C K, P] and transposed cost a copy of them: 4.7 ms of ResNet-18's stem)."""
-    N, C = b.type(x).shape[:2]
-    G, P = a["groups"], prod(out_spatial)
-    cols = []
-    for sl in _offset_slices(b, x, kernel, a, out_spatial):
-        sl = b.op("transpose", b.op("reshape", sl, shape=[N, G, C // G, P]), perm=[1, 0, 3, 2])
-        cols.append(b.op("expand_dims", sl, axis=4))                 # [G, N, P, C/G, 1]
-    cat = cols[0] if len(cols) == 1 else b.op("concat", cols, axis=4)
-    return b.op("reshape", cat, shape=[G, N * P, C // G * prod(kernel)])
-
-
 def _grouped_windows(b, x, kernel, a, out_spatial):
     """[N, groups, C / groups * prod(kernel), prod(out_spatial)]."""
     cols, _ = _windows(b, x, kernel, a, out_spatial)
@@ -385,11 +370,14 @@ def _weight_grad(b, x, g, a, kernel):
     N, O, spatial = go.shape[0], go.shape[1], list(go.shape[2:])
     G = a["groups"]
     P = prod(spatial)
+    cols = _grouped_windows(b, x, kernel, a, spatial)  # [N, G, Cg K, P]
     # one product per group contracting images and positions together ([G, O/G, N P] times
     # [G, N P, Cg K]), not one per image summed after: no [N, O, Cg K] in memory
     gm = b.op("reshape", b.op("transpose", b.op("reshape", g, shape=[N, G, O // G, P]),
                               perm=[1, 2, 0, 3]), shape=[G, O // G, N * P])
-    dw = b.op("matmul", gm, _position_windows(b, x, kernel, a, spatial))
+    cm = b.op("reshape", b.op("transpose", cols, perm=[1, 0, 3, 2]),
+              shape=[G, N * P, b.type(cols).shape[2]])
+    dw = b.op("matmul", gm, cm)
     C = b.type(x).shape[1]
     return b.op("reshape", dw, shape=[O, C // G, *kernel])
 
@@ -464,7 +452,7 @@ def _conv_t_infer(ts, a):
     return TensorType(d, (y.shape[0], w.shape[1] * g, *spatial))
 
 
-SMALL_IMAGE = 256      # positions below which a decomposed product takes the batch's images as columns
+SMALL_IMAGE = 256      # positions below which a product takes the batch's images as columns
 
 
 def _conv_t_decompose(b, xs, a):

@@ -211,8 +211,8 @@ def test_conv_transpose_is_pytorchs_with_its_gradients(k, rng):
 def test_a_strided_transpose_of_a_batch_is_each_images_bits(dtype, rng):
     """A strided transposed convolution decomposes into a product and col2im; for small
     images the product takes every image's positions as its columns (ops/conv.py), for one
-    image its own: each image of a batch has the bits of that image alone, and a convolution's
-    weight gradient (windows built a row per position, read in place) PyTorch's values."""
+    image its own: each image of a batch has the bits of that image alone; a grouped, strided
+    convolution's weight gradient PyTorch's values."""
     y = rng.standard_normal((5, 6, 3, 4)).astype(dtype)
     w = rng.standard_normal((6, 4, 3, 3)).astype(dtype)
     attrs = {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}

@@ -60,10 +60,11 @@ class ConvStrategy(ContractStrategy):
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
         d = k.output.type.dtype.short
-        if g["Og"] > 1 and g["P"] < c_gemm.DEFAULT_TILE[d][1]:     # (images_per_tile's)
-            tiles = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)
-        else:
-            tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], d)
+        tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], d)
+        if g["Og"] > 1 and tiles["tile_n"] >= g["P"]:     # a whole image a task: more if
+            wide = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)   # the tiles take two
+            if wide["tile_n"] >= 2 * g["P"]:                         # (images_per_tile)
+                tiles = wide
         if g["Og"] == 1 and g["N"] * g["G"] >= c_gemm.MIN_TASKS:
             tiles["tile_n"] = min(g["P"], 1 << 14)   # one output row per task (depthwise): a
         return knobs | tiles                         # call's own cost is most of a short one
@@ -157,13 +158,14 @@ def lower_conv_tiles(k):
     tm, tn = -(-M // MT), (1 if imgs > 1 else -(-P // NT))
     t = names("task")
     img, grpi = names("img"), names("grp")
-    i0, j0, mt, nt, ni = names("i0"), names("j0"), names("mt"), names("nt"), names("images")
+    i0, j0, mt, nt = names("i0"), names("j0"), names("mt"), names("nt")
+    ni = names("images") if imgs > 1 else None
     rest = idx_mod(Var(t), tm * tn)
     plane = idx_div(Var(t), tm * tn)           # image (or block of images) * G + group
     spatial = g["in"][0] * g["in"][1] * g["in"][2]
-    first = idx_mul(idx_div(plane, g["G"]), Const(imgs))
-    decls = [Decl(img, dt.int64, first),
-             Decl(ni, dt.int64, idx_min(Const(imgs), Bin("-", Const(g["N"]), Var(img)))),
+    decls = [Decl(img, dt.int64, idx_mul(idx_div(plane, g["G"]), Const(imgs))),
+             *([Decl(ni, dt.int64, idx_min(Const(imgs), Bin("-", Const(g["N"]), Var(img))))]
+               if imgs > 1 else []),
              Decl(grpi, dt.int64, idx_mod(plane, g["G"])),
              Decl(i0, dt.int64, idx_mul(idx_div(rest, tn), Const(MT))),
              Decl(j0, dt.int64, idx_mul(idx_mod(rest, tn), Const(NT))),
@@ -180,13 +182,15 @@ def lower_conv_tiles(k):
                               for v in g[key]]
     args = (Addr(W.name, wbase), Const(K), Addr(X.name, xbase), Addr(k.output.name, cbase),
             Const(P), Const(K), Var(mt), Var(nt), Const(k.knobs["tile_k"]), Var(j0), *geo,
-            Var(ni), Const(g["C"] * spatial), Const(g["O"] * P))
+            Var(ni) if imgs > 1 else Const(1), Const(g["C"] * spatial), Const(g["O"] * P))
     body = decls + [Call(f"ts_conv_tile_{d.short}", args, f"conv:{d.short}")]
     if grp.root is not grp.anchor:
-        ii, jj, iv = names("i"), names("j"), names("im")
+        ii, jj = names("i"), names("j")
+        iv = names("im") if imgs > 1 else None
         epi = Loop(jj, Var(nt), "vector" if k.knobs.get("simd") else "serial")
         pos = idx_add(Var(j0), Var(jj))
-        point = {0: idx_add(Var(img), Var(iv)), 1: idx_add(row0, Var(ii))}
+        point = {0: idx_add(Var(img), Var(iv)) if imgs > 1 else Var(img),
+                 1: idx_add(row0, Var(ii))}
         if merged:
             if len(grp.domain) > 2:
                 point[2] = pos
@@ -194,7 +198,8 @@ def lower_conv_tiles(k):
             point |= {2 + q: e for q, e in enumerate(unflatten(pos, list(grp.domain[2:])))}
         value = em.value(grp.root.out, grp.maps[grp.root.out.id], epi.body, point)
         epi.body.append(Store(k.output.name, em.out_index(point), value))
-        body.append(Loop(iv, Var(ni), "serial", [Loop(ii, Var(mt), "serial", [epi])]))
+        rows = Loop(ii, Var(mt), "serial", [epi])
+        body.append(Loop(iv, Var(ni), "serial", [rows]) if imgs > 1 else rows)
     tasks = -(-g["N"] // imgs) * g["G"] * tm * tn
     return [Loop(t, tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
 
