@@ -624,34 +624,32 @@ def _lowest(d):
     return d.int_range[0] if d.is_int else -math.inf
 
 
-def _max_windows(b, x, a):
-    """The largest of each window: a chain of elementwise maxima over the kernel offsets'
-    strided slices, in order (what a max over the stacked windows computes, NaN propagating,
-    a tie keeping the earlier), read in place by one kernel instead of stacked in memory
-    first (max_pool 3x3/2 of 32x64x112x112: 50 ms in 15 kernels)."""
+def _chain_windows(b, x, a, combine, fill):
+    """Each window folded by the elementwise `combine` over the kernel offsets' strided slices
+    of the input padded with `fill`, in order: what the same reduction over the stacked
+    windows computes, read in place by one kernel instead of stacked in memory first
+    (max_pool 3x3/2 of 32x64x112x112: 50 ms in 15 kernels)."""
     t = b.type(x)
     spatial = _pool_spatial(t, a)
     w = _pool_attrs(a, spatial, list(t.shape[2:]))
     y = None
-    for sl in _offset_slices(b, x, a["kernel"], w, spatial, fill=_lowest(t.dtype)):
-        y = sl if y is None else b.op("maximum", y, sl)
+    for sl in _offset_slices(b, x, a["kernel"], w, spatial, fill=fill):
+        y = sl if y is None else b.op(combine, y, sl)
     return y
+
+
+def _max_windows(b, x, a):
+    """The largest of each window (NaN propagating, a tie keeping the earlier)."""
+    return _chain_windows(b, x, a, "maximum", _lowest(b.type(x).dtype))
 
 
 def _sum_windows(b, x, a):
-    """Each window's sum: for float32 and float64 a chain of additions over the kernel
-    offsets' slices, in order (a sum over the stacked windows' order and rounding, read in
-    place as _max_windows); other dtypes sum wider than they add, so over the windows."""
-    t = b.type(x)
-    if t.dtype not in (dt.float32, dt.float64):
-        cols, _, _ = _pool_windows(b, x, a, 0.0)
-        return b.op("sum", cols, axis=[2], keepdim=False)
-    spatial = _pool_spatial(t, a)
-    w = _pool_attrs(a, spatial, list(t.shape[2:]))
-    y = None
-    for sl in _offset_slices(b, x, a["kernel"], w, spatial):
-        y = sl if y is None else b.op("add", y, sl)
-    return y
+    """Each window's sum: chained for float32 and float64 (a sum over the stacked windows'
+    order and rounding); other dtypes sum wider than they add, so over the windows."""
+    if b.type(x).dtype in (dt.float32, dt.float64):
+        return _chain_windows(b, x, a, "add", 0.0)
+    cols, _, _ = _pool_windows(b, x, a, 0.0)
+    return b.op("sum", cols, axis=[2], keepdim=False)
 
 
 def _max_pool_decompose(b, xs, a):

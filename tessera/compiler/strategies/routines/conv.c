@@ -37,17 +37,14 @@ static inline void ts_conv_run_{S}(const ts_conv_geom* g, const {T}* xc, int64_t
 }
 
 /* The output positions [p0, p0 + n) as runs along output rows, each its first position's (zo,
-   yo, xo) and its length, into runs (n / out[2] + 2 of them at most) when given; returns the
-   count. */
+   yo, xo) and its length, into runs (n / out[2] + 2 of them at most); returns the count. */
 static int64_t ts_conv_runs(const ts_conv_geom* g, int64_t p0, int64_t n, int64_t* runs) {
   int64_t plane = g->out[1] * g->out[2], count = 0;
   int64_t zo = p0 / plane, yo = (p0 / g->out[2]) % g->out[1], xo = p0 % g->out[2];
   for (int64_t j = 0; j < n; ++count) {
     int64_t run = g->out[2] - xo < n - j ? g->out[2] - xo : n - j;
-    if (runs) {
-      int64_t* r = runs + 4 * count;
-      r[0] = zo; r[1] = yo; r[2] = xo; r[3] = run;
-    }
+    int64_t* r = runs + 4 * count;
+    r[0] = zo; r[1] = yo; r[2] = xo; r[3] = run;
     j += run;
     xo += run;
     if (xo == g->out[2]) {
@@ -72,8 +69,8 @@ static void ts_conv_fill_{S}(const ts_conv_geom* g, const {T}* X, int64_t c, int
   }
 }
 
-/* Runs shorter than this (small images) pack by an index per position instead: a run's
-   bounds and branches cost more than its copy. */
+/* Output rows narrower than this (small images) pack by an index per position instead: a
+   run's bounds and branches cost more than its copy. */
 #define TS_CONV_SHORT_RUN 32
 
 /* For a tile of short runs: idx[r * nt + j], where position j finds its input under kernel
@@ -144,10 +141,10 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (cols + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   int narrow = mt == 1 || cols <= 2;
-  int64_t count = ts_conv_runs(&g, j0, nt, 0), kk = k0 * k1 * k2;
-  int indexed = !narrow && nt < TS_CONV_SHORT_RUN * count && in0 * in1 * in2 < INT32_MAX &&
+  int64_t nruns = nt / out2 + 2, kk = k0 * k1 * k2;          /* (ts_conv_runs' bound) */
+  int indexed = !narrow && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
                 kk * nt <= (1 << 20);
-  size_t table = (size_t)(4 * count * (int64_t)(sizeof(int64_t) / sizeof({T})) + 16) +
+  size_t table = (size_t)(4 * nruns * (int64_t)(sizeof(int64_t) / sizeof({T})) + 16) +
                  (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
                        : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
@@ -165,8 +162,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     return;
   }
   int64_t* runs = (int64_t*)(((uintptr_t)(pa + need) + 63) & ~(uintptr_t)63);
-  ts_conv_runs(&g, j0, nt, runs);
-  int32_t* idx = (int32_t*)(runs + 4 * count);
+  int64_t count = ts_conv_runs(&g, j0, nt, runs);
+  int32_t* idx = (int32_t*)(runs + 4 * nruns);
   if (indexed) ts_conv_index(&g, runs, count, nt, idx);
   if (mt == 1) {                 /* one output row (a depthwise convolution): B's rows streamed */
     for (int64_t j = 0; j < nt; ++j) C[j] = 0;

@@ -590,12 +590,10 @@ static int ts_fft_pass_{S}(const ts_fft_plan_{S}* p, int i, int end, int64_t L, 
    (as ts_fft_negate: -x, so a NaN's sign too) */
 static inline void ts_fft_unpair_{S}({T}* restrict re, {T}* restrict im,
                                      const {T}* restrict src, int64_t count, int conj) {
-  if (conj) {
-    #pragma omp simd
-    for (int64_t e = 0; e < count; ++e) { re[e] = src[2 * e]; im[e] = -src[2 * e + 1]; }
-  } else {
-    #pragma omp simd
-    for (int64_t e = 0; e < count; ++e) { re[e] = src[2 * e]; im[e] = src[2 * e + 1]; }
+  #pragma omp simd
+  for (int64_t e = 0; e < count; ++e) {
+    re[e] = src[2 * e];
+    im[e] = conj ? -src[2 * e + 1] : src[2 * e + 1];
   }
 }
 
@@ -603,18 +601,12 @@ static inline void ts_fft_unpair_{S}({T}* restrict re, {T}* restrict im,
    scale unless it is 1 (the generated scatter's product) */
 static inline void ts_fft_pair_{S}({T}* restrict dst, const {T}* restrict re,
                                    const {T}* restrict im, int64_t count, int conj, {T} scale) {
-  if (scale != 1) {
-    #pragma omp simd
-    for (int64_t e = 0; e < count; ++e) {
-      dst[2 * e] = re[e] * scale;
-      dst[2 * e + 1] = (conj ? -im[e] : im[e]) * scale;
-    }
-  } else if (conj) {
-    #pragma omp simd
-    for (int64_t e = 0; e < count; ++e) { dst[2 * e] = re[e]; dst[2 * e + 1] = -im[e]; }
-  } else {
-    #pragma omp simd
-    for (int64_t e = 0; e < count; ++e) { dst[2 * e] = re[e]; dst[2 * e + 1] = im[e]; }
+  int scaled = scale != 1;
+  #pragma omp simd
+  for (int64_t e = 0; e < count; ++e) {
+    {T} r = re[e], i = conj ? -im[e] : im[e];
+    dst[2 * e] = scaled ? r * scale : r;
+    dst[2 * e + 1] = scaled ? i * scale : i;
   }
 }
 
@@ -922,24 +914,26 @@ static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int6
    no longer. The same operations, so the same bits, as ts_fft with the caller's gather and
    scatter. Returns nonzero when its memory cannot be had. */
 static int ts_fft_pairs_{S}(const {T}* src, {T}* dst, int64_t n, int inverse, {T} scale) {
-  if (n < 1) return 0;
+  if (n <= 1) {                                     /* (a point is its own transform) */
+    if (n == 1) ts_fft_pair_{S}(dst, src, src + 1, 1, 0, scale);
+    return 0;
+  }
   ts_fft_plan_{S}* own = 0;
-  const ts_fft_plan_{S}* p = n > 1 ? ts_fft_lookup_{S}(n, 0, &own) : 0;
-  if (n > 1 && !p) return 1;
+  const ts_fft_plan_{S}* p = ts_fft_lookup_{S}(n, 0, &own);
+  if (!p) return 1;
   ts_fft_split sp;
-  int conj = inverse && n > 1;                      /* (a point is its own transform) */
-  int blocked = n > 1 && ts_fft_split_{S}(p, 1, &sp);
-  int64_t body = n > 1 ? ts_fft_work_{S}(p, 1) : 0;
+  int blocked = ts_fft_split_{S}(p, 1, &sp);
+  int64_t body = ts_fft_work_{S}(p, 1);
   {T}* work = ts_scratch_{S}((size_t)(body + (blocked ? 0 : 2 * n)));
   if (!work) { ts_fft_free_{S}(own); return 1; }
   if (blocked) {
-    ts_fft_pairs_io_{S} io = {src, dst, conj, scale};
+    ts_fft_pairs_io_{S} io = {src, dst, inverse, scale};
     ts_fft_blocked_{S}(p, &sp, 0, 0, 1, work, &io);
   } else {                                          /* (the planes after the work) */
     {T}* re = work + body;
-    ts_fft_unpair_{S}(re, re + n, src, n, conj);
-    if (n > 1) ts_fft_run_{S}(p, re, re + n, 1, work);
-    ts_fft_pair_{S}(dst, re, re + n, n, conj, scale);
+    ts_fft_unpair_{S}(re, re + n, src, n, inverse);
+    ts_fft_run_{S}(p, re, re + n, 1, work);
+    ts_fft_pair_{S}(dst, re, re + n, n, inverse, scale);
   }
   ts_fft_free_{S}(own);
   return 0;
