@@ -85,6 +85,10 @@ STRATEGY = CONV[:-1] + [
     ((1, 3, 5, 6, 7), (4, 3, 2, 3, 2), {"stride": (1, 2, 1), "padding": 1}),
     ((9, 16, 5, 5), (13, 16, 3, 3), {"padding": 1}),             # small images: a task's
     ((7, 8, 3, 3), (12, 4, 3, 3), {"groups": 2}),                # columns are whole images
+    ((2, 6, 13, 17), (6, 1, 3, 5), {"stride": (2, 3), "dilation": (2, 1), "padding": (2, 1),
+                                    "groups": 6}),              # depthwise: the stencil, its
+    ((2, 8, 9, 21), (4, 2, 3, 3), {"padding": 1, "groups": 4}),  # column phases, two channels
+    ((1, 3, 5, 70), (3, 1, 3, 3), {"padding": (0, 4), "groups": 3}),   # a group, rows of 78
 ]
 
 
@@ -94,7 +98,8 @@ def test_the_conv_strategy_has_the_bits_of_the_im2col_matmul(k, rng):
     routine's fma chain over (c, kernel offset): bit for bit the matmul of the windows built
     in NumPy, whatever its tiles (the K block included), threads, and the images a task's
     columns span (tile_n 50: two images of 25 positions, the last block one; tile_m 6 of 13
-    rows: a last tile of one row, image by image)."""
+    rows: a last tile of one row, image by image; one output channel per group over whole
+    rows: the stencil over zero-padded rows, strided columns split into phases)."""
     xs, ws, attrs = STRATEGY[k]
     x, w = _case(rng, xs, ws, np.float32)
     cols, out = _im2col(x, ws, attrs)

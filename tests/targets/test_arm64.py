@@ -133,6 +133,10 @@ def cases(rng):
         "matmul_f64_batched": (lambda a, b: a @ b, [f64(3, 33, 70), f64(3, 70, 29)], True),
         "matmul_f16": (lambda a, b: a @ b, [f32(40, 64).astype(np.float16),
                                            f32(64, 24).astype(np.float16)], True),
+        # the convolution routine: its GEMM packing, and one channel per group's stencil
+        "conv_f32": (lambda x, w, d: (op.conv(x, w, padding=1), op.conv(x, d, padding=1,
+                                                                       groups=4)),
+                     [f32(2, 4, 9, 21), f32(5, 4, 3, 3), f32(4, 1, 3, 3)], True),
         # the attention routine
         "attention_f32": (lambda q, k, v, m: op.attention(q, k, v, mask=m),
                           [q, k, v, mask], True),

@@ -66,8 +66,11 @@ class ConvStrategy(ContractStrategy):
             if wide["tile_n"] >= 2 * g["P"]:                         # (images_per_tile)
                 tiles = wide
         if g["Og"] == 1 and g["N"] * g["G"] >= c_gemm.MIN_TASKS:
-            tiles["tile_n"] = min(g["P"], 1 << 14)   # one output row per task (depthwise): a
-        return knobs | tiles                         # call's own cost is most of a short one
+            # one output channel (depthwise): a task's call costs most of a short one, and
+            # whole output rows take the routine's stencil path
+            row = g["out"][2]
+            tiles["tile_n"] = min(g["P"], max(1, (1 << 14) // row) * row)
+        return knobs | tiles
 
     def gpu_knobs(self, k, target) -> dict:
         return {"threads": 256}
@@ -138,7 +141,7 @@ def images_per_tile(g: dict, NT: int) -> int:
     """Whole images a task's columns take when one image has fewer positions than tile_n
     (ResNet's 7x7 and 14x14 layers: 49 columns of one image fill two 32-wide micro-tiles to
     77%, and each task packs the weights for them alone); 1 otherwise, and for one output
-    channel per group (depthwise: its rows stream)."""
+    channel per group (depthwise: each image a stencil over its rows)."""
     P = g["P"]
     if g["Og"] == 1 or P >= NT:
         return 1

@@ -5,7 +5,8 @@ and its micro-kernel, with B's panels packed straight from the input's windows.
 an mt x nt block of output channels by output positions, of nimg images (small ones: every
 position of each, image i's input at X + i xs, its output at C + i ys); each element is the
 GEMM's fma chain over k = (c, kd, kh, kw) from 0, so the result has the bits of the im2col
-matmul the operator decomposes into.
+matmul the operator decomposes into. One output channel (mt = 1, a depthwise convolution's) of
+whole rows of a 1-D or 2-D convolution runs as a stencil instead (`ts_conv_plane_<T>`): same chains.
 """
 from __future__ import annotations
 

@@ -112,6 +112,88 @@ static {T} ts_conv_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t k, int64_
   return v;
 }
 
+/* Up to this many vectors of one output row are summed side by side in registers. */
+#define TS_CONV_SV 4
+
+/* A block of nv vectors of outputs from c: each its fma chain over k from 0 (ts_conv_plane). */
+static inline __attribute__((always_inline)) void ts_conv_block_{S}(
+    const {T}* W, int64_t K, const int64_t* off, const {T}* src, {T}* c, int64_t n,
+    const int nv) {
+  ts_v_{S} acc[TS_CONV_SV];
+#pragma GCC unroll 4
+  for (int v = 0; v < nv; ++v) acc[v] = ts_vzero_{S}();
+  for (int64_t k = 0; k < K; ++k) {
+    const ts_v_{S} a = ts_vset1_{S}(W[k]);
+    const {T}* b = src + off[k];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; ++v) acc[v] = ts_vfma_{S}(a, ts_vload_{S}(b + v * TS_VL_{S}), acc[v]);
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < nv - 1; ++v) ts_vstore_{S}(c + v * TS_VL_{S}, acc[v]);
+  if (n == nv * TS_VL_{S})
+    ts_vstore_{S}(c + (nv - 1) * TS_VL_{S}, acc[nv - 1]);
+  else                                        /* the row's end: its last vector in part */
+    ts_vstore_part_{S}(c + (nv - 1) * TS_VL_{S}, acc[nv - 1], n - (nv - 1) * TS_VL_{S});
+}
+
+/* One output channel (mt == 1: a depthwise convolution's) over whole output rows of a 1-D or
+   2-D convolution: the input rows the task reads copied once into zero-padded scratch, each
+   split into its s2 column phases so that every tap reads a contiguous line, then each block
+   of outputs summed in registers over k: the chains of the packed path (a tap in the padding
+   adds fma(w, 0)), its rows of B never written out. Returns 0 where it does not apply (3-D, a
+   negative padding, a task not of whole rows, too much scratch): the general path runs. */
+static int ts_conv_plane_{S}(const ts_conv_geom* g, const {T}* W, int64_t K, const {T}* X,
+                             int64_t j0, int64_t nt, {T}* C) {
+  const int64_t out2 = g->out[2], s1 = g->s[1], s2 = g->s[2], d1 = g->d[1], d2 = g->d[2];
+  const int64_t k1 = g->k[1], k2 = g->k[2], kk = k1 * k2;
+  if (g->in[0] != 1 || g->k[0] != 1 || g->out[0] != 1 || g->p[1] < 0 || g->p[2] < 0 ||
+      j0 % out2 || nt % out2 || nt == 0 || K % kk)
+    return 0;
+  const int64_t cg = K / kk, r0 = j0 / out2, nr = nt / out2;
+  const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;    /* padded input rows read */
+  const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;    /* padded columns read */
+  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S};   /* a phase's line (+ a vector's overrun) */
+  const int64_t line = s2 * pw, ioff = (int64_t)(sizeof(int64_t) / sizeof({T}));
+  const size_t need = (size_t)(cg * rows * line) + (size_t)((K + 1) * ioff);
+  if (cg * rows * line > ((int64_t)1 << 20)) return 0;
+  {T}* pad = ts_scratch_{S}(need);
+  if (!pad) return 0;
+  int64_t* off = (int64_t*)(((uintptr_t)(pad + cg * rows * line) + 7) & ~(uintptr_t)7);
+  for (int64_t c = 0; c < cg; ++c)
+    for (int64_t y = 0; y < rows; ++y) {
+      {T}* dst = pad + (c * rows + y) * line;
+      const int64_t yi = r0 * s1 + y - g->p[1];
+      memset(dst, 0, sizeof({T}) * (size_t)line);
+      if (yi < 0 || yi >= g->in[1]) continue;
+      const {T}* src = X + c * g->cs + yi * g->in[2];
+      int64_t n = g->in[2] < e2 - g->p[2] ? g->in[2] : e2 - g->p[2];
+      if (s2 == 1)
+        memcpy(dst + g->p[2], src, sizeof({T}) * (size_t)(n > 0 ? n : 0));
+      else
+        for (int64_t xi = 0; xi < n; ++xi) {
+          int64_t col = xi + g->p[2];
+          dst[(col % s2) * pw + col / s2] = src[xi];
+        }
+    }
+  for (int64_t k = 0, c = 0, ky = 0, kx = 0; k < K; ++k) {   /* each tap's line, row 0 */
+    off[k] = (c * rows + ky * d1) * line + (kx * d2 % s2) * pw + kx * d2 / s2;
+    if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; ++c; } }
+  }
+  const int64_t step = TS_CONV_SV * TS_VL_{S};
+  for (int64_t r = 0; r < nr; ++r) {
+    const {T}* src = pad + r * s1 * line;
+    {T}* c = C + r * out2;
+    for (int64_t t0 = 0; t0 < out2; t0 += step) {
+      int64_t n = out2 - t0 < step ? out2 - t0 : step, nv = (n + TS_VL_{S} - 1) / TS_VL_{S};
+      if (nv == TS_CONV_SV) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, TS_CONV_SV);
+      else if (nv == 3) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 3);
+      else if (nv == 2) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 2);
+      else ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 1);
+    }
+  }
+  return 1;
+}
+
 /* Overwrites the mt x nt block at C (row stride ldc) with W[0:mt, 0:K] @ B[0:K, j0:j0+nt]:
    every element the fma chain over k = 0, 1, ... from 0 that the GEMM routine computes for the
    same product with B in memory, so a convolution has the bits of its im2col matmul. W's rows
@@ -135,6 +217,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
                        k0, k1, k2, out0, out1, out2, s0, s1, s2, d0, d1, d2, p0, p1, p2, 1, 0, 0);
     return;
   }
+  if (mt == 1 && K > 0 && ts_conv_plane_{S}(&g, W, K, X, j0, nt, C)) return;
   if (KC <= 0) KC = 256;
   int64_t cols = nimg * nt;                 /* the product's columns */
   int64_t kcap = K < KC ? K : KC;

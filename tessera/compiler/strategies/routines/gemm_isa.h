@@ -5,7 +5,7 @@
    registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32), unless the shape measured best
    on this machine is defined first (TS_MICRO_MR, TS_MICRO_NV: compiler/target/gemm_shape.py).
    The shape only decides which chains run side by side: every element is the same fma chain
-   over k, so the same bits. */
+   over k, so the same bits. ts_vstore_part stores a vector's first n lanes (0 < n < TS_VL). */
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -28,6 +28,8 @@ typedef __m512d ts_v_f64;
 #define ts_vset1_f64(x) _mm512_set1_pd(x)
 #define ts_vfma_f64(a, b, c) _mm512_fmadd_pd(a, b, c)
 #define ts_vzero_f64() _mm512_setzero_pd()
+#define ts_vstore_part_f32(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1u), v)
+#define ts_vstore_part_f64(p, v, n) _mm512_mask_storeu_pd(p, (__mmask8)((1u << (n)) - 1u), v)
 #elif defined(__AVX2__) && defined(__FMA__)
 #define TS_MR 6
 #define TS_NV 2
@@ -45,6 +47,12 @@ typedef __m256d ts_v_f64;
 #define ts_vset1_f64(x) _mm256_set1_pd(x)
 #define ts_vfma_f64(a, b, c) _mm256_fmadd_pd(a, b, c)
 #define ts_vzero_f64() _mm256_setzero_pd()
+#define ts_vstore_part_f32(p, v, n) \
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), \
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v)
+#define ts_vstore_part_f64(p, v, n) \
+  _mm256_maskstore_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(n)), \
+                                            _mm256_setr_epi64x(0, 1, 2, 3)), v)
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #define TS_MR 8
 #define TS_NV 3
@@ -62,6 +70,13 @@ typedef float64x2_t ts_v_f64;
 #define ts_vset1_f64(x) vdupq_n_f64(x)
 #define ts_vfma_f64(a, b, c) vfmaq_f64(c, a, b)
 #define ts_vzero_f64() vdupq_n_f64(0.0)
+#define ts_vstore_part_f32(p, v, n) \
+  do {                                                                   \
+    float t_[4];                                                         \
+    vst1q_f32(t_, v);                                                    \
+    for (int j_ = 0; j_ < (int)(n); ++j_) (p)[j_] = t_[j_];              \
+  } while (0)
+#define ts_vstore_part_f64(p, v, n) do { if ((n) > 0) (p)[0] = vgetq_lane_f64(v, 0); } while (0)
 #else
 #define TS_MR 6
 #define TS_NV 2
@@ -79,6 +94,8 @@ typedef double ts_v_f64;
 #define ts_vset1_f64(x) (x)
 #define ts_vfma_f64(a, b, c) fma(a, b, c)
 #define ts_vzero_f64() 0.0
+#define ts_vstore_part_f32(p, v, n) do { if ((n) > 0) *(p) = (v); } while (0)
+#define ts_vstore_part_f64(p, v, n) do { if ((n) > 0) *(p) = (v); } while (0)
 #endif
 #if defined(TS_MICRO_MR) && defined(TS_MICRO_NV)
 #undef TS_MR
