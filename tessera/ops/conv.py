@@ -27,7 +27,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, prod
 from ..types import TensorType
-from .registry import Conv, OpDef, flip, register, zeros
+from .registry import Conv, OpDef, Pool, flip, register, zeros
 
 
 # ---- attributes ---------------------------------------------------------------------------------
@@ -624,30 +624,116 @@ def _lowest(d):
     return d.int_range[0] if d.is_int else -math.inf
 
 
-def _chain_windows(b, x, a, combine, fill):
-    """Each window folded by the elementwise `combine` over the kernel offsets' strided slices
-    of the input padded with `fill`, in order: what the same reduction over the stacked
-    windows computes, read in place by one kernel instead of stacked in memory first
-    (max_pool 3x3/2 of 32x64x112x112: 50 ms in 15 kernels)."""
-    t = b.type(x)
-    spatial = _pool_spatial(t, a)
-    w = _pool_attrs(a, spatial, list(t.shape[2:]))
+def _fold_normalize(ts, a):
+    n = _spatial(ts[0], "fold_windows")
+    if a["kernel"] is None:
+        raise ArgumentError("fold_windows needs its kernel size")
+    kernel = _ints(a["kernel"], n, "kernel")
+    out = {**a, "kernel": kernel,
+           "stride": _ints(1 if a["stride"] is None else a["stride"], n, "stride"),
+           "dilation": _ints(1 if a["dilation"] is None else a["dilation"], n, "dilation"),
+           "padding": _pairs(0 if a["padding"] is None else a["padding"], n)}
+    if any(p < 0 for pair in out["padding"] for p in pair):
+        raise ArgumentError("fold_windows' padding is not negative", received=repr(a["padding"]))
+    if a["combine"] not in ("maximum", "add"):
+        raise ArgumentError("fold_windows combines by 'maximum' or 'add'",
+                            received=repr(a["combine"]))
+    return out
+
+
+def _fold_infer(ts, a):
+    t = ts[0]
+    if not (t.dtype.is_float or t.dtype.is_int):
+        raise DTypeError("fold_windows takes a float or integer tensor", received=t.dtype.short)
+    spatial = [_out_size(size, lo, hi, k, s, d) for size, (lo, hi), k, s, d in
+               zip(t.shape[2:], a["padding"], a["kernel"], a["stride"], a["dilation"])]
+    if any(m < 1 for m in spatial):
+        raise ShapeError("fold_windows' kernel is larger than the padded input", received=str(t))
+    return t.with_shape((*t.shape[:2], *spatial))
+
+
+def _fold_fill(d, combine):
+    """What the padding reads: the identity of the combination (-inf, an integer's least)."""
+    return 0.0 if combine == "add" else _lowest(d)
+
+
+def _fold_ref(xs, a):
+    x = xs[0]
+    spatial = list(_fold_infer([TensorType(dt.from_numpy(x.dtype), x.shape)], a).shape[2:])
+    width = [(0, 0), (0, 0)] + [(lo, hi) for lo, hi in a["padding"]]
+    xp = np.pad(x, width, constant_values=_fold_fill(dt.from_numpy(x.dtype), a["combine"]))
     y = None
-    for sl in _offset_slices(b, x, a["kernel"], w, spatial, fill=fill):
-        y = sl if y is None else b.op(combine, y, sl)
+    for offset in itertools.product(*[range(k) for k in a["kernel"]]):
+        sl = xp[(slice(None), slice(None)) + tuple(
+            slice(o * d, o * d + (m - 1) * s + 1, s)
+            for o, d, m, s in zip(offset, a["dilation"], spatial, a["stride"]))]
+        if y is None:
+            y = sl.copy()
+        elif a["combine"] == "add":
+            y = y + sl
+        else:                                 # ts_max: the later unless the earlier is larger
+            y = np.where((y > sl) | (y != y), y, sl)     # or NaN (NaN propagating)
     return y
 
 
+def _fold_decompose(b, xs, a):
+    """The chain over the kernel offsets' strided slices of the input padded with the
+    combination's identity, read in place by one pointwise kernel; float32 and float64 inputs
+    of static shapes are primitive instead (the pool strategy's routine)."""
+    x = xs[0]
+    t = b.type(x)
+    if folded_whole(t):
+        return None
+    spatial = list(_fold_infer([t], a).shape[2:])
+    y = None
+    for sl in _offset_slices(b, x, a["kernel"], a, spatial, fill=_fold_fill(t.dtype,
+                                                                              a["combine"])):
+        y = sl if y is None else b.op(a["combine"], y, sl)
+    return y
+
+
+def folded_whole(t) -> bool:
+    """Does the pool strategy compute fold_windows (compiler/strategies/pool.py)? Float32 and
+    float64 inputs of static shapes and one to three spatial axes; others decompose."""
+    return t.dtype in (dt.float32, dt.float64) and 3 <= t.rank <= 5 and \
+        all(isinstance(s, int) for s in t.shape)
+
+
+register(OpDef("fold_windows", 1, {"kernel": None, "stride": None, "padding": None,
+                                   "dilation": None, "combine": "maximum"},
+               normalize=_fold_normalize, infer=_fold_infer, reference=_fold_ref,
+               decompose=_fold_decompose,
+               lowering=Pool(), differentiable=False,
+               doc="each window of x [N, C, *spatial] folded by the elementwise combine "
+                   "('maximum': NaN propagating, or 'add') over the kernel offsets in order, "
+                   "the padding (before, after) pairs reading its identity: the pools' "
+                   "windows (max_pool, avg_pool), computed in place"))
+
+
+def _chain_windows(b, x, a, combine):
+    """Each window folded by the elementwise `combine` over the kernel offsets' strided slices
+    of the input padded with its identity, in order: what the same reduction over the stacked
+    windows computes, read in place instead of stacked in memory first (max_pool 3x3/2 of
+    32x64x112x112: 50 ms in 15 kernels)."""
+    t = b.type(x)
+    spatial = _pool_spatial(t, a)
+    w = _pool_attrs(a, spatial, list(t.shape[2:]))
+    return b.op("fold_windows", x, kernel=list(a["kernel"]), stride=list(w["stride"]),
+                padding=[list(p) for p in w["padding"]], dilation=list(w["dilation"]),
+                combine=combine)
+
+
 def _max_windows(b, x, a):
-    """The largest of each window (NaN propagating, a tie keeping the earlier)."""
-    return _chain_windows(b, x, a, "maximum", _lowest(b.type(x).dtype))
+    """The largest of each window (NaN propagating; of equal elements the later, which tells
+    only zeros' signs apart)."""
+    return _chain_windows(b, x, a, "maximum")
 
 
 def _sum_windows(b, x, a):
     """Each window's sum: chained for float32 and float64 (a sum over the stacked windows'
     order and rounding); other dtypes sum wider than they add, so over the windows."""
     if b.type(x).dtype in (dt.float32, dt.float64):
-        return _chain_windows(b, x, a, "add", 0.0)
+        return _chain_windows(b, x, a, "add")
     cols, _, _ = _pool_windows(b, x, a, 0.0)
     return b.op("sum", cols, axis=[2], keepdim=False)
 

@@ -147,6 +147,12 @@ class Conv:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """Each window of an image folded by an elementwise combination over its taps in order
+    (fold_windows: the pools), read from the input where it lies."""
+
+
+@dataclass(frozen=True)
 class Gather:
     """out = table[..., idx, ...] with a bounds check that reports instead of crashing."""
 

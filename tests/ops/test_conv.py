@@ -352,25 +352,42 @@ def test_pools_are_pytorchs_with_their_gradients(k, kind, rng):
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
+POOLED = [  # (input shape, kernel, stride, padding): planes several a task, rows of one plane
+    ((2, 3, 9, 8), 3, 2, 1),                    # (its tiles), strided columns' phases, 1-D
+    ((1, 2, 131, 133), 3, 1, 1),                # and 3-D (the routine element by element)
+    ((1, 2, 20, 31), (2, 3), (1, 3), (1, 1)),
+    ((2, 2, 40), 5, 2, 2),
+    ((1, 2, 5, 6, 7), 3, 2, 1),
+]
+
+
 @pytest.mark.parametrize("kind", ["max", "avg"])
-def test_pools_read_their_windows_in_place(kind, rng):
-    """A float pool is a chain of elementwise maxima (or sums) over the kernel offsets'
-    slices, in one kernel reading them where they lie (besides the padding's copy): no windows
-    stacked in memory and reduced after. NumPy's max (NaN propagating) or mean over the
-    stacked windows."""
-    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
-    if kind == "max":
-        x.flat[::13] = np.nan
-    f = ts.function(lambda x: getattr(op, f"{kind}_pool")(x, 3, 2, 1))
-    strategies = [kn.strategy for kn in f.lower(x).schedule_ir.kernels]
-    assert strategies.count("pointwise") == 1 and "reduce" not in strategies, strategies
+@pytest.mark.parametrize("k", range(len(POOLED)))
+def test_pools_are_one_kernel_with_the_bits_of_the_chain_over_the_windows(kind, k, rng):
+    """A float32 pool is one kernel of the pool strategy (avg_pool's division by the counts,
+    and the arithmetic after, its epilogue) computing the chain of elementwise maxima (NaN
+    propagating) or sums over the kernel offsets' slices that other dtypes decompose into: bit
+    for bit that chain in NumPy, over NaN, infinities and zeros of both signs."""
+    xs, kernel, stride, pad = POOLED[k]
+    x = -np.abs(rng.standard_normal(xs)).astype(np.float32)     # ties of zeros of both signs
+    x.flat[::3], x.flat[1::5], x.flat[::29], x.flat[1::31] = -0.0, 0.0, np.nan, np.inf
+    pool = getattr(op, f"{kind}_pool")
+    f = ts.function(lambda x: pool(x, kernel, stride, pad) * 2.0)
+    assert [kn.strategy for kn in f.lower(x).schedule_ir.kernels] == ["pool"]
+    n = len(xs) - 2
+    kernel, stride, pad = ((v,) * n if isinstance(v, int) else v for v in (kernel, stride, pad))
     fill = -np.inf if kind == "max" else 0.0
-    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=fill)
-    windows = np.stack([xp[:, :, i:i + 9:2, j:j + 7:2] for i in range(3) for j in range(3)])
-    if kind == "max":
-        np.testing.assert_array_equal(f(x), np.max(windows, axis=0))
-    else:
-        np.testing.assert_allclose(f(x), np.mean(windows, axis=0), rtol=1e-6, atol=1e-6)
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad], constant_values=fill)
+    out = [(xs[2 + a] + 2 * pad[a] - kernel[a]) // stride[a] + 1 for a in range(n)]
+    y = None
+    for off in np.ndindex(*kernel):
+        s = xp[(slice(None), slice(None)) + tuple(slice(o, o + (m - 1) * st + 1, st)
+                                                  for o, m, st in zip(off, out, stride))]
+        y = s if y is None else (y + s if kind == "avg" else
+                                 np.where((y > s) | np.isnan(y), y, s))
+    if kind == "avg":
+        y = y / np.float32(np.prod(kernel))
+    assert f(x).tobytes() == (y * np.float32(2)).tobytes()
 
 
 def test_a_window_inside_the_padding_and_a_window_larger_than_the_input(rng):

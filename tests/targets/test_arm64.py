@@ -99,6 +99,14 @@ def _bf16():
     return pytest.importorskip("ml_dtypes").bfloat16
 
 
+def _with_nans(x):
+    """x with NaNs, infinities and zeros of both signs scattered through it (infinities of one
+    sign: inf - inf's NaN is negative on x86 and positive on ARM)."""
+    flat = x.reshape(-1)
+    flat[::23], flat[1::29], flat[3::37], flat[4::41] = np.nan, np.inf, 0.0, -0.0
+    return x
+
+
 def cases(rng):
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)     # noqa: E731
     f64 = lambda *s: rng.standard_normal(s)                         # noqa: E731
@@ -137,6 +145,12 @@ def cases(rng):
         "conv_f32": (lambda x, w, d: (op.conv(x, w, padding=1), op.conv(x, d, padding=1,
                                                                        groups=4)),
                      [f32(2, 4, 9, 21), f32(5, 4, 3, 3), f32(4, 1, 3, 3)], True),
+        # the pool routine: the largest (NaN propagating) and the mean of strided windows
+        "pools_f32": (lambda x: (op.max_pool(x, 3, 2, 1), op.avg_pool(x, 3, 2, 1),
+                                 op.max_pool(x, (2, 3), (1, 3))), [_with_nans(f32(2, 3, 11, 21))],
+                      True),
+        "pools_f64": (lambda x: (op.max_pool(x, 3, 2, 1), op.avg_pool(x, (1, 5), 1, (0, 2))),
+                      [_with_nans(f64(2, 3, 11, 21))], True),
         # the attention routine
         "attention_f32": (lambda q, k, v, m: op.attention(q, k, v, mask=m),
                           [q, k, v, mask], True),

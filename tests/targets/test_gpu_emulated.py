@@ -493,6 +493,20 @@ def test_convolution_gives_the_cpu_bits(target, xs, ws, attrs, rng):
     assert got.tobytes() == cpu(fn, x, w, b).tobytes()
 
 
+# ---- pools: an output element per thread folding its window, the CPU's bits ----------------------
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("xs,kernel,stride,pad", [((2, 3, 9, 8), 3, 2, 1), ((1, 2, 13), 4, 3, 2),
+                                                  ((1, 2, 4, 5, 6), 2, 1, 1)])
+def test_pools_give_the_cpu_bits(target, kind, xs, kernel, stride, pad, rng):
+    x = -np.abs(rng.standard_normal(xs)).astype(np.float32)    # ties of zeros of both signs
+    x.flat[::3], x.flat[1::5], x.flat[::29] = -0.0, 0.0, np.nan
+
+    def fn(x):
+        return getattr(op, f"{kind}_pool")(x, kernel, stride, pad) * 2.0
+    got = emulate(target, fn, x, strategies=["pool"])
+    assert got.tobytes() == cpu(fn, x).tobytes()
+
+
 # ---- attention -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("b,sq,sk,d,dv", [((), 1, 1, 1, 1), ((2,), 5, 7, 8, 3),
                                           ((1, 2), 67, 40, 16, 16)])

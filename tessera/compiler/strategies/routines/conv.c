@@ -1,12 +1,7 @@
 /* A convolution as an implicit GEMM (routines/c_conv.py): A is the weight's rows (output
    channels) by k = (c, kd, kh, kw), B the input's windows (k by output position), read from the
    input while packing, so the windows never exist in memory. Spatial axes are three (a 1-D or
-   2-D convolution has leading axes of size 1). */
-typedef struct {
-  int64_t cs;                   /* the input's channel stride */
-  int64_t in[3], k[3], out[3], s[3], d[3], p[3];
-} ts_conv_geom;
-
+   2-D convolution has leading axes of size 1): ts_conv_geom (window.c). */
 /* The run of `run` output positions along one output row from (zo, yo, xo) of B's row with
    kernel offsets (oz, oy, ox) = k's (kz, ky, kx) times the dilation less the padding, from the
    channel at xc: the input under each position, 0 in the padding. */
@@ -112,14 +107,11 @@ static {T} ts_conv_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t k, int64_
   return v;
 }
 
-/* Up to this many vectors of one output row are summed side by side in registers. */
-#define TS_CONV_SV 4
-
 /* A block of nv vectors of outputs from c: each its fma chain over k from 0 (ts_conv_plane). */
 static inline __attribute__((always_inline)) void ts_conv_block_{S}(
     const {T}* W, int64_t K, const int64_t* off, const {T}* src, {T}* c, int64_t n,
     const int nv) {
-  ts_v_{S} acc[TS_CONV_SV];
+  ts_v_{S} acc[TS_WINDOW_SV];
 #pragma GCC unroll 4
   for (int v = 0; v < nv; ++v) acc[v] = ts_vzero_{S}();
   for (int64_t k = 0; k < K; ++k) {
@@ -128,64 +120,27 @@ static inline __attribute__((always_inline)) void ts_conv_block_{S}(
 #pragma GCC unroll 4
     for (int v = 0; v < nv; ++v) acc[v] = ts_vfma_{S}(a, ts_vload_{S}(b + v * TS_VL_{S}), acc[v]);
   }
-#pragma GCC unroll 4
-  for (int v = 0; v < nv - 1; ++v) ts_vstore_{S}(c + v * TS_VL_{S}, acc[v]);
-  if (n == nv * TS_VL_{S})
-    ts_vstore_{S}(c + (nv - 1) * TS_VL_{S}, acc[nv - 1]);
-  else                                        /* the row's end: its last vector in part */
-    ts_vstore_part_{S}(c + (nv - 1) * TS_VL_{S}, acc[nv - 1], n - (nv - 1) * TS_VL_{S});
+  ts_window_store_{S}(acc, c, n, nv);
 }
 
 /* One output channel (mt == 1: a depthwise convolution's) over whole output rows of a 1-D or
-   2-D convolution: the input rows the task reads copied once into zero-padded scratch, each
-   split into its s2 column phases so that every tap reads a contiguous line, then each block
-   of outputs summed in registers over k: the chains of the packed path (a tap in the padding
-   adds fma(w, 0)), its rows of B never written out. Returns 0 where it does not apply (3-D, a
-   negative padding, a task not of whole rows, too much scratch): the general path runs. */
+   2-D convolution: the rows it reads laid out zero-padded once (ts_window_rows), then each
+   block of outputs summed in registers over k: the chains of the packed path (a tap in the
+   padding adds fma(w, 0)), its rows of B never written out. Returns 0 where the layout does
+   not apply: the general path runs. */
 static int ts_conv_plane_{S}(const ts_conv_geom* g, const {T}* W, int64_t K, const {T}* X,
                              int64_t j0, int64_t nt, {T}* C) {
-  const int64_t out2 = g->out[2], s1 = g->s[1], s2 = g->s[2], d1 = g->d[1], d2 = g->d[2];
-  const int64_t k1 = g->k[1], k2 = g->k[2], kk = k1 * k2;
-  if (g->in[0] != 1 || g->k[0] != 1 || g->out[0] != 1 || g->p[1] < 0 || g->p[2] < 0 ||
-      j0 % out2 || nt % out2 || nt == 0 || K % kk)
-    return 0;
-  const int64_t cg = K / kk, r0 = j0 / out2, nr = nt / out2;
-  const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;    /* padded input rows read */
-  const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;    /* padded columns read */
-  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S};   /* a phase's line (+ a vector's overrun) */
-  const int64_t line = s2 * pw, ioff = (int64_t)(sizeof(int64_t) / sizeof({T}));
-  const size_t need = (size_t)(cg * rows * line) + (size_t)((K + 1) * ioff);
-  if (cg * rows * line > ((int64_t)1 << 20)) return 0;
-  {T}* pad = ts_scratch_{S}(need);
+  int64_t kk = g->k[0] * g->k[1] * g->k[2], line, *off;
+  if (K % kk) return 0;
+  const {T}* pad = ts_window_rows_{S}(g, X, K / kk, j0, nt, ({T})0, &line, &off);
   if (!pad) return 0;
-  int64_t* off = (int64_t*)(((uintptr_t)(pad + cg * rows * line) + 7) & ~(uintptr_t)7);
-  for (int64_t c = 0; c < cg; ++c)
-    for (int64_t y = 0; y < rows; ++y) {
-      {T}* dst = pad + (c * rows + y) * line;
-      const int64_t yi = r0 * s1 + y - g->p[1];
-      memset(dst, 0, sizeof({T}) * (size_t)line);
-      if (yi < 0 || yi >= g->in[1]) continue;
-      const {T}* src = X + c * g->cs + yi * g->in[2];
-      int64_t n = g->in[2] < e2 - g->p[2] ? g->in[2] : e2 - g->p[2];
-      if (s2 == 1)
-        memcpy(dst + g->p[2], src, sizeof({T}) * (size_t)(n > 0 ? n : 0));
-      else
-        for (int64_t xi = 0; xi < n; ++xi) {
-          int64_t col = xi + g->p[2];
-          dst[(col % s2) * pw + col / s2] = src[xi];
-        }
-    }
-  for (int64_t k = 0, c = 0, ky = 0, kx = 0; k < K; ++k) {   /* each tap's line, row 0 */
-    off[k] = (c * rows + ky * d1) * line + (kx * d2 % s2) * pw + kx * d2 / s2;
-    if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; ++c; } }
-  }
-  const int64_t step = TS_CONV_SV * TS_VL_{S};
-  for (int64_t r = 0; r < nr; ++r) {
-    const {T}* src = pad + r * s1 * line;
+  const int64_t out2 = g->out[2], step = TS_WINDOW_SV * TS_VL_{S};
+  for (int64_t r = 0; r < nt / out2; ++r) {
+    const {T}* src = pad + r * g->s[1] * line;
     {T}* c = C + r * out2;
     for (int64_t t0 = 0; t0 < out2; t0 += step) {
       int64_t n = out2 - t0 < step ? out2 - t0 : step, nv = (n + TS_VL_{S} - 1) / TS_VL_{S};
-      if (nv == TS_CONV_SV) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, TS_CONV_SV);
+      if (nv == 4) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 4);
       else if (nv == 3) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 3);
       else if (nv == 2) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 2);
       else ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 1);

@@ -1,0 +1,22 @@
+"""The CPU's pooling routine (pool.c): fold_windows over whole output rows of a plane, the rows
+it reads laid out once with the combination's identity as padding and their columns split by
+the stride's phases (window.c, shared with the convolution's one-channel stencil), each block
+of outputs folded in registers over the taps in order: the bits of the chain of elementwise
+maxima or sums the operator decomposes into.
+
+`ts_pool_tile_<T>(X, C, nt, j0, combine, <geometry>, nimg, xs, ys)` writes output positions
+[j0, j0 + nt) of nimg planes (combine 0: the largest, NaN propagating; 1: the sum).
+"""
+from __future__ import annotations
+
+from . import c_gemm, routine_text
+
+WINDOW = routine_text("window.c")
+_ROUTINE = routine_text("pool.c")
+
+
+def pool_source(dtype_short: str) -> list[str]:
+    """The chunks for one dtype ("f32" or "f64"): the ISA definitions and scratch memory, the
+    window layout, then the routine."""
+    return [c_gemm.ISA, c_gemm.instantiate(c_gemm.SCRATCH, dtype_short),
+            c_gemm.instantiate(WINDOW, dtype_short), c_gemm.instantiate(_ROUTINE, dtype_short)]

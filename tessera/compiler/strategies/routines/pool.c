@@ -1,0 +1,84 @@
+/* Each window folded over its taps in order from the first (fold_windows: the pools;
+   routines/c_pool.py): combine 0 the largest (ts_max: the later unless the earlier is larger or
+   NaN), 1 the sum; the padding reads the combination's identity (-inf, 0). */
+
+/* A block of nv vectors of outputs from c, each folded over the k taps. */
+static inline __attribute__((always_inline)) void ts_pool_block_{S}(
+    int64_t K, const int64_t* off, const {T}* src, {T}* c, int64_t n, const int nv,
+    const int add) {
+  ts_v_{S} acc[TS_WINDOW_SV];
+#pragma GCC unroll 4
+  for (int v = 0; v < nv; ++v) acc[v] = ts_vload_{S}(src + off[0] + v * TS_VL_{S});
+  for (int64_t k = 1; k < K; ++k) {
+    const {T}* b = src + off[k];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; ++v) {
+      ts_v_{S} x = ts_vload_{S}(b + v * TS_VL_{S});
+      acc[v] = add ? ts_vadd_{S}(acc[v], x) : ts_vmax_{S}(acc[v], x);
+    }
+  }
+  ts_window_store_{S}(acc, c, n, nv);
+}
+
+static void ts_pool_rows_{S}(const {T}* pad, int64_t line, const int64_t* off, int64_t K,
+                             int64_t out2, int64_t s1, int64_t nr, {T}* C, const int add) {
+  const int64_t step = TS_WINDOW_SV * TS_VL_{S};
+  for (int64_t r = 0; r < nr; ++r) {
+    const {T}* src = pad + r * s1 * line;
+    {T}* c = C + r * out2;
+    for (int64_t t0 = 0; t0 < out2; t0 += step) {
+      int64_t n = out2 - t0 < step ? out2 - t0 : step, nv = (n + TS_VL_{S} - 1) / TS_VL_{S};
+      if (nv == 4) ts_pool_block_{S}(K, off, src + t0, c + t0, n, 4, add);
+      else if (nv == 3) ts_pool_block_{S}(K, off, src + t0, c + t0, n, 3, add);
+      else if (nv == 2) ts_pool_block_{S}(K, off, src + t0, c + t0, n, 2, add);
+      else ts_pool_block_{S}(K, off, src + t0, c + t0, n, 1, add);
+    }
+  }
+}
+
+/* One output element the long way (3-D windows, or no scratch): the same fold. */
+static {T} ts_pool_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t p, int add) {
+  int64_t o[3] = {p / (g->out[1] * g->out[2]), (p / g->out[2]) % g->out[1], p % g->out[2]};
+  {T} acc = 0;
+  int first = 1;
+  for (int64_t kz = 0; kz < g->k[0]; ++kz)
+    for (int64_t ky = 0; ky < g->k[1]; ++ky)
+      for (int64_t kx = 0; kx < g->k[2]; ++kx) {
+        int64_t q[3] = {kz, ky, kx}, at = 0, inside = 1;
+        for (int a = 0; a < 3; ++a) {
+          int64_t i = o[a] * g->s[a] + q[a] * g->d[a] - g->p[a];
+          inside = inside && i >= 0 && i < g->in[a];
+          at = at * g->in[a] + i;
+        }
+        {T} x = inside ? X[at] : add ? ({T})0 : ({T})(-INFINITY);
+        acc = first ? x : add ? acc + x : (acc > x || acc != acc) ? acc : x;
+        first = 0;
+      }
+  return acc;
+}
+
+/* Output positions [j0, j0 + nt) of nimg planes (one channel of one image each): plane i's
+   input at X + i xs, its output at C + i ys; combine 0 the largest, 1 the sum. */
+static void ts_pool_tile_{S}(const {T}* X, {T}* C, int64_t nt, int64_t j0, int64_t combine,
+                             int64_t in0, int64_t in1, int64_t in2, int64_t k0, int64_t k1,
+                             int64_t k2, int64_t out0, int64_t out1, int64_t out2, int64_t s0,
+                             int64_t s1, int64_t s2, int64_t d0, int64_t d1, int64_t d2,
+                             int64_t p0, int64_t p1, int64_t p2, int64_t nimg, int64_t xs,
+                             int64_t ys) {
+  ts_conv_geom g = {in0 * in1 * in2, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2},
+                    {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
+  const int add = combine == 1;
+  const {T} fill = add ? ({T})0 : ({T})(-INFINITY);
+  for (int64_t i = 0; i < nimg; ++i) {
+    int64_t line, *off;
+    const {T}* pad = ts_window_rows_{S}(&g, X + i * xs, 1, j0, nt, fill, &line, &off);
+    if (!pad) {
+      for (int64_t j = 0; j < nt; ++j) C[i * ys + j] = ts_pool_at_{S}(&g, X + i * xs, j0 + j, add);
+      continue;
+    }
+    if (add)
+      ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, nt / out2, C + i * ys, 1);
+    else
+      ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, nt / out2, C + i * ys, 0);
+  }
+}

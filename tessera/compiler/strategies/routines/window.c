@@ -1,0 +1,79 @@
+/* The geometry of a window operator (a convolution, a pool) over three spatial axes (1-D and
+   2-D ones have leading axes of size 1), and the zero- or fill-padded layout of the input rows a
+   task of whole output rows reads (routines/c_conv.py, c_pool.py). */
+typedef struct {
+  int64_t cs;                   /* the input's channel stride */
+  int64_t in[3], k[3], out[3], s[3], d[3], p[3];
+} ts_conv_geom;
+
+/* Up to this many vectors of one output row are computed side by side in registers. */
+#define TS_WINDOW_SV 4
+
+/* The rows that output positions [j0, j0 + nt) (whole rows of a 1-D or 2-D window operator)
+   read from cg channels of X, copied once into scratch padded with `fill`, each row split into
+   its s2 column phases so that every tap reads a contiguous line: tap k = (c, ky, kx) of the
+   task's r-th output row reads its outputs from *off[k] + r * s1 * *line. Returns the scratch,
+   or 0 where the layout does not apply (3-D, a negative padding, a task not of whole rows, more
+   than 2^20 elements, no memory). */
+static const {T}* ts_window_rows_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, int64_t j0,
+                                     int64_t nt, {T} fill, int64_t* line, int64_t** off) {
+  const int64_t out2 = g->out[2], s1 = g->s[1], s2 = g->s[2], d1 = g->d[1], d2 = g->d[2];
+  const int64_t k1 = g->k[1], k2 = g->k[2], K = cg * k1 * k2;
+  if (g->in[0] != 1 || g->k[0] != 1 || g->out[0] != 1 || g->p[1] < 0 || g->p[2] < 0 ||
+      j0 % out2 || nt % out2 || nt == 0)
+    return 0;
+  const int64_t r0 = j0 / out2, nr = nt / out2;
+  const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;    /* padded input rows read */
+  const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;    /* padded columns read */
+  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S};   /* a phase's line (+ a vector's overrun) */
+  const int64_t size = cg * rows * s2 * pw, ioff = (int64_t)(sizeof(int64_t) / sizeof({T}));
+  if (size > ((int64_t)1 << 20)) return 0;
+  {T}* pad = ts_scratch_{S}((size_t)(size + (K + 1) * ioff));
+  if (!pad) return 0;
+  *line = s2 * pw;
+  *off = (int64_t*)(((uintptr_t)(pad + size) + 7) & ~(uintptr_t)7);
+  for (int64_t c = 0; c < cg; ++c)
+    for (int64_t y = 0; y < rows; ++y) {
+      {T}* dst = pad + (c * rows + y) * *line;
+      const int64_t yi = r0 * s1 + y - g->p[1];
+      for (int64_t j = 0; j < *line; ++j) dst[j] = fill;
+      if (yi < 0 || yi >= g->in[1]) continue;
+      const {T}* src = X + c * g->cs + yi * g->in[2];
+      int64_t n = g->in[2] < e2 - g->p[2] ? g->in[2] : e2 - g->p[2];
+      if (s2 == 1)
+        memcpy(dst + g->p[2], src, sizeof({T}) * (size_t)(n > 0 ? n : 0));
+      else if (s2 == 2) {               /* both phases in one pass over pairs of columns */
+        const int64_t q = g->p[2] & 1, base = g->p[2] >> 1;
+        {T}* restrict a = dst + q * pw + base;               /* where even columns go */
+        {T}* restrict b = dst + (1 - q) * pw + base + q;     /* and odd ones */
+        for (int64_t m = 0; m < n / 2; ++m) {
+          a[m] = src[2 * m];
+          b[m] = src[2 * m + 1];
+        }
+        if (n & 1) a[n / 2] = src[n - 1];
+      } else                            /* phase ph: padded columns ph, ph + s2, ... */
+        for (int64_t ph = 0; ph < s2; ++ph) {
+          const int64_t lo = g->p[2] > ph ? (g->p[2] - ph + s2 - 1) / s2 : 0;
+          const int64_t hi = n + g->p[2] > ph ? (n + g->p[2] - ph + s2 - 1) / s2 : 0;
+          const {T}* from = src + ph - g->p[2];
+          for (int64_t j = lo; j < hi; ++j) dst[ph * pw + j] = from[j * s2];
+        }
+    }
+  for (int64_t k = 0, c = 0, ky = 0, kx = 0; k < K; ++k) {   /* each tap's line, row 0 */
+    (*off)[k] = (c * rows + ky * d1) * *line + (kx * d2 % s2) * pw + kx * d2 / s2;
+    if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; ++c; } }
+  }
+  return pad;
+}
+
+/* nv vectors of a block's results stored at c, n of them (the row's last vector in part). */
+static inline __attribute__((always_inline)) void ts_window_store_{S}(const ts_v_{S}* acc,
+                                                                      {T}* c, int64_t n,
+                                                                      const int nv) {
+#pragma GCC unroll 4
+  for (int v = 0; v < nv - 1; ++v) ts_vstore_{S}(c + v * TS_VL_{S}, acc[v]);
+  if (n == nv * TS_VL_{S})
+    ts_vstore_{S}(c + (nv - 1) * TS_VL_{S}, acc[nv - 1]);
+  else
+    ts_vstore_part_{S}(c + (nv - 1) * TS_VL_{S}, acc[nv - 1], n - (nv - 1) * TS_VL_{S});
+}
