@@ -112,6 +112,26 @@ def test_transpose_permute_T(rng):
         assert_close(got, want)
 
 
+TRANSPOSED = [((1024, 1000), [1, 0], slice(None)), ((3, 147, 130), [0, 2, 1], slice(None)),
+              ((2, 70, 9, 33), [0, 3, 2, 1], slice(None)), ((40, 300), [1, 0], slice(1, -2)),
+              ((20, 64, 64), [2, 1, 0], slice(None, None, -1))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,perm,rows", TRANSPOSED)
+def test_a_transposition_copy_is_numpys_in_the_transpose_routine(shape, perm, rows, dtype, rng):
+    """A copy whose output is contiguous along an axis the input strides over (and the input
+    along another) calls the transposition routine (its 8x8 or 4x4 squares, their blocks'
+    edges, views: a slice, a flip): NumPy's transpose, element for element, NaN included."""
+    x = rng.standard_normal(shape).astype(dtype)
+    x.flat[::7] = np.nan
+    f = ts.function(lambda x: op.transpose(x[rows], perm=perm))
+    prog = f.lower(x)
+    assert {k.strategy for k in prog.schedule_ir.kernels} == {"copy"}
+    assert f"ts_transpose_{'f32' if dtype == np.float32 else 'f64'}(" in prog.target_code
+    assert f(x).tobytes() == np.ascontiguousarray(np.transpose(x[rows], perm)).tobytes()
+
+
 def test_reshape_expand_squeeze_broadcast(rng):
     x = rng.standard_normal((4, 6)).astype(np.float32)
     f = ts.function(lambda x: (x.reshape(3, -1), x.reshape(2, 2, 6), op.expand_dims(x, 1),

@@ -160,6 +160,10 @@ def cases(rng):
         "movement": (lambda x, i: op.concat([x.T, x[:, :5].T * 2], axis=0)[1:] + 0
                      + op.take(x, i, axis=0).sum(), [f32(9, 14), np.array([3, 0, 8], np.int64)],
                      True),
+        # transposition copies: the routine's blocks and their edges
+        "transposes": (lambda x, y: (x.T, op.transpose(y, perm=[2, 0, 1]),
+                                     op.transpose(y[:, 1:, :], perm=[0, 2, 1])),
+                       [f32(70, 45), f64(3, 37, 41)], True),
         # libm's functions: compared with NumPy only
         "libm": (lambda x: op.sin(x) + op.cos(x) + op.pow(op.abs(x), 1.5), [f32(33, 65)], False),
         "scans_and_scatter": (lambda x, i: (op.cumsum(x, axis=1), op.cumprod(x * 0.1 + 1, axis=0),

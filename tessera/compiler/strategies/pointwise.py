@@ -5,17 +5,21 @@ of inputs read in place). A function output computed elementwise on the same dom
 second store (an optimizer's new moment beside the new parameter). copy: a view that moves
 elements (a transpose, a slice) of a value in memory, alone.
 CPU: a loop nest over the domain, adjacent axes merged, `omp parallel` outside and `omp simd`
-inside. GPU: one thread per element, or per 16 bytes of elements where the layout allows.
+inside; a float copy that transposes (the output contiguous where the input strides) calls the
+transposition routine per block of output rows instead. GPU: one thread per element, or per 16 bytes of elements where the layout allows.
 """
 from __future__ import annotations
 
+from ... import dtypes as dt
 from ...ops import registry as R
-from ..emit import (Emitter, Names, contiguous, launch_of, loop_nest, prod, split_index,
-                    store_all)
+from ..emit import (Emitter, Names, contiguous, idx_div, idx_min, idx_mod, launch_of, loop_nest,
+                    prod, split_index, store_all)
 from ..groups import identity_map, is_elementwise, is_view, map_from, squeezes_only
 from ..schedule_ir import Kernel
-from ..tile_ir import Aligned, Bin, Const, If, Load, Loop, Var, VecLoad, VecStore, idx_add, idx_mul
+from ..tile_ir import Addr, Aligned, Bin, Call, Const, Decl, If, Load, Loop, Var, VecLoad, \
+    VecStore, idx_add, idx_mul
 from .base import Strategy, register
+from .routines import c_transpose
 from .row import EXPENSIVE_FLOPS
 
 
@@ -66,9 +70,16 @@ class PointwiseStrategy(Strategy):
 class CopyStrategy(PointwiseStrategy):
     name = "copy"
     grows = False
+    routines = {"transpose": "ts_transpose_{S}"}
 
     def claims(self, n) -> bool:
         return is_view(n) and not squeezes_only(n)
+
+    def lower_cpu(self, k, code):
+        return lower_transposition(k) or lower_pointwise(k, code)
+
+    def c_routine(self, name, dtype):
+        return c_transpose.transpose_source(dtype)
 
 
 register(PointwiseStrategy())
@@ -93,6 +104,51 @@ def lower_pointwise(k: Kernel, code):
     stmts = [] if body is None else body
     store_all(em, k, stmts, idx)
     return outer if body is not None else stmts
+
+
+# A task of a transposition copies this many of the output's rows (the input's columns)
+TRANSPOSE_ROWS = 64
+
+
+def lower_transposition(k: Kernel):
+    """A float32 or float64 copy whose innermost loop writes the output contiguously but reads
+    the input with a stride, while another loop reads it contiguously: a call of the
+    transposition routine (routines/c_transpose.py) per block of TRANSPOSE_ROWS output rows
+    and point of the other loops. None where the copy is not one."""
+    d = k.output.type.dtype
+    if d.short not in ("f32", "f64") or k.stores:
+        return None
+    em = Emitter(k, Names())
+    grp = k.group
+    loops = em.plan_loops([list(range(len(grp.domain)))])
+    reads = em.reads(grp.root.out, grp.maps[grp.root.out.id])
+    if len(loops) < 2 or len(reads) != 1 or reads[0][0].type.dtype != d:
+        return None
+    buf, offset, S = reads[0]
+    out_S = em._spread(grp.maps[grp.root.out.id], contiguous(grp.root.out.type.shape))
+    stride = lambda T, loop: T[loops[loop][-1]]                  # noqa: E731
+    last = len(loops) - 1
+    rows = [i for i in range(last) if stride(S, i) == 1]
+    if stride(out_S, last) != 1 or stride(S, last) in (0, 1) or not rows or \
+            min(em.extent(rows[0]), em.extent(last)) < 8 or \
+            em.extent(rows[0]) * em.extent(last) < 1024:      # (small: the loop is as good)
+        return None
+    m = rows[0]
+    others = [i for i in range(last) if i != m]
+    blocks = -(-em.extent(m) // TRANSPOSE_ROWS)
+    t = em.names("task")
+    idx = dict(zip(others, split_index(idx_div(Var(t), blocks), [em.extent(i)
+                                                                  for i in others])))
+    r0 = idx_mul(idx_mod(Var(t), blocks), Const(TRANSPOSE_ROWS))
+    idx[m] = r0
+    n = em.names("rows")
+    body = [Decl(n, dt.int64, idx_min(Const(TRANSPOSE_ROWS), Bin("-", Const(em.extent(m)), r0))),
+            Call(f"ts_transpose_{d.short}",
+                 (Addr(buf.name, em.index(S, idx, offset)), Const(stride(S, last)),
+                  Addr(k.output.name, em.index(out_S, idx)), Const(stride(out_S, m)), Var(n),
+                  Const(em.extent(last))), f"transpose:{d.short}")]
+    tasks = blocks * prod([em.extent(i) for i in others])
+    return [Loop(t, tasks, "parallel" if k.knobs.get("parallel") else "serial", body)]
 
 
 # ---- one thread per element, or per vector of elements -----------------------------------------
