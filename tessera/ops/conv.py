@@ -684,6 +684,9 @@ def _fold_decompose(b, xs, a):
     t = b.type(x)
     if folded_whole(t):
         return None
+    if t.dtype.is_narrow:               # in float32, rounded once (-inf: not in fp8 e4m3)
+        y = b.op("fold_windows", b.op("cast", x, dtype="float32"), **a)
+        return b.op("cast", y, dtype=t.dtype.name)
     spatial = list(_fold_infer([t], a).shape[2:])
     y = None
     for sl in _offset_slices(b, x, a["kernel"], a, spatial, fill=_fold_fill(t.dtype,
@@ -702,8 +705,7 @@ def folded_whole(t) -> bool:
 register(OpDef("fold_windows", 1, {"kernel": None, "stride": None, "padding": None,
                                    "dilation": None, "combine": "maximum"},
                normalize=_fold_normalize, infer=_fold_infer, reference=_fold_ref,
-               decompose=_fold_decompose,
-               lowering=Pool(), differentiable=False,
+               decompose=_fold_decompose, lowering=Pool(), differentiable=False,
                doc="each window of x [N, C, *spatial] folded by the elementwise combine "
                    "('maximum': NaN propagating, or 'add') over the kernel offsets in order, "
                    "the padding (before, after) pairs reading its identity: the pools' "
