@@ -6,7 +6,8 @@ second store (an optimizer's new moment beside the new parameter). copy: a view 
 elements (a transpose, a slice) of a value in memory, alone.
 CPU: a loop nest over the domain, adjacent axes merged, `omp parallel` outside and `omp simd`
 inside; a float copy that transposes (the output contiguous where the input strides) calls the
-transposition routine per block of output rows instead. GPU: one thread per element, or per 16 bytes of elements where the layout allows.
+transposition routine per block of output rows instead. GPU: one thread per element, or per
+16 bytes of elements where the layout allows.
 """
 from __future__ import annotations
 
