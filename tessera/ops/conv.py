@@ -27,7 +27,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, prod
 from ..types import TensorType
-from .registry import Conv, OpDef, Pool, flip, register, zeros
+from .registry import Conv, OpDef, Pad, Pool, flip, register, zeros
 
 
 # ---- attributes ---------------------------------------------------------------------------------
@@ -174,6 +174,10 @@ def _resized(shape, axis, n):
 
 def _pad_decompose(b, xs, a):
     x = xs[0]
+    t = b.type(x)
+    if a["mode"] == "constant" and all(lo >= 0 and hi >= 0 for lo, hi in a["pads"]) and \
+            all(isinstance(d, int) for d in t.shape) and not t.dtype.is_complex:
+        return None                  # one kernel (the concat strategy's): registry.Pad
     for axis, (lo, hi) in enumerate(a["pads"]):
         if lo < 0 or hi < 0:                                # negative pads crop
             n = b.type(x).shape[axis]
@@ -263,7 +267,7 @@ def _pad_vjp(b, xs, y, g, a):
 
 register(OpDef("pad", 1, {"pads": 0, "mode": "constant", "value": 0.0},
                normalize=_pad_normalize, infer=_pad_infer, reference=_pad_ref,
-               decompose=_pad_decompose, vjp=_pad_vjp,
+               decompose=_pad_decompose, vjp=_pad_vjp, lowering=Pad(),
                doc="pad every axis by (before, after): constant (value), reflect (without the "
                    "edge), edge, or circular; a negative pad crops"))
 

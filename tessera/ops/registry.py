@@ -141,6 +141,12 @@ class Concat:
 
 
 @dataclass(frozen=True)
+class Pad:
+    """A constant pad: the input copied into the interior of the output, its border filled
+    (one pass, where a pad per axis would concatenate, copying the whole once per axis)."""
+
+
+@dataclass(frozen=True)
 class Conv:
     """A convolution computed whole, as an implicit GEMM: the weight times the input's windows,
     which never exist in memory."""

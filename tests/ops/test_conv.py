@@ -269,6 +269,18 @@ def test_pad_is_numpys_and_its_gradient_pytorchs(mode, rng):
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.bool_])
+def test_a_constant_pad_is_one_kernel_numpys(dtype, rng):
+    """A constant pad of fixed shapes copies its input into the interior and fills each slab
+    of the border in one kernel (a pad per axis would copy the whole once per axis): np.pad's
+    values, bit for bit."""
+    x = (rng.standard_normal((2, 3, 7, 5)) * 4).astype(dtype)
+    pads = [[0, 1], [2, 0], [1, 3], [0, 0]]
+    f = ts.function(lambda x: op.pad(x, pads, value=1))
+    assert [k.strategy for k in f.lower(x).schedule_ir.kernels] == ["concat"]
+    assert f(x).tobytes() == np.pad(x, pads, constant_values=dtype(1)).tobytes()
+
+
 def test_negative_pads_crop_and_the_widest_reflection(rng):
     x = rng.standard_normal((4, 6))
     f = ts.function(lambda x: op.pad(x, [[-1, 2], [5, -2]], mode="reflect"))

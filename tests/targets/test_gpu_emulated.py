@@ -177,6 +177,13 @@ def test_concat(target, rng):
     np.testing.assert_array_equal(got, np.concatenate([a, a * 2, a], axis=0))
 
 
+def test_a_constant_pad_is_one_kernel(target, rng):
+    x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    pads = [[0, 0], [1, 0], [2, 1], [0, 3]]
+    got = emulate(target, lambda x: op.pad(x, pads, value=-2.5), x, strategies=["concat"])
+    np.testing.assert_array_equal(got, np.pad(x, pads, constant_values=-2.5))
+
+
 @pytest.mark.parametrize("axis", [0, 1])
 def test_take_with_negative_indices(target, axis, rng):
     table = rng.standard_normal((11, 6)).astype(np.float32)
