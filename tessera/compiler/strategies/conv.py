@@ -122,9 +122,10 @@ def _epilogue_loops(em: Emitter, g: dict):
     return merged
 
 
-def _kernel_parts(k):
-    """What both lowerings start from: names, an Emitter, the group, its convolution node, its
-    geometry, the output dtype, and the input's and weight's (buffer, offset)."""
+def _kernel_parts(k, geometry_of=None):
+    """What the lowerings start from: names, an Emitter, the group, its anchor (a convolution,
+    or the pool strategy's fold_windows with its `geometry_of`), its geometry, the output dtype,
+    and each operand's (buffer, offset)."""
     names = Names()
     em = Emitter(k, names)
     n = k.group.anchor
@@ -132,9 +133,9 @@ def _kernel_parts(k):
     for v in n.inputs:
         buf, off, strides = operand(k, v)
         if strides != contiguous(v.type.shape):
-            raise AssertionError("a convolution's operands are contiguous buffers")
+            raise AssertionError("a window operator's operands are contiguous buffers")
         parts.append((buf, off))
-    return (names, em, k.group, n, geometry(n), k.output.type.dtype, *parts)
+    return (names, em, k.group, n, (geometry_of or geometry)(n), k.output.type.dtype, *parts)
 
 
 def images_per_tile(g: dict, NT: int) -> int:

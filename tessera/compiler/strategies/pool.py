@@ -16,12 +16,11 @@ import math
 from ... import dtypes as dt
 from ...ops import registry as R
 from ..dynamic import representative
-from ..emit import Emitter, Names, contiguous, idx_div, idx_min, idx_mod, launch_of, operand, \
-    read, split_index, unflatten
+from ..emit import idx_div, idx_min, idx_mod, launch_of, read, split_index, unflatten
 from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select, Store, Var, \
     idx_add, idx_mul
 from .base import PARALLEL_MIN_FLOPS, Strategy, register
-from .conv import ConvStrategy, _epilogue_loops
+from .conv import ConvStrategy, _epilogue_loops, _kernel_parts
 from .routines import c_pool
 
 # A task takes whole planes while they hold fewer outputs than this, else whole rows of one
@@ -90,17 +89,6 @@ class PoolStrategy(ConvStrategy):
 register(PoolStrategy())
 
 
-def _kernel_parts(k):
-    """names, an Emitter, the group, its fold_windows node, its geometry, the output dtype, and
-    the input's (buffer, offset)."""
-    names = Names()
-    n = k.group.anchor
-    buf, off, strides = operand(k, n.inputs[0])
-    if strides != contiguous(n.inputs[0].type.shape):
-        raise AssertionError("fold_windows reads a contiguous buffer")
-    return names, Emitter(k, names), k.group, n, geometry(n), k.output.type.dtype, (buf, off)
-
-
 def _epilogue(k, em, grp, first_plane, planes, j0, nt, names, merged, body):
     """The epilogue over a task's finished outputs: planes first_plane.. (+ planes), positions
     j0 .. j0 + nt of each."""
@@ -123,7 +111,7 @@ def _epilogue(k, em, grp, first_plane, planes, j0, nt, names, merged, body):
 def lower_pool_tiles(k):
     """Tasks of whole planes (small planes: several a task) or of whole output rows of one
     plane, each one routine call, then the epilogue over what it wrote."""
-    names, em, grp, n, g, d, (X, x_off) = _kernel_parts(k)
+    names, em, grp, n, g, d, (X, x_off) = _kernel_parts(k, geometry)
     merged = _epilogue_loops(em, g)
     NC, P, NT = g["N"] * g["C"], g["P"], k.knobs["tile_n"]
     inplane = math.prod(g["in"])
@@ -162,7 +150,7 @@ def lower_pool_direct(k, knobs):
     """GPUs: an output element per thread, folded over the taps in order (from -inf for the
     largest, -0 for a sum: the identities that leave the first tap's value as it is), then the
     epilogue at that element."""
-    names, em, grp, n, g, d, (X, x_off) = _kernel_parts(k)
+    names, em, grp, n, g, d, (X, x_off) = _kernel_parts(k, geometry)
     em.loops = [[a] for a in range(len(grp.domain))]
     NC, P = g["N"] * g["C"], g["P"]
     e = names("e")
