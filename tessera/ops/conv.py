@@ -27,7 +27,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, prod
 from ..types import TensorType
-from .registry import Conv, OpDef, Pad, Pool, flip, register, zeros
+from .registry import Conv, ConvWeightGrad, OpDef, Pad, Pool, flip, register, zeros
 
 
 # ---- attributes ---------------------------------------------------------------------------------
@@ -370,33 +370,29 @@ def _conv_decompose(b, xs, a):
 def _weight_grad(b, x, g, a, kernel):
     """d/dw of conv(x, w) with cotangent g: [O, C / groups, *kernel] (also the weight gradient
     of a transposed convolution, with x its cotangent and g its input)."""
-    go = b.type(g)
-    N, O, spatial = go.shape[0], go.shape[1], list(go.shape[2:])
-    G = a["groups"]
-    P = prod(spatial)
-    cols = _grouped_windows(b, x, kernel, a, spatial)  # [N, G, Cg K, P]
-    # one product per group contracting images and positions together ([G, O/G, N P] times
-    # [G, N P, Cg K]), not one per image summed after: no [N, O, Cg K] in memory
-    gm = b.op("reshape", b.op("transpose", b.op("reshape", g, shape=[N, G, O // G, P]),
-                              perm=[1, 2, 0, 3]), shape=[G, O // G, N * P])
-    cm = b.op("reshape", b.op("transpose", cols, perm=[1, 0, 3, 2]),
-              shape=[G, N * P, b.type(cols).shape[2]])
-    dw = b.op("matmul", gm, cm)
-    C = b.type(x).shape[1]
-    return b.op("reshape", dw, shape=[O, C // G, *kernel])
+    return b.op("conv_weight_grad", x, g, kernel=list(kernel), stride=list(a["stride"]),
+                padding=[list(p) for p in a["padding"]], dilation=list(a["dilation"]),
+                groups=a["groups"])
+
+
+def _skipped_rows(x_shape, y_shape, kernel, a):
+    """Per spatial axis, the input's rows past the last window (strides that skip them): the
+    transposed convolution's output_padding that gives the input's shape back."""
+    extra = []
+    for k in range(len(kernel)):
+        lo, hi = a["padding"][k]
+        made = (y_shape[2 + k] - 1) * a["stride"][k] - lo - hi + \
+            a["dilation"][k] * (kernel[k] - 1) + 1
+        extra.append(x_shape[2 + k] - made)
+    return extra
 
 
 def _conv_vjp(b, xs, y, g, a):
     x, w = xs
     kernel = list(w.shape[2:])
-    extra = []
-    for k in range(len(kernel)):
-        lo, hi = a["padding"][k]
-        made = (y.shape[2 + k] - 1) * a["stride"][k] - lo - hi + \
-            a["dilation"][k] * (kernel[k] - 1) + 1
-        extra.append(x.shape[2 + k] - made)             # the rows the strides skipped
     dx = b.op("conv_transpose", g, w, stride=a["stride"], padding=a["padding"],
-              output_padding=extra, dilation=a["dilation"], groups=a["groups"])
+              output_padding=_skipped_rows(x.shape, y.shape, kernel, a),
+              dilation=a["dilation"], groups=a["groups"])
     return [dx, _weight_grad(b, x, g, a, kernel)]
 
 
@@ -427,6 +423,110 @@ register(OpDef("conv", 2, {"stride": 1, "padding": 0, "dilation": 1, "groups": 1
                doc="cross-correlation of x [N, C, *spatial] with w [O, C/groups, *kernel], "
                    "float or integer (PyTorch's conv1d/2d/3d): stride, padding (ints, pairs, 'same', 'valid'), "
                    "dilation, groups"))
+
+
+# ---- a convolution's weight gradient -------------------------------------------------------------
+
+def _wgrad_normalize(ts, a):
+    n = _spatial(ts[0], "conv_weight_grad")
+    _spatial(ts[1], "conv_weight_grad's cotangent")
+    if a["kernel"] is None:
+        raise ArgumentError("conv_weight_grad needs the weight's kernel size")
+    out = {**a, "kernel": _ints(a["kernel"], n, "kernel"), "stride": _ints(a["stride"], n, "stride"),
+           "dilation": _ints(a["dilation"], n, "dilation"), "padding": _pairs(a["padding"], n),
+           "groups": _ints(a["groups"], 1, "groups")[0]}
+    if any(p < 0 for pair in out["padding"] for p in pair):
+        raise ArgumentError("conv_weight_grad's padding is not negative",
+                            received=repr(a["padding"]))
+    return out
+
+
+def _wgrad_infer(ts, a):
+    x, g = ts
+    n = len(a["kernel"])
+    if g.rank != x.rank:
+        raise ShapeError("conv_weight_grad's cotangent has the input's rank",
+                         received=f"{x} and {g}")
+    G = a["groups"]
+    if isinstance(x.shape[1], int) and x.shape[1] % G or \
+            isinstance(g.shape[1], int) and g.shape[1] % G:
+        raise ShapeError(f"conv_weight_grad's channels divide into {G} groups",
+                         received=f"{x} and {g}")
+    for k in range(n):
+        size = x.shape[2 + k]
+        if isinstance(size, int) and isinstance(g.shape[2 + k], int):
+            want = _out_size(size, *a["padding"][k], a["kernel"][k], a["stride"][k],
+                             a["dilation"][k])
+            if want != g.shape[2 + k]:
+                raise ShapeError(f"conv_weight_grad's cotangent has the convolution's output "
+                                 f"shape ({want} along spatial axis {k})", received=f"{x} and {g}")
+    d = _float_operands([x.dtype, g.dtype], "conv_weight_grad", ints=True)[1]
+    return TensorType(d, (g.shape[1], x.shape[1] // G if isinstance(x.shape[1], int)
+                          else x.shape[1], *a["kernel"]))
+
+
+def _wgrad_decompose(b, xs, a):
+    """The windows' matmul: one product per group contracting images and positions together
+    ([G, O/G, N P] times [G, N P, Cg K]), the order the conv_weight_grad strategy keeps; float32
+    and float64 operands of static shapes are primitive instead."""
+    x, g = xs
+    if computed_whole(b.type(x), b.type(g)):
+        return None
+    go = b.type(g)
+    N, O, spatial = go.shape[0], go.shape[1], list(go.shape[2:])
+    G, kernel = a["groups"], a["kernel"]
+    P = prod(spatial)
+    cols = _grouped_windows(b, x, kernel, a, spatial)  # [N, G, Cg K, P]
+    gm = b.op("reshape", b.op("transpose", b.op("reshape", g, shape=[N, G, O // G, P]),
+                              perm=[1, 2, 0, 3]), shape=[G, O // G, N * P])
+    cm = b.op("reshape", b.op("transpose", cols, perm=[1, 0, 3, 2]),
+              shape=[G, N * P, b.type(cols).shape[2]])
+    dw = b.op("matmul", gm, cm)
+    C = b.type(x).shape[1]
+    return b.op("reshape", dw, shape=[O, C // G, *kernel])
+
+
+def _wgrad_vjp(b, xs, y, h, a):
+    """Linear in each operand: the input's part is the transposed convolution of the
+    cotangent g by h, the cotangent's the convolution of x by h."""
+    x, g = xs
+    kernel = a["kernel"]
+    attrs = {"stride": a["stride"], "padding": a["padding"], "dilation": a["dilation"],
+             "groups": a["groups"]}
+    dx = b.op("conv_transpose", g, h, output_padding=_skipped_rows(x.shape, g.shape, kernel, a),
+              **attrs)
+    return [dx, b.op("conv", x, h, **attrs)]
+
+
+def _wgrad_ref(xs, a):
+    wide = np.int64 if np.result_type(*xs).kind in "iu" else np.float64     # (exact)
+    x, g = (v.astype(wide) for v in xs)
+    N, C = x.shape[:2]
+    O, kernel, G = g.shape[1], a["kernel"], a["groups"]
+    spatial = g.shape[2:]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in a["padding"]])
+    xg = xp.reshape(N, G, C // G, *xp.shape[2:])
+    gg = g.reshape(N, G, O // G, *spatial)
+    out = np.zeros((G, O // G, C // G, *kernel), wide)
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
+                    zip(offset, a["dilation"], spatial, a["stride"]))
+        win = xg[(slice(None),) * 3 + idx].reshape(N, G, C // G, -1)      # [N, G, Cg, P]
+        out[(Ellipsis,) + tuple(offset)] = np.einsum("ngcp,ngop->goc", win,
+                                                     gg.reshape(N, G, O // G, -1))
+    return out.reshape(O, C // G, *kernel).astype(np.result_type(*xs))
+
+
+register(OpDef("conv_weight_grad", 2, {"kernel": None, "stride": 1, "padding": 0,
+                                       "dilation": 1, "groups": 1},
+               normalize=_wgrad_normalize, infer=_wgrad_infer, reference=_wgrad_ref,
+               dtype_rule=lambda ds, a: _float_operands(ds, "conv_weight_grad", ints=True),
+               decompose=_wgrad_decompose, vjp=_wgrad_vjp, accumulates=True,
+               lowering=ConvWeightGrad(),
+               doc="the gradient of conv(x, w)'s weight w [O, C/groups, *kernel] for the "
+                   "cotangent g [N, O, *out] of its output: each element the sum over images "
+                   "and positions, in order, of g times the window of x (padding pairs, stride, "
+                   "dilation, groups as conv's); computed with the windows never in memory"))
 
 
 # ---- transposed convolution ----------------------------------------------------------------------

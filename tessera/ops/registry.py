@@ -153,6 +153,13 @@ class Conv:
 
 
 @dataclass(frozen=True)
+class ConvWeightGrad:
+    """A convolution's weight gradient computed whole: the cotangent times the input's windows
+    over every image and position, the windows packed from the input as the product reads
+    them."""
+
+
+@dataclass(frozen=True)
 class Pool:
     """Each window of an image folded by an elementwise combination over its taps in order
     (fold_windows: the pools), read from the input where it lies."""

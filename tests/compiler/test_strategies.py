@@ -48,8 +48,8 @@ def test_every_strategy_lowers_for_every_target():
 def test_knob_names_and_aliases_come_from_the_strategies():
     from tessera.compiler.scheduler import ALIASES, KNOB_NAMES
     assert {"tile_m", "block_q", "lanes", "unroll"} <= set(KNOB_NAMES)
-    assert ALIASES["BM"] == {"contract": "tile_m", "conv": "tile_m", "attention": "block_q",
-                             "tile": "tile_m"}
+    assert ALIASES["BM"] == {"contract": "tile_m", "conv": "tile_m", "conv_weight_grad": "tile_m",
+                             "attention": "block_q", "tile": "tile_m"}
     sched = ts.Schedule(block=(32, 64, 16), vector_width=4, parallel=False)
     assert sched.knobs_for("contract") == {"parallel": False, "tile_m": 32, "tile_n": 64,
                                            "tile_k": 16}

@@ -233,6 +233,78 @@ def test_a_strided_transpose_of_a_batch_is_each_images_bits(dtype, rng):
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
 
 
+WGRAD = STRATEGY + [
+    ((3, 4, 20, 20), (8, 4, 3, 3), {"padding": 1}),     # rows of 20: the padded-row layout, a
+    ((2, 3, 33, 34), (6, 3, 7, 7), {"stride": 2, "padding": 3}),     # K block across images;
+    ((2, 5, 40, 18), (4, 5, 3, 3), {"stride": (1, 2), "padding": (1, 0)}),  # stride phases
+]
+
+
+@pytest.mark.parametrize("k", range(len(WGRAD)))
+def test_a_weight_gradient_has_the_bits_of_the_windows_matmul(k, rng):
+    """The weight gradient (conv_weight_grad, compiler/strategies/conv_grad.py) computes each
+    element as the GEMM routine's fma chain over (image, position): bit for bit the matmul of
+    the cotangent with the windows built in NumPy, whatever its tiles (K blocks that split an
+    image's rows, cross images, or hold one row) and threads; in float64 PyTorch's gradient."""
+    xs, ws, attrs = WGRAD[k]
+    x, w = _case(rng, xs, ws, np.float32)
+    cols, out = _im2col(x, ws, attrs)
+    g, N, O = attrs.get("groups", 1), xs[0], ws[0]
+    P = int(np.prod(out))
+    gy = rng.standard_normal((N, O, *out)).astype(np.float32)
+    gm = gy.reshape(N, g, O // g, P).transpose(1, 2, 0, 3).reshape(g, O // g, N * P)
+    cm = cols.transpose(1, 0, 3, 2).reshape(g, N * P, -1)
+    want = ts.function(lambda a, b: op.matmul(a, b))(gm, cm).reshape(ws)
+
+    def dw(x, w, gy):
+        return ts.grad(lambda w: op.sum(op.conv(x, w, **attrs) * gy))(w)
+    f = ts.function(dw)
+    assert "conv_weight_grad" in [kn.strategy for kn in f.lower(x, w, gy).schedule_ir.kernels]
+    for sched in (None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5),
+                                                                     parallel=False),
+                  ts.Schedule(block=(16, 64, 13))):
+        got = (f if sched is None else f.with_schedule(sched))(x, w, gy)
+        assert got.tobytes() == want.tobytes(), sched
+    x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
+    tw = torch.from_numpy(w64).requires_grad_()
+    _torch_conv(len(xs) - 2)(torch.from_numpy(x64), tw, **attrs).backward(torch.from_numpy(gy64))
+    np.testing.assert_allclose(ts.function(dw)(x64, w64, gy64), tw.grad.numpy(), rtol=1e-10,
+                               atol=1e-10)
+
+
+def test_a_weight_gradient_fuses_the_momentum_update(rng):
+    """SGD with momentum's update of the gradient is the weight gradient's epilogue: one
+    kernel, the bits of the unfused program's."""
+    x, w = _case(rng, (4, 6, 12, 12), (8, 6, 3, 3), np.float32)
+    buf = rng.standard_normal(w.shape).astype(np.float32)
+    gy = rng.standard_normal((4, 8, 12, 12)).astype(np.float32)
+
+    def step(x, gy, buf):
+        return buf * 0.9 + op.conv_weight_grad(x, gy, kernel=[3, 3], padding=1)
+    f = ts.function(step)
+    assert [kn.strategy for kn in f.lower(x, gy, buf).schedule_ir.kernels] == \
+        ["conv_weight_grad"]
+    dw = ts.function(lambda x, gy: op.conv_weight_grad(x, gy, kernel=[3, 3], padding=1))(x, gy)
+    assert f(x, gy, buf).tobytes() == (buf * np.float32(0.9) + dw).tobytes()
+
+
+def test_second_derivatives_through_a_weight_gradient(rng):
+    """grad of the weight gradient (its adjoints: a transposed convolution and a convolution)
+    against PyTorch's double backward."""
+    x, w = _case(rng, (2, 3, 8, 7), (4, 3, 3, 2))
+    r = rng.standard_normal(w.shape)
+    attrs = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2)}
+    tx, tw = (torch.from_numpy(a).requires_grad_() for a in (x, w))
+    (gw,) = torch.autograd.grad((F.conv2d(tx, tw, **attrs) ** 2).sum(), tw, create_graph=True)
+    hx, hw = torch.autograd.grad((gw * torch.from_numpy(r)).sum(), (tx, tw))
+
+    def outer(x, w, r):
+        return op.sum(ts.grad(lambda w: op.sum(op.conv(x, w, **attrs) ** 2))(w) * r)
+    gx, gw2 = ts.grad(outer, argnums=(0, 1))(x, w, r)
+    np.testing.assert_allclose(gx, hx.numpy(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(gw2, hw.numpy(), rtol=1e-9, atol=1e-9)
+
+
 def test_second_derivatives_of_a_convolution(rng):
     """grad of grad (the transposed convolution's own adjoints): against PyTorch's."""
     x, w = _case(rng, (1, 2, 7, 6), (3, 2, 3, 3))

@@ -500,6 +500,24 @@ def test_convolution_gives_the_cpu_bits(target, xs, ws, attrs, rng):
     assert got.tobytes() == cpu(fn, x, w, b).tobytes()
 
 
+# ---- a convolution's weight gradient: an output element per thread, the CPU's chains -----------
+@pytest.mark.parametrize("xs,ws,attrs", [((2, 3, 7, 6), (4, 3, 3, 3), {"padding": 1}),
+                                         ((3, 4, 9), (4, 2, 3), {"stride": 2, "groups": 2}),
+                                         ((1, 2, 4, 5, 3), (3, 2, 2, 3, 1),
+                                          {"padding": (1, 0, 1), "dilation": (2, 1, 1)})])
+def test_a_weight_gradient_gives_the_cpu_bits(target, xs, ws, attrs, rng):
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    m = rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal(op.conv(x, w, **attrs).shape).astype(np.float32)
+
+    def fn(x, gy, m):             # an optimiser's momentum: the gradient's epilogue
+        dw = op.conv_weight_grad(x, gy, kernel=list(ws[2:]), **attrs)
+        return m * 0.9 + dw
+    got = emulate(target, fn, x, gy, m, strategies=["conv_weight_grad"])
+    assert got.tobytes() == cpu(fn, x, gy, m).tobytes()
+
+
 # ---- pools: an output element per thread folding its window, the CPU's bits ----------------------
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("xs,kernel,stride,pad", [((2, 3, 9, 8), 3, 2, 1), ((1, 2, 13), 4, 3, 2),

@@ -10,7 +10,7 @@ whole rows of a 1-D or 2-D convolution runs as a stencil instead (`ts_conv_plane
 """
 from __future__ import annotations
 
-from . import c_gemm, c_pool, routine_text
+from . import c_gemm, c_pool, c_transpose, routine_text
 
 _ROUTINE = routine_text("conv.c")
 
@@ -19,4 +19,6 @@ def conv_source(dtype_short: str) -> list[str]:
     """The chunks for one dtype ("f32" or "f64"): the GEMM's (its packing and micro-kernel), the
     window layout (window.c), then the convolution's."""
     return c_gemm.gemm_source(dtype_short) + [c_gemm.instantiate(c_pool.WINDOW, dtype_short),
+                                              c_gemm.instantiate(c_transpose.TRANSPOSE,
+                                                                 dtype_short),
                                               c_gemm.instantiate(_ROUTINE, dtype_short)]

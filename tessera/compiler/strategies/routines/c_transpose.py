@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from . import c_gemm, routine_text
 
-_ROUTINE = routine_text("transpose.c")
+TRANSPOSE = routine_text("transpose.c")
 
 
 def transpose_source(dtype_short: str) -> list[str]:
-    return [c_gemm.ISA, c_gemm.instantiate(_ROUTINE, dtype_short)]
+    return [c_gemm.ISA, c_gemm.instantiate(TRANSPOSE, dtype_short)]

@@ -276,3 +276,102 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
       for (int64_t r = 0; r < mt; ++r)
         memcpy(C + i * ys + r * ldc, out + r * ldo + i * nt, sizeof({T}) * (size_t)nt);
 }
+
+/* The weight gradient's mt x nt block of dW [O/G, Cg*KK] at C (row stride ldc): the cotangent
+   G times the input's windows B over k = (n, p), every position of image 0, then of image 1,
+   ...; G's row o of image n at Gd + n gs + o P, B[(n, p), j] the input (image n at X + n xs)
+   under position p and j = (c, kz, ky, kx) from j0. Both operands run along k in memory: each
+   panel is a block of lines (G's rows; B's columns laid out from the input as the forward
+   packing lays out its rows) transposed through registers (ts_transpose). Every element is the
+   fma chain over k from 0 that the GEMM routine computes for the windows' matmul (ops/conv.py's
+   decomposition), which never exists in memory. */
+static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int64_t xs, {T}* C,
+                                   int64_t ldc, int64_t nimg, int64_t mt, int64_t j0, int64_t nt,
+                                   int64_t KC, int64_t cs, int64_t in0, int64_t in1, int64_t in2,
+                                   int64_t k0, int64_t k1, int64_t k2, int64_t out0, int64_t out1,
+                                   int64_t out2, int64_t s0, int64_t s1, int64_t s2, int64_t d0,
+                                   int64_t d1, int64_t d2, int64_t p0, int64_t p1, int64_t p2) {
+  ts_conv_geom g = {cs, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2}, {s0, s1, s2},
+                    {d0, d1, d2}, {p0, p1, p2}};
+  int64_t P = out0 * out1 * out2, K = nimg * P, kk = k0 * k1 * k2;
+  if (KC <= 0) KC = 256;
+  int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
+  int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
+  /* 1-D and 2-D: K blocks of whole output rows, so that each segment's input rows are laid out
+     padded once (ts_window_lay) and every column's line is copied from them row by row */
+  int64_t c_lo = j0 / kk, cgt = nt > 0 ? (j0 + nt - 1) / kk - c_lo + 1 : 0, pline = 0;
+  int64_t KR = KC < out2 ? out2 : KC / out2 * out2;
+  int64_t psize = ts_window_size_{S}(&g, cgt, (K < KR ? K : KR) / out2, &pline);
+  int rowwise = out2 >= TS_CONV_SHORT_RUN / 2 && psize > 0 && psize <= ((int64_t)1 << 20);
+  if (rowwise) KC = KR;
+  int64_t kcap = K < KC ? K : KC;
+  /* otherwise small output rows: an index per (kernel offset, position) of an image */
+  int indexed = !rowwise && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
+                kk * P <= (1 << 20);
+  int64_t nruns = indexed ? out0 * out1 + 2 : kcap / out2 + 2;    /* (ts_conv_runs' bounds) */
+  size_t ioff = sizeof(int64_t) / sizeof({T});
+  size_t table = (size_t)(4 * nruns) * ioff + 16 +
+                 (indexed ? (size_t)(kk * P) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
+                 (rowwise ? (size_t)psize + (size_t)(cgt * kk) * ioff + 16 : 0);
+  size_t need = (size_t)(mp + np + TS_NR_{S}) * (size_t)kcap;
+  {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
+  if (!pa) {                     /* K = 0, or no memory: the same fma chains, element by element */
+    for (int64_t r = 0; r < mt; ++r)
+      for (int64_t j = 0; j < nt; ++j) {
+        {T} acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc = fma{F}(Gd[(k / P) * gs + r * P + k % P],
+                       ts_conv_at_{S}(&g, X + (k / P) * xs, j0 + j, k % P), acc);
+        C[r * ldc + j] = acc;
+      }
+    return;
+  }
+  {T}* pb = pa + mp * kcap;
+  {T}* lines = pb + np * kcap;             /* a panel's columns of B, one line each */
+  int64_t* runs = (int64_t*)(((uintptr_t)(lines + TS_NR_{S} * kcap) + 63) & ~(uintptr_t)63);
+  int32_t* idx = (int32_t*)(runs + 4 * nruns);
+  if (indexed) ts_conv_index(&g, runs, ts_conv_runs(&g, 0, P, runs), P, idx);
+  {T}* pad = ({T}*)(((uintptr_t)(runs + 4 * nruns) + 63) & ~(uintptr_t)63);
+  int64_t* off = (int64_t*)(((uintptr_t)(pad + psize) + 63) & ~(uintptr_t)63);
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    int64_t kc = K - pc < KC ? K - pc : KC;
+    for (int64_t k = pc; k < pc + kc;) {     /* the block's segments, one image's positions each */
+      int64_t n = k / P, p = k % P, len = P - p < pc + kc - k ? P - p : pc + kc - k;
+      int64_t koff = k - pc, count = indexed || rowwise ? 0 : ts_conv_runs(&g, p, len, runs);
+      const {T}* xn = X + n * xs;
+      if (rowwise) ts_window_lay_{S}(&g, xn + c_lo * cs, cgt, p / out2, len / out2, 0, pad, off);
+      for (int64_t jr = 0; jr < nt; jr += TS_NR_{S}) {    /* B: a panel's lines, transposed */
+        for (int64_t j = jr; j < jr + TS_NR_{S}; ++j) {
+          {T}* line = lines + (j - jr) * len;
+          int64_t jj = j0 + j, c = jj / kk, r = jj % kk;
+          if (j >= nt)
+            for (int64_t q = 0; q < len; ++q) line[q] = 0;
+          else if (rowwise)
+            for (int64_t rr = 0; rr < len / out2; ++rr) {
+              const {T}* restrict src = pad + off[(c - c_lo) * kk + r] + rr * s1 * pline;
+              {T}* restrict dst = line + rr * out2;
+              for (int64_t q = 0; q < out2; ++q) dst[q] = src[q];
+            }
+          else if (indexed)
+            ts_conv_gather_{S}(xn + c * cs, idx + r * P + p, len, line);
+          else
+            ts_conv_fill_{S}(&g, xn, c, r / (k1 * k2), (r / k2) % k1, r % k2, runs, count, line);
+        }
+        ts_transpose_{S}(lines, len, pb + jr * kc + koff * TS_NR_{S}, TS_NR_{S}, len, TS_NR_{S});
+      }
+      for (int64_t ir = 0; ir < mt; ir += TS_MR) {       /* A: G's rows, transposed */
+        int64_t m = mt - ir < TS_MR ? mt - ir : TS_MR;
+        {T}* dst = pa + ir * kc + koff * TS_MR;
+        ts_transpose_{S}(Gd + n * gs + ir * P + p, P, dst, TS_MR, len, m);
+        for (int64_t q = 0; q < len && m < TS_MR; ++q)
+          for (int64_t r = m; r < TS_MR; ++r) dst[q * TS_MR + r] = 0;
+      }
+      k += len;
+    }
+    for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
+      for (int64_t ir = 0; ir < mt; ir += TS_MR)
+        ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, C + ir * ldc + jr, ldc,
+                     mt - ir < TS_MR ? mt - ir : TS_MR,
+                     nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
+  }
+}

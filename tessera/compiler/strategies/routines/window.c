@@ -9,34 +9,36 @@ typedef struct {
 /* Up to this many vectors of one output row are computed side by side in registers. */
 #define TS_WINDOW_SV 4
 
-/* The rows that output positions [j0, j0 + nt) (whole rows of a 1-D or 2-D window operator)
-   read from cg channels of X, copied once into scratch padded with `fill`, each row split into
-   its s2 column phases so that every tap reads a contiguous line: tap k = (c, ky, kx) of the
-   task's r-th output row reads its outputs from *off[k] + r * s1 * *line. Returns the scratch,
-   or 0 where the layout does not apply (3-D, a negative padding, a task not of whole rows, more
-   than 2^20 elements, no memory). */
-static const {T}* ts_window_rows_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, int64_t j0,
-                                     int64_t nt, {T} fill, int64_t* line, int64_t** off) {
+/* The padded layout of the input rows that nr output rows of a 1-D or 2-D window operator read
+   from cg channels: its size in elements (0 where it does not apply: 3-D, a negative padding),
+   and its line, the distance between padded rows. */
+static int64_t ts_window_size_{S}(const ts_conv_geom* g, int64_t cg, int64_t nr, int64_t* line) {
+  if (g->in[0] != 1 || g->k[0] != 1 || g->out[0] != 1 || g->p[1] < 0 || g->p[2] < 0 || nr <= 0)
+    return 0;
+  const int64_t s2 = g->s[2];
+  const int64_t rows = (nr - 1) * g->s[1] + (g->k[1] - 1) * g->d[1] + 1;   /* padded rows read */
+  const int64_t e2 = (g->out[2] - 1) * s2 + (g->k[2] - 1) * g->d[2] + 1;   /* columns read */
+  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S};   /* a phase's line (+ a vector's overrun) */
+  *line = s2 * pw;
+  return cg * rows * s2 * pw;
+}
+
+/* The rows output rows r0 .. r0 + nr - 1 read from cg channels of X copied into pad (of
+   ts_window_size's elements) padded with `fill`, each row split into its s2 column phases so
+   that every tap reads a contiguous line: tap k = (c, ky, kx) of the r-th of those output rows
+   reads its outputs from pad + off[k] + r * s1 * line. */
+static void ts_window_lay_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, int64_t r0,
+                              int64_t nr, {T} fill, {T}* pad, int64_t* off) {
   const int64_t out2 = g->out[2], s1 = g->s[1], s2 = g->s[2], d1 = g->d[1], d2 = g->d[2];
   const int64_t k1 = g->k[1], k2 = g->k[2], K = cg * k1 * k2;
-  if (g->in[0] != 1 || g->k[0] != 1 || g->out[0] != 1 || g->p[1] < 0 || g->p[2] < 0 ||
-      j0 % out2 || nt % out2 || nt == 0)
-    return 0;
-  const int64_t r0 = j0 / out2, nr = nt / out2;
-  const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;    /* padded input rows read */
-  const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;    /* padded columns read */
-  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S};   /* a phase's line (+ a vector's overrun) */
-  const int64_t size = cg * rows * s2 * pw, ioff = (int64_t)(sizeof(int64_t) / sizeof({T}));
-  if (size > ((int64_t)1 << 20)) return 0;
-  {T}* pad = ts_scratch_{S}((size_t)(size + (K + 1) * ioff));
-  if (!pad) return 0;
-  *line = s2 * pw;
-  *off = (int64_t*)(((uintptr_t)(pad + size) + 7) & ~(uintptr_t)7);
+  const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;
+  const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;
+  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S}, line = s2 * pw;
   for (int64_t c = 0; c < cg; ++c)
     for (int64_t y = 0; y < rows; ++y) {
-      {T}* dst = pad + (c * rows + y) * *line;
+      {T}* dst = pad + (c * rows + y) * line;
       const int64_t yi = r0 * s1 + y - g->p[1];
-      for (int64_t j = 0; j < *line; ++j) dst[j] = fill;
+      for (int64_t j = 0; j < line; ++j) dst[j] = fill;
       if (yi < 0 || yi >= g->in[1]) continue;
       const {T}* src = X + c * g->cs + yi * g->in[2];
       int64_t n = g->in[2] < e2 - g->p[2] ? g->in[2] : e2 - g->p[2];
@@ -60,9 +62,25 @@ static const {T}* ts_window_rows_{S}(const ts_conv_geom* g, const {T}* X, int64_
         }
     }
   for (int64_t k = 0, c = 0, ky = 0, kx = 0; k < K; ++k) {   /* each tap's line, row 0 */
-    (*off)[k] = (c * rows + ky * d1) * *line + (kx * d2 % s2) * pw + kx * d2 / s2;
+    off[k] = (c * rows + ky * d1) * line + (kx * d2 % s2) * pw + kx * d2 / s2;
     if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; ++c; } }
   }
+}
+
+/* The layout (ts_window_lay) of the rows that output positions [j0, j0 + nt) (whole rows)
+   read, in scratch: returns it, its line and its offsets, or 0 where it does not apply (3-D, a
+   negative padding, a task not of whole rows, more than 2^20 elements, no memory). */
+static const {T}* ts_window_rows_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, int64_t j0,
+                                     int64_t nt, {T} fill, int64_t* line, int64_t** off) {
+  const int64_t out2 = g->out[2], K = cg * g->k[1] * g->k[2];
+  if (j0 % out2 || nt % out2 || nt == 0) return 0;
+  const int64_t size = ts_window_size_{S}(g, cg, nt / out2, line);
+  const int64_t ioff = (int64_t)(sizeof(int64_t) / sizeof({T}));
+  if (size == 0 || size > ((int64_t)1 << 20)) return 0;
+  {T}* pad = ts_scratch_{S}((size_t)(size + (K + 1) * ioff));
+  if (!pad) return 0;
+  *off = (int64_t*)(((uintptr_t)(pad + size) + 7) & ~(uintptr_t)7);
+  ts_window_lay_{S}(g, X, cg, j0 / out2, nt / out2, fill, pad, *off);
   return pad;
 }
 
