@@ -12,8 +12,10 @@ convolutions, and the pools, decompose into operators the compiler has: the padd
 windows, one strided slice per kernel offset, stacked (im2col) and multiplied with the weight as
 one batched matmul per group (the same sums, in the same order, as the implicit GEMM's); a pool
 reduces the stacked windows. Each has its own
-adjoint: a convolution's data gradient is the transposed convolution and its weight gradient a
-matmul of the windows with the cotangent; a pool's gradient goes back to its windows (col2im:
+adjoint: a convolution's data gradient is the transposed convolution and its weight gradient
+conv_weight_grad, the cotangent's matmul with the windows over every image and position (for
+float32 and float64 of static shapes one kernel of its own strategy, compiler/strategies/
+conv_grad.py, the windows never in memory); a pool's gradient goes back to its windows (col2im:
 each offset's slice adjoint).
 """
 from __future__ import annotations

@@ -7,6 +7,11 @@ position of each, image i's input at X + i xs, its output at C + i ys); each ele
 GEMM's fma chain over k = (c, kd, kh, kw) from 0, so the result has the bits of the im2col
 matmul the operator decomposes into. One output channel (mt = 1, a depthwise convolution's) of
 whole rows of a 1-D or 2-D convolution runs as a stencil instead (`ts_conv_plane_<T>`): same chains.
+
+`ts_conv_wgrad_tile_<T>(G, gs, X, xs, C, ldc, nimg, mt, j0, nt, kc, <geometry>)` overwrites an
+mt x nt block of a weight gradient dW [O/g, Cg*KK] (conv_weight_grad): the cotangent's rows
+times the input's windows over k = (image, position), both packed by transposing lines along k
+(ts_transpose), each element the fma chain over k from 0 of the windows' matmul.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ _ROUTINE = routine_text("conv.c")
 
 def conv_source(dtype_short: str) -> list[str]:
     """The chunks for one dtype ("f32" or "f64"): the GEMM's (its packing and micro-kernel), the
-    window layout (window.c), then the convolution's."""
+    window layout (window.c), the transposition (transpose.c), then the convolution's."""
     return c_gemm.gemm_source(dtype_short) + [c_gemm.instantiate(c_pool.WINDOW, dtype_short),
                                               c_gemm.instantiate(c_transpose.TRANSPOSE,
                                                                  dtype_short),
