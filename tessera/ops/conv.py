@@ -434,7 +434,8 @@ def _wgrad_normalize(ts, a):
     _spatial(ts[1], "conv_weight_grad's cotangent")
     if a["kernel"] is None:
         raise ArgumentError("conv_weight_grad needs the weight's kernel size")
-    out = {**a, "kernel": _ints(a["kernel"], n, "kernel"), "stride": _ints(a["stride"], n, "stride"),
+    out = {**a, "kernel": _ints(a["kernel"], n, "kernel"),
+           "stride": _ints(a["stride"], n, "stride"),
            "dilation": _ints(a["dilation"], n, "dilation"), "padding": _pairs(a["padding"], n),
            "groups": _ints(a["groups"], 1, "groups")[0]}
     if any(p < 0 for pair in out["padding"] for p in pair):
@@ -448,6 +449,9 @@ def _wgrad_infer(ts, a):
     n = len(a["kernel"])
     if g.rank != x.rank:
         raise ShapeError("conv_weight_grad's cotangent has the input's rank",
+                         received=f"{x} and {g}")
+    if isinstance(x.shape[0], int) and isinstance(g.shape[0], int) and x.shape[0] != g.shape[0]:
+        raise ShapeError("conv_weight_grad's cotangent has as many images as its input",
                          received=f"{x} and {g}")
     G = a["groups"]
     if isinstance(x.shape[1], int) and x.shape[1] % G or \

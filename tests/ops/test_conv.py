@@ -375,6 +375,11 @@ BAD = [
     (lambda x, w: op.conv(x, w, stride=2, padding="same"), ts.ArgumentError, "needs stride 1"),
     (lambda x, w: op.conv(x[0], w), ts.ShapeError, "weight is"),
     (lambda x, w: op.conv(x > 0, w > 0), ts.DTypeError, "float or integer"),
+    (lambda x, w: op.conv_weight_grad(x, w[:1], kernel=2), ts.ShapeError,
+     r"convolution's output shape \(4 along spatial axis 0\)"),
+    (lambda x, w: op.conv_weight_grad(x, w, kernel=3), ts.ShapeError, "as many images"),
+    (lambda x, w: op.conv_weight_grad(x, w[:1, :2], kernel=3, groups=2), ts.ShapeError,
+     "divide into 2 groups"),
 ]
 
 
