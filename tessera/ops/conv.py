@@ -29,7 +29,7 @@ from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, ShapeError, SymbolicValueError
 from ..shapes import Sym, prod
 from ..types import TensorType
-from .registry import Conv, ConvWeightGrad, OpDef, Pad, Pool, flip, register, zeros
+from .registry import Col2Im, Conv, ConvWeightGrad, OpDef, Pad, Pool, flip, register, zeros
 
 
 # ---- attributes ---------------------------------------------------------------------------------
@@ -600,7 +600,9 @@ def _conv_t_decompose(b, xs, a):
     else:
         cm = b.op("matmul", wm, ym)
     cols = b.op("reshape", cm, shape=[N, G * Og, K, *spatial])
-    return _col2im(b, list(out.shape), cols, kernel, a, spatial)
+    return b.op("col2im", cols, image=list(out.shape[2:]), kernel=kernel,
+                stride=list(a["stride"]), padding=[list(p) for p in a["padding"]],
+                dilation=list(a["dilation"]))
 
 
 def _conv_t_vjp(b, xs, y, g, a):
@@ -913,6 +915,87 @@ def _strided_place(b, piece, axis, start, step, m, n):
     return _place(b, piece, axis, start, n)
 
 
+def _col2im_normalize(ts, a):
+    t = ts[0]
+    n = t.rank - 3
+    if n not in (1, 2, 3):
+        raise ShapeError("col2im takes the windows' cotangent [N, C, K, *out] with 1, 2 or 3 "
+                         "spatial axes", expected="rank 4, 5 or 6", received=str(t))
+    if a["image"] is None or a["kernel"] is None:
+        raise ArgumentError("col2im needs the image's spatial size and the kernel size")
+    out = {**a, "image": _ints(a["image"], n, "image"), "kernel": _ints(a["kernel"], n, "kernel"),
+           "stride": _ints(a["stride"], n, "stride"),
+           "dilation": _ints(a["dilation"], n, "dilation"), "padding": _pairs(a["padding"], n)}
+    if any(p < 0 for pair in out["padding"] for p in pair):
+        raise ArgumentError("col2im's padding is not negative", received=repr(a["padding"]))
+    return out
+
+
+def _col2im_infer(ts, a):
+    t = ts[0]
+    if not (t.dtype.is_float or t.dtype.is_int):
+        raise DTypeError("col2im takes a float or integer tensor", received=t.dtype.short)
+    grid = [_out_size(size, lo, hi, k, s, d) for size, (lo, hi), k, s, d in
+            zip(a["image"], a["padding"], a["kernel"], a["stride"], a["dilation"])]
+    want = [prod(a["kernel"]), *grid]
+    if any(isinstance(d, int) and d != w for d, w in zip(t.shape[2:], want)):
+        raise ShapeError(f"col2im's windows of {a['kernel']} over an image of {a['image']} are "
+                         f"[N, C, {', '.join(map(str, want))}]", received=str(t))
+    return t.with_shape((*t.shape[:2], *a["image"]))
+
+
+def _col2im_decompose(b, xs, a):
+    """Each offset's slice placed (zeros around, between a stride's values) and added in order,
+    the padding cut off; float32 and float64 of static shapes are primitive instead (the col2im
+    strategy: the same sums, read in place), 16-bit and fp8 ones summed in float32."""
+    t = b.type(xs[0])
+    if t.dtype in (dt.float32, dt.float64) and all(isinstance(s, int) for s in t.shape):
+        return None
+    if t.dtype.is_narrow:               # in float32, rounded once
+        y = b.op("col2im", b.op("cast", xs[0], dtype="float32"), **a)
+        return b.op("cast", y, dtype=t.dtype.name)
+    return _col2im(b, [*t.shape[:2], *a["image"]], xs[0], a["kernel"], a,
+                   list(t.shape[3:]))
+
+
+def _col2im_vjp(b, xs, y, g, a):
+    """Linear: the cotangent's windows (zero padding)."""
+    return [_windows(b, g, a["kernel"], a, list(xs[0].shape[3:]))[0]]
+
+
+def _col2im_ref(xs, a):
+    c = xs[0]
+    grid = c.shape[3:]
+    pads = [(0, 0), (0, 0)] + [tuple(p) for p in a["padding"]]
+    out = np.zeros([*c.shape[:2], *(i + lo + hi for i, (lo, hi) in zip(a["image"],
+                                                                      a["padding"]))],
+                   np.float64 if c.dtype.kind == "f" else c.dtype)     # (integers wrap)
+    for j, offset in enumerate(itertools.product(*[range(k) for k in a["kernel"]])):
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in
+                    zip(offset, a["dilation"], grid, a["stride"]))
+        out[(slice(None), slice(None)) + idx] += c[:, :, j]
+    crop = tuple(slice(lo, lo + i) for (lo, _), i in zip(pads[2:], a["image"]))
+    return out[(slice(None), slice(None)) + crop].astype(c.dtype)
+
+
+register(OpDef("col2im", 1, {"image": None, "kernel": None, "stride": 1, "padding": 0,
+                             "dilation": 1},
+               normalize=_col2im_normalize, infer=_col2im_infer, reference=_col2im_ref,
+               decompose=_col2im_decompose, vjp=_col2im_vjp, lowering=Col2Im(),
+               doc="the windows' adjoint: cols [N, C, K, *out] (each kernel offset's values "
+                   "over the windows' grid, as the pools' windows stack them) put back into "
+                   "an image [N, C, *image] where each window read them, summed over the "
+                   "offsets in order (stride, padding pairs, dilation as a pool's); ONNX's "
+                   "Col2Im with the columns reshaped"))
+
+
+def _windows_back(b, x, cols, a, w):
+    """A pool's windows' cotangent `cols` summed back into x's image (col2im)."""
+    return b.op("col2im", cols, image=list(x.shape[2:]), kernel=list(a["kernel"]),
+                stride=list(w["stride"]), padding=[list(p) for p in w["padding"]],
+                dilation=list(w["dilation"]))
+
+
 def _max_pool_vjp(b, xs, y, g, a):
     """The cotangent goes to the first largest element of each window (PyTorch's choice;
     a NaN is the largest)."""
@@ -924,7 +1007,7 @@ def _max_pool_vjp(b, xs, y, g, a):
                                                 shape=[1, 1, K] + [1] * len(spatial)),
                            shape=list(b.type(cols).shape)), first)
     spread = b.op("where", pick, b.op("expand_dims", g, axis=2), 0.0)
-    return [_col2im(b, x.shape, spread, a["kernel"], w, spatial)]
+    return [_windows_back(b, x, spread, a, w)]
 
 
 def _avg_pool_vjp(b, xs, y, g, a):
@@ -937,7 +1020,7 @@ def _avg_pool_vjp(b, xs, y, g, a):
     K = prod(a["kernel"])
     spread = b.op("broadcast_to", b.op("expand_dims", share, axis=2),
                   shape=[*t.shape[:2], K, *spatial])
-    return [_col2im(b, x.shape, spread, a["kernel"], w, spatial)]
+    return [_windows_back(b, x, spread, a, w)]
 
 
 def _pool_ref(kind):

@@ -160,6 +160,12 @@ class ConvWeightGrad:
 
 
 @dataclass(frozen=True)
+class Col2Im:
+    """The windows' adjoint computed whole: each element of the image summed over the kernel
+    offsets in order, read from the windows' cotangent where it lies."""
+
+
+@dataclass(frozen=True)
 class Pool:
     """Each window of an image folded by an elementwise combination over its taps in order
     (fold_windows: the pools), read from the input where it lies."""

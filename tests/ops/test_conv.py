@@ -479,6 +479,67 @@ def test_pools_are_one_kernel_with_the_bits_of_the_chain_over_the_windows(kind, 
     assert f(x).tobytes() == (y * np.float32(2)).tobytes()
 
 
+COL2IM = [  # (image, kernel, stride, padding pairs, dilation)
+    ((9, 8), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),       # a max pool's adjoint
+    ((12, 11), (3, 2), (1, 3), ((2, 0), (0, 2)), (2, 1)),     # stride 1 rows, phases of 3
+    ((33, 29), (3, 3), (2, 2), ((1, 2), (1, 2)), (1, 1)),     # ceil mode's wider pad, rows
+    ((40,), (5,), (2,), ((2, 2),), (1,)),                     # past a phase buffer's chunk
+    ((5, 6, 7), (3, 2, 2), (2, 1, 2), ((1, 1), (0, 1), (1, 0)), (1, 2, 1)),           # 3-D
+]
+
+
+@pytest.mark.parametrize("k", range(len(COL2IM)))
+def test_col2im_is_one_kernel_with_the_bits_of_the_placed_slices_chain(k, rng):
+    """col2im (the pools' adjoint, a strided transposed convolution's last step) is one kernel
+    of its strategy, each element the first offset's value then each later offset's added (+0
+    where its slice puts nothing): bit for bit that chain of placed slices in NumPy, over NaN,
+    infinities and zeros of both signs, whatever the planes a task takes; its epilogue fused."""
+    image, kernel, stride, pads, dil = COL2IM[k]
+    grid = [(i + lo + hi - d * (kk - 1) - 1) // s + 1 for i, kk, s, (lo, hi), d in
+            zip(image, kernel, stride, pads, dil)]
+    c = rng.standard_normal((2, 3, int(np.prod(kernel)), *grid)).astype(np.float32)
+    c.flat[::3], c.flat[1::7], c.flat[::37], c.flat[1::41] = -0.0, 0.0, np.inf, np.nan
+    attrs = {"image": list(image), "kernel": list(kernel), "stride": list(stride),
+             "padding": [list(p) for p in pads], "dilation": list(dil)}
+    f = ts.function(lambda c: op.col2im(c, **attrs) * 2.0)
+    assert [kn.strategy for kn in f.lower(c).schedule_ir.kernels] == ["col2im"]
+    padded = [i + lo + hi for i, (lo, hi) in zip(image, pads)]
+    total = None
+    for j, off in enumerate(np.ndindex(*kernel)):
+        piece = np.zeros((2, 3, *padded), np.float32)
+        piece[(slice(None), slice(None)) + tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for
+                                                 o, d, m, s in zip(off, dil, grid, stride))] = \
+            c[:, :, j]
+        total = piece if total is None else total + piece
+    want = total[(slice(None), slice(None)) + tuple(slice(lo, lo + i) for i, (lo, _) in
+                                                    zip(image, pads))] * np.float32(2)
+    for sched in (None, ts.Schedule(block=(1, 1), parallel=False)):
+        got = (f if sched is None else f.with_schedule(sched))(c)
+        assert got.tobytes() == want.tobytes(), sched
+
+
+def test_pool_and_strided_transpose_gradients_run_col2im(rng):
+    """max_pool's and avg_pool's gradients and a strided transposed convolution end in one
+    col2im kernel each (no chain of placed slices), with PyTorch's values."""
+    x = rng.standard_normal((2, 3, 12, 11))
+    g = rng.standard_normal((2, 3, 6, 6))
+    for kind in ("max", "avg"):
+        pool = getattr(op, f"{kind}_pool")
+        f = ts.function(lambda x, g: ts.grad(lambda x: op.sum(pool(x, 3, 2, 1) * g))(x))
+        kinds = [kn.strategy for kn in f.lower(x, g).schedule_ir.kernels]
+        assert kinds.count("col2im") == 1 and kinds[-1] == "col2im", kinds
+        tx = torch.from_numpy(x).requires_grad_()
+        (getattr(F, f"{kind}_pool2d")(tx, 3, 2, 1) * torch.from_numpy(g)).sum().backward()
+        np.testing.assert_allclose(f(x, g), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+    w = rng.standard_normal((3, 4, 3, 3))
+    y = ts.function(lambda x, w: op.conv_transpose(x, w, stride=2, padding=1))
+    assert "col2im" in [kn.strategy for kn in y.lower(x, w).schedule_ir.kernels]
+    np.testing.assert_allclose(y(x, w), F.conv_transpose2d(torch.from_numpy(x),
+                                                           torch.from_numpy(w), stride=2,
+                                                           padding=1).numpy(), rtol=1e-12,
+                               atol=1e-12)
+
+
 def test_a_window_inside_the_padding_and_a_window_larger_than_the_input(rng):
     """A padding wider than half the window (ONNX allows it, PyTorch refuses) gives windows
     without an input element: -inf from max_pool, NaN from avg_pool excluding the padding; a

@@ -518,6 +518,22 @@ def test_a_weight_gradient_gives_the_cpu_bits(target, xs, ws, attrs, rng):
     assert got.tobytes() == cpu(fn, x, gy, m).tobytes()
 
 
+# ---- col2im: an image element per thread summing the offsets in order, the CPU's bits ---------
+@pytest.mark.parametrize("image,kernel,stride,pad", [((9, 8), (3, 3), 2, 1), ((13,), (4,), 3, 2),
+                                                     ((4, 5, 6), (2, 2, 3), 1, 1)])
+def test_col2im_gives_the_cpu_bits(target, image, kernel, stride, pad, rng):
+    n = len(image)
+    grid = [(i + 2 * pad - k) // stride + 1 for i, k in zip(image, kernel)]
+    c = rng.standard_normal((2, 3, int(np.prod(kernel)), *grid)).astype(np.float32)
+    c.flat[::3], c.flat[1::7], c.flat[::29] = -0.0, 0.0, np.inf
+
+    def fn(c):
+        return op.col2im(c, image=list(image), kernel=list(kernel), stride=[stride] * n,
+                         padding=pad) * 2.0
+    got = emulate(target, fn, c, strategies=["col2im"])
+    assert got.tobytes() == cpu(fn, c).tobytes()
+
+
 # ---- pools: an output element per thread folding its window, the CPU's bits ----------------------
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("xs,kernel,stride,pad", [((2, 3, 9, 8), 3, 2, 1), ((1, 2, 13), 4, 3, 2),

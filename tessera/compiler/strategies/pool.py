@@ -92,7 +92,7 @@ register(PoolStrategy())
 def _epilogue(k, em, grp, first_plane, planes, j0, nt, names, merged, body):
     """The epilogue over a task's finished outputs: planes first_plane.. (+ planes), positions
     j0 .. j0 + nt of each."""
-    g = geometry(grp.anchor)
+    g = {"C": grp.anchor.out.type.shape[1]}
     i, jj = names("i"), names("j")
     epi = Loop(jj, nt, "vector" if k.knobs.get("simd") else "serial")
     plane = idx_add(first_plane, Var(i))
