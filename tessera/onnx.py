@@ -2136,8 +2136,7 @@ def _i_mel_weight_matrix(node, xs):
 
 def _i_col2im(node, xs):
     """Col2Im (opset 18): columns [N, C * prod(block), L] summed back into the image (the
-    convolution's im2col undone): a transposed convolution with one-hot weights, one group
-    per channel."""
+    convolution's im2col undone): op.col2im on the columns as [N, C, prod(block), *grid]."""
     x, image, block = xs[0], _ints(xs[1]), _ints(xs[2])
     k = len(block)
     strides = list(_attr(node, "strides", [1] * k))
@@ -2152,15 +2151,8 @@ def _i_col2im(node, xs):
         raise TesseraError(f"Col2Im node {node.name!r}: {L} columns of {CK} values do not tile "
                            f"an image of {image} in blocks of {block}",
                            expected=f"[N, C * {per}, {math.prod(grid)}]")
-    C = CK // per
-    w = np.zeros((CK, 1, *block), dtype=dtype_of(x).np)
-    for c in range(C):
-        for j, at in enumerate(np.ndindex(*block)):
-            w[(c * per + j, 0) + at] = 1
-    extra = [image[i] - ((grid[i] - 1) * strides[i] + dilations[i] * (block[i] - 1) + 1
-                         - sum(pads[i])) for i in range(k)]
-    return op.conv_transpose(op.reshape(x, shape=[N, CK, *grid]), w, stride=strides,
-                             padding=pads, output_padding=extra, dilation=dilations, groups=C)
+    return op.col2im(op.reshape(x, shape=[N, CK // per, per, *grid]), image=image, kernel=block,
+                     stride=strides, padding=pads, dilation=dilations)
 
 
 def _i_max_unpool(node, xs):
