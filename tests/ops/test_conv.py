@@ -89,6 +89,9 @@ STRATEGY = CONV[:-1] + [
                                     "groups": 6}),              # depthwise: the stencil, its
     ((2, 8, 9, 21), (4, 2, 3, 3), {"padding": 1, "groups": 4}),  # column phases, two channels
     ((1, 3, 5, 70), (3, 1, 3, 3), {"padding": (0, 4), "groups": 3}),   # a group, rows of 78
+    ((5, 16, 16, 16), (24, 16, 3, 3), {"padding": 1}),          # rows of 16 or more, whole
+    ((4, 8, 17, 65), (12, 8, 3, 3), {"stride": 2, "padding": 1, "dilation": (1, 2)}),  # rows:
+    ((3, 6, 9, 30), (10, 3, 3, 3), {"padding": (1, 2), "groups": 2}),  # laid out padded
 ]
 
 

@@ -149,6 +149,19 @@ static int ts_conv_plane_{S}(const ts_conv_geom* g, const {T}* W, int64_t K, con
   return 1;
 }
 
+/* n values from src into row q of B's panels (kc rows each) from column col on. */
+static inline void ts_conv_panel_put_{S}({T}* restrict pb, int64_t kc, int64_t q, int64_t col,
+                                         const {T}* restrict src, int64_t n) {
+  while (n > 0) {
+    int64_t j = col % TS_NR_{S}, m = TS_NR_{S} - j < n ? TS_NR_{S} - j : n;
+    {T}* dst = pb + (col / TS_NR_{S}) * TS_NR_{S} * kc + q * TS_NR_{S} + j;
+    for (int64_t t = 0; t < m; ++t) dst[t] = src[t];
+    col += m;
+    src += m;
+    n -= m;
+  }
+}
+
 /* Overwrites the mt x nt block at C (row stride ldc) with W[0:mt, 0:K] @ B[0:K, j0:j0+nt]:
    every element the fma chain over k = 0, 1, ... from 0 that the GEMM routine computes for the
    same product with B in memory, so a convolution has the bits of its im2col matmul. W's rows
@@ -180,10 +193,19 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t np = (cols + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   int narrow = mt == 1 || cols <= 2;
   int64_t nruns = nt / out2 + 2, kk = k0 * k1 * k2;          /* (ts_conv_runs' bound) */
-  int indexed = !narrow && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
+  /* 1-D and 2-D tiles of whole output rows of 16 or more: each K block's channels of an image
+     laid out padded once (ts_window_lay), B's rows copied from them row by row into the panels
+     (shorter rows cost about as much to lay out as to gather) */
+  int64_t cgmax = kcap / kk + 2 < K / kk ? kcap / kk + 2 : K / kk, pline = 0;
+  int64_t psize = narrow || out2 < TS_CONV_SHORT_RUN / 2 || j0 % out2 || nt % out2 ? 0
+                  : ts_window_size_{S}(&g, cgmax, nt / out2, &pline);
+  int rowwise = psize > 0 && psize <= ((int64_t)1 << 20);
+  int indexed = !narrow && !rowwise && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
                 kk * nt <= (1 << 20);
-  size_t table = (size_t)(4 * nruns * (int64_t)(sizeof(int64_t) / sizeof({T})) + 16) +
-                 (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0);
+  size_t ioff = sizeof(int64_t) / sizeof({T});
+  size_t table = (size_t)(4 * nruns) * ioff + 16 +
+                 (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
+                 (rowwise ? (size_t)psize + (size_t)(cgmax * kk) * ioff + 32 : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
                        : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
                          (nimg > 1 ? (size_t)mt * (size_t)cols : 0);
@@ -203,6 +225,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t count = ts_conv_runs(&g, j0, nt, runs);
   int32_t* idx = (int32_t*)(runs + 4 * nruns);
   if (indexed) ts_conv_index(&g, runs, count, nt, idx);
+  {T}* pad = ({T}*)(((uintptr_t)(runs + 4 * nruns) + 63) & ~(uintptr_t)63);
+  int64_t* off = (int64_t*)(((uintptr_t)(pad + psize) + 63) & ~(uintptr_t)63);
   if (mt == 1) {                 /* one output row (a depthwise convolution): B's rows streamed */
     for (int64_t j = 0; j < nt; ++j) C[j] = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -243,7 +267,21 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     int64_t kc = K - pc < KC ? K - pc : KC;
     int64_t c = pc / kk, r = pc % kk;       /* row pc's (c, kz, ky, kx), then counted up */
     int64_t kz = r / (k1 * k2), ky = (r / k2) % k1, kx = r % k2;
-    for (int64_t q = 0; q < kc; ++q) {     /* B's rows into NR-column panels, k-major */
+    if (rowwise) {                         /* B's rows from each image's laid-out rows */
+      int64_t cg = (pc + kc - 1) / kk - c + 1;
+      for (int64_t i = 0; i < nimg; ++i) {
+        ts_window_lay_{S}(&g, X + i * xs + c * cs, cg, j0 / out2, nt / out2, 0, pad, off);
+        for (int64_t q = 0; q < kc; ++q) {
+          const {T}* src = pad + off[pc + q - c * kk];
+          for (int64_t rr = 0; rr < nt / out2; ++rr)
+            ts_conv_panel_put_{S}(pb, kc, q, i * nt + rr * out2, src + rr * s1 * pline, out2);
+        }
+      }
+      for (int64_t q = 0; q < kc; ++q)     /* the last panel's columns past the product's */
+        for (int64_t j = cols; j < np; ++j)
+          pb[(j / TS_NR_{S}) * TS_NR_{S} * kc + q * TS_NR_{S} + j % TS_NR_{S}] = 0;
+    }
+    for (int64_t q = 0; q < kc && !rowwise; ++q) {     /* B's rows into NR-column panels */
       for (int64_t i = 0; i < nimg; ++i) {
         if (indexed)
           ts_conv_gather_{S}(X + i * xs + c * cs, idx + ((kz * k1 + ky) * k2 + kx) * nt, nt,
