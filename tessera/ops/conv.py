@@ -72,6 +72,19 @@ def _pairs(p, n: int, name: str = "padding") -> list:
     return out
 
 
+def _window_attrs(a, n: int, what: str) -> dict:
+    """A window operator's kernel, stride and dilation (ints per spatial axis) and padding
+    ((before, after) pairs, none negative), normalised; stride and dilation 1 and padding 0
+    where None."""
+    out = {"kernel": _ints(a["kernel"], n, "kernel"),
+           "stride": _ints(1 if a["stride"] is None else a["stride"], n, "stride"),
+           "dilation": _ints(1 if a["dilation"] is None else a["dilation"], n, "dilation"),
+           "padding": _pairs(0 if a["padding"] is None else a["padding"], n)}
+    if any(p < 0 for pair in out["padding"] for p in pair):
+        raise ArgumentError(f"{what}'s padding is not negative", received=repr(a["padding"]))
+    return out
+
+
 def _conv_padding(p, n, kernel, dilation, stride) -> list:
     if isinstance(p, str):
         if p == "valid":
@@ -434,14 +447,8 @@ def _wgrad_normalize(ts, a):
     _spatial(ts[1], "conv_weight_grad's cotangent")
     if a["kernel"] is None:
         raise ArgumentError("conv_weight_grad needs the weight's kernel size")
-    out = {**a, "kernel": _ints(a["kernel"], n, "kernel"),
-           "stride": _ints(a["stride"], n, "stride"),
-           "dilation": _ints(a["dilation"], n, "dilation"), "padding": _pairs(a["padding"], n),
-           "groups": _ints(a["groups"], 1, "groups")[0]}
-    if any(p < 0 for pair in out["padding"] for p in pair):
-        raise ArgumentError("conv_weight_grad's padding is not negative",
-                            received=repr(a["padding"]))
-    return out
+    return {**a, **_window_attrs(a, n, "conv_weight_grad"),
+            "groups": _ints(a["groups"], 1, "groups")[0]}
 
 
 def _wgrad_infer(ts, a):
@@ -740,13 +747,7 @@ def _fold_normalize(ts, a):
     n = _spatial(ts[0], "fold_windows")
     if a["kernel"] is None:
         raise ArgumentError("fold_windows needs its kernel size")
-    kernel = _ints(a["kernel"], n, "kernel")
-    out = {**a, "kernel": kernel,
-           "stride": _ints(1 if a["stride"] is None else a["stride"], n, "stride"),
-           "dilation": _ints(1 if a["dilation"] is None else a["dilation"], n, "dilation"),
-           "padding": _pairs(0 if a["padding"] is None else a["padding"], n)}
-    if any(p < 0 for pair in out["padding"] for p in pair):
-        raise ArgumentError("fold_windows' padding is not negative", received=repr(a["padding"]))
+    out = {**a, **_window_attrs(a, n, "fold_windows")}
     if a["combine"] not in ("maximum", "add"):
         raise ArgumentError("fold_windows combines by 'maximum' or 'add'",
                             received=repr(a["combine"]))
@@ -923,12 +924,7 @@ def _col2im_normalize(ts, a):
                          "spatial axes", expected="rank 4, 5 or 6", received=str(t))
     if a["image"] is None or a["kernel"] is None:
         raise ArgumentError("col2im needs the image's spatial size and the kernel size")
-    out = {**a, "image": _ints(a["image"], n, "image"), "kernel": _ints(a["kernel"], n, "kernel"),
-           "stride": _ints(a["stride"], n, "stride"),
-           "dilation": _ints(a["dilation"], n, "dilation"), "padding": _pairs(a["padding"], n)}
-    if any(p < 0 for pair in out["padding"] for p in pair):
-        raise ArgumentError("col2im's padding is not negative", received=repr(a["padding"]))
-    return out
+    return {**a, **_window_attrs(a, n, "col2im"), "image": _ints(a["image"], n, "image")}
 
 
 def _col2im_infer(ts, a):

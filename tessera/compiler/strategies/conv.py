@@ -81,12 +81,16 @@ class ConvStrategy(ContractStrategy):
         return {"tile_m": [48, 96, 192, 384], "tile_n": [64, 128, 256, 512, 1024],
                 "tile_k": [64, 128, 256, 512]}
 
+    def product(self, n) -> tuple:
+        """The GEMM the node computes: its rows, columns and depth."""
+        g = geometry(n)
+        return g["Og"], g["N"] * g["P"], g["Cg"] * g["KK"]
+
     def invalid(self, k, knobs) -> str | None:
         if "tile_m" not in knobs:
             return None
-        g = geometry(k.group.anchor)
-        for name, size, step in (("tile_m", g["Og"], 6), ("tile_n", g["N"] * g["P"], 32),
-                                 ("tile_k", g["Cg"] * g["KK"], 64)):
+        for name, size, step in zip(("tile_m", "tile_n", "tile_k"),
+                                    self.product(k.group.anchor), (6, 32, 64)):
             if knobs[name] >= 2 * max(size, step) and knobs[name] != k.knobs.get(name):
                 return f"{name}={knobs[name]} exceeds the product"
         return None

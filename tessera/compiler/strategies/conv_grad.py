@@ -60,15 +60,9 @@ class ConvWeightGradStrategy(ConvStrategy):
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
         return knobs | wgrad_tiles(g, k.output.type.dtype.short)
 
-    def invalid(self, k, knobs) -> str | None:
-        if "tile_m" not in knobs:
-            return None
-        g = geometry(k.group.anchor)
-        for name, size, step in (("tile_m", g["Og"], 6), ("tile_n", g["Cg"] * g["KK"], 32),
-                                 ("tile_k", g["N"] * g["P"], 64)):
-            if knobs[name] >= 2 * max(size, step) and knobs[name] != k.knobs.get(name):
-                return f"{name}={knobs[name]} exceeds the product"
-        return None
+    def product(self, n) -> tuple:
+        g = geometry(n)
+        return g["Og"], g["Cg"] * g["KK"], g["N"] * g["P"]
 
     def lower_cpu(self, k, code):
         return lower_wgrad_tiles(k)
