@@ -145,6 +145,11 @@ def cases(rng):
         "conv_f32": (lambda x, w, d: (op.conv(x, w, padding=1), op.conv(x, d, padding=1,
                                                                        groups=4)),
                      [f32(2, 4, 9, 21), f32(5, 4, 3, 3), f32(4, 1, 3, 3)], True),
+        # the weight gradient's routine (rows laid out, panels transposed) and col2im's phases
+        "conv_grads_f32": (lambda x, g, c: (op.conv_weight_grad(x, g, kernel=[3, 3], padding=1),
+                                            op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2,
+                                                      padding=1)),
+                           [f32(2, 4, 9, 21), f32(2, 5, 9, 21), f32(2, 3, 9, 5, 11)], True),
         # the pool routine: the largest (NaN propagating) and the mean of strided windows
         "pools_f32": (lambda x: (op.max_pool(x, 3, 2, 1), op.avg_pool(x, 3, 2, 1),
                                  op.max_pool(x, (2, 3), (1, 3))), [_with_nans(f32(2, 3, 11, 21))],
