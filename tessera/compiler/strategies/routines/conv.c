@@ -155,7 +155,9 @@ static inline void ts_conv_panel_put_{S}({T}* restrict pb, int64_t kc, int64_t q
   while (n > 0) {
     int64_t j = col % TS_NR_{S}, m = TS_NR_{S} - j < n ? TS_NR_{S} - j : n;
     {T}* dst = pb + (col / TS_NR_{S}) * TS_NR_{S} * kc + q * TS_NR_{S} + j;
-    for (int64_t t = 0; t < m; ++t) dst[t] = src[t];
+    int64_t t = 0;                    /* (vectors: gcc makes a loop of short copies memmove) */
+    for (; t + TS_VL_{S} <= m; t += TS_VL_{S}) ts_vstore_{S}(dst + t, ts_vload_{S}(src + t));
+    for (; t < m; ++t) dst[t] = src[t];
     col += m;
     src += m;
     n -= m;

@@ -42,9 +42,12 @@ static void ts_window_lay_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, i
       if (yi < 0 || yi >= g->in[1]) continue;
       const {T}* src = X + c * g->cs + yi * g->in[2];
       int64_t n = g->in[2] < e2 - g->p[2] ? g->in[2] : e2 - g->p[2];
-      if (s2 == 1)
-        memcpy(dst + g->p[2], src, sizeof({T}) * (size_t)(n > 0 ? n : 0));
-      else if (s2 == 2) {               /* both phases in one pass over pairs of columns */
+      if (s2 == 1) {                    /* (vectors: short rows, where memcpy's call costs) */
+        int64_t j = 0;
+        for (; j + TS_VL_{S} <= n; j += TS_VL_{S})
+          ts_vstore_{S}(dst + g->p[2] + j, ts_vload_{S}(src + j));
+        for (; j < n; ++j) dst[g->p[2] + j] = src[j];
+      } else if (s2 == 2) {               /* both phases in one pass over pairs of columns */
         const int64_t q = g->p[2] & 1, base = g->p[2] >> 1;
         {T}* restrict a = dst + q * pw + base;               /* where even columns go */
         {T}* restrict b = dst + (1 - q) * pw + base + q;     /* and odd ones */
