@@ -27,6 +27,11 @@ from .contract import ContractStrategy, task_tiles
 from .routines import c_conv, c_gemm
 
 
+# Tiles of whole output rows at least this long pack B from the rows laid out padded
+# (conv.c: TS_CONV_SHORT_RUN / 2)
+ROWS_LAID_OUT = 16
+
+
 def geometry(n) -> dict:
     """The convolution's sizes, its spatial axes padded in front to three."""
     x, w = (v.type.shape for v in n.inputs)
@@ -65,10 +70,12 @@ class ConvStrategy(ContractStrategy):
             wide = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)   # the tiles take two
             if wide["tile_n"] >= 2 * g["P"]:                         # (images_per_tile)
                 tiles = wide
+        row = g["out"][2]
+        if row >= ROWS_LAID_OUT and row <= tiles["tile_n"] < g["P"]:
+            tiles["tile_n"] -= tiles["tile_n"] % row    # whole rows: packed from laid-out rows
         if g["Og"] == 1 and g["N"] * g["G"] >= c_gemm.MIN_TASKS:
             # one output channel (depthwise): a task's call costs most of a short one, and
             # whole output rows take the routine's stencil path
-            row = g["out"][2]
             tiles["tile_n"] = min(g["P"], max(1, (1 << 14) // row) * row)
         return knobs | tiles
 
