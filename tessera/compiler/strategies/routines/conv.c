@@ -352,7 +352,7 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
   size_t ioff = sizeof(int64_t) / sizeof({T});
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * P) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
-                 (rowwise ? (size_t)psize + (size_t)(cgt * kk) * ioff + 16 : 0);
+                 (rowwise ? (size_t)psize + (size_t)(cgt * kk) * ioff + 32 : 0);
   size_t need = (size_t)(mp + np + TS_NR_{S}) * (size_t)kcap;
   {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
   if (!pa) {                     /* K = 0, or no memory: the same fma chains, element by element */
