@@ -58,8 +58,8 @@ class ConvStrategy(ContractStrategy):
         return False        # the routine reads contiguous operands
 
     def node_flops(self, n) -> int:
-        g = geometry(n)
-        return 2 * n.out.type.numel() * g["Cg"] * g["KK"]
+        M, N, K = self.product(n)
+        return 2 * M * N * K * n.attrs["groups"]
 
     def cpu_knobs(self, k) -> dict:
         g = geometry(k.group.anchor)

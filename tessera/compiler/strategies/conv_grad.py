@@ -51,10 +51,6 @@ class ConvWeightGradStrategy(ConvStrategy):
     def claims(self, n) -> bool:
         return isinstance(n.opdef.lowering, R.ConvWeightGrad)
 
-    def node_flops(self, n) -> int:
-        g = geometry(n)
-        return 2 * n.out.type.numel() * g["N"] * g["P"]
-
     def cpu_knobs(self, k) -> dict:
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
