@@ -78,11 +78,13 @@ def test_quantize_and_dequantize_linear_match_the_reference(qtype, mode, rng):
     check(one_node("DequantizeLinear", {"q": q}, {"s": s, "zp": zp}, {"y": np.float32},
                    **attrs),
           {"q": q}, runtime=qtype in (np.uint8, np.int8))
-    # the round trip is within half a step of the value where it did not saturate
+    # the round trip is within half a step of the value where it did not saturate, and
+    # float32's rounding of the quotient x / s and the product (q - zp) s (a quotient near
+    # k + 1/2 may round to it and then to even: seed 3320472123's int16 blocks)
     y = op.dequantize_linear(q, s, zp, **attrs)
     step = op.dequantize_linear(np.ones_like(q), s, np.zeros_like(zp), **attrs)
     inside = (q > info.min) & (q < info.max)
-    assert (np.abs(y - x)[inside] <= step[inside] / 2 * (1 + 1e-6)).all()
+    assert (np.abs(y - x)[inside] <= (step / 2 + np.abs(x) * 2.0**-22)[inside]).all()
 
 
 def test_quantize_to_fp8_and_without_a_zero_point(rng):
