@@ -592,9 +592,11 @@ def _int8_case(n, a_type=np.int8):
 CASES += [_int8_case(1024), _int8_case(2048, np.uint8)]
 
 
-# ---- bf16 products (issue 44): the FMA chains, and AVX-512 BF16's dot product of pairs ----------
+# ---- bf16 products (issue 44): the FMA chains, AVX-512 BF16's dot product of pairs, AMX tiles ----
 # The inputs are bf16 bits as uint16 (PyTorch takes no ml_dtypes array): each side views them.
 BF16_DOT = "x86-64-v4+bf16"
+BF16_AMX = "x86-64-v4+amx"
+_BF16_LEVELS = {BF16_DOT: ("_dot", "AVX-512 BF16 vdpbf16ps"), BF16_AMX: ("_amx", "AMX tdpbf16ps")}
 
 
 def _bf16(x):
@@ -613,17 +615,17 @@ def _on_bf16(fn):
 
 def _bf16_case(n, level=None):
     """An n x n x n bf16 product, rounded once to bf16: at the machine's own level (float32 FMA
-    chains on widened operands), or at x86-64-v4+bf16 (vdpbf16ps; a choice, never the host's
-    default) where this CPU runs it (None where it does not)."""
+    chains on widened operands), or at x86-64-v4+bf16 (vdpbf16ps) or x86-64-v4+amx (AMX tiles;
+    each a choice, never the host's default) where this CPU runs it (None where it does not)."""
     from tessera.runtime import isa
     dot = level is not None
     if dot and not isa.runs_here(level):
         return None
     target = {"target": f"cpu:{level}"} if dot else {}
     return Case(
-        f"matmul_bf16_{n}" + ("_dot" if dot else ""),
+        f"matmul_bf16_{n}" + (_BF16_LEVELS[level][0] if dot else ""),
         f"bf16 matmul {n}×{n} @ {n}×{n} into bf16 (--quick: half), "
-        + (f"tessera at {level} (AVX-512 BF16 vdpbf16ps)" if dot else
+        + (f"tessera at {level} ({_BF16_LEVELS[level][1]})" if dot else
            "tessera's FMA chains on float32 widened operands"),
         "at least PyTorch's bf16 matmul (issue 44: on a machine with AMX or AVX-512 BF16)"
         if dot else "side by side with PyTorch's bf16 matmul (issue 44)",
@@ -637,7 +639,8 @@ def _bf16_case(n, level=None):
 
 
 CASES += [c for c in (_bf16_case(1024), _bf16_case(2048), _bf16_case(1024, BF16_DOT),
-                      _bf16_case(2048, BF16_DOT)) if c is not None]
+                      _bf16_case(2048, BF16_DOT), _bf16_case(1024, BF16_AMX),
+                      _bf16_case(2048, BF16_AMX)) if c is not None]
 
 
 # ---- a ResNet-18 training step (issue 40): torchvision's architecture (7x7 stem, max pool, four

@@ -54,6 +54,13 @@ LEVELS = {lv.name: lv for lv in [
           _X86_V4 | {"avx512_vnni", "avx512_bf16"}, 6,
           "AVX-512 + VNNI + BF16 dot products (bf16 products in the instruction's order)",
           chosen=False),
+    # bf16 products on AMX's tile dot product (Sapphire Rapids and later Xeons): bits of their
+    # own again (gemm_bf16_amx.c says which), so it is chosen, never taken
+    Level("x86-64-v4+amx", "x86_64", ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16",
+                                      "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
+          _X86_V4 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}, 7,
+          "AVX-512 + VNNI + BF16 + AMX tiles (bf16 products in the tiles' order)",
+          chosen=False),
     Level("armv8-a", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), 1, "NEON"),
     Level("armv8.2-a+dotprod", "aarch64", ("-march=armv8.2-a+dotprod",),
           frozenset({"asimd", "asimddp"}), 2, "NEON + dot product"),
@@ -85,8 +92,8 @@ def _host_features() -> frozenset:
 @functools.lru_cache(maxsize=None)
 def host_level() -> str:
     """The highest level this machine runs, of those a host takes by itself: not SVE (NEON code
-    is as fast for our kernels on the cores that have both) and not x86-64-v4+bf16 (its bf16
-    products have bits of their own); those stay explicit choices."""
+    is as fast for our kernels on the cores that have both) and not x86-64-v4+bf16 or +amx (their
+    bf16 products have bits of their own); those stay explicit choices."""
     arch, features = _arch(), _host_features()
     best = "generic"
     for lv in LEVELS.values():

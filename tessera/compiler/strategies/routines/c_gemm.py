@@ -44,8 +44,11 @@ def gemm_source(dtype_short: str) -> list[str]:
 # abort() in the user's process: without scratch the GEMM computes the same chains straight
 # from the 16-bit operands; attention returns 1 and its kernel reports out of memory.
 # At x86-64-v4+bf16, bf16 operands take the AVX-512 BF16 dot product instead (gemm_bf16_dot.c,
-# compiled only where the flags define __AVX512BF16__): the order of its pairs gives other bits.
-HALF_ROUTINE = routine_text("gemm_bf16_dot.c") + "\n\n" + routine_text("gemm_half.c")
+# compiled only where the flags define __AVX512BF16__): the order of its pairs gives other bits;
+# at x86-64-v4+amx, AMX's tile dot product (gemm_bf16_amx.c, where __AMX_BF16__ is defined),
+# with bits of its own again.
+HALF_ROUTINE = "\n\n".join(routine_text(f) for f in (
+    "gemm_bf16_amx.c", "gemm_bf16_dot.c", "gemm_half.c"))
 
 
 # The int8 GEMM (gemm_i8.c on gemm_i8_isa.h's instruction sets): int8 or uint8 operands, an

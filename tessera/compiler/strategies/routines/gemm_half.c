@@ -1,7 +1,10 @@
 static void ts_gemm_tile_{S}(const uint16_t* A, int64_t rsa, int64_t csa, const uint16_t* B,
                              int64_t rsb, int64_t csb, uint16_t* C, int64_t ldc, int64_t K,
                              int64_t mt, int64_t nt, int64_t KC) {
-#ifdef TS_GEMM_DOT_{S}        /* the ISA's dot product of pairs (gemm_bf16_dot.c): its own bits */
+#if defined(TS_GEMM_AMX_{S})   /* AMX's tile dot product (gemm_bf16_amx.c): its own bits */
+  ts_gemm_amx_{S}(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt, KC);
+  return;
+#elif defined(TS_GEMM_DOT_{S})  /* the ISA's dot product of pairs (gemm_bf16_dot.c): its own bits */
   ts_gemm_dot_{S}(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt, KC);
   return;
 #endif
