@@ -138,6 +138,25 @@ def test_the_level_multiplies_on_tiles(tmp_path, level):
             assert "vdpbf16ps" not in r.stdout
 
 
+@x86
+def test_each_int8_pair_has_its_tile_instruction(tmp_path):
+    """The int8 GEMM at the level: each signedness pair multiplies with its own tdpb*d, so no
+    operand is biased (the values: test_gemm_int8.py, which runs every level)."""
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs gcc (.ci/run installs it)")
+    for pair, ins in {"i8i8": "tdpbssd", "u8i8": "tdpbusd", "i8u8": "tdpbsud",
+                      "u8u8": "tdpbuud"}.items():
+        src = tmp_path / f"gemm_{pair}.c"
+        src.write_text(routine_library_source(f"gemm:{pair}"))
+        opts = [f for f in flags(cc, LEVEL) if f not in ("-shared", "-fopenmp")]
+        r = subprocess.run([cc, *opts, "-S", str(src), "-o", "-"], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        found = {i for i in ("tdpbssd", "tdpbusd", "tdpbsud", "tdpbuud") if i in r.stdout}
+        assert found == {ins}, pair
+
+
 def test_no_host_takes_the_level_by_itself(monkeypatch):
     """Its bits are its own, so a machine with AMX still defaults to the FMA chains."""
     monkeypatch.setattr(isa, "_arch", lambda: "x86_64")

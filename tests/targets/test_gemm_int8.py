@@ -18,7 +18,7 @@ from tessera.runtime.toolchain import flags
 from tessera.trace import apply
 
 X86_LEVELS = ["generic", "x86-64-v2", "x86-64-v3", "x86-64-v3+vnni", "x86-64-v4",
-              "x86-64-v4+vnni"]
+              "x86-64-v4+vnni", "x86-64-v4+amx"]
 PAIRS = ["i8i8", "u8i8", "i8u8", "u8u8"]
 x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 levels")
 
@@ -65,7 +65,7 @@ def test_every_shape_and_stride_is_numpys_int32_product(rng, level, pair):
 
 
 @x86
-@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4", "x86-64-v4+vnni"])
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4", "x86-64-v4+vnni", "x86-64-v4+amx"])
 def test_sums_past_int32_wrap_as_numpys(rng, level):
     """255 * 255 * 40000 overflows int32: the product wraps modulo 2^32, on every path."""
     target = level_here(level)
@@ -110,9 +110,10 @@ def test_other_integers_widen_and_bad_dtypes_are_named(rng):
 
 
 # the instruction each level's routine multiplies with ("{vex} vpdpbusd": AVX-VNNI's encoding;
-# x86-64-v2 and armv8-a run plain C)
+# x86-64-v2 and armv8-a run plain C; x86-64-v4+amx's tiles, with vpdpbusd for few rows)
 DOT = {"x86-64-v3": "vpmaddwd", "x86-64-v3+vnni": "vpdpbusd",
-       "x86-64-v4": "vpmaddwd", "x86-64-v4+vnni": "vpdpbusd", "armv8.2-a+dotprod": "sdot"}
+       "x86-64-v4": "vpmaddwd", "x86-64-v4+vnni": "vpdpbusd", "x86-64-v4+amx": "tdpbusd",
+       "armv8.2-a+dotprod": "sdot"}
 COMPILER = {"x86_64": "gcc", "aarch64": "aarch64-linux-gnu-gcc"}
 
 
@@ -129,7 +130,7 @@ def test_each_level_multiplies_with_its_dot_product(tmp_path, level):
     r = subprocess.run([cc, *opts, "-S", str(src), "-o", "-"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert DOT[level] in r.stdout
-    if level.endswith("vnni"):
+    if level.endswith(("vnni", "amx")):
         assert "pmaddwd" not in r.stdout
 
 

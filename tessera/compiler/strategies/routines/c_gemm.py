@@ -47,8 +47,9 @@ def gemm_source(dtype_short: str) -> list[str]:
 # compiled only where the flags define __AVX512BF16__): the order of its pairs gives other bits;
 # at x86-64-v4+amx, AMX's tile dot product (gemm_bf16_amx.c, where __AMX_BF16__ is defined),
 # with bits of its own again.
-HALF_ROUTINE = "\n\n".join(routine_text(f) for f in (
-    "gemm_bf16_amx.c", "gemm_bf16_dot.c", "gemm_half.c"))
+AMX = routine_text("amx.h")
+HALF_ROUTINE = "\n\n".join([AMX] + [routine_text(f) for f in (
+    "gemm_bf16_amx.c", "gemm_bf16_dot.c", "gemm_half.c")])
 
 
 # The int8 GEMM (gemm_i8.c on gemm_i8_isa.h's instruction sets): int8 or uint8 operands, an
@@ -56,6 +57,7 @@ HALF_ROUTINE = "\n\n".join(routine_text(f) for f in (
 # {UA}/{UB} whether each is unsigned.
 INT8_PAIRS = {a + b for a in ("i8", "u8") for b in ("i8", "u8")}
 I8_ISA = routine_text("gemm_i8_isa.h")
+_I8_AMX = routine_text("gemm_i8_amx.c")           # (x86-64-v4+amx: the tiles)
 _I8_ROUTINE = routine_text("gemm_i8.c")
 
 
@@ -63,8 +65,8 @@ def int8_gemm_source(pair: str) -> list[str]:
     """The chunks of the int8 GEMM for one operand pair ("i8i8", "u8i8", ...)."""
     ctype = {"i8": ("int8_t", 0), "u8": ("uint8_t", 1)}
     (ta, ua), (tb, ub) = ctype[pair[:2]], ctype[pair[2:]]
-    return [I8_ISA, specialise(SCRATCH, S="q", T="unsigned char"),
-            specialise(_I8_ROUTINE, S=pair, TA=ta, UA=ua, TB=tb, UB=ub)]
+    return [I8_ISA, AMX, specialise(SCRATCH, S="q", T="unsigned char"),
+            specialise(_I8_AMX + "\n\n" + _I8_ROUTINE, S=pair, TA=ta, UA=ua, TB=tb, UB=ub)]
 
 
 # float32 activations times int8 weights (gemm_w8.c): the float32 routine's chains on weights

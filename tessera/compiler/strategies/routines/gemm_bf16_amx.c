@@ -10,27 +10,9 @@
    path's bits (one chain over k in order) nor vdpbf16ps's (tests/targets/test_gemm_amx.py
    checks them against NumPy in this order). */
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-#include <immintrin.h>
-#include <sys/syscall.h>
 #define TS_GEMM_AMX_bf16 1
 #define TS_AMX_K 32                  /* k per instruction: a tile row of 64 bytes */
 #define TS_AMX_B 32                  /* C blocks of 32 x 32: four accumulator tiles */
-
-/* Linux hands out the tile registers' 8 KiB of state per process on request (once). */
-static int ts_amx_permitted(void) {
-  static int state;                  /* 0 unknown, 1 granted, -1 refused (a racing repeat of
-                                        the request is harmless: it is idempotent) */
-  if (!state) {
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    extern long syscall(long number, ...);       /* (unistd.h hides it under -std=c11) */
-    state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                    18 /* XFEATURE_XTILEDATA */) == 0 ? 1 : -1;
-#else
-    state = -1;
-#endif
-  }
-  return state == 1;
-}
 
 static float ts_amx_daz(uint16_t h) {
   return (h & 0x7f80u) ? ts_bf16_to_f32(h) : ts_bf16_to_f32((uint16_t)(h & 0x8000u));
@@ -106,17 +88,11 @@ static void ts_amx_pack_b(int64_t kc, int64_t kp, int64_t n, const uint16_t* B, 
   }
 }
 
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} ts_amx_config;
-
 /* C (mt x nt, bf16, rounded once) = A (mt x K) @ B (K x nt) for bf16 operands of any strides:
-   per K block (a multiple of 32), A and B packed as tiles (A's tiles straight from a matrix whose
-   row stride is a multiple of 4 KiB would fall into one L1 set: 2.3x slower at 2048), each 32 x 32 block of C in four
-   accumulator tiles (tmm0-3) over the block's chunks (A in tmm4-5, B in tmm6-7), float32
-   accumulators in scratch between blocks. */
+   per K block (a multiple of 32), A and B packed as tiles (A's tiles loaded straight from a
+   matrix whose rows are 4 KiB apart fall into one L1 set: 2.3x slower at 2048), each 32 x 32
+   block of C in four accumulator tiles (tmm0-3) over the block's chunks (A in tmm4-5, B in
+   tmm6-7), float32 accumulators in the thread's scratch between blocks. */
 __attribute__((unused))
 static void ts_gemm_amx_bf16(const uint16_t* A, int64_t rsa, int64_t csa, const uint16_t* B,
                              int64_t rsb, int64_t csb, uint16_t* C, int64_t ldc, int64_t K,
@@ -127,26 +103,16 @@ static void ts_gemm_amx_bf16(const uint16_t* A, int64_t rsa, int64_t csa, const 
   int64_t mp = (mt + TS_AMX_B - 1) / TS_AMX_B * TS_AMX_B;
   int64_t np = (nt + TS_AMX_B - 1) / TS_AMX_B * TS_AMX_B;
   int64_t kmax = (K < KC ? (K + TS_AMX_K - 1) / TS_AMX_K * TS_AMX_K : KC);
-  void* w = 0;
-  if (K > 0 && ts_amx_permitted() &&
-      posix_memalign(&w, 64, sizeof(float) * (size_t)(mp * np) +
-                     sizeof(uint16_t) * (size_t)((mp + np) * kmax)))
-    w = 0;
+  float* w = K > 0 && ts_amx_permitted() ?
+      ts_scratch_f32((size_t)(mp * np) + (size_t)((mp + np) * kmax) / 2) : 0;
   if (!w) {
     ts_amx_loops(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt);
     return;
   }
-  float* c = (float*)w;
+  float* c = w;
   uint16_t* pa = (uint16_t*)(c + mp * np);
   uint16_t* pb = pa + mp * kmax;
-  ts_amx_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  ts_amx_configure();
   for (int64_t pc = 0; pc < K; pc += KC) {
     int64_t kc = K - pc < KC ? K - pc : KC, kp = (kc + TS_AMX_K - 1) / TS_AMX_K * TS_AMX_K;
     int64_t chunks = kp / TS_AMX_K;
@@ -189,6 +155,5 @@ static void ts_gemm_amx_bf16(const uint16_t* A, int64_t rsa, int64_t csa, const 
   _tile_release();
   for (int64_t i = 0; i < mt; ++i)
     for (int64_t j = 0; j < nt; ++j) C[i * ldc + j] = ts_f32_to_bf16(c[i * np + j]);
-  free(w);
 }
 #endif

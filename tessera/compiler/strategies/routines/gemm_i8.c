@@ -186,6 +186,10 @@ static void ts_gemm_loops_{S}(const {TA}* A, int64_t rsa, int64_t csa, const {TB
 static void ts_gemm_tile_{S}(const {TA}* A, int64_t rsa, int64_t csa, const {TB}* B, int64_t rsb,
                              int64_t csb, int32_t* C, int64_t ldc, int64_t K, int64_t mt,
                              int64_t nt, int64_t KC) {
+#ifdef TS_Q_AMX_{S}
+  if (mt >= 4 && nt >= 4 && ts_amx_tiles_{S}(A, rsa, csa, B, rsb, csb, C, ldc, K, mt, nt, KC))
+    return;
+#endif
   if (KC <= 0) KC = 512;
   int64_t mp = (mt + TS_Q_MR - 1) / TS_Q_MR * TS_Q_MR;
   int64_t np = (nt + TS_Q_NR - 1) / TS_Q_NR * TS_Q_NR;
