@@ -36,11 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # Between two timed calls: BLAS and OpenMP worker threads (NumPy's OpenBLAS, tessera's libgomp,
 # PyTorch's OpenMP and MKL, XLA's pool) spin for a while after a call and take the 2 cores from
-# whoever runs next. The harness sleeps this long, then makes one untimed call to wake the next
+# whoever runs next. The harness sleeps this long, then makes untimed calls to wake the next
 # implementation's own threads, as a loop calling it would have them, then times one call.
 SETTLE_S = 0.2
 # An implementation slower than this is not woken first: waking threads costs well under 1% of it.
 WAKE_BELOW_S = 0.2
+# Untimed calls before each timed one: up to this many, until WAKE_S has passed (one was not
+# enough on a 2-core Xeon VM, whose second core took 4-8 ms to come back after the pause).
+WAKE_CALLS = 3
+WAKE_S = 0.02
 PEERS = ("torch eager", "torch.compile", "jax.jit", "scipy", "onnxruntime")
 TORCH = ("torch eager", "torch.compile")
 
@@ -1000,8 +1004,12 @@ def run_case(case: Case, rng, repeat: int, quick: bool, peers: dict, peaks: dict
         for name, impl in live.items():
             time.sleep(SETTLE_S)
             try:
-                if warm[name] < WAKE_BELOW_S:
-                    impl.call()                             # wake its threads, untimed
+                if warm[name] < WAKE_BELOW_S:               # wake its threads, untimed
+                    t = time.perf_counter()
+                    for _ in range(WAKE_CALLS):
+                        impl.call()
+                        if time.perf_counter() - t > WAKE_S:
+                            break
                 t = time.perf_counter()
                 impl.call()
                 samples[name].append(time.perf_counter() - t)
