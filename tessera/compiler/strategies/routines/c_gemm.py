@@ -49,7 +49,7 @@ def gemm_source(dtype_short: str) -> list[str]:
 # with bits of its own again.
 AMX = routine_text("amx.h")
 HALF_ROUTINE = "\n\n".join([AMX] + [routine_text(f) for f in (
-    "gemm_bf16_amx.c", "gemm_bf16_dot.c", "gemm_half.c")])
+    "gemm_bf16_dot.c", "gemm_bf16_amx.c", "gemm_half.c")])
 
 
 # The int8 GEMM (gemm_i8.c on gemm_i8_isa.h's instruction sets): int8 or uint8 operands, an

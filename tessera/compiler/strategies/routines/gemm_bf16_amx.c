@@ -9,15 +9,11 @@
    whatever the tiles, K blocks (multiples of 32), batch or thread count. Those are not the FMA
    path's bits (one chain over k in order) nor vdpbf16ps's (tests/targets/test_gemm_amx.py
    checks them against NumPy in this order). */
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+/* (after gemm_bf16_dot.c, whose DAZ and FTZ helpers it shares: the level has AVX-512 BF16) */
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(TS_GEMM_DOT_bf16)
 #define TS_GEMM_AMX_bf16 1
 #define TS_AMX_K 32                  /* k per instruction: a tile row of 64 bytes */
 #define TS_AMX_B 32                  /* C blocks of 32 x 32: four accumulator tiles */
-
-static float ts_amx_daz(uint16_t h) {
-  return (h & 0x7f80u) ? ts_bf16_to_f32(h) : ts_bf16_to_f32((uint16_t)(h & 0x8000u));
-}
-static float ts_amx_ftz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
 
 /* The same chains one element at a time (no tiles: the permission refused, or no memory for
    packing). */
@@ -30,9 +26,9 @@ static void ts_amx_loops(const uint16_t* A, int64_t rsa, int64_t csa, const uint
       for (int64_t k0 = 0; k0 < K; k0 += TS_AMX_K) {
         float ch[2] = {0.0f, 0.0f};
         for (int64_t k = k0; k < k0 + TS_AMX_K && k < K; ++k)
-          ch[k & 1] = ts_amx_ftz(fmaf(ts_amx_daz(A[i * rsa + k * csa]),
-                                      ts_amx_daz(B[k * rsb + j * csb]), ch[k & 1]));
-        c = ts_amx_ftz(c + ts_amx_ftz(ch[0] + ch[1]));
+          ch[k & 1] = ts_dot_ftz(fmaf(ts_dot_daz(A[i * rsa + k * csa]),
+                                      ts_dot_daz(B[k * rsb + j * csb]), ch[k & 1]));
+        c = ts_dot_ftz(c + ts_dot_ftz(ch[0] + ch[1]));
       }
       C[i * ldc + j] = ts_f32_to_bf16(c);
     }
@@ -88,6 +84,8 @@ static void ts_amx_pack_b(int64_t kc, int64_t kp, int64_t n, const uint16_t* B, 
   }
 }
 
+TS_AMX_BLOCKS(ts_amx_blocks_bf16, _tile_dpbf16ps)
+
 /* C (mt x nt, bf16, rounded once) = A (mt x K) @ B (K x nt) for bf16 operands of any strides:
    per K block (a multiple of 32), A and B packed as tiles (A's tiles loaded straight from a
    matrix whose rows are 4 KiB apart fall into one L1 set: 2.3x slower at 2048), each 32 x 32
@@ -118,39 +116,8 @@ static void ts_gemm_amx_bf16(const uint16_t* A, int64_t rsa, int64_t csa, const 
     int64_t chunks = kp / TS_AMX_K;
     ts_amx_pack_b(kc, kp, nt, B + pc * rsb, rsb, csb, pb);
     ts_amx_pack_a(mt, kc, kp, A + pc * csa, rsa, csa, pa);
-    for (int64_t jr = 0; jr < np; jr += TS_AMX_B) {
-      const uint16_t* b = pb + jr * kp;
-      for (int64_t ir = 0; ir < mp; ir += TS_AMX_B) {
-        const uint16_t* a0 = pa + ir * kp;
-        const uint16_t* a1 = a0 + 16 * kp;
-        float* c0 = c + ir * np + jr;
-        if (pc == 0) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-        } else {
-          _tile_loadd(0, c0, np * 4);
-          _tile_loadd(1, c0 + 16, np * 4);
-          _tile_loadd(2, c0 + 16 * np, np * 4);
-          _tile_loadd(3, c0 + 16 * np + 16, np * 4);
-        }
-        for (int64_t q = 0; q < chunks; ++q) {
-          _tile_loadd(4, a0 + q * 512, 64);
-          _tile_loadd(5, a1 + q * 512, 64);
-          _tile_loadd(6, b + q * 16 * 64, 128);
-          _tile_loadd(7, b + q * 16 * 64 + 32, 128);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, c0, np * 4);
-        _tile_stored(1, c0 + 16, np * 4);
-        _tile_stored(2, c0 + 16 * np, np * 4);
-        _tile_stored(3, c0 + 16 * np + 16, np * 4);
-      }
-    }
+    ts_amx_blocks_bf16((const unsigned char*)pa, (const unsigned char*)pb, c, mp, np, chunks,
+                       pc == 0);
   }
   _tile_release();
   for (int64_t i = 0; i < mt; ++i)

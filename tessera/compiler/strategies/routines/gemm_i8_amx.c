@@ -12,6 +12,8 @@
 #define TS_Q_AMX_OP_01(c, a, b) _tile_dpbsud(c, a, b)
 #define TS_Q_AMX_OP_11(c, a, b) _tile_dpbuud(c, a, b)
 
+TS_AMX_BLOCKS(ts_amx_blocks_{S}, ts_q_amx_dot_{S})
+
 static int ts_amx_tiles_{S}(const {TA}* A, int64_t rsa, int64_t csa, const {TB}* B,
                             int64_t rsb, int64_t csb, int32_t* C, int64_t ldc, int64_t K,
                             int64_t mt, int64_t nt, int64_t KC) {
@@ -70,39 +72,7 @@ static int ts_amx_tiles_{S}(const {TA}* A, int64_t rsa, int64_t csa, const {TB}*
             d[j * 4 + h] = jr + j < nt && 4 * g + h < kc ? (uint8_t)s[h * rsb + j * csb] : 0;
       }
     }
-    for (int64_t jr = 0; jr < np; jr += 32) {
-      const uint8_t* b = pb + jr * kp;
-      for (int64_t ir = 0; ir < mp; ir += 32) {
-        const uint8_t* a0 = pa + ir * kp;
-        const uint8_t* a1 = a0 + 16 * kp;
-        int32_t* c0 = c + ir * np + jr;
-        if (pc == 0) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-        } else {
-          _tile_loadd(0, c0, np * 4);
-          _tile_loadd(1, c0 + 16, np * 4);
-          _tile_loadd(2, c0 + 16 * np, np * 4);
-          _tile_loadd(3, c0 + 16 * np + 16, np * 4);
-        }
-        for (int64_t q = 0; q < chunks; ++q) {
-          _tile_loadd(4, a0 + q * 1024, 64);
-          _tile_loadd(5, a1 + q * 1024, 64);
-          _tile_loadd(6, b + q * 16 * 128, 128);
-          _tile_loadd(7, b + q * 16 * 128 + 64, 128);
-          ts_q_amx_dot_{S}(0, 4, 6);
-          ts_q_amx_dot_{S}(1, 4, 7);
-          ts_q_amx_dot_{S}(2, 5, 6);
-          ts_q_amx_dot_{S}(3, 5, 7);
-        }
-        _tile_stored(0, c0, np * 4);
-        _tile_stored(1, c0 + 16, np * 4);
-        _tile_stored(2, c0 + 16 * np, np * 4);
-        _tile_stored(3, c0 + 16 * np + 16, np * 4);
-      }
-    }
+    ts_amx_blocks_{S}(pa, pb, c, mp, np, chunks, pc == 0);
   }
   _tile_release();
   for (int64_t i = 0; i < mt; ++i) memcpy(C + i * ldc, c + i * np, sizeof(int32_t) * (size_t)nt);
