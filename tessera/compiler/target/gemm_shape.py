@@ -30,7 +30,7 @@ from ...runtime.toolchain import build, compiler_version, cpu_fingerprint, find_
 from ..strategies.routines import routine_text
 
 ENV = "TESSERA_GEMM_SHAPE"
-VERSION = 1                     # bump when the probe or the candidates change
+VERSION = 2                     # bump when the probe, the candidates or the routine change
 
 # (rows, vectors) per vector family, the ISA's own first; each fits its registers (AVX-512: 32,
 # AVX2: 16) with the B vectors and a broadcast.

