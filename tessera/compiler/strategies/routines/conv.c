@@ -305,11 +305,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
       }
     }
     ts_pack_a_{S}(mt, kc, W + pc, ldw, 1, pa);
-    for (int64_t jr = 0; jr < cols; jr += TS_NR_{S})
-      for (int64_t ir = 0; ir < mt; ir += TS_MR)
-        ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, out + ir * ldo + jr, ldo,
-                     mt - ir < TS_MR ? mt - ir : TS_MR,
-                     cols - jr < TS_NR_{S} ? cols - jr : TS_NR_{S}, pc == 0);
+    ts_gemm_block_{S}(pa, pb, out, ldo, kc, mt, cols, pc == 0);
   }
   if (nimg > 1)
     for (int64_t i = 0; i < nimg; ++i)
@@ -408,10 +404,6 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
       }
       k += len;
     }
-    for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
-      for (int64_t ir = 0; ir < mt; ir += TS_MR)
-        ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, C + ir * ldc + jr, ldc,
-                     mt - ir < TS_MR ? mt - ir : TS_MR,
-                     nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
+    ts_gemm_block_{S}(pa, pb, C, ldc, kc, mt, nt, pc == 0);
   }
 }

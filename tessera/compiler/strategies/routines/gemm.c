@@ -75,6 +75,19 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = edge[r * TS_NR_{S} + j];
 }
 
+/* One K block over packed panels: C[0:mt, 0:nt] (+)= pa @ pb. A row panel of A at a time
+   against every column panel of B: A's panel stays in L1, B's panels stream from L2, and the
+   micro-tiles walk along rows of C, which the prefetchers follow (C a column of micro-tiles
+   at a time, rows ldc apart: 10% slower at 2048). */
+static void ts_gemm_block_{S}(const {T}* pa, const {T}* pb, {T}* C, int64_t ldc, int64_t kc,
+                              int64_t mt, int64_t nt, int first) {
+  for (int64_t ir = 0; ir < mt; ir += TS_MR)
+    for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
+      ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, C + ir * ldc + jr, ldc,
+                   mt - ir < TS_MR ? mt - ir : TS_MR, nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S},
+                   first);
+}
+
 /* Few rows against B with contiguous rows (decoding's matrix-vector products, a small batch):
    B streams from memory, unpacked, four of its rows at a time (prefetched ahead), into the
    rows of C held in cache; each element is still the fma chain over k in order. */
@@ -221,13 +234,6 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
     int64_t kc = K - pc < KC ? K - pc : KC;
     ts_pack_b_{S}(kc, nt, B + pc * rsb, rsb, csb, pb);
     ts_pack_a_{S}(mt, kc, A + pc * csa, rsa, csa, pa);
-    /* a row panel of A at a time against every column panel of B: A's panel stays in L1, B's
-       panels stream from L2, and the micro-tiles walk along rows of C, which the prefetchers
-       follow (C a column of micro-tiles at a time, rows ldc apart: 10% slower at 2048) */
-    for (int64_t ir = 0; ir < mt; ir += TS_MR)
-      for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
-        ts_micro_{S}(kc, pa + ir * kc, pb + jr * kc, C + ir * ldc + jr, ldc,
-                     mt - ir < TS_MR ? mt - ir : TS_MR,
-                     nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
+    ts_gemm_block_{S}(pa, pb, C, ldc, kc, mt, nt, pc == 0);
   }
 }
