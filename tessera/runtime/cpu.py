@@ -1,7 +1,7 @@
 """Running CPU programs: the buffer table filled (inputs, constants, outputs, temporaries in
 per-thread memory slots) and the program's launches run in one call of its C entry point
 through ctypes (or of the timed entry point, which writes each kernel's seconds, when a profiler
-is open)."""
+is open). Large outputs take memory that dead results left behind (recycle.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from . import profiler
+from . import profiler, recycle
 from .program import buffer_plan, launches_only, no_memory, results, status_error
 from .threads import chooser
 from .toolchain import ENTRY
@@ -85,7 +85,7 @@ class CpuExecutor:
             ptrs[i] = address(a)
         for i, shape, dtype, fill, b in self.allocs:
             try:
-                a = table[i] = np.empty(shape, dtype=dtype)
+                a = table[i] = recycle.empty(shape, dtype)   # (idle memory of dead results)
             except MemoryError:
                 raise no_memory(self.program, b) from None
             if self.poison:

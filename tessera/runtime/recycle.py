@@ -1,0 +1,99 @@
+"""Large results' memory, used again once the arrays that held it are gone.
+
+A fresh result from the system costs a pass of page zeroing before the kernel's own pass: the
+kernel zeroes every new page on first touch (a 64 MiB softmax result: 30% of the call on a 2-core
+VM, more than the softmax itself). So a CPU program's result of MIN_BYTES or more comes from a
+block of memory an earlier result left behind when it died, where one of that size is idle.
+
+Each such result is a NumPy array over a lease on its block: the lease is the array's base,
+and every view taken from it holds the array or the lease through its own base, so the lease
+lives exactly as long as some array can still reach the memory. When it dies the block goes back to the idle list, up to IDLE_BYTES in
+all (the rest is freed). A result is never handed memory another array can read or write.
+
+The arrays behave as NumPy's own, except that they do not own their data (`flags.owndata` is
+False, so `ndarray.resize` refuses them). `release()` frees the idle blocks.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+MIN_BYTES = 1 << 20          # smaller results: NumPy's allocator (malloc reuses their memory)
+IDLE_BYTES = 512 << 20       # at most this much idle memory kept for later results
+ALIGN = 64                   # (a cache line: what the kernels' vector loads like)
+
+_lock = threading.Lock()
+_idle: dict[int, list] = {}  # block size -> idle blocks
+_idle_bytes = 0
+# blocks whose leases died, waiting to join the idle list: appending is atomic, so a lease's
+# finaliser (which the collector may run at any moment, even inside `_lock`) takes no lock
+_returned: collections.deque = collections.deque()
+
+
+class _Lease:
+    """One result's hold on its block: the array's base, `__array_interface__` its view."""
+    __slots__ = ("block", "__array_interface__")
+
+    def __init__(self, block: np.ndarray, shape: tuple, dtype: np.dtype):
+        self.block = block
+        start = block.ctypes.data
+        start += -start % ALIGN
+        self.__array_interface__ = {"shape": shape, "typestr": dtype.str,
+                                    "descr": dtype.descr, "data": (start, False),
+                                    "version": 3}
+
+    def __del__(self):
+        try:
+            _returned.append(self.block)
+        except Exception:        # (interpreter shutdown: the module may be gone)
+            pass
+
+
+def _take_returned() -> None:
+    """Move the returned blocks to the idle list, freeing what exceeds IDLE_BYTES (under
+    _lock)."""
+    global _idle_bytes
+    while _returned:
+        block = _returned.popleft()
+        if _idle_bytes + block.nbytes <= IDLE_BYTES:
+            _idle.setdefault(block.nbytes, []).append(block)
+            _idle_bytes += block.nbytes
+
+
+def empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised array, as np.empty, for a program's result: its memory an idle block's
+    where one of the size is waiting (results of MIN_BYTES or more)."""
+    global _idle_bytes
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if nbytes < MIN_BYTES or dtype.hasobject:
+        return np.empty(shape, dtype)
+    size = nbytes + ALIGN
+    with _lock:
+        _take_returned()
+        blocks = _idle.get(size)
+        block = blocks.pop() if blocks else None
+        if block is not None:
+            _idle_bytes -= size
+    if block is None:
+        block = np.empty(size, np.uint8)
+    return np.asarray(_Lease(block, tuple(shape), dtype))
+
+
+def idle_bytes() -> int:
+    """The memory kept idle for later results, in bytes."""
+    with _lock:
+        _take_returned()
+        return _idle_bytes
+
+
+def release() -> int:
+    """Free the idle blocks (results alive keep theirs); the bytes freed."""
+    global _idle_bytes
+    with _lock:
+        _take_returned()
+        freed, _idle_bytes = _idle_bytes, 0
+        _idle.clear()
+    return freed
