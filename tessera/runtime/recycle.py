@@ -5,9 +5,9 @@ kernel zeroes every new page on first touch (a 64 MiB softmax result: 30% of the
 VM, more than the softmax itself). So a CPU program's result of MIN_BYTES or more comes from a
 block of memory an earlier result left behind when it died, where one of that size is idle.
 
-Each such result is a NumPy array over a lease on its block: the lease is the array's base,
-and every view taken from it holds the array or the lease through its own base, so the lease
-lives exactly as long as some array can still reach the memory. When it dies the block goes back to the idle list, up to IDLE_BYTES in
+Each such result is a NumPy array over a lease on its block: the lease is the base of its
+bases, and every view taken from it holds the array through its own base, so the lease lives
+exactly as long as some array can still reach the memory. When it dies the block goes back to the idle list, up to IDLE_BYTES in
 all (the rest is freed). A result is never handed memory another array can read or write.
 
 The arrays behave as NumPy's own, except that they do not own their data (`flags.owndata` is
@@ -33,16 +33,16 @@ _returned: collections.deque = collections.deque()
 
 
 class _Lease:
-    """One result's hold on its block: the array's base, `__array_interface__` its view."""
+    """One result's hold on its block: `__array_interface__` its aligned bytes (which the
+    result views as its dtype: the interface's type strings cannot name ml_dtypes' types)."""
     __slots__ = ("block", "__array_interface__")
 
-    def __init__(self, block: np.ndarray, shape: tuple, dtype: np.dtype):
+    def __init__(self, block: np.ndarray, nbytes: int):
         self.block = block
         start = block.ctypes.data
         start += -start % ALIGN
-        self.__array_interface__ = {"shape": shape, "typestr": dtype.str,
-                                    "descr": dtype.descr, "data": (start, False),
-                                    "version": 3}
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (start, False), "version": 3}
 
     def __del__(self):
         try:
@@ -79,7 +79,14 @@ def empty(shape: tuple, dtype) -> np.ndarray:
             _idle_bytes -= size
     if block is None:
         block = np.empty(size, np.uint8)
-    return np.asarray(_Lease(block, tuple(shape), dtype))
+    return np.asarray(_Lease(block, nbytes)).view(dtype).reshape(shape)
+
+
+def block_of(a) -> np.ndarray | None:
+    """The block under a result (following its bases), or None for memory not lent here."""
+    while a is not None and not isinstance(a, _Lease):
+        a = getattr(a, "base", None)
+    return None if a is None else a.block
 
 
 def idle_bytes() -> int:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import Tensor
+from tessera import Tensor, op
 from tessera.runtime import recycle
 
 N = 1 << 19                  # float32 elements: 2 MiB, over recycle.MIN_BYTES
@@ -31,11 +31,11 @@ def test_a_dead_result_lends_its_memory_to_the_next(inputs):
     x, w = inputs
     y = scaled(x, w)
     np.testing.assert_array_equal(y, want(x, w))
-    block = y.base.block                     # (the lease's: held here, it stays a block)
+    block = recycle.block_of(y)                   # (the lease's: held here, it stays a block)
     del y
     gc.collect()
     z = scaled(w, x)
-    assert z.base.block is block             # the idle block, not fresh pages
+    assert recycle.block_of(z) is block           # the idle block, not fresh pages
     np.testing.assert_array_equal(z, want(w, x))
     assert not z.flags.owndata and z.flags.writeable and z.flags.c_contiguous
     assert z.ctypes.data % recycle.ALIGN == 0
@@ -46,7 +46,7 @@ def test_a_view_keeps_the_memory_from_the_next_result(inputs):
     y = scaled(x, w)
     expected = want(x, w)
     tail = y[5:].reshape(-1)[::3]            # a view of a view: its bases reach the lease
-    block = y.base.block
+    block = recycle.block_of(y)
     del y
     gc.collect()
     others = [scaled(w, x) for _ in range(3)]
@@ -55,7 +55,19 @@ def test_a_view_keeps_the_memory_from_the_next_result(inputs):
     np.testing.assert_array_equal(tail, expected[5:][::3])
     del tail
     gc.collect()
-    assert scaled(x, w).base.block is block  # now free, and used
+    assert recycle.block_of(scaled(x, w)) is block  # now free, and used
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int8", "bool"])
+def test_results_keep_their_dtype(dtype, inputs):
+    """(ml_dtypes' types have no array-interface type string: the block is viewed as them)"""
+    x = np.concatenate([inputs[0]] * 4)      # (one-byte results over MIN_BYTES too)
+    f = ts.function(lambda x: op.cast(x * 3.0, dtype))
+    got = f(x)
+    assert recycle.block_of(got) is not None
+    ref = (x * np.float32(3.0)).astype(got.dtype)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 
 def test_small_results_and_other_threads(inputs):
