@@ -83,3 +83,25 @@ def test_matmul_and_attention_share_one_program(rng):
     f = ts.function(lambda x, w: op.attention(op.exp(x @ w) * 0.1, x, x))   # exp twice over
     assert [k.strategy for k in f.lower(x, w).schedule_ir.kernels] == ["contract", "attention"]
     np.testing.assert_allclose(f(x, w), ts.interpret(f, x, w), rtol=1e-4, atol=1e-5)
+
+
+def test_task_tiles_are_even(rng):
+    """The grid cuts each side into as many tiles as the default tile would, all of one size
+    but the last, none larger (784 rows in 256s: 200 x 3 + 184, not 256 x 3 + 16), and the
+    product's bits are those of another tiling."""
+    from tessera.compiler.strategies.contract import even_tile, task_tiles
+    for _ in range(200):
+        size, tile, step = int(rng.integers(1, 5000)), int(rng.integers(1, 1100)), 8
+        even = even_tile(size, tile, step)
+        assert even <= max(tile, 1) or even == size
+        assert -(-size // even) == -(-size // min(tile, size))
+        assert even in (tile, size) or even % step == 0
+        last = size - (-(-size // even) - 1) * even
+        assert 0 < last <= even
+    assert task_tiles(784, 512, 1, "f32")["tile_m"] == 200
+    a = rng.standard_normal((784, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 512)).astype(np.float32)
+    got = ts.function(lambda a, b: a @ b)(a, b)
+    other = ts.function(lambda a, b: op.matmul(a, b, tile_shape=(256, 512, 256)))(a, b)
+    assert got.tobytes() == other.tobytes()
+    assert_within_dot_bound(got, a, b)

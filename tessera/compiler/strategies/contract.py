@@ -202,8 +202,10 @@ def gemm_tiles(c, dtype_short: str) -> dict:
 
 def task_tiles(M: int, N: int, batch: int, dtype_short: str) -> dict:
     """Task tiles of `batch` M x N products on the CPU: the measured best, halved (columns
-    first) while there are fewer than MIN_TASKS tasks. Shapes alone decide, never the thread
-    count."""
+    first) while there are fewer than MIN_TASKS tasks, then evened out (even_tile: 784 rows in
+    256s were three tiles and one of 16, and a thread given two of those sat idle a quarter of
+    the product's time; now 200 x 3 + 184).
+    Shapes alone decide, never the thread count."""
     mt, nt, kc = c_gemm.DEFAULT_TILE[dtype_short]
     MR = c_gemm.MR
     least_n = 256 if M == 1 else 64     # a row streams B: long runs of each row per task
@@ -212,7 +214,19 @@ def task_tiles(M: int, N: int, batch: int, dtype_short: str) -> dict:
             nt //= 2
         else:
             mt //= 2
-    return {"tile_m": min(mt, max(M, 1)), "tile_n": min(nt, max(N, 1)), "tile_k": kc}
+    return {"tile_m": even_tile(M, mt, 8), "tile_n": even_tile(N, nt, 32), "tile_k": kc}
+
+
+def even_tile(size: int, tile: int, step: int) -> int:
+    """The tile that cuts `size` into as many tiles as `tile` does, all of one size but the
+    last, a multiple of `step` (rows: the micro-kernels' 8 or fewer; columns: their 32-column
+    panels), or `tile` where that is no smaller."""
+    size = max(size, 1)
+    if tile >= size:
+        return size
+    tiles = -(-size // tile)
+    even = -(-(-(-size // tiles)) // step) * step
+    return even if even < tile and -(-size // even) == tiles else tile
 
 
 def contract_operands(k: Kernel):
