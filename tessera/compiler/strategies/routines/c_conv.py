@@ -15,15 +15,13 @@ times the input's windows over k = (image, position), both packed by transposing
 """
 from __future__ import annotations
 
-from . import c_gemm, c_pool, c_transpose, routine_text
+from . import c_gemm, c_pool, routine_text
 
 _ROUTINE = routine_text("conv.c")
 
 
 def conv_source(dtype_short: str) -> list[str]:
-    """The chunks for one dtype ("f32" or "f64"): the GEMM's (its packing and micro-kernel), the
-    window layout (window.c), the transposition (transpose.c), then the convolution's."""
+    """The chunks for one dtype ("f32" or "f64"): the GEMM's (its packing, with the
+    transposition, and micro-kernel), the window layout (window.c), then the convolution's."""
     return c_gemm.gemm_source(dtype_short) + [c_gemm.instantiate(c_pool.WINDOW, dtype_short),
-                                              c_gemm.instantiate(c_transpose.TRANSPOSE,
-                                                                 dtype_short),
                                               c_gemm.instantiate(_ROUTINE, dtype_short)]

@@ -22,6 +22,7 @@ MIN_TASKS = 8                  # split smaller products finer, so both cores get
 # {T}: its C type, {F}: its libm suffix)
 ISA = routine_text("gemm_isa.h")
 SCRATCH = routine_text("scratch.c")
+TRANSPOSE = routine_text("transpose.c")
 _ROUTINE = routine_text("gemm.c")
 
 
@@ -32,8 +33,10 @@ def instantiate(template: str, dtype_short: str) -> str:
 
 def gemm_source(dtype_short: str) -> list[str]:
     """The chunks for one dtype ("f32" or "f64"): the ISA definitions and the scratch memory
-    (shared with the other routines, emitted once), then the routine."""
-    return [ISA, instantiate(SCRATCH, dtype_short), instantiate(_ROUTINE, dtype_short)]
+    (shared with the other routines, emitted once), the transposition its packing uses, then
+    the routine."""
+    return [ISA, instantiate(SCRATCH, dtype_short), instantiate(TRANSPOSE, dtype_short),
+            instantiate(_ROUTINE, dtype_short)]
 
 
 # The routines for 16-bit operands ({S}: f16 or bf16; the conversions are the C target's

@@ -6,9 +6,9 @@ loop whose every load starts a new cache line (a 1024-float stride: every line i
 set)."""
 from __future__ import annotations
 
-from . import c_gemm, routine_text
+from . import c_gemm
 
-TRANSPOSE = routine_text("transpose.c")
+TRANSPOSE = c_gemm.TRANSPOSE
 
 
 def transpose_source(dtype_short: str) -> list[str]:

@@ -1,9 +1,18 @@
 #define TS_NR_{S} (TS_NV * TS_VL_{S})
-/* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. */
+/* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. Rows contiguous along k (A
+   itself, not a transposed view) go through the transposition's 8 x 8 register squares
+   (transpose.c): element by element, each k gathered MR rows apart, was a quarter of a
+   256 x 512 x 512 product's time. */
 static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int64_t csa,
                           {T}* pa) {
   for (int64_t ir = 0; ir < mc; ir += TS_MR, pa += TS_MR * kc) {
     int64_t m = mc - ir < TS_MR ? mc - ir : TS_MR;
+    if (csa == 1) {
+      ts_transpose_{S}(A + ir * rsa, rsa, pa, TS_MR, kc, m);
+      for (int64_t k = 0; k < kc && m < TS_MR; ++k)
+        for (int64_t r = m; r < TS_MR; ++r) pa[k * TS_MR + r] = 0;
+      continue;
+    }
     if (m == TS_MR) {                  /* whole micro-panels: no test per element */
       for (int64_t k = 0; k < kc; ++k)
 #pragma GCC unroll 16
@@ -16,11 +25,18 @@ static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int
   }
 }
 
-/* NR columns of B, k-major: pb[k * NR + j]; columns past nc are zero. */
+/* NR columns of B, k-major: pb[k * NR + j]; columns past nc are zero. Columns contiguous along
+   k (a transposed view, x @ w.T) go through the transposition as A's rows do. */
 static void ts_pack_b_{S}(int64_t kc, int64_t nc, const {T}* B, int64_t rsb, int64_t csb,
                           {T}* pb) {
   for (int64_t jr = 0; jr < nc; jr += TS_NR_{S}, pb += TS_NR_{S} * kc) {
     int64_t n = nc - jr < TS_NR_{S} ? nc - jr : TS_NR_{S};
+    if (rsb == 1 && csb != 1) {
+      ts_transpose_{S}(B + jr * csb, csb, pb, TS_NR_{S}, kc, n);
+      for (int64_t k = 0; k < kc && n < TS_NR_{S}; ++k)
+        for (int64_t j = n; j < TS_NR_{S}; ++j) pb[k * TS_NR_{S} + j] = 0;
+      continue;
+    }
     for (int64_t k = 0; k < kc; ++k) {
       const {T}* src = B + k * rsb + jr * csb;
       if (n == TS_NR_{S} && csb == 1) {
