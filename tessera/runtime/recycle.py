@@ -7,8 +7,9 @@ block of memory an earlier result left behind when it died, where one of that si
 
 Each such result is a NumPy array over a lease on its block: the lease is the base of its
 bases, and every view taken from it holds the array through its own base, so the lease lives
-exactly as long as some array can still reach the memory. When it dies the block goes back to the idle list, up to IDLE_BYTES in
-all (the rest is freed). A result is never handed memory another array can read or write.
+exactly as long as some array can still reach the memory. When it dies the block goes back to
+the idle list, up to IDLE_BYTES in all (the rest is freed). A result is never handed memory
+another array can read or write.
 
 The arrays behave as NumPy's own, except that they do not own their data (`flags.owndata` is
 False, so `ndarray.resize` refuses them). `release()` frees the idle blocks.
