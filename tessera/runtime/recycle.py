@@ -12,17 +12,33 @@ the idle list, up to IDLE_BYTES in all (the rest is freed). A result is never ha
 another array can read or write.
 
 The arrays behave as NumPy's own, except that they do not own their data (`flags.owndata` is
-False, so `ndarray.resize` refuses them). `release()` frees the idle blocks.
+False, so `ndarray.resize` refuses them). `release()` frees the idle blocks;
+$TESSERA_IDLE_RESULTS_MB sets IDLE_BYTES (0: none kept, every result fresh pages).
 """
 from __future__ import annotations
 
 import collections
+import os
 import threading
+import warnings
 
 import numpy as np
 
 MIN_BYTES = 1 << 20          # smaller results: NumPy's allocator (malloc reuses their memory)
-IDLE_BYTES = 512 << 20       # at most this much idle memory kept for later results
+
+
+def _idle_limit() -> int:
+    """$TESSERA_IDLE_RESULTS_MB in bytes (default 512 MiB; 0: no idle memory kept)."""
+    text = os.environ.get("TESSERA_IDLE_RESULTS_MB", "").strip()
+    try:
+        return max(0, int(text)) << 20 if text else 512 << 20
+    except ValueError:
+        warnings.warn(f"TESSERA_IDLE_RESULTS_MB={text!r} is not a number of MiB: 512 kept",
+                      stacklevel=2)
+        return 512 << 20
+
+
+IDLE_BYTES = _idle_limit()   # at most this much idle memory kept for later results (read once)
 ALIGN = 64                   # (a cache line: what the kernels' vector loads like)
 
 _lock = threading.Lock()

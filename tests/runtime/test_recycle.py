@@ -106,3 +106,13 @@ def test_the_idle_memory_is_capped(inputs, monkeypatch):
     del ys
     gc.collect()
     assert recycle.idle_bytes() == 4 * N + recycle.ALIGN
+
+
+def test_the_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TESSERA_IDLE_RESULTS_MB", "0")
+    assert recycle._idle_limit() == 0
+    monkeypatch.setenv("TESSERA_IDLE_RESULTS_MB", "64")
+    assert recycle._idle_limit() == 64 << 20
+    monkeypatch.setenv("TESSERA_IDLE_RESULTS_MB", "lots")
+    with pytest.warns(UserWarning, match="not a number"):
+        assert recycle._idle_limit() == 512 << 20
