@@ -105,3 +105,22 @@ def test_task_tiles_are_even(rng):
     other = ts.function(lambda a, b: op.matmul(a, b, tile_shape=(256, 512, 256)))(a, b)
     assert got.tobytes() == other.tobytes()
     assert_within_dot_bound(got, a, b)
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,k,n", [(5, 300, 70), (70, 600, 257), (130, 33, 3), (40, 1, 64)])
+def test_16_bit_products_are_the_float32_chains_rounded_once(rng, half, m, k, n):
+    """At the host's level a 16-bit matmul widens its operands into the float32 routine's
+    panels (or copies, for few rows): the bits of the float32 product of the widened operands,
+    rounded once, for contiguous and transposed operands."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes")
+    d = np.dtype(getattr(ml_dtypes, half) if half == "bfloat16" else np.float16)
+    a = rng.uniform(-2, 2, (m, k)).astype(d)
+    b = rng.uniform(-2, 2, (k, n)).astype(d)
+    wide = ts.function(lambda a, b: a @ b)(a.astype(np.float32), b.astype(np.float32))
+    got = ts.function(lambda a, b: a @ b)(a, b)
+    assert got.dtype == d
+    np.testing.assert_array_equal(got.view(np.uint16), wide.astype(d).view(np.uint16))
+    got_t = ts.function(lambda at, bt: at.T @ bt.T)(np.ascontiguousarray(a.T),
+                                                    np.ascontiguousarray(b.T))
+    np.testing.assert_array_equal(got_t.view(np.uint16), got.view(np.uint16))

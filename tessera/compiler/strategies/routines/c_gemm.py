@@ -40,12 +40,14 @@ def gemm_source(dtype_short: str) -> list[str]:
 
 
 # The routines for 16-bit operands ({S}: f16 or bf16; the conversions are the C target's
-# half.h): each task widens its operands into float32 scratch (its A rows and B columns, or
-# its queries, the keys, values and its mask block), calls the float32
-# routine (float32 accumulation, the same chains) and rounds each result once into the output.
-# Scratch comes from malloc per call: a call's arithmetic (mt*nt*K, nq*Sk*D) dwarfs it. Never
-# abort() in the user's process: without scratch the GEMM computes the same chains straight
-# from the 16-bit operands; attention returns 1 and its kernel reports out of memory.
+# half.h): the float32 routine's chains on widened operands (float32 accumulation), each result
+# rounded once into the output. The GEMM widens them straight into the float32 routine's packed
+# panels per K block and runs its blocks (tiles of few rows or columns, and K = 0: widened
+# copies into the float32 routine); attention widens its queries, the keys, values and its mask
+# block into float32 scratch. Scratch comes from the thread's (the GEMM's panels) or malloc per
+# call: a call's arithmetic (mt*nt*K, nq*Sk*D) dwarfs it. Never abort() in the user's process:
+# without scratch the GEMM computes the same chains straight from the 16-bit operands;
+# attention returns 1 and its kernel reports out of memory.
 # At x86-64-v4+bf16, bf16 operands take the AVX-512 BF16 dot product instead (gemm_bf16_dot.c,
 # compiled only where the flags define __AVX512BF16__): the order of its pairs gives other bits;
 # at x86-64-v4+amx, AMX's tile dot product (gemm_bf16_amx.c, where __AMX_BF16__ is defined),
