@@ -40,7 +40,9 @@ class CpuExecutor:
         # what changes from call to call: the inputs (table position, parameter) and the
         # fresh arrays (position, shape, dtype, poison value, buffer); the rest is fixed
         self.inputs = [(i, step[1]) for i, step in enumerate(self.plan) if step[0] == "input"]
-        self.allocs = [(i,) + step[1:] for i, step in enumerate(self.plan) if step[0] == "alloc"]
+        # (+ whether its memory comes from dead results': decided here, off the warm path)
+        self.allocs = [(i,) + step[1:] + (recycle.lends(step[4].nbytes),)
+                       for i, step in enumerate(self.plan) if step[0] == "alloc"]
         wanted = {b.name for b in program.schedule_ir.outputs}
         self.outputs = [(i, b.name) for i, b in enumerate(self.buffers) if b.name in wanted]
 
@@ -83,9 +85,10 @@ class CpuExecutor:
         for i, k in self.inputs:
             a = table[i] = inputs[k]
             ptrs[i] = address(a)
-        for i, shape, dtype, fill, b in self.allocs:
+        for i, shape, dtype, fill, b, lent in self.allocs:
             try:
-                a = table[i] = recycle.empty(shape, dtype)   # (idle memory of dead results)
+                a = table[i] = (recycle.empty(shape, dtype, b.nbytes) if lent
+                                else np.empty(shape, dtype=dtype))
             except MemoryError:
                 raise no_memory(self.program, b) from None
             if self.poison:

@@ -79,14 +79,16 @@ def _take_returned() -> None:
             _idle_bytes += block.nbytes
 
 
-def empty(shape: tuple, dtype) -> np.ndarray:
-    """An uninitialised array, as np.empty, for a program's result: its memory an idle block's
-    where one of the size is waiting (results of MIN_BYTES or more)."""
+def lends(nbytes: int) -> bool:
+    """Whether a result of `nbytes` takes its memory from here (callers decide once per
+    program: a warm call of a small function must not pay for asking)."""
+    return nbytes >= MIN_BYTES
+
+
+def empty(shape: tuple, dtype, nbytes: int) -> np.ndarray:
+    """An uninitialised array of `nbytes` (which lends), as np.empty, for a program's result:
+    its memory an idle block's where one of the size is waiting."""
     global _idle_bytes
-    dtype = np.dtype(dtype)
-    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    if nbytes < MIN_BYTES or dtype.hasobject:
-        return np.empty(shape, dtype)
     size = nbytes + ALIGN
     with _lock:
         _take_returned()
@@ -96,7 +98,7 @@ def empty(shape: tuple, dtype) -> np.ndarray:
             _idle_bytes -= size
     if block is None:
         block = np.empty(size, np.uint8)
-    return np.asarray(_Lease(block, nbytes)).view(dtype).reshape(shape)
+    return np.asarray(_Lease(block, nbytes)).view(np.dtype(dtype)).reshape(shape)
 
 
 def block_of(a) -> np.ndarray | None:
