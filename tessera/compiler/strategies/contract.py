@@ -225,7 +225,8 @@ def even_tile(size: int, tile: int, step: int) -> int:
     if tile >= size:
         return size
     tiles = -(-size // tile)
-    even = -(-(-(-size // tiles)) // step) * step
+    share = -(-size // tiles)             # each tile's share, rounded up
+    even = -(-share // step) * step       # to a whole step
     return even if even < tile and -(-size // even) == tiles else tile
 
 
