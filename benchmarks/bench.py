@@ -573,34 +573,28 @@ def ort_matmul_integer(ort, a, b):
     return lambda: session.run(None, {"a": a, "b": b})
 
 
-def _int8_case(n, a_type=np.int8, level=None):
+def _int8_case(n, a_type=np.int8):
     """An n x n x n product of 8-bit matrices into int32: int8 x int8 (PyTorch's _int_mm takes
-    only these), or uint8 activations x int8 weights (what onnxruntime's quantizer writes); at
-    the machine's level, or at `level` where this CPU runs it (None where it does not)."""
-    from tessera.runtime import isa
-    if level is not None and not isa.runs_here(level):
-        return None
+    only these), or uint8 activations x int8 weights (what onnxruntime's quantizer writes), at
+    the machine's level (on AMX's tiles where the CPU has them)."""
     ua = a_type == np.uint8
-    target = {"target": f"cpu:{level}"} if level else {}
     return Case(
-        f"matmul_{'u8' if ua else 'i8'}i8_{n}" + ("_amx" if level else ""),
+        f"matmul_{'u8' if ua else 'i8'}i8_{n}",
         f"{'uint8' if ua else 'int8'} x int8 -> int32 matmul {n}×{n} @ {n}×{n}, exact (ONNX's "
-        "MatMulInteger; --quick: half)" + (f", tessera at {level}" if level else ""),
+        "MatMulInteger; --quick: half)",
         "at least PyTorch's _int_mm; side by side with onnxruntime's MatMulInteger" if not ua
         else "side by side with onnxruntime's MatMulInteger (PyTorch has no uint8 x int8 GEMM)",
         lambda r, q: [r.integers(0 if ua else -128, 256 if ua else 128,
                                  (n >> q, n >> q)).astype(a_type),
                       r.integers(-128, 128, (n >> q, n >> q)).astype(np.int8)],
         lambda a, b: a.astype(np.int32) @ b.astype(np.int32),
-        ts.function(lambda a, b: op.matmul_integer(a, b), **target),
+        ts.function(lambda a, b: op.matmul_integer(a, b)),
         torch=None if ua else (lambda t, a, b: t._int_mm(a, b)), onnxruntime=ort_matmul_integer,
         flops=mm_flops, bytes=lambda a, b: a.size + b.size + 4 * a.shape[0] * b.shape[1],
         atol=0.0, min_speedup=None, min_vs_torch=None if ua else 1.0, integer_ops=True)
 
 
-CASES += [c for c in (_int8_case(1024), _int8_case(2048, np.uint8),
-                      _int8_case(1024, level="x86-64-v4+amx"),
-                      _int8_case(2048, np.uint8, level="x86-64-v4+amx")) if c is not None]
+CASES += [_int8_case(1024), _int8_case(2048, np.uint8)]
 
 
 # ---- bf16 products (issue 44): the FMA chains, AVX-512 BF16's dot product of pairs, AMX tiles ----

@@ -38,6 +38,8 @@ _X86_V4 = _X86_V3 | frozenset("avx512f avx512bw avx512cd avx512dq avx512vl".spli
 # The integer dot products (u8 x s8 in fours into int32: vpdpbusd; NEON's s8 x s8 sdot) the int8
 # GEMM uses: AVX-VNNI on AVX2 cores (Alder Lake, Sierra Forest), AVX-512 VNNI from Cascade Lake
 # and Zen 4, ARMv8.2's dot product. Each is a level of its own, as -march names none of them.
+# At x86-64-v4+vnni the int8 GEMM also carries AMX's tile code, taken at run time where the CPU
+# has the tiles (exact sums: the same bits; routines/amx.h).
 
 LEVELS = {lv.name: lv for lv in [
     Level("generic", "any", (), frozenset(), 0, "the C compiler's default for this machine"),

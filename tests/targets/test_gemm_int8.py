@@ -132,6 +132,59 @@ def test_each_level_multiplies_with_its_dot_product(tmp_path, level):
     assert DOT[level] in r.stdout
     if level.endswith(("vnni", "amx")):
         assert "pmaddwd" not in r.stdout
+    # AVX-512 VNNI's level carries the tiles too, behind a run-time check (amx.h); AVX2's and
+    # plain AVX-512's never do
+    assert ("tdpbusd" in r.stdout) == (level in ("x86-64-v4+vnni", "x86-64-v4+amx"))
+
+
+@x86
+@pytest.mark.parametrize("pair", ["u8i8", "i8i8"])
+def test_the_tiles_at_the_vnni_level_run_where_the_cpu_has_them(rng, tmp_path, pair):
+    """At x86-64-v4+vnni the routine multiplies on AMX's tiles where CPUID names them and Linux
+    grants their state, else with vpdpbusd: both built from the routine library's source (the
+    second with the tiles compiled out) and called straight, each is NumPy's product, and the
+    tiles ran exactly where /proc/cpuinfo lists amx_int8."""
+    import ctypes
+    level_here("x86-64-v4+vnni")
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs gcc (.ci/run installs it)")
+    ta, tb = types(pair)
+    ca, cb = ("int8_t" if t == np.int8 else "uint8_t" for t in (ta, tb))
+    src = tmp_path / "q.c"
+    src.write_text(routine_library_source(f"gemm:{pair}") + f"""
+void product(const {ca}* A, const {cb}* B, int32_t* C, int64_t m, int64_t k, int64_t n) {{
+  ts_gemm_tile_{pair}(A, k, 1, B, n, 1, C, n, k, m, n, 128);
+}}
+int tiles_ran(void) {{
+#ifdef TS_Q_AMX_{pair}
+  {ca} a[16 * 4] = {{0}};
+  {cb} b[4 * 16] = {{0}};
+  int32_t c[16 * 16];
+  return ts_amx_tiles_{pair}(a, 4, 1, b, 16, 1, c, 16, 4, 16, 16, 64);
+#else
+  return 0;
+#endif
+}}
+""")
+    opts = [f for f in flags(cc, "x86-64-v4+vnni") if f != "-fopenmp"]
+    libs = []
+    for extra in ([], ["-DTS_NO_AMX_AT_RUN_TIME"]):
+        so = tmp_path / f"q{len(libs)}.so"
+        r = subprocess.run([cc, *opts, *extra, str(src), "-o", str(so)], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        libs.append(ctypes.CDLL(str(so)))
+    assert libs[0].tiles_ran() == ("amx_int8" in isa._host_features())
+    assert libs[1].tiles_ran() == 0
+    i64 = ctypes.c_int64
+    for m, k, n in [(4, 1, 4), (37, 300, 45), (64, 129, 96), (130, 700, 70)]:
+        a, b = ints(rng, ta, (m, k)), ints(rng, tb, (k, n))
+        for lib in libs:
+            out = np.zeros((m, n), np.int32)
+            lib.product(*(x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, out)),
+                        i64(m), i64(k), i64(n))
+            np.testing.assert_array_equal(out, exact(a, b))
 
 
 # ---- int8 weights (op.matmul_int8_weight, weight-only quantization: gemm_w8.c) ---------------

@@ -1,10 +1,25 @@
-/* AMX's tile registers (x86-64-v4+amx), for the GEMM routines that use them: Linux's permission
-   for the tiles' 8 KiB of state (requested once per process), and every tile configured 16 rows
-   of 64 bytes. */
-#if defined(__AMX_TILE__) && !defined(TS_AMX_H)
+/* AMX's tile registers, for the GEMM routines that use them: Linux's permission for the tiles'
+   8 KiB of state (requested once per process), and every tile configured 16 rows of 64 bytes.
+   At x86-64-v4+amx the flags enable the tiles everywhere. At x86-64-v4+vnni (the host level of
+   every AMX machine) they are enabled per function (TS_AMX_FN) for the int8 routine alone, whose
+   exact integer sums give the same bits on the tiles as on VNNI: it runs where CPUID names the
+   tiles and Linux grants them, and VNNI's routine elsewhere (TS_AMX_AT_RUN_TIME; a test builds
+   the VNNI routine alone with -DTS_NO_AMX_AT_RUN_TIME). */
+#if !defined(__AMX_TILE__) && !defined(TS_NO_AMX_AT_RUN_TIME) && defined(__x86_64__) && \
+    defined(__linux__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && \
+    ((defined(__clang__) && __clang_major__ >= 13) || (!defined(__clang__) && __GNUC__ >= 11))
+#define TS_AMX_AT_RUN_TIME 1
+#define TS_AMX_FN __attribute__((target("amx-tile,amx-int8")))
+#elif defined(__AMX_TILE__)
+#define TS_AMX_FN
+#endif
+#if defined(TS_AMX_FN) && !defined(TS_AMX_H)
 #define TS_AMX_H 1
 #include <immintrin.h>
 #include <sys/syscall.h>
+#if TS_AMX_AT_RUN_TIME
+#include <cpuid.h>
+#endif
 
 static int ts_amx_permitted(void) {
   static int state;                  /* 0 unknown, 1 granted, -1 refused (a racing repeat of
@@ -12,8 +27,13 @@ static int ts_amx_permitted(void) {
   if (!state) {
 #if defined(__linux__) && defined(SYS_arch_prctl)
     extern long syscall(long number, ...);       /* (unistd.h hides it under -std=c11) */
-    state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                    18 /* XFEATURE_XTILEDATA */) == 0 ? 1 : -1;
+    int has = 1;
+#if TS_AMX_AT_RUN_TIME                 /* leaf 7's EDX: bit 24 AMX-TILE, bit 25 AMX-INT8 */
+    unsigned int a, b, c, d;
+    has = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3;
+#endif
+    state = has && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                           18 /* XFEATURE_XTILEDATA */) == 0 ? 1 : -1;
 #else
     state = -1;
 #endif
@@ -22,7 +42,7 @@ static int ts_amx_permitted(void) {
 }
 
 /* Tiles 0-7 as 16 rows of 64 bytes (the configuration is per thread: set at each call). */
-static void ts_amx_configure(void) {
+TS_AMX_FN static void ts_amx_configure(void) {
   struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -47,8 +67,8 @@ static void ts_amx_configure(void) {
    once per column panel (8% at 2048). */
 #define TS_AMX_L1 49152
 #define TS_AMX_BLOCKS(name, DOT)                                                              \
-  static void name(const unsigned char* pa, const unsigned char* pb, void* cv, int64_t mp,     \
-                   int64_t np, int64_t chunks, int first) {                                   \
+  TS_AMX_FN static void name(const unsigned char* pa, const unsigned char* pb, void* cv,      \
+                             int64_t mp, int64_t np, int64_t chunks, int first) {             \
     int64_t group = TS_AMX_L1 / (chunks * 2048);                                              \
     group = 32 * (group > 1 ? group : 1);                                                     \
     for (int64_t jg = 0; jg < np; jg += group)                                                \

@@ -1,9 +1,9 @@
-/* The int8 GEMM on AMX's tiles (ISA level x86-64-v4+amx): tdpb{s,u}{s,u}d multiplies a 16 x 64
-   tile of A's bytes by a 64 x 16 tile of B's (k in groups of four per column) into 16 x 16 int32,
-   for each signedness of the pair, so nothing is biased. Integer sums are exact modulo 2^32 in
-   any order: the same bits as every other path. Returns 0 where it did not run (the tiles'
+/* The int8 GEMM on AMX's tiles (x86-64-v4+amx, and x86-64-v4+vnni where the CPU has them:
+   amx.h): tdpb{s,u}{s,u}d multiplies a 16 x 64 tile of A's bytes by a 64 x 16 tile of B's (k in
+   groups of four per column) into 16 x 16 int32, for each signedness of the pair, so nothing is
+   biased. Integer sums are exact modulo 2^32 in any order: the same bits as every other path. Returns 0 where it did not run (the tiles'
    state refused, no memory): the caller's own path then computes the product. */
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#if (defined(__AMX_INT8__) && defined(__AMX_TILE__)) || TS_AMX_AT_RUN_TIME
 #define TS_Q_AMX_{S} 1
 #define TS_Q_AMX_K 64                /* k per instruction: a tile row of 64 bytes */
 #define ts_q_amx_dot_{S}(c, a, b) TS_Q_AMX_OP_{UA}{UB}(c, a, b)
@@ -14,10 +14,13 @@
 
 TS_AMX_BLOCKS(ts_amx_blocks_{S}, ts_q_amx_dot_{S})
 
-static int ts_amx_tiles_{S}(const {TA}* A, int64_t rsa, int64_t csa, const {TB}* B,
-                            int64_t rsb, int64_t csb, int32_t* C, int64_t ldc, int64_t K,
-                            int64_t mt, int64_t nt, int64_t KC) {
-  KC = KC <= 0 ? 1024 : (KC + TS_Q_AMX_K - 1) / TS_Q_AMX_K * TS_Q_AMX_K;
+TS_AMX_FN static int ts_amx_tiles_{S}(const {TA}* A, int64_t rsa, int64_t csa,
+                                      const {TB}* B, int64_t rsb, int64_t csb, int32_t* C,
+                                      int64_t ldc, int64_t K, int64_t mt, int64_t nt,
+                                      int64_t KC) {
+  /* K blocks of at most 512 (the tasks' 1024 is VNNI's): a block's panels of A and B, 16 KiB
+     each, then share L1 (2048^3 on the Xeon VM: 7.0 to 5.6 ms) */
+  KC = KC <= 0 || KC > 512 ? 512 : (KC + TS_Q_AMX_K - 1) / TS_Q_AMX_K * TS_Q_AMX_K;
   int64_t mp = (mt + 31) / 32 * 32, np = (nt + 31) / 32 * 32;
   int64_t kmax = K < KC ? (K + TS_Q_AMX_K - 1) / TS_Q_AMX_K * TS_Q_AMX_K : KC;
   unsigned char* w = K > 0 && ts_amx_permitted() ?
