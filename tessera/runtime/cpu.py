@@ -26,6 +26,7 @@ class CpuExecutor:
         # the OpenMP runtime the program links (absent without OpenMP): threads.py sets a
         # call's thread count through it
         self.set_threads = getattr(library, "omp_set_num_threads", None)
+        self.get_threads = getattr(library, "omp_get_max_threads", None)
         self.plan = buffer_plan(program.tile_ir.buffers)
         self.buffers = program.tile_ir.buffers
         self.slot_sizes = program.schedule_ir.slots
@@ -97,15 +98,17 @@ class CpuExecutor:
         if self.poison:
             for a, fill in temps:
                 a.fill(fill)
-        chooser.apply(self.set_threads)
+        restore = chooser.narrow(self.set_threads, self.get_threads)
         recorder = profiler.current()
         if recorder is None:
             status = self.entry(ptrs)
         else:
             seconds = (ctypes.c_double * max(1, self.kernels))()
             status = self.timed_entry(ptrs, seconds)
-            if not status:
-                recorder.record(self.program, list(seconds)[:self.kernels])
+        if restore is not None:
+            self.set_threads(restore)
+        if recorder is not None and not status:
+            recorder.record(self.program, list(seconds)[:self.kernels])
         if status:
             raise status_error(self.program, status)
         return results(self.program, {name: table[i] for i, name in self.outputs}, np)

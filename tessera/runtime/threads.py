@@ -67,15 +67,24 @@ class _Chooser:
                 max(1, min(self.configured, self.cores - busy))
         return self.choice
 
-    def apply(self, set_threads):
-        """Before a call on this thread: its OpenMP thread count set to the current choice
-        (omp_set_num_threads is per calling thread; called only when the choice changes)."""
-        if not self.adaptive or set_threads is None or self.configured == 1:
-            return
-        n = self.threads()
-        if getattr(self.local, "n", None) != n:
-            set_threads(n)
-            self.local.n = n
+    def narrow(self, set_threads, get_threads) -> int | None:
+        """Before a call on this thread: its OpenMP thread count lowered to the cores other
+        processes leave, where that is fewer; returns the count to put back after the call
+        (None: nothing changed). The count is the calling thread's, shared with every OpenMP
+        user on it: PyTorch's wheel bundles a libgomp.so.1, which our programs then load, so a
+        count left lowered would run PyTorch's own kernels on one thread after ours (and on
+        one thread, torch.compile's code for an MLP step corrupts the heap: torch 2.13)."""
+        if not self.adaptive or set_threads is None or get_threads is None \
+                or self.configured == 1:
+            return None
+        n = self.local.n = self.threads()       # (what the call may use: tests read it)
+        if n >= self.configured:
+            return None
+        before = get_threads()
+        if n >= before:
+            return None
+        set_threads(n)
+        return before
 
 
 chooser = _Chooser()

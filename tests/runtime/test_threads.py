@@ -31,14 +31,17 @@ def test_a_users_own_policy_wins(env, want):
     assert _run(env) == want
 
 
-LOADED = ("import numpy as np, tessera as ts; from tessera.runtime import threads;"
+# (libgomp.so.1 by name: the library the program loaded, whose count the caller's thread keeps)
+LOADED = ("import ctypes, numpy as np, tessera as ts; from tessera.runtime import threads;"
           "f = ts.function(lambda x: (x * 2).sum(axis=1)); x = np.ones((512, 512), np.float32);"
-          "print(f(x).sum(), threads.chooser.configured, threads.chooser.local.n)")
+          "print(f(x).sum(), threads.chooser.configured, threads.chooser.local.n,"
+          "      ctypes.CDLL('libgomp.so.1').omp_get_max_threads())")
 
 
 def test_calls_run_on_the_cores_other_processes_leave():
     """With more CPU-bound processes than cores, a call runs on one thread (a parallel region
-    would wait, at its end, for a descheduled member of its team); the result is the same."""
+    would wait, at its end, for a descheduled member of its team); the result is the same, and
+    the calling thread's OpenMP count is back at 2 after it (PyTorch's kernels share it)."""
     import time
     from tessera.runtime import threads
     n = threads.cores()
@@ -54,8 +57,8 @@ def test_calls_run_on_the_cores_other_processes_leave():
         r = subprocess.run([sys.executable, "-c", LOADED], env=env | {"OMP_NUM_THREADS": "2"},
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        total, configured, given = r.stdout.split()
-        assert (float(total), configured, given) == (512 * 512 * 2.0, "2", "1")
+        total, configured, given, after = r.stdout.split()
+        assert (float(total), configured, given, after) == (512 * 512 * 2.0, "2", "1", "2")
     finally:
         for p in burners:
             p.kill()
