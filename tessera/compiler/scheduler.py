@@ -8,7 +8,7 @@ from ..runtime import targets
 from . import strategies
 from .fusion import fuse
 from .graph_ir import Graph, format_attrs, format_value
-from .groups import Group, is_reduce
+from .groups import Group, is_reduce, is_reshape
 from .passes import PRIMITIVE_RULES, canonicalize, decompose, split_complex
 from .schedule_ir import Buffer, Kernel, RegionStep, ScheduleProgram, storage
 
@@ -76,6 +76,10 @@ def _schedule_nodes(g: Graph, ctx: _Context, of: dict, out_ids: dict, prefix: st
                 steps.append(_schedule_region(g, grp.root, ctx, of, result_buffer))
             continue
         v = grp.root.out
+        if reads_in_place(grp, of, out_ids):
+            of[v.id] = ctx.buffer(Buffer(f"{prefix}rs{len(ctx.buffers)}", v.type, "alias",
+                                         data=of[grp.root.inputs[0].id]))
+            continue
         b = result_buffer(v)
         of[v.id] = b
         stores = []
@@ -109,6 +113,17 @@ def _schedule_nodes(g: Graph, ctx: _Context, of: dict, out_ids: dict, prefix: st
         ctx.kernels.append(k)
         steps.append(k)
     return steps
+
+
+def reads_in_place(grp: Group, of: dict, out_ids: dict) -> bool:
+    """Whether a group is a reshape alone of a value in memory (kept apart by its several
+    users: the layer's input its forward and backward products read), which its users then
+    read where it lies: the same elements in the same order, no kernel. Not a program's output,
+    which has memory of its own. The reshape's value is an alias of its source's buffer (a
+    kernel is passed the source: lower.py)."""
+    n = grp.root
+    return grp.nodes == [n] and is_reshape(n) and n.out.id not in out_ids and \
+        n.out.type.is_static and of[n.inputs[0].id].role in ("temp", "input", "output", "const")
 
 
 def _schedule_region(g: Graph, node, ctx: _Context, of: dict, result_buffer) -> RegionStep:
@@ -183,7 +198,7 @@ def plan_memory(s: ScheduleProgram):
     for i, k in enumerate(s.steps):
         for b in (k.results if isinstance(k, RegionStep) else [k.output]):
             first.setdefault(b.name, i)
-        for b in (_region_reads(k) if isinstance(k, RegionStep) else k.inputs):
+        for b in (_region_reads(k) if isinstance(k, RegionStep) else map(storage, k.inputs)):
             last[b.name] = i
     slots = []                  # [bytes, index of the last kernel using it]
     for b in sorted((b for b in s.buffers if b.role == "temp" and b.name in first),

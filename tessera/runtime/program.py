@@ -55,13 +55,15 @@ class HostSteps:
     def run(self):
         if self.p.steps is None:
             for name, args in self.p.calls:
-                self.launch(name, [self.table[a] for a in args])
+                self.launch(name, [self.named(a) for a in args])
         else:
             self.steps(self.p.steps)
 
     def array(self, b):
-        if b.role == "alias":
-            return self.array(b.data)
+        if b.role == "alias":                   # (a reshape read in place: its shape)
+            a = self.array(b.data)
+            shape = tuple(b.type.shape)
+            return a.reshape(shape) if b.type.is_static and tuple(a.shape) != shape else a
         if b.role == "slice":
             base, var = b.data
             return self.array(base)[self.loop[var], ...]     # (a view, even of a row of one)

@@ -102,6 +102,8 @@ class CRenderer(CStyleRenderer):
             k = kernels[name]
             casts = []
             for p, a in zip(k.params, args):
+                while a in program.views:       # a reshape read in place: its source's memory
+                    a = program.views[a].data.name
                 const = "const " if p.mode == "in" else ""
                 casts.append(f"({const}{self.storage_type(types[a])}*)b[{index[a]}]")
             calls.append(f"{name}({', '.join(casts + self.size_args())})")
