@@ -93,6 +93,29 @@ def test_a_value_used_by_two_kernels_is_written_once(rng):
         assert_close(g, w, scale=10)
 
 
+def test_a_reshape_two_kernels_read_is_no_kernel(rng):
+    """A layer's input x.reshape(-1, D), which two products read (forward and the weight
+    gradient), is an alias of the value it reshapes, read where it lies; the value's memory
+    stays its own until the alias's last reader (later temporaries would take a freed slot)."""
+    x = rng.standard_normal((4, 8, 16)).astype(np.float32)
+    w1 = rng.standard_normal((16, 16)).astype(np.float32)
+    w2 = rng.standard_normal((16, 16)).astype(np.float32)
+
+    def fn(x, w1, w2):
+        r = op.tanh(x).reshape(32, 16)          # a temporary, reshaped; read by two products
+        a = op.exp(r @ w1)                      # its own temporaries after the tanh's
+        b = op.sin(a * 0.5) @ w2
+        return op.sum(r @ w2 + b, axis=0)
+    ks = kernels(fn, x, w1, w2)
+    assert not any(k.op == "reshape" for k in ks)
+    prog = ts.function(fn).lower(x, w1, w2)
+    alias = [b for b in prog.schedule_ir.buffers if b.role == "alias"]
+    assert len(alias) == 1 and tuple(alias[0].type.shape) == (32, 16) and alias[0].data.role == "temp"
+    got = ts.function(fn)(x, w1, w2)
+    want = ts.interpret(fn, x, w1, w2)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_column_reduction_fuses_its_prologue(rng):
     x = rng.standard_normal((301, 45)).astype(np.float32)
     fn = lambda x: op.sum(op.exp(x) * x, axis=0)     # noqa: E731
