@@ -110,7 +110,8 @@ def test_a_reshape_two_kernels_read_is_no_kernel(rng):
     assert not any(k.op == "reshape" for k in ks)
     prog = ts.function(fn).lower(x, w1, w2)
     alias = [b for b in prog.schedule_ir.buffers if b.role == "alias"]
-    assert len(alias) == 1 and tuple(alias[0].type.shape) == (32, 16) and alias[0].data.role == "temp"
+    assert len(alias) == 1 and tuple(alias[0].type.shape) == (32, 16)
+    assert alias[0].data.role == "temp"
     got = ts.function(fn)(x, w1, w2)
     want = ts.interpret(fn, x, w1, w2)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

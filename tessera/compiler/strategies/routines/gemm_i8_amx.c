@@ -1,8 +1,9 @@
 /* The int8 GEMM on AMX's tiles (x86-64-v4+amx, and x86-64-v4+vnni where the CPU has them:
    amx.h): tdpb{s,u}{s,u}d multiplies a 16 x 64 tile of A's bytes by a 64 x 16 tile of B's (k in
    groups of four per column) into 16 x 16 int32, for each signedness of the pair, so nothing is
-   biased. Integer sums are exact modulo 2^32 in any order: the same bits as every other path. Returns 0 where it did not run (the tiles'
-   state refused, no memory): the caller's own path then computes the product. */
+   biased. Integer sums are exact modulo 2^32 in any order: the same bits as every other path.
+   Returns 0 where it did not run (the tiles' state refused, no memory): the caller's own path
+   then computes the product. */
 #if (defined(__AMX_INT8__) && defined(__AMX_TILE__)) || TS_AMX_AT_RUN_TIME
 #define TS_Q_AMX_{S} 1
 #define TS_Q_AMX_K 64                /* k per instruction: a tile row of 64 bytes */
