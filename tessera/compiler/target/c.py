@@ -9,6 +9,7 @@ from ... import dtypes as dt
 from ...runtime import targets
 from ...runtime.isa import describe, same_arch
 from ...runtime.toolchain import ENTRY, build, build_library
+from ..schedule_ir import storage
 from ..strategies import routine_owner
 from ..strategies.routines import half_conversions, routine_text, specialise
 from ..tile_ir import Loop, Scratch, TileKernel, TileProgram
@@ -102,8 +103,8 @@ class CRenderer(CStyleRenderer):
             k = kernels[name]
             casts = []
             for p, a in zip(k.params, args):
-                while a in program.views:       # a reshape read in place: its source's memory
-                    a = program.views[a].data.name
+                if a in program.views:          # a reshape read in place: its source's memory
+                    a = storage(program.views[a]).name
                 const = "const " if p.mode == "in" else ""
                 casts.append(f"({const}{self.storage_type(types[a])}*)b[{index[a]}]")
             calls.append(f"{name}({', '.join(casts + self.size_args())})")
