@@ -437,8 +437,8 @@ def test_diagnostics_against_known_cases(rng):
     iid = rng.normal(size=(4, 1000))
     assert abs(diagnostics.rhat(iid) - 1) < 0.01
     assert 0.8 < diagnostics.ess_bulk(iid) / 4000 < 1.25
-    shifted = iid + np.arange(4)[:, None]               # chains that disagree
-    assert diagnostics.rhat(shifted) > 1.5
+    shifted = iid + np.arange(4)[:, None]               # chains that disagree: 1.49-1.58 over
+    assert diagnostics.rhat(shifted) > 1.3              # 300 seeds (1.5 failed seed 3947232321)
     rho = 0.9                                           # AR(1): ESS = N (1 - rho) / (1 + rho)
     ar = np.zeros((4, 4000))
     noise = rng.normal(size=(4, 4000))
