@@ -92,6 +92,7 @@ STRATEGY = CONV[:-1] + [
     ((5, 16, 16, 16), (24, 16, 3, 3), {"padding": 1}),          # rows of 16 or more, whole
     ((4, 8, 17, 65), (12, 8, 3, 3), {"stride": 2, "padding": 1, "dilation": (1, 2)}),  # rows:
     ((3, 6, 9, 30), (10, 3, 3, 3), {"padding": (1, 2), "groups": 2}),  # laid out padded
+    ((32, 4, 6, 6), (10, 4, 3, 3), {"padding": 1}),             # whole images: 4 a task
 ]
 
 
@@ -119,6 +120,22 @@ def test_the_conv_strategy_has_the_bits_of_the_im2col_matmul(k, rng):
     np.testing.assert_allclose(got, _torch_conv(len(xs) - 2)(
         torch.from_numpy(x).double(), torch.from_numpy(w).double(), **attrs).numpy(),
         rtol=1e-4, atol=1e-4)
+
+
+def test_small_images_tasks_are_whole_images_by_all_the_rows():
+    """ResNet's small layers at batch 32: each task whole images (columns from 128 to 1024)
+    by every output channel up to 512, in no fewer than MIN_TASKS tasks (fewer, squarer tasks
+    pack less: 8% faster at 7x7x512 on a 2-core Xeon); a small batch keeps the finer grid."""
+    from tessera.compiler.strategies.routines.c_gemm import MIN_TASKS
+    for n, c, hw, whole in [(32, 512, 7, True), (32, 256, 14, True), (32, 128, 28, True),
+                            (32, 64, 56, False), (8, 512, 7, False)]:
+        x, w = np.zeros((n, c, hw, hw), np.float32), np.zeros((c, c, 3, 3), np.float32)
+        kn = ts.function(lambda x, w: op.conv(x, w, padding=1)).lower(x, w).schedule_ir \
+            .kernels[0].knobs
+        P, cols = hw * hw, kn["tile_n"]
+        tasks = -(-c // kn["tile_m"]) * (-(-n // (cols // P)) if cols >= P else n * -(-P // cols))
+        assert tasks >= MIN_TASKS
+        assert (kn["tile_m"] == min(c, 512) and cols % P == 0 and 128 <= cols <= 1024) == whole
 
 
 def test_a_convolutions_epilogue_is_fused(rng):

@@ -23,7 +23,7 @@ from ..emit import Emitter, Names, contiguous, idx_div, idx_min, idx_mod, launch
 from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select, Store, Var, \
     idx_add, idx_mul
 from .base import PARALLEL_MIN_FLOPS, register
-from .contract import ContractStrategy, task_tiles
+from .contract import ContractStrategy, even_tile, task_tiles
 from .routines import c_conv, c_gemm
 
 
@@ -65,11 +65,13 @@ class ConvStrategy(ContractStrategy):
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
         d = k.output.type.dtype.short
-        tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], d)
-        if g["Og"] > 1 and tiles["tile_n"] >= g["P"]:     # a whole image a task: more if
-            wide = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)   # the tiles take two
-            if wide["tile_n"] >= 2 * g["P"]:                         # (images_per_tile)
-                tiles = wide
+        tiles = whole_images(g, d)
+        if tiles is None:
+            tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], d)
+            if g["Og"] > 1 and tiles["tile_n"] >= g["P"]:     # a whole image a task: more
+                wide = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)   # if the tiles take
+                if wide["tile_n"] >= 2 * g["P"]:                         # two
+                    tiles = wide                                         # (images_per_tile)
         row = g["out"][2]
         if row >= ROWS_LAID_OUT and row <= tiles["tile_n"] < g["P"]:
             tiles["tile_n"] -= tiles["tile_n"] % row    # whole rows: packed from laid-out rows
@@ -119,6 +121,31 @@ class ConvStrategy(ContractStrategy):
 
 
 register(ConvStrategy())
+
+
+# Small images' tasks: at most this many columns (a K block's panels of B, 256 rows, in 1 MiB),
+# and at least this many (else the weights' packing per task outweighs the product)
+SMALL_IMAGE_COLUMNS = (128, 1024)
+
+
+def whole_images(g: dict, d: str) -> dict | None:
+    """Tiles for small images (at most 1024 positions), each task whole images by all the
+    output channels of a group up to the GEMM's rows per task, as many images as leave
+    MIN_TASKS tasks: each task packs the weights it multiplies (A) and the windows (B) once, so
+    fewer, squarer tasks pack less (ResNet's 7x7x512 layer at batch 32: 512 x 196 in 8 tasks
+    took 32 ms, 256 x 196 in 16 tasks 35 ms; 14x14x256: 256 x 784, 28.5 against 29-31 ms;
+    28x28x128: 128 x 784 against 128 x 392, 30.7 against 32.4 ms). None where that leaves
+    fewer tasks or narrower ones (a small batch): task_tiles' grid."""
+    least, most = SMALL_IMAGE_COLUMNS
+    P, Og = g["P"], g["Og"]
+    if Og <= 1 or P > most:
+        return None
+    rows, _, kc = c_gemm.DEFAULT_TILE[d]
+    mt = even_tile(Og, rows, 8)
+    imgs = min(g["N"], most // P, g["N"] * g["G"] * -(-Og // mt) // c_gemm.MIN_TASKS)
+    if imgs < 1 or imgs * P < least:
+        return None
+    return {"tile_m": mt, "tile_n": imgs * P, "tile_k": kc}
 
 
 def _epilogue_loops(em: Emitter, g: dict):
