@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check graphviz fuzz
+.PHONY: setup setup-lab setup-bench test test-clang lab bench notebooks clean gpu-check graphviz fuzz sweep
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ test-clang: setup
 FUZZ_SECONDS ?= 3600
 fuzz: setup
 	$(BIN)/python tests/fuzz/fuzzer.py --seconds $(FUZZ_SECONDS)
+
+# Tests run again and again on fresh random inputs (tests/sweep.py): each failure with the seeds
+# that replay it. SWEEP names the tests (default: those that bound statistics of random draws).
+SWEEP ?= tests/frontend/prob tests/ops/test_random.py tests/frontend/test_numerics.py
+SWEEP_RUNS ?= 20
+sweep: setup
+	$(BIN)/python tests/sweep.py --runs $(SWEEP_RUNS) $(SWEEP)
 
 # Graphviz's dot draws the explorer's graphs (tighter than the pure-Python layout used without
 # it): installed from Debian's packages when missing and make runs as root; else said, with the
