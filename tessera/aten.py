@@ -465,6 +465,7 @@ def from_torch(model, *example_inputs):
         getattr(model, "__name__", "fn")
     examples = tuple(torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x
                      for x in example_inputs)
+    _register_transformers_caches(module)
     try:
         with warnings.catch_warnings():     # (torch.export's own deprecation of its pytrees)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -477,6 +478,7 @@ def from_torch(model, *example_inputs):
                                 "documentation for graph breaks") from None
     graph = exported.graph
     _check_supported(graph, name)
+    out_spec = exported.call_spec.out_spec
 
     state = {**exported.state_dict, **getattr(exported, "constants", {})}
     params, places, user = {}, {}, []
@@ -508,8 +510,7 @@ def from_torch(model, *example_inputs):
                 fn = _getitem if node.target is operator.getitem else ATEN[str(node.target)]
                 env[node.name] = fn(*args, **kwargs)
             elif node.op == "output":
-                outs = _resolve(node.args[0], env)
-                return outs[0] if len(outs) == 1 else tuple(outs)
+                return _structured(list(_resolve(node.args[0], env)), out_spec)
         raise TesseraError(f"{name}: the exported graph has no output")
 
     params_param = inspect.Parameter("params", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -519,6 +520,37 @@ def from_torch(model, *example_inputs):
     body.__name__ = body.__qualname__ = name
     body.__doc__ = f"{name}, imported from PyTorch by torch.export (tessera.from_torch)"
     return Function(body, name=name), params
+
+
+def _register_transformers_caches(module):
+    """A transformers model returns its key/value cache (`use_cache`, on by default), an object
+    torch.export cannot trace through: transformers' own exporter registers its cache classes as
+    pytree nodes (what its `torch.export` support does; transformers 5's exporters)."""
+    model = next((m for m in module.modules() if type(m).__module__.startswith("transformers.")),
+                 None)
+    if model is None:
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:     # (an older transformers: its caches stay untraceable)
+        return
+    register_cache_pytrees_for_model(model)
+
+
+def _structured(outs: list, spec):
+    """The graph's flat outputs as the model returned them: one value, or a tuple; a dict for a
+    dict (a transformers ModelOutput: `logits`, `last_hidden_state`, ...), each field its value,
+    or for a container (a cache) the tuple of its tensors in order (each layer's keys, then its
+    values)."""
+    if spec is None or not (isinstance(spec.type, type) and issubclass(spec.type, dict)):
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    fields, at = {}, 0
+    kids = spec.children() if hasattr(spec, "children") else spec.children_specs  # (torch<2.10)
+    for key, child in zip(spec.context, kids):
+        n = child.num_leaves
+        fields[key] = outs[at] if child.is_leaf() else tuple(outs[at:at + n])
+        at += n
+    return fields
 
 
 def _decompositions():

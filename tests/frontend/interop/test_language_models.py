@@ -95,6 +95,29 @@ def test_a_language_model_with_its_defaults_gives_pytorchs_outputs(name, padded,
     _assert_pytorchs(model, ids, mask)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_a_model_as_it_comes_returns_its_outputs_and_its_cache(name, rng):
+    """The model itself, no wrapper: its ModelOutput comes back as a dict of its fields, the
+    key/value cache (on by default) as the tuple of each layer's keys and values, each
+    PyTorch's."""
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = _text_models()[name]().eval()
+    ids = torch.from_numpy(rng.integers(3, 100, size=(2, 9)))
+    fn, params = ts.from_torch(model, ids)
+    got = fn(params, ids.numpy())
+    with torch.no_grad():
+        want = model(ids)
+    assert list(got) == list(want.keys())
+    for key, w in want.items():
+        if hasattr(w, "layers"):            # the cache (transformers 5 names the field "cache")
+            w = [t for layer in w.layers for t in (layer.keys, layer.values)]
+            assert len(got[key]) == len(w) == 2 * model.config.num_hidden_layers
+            for g, t in zip(got[key], w):
+                np.testing.assert_allclose(g, t.numpy(), atol=2e-5, rtol=1e-5)
+        else:
+            np.testing.assert_allclose(got[key], w.numpy(), atol=2e-5, rtol=1e-5)
+
+
 def test_clip_vision_and_whisper_encoders_give_pytorchs_outputs(rng):
     T = transformers
     torch.manual_seed(int(rng.integers(1 << 30)))
