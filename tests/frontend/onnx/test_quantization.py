@@ -216,7 +216,7 @@ def test_an_mlp_quantized_by_onnxruntime_imports_and_matches_it(how, rng, tmp_pa
     and static in the QDQ format (QuantizeLinear/DequantizeLinear around the products):
     tessera's import gives the bits of onnxruntime running the graph as written. onnxruntime's
     default optimizations fuse the QDQ products into integer kernels that requantize in float32,
-    a step away from the graph's own value at a rounding tie (1.5% of random models here)."""
+    a step away from the graph's own value at a rounding tie (3 of 200 random models)."""
     import logging
     from onnxruntime import quantization as oq
     logging.getLogger().setLevel(logging.ERROR)     # (its advice to pre-process the model)
