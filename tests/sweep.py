@@ -24,7 +24,7 @@ def test_id(classname: str, name: str) -> str:
     return f"{classname}::{name}"
 
 
-def sweep(paths: list, runs: int, extra: list) -> dict:
+def sweep(paths: list, runs: int, extra: list) -> tuple[dict, int]:
     """{test id: [seed of each failing run ("?" where the test drew none)]} and the number of
     test runs, over `runs` pytest processes on `paths`."""
     failed, total = collections.defaultdict(list), 0

@@ -34,11 +34,11 @@ def _program(s: ScheduleProgram, kernels, calls) -> TileProgram:
     """The tile program: with control flow, the schedule's steps (the entry point, or the host,
     runs them) and the buffers without memory of their own that they pass."""
     views = {b.name: b for b in s.buffers if b.role in VIEWS}
+    buffers = [b for b in s.buffers if b.role not in VIEWS]
     if s.steps is s.kernels:            # launches only (a reshape read in place: an alias)
-        return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role not in VIEWS],
+        return TileProgram(s.name, kernels, calls, buffers,
                            views={n: b for n, b in views.items() if b.role == "alias"})
-    return TileProgram(s.name, kernels, calls, [b for b in s.buffers if b.role not in VIEWS],
-                       steps=s.steps, views=views)
+    return TileProgram(s.name, kernels, calls, buffers, steps=s.steps, views=views)
 
 
 

@@ -65,13 +65,7 @@ class ConvStrategy(ContractStrategy):
         g = geometry(k.group.anchor)
         knobs = {"parallel": representative(k.flops) >= PARALLEL_MIN_FLOPS, "simd": True}
         d = k.output.type.dtype.short
-        tiles = whole_images(g, d)
-        if tiles is None:
-            tiles = task_tiles(g["Og"], g["P"], g["N"] * g["G"], d)
-            if g["Og"] > 1 and tiles["tile_n"] >= g["P"]:     # a whole image a task: more
-                wide = task_tiles(g["Og"], g["N"] * g["P"], g["G"], d)   # if the tiles take
-                if wide["tile_n"] >= 2 * g["P"]:                         # two
-                    tiles = wide                                         # (images_per_tile)
+        tiles = image_tiles(g, d)
         row = g["out"][2]
         if row >= ROWS_LAID_OUT and row <= tiles["tile_n"] < g["P"]:
             tiles["tile_n"] -= tiles["tile_n"] % row    # whole rows: packed from laid-out rows
@@ -128,24 +122,30 @@ register(ConvStrategy())
 SMALL_IMAGE_COLUMNS = (128, 1024)
 
 
-def whole_images(g: dict, d: str) -> dict | None:
-    """Tiles for small images (at most 1024 positions), each task whole images by all the
-    output channels of a group up to the GEMM's rows per task, as many images as leave
-    MIN_TASKS tasks: each task packs the weights it multiplies (A) and the windows (B) once, so
-    fewer, squarer tasks pack less (ResNet's 7x7x512 layer at batch 32: 512 x 196 in 8 tasks
-    took 32 ms, 256 x 196 in 16 tasks 35 ms; 14x14x256: 256 x 784, 28.5 against 29-31 ms;
-    28x28x128: 128 x 784 against 128 x 392, 30.7 against 32.4 ms). None where that leaves
-    fewer tasks or narrower ones (a small batch): task_tiles' grid."""
+def image_tiles(g: dict, d: str) -> dict:
+    """Task tiles of the products of the images' positions. Small images (at most 1024
+    positions): each task whole images by all the output channels of a group up to the GEMM's
+    rows per task, as many images as leave MIN_TASKS tasks: each task packs the weights it
+    multiplies (A) and the windows (B) once, so fewer, squarer tasks pack less (ResNet's
+    7x7x512 layer at batch 32: 512 x 196 in 8 tasks took 32 ms, 256 x 196 in 16 tasks 35 ms;
+    14x14x256: 256 x 784, 28.5 against 29-31 ms; 28x28x128: 128 x 784 against 128 x 392, 30.7
+    against 32.4 ms). Where that leaves fewer tasks or narrower ones (a small batch), and for
+    larger images: task_tiles' grid per image, or over the batch's positions where its tiles
+    take two whole images or more (images_per_tile)."""
     least, most = SMALL_IMAGE_COLUMNS
-    P, Og = g["P"], g["Og"]
-    if Og <= 1 or P > most:
-        return None
-    rows, _, kc = c_gemm.DEFAULT_TILE[d]
-    mt = even_tile(Og, rows, 8)
-    imgs = min(g["N"], most // P, g["N"] * g["G"] * -(-Og // mt) // c_gemm.MIN_TASKS)
-    if imgs < 1 or imgs * P < least:
-        return None
-    return {"tile_m": mt, "tile_n": imgs * P, "tile_k": kc}
+    P, Og, N, G = g["P"], g["Og"], g["N"], g["G"]
+    if Og > 1 and P <= most:
+        rows, _, kc = c_gemm.DEFAULT_TILE[d]
+        mt = even_tile(Og, rows, 8)
+        imgs = min(N, most // P, N * G * -(-Og // mt) // c_gemm.MIN_TASKS)
+        if imgs * P >= least:
+            return {"tile_m": mt, "tile_n": imgs * P, "tile_k": kc}
+    tiles = task_tiles(Og, P, N * G, d)
+    if Og > 1 and tiles["tile_n"] >= P:
+        wide = task_tiles(Og, N * P, G, d)
+        if wide["tile_n"] >= 2 * P:
+            return wide
+    return tiles
 
 
 def _epilogue_loops(em: Emitter, g: dict):
