@@ -105,21 +105,49 @@ def test_the_conv_strategy_has_the_bits_of_the_im2col_matmul(k, rng):
     rows: a last tile of one row, image by image; one output channel per group over whole
     rows: the stencil over zero-padded rows, strided columns split into phases)."""
     xs, ws, attrs = STRATEGY[k]
-    x, w = _case(rng, xs, ws, np.float32)
+    _has_the_im2col_bits(rng, xs, ws, attrs, [
+        None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5), parallel=False),
+        ts.Schedule(block=(6, 64, 64))])
+
+
+def _has_the_im2col_bits(rng, xs, ws, attrs, schedules, dtype=np.float32):
+    x, w = _case(rng, xs, ws, dtype)
     cols, out = _im2col(x, ws, attrs)
     g = attrs.get("groups", 1)
     wm = w.reshape(g, ws[0] // g, -1)
     want = ts.function(lambda a, b: op.matmul(a, b))(wm, cols).reshape(xs[0], ws[0], *out)
     f = ts.function(lambda x, w: op.conv(x, w, **attrs))
     assert [kn.strategy for kn in f.lower(x, w).schedule_ir.kernels] == ["conv"]
-    for sched in (None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5),
-                                                                     parallel=False),
-                  ts.Schedule(block=(6, 64, 64))):
+    for sched in schedules:
         got = (f if sched is None else f.with_schedule(sched))(x, w)
         assert got.tobytes() == want.tobytes(), sched
     np.testing.assert_allclose(got, _torch_conv(len(xs) - 2)(
         torch.from_numpy(x).double(), torch.from_numpy(w).double(), **attrs).numpy(),
         rtol=1e-4, atol=1e-4)
+
+
+DIRECT = [  # (input, weight, attributes, tile_n: whole output rows)
+    ((3, 20, 14, 14), (13, 20, 3, 3), {"padding": 1}, 28),      # rows run on across the gaps
+    ((2, 8, 9, 64), (12, 8, 3, 3), {"stride": 2, "padding": 1}, 64),   # strided: row by row
+    ((2, 6, 12, 40), (9, 6, 3, 3), {"padding": (1, 2), "dilation": (1, 2)}, 120),
+    ((2, 8, 10, 16), (10, 4, 3, 3), {"padding": 1, "groups": 2}, 32),
+    ((1, 16, 24, 24), (24, 16, 3, 3), {"padding": 1}, 72),
+    ((32, 6, 16, 16), (8, 6, 3, 3), {"padding": 1}, 128),        # whole images: 4 a task
+]
+
+
+@pytest.mark.parametrize("k", range(len(DIRECT)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_direct_convolution_has_the_bits_of_the_im2col_matmul(k, dtype, rng):
+    """Tiles of whole output rows whose vectors are mostly outputs read B where the rows are
+    laid out (routines/conv.c's direct path): bit for bit the windows' matmul, over K blocks
+    (k 64 of K 180: the tile of positions reloaded), a last row tile of fewer than the
+    micro-tile's rows, the vectors that run on from one row into the next and a last vector in
+    part, several images a task, in float32 and float64 (other vector widths)."""
+    xs, ws, attrs, tile_n = DIRECT[k]
+    _has_the_im2col_bits(rng, xs, ws, attrs, [
+        None, ts.Schedule(block=(5, tile_n, 64)), ts.Schedule(block=(16, tile_n, 256)),
+        ts.Schedule(block=(7, 2 * tile_n, 1000), parallel=False)], dtype)
 
 
 def test_small_images_tasks_are_whole_images_by_all_the_rows():
