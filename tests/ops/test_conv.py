@@ -127,27 +127,28 @@ def _has_the_im2col_bits(rng, xs, ws, attrs, schedules, dtype=np.float32):
 
 
 DIRECT = [  # (input, weight, attributes, tile_n: whole output rows)
-    ((3, 20, 14, 14), (13, 20, 3, 3), {"padding": 1}, 28),      # rows run on across the gaps
-    ((2, 8, 9, 64), (12, 8, 3, 3), {"stride": 2, "padding": 1}, 64),   # strided: row by row
-    ((2, 6, 12, 40), (9, 6, 3, 3), {"padding": (1, 2), "dilation": (1, 2)}, 120),
-    ((2, 8, 10, 16), (10, 4, 3, 3), {"padding": 1, "groups": 2}, 32),
-    ((1, 16, 24, 24), (24, 16, 3, 3), {"padding": 1}, 72),
-    ((32, 6, 16, 16), (8, 6, 3, 3), {"padding": 1}, 128),        # whole images: 4 a task
+    ((3, 20, 14, 14), (32, 20, 3, 3), {"padding": 1}, 28),
+    ((2, 8, 9, 64), (30, 8, 3, 3), {"stride": 2, "padding": 1}, 64),
+    ((2, 6, 12, 40), (28, 6, 3, 3), {"padding": (1, 2), "dilation": (1, 2)}, 120),
+    ((2, 8, 10, 16), (64, 4, 3, 3), {"padding": 1, "groups": 2}, 32),
+    ((1, 16, 24, 24), (32, 16, 3, 3), {"padding": 1}, 72),
+    ((32, 6, 7, 7), (32, 6, 3, 3), {"padding": 1}, 49),          # whole images, several a task
 ]
 
 
 @pytest.mark.parametrize("k", range(len(DIRECT)))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_direct_convolution_has_the_bits_of_the_im2col_matmul(k, dtype, rng):
-    """Tiles of whole output rows whose vectors are mostly outputs read B where the rows are
-    laid out (routines/conv.c's direct path): bit for bit the windows' matmul, over K blocks
-    (k 64 of K 180: the tile of positions reloaded), a last row tile of fewer than the
-    micro-tile's rows, the vectors that run on from one row into the next and a last vector in
-    part, several images a task, in float32 and float64 (other vector widths)."""
+    """Tiles of whole output rows whose output channels fill the channel vectors take the
+    direct path (routines/conv.c: the windows read where the rows are laid out, B never
+    packed): bit for bit the windows' matmul, over K blocks (k 64 of K 180: the tile reloaded),
+    a last group of positions in part, strides and dilations, groups, several images a task,
+    tiles of 30 channels beside a last one of 2 (the packed path's) and in float64 (other
+    vector widths)."""
     xs, ws, attrs, tile_n = DIRECT[k]
     _has_the_im2col_bits(rng, xs, ws, attrs, [
-        None, ts.Schedule(block=(5, tile_n, 64)), ts.Schedule(block=(16, tile_n, 256)),
-        ts.Schedule(block=(7, 2 * tile_n, 1000), parallel=False)], dtype)
+        None, ts.Schedule(block=(32, tile_n, 64)), ts.Schedule(block=(30, tile_n, 256)),
+        ts.Schedule(block=(64, 2 * tile_n, 1000), parallel=False)], dtype)
 
 
 def test_small_images_tasks_are_whole_images_by_all_the_rows():

@@ -164,92 +164,56 @@ static inline void ts_conv_panel_put_{S}({T}* restrict pb, int64_t kc, int64_t q
   }
 }
 
-/* The direct path is taken where at least this share (%) of its vectors' lanes are outputs:
-   the packed path computes no dropped lanes (7x7 images, 49 outputs in 64 lanes, run 5%
-   slower direct; 14x14, 196 in 224, 2-7% faster). */
-#define TS_CONV_DIRECT_USE 85
-
-/* The direct path's vectors over nr output rows laid out `pitch` apart (position t of row rr
-   at f = rr pitch + t, t < out2): rows closer than a vector run on as one (the columns
-   between them computed and dropped), each run cut into vectors, the last in part. Writes
-   (f, lanes) pairs to slots unless it is 0; returns their count. */
-static int64_t ts_conv_slots(int64_t nr, int64_t pitch, int64_t out2, int64_t vl,
-                             int64_t* slots) {
-  int64_t count = 0, lo = 0, hi = 0;
-  for (int64_t rr = 0; rr <= nr; ++rr) {
-    if (rr < nr && rr > 0 && rr * pitch - hi < vl) { hi = rr * pitch + out2; continue; }
-    for (int64_t f = lo; rr > 0 && f < hi; f += vl, ++count)
-      if (slots) {
-        slots[2 * count] = f;
-        slots[2 * count + 1] = hi - f < vl ? hi - f : vl;
-      }
-    lo = rr * pitch;
-    hi = lo + out2;
-  }
-  return count;
-}
-
-/* The direct path's micro-tile: TS_MR output channels by nv vectors of output positions, each
-   a slot (f, lanes): C[r][f ...] (+)= the packed A panel times the taps' lines read where they
-   lie (pad + off[k] + f), B never packed; C has the laid-out rows' positions. Each element is
-   the fma chain over k of the packed path (the same operands in the same order), so the same
-   bits. */
+/* The direct path's micro-tile: TS_MR output positions (each where it lies in the laid-out
+   rows) by TS_NV vectors of output channels: C[r][j] (+)= the sum over k of the window's value
+   under position r (pad + off[k] + f[r], broadcast) times W's transposed panel (pb[k][j]), B
+   never packed; C is the tile of positions by channels. Each element is the fma chain over k of
+   the packed path (the same products, exact before their one rounding, in the same order), so
+   the same bits. */
 static inline __attribute__((always_inline)) void ts_conv_direct_micro_{S}(
-    int64_t kc, const {T}* restrict a, const {T}* restrict pad, const int64_t* restrict off,
-    const int64_t* slot, {T}* restrict c, int64_t ldc, int64_t m, int first, const int nv) {
-  ts_v_{S} acc[TS_MR][4];
-  int64_t col[4], n[4];
+    int64_t kc, const {T}* restrict pad, const int64_t* restrict off, const int64_t* restrict fp,
+    const {T}* restrict b, {T}* restrict c, int64_t ldc, int first) {
+  ts_v_{S} acc[TS_MR][TS_NV];
+  const {T}* xr[TS_MR];                 /* (each position's base: a load's one address mode) */
+#pragma GCC unroll 16
+  for (int r = 0; r < TS_MR; ++r) xr[r] = pad + fp[r];
+#pragma GCC unroll 16
+  for (int r = 0; r < TS_MR; ++r)
 #pragma GCC unroll 4
-  for (int v = 0; v < nv; ++v) {
-    col[v] = slot[2 * v]; n[v] = slot[2 * v + 1];
+    for (int v = 0; v < TS_NV; ++v)
+      acc[r][v] = first ? ts_vzero_{S}() : ts_vload_{S}(c + r * ldc + v * TS_VL_{S});
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const int64_t o = off[k];
+    ts_v_{S} bv[TS_NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < TS_NV; ++v) bv[v] = ts_vload_{S}(b + k * TS_NR_{S} + v * TS_VL_{S});
+#pragma GCC unroll 16
+    for (int r = 0; r < TS_MR; ++r) {
+      ts_v_{S} ar = ts_vset1_{S}(xr[r][o]);
+#pragma GCC unroll 4
+      for (int v = 0; v < TS_NV; ++v) acc[r][v] = ts_vfma_{S}(ar, bv[v], acc[r][v]);
+    }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < TS_MR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < nv; ++v)
-      acc[r][v] = first || r >= m ? ts_vzero_{S}()
-                  : n[v] == TS_VL_{S} ? ts_vload_{S}(c + r * ldc + col[v])
-                                      : ts_vload_part_{S}(c + r * ldc + col[v], n[v]);
-#pragma GCC unroll 4
-  for (int64_t k = 0; k < kc; ++k) {
-    const {T}* b = pad + off[k];
-    ts_v_{S} bv[4];
-#pragma GCC unroll 4
-    for (int v = 0; v < nv; ++v) bv[v] = ts_vload_{S}(b + col[v]);
-#pragma GCC unroll 16
-    for (int r = 0; r < TS_MR; ++r) {
-      ts_v_{S} ar = ts_vset1_{S}(a[k * TS_MR + r]);
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; ++v) acc[r][v] = ts_vfma_{S}(ar, bv[v], acc[r][v]);
-    }
-  }
-  for (int64_t r = 0; r < m; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < nv; ++v) {
-      if (n[v] == TS_VL_{S}) ts_vstore_{S}(c + r * ldc + col[v], acc[r][v]);
-      else ts_vstore_part_{S}(c + r * ldc + col[v], acc[r][v], n[v]);
-    }
+    for (int v = 0; v < TS_NV; ++v) ts_vstore_{S}(c + r * ldc + v * TS_VL_{S}, acc[r][v]);
 }
 
-/* C[0:mt, slots' columns] (+)= pa (packed, kc deep) times the taps' lines in pad: a row panel
-   of A (in L1) against every group of TS_NV slots, as the GEMM block walks its panels. */
-static void ts_conv_direct_{S}(const {T}* pa, const {T}* pad, const int64_t* off, int64_t kc,
-                               int64_t mt, const int64_t* slots, int64_t nslots, {T}* C,
-                               int64_t ldc, int first) {
-  for (int64_t ir = 0; ir < mt; ir += TS_MR) {
-    const int64_t m = mt - ir < TS_MR ? mt - ir : TS_MR;
-    const {T}* a = pa + ir * kc;
-    {T}* c = C + ir * ldc;
-    for (int64_t s = 0; s < nslots; s += TS_NV) {
-      const int64_t nv = nslots - s < TS_NV ? nslots - s : TS_NV;
-      const int64_t* slot = slots + 2 * s;
-      if (nv == TS_NV) ts_conv_direct_micro_{S}(kc, a, pad, off, slot, c, ldc, m, first, TS_NV);
-      else if (nv == 1) ts_conv_direct_micro_{S}(kc, a, pad, off, slot, c, ldc, m, first, 1);
-      else if (nv == 2) ts_conv_direct_micro_{S}(kc, a, pad, off, slot, c, ldc, m, first, 2);
-      else ts_conv_direct_micro_{S}(kc, a, pad, off, slot, c, ldc, m, first, 3);
-    }
-  }
+/* One K block of the direct path: npos positions (a multiple of TS_MR) by the npc channels of
+   W's transposed panels, each panel (in L1) against every group of positions. */
+static void ts_conv_direct_{S}(const {T}* pb, int64_t npc, const {T}* pad, const int64_t* off,
+                               int64_t kc, const int64_t* fp, int64_t npos, {T}* C, int first) {
+  for (int64_t jr = 0; jr < npc; jr += TS_NR_{S})
+    for (int64_t ir = 0; ir < npos; ir += TS_MR)
+      ts_conv_direct_micro_{S}(kc, pad, off, fp + ir, pb + jr * kc, C + ir * npc + jr, npc,
+                               first);
 }
+
+/* The direct path is taken where at least this share (%) of its channel vectors' lanes are
+   output channels (the packed path's rows come TS_MR at a time) */
+#define TS_CONV_DIRECT_USE 85
 
 /* Overwrites the mt x nt block at C (row stride ldc) with W[0:mt, 0:K] @ B[0:K, j0:j0+nt]:
    every element the fma chain over k = 0, 1, ... from 0 that the GEMM routine computes for the
@@ -283,27 +247,29 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int narrow = mt == 1 || cols <= 2;
   int64_t nruns = nt / out2 + 2, kk = k0 * k1 * k2;          /* (ts_conv_runs' bound) */
   /* 1-D and 2-D tiles of whole output rows: each K block's channels of an image laid out
-     padded once (ts_window_lay). Direct: the micro-tiles read B's vectors from that layout (no
-     panels of B) into a tile of its positions, copied out at the end. Otherwise, rows of 16 or
-     more: B's rows copied from it row by row into the panels (shorter rows cost about as much to
-     lay out as to gather) */
-  int64_t cgmax = kcap / kk + 2 < K / kk ? kcap / kk + 2 : K / kk, pline = 0, nr = nt / out2;
-  int64_t psize = narrow || j0 % out2 || nt % out2 ? 0 : ts_window_size_{S}(&g, cgmax, nr, &pline);
+     padded once (ts_window_lay). Direct (the output channels fill the channel vectors): the
+     micro-tiles read the windows' values where the layout holds them, into a tile of positions
+     by channels transposed out at the end. Otherwise, rows of 16 or more: B's rows copied from
+     the layout row by row into the panels (shorter rows cost about as much to lay out as to
+     gather); shorter ones gathered by an index. */
+  int64_t cgmax = kcap / kk + 2 < K / kk ? kcap / kk + 2 : K / kk, pline = 0;
+  int64_t psize = narrow || j0 % out2 || nt % out2 ? 0
+                  : ts_window_size_{S}(&g, cgmax, nt / out2, &pline);
+  int64_t npc = (mt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};   /* direct: channels, positions */
+  int64_t npos = (nt + TS_MR - 1) / TS_MR * TS_MR;
   int laid = psize > 0 && psize <= ((int64_t)1 << 20);
-  int64_t tpitch = laid ? (nr - 1) * s1 * pline + out2 : 0;     /* the direct tile's positions */
-  int64_t nslots = laid ? ts_conv_slots(nr, s1 * pline, out2, TS_VL_{S}, 0) : 0;
-  int direct = laid && 100 * nt >= TS_CONV_DIRECT_USE * nslots * TS_VL_{S};
+  int direct = laid && 100 * mt >= TS_CONV_DIRECT_USE * npc;
   int rowwise = laid && !direct && out2 >= TS_CONV_SHORT_RUN / 2;
   if (!direct && !rowwise) psize = 0;
-  int indexed = !narrow && !rowwise && !direct && out2 < TS_CONV_SHORT_RUN &&
-                in0 * in1 * in2 < INT32_MAX && kk * nt <= (1 << 20);
+  int indexed = !narrow && !direct && !rowwise && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
+                kk * nt <= (1 << 20);
   size_t ioff = sizeof(int64_t) / sizeof({T});
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
                  (psize ? (size_t)psize + (size_t)(cgmax * kk) * ioff + 32 : 0) +
-                 (direct ? (size_t)(2 * nslots) * ioff : 0);
+                 (direct ? (size_t)npos * ioff : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
-                : direct ? (size_t)mp * (size_t)kcap + (size_t)(mt * nimg * tpitch)
+                : direct ? (size_t)npc * (size_t)kcap + (size_t)(nimg * npos * npc)
                          : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
                            (nimg > 1 ? (size_t)mt * (size_t)cols : 0);
   {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
@@ -356,27 +322,35 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     }
     return;
   }
+  if (direct) {                  /* the windows read where they are laid out, B never packed */
+    int64_t* fp = off + cgmax * kk;      /* each position's place in the layout */
+    {T}* tile = pa + npc * kcap;         /* image i's positions x channels at tile + i npos npc */
+    for (int64_t j = 0; j < npos; ++j) {
+      int64_t q = j < nt ? j : nt - 1;   /* (the last group's spare rows: the last position's) */
+      fp[j] = q / out2 * s1 * pline + q % out2;
+    }
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      int64_t kc = K - pc < KC ? K - pc : KC, c = pc / kk;
+      ts_pack_b_{S}(kc, mt, W + pc, 1, ldw, pa);     /* W's rows, transposed into panels */
+      for (int64_t i = 0; i < nimg; ++i) {
+        ts_window_lay_{S}(&g, X + i * xs + c * cs, (pc + kc - 1) / kk - c + 1, j0 / out2,
+                          nt / out2, 0, pad, off);
+        ts_conv_direct_{S}(pa, npc, pad, off + pc % kk, kc, fp, npos, tile + i * npos * npc,
+                           pc == 0);
+      }
+    }
+    for (int64_t i = 0; i < nimg; ++i)
+      ts_transpose_{S}(tile + i * npos * npc, npc, C + i * ys, ldc, mt, nt);
+    return;
+  }
   {T}* pb = pa + mp * kcap;
   {T}* line = pb + np * kcap;
   {T}* out = nimg > 1 ? line + np : C;     /* (several images: the tile, then copied out) */
   int64_t ldo = nimg > 1 ? cols : ldc;
-  int64_t* slots = off + cgmax * kk;
-  {T}* tile = pa + mp * kcap;            /* direct: image i's positions at tile + i tpitch */
-  if (direct) ts_conv_slots(nr, s1 * pline, out2, TS_VL_{S}, slots);
   for (int64_t pc = 0; pc < K; pc += KC) {
     int64_t kc = K - pc < KC ? K - pc : KC;
     int64_t c = pc / kk, r = pc % kk;       /* row pc's (c, kz, ky, kx), then counted up */
     int64_t kz = r / (k1 * k2), ky = (r / k2) % k1, kx = r % k2;
-    if (direct) {                          /* B read where the laid-out rows hold it */
-      int64_t cg = (pc + kc - 1) / kk - c + 1;
-      ts_pack_a_{S}(mt, kc, W + pc, ldw, 1, pa);
-      for (int64_t i = 0; i < nimg; ++i) {
-        ts_window_lay_{S}(&g, X + i * xs + c * cs, cg, j0 / out2, nt / out2, 0, pad, off);
-        ts_conv_direct_{S}(pa, pad, off + r, kc, mt, slots, nslots, tile + i * tpitch,
-                           nimg * tpitch, pc == 0);
-      }
-      continue;
-    }
     if (rowwise) {                         /* B's rows from each image's laid-out rows */
       int64_t cg = (pc + kc - 1) / kk - c + 1;
       for (int64_t i = 0; i < nimg; ++i) {
@@ -415,14 +389,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     ts_pack_a_{S}(mt, kc, W + pc, ldw, 1, pa);
     ts_gemm_block_{S}(pa, pb, out, ldo, kc, mt, cols, pc == 0);
   }
-  if (direct)
-    for (int64_t i = 0; i < nimg; ++i)
-      for (int64_t r = 0; r < mt; ++r)
-        for (int64_t rr = 0; rr < nr; ++rr)
-          memcpy(C + i * ys + r * ldc + rr * out2,
-                 tile + r * nimg * tpitch + i * tpitch + rr * s1 * pline,
-                 sizeof({T}) * (size_t)out2);
-  else if (nimg > 1)
+  if (nimg > 1)
     for (int64_t i = 0; i < nimg; ++i)
       for (int64_t r = 0; r < mt; ++r)
         memcpy(C + i * ys + r * ldc, out + r * ldo + i * nt, sizeof({T}) * (size_t)nt);

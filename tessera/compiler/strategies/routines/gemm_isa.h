@@ -5,9 +5,8 @@
    registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32), unless the shape measured best
    on this machine is defined first (TS_MICRO_MR, TS_MICRO_NV: compiler/target/gemm_shape.py).
    The shape only decides which chains run side by side: every element is the same fma chain
-   over k, so the same bits. ts_vstore_part stores a vector's first n lanes (0 < n < TS_VL),
-   ts_vload_part loads them (the other lanes 0); ts_vmax is the C target's ts_max lane by lane
-   (a where a > b or a is NaN, else b). */
+   over k, so the same bits. ts_vstore_part stores a vector's first n lanes (0 < n < TS_VL);
+   ts_vmax is the C target's ts_max lane by lane (a where a > b or a is NaN, else b). */
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -32,8 +31,6 @@ typedef __m512d ts_v_f64;
 #define ts_vzero_f64() _mm512_setzero_pd()
 #define ts_vstore_part_f32(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1u), v)
 #define ts_vstore_part_f64(p, v, n) _mm512_mask_storeu_pd(p, (__mmask8)((1u << (n)) - 1u), v)
-#define ts_vload_part_f32(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), p)
-#define ts_vload_part_f64(p, n) _mm512_maskz_loadu_pd((__mmask8)((1u << (n)) - 1u), p)
 #define ts_vadd_f32(a, b) _mm512_add_ps(a, b)
 #define ts_vadd_f64(a, b) _mm512_add_pd(a, b)
 #define ts_vmax_f32(a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) | \
@@ -63,12 +60,6 @@ typedef __m256d ts_v_f64;
 #define ts_vstore_part_f64(p, v, n) \
   _mm256_maskstore_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(n)), \
                                             _mm256_setr_epi64x(0, 1, 2, 3)), v)
-#define ts_vload_part_f32(p, n) \
-  _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), \
-                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
-#define ts_vload_part_f64(p, n) \
-  _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(n)), \
-                                           _mm256_setr_epi64x(0, 1, 2, 3)))
 #define ts_vadd_f32(a, b) _mm256_add_ps(a, b)
 #define ts_vadd_f64(a, b) _mm256_add_pd(a, b)
 #define ts_vmax_f32(a, b) _mm256_blendv_ps(b, a, _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), \
@@ -99,12 +90,6 @@ typedef float64x2_t ts_v_f64;
     for (int j_ = 0; j_ < (int)(n); ++j_) (p)[j_] = t_[j_];              \
   } while (0)
 #define ts_vstore_part_f64(p, v, n) do { if ((n) > 0) (p)[0] = vgetq_lane_f64(v, 0); } while (0)
-static inline float32x4_t ts_vload_part_f32(const float* p, int64_t n) {
-  float t[4] = {0, 0, 0, 0};
-  for (int64_t j = 0; j < n; ++j) t[j] = p[j];
-  return vld1q_f32(t);
-}
-#define ts_vload_part_f64(p, n) vsetq_lane_f64((p)[0], vdupq_n_f64(0.0), 0)
 #define ts_vadd_f32(a, b) vaddq_f32(a, b)
 #define ts_vadd_f64(a, b) vaddq_f64(a, b)
 #define ts_vmax_f32(a, b) vbslq_f32(vorrq_u32(vcgtq_f32(a, b), vmvnq_u32(vceqq_f32(a, a))), a, b)
@@ -129,8 +114,6 @@ typedef double ts_v_f64;
 #define ts_vzero_f64() 0.0
 #define ts_vstore_part_f32(p, v, n) do { if ((n) > 0) *(p) = (v); } while (0)
 #define ts_vstore_part_f64(p, v, n) do { if ((n) > 0) *(p) = (v); } while (0)
-#define ts_vload_part_f32(p, n) ((n) > 0 ? *(p) : 0.0f)
-#define ts_vload_part_f64(p, n) ((n) > 0 ? *(p) : 0.0)
 #define ts_vadd_f32(a, b) ((a) + (b))
 #define ts_vadd_f64(a, b) ((a) + (b))
 #define ts_vmax_f32(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
