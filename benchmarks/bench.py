@@ -1210,16 +1210,20 @@ def machine(peers: dict) -> dict:
     from tessera.runtime import isa
     info["isa_level"] = isa.default_level()             # what tessera's CPU code is built for
     info["host_isa_level"] = isa.host_level()
-    try:                          # the GEMM micro-kernel programs use here ($TESSERA_GEMM_SHAPE)
-        from tessera.compiler.target import gemm_shape as gs
-        from tessera.compiler.target.c import gemm_shape
-        level, fam = info["isa_level"], gs.family(info["isa_level"])
-        used = gemm_shape(level) or (gs.CANDIDATES[fam][0] if fam else None)
-        info["gemm_shape"] = {"shape": "x".join(map(str, used)) if used else "one shape"}
-        if fam and isa.runs_here(level):
-            info["gemm_shape"]["measured"] = ts.gemm_shape_report(level)["gflops"]
-    except Exception as e:                              # noqa: BLE001
-        info["gemm_shape"] = {"shape": f"? ({_reason(e)})"}
+    # the micro-kernels programs use here: the GEMM's ($TESSERA_GEMM_SHAPE) and the direct
+    # convolution's ($TESSERA_CONV_SHAPE)
+    from tessera.compiler.target import c as target_c
+    from tessera.compiler.target import gemm_shape as gs
+    for kernel, chosen in (("gemm", target_c.gemm_shape), ("conv", target_c.conv_shape)):
+        try:
+            level, fam = info["isa_level"], gs.family(info["isa_level"])
+            used = chosen(level) or (gs.CANDIDATES[fam][0] if fam else None)
+            info[f"{kernel}_shape"] = {"shape": "x".join(map(str, used)) if used else "one shape"}
+            if fam and isa.runs_here(level):
+                info[f"{kernel}_shape"]["measured"] = ts.gemm_shape_report(
+                    level, kernel=kernel)["gflops"]
+        except Exception as e:                              # noqa: BLE001
+            info[f"{kernel}_shape"] = {"shape": f"? ({_reason(e)})"}
     # tessera
     info["tessera"] = getattr(ts, "__version__", "?")
     info["tessera_rev"] = _run("git", "rev-parse", "HEAD").strip() or "unknown"
@@ -1294,6 +1298,8 @@ def print_table(rows: list, info: dict, peaks_text: str, out=sys.stdout) -> None
         built += "; every peer held to AVX2 (--as-avx2)"
     if info.get("gemm_shape"):
         built += f", GEMM micro-kernel {info['gemm_shape']['shape']}"
+    if info.get("conv_shape"):
+        built += f", direct convolution's {info['conv_shape']['shape']}"
     p(f"\n{info['cpu']} ({info.get('cpu_id', '?')}), {info['cores']} cores "
       f"({', '.join(info.get('simd', []))}); {built}; {peaks_text}")
     p(f"numpy {info['numpy']} ({info['numpy_blas']}); torch {info['torch']}; jax {info['jax']}; "

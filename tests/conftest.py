@@ -14,10 +14,12 @@ _CACHE = tempfile.mkdtemp(prefix="tessera-test-cache-")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ["TESSERA_CACHE_DIR"] = _CACHE
 os.environ["TESSERA_POISON"] = "1"
-# The ISA's own GEMM micro-kernel shape: every fresh cache directory (a subprocess's, a test's)
-# would otherwise first measure the machine's best (about 5 s). Every shape gives the same bits;
-# tests/targets/test_gemm_shape.py runs each candidate, and the measurement.
+# The ISA's own GEMM micro-kernel shape, and the direct convolution's: every fresh cache
+# directory (a subprocess's, a test's) would otherwise first measure the machine's best (about
+# 5 s each). Every shape gives the same bits; tests/targets/test_gemm_shape.py runs each
+# candidate, and the measurements.
 os.environ["TESSERA_GEMM_SHAPE"] = "default"
+os.environ["TESSERA_CONV_SHAPE"] = "default"
 
 # Tolerances per dtype, in one place: (rtol, atol).
 TOL = {

@@ -5,14 +5,19 @@ Cores that share an instruction set want different register blockings: Zen 4 run
 ports and latencies. So the first routine library built for a vector family (AVX-512, AVX2) on
 this machine times each candidate shape (rows of A x vectors of B's columns, its accumulators in
 registers) on a product run as programs run it (tasks over every thread) and keeps the fastest;
-the float32 and float64 GEMMs and the convolution's implicit GEMM use it. The choice is cached as
-JSON beside the machine's peaks, keyed by CPU fingerprint, family, compiler and thread count.
+the float32 and float64 GEMMs and the convolution's implicit GEMM use it. The direct
+convolution's micro-tile (routines/conv.c: output positions broadcast from the laid-out input
+rows, vectors of output channels) loads differently, so it is measured apart, the first time a
+convolution's library is built, on a convolution (`kernel="conv"`). Each choice is cached as
+JSON beside the machine's peaks, keyed by kernel, CPU fingerprint, family, compiler and thread
+count.
 
 Every shape computes each element as the same fma chain over k, so the choice never changes a
-bit; only speed. `TESSERA_GEMM_SHAPE=4x4` (rows x vectors) forces a candidate, `default` the
-ISA's own shape (the generated-sources record uses it); levels without vector FMAs have one
-shape, and so does a process without the cache (TESSERA_NO_CACHE=1). The C target asks
-(`target.c.gemm_shape`, `gemm_shape_report`: it hands this module the routine library's text);
+bit; only speed. `TESSERA_GEMM_SHAPE=4x4` (rows x vectors; `TESSERA_CONV_SHAPE` the direct
+convolution's) forces a candidate, `default` the ISA's own shape (the generated-sources record
+uses it); levels without vector FMAs have one shape, and so does a process without the cache
+(TESSERA_NO_CACHE=1). The C target asks (`target.c.gemm_shape`, `conv_shape`,
+`gemm_shape_report`: it hands this module the routine library's text);
 `ts.gemm_shape_report()` says what was measured.
 """
 from __future__ import annotations
@@ -39,9 +44,20 @@ CANDIDATES = {"avx512": [(8, 2), (4, 4), (6, 4), (8, 3), (12, 2)],
 PROBE_N, PROBE_TILE, PROBE_ROUNDS = 1024, 256, 12   # about 2 GFLOP a run
 MARGIN = 1.03                   # another shape replaces the ISA's own only when this much faster
 
-_DRIVER = routine_text("gemm_shape_probe.c")
+# per kernel: the variable that forces its shape, its probe's driver (appended to a candidate's
+# float32 library) and entry, the probe's sizes and its flops
+KERNELS = {
+    "gemm": {"env": ENV, "what": "GEMM", "driver": routine_text("gemm_shape_probe.c"),
+             "probe": "ts_gemm_shape_probe", "args": (PROBE_N, PROBE_TILE),
+             "flops": 2 * PROBE_N ** 3},
+    # 4 images of 128 channels 28x28 by a 3x3 kernel to 128 channels (ResNet's second stage):
+    # one task an image, about 0.9 GFLOP a run
+    "conv": {"env": "TESSERA_CONV_SHAPE", "what": "direct convolution",
+             "driver": routine_text("conv_shape_probe.c"), "probe": "ts_conv_shape_probe",
+             "args": (128, 28), "flops": 2 * 4 * 128 * 28 * 28 * 128 * 9},
+}
 _lock = threading.Lock()
-_memo: dict[str, dict] = {}
+_memo: dict[tuple, dict] = {}
 
 
 def family(level: str) -> str | None:
@@ -54,9 +70,11 @@ def family(level: str) -> str | None:
     return None
 
 
-def forced(level: str):
-    """$TESSERA_GEMM_SHAPE for this level: (rows, vectors), "default", or None when unset."""
-    text = os.environ.get(ENV, "").strip().lower()
+def forced(level: str, kernel: str = "gemm"):
+    """The kernel's variable ($TESSERA_GEMM_SHAPE, $TESSERA_CONV_SHAPE) for this level: (rows,
+    vectors), "default", or None when unset."""
+    env = KERNELS[kernel]["env"]
+    text = os.environ.get(env, "").strip().lower()
     if not text:
         return None
     if text == "default":
@@ -69,39 +87,42 @@ def forced(level: str):
         rows = vectors = None
     if (rows, vectors) not in options:
         raise BackendUnavailableError(
-            f"${ENV}={text!r} is not a GEMM micro-kernel shape of {level}",
+            f"${env}={text!r} is not a {KERNELS[kernel]['what']} micro-kernel shape of {level}",
             expected=" or ".join(["default"] + [f"{r}x{v}" for r, v in options]),
-            hint=f"unset {ENV} to use the shape measured best on this machine")
+            hint=f"unset {env} to use the shape measured best on this machine")
     return rows, vectors
 
 
-def chosen_shape(level: str, library_source, compiler: str | None = None):
-    """(rows, vectors) of the micro-kernel for routine libraries built for `level` on this
-    machine, or None for the ISA's own shape (levels of one shape, another architecture, a
-    level this CPU cannot run, $TESSERA_GEMM_SHAPE=default, or TESSERA_NO_CACHE).
-    `library_source(shape)`: the float32 GEMM library's C with that shape (the C target's)."""
+def chosen_shape(level: str, library_source, compiler: str | None = None,
+                 kernel: str = "gemm"):
+    """(rows, vectors) of the kernel's micro-tile ("gemm", or "conv": the direct convolution's)
+    for routine libraries built for `level` on this machine, or None for the ISA's own shape
+    (levels of one shape, another architecture, a level this CPU cannot run, the kernel's
+    variable set to default, or TESSERA_NO_CACHE). `library_source(shape)`: the float32 library
+    with that shape (the C target's: GEMM's, or the convolution's)."""
     fam = family(level)
     if fam is None or not isa.runs_here(level):
         return None
-    force = forced(level)
+    force = forced(level, kernel)
     if force is not None:
         return None if force == "default" else force
     if not cache.cache_enabled():
         return None             # (nothing kept: measuring in every process would cost seconds)
-    shape = tuple(report(level, library_source, compiler)["shape"])
+    shape = tuple(report(level, library_source, compiler, kernel=kernel)["shape"])
     return None if shape == CANDIDATES[fam][0] else shape
 
 
 def report(level: str | None, library_source, compiler: str | None = None,
-           refresh: bool = False) -> dict:
-    """The measurement behind the choice for `level` (default: the host's): `shape` [rows,
-    vectors], `gflops` per candidate ("8x2": GFLOP/s), `family`, `threads`, `key`. Measured once
-    per machine and cached; `refresh=True` measures again."""
+           refresh: bool = False, kernel: str = "gemm") -> dict:
+    """The measurement behind the kernel's choice for `level` (default: the host's): `shape`
+    [rows, vectors], `gflops` per candidate ("8x2": GFLOP/s), `kernel`, `family`, `threads`,
+    `key`. Measured once per machine and cached; `refresh=True` measures again."""
     level = isa.check_level(level or isa.host_level())
     fam = family(level)
     if fam is None or not isa.runs_here(level):
         raise BackendUnavailableError(
-            f"{level} has one GEMM micro-kernel shape on this machine: nothing to measure",
+            f"{level} has one {KERNELS[kernel]['what']} micro-kernel shape on this machine: "
+            "nothing to measure",
             hint="levels with AVX2 or AVX-512 that this CPU runs have candidates")
     cc = find_compiler(compiler)
     threads = os.environ.get("OMP_NUM_THREADS", "").strip() or "all"
@@ -109,14 +130,15 @@ def report(level: str | None, library_source, compiler: str | None = None,
     key = f"{cpu_fingerprint()}-{fam}-{tag}-{threads}t"
     with _lock:
         if not cache.cache_enabled():
-            if refresh or key not in _memo:
-                _memo[key] = _measure(level, fam, cc, threads, key, library_source)
-            return dict(_memo[key])
-        path = cache.cache_dir() / "machine" / f"gemm-shape-v{VERSION}-{key}.json"
+            if refresh or (kernel, key) not in _memo:
+                _memo[kernel, key] = _measure(level, fam, cc, threads, key, library_source,
+                                              kernel)
+            return dict(_memo[kernel, key])
+        path = cache.cache_dir() / "machine" / f"{kernel}-shape-v{VERSION}-{key}.json"
         with measuring_lock(path):       # (two processes measuring at once halve each other)
             data = None if refresh else _read(path, key, fam)
             if data is None:
-                data = _measure(level, fam, cc, threads, key, library_source)
+                data = _measure(level, fam, cc, threads, key, library_source, kernel)
                 try:
                     cache.atomic_write(path, json.dumps(data, indent=1).encode())
                 except OSError:
@@ -134,26 +156,27 @@ def _read(path, key, fam):
     return data if ok else None
 
 
-def _measure(level, fam, cc, threads, key, library_source) -> dict:
+def _measure(level, fam, cc, threads, key, library_source, kernel) -> dict:
+    k = KERNELS[kernel]
     probes = {}
     for shape in CANDIDATES[fam]:
-        lib = build(library_source(shape) + "\n" + _DRIVER,
-                    f"the GEMM shape probe {shape[0]}x{shape[1]}", level, compiler=cc)
-        probe = lib.ts_gemm_shape_probe
+        lib = build(library_source(shape) + "\n" + k["driver"],
+                    f"the {k['what']} shape probe {shape[0]}x{shape[1]}", level, compiler=cc)
+        probe = getattr(lib, k["probe"])
         probe.restype = ctypes.c_double
         probe.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-        probe(PROBE_N, PROBE_TILE, 1)                                  # (warm: pages, threads)
+        probe(*k["args"], 1)                                           # (warm: pages, threads)
         probes[shape] = probe
     best_s = {shape: float("inf") for shape in probes}
     for _ in range(PROBE_ROUNDS):       # interleaved, the fastest run of each kept
         for shape, probe in probes.items():
-            s = probe(PROBE_N, PROBE_TILE, 1)
+            s = probe(*k["args"], 1)
             if s > 0:
                 best_s[shape] = min(best_s[shape], s)
-    gflops = {f"{r}x{v}": 2e-9 * PROBE_N ** 3 / s for (r, v), s in best_s.items()}
+    gflops = {f"{r}x{v}": 1e-9 * k["flops"] / s for (r, v), s in best_s.items()}
     default = CANDIDATES[fam][0]
     best = min(best_s, key=best_s.get)
     if best_s[best] * MARGIN > best_s[default]:
         best = default                  # within the noise: the ISA's own shape
-    return {"shape": list(best), "gflops": gflops, "family": fam, "level": level,
-            "threads": threads, "key": key, "version": VERSION}
+    return {"shape": list(best), "gflops": gflops, "kernel": kernel, "family": fam,
+            "level": level, "threads": threads, "key": key, "version": VERSION}

@@ -164,55 +164,68 @@ static inline void ts_conv_panel_put_{S}({T}* restrict pb, int64_t kc, int64_t q
   }
 }
 
-/* The direct path's micro-tile: TS_MR output positions (each where it lies in the laid-out
-   rows) by TS_NV vectors of output channels: C[r][j] (+)= the sum over k of the window's value
-   under position r (pad + off[k] + f[r], broadcast) times W's transposed panel (pb[k][j]), B
-   never packed; C is the tile of positions by channels. Each element is the fma chain over k of
-   the packed path (the same products, exact before their one rounding, in the same order), so
-   the same bits. */
+/* The direct path's micro-tile (its shape TS_DMR x TS_DNV, measured apart from the GEMM's):
+   TS_DMR output positions (each where it lies in the laid-out rows) by TS_DNV vectors of output
+   channels: C[r][j] (+)= the sum over k of the window's value under position r (pad + off[k] +
+   f[r], broadcast) times W's transposed panel (pb[k][j]), B never packed; C is the tile of
+   positions by channels. Each element is the fma chain over k of the packed path (the same
+   products, exact before their one rounding, in the same order), so the same bits. */
+#define TS_DNR_{S} (TS_DNV * TS_VL_{S})
 static inline __attribute__((always_inline)) void ts_conv_direct_micro_{S}(
     int64_t kc, const {T}* restrict pad, const int64_t* restrict off, const int64_t* restrict fp,
     const {T}* restrict b, {T}* restrict c, int64_t ldc, int first) {
-  ts_v_{S} acc[TS_MR][TS_NV];
-  const {T}* xr[TS_MR];                 /* (each position's base: a load's one address mode) */
+  ts_v_{S} acc[TS_DMR][TS_DNV];
+  const {T}* xr[TS_DMR];                /* (each position's base: a load's one address mode) */
 #pragma GCC unroll 16
-  for (int r = 0; r < TS_MR; ++r) xr[r] = pad + fp[r];
+  for (int r = 0; r < TS_DMR; ++r) xr[r] = pad + fp[r];
 #pragma GCC unroll 16
-  for (int r = 0; r < TS_MR; ++r)
+  for (int r = 0; r < TS_DMR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < TS_NV; ++v)
+    for (int v = 0; v < TS_DNV; ++v)
       acc[r][v] = first ? ts_vzero_{S}() : ts_vload_{S}(c + r * ldc + v * TS_VL_{S});
 #pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     const int64_t o = off[k];
-    ts_v_{S} bv[TS_NV];
+    ts_v_{S} bv[TS_DNV];
 #pragma GCC unroll 4
-    for (int v = 0; v < TS_NV; ++v) bv[v] = ts_vload_{S}(b + k * TS_NR_{S} + v * TS_VL_{S});
+    for (int v = 0; v < TS_DNV; ++v) bv[v] = ts_vload_{S}(b + k * TS_DNR_{S} + v * TS_VL_{S});
 #pragma GCC unroll 16
-    for (int r = 0; r < TS_MR; ++r) {
+    for (int r = 0; r < TS_DMR; ++r) {
       ts_v_{S} ar = ts_vset1_{S}(xr[r][o]);
 #pragma GCC unroll 4
-      for (int v = 0; v < TS_NV; ++v) acc[r][v] = ts_vfma_{S}(ar, bv[v], acc[r][v]);
+      for (int v = 0; v < TS_DNV; ++v) acc[r][v] = ts_vfma_{S}(ar, bv[v], acc[r][v]);
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < TS_MR; ++r)
+  for (int r = 0; r < TS_DMR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < TS_NV; ++v) ts_vstore_{S}(c + r * ldc + v * TS_VL_{S}, acc[r][v]);
+    for (int v = 0; v < TS_DNV; ++v) ts_vstore_{S}(c + r * ldc + v * TS_VL_{S}, acc[r][v]);
 }
 
-/* One K block of the direct path: npos positions (a multiple of TS_MR) by the npc channels of
-   W's transposed panels, each panel (in L1) against every group of positions. */
+/* One K block of the direct path: each of W's transposed panels (pb: npc channels; in L1)
+   against every group of the npos positions (a multiple of TS_DMR) of the tile C. */
 static void ts_conv_direct_{S}(const {T}* pb, int64_t npc, const {T}* pad, const int64_t* off,
                                int64_t kc, const int64_t* fp, int64_t npos, {T}* C, int first) {
-  for (int64_t jr = 0; jr < npc; jr += TS_NR_{S})
-    for (int64_t ir = 0; ir < npos; ir += TS_MR)
+  for (int64_t jr = 0; jr < npc; jr += TS_DNR_{S})
+    for (int64_t ir = 0; ir < npos; ir += TS_DMR)
       ts_conv_direct_micro_{S}(kc, pad, off, fp + ir, pb + jr * kc, C + ir * npc + jr, npc,
                                first);
 }
 
+/* W[0:mt, 0:kc] (rows ldw apart) transposed into the direct path's panels of TS_DNR channels,
+   pb[jr kc + k TS_DNR + j], zero past mt. */
+static void ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64_t kc,
+                                    {T}* pb) {
+  for (int64_t jr = 0; jr < mt; jr += TS_DNR_{S}, pb += TS_DNR_{S} * kc) {
+    int64_t n = mt - jr < TS_DNR_{S} ? mt - jr : TS_DNR_{S};
+    ts_transpose_{S}(W + jr * ldw, ldw, pb, TS_DNR_{S}, kc, n);
+    for (int64_t k = 0; k < kc && n < TS_DNR_{S}; ++k)
+      for (int64_t j = n; j < TS_DNR_{S}; ++j) pb[k * TS_DNR_{S} + j] = 0;
+  }
+}
+
 /* The direct path is taken where at least this share (%) of its channel vectors' lanes are
-   output channels (the packed path's rows come TS_MR at a time) */
+   output channels (the packed path's rows come TS_MR at a time). */
 #define TS_CONV_DIRECT_USE 85
 
 /* Overwrites the mt x nt block at C (row stride ldc) with W[0:mt, 0:K] @ B[0:K, j0:j0+nt]:
@@ -255,8 +268,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t cgmax = kcap / kk + 2 < K / kk ? kcap / kk + 2 : K / kk, pline = 0;
   int64_t psize = narrow || j0 % out2 || nt % out2 ? 0
                   : ts_window_size_{S}(&g, cgmax, nt / out2, &pline);
-  int64_t npc = (mt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};   /* direct: channels, positions */
-  int64_t npos = (nt + TS_MR - 1) / TS_MR * TS_MR;
+  int64_t npc = (mt + TS_DNR_{S} - 1) / TS_DNR_{S} * TS_DNR_{S};   /* direct: channels, */
+  int64_t npos = (nt + TS_DMR - 1) / TS_DMR * TS_DMR;               /* positions */
   int laid = psize > 0 && psize <= ((int64_t)1 << 20);
   int direct = laid && 100 * mt >= TS_CONV_DIRECT_USE * npc;
   int rowwise = laid && !direct && out2 >= TS_CONV_SHORT_RUN / 2;
@@ -331,7 +344,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     }
     for (int64_t pc = 0; pc < K; pc += KC) {
       int64_t kc = K - pc < KC ? K - pc : KC, c = pc / kk;
-      ts_pack_b_{S}(kc, mt, W + pc, 1, ldw, pa);     /* W's rows, transposed into panels */
+      ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, pa);
       for (int64_t i = 0; i < nimg; ++i) {
         ts_window_lay_{S}(&g, X + i * xs + c * cs, (pc + kc - 1) / kk - c + 1, j0 / out2,
                           nt / out2, 0, pad, off);

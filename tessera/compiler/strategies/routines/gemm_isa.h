@@ -1,9 +1,10 @@
 #include <stdlib.h>
 #include <string.h>
-/* A micro-kernel shape per instruction set: TS_MR rows of A broadcast against TS_NV vectors
-   of B's columns, TS_MR * TS_NV accumulators in registers (f32: AVX-512 8 x 32 in 16 of its 32
-   registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32), unless the shape measured best
-   on this machine is defined first (TS_MICRO_MR, TS_MICRO_NV: compiler/target/gemm_shape.py).
+/* A micro-kernel shape per instruction set: TS_ISA_MR rows of A broadcast against TS_ISA_NV
+   vectors of B's columns, their product accumulators in registers (f32: AVX-512 8 x 32 in 16 of
+   its 32 registers, AVX2 6 x 16 in 12 of 16, NEON 8 x 12 in 24 of 32), unless the shape measured
+   best on this machine is defined first (TS_MICRO_MR, TS_MICRO_NV; the direct convolution's
+   TS_MICRO_DMR, TS_MICRO_DNV: compiler/target/gemm_shape.py).
    The shape only decides which chains run side by side: every element is the same fma chain
    over k, so the same bits. ts_vstore_part stores a vector's first n lanes (0 < n < TS_VL);
    ts_vmax is the C target's ts_max lane by lane (a where a > b or a is NaN, else b). */
@@ -13,8 +14,8 @@
 #include <arm_neon.h>
 #endif
 #if defined(__AVX512F__)
-#define TS_MR 8
-#define TS_NV 2
+#define TS_ISA_MR 8
+#define TS_ISA_NV 2
 #define TS_VL_f32 16
 #define TS_VL_f64 8
 typedef __m512 ts_v_f32;
@@ -38,8 +39,8 @@ typedef __m512d ts_v_f64;
 #define ts_vmax_f64(a, b) _mm512_mask_blend_pd(_mm512_cmp_pd_mask(a, b, _CMP_GT_OQ) | \
                                                _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q), b, a)
 #elif defined(__AVX2__) && defined(__FMA__)
-#define TS_MR 6
-#define TS_NV 2
+#define TS_ISA_MR 6
+#define TS_ISA_NV 2
 #define TS_VL_f32 8
 #define TS_VL_f64 4
 typedef __m256 ts_v_f32;
@@ -67,8 +68,8 @@ typedef __m256d ts_v_f64;
 #define ts_vmax_f64(a, b) _mm256_blendv_pd(b, a, _mm256_or_pd(_mm256_cmp_pd(a, b, _CMP_GT_OQ), \
                                                                _mm256_cmp_pd(a, a, _CMP_UNORD_Q)))
 #elif defined(__aarch64__) && defined(__ARM_NEON)
-#define TS_MR 8
-#define TS_NV 3
+#define TS_ISA_MR 8
+#define TS_ISA_NV 3
 #define TS_VL_f32 4
 #define TS_VL_f64 2
 typedef float32x4_t ts_v_f32;
@@ -96,8 +97,8 @@ typedef float64x2_t ts_v_f64;
 #define ts_vmax_f64(a, b) \
   vbslq_f64(vorrq_u64(vcgtq_f64(a, b), veorq_u64(vceqq_f64(a, a), vdupq_n_u64(~0ull))), a, b)
 #else
-#define TS_MR 6
-#define TS_NV 2
+#define TS_ISA_MR 6
+#define TS_ISA_NV 2
 #define TS_VL_f32 1
 #define TS_VL_f64 1
 typedef float ts_v_f32;
@@ -119,9 +120,20 @@ typedef double ts_v_f64;
 #define ts_vmax_f32(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define ts_vmax_f64(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #endif
+/* The micro-tiles: the GEMM's (TS_MR x TS_NV) and the direct convolution's (TS_DMR x TS_DNV:
+   conv.c, broadcasts from the laid-out rows rather than a packed panel), each measured on this
+   machine where it was (TS_MICRO_MR/NV, TS_MICRO_DMR/DNV), else the ISA's own. */
 #if defined(TS_MICRO_MR) && defined(TS_MICRO_NV)
-#undef TS_MR
-#undef TS_NV
 #define TS_MR TS_MICRO_MR
 #define TS_NV TS_MICRO_NV
+#else
+#define TS_MR TS_ISA_MR
+#define TS_NV TS_ISA_NV
+#endif
+#if defined(TS_MICRO_DMR) && defined(TS_MICRO_DNV)
+#define TS_DMR TS_MICRO_DMR
+#define TS_DNV TS_MICRO_DNV
+#else
+#define TS_DMR TS_ISA_MR
+#define TS_DNV TS_ISA_NV
 #endif
