@@ -3,7 +3,9 @@ folded at inference), as an implicit GEMM.
 
 Per image and group, the output is W [O/g, Cg*KK] @ B [Cg*KK, P] with B the input's windows
 (k = (c, kd, kh, kw), P the output positions): the contract strategy's product, with B packed
-straight from the input (routines/c_conv.py), so the windows never exist in memory. A fixed grid
+straight from the input (routines/c_conv.py), so the windows never exist in memory; a tile of
+whole output rows whose channels fill the routine's channel vectors is computed direct, the
+windows' values broadcast from the input rows laid out padded (no B packed). A fixed grid
 of (image, group, row tile, column tile) tasks, each one call of the routine and then the
 epilogue over the finished tile; small images go several to a task, their positions its
 columns. Every element is the GEMM's fma chain over k from 0: the bits of the im2col matmul

@@ -5,8 +5,12 @@ and its micro-kernel, with B's panels packed straight from the input's windows.
 an mt x nt block of output channels by output positions, of nimg images (small ones: every
 position of each, image i's input at X + i xs, its output at C + i ys); each element is the
 GEMM's fma chain over k = (c, kd, kh, kw) from 0, so the result has the bits of the im2col
-matmul the operator decomposes into. One output channel (mt = 1, a depthwise convolution's) of
-whole rows of a 1-D or 2-D convolution runs as a stencil instead (`ts_conv_plane_<T>`): same chains.
+matmul the operator decomposes into. A block of whole output rows of a 1-D or 2-D convolution
+whose channels fill the channel vectors runs direct (`ts_conv_direct_<T>`: the windows' values
+broadcast from the input rows laid out padded, against the weights' transposed panels, its
+micro-tile TS_DMR x TS_DNV measured per machine: compiler/target/gemm_shape.py); one output
+channel (mt = 1, a depthwise convolution's) of whole rows as a stencil (`ts_conv_plane_<T>`):
+same chains.
 
 `ts_conv_wgrad_tile_<T>(G, gs, X, xs, C, ldc, nimg, mt, j0, nt, kc, <geometry>)` overwrites an
 mt x nt block of a weight gradient dW [O/g, Cg*KK] (conv_weight_grad): the cotangent's rows
