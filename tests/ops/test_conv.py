@@ -133,7 +133,8 @@ DIRECT = [  # (input, weight, attributes, tile_n: whole output rows)
     ((2, 8, 10, 16), (64, 4, 3, 3), {"padding": 1, "groups": 2}, 32),
     ((1, 16, 24, 24), (32, 16, 3, 3), {"padding": 1}, 72),
     ((32, 6, 7, 7), (32, 6, 3, 3), {"padding": 1}, 49),          # whole images, several a task
-]
+    ((40, 8, 2, 3), (32, 8, 3, 3), {"padding": 1}, 6),           # and a K block: groups of
+]                                                                # positions across images
 
 
 @pytest.mark.parametrize("k", range(len(DIRECT)))
@@ -296,11 +297,31 @@ def test_a_weight_gradient_has_the_bits_of_the_windows_matmul(k, rng):
     the cotangent with the windows built in NumPy, whatever its tiles (K blocks that split an
     image's rows, cross images, or hold one row) and threads; in float64 PyTorch's gradient."""
     xs, ws, attrs = WGRAD[k]
-    x, w = _case(rng, xs, ws, np.float32)
+    _weight_gradient_has_the_windows_bits(rng, xs, ws, attrs, [
+        None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5), parallel=False),
+        ts.Schedule(block=(16, 64, 13))])
+
+
+@pytest.mark.parametrize("k", range(len(DIRECT)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_direct_weight_gradient_has_the_bits_of_the_windows_matmul(k, dtype, rng):
+    """A weight gradient whose output channels fill the channel vectors runs direct too (the
+    taps' values broadcast from the laid-out input rows against the cotangent's transposed
+    panels): bit for bit the windows' matmul over blocks of whole rows of each image in order
+    (k 64: rows split), with a last group of taps in part and tiles of 30 channels beside a last
+    one of 2 (the packed path's)."""
+    xs, ws, attrs, _ = DIRECT[k]
+    _weight_gradient_has_the_windows_bits(rng, xs, ws, attrs, [
+        None, ts.Schedule(block=(32, 40, 64)), ts.Schedule(block=(30, 64, 256)),
+        ts.Schedule(block=(64, 100, 1000), parallel=False)], dtype)
+
+
+def _weight_gradient_has_the_windows_bits(rng, xs, ws, attrs, schedules, dtype=np.float32):
+    x, w = _case(rng, xs, ws, dtype)
     cols, out = _im2col(x, ws, attrs)
     g, N, O = attrs.get("groups", 1), xs[0], ws[0]
     P = int(np.prod(out))
-    gy = rng.standard_normal((N, O, *out)).astype(np.float32)
+    gy = rng.standard_normal((N, O, *out)).astype(dtype)
     gm = gy.reshape(N, g, O // g, P).transpose(1, 2, 0, 3).reshape(g, O // g, N * P)
     cm = cols.transpose(1, 0, 3, 2).reshape(g, N * P, -1)
     want = ts.function(lambda a, b: op.matmul(a, b))(gm, cm).reshape(ws)
@@ -309,9 +330,7 @@ def test_a_weight_gradient_has_the_bits_of_the_windows_matmul(k, rng):
         return ts.grad(lambda w: op.sum(op.conv(x, w, **attrs) * gy))(w)
     f = ts.function(dw)
     assert "conv_weight_grad" in [kn.strategy for kn in f.lower(x, w, gy).schedule_ir.kernels]
-    for sched in (None, ts.Schedule(block=(6, 32, 64)), ts.Schedule(block=(7, 50, 5),
-                                                                     parallel=False),
-                  ts.Schedule(block=(16, 64, 13))):
+    for sched in schedules:
         got = (f if sched is None else f.with_schedule(sched))(x, w, gy)
         assert got.tobytes() == want.tobytes(), sched
     x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))

@@ -141,15 +141,19 @@ def cases(rng):
         "matmul_f64_batched": (lambda a, b: a @ b, [f64(3, 33, 70), f64(3, 70, 29)], True),
         "matmul_f16": (lambda a, b: a @ b, [f32(40, 64).astype(np.float16),
                                            f32(64, 24).astype(np.float16)], True),
-        # the convolution routine: its GEMM packing, and one channel per group's stencil
-        "conv_f32": (lambda x, w, d: (op.conv(x, w, padding=1), op.conv(x, d, padding=1,
-                                                                       groups=4)),
-                     [f32(2, 4, 9, 21), f32(5, 4, 3, 3), f32(4, 1, 3, 3)], True),
-        # the weight gradient's routine (rows laid out, panels transposed) and col2im's phases
-        "conv_grads_f32": (lambda x, g, c: (op.conv_weight_grad(x, g, kernel=[3, 3], padding=1),
-                                            op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2,
-                                                      padding=1)),
-                           [f32(2, 4, 9, 21), f32(2, 5, 9, 21), f32(2, 3, 9, 5, 11)], True),
+        # the convolution routine: its GEMM packing, its direct path (48 output channels),
+        # and one channel per group's stencil
+        "conv_f32": (lambda x, w, wd, d: (op.conv(x, w, padding=1), op.conv(x, wd, padding=1),
+                                          op.conv(x, d, padding=1, groups=4)),
+                     [f32(2, 4, 9, 21), f32(5, 4, 3, 3), f32(48, 4, 3, 3), f32(4, 1, 3, 3)],
+                     True),
+        # the weight gradient's routine (rows laid out, panels transposed; direct for 48
+        # channels) and col2im's phases
+        "conv_grads_f32": (lambda x, g, gd, c: (
+            op.conv_weight_grad(x, g, kernel=[3, 3], padding=1),
+            op.conv_weight_grad(x, gd, kernel=[3, 3], padding=1),
+            op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2, padding=1)),
+            [f32(2, 4, 9, 21), f32(2, 5, 9, 21), f32(2, 48, 9, 21), f32(2, 3, 9, 5, 11)], True),
         # the pool routine: the largest (NaN propagating) and the mean of strided windows
         "pools_f32": (lambda x: (op.max_pool(x, 3, 2, 1), op.avg_pool(x, 3, 2, 1),
                                  op.max_pool(x, (2, 3), (1, 3))), [_with_nans(f32(2, 3, 11, 21))],

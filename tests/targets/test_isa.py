@@ -75,13 +75,16 @@ def _cases(rng, dt):
     w = rng.standard_normal((129, 67)).astype(dt)
     g = rng.standard_normal(129).astype(dt)
     q, k, v = (rng.standard_normal((2, 3, 70, 16)).astype(dt) for _ in range(3))
-    xi, wi, gi, ci = (rng.standard_normal(s).astype(dt) for s in
-                      ((2, 4, 9, 21), (5, 4, 3, 3), (2, 5, 9, 21), (2, 3, 9, 5, 11)))
+    xi, wi, gi, ci, wd, gd = (rng.standard_normal(s).astype(dt) for s in
+                              ((2, 4, 9, 21), (5, 4, 3, 3), (2, 5, 9, 21), (2, 3, 9, 5, 11),
+                               (48, 4, 3, 3), (2, 48, 9, 21)))
     return {
-        "windows": (lambda x, w, g, c: (
+        "windows": (lambda x, w, g, c, wd, gd: (
             op.conv(x, w, padding=1), op.conv_weight_grad(x, g, kernel=[3, 3], padding=1),
+            op.conv(x, wd, padding=1),          # 48 channels: the direct paths
+            op.conv_weight_grad(x, gd, kernel=[3, 3], padding=1),
             op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2, padding=1),
-            op.max_pool(x, 3, 2, 1)), (xi, wi, gi, ci)),
+            op.max_pool(x, 3, 2, 1)), (xi, wi, gi, ci, wd, gd)),
         "transcendentals": (lambda x: op.exp(x) + op.tanh(x) + op.erf(x) + op.sigmoid(x)
                             + op.gelu(x) + op.gelu(x, approximate="tanh") + op.silu(x), (x,)),
         "where_and_clamps": (lambda x: op.where(x > 0, x, x * 0.1) + op.maximum(x, 0.5)

@@ -213,10 +213,10 @@ static void ts_conv_direct_{S}(const {T}* pb, int64_t npc, const {T}* pad, const
 }
 
 /* W[0:mt, 0:kc] (rows ldw apart) transposed into the direct path's panels of TS_DNR channels,
-   pb[jr kc + k TS_DNR + j], zero past mt. */
+   kall deep (kc of them here): pb[jr kall + k TS_DNR + j], zero past mt. */
 static void ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64_t kc,
-                                    {T}* pb) {
-  for (int64_t jr = 0; jr < mt; jr += TS_DNR_{S}, pb += TS_DNR_{S} * kc) {
+                                    int64_t kall, {T}* pb) {
+  for (int64_t jr = 0; jr < mt; jr += TS_DNR_{S}, pb += TS_DNR_{S} * kall) {
     int64_t n = mt - jr < TS_DNR_{S} ? mt - jr : TS_DNR_{S};
     ts_transpose_{S}(W + jr * ldw, ldw, pb, TS_DNR_{S}, kc, n);
     for (int64_t k = 0; k < kc && n < TS_DNR_{S}; ++k)
@@ -269,9 +269,10 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t psize = narrow || j0 % out2 || nt % out2 ? 0
                   : ts_window_size_{S}(&g, cgmax, nt / out2, &pline);
   int64_t npc = (mt + TS_DNR_{S} - 1) / TS_DNR_{S} * TS_DNR_{S};   /* direct: channels, */
-  int64_t npos = (nt + TS_DMR - 1) / TS_DMR * TS_DMR;               /* positions */
+  int64_t npos = (nimg * nt + TS_DMR - 1) / TS_DMR * TS_DMR;        /* every image's positions */
   int laid = psize > 0 && psize <= ((int64_t)1 << 20);
-  int direct = laid && 100 * mt >= TS_CONV_DIRECT_USE * npc;
+  int direct = laid && nimg * psize <= ((int64_t)1 << 20) && 100 * mt >= TS_CONV_DIRECT_USE * npc;
+  if (direct) psize *= nimg;             /* (the images laid out one after another) */
   int rowwise = laid && !direct && out2 >= TS_CONV_SHORT_RUN / 2;
   if (!direct && !rowwise) psize = 0;
   int indexed = !narrow && !direct && !rowwise && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
@@ -282,7 +283,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
                  (psize ? (size_t)psize + (size_t)(cgmax * kk) * ioff + 32 : 0) +
                  (direct ? (size_t)npos * ioff : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
-                : direct ? (size_t)npc * (size_t)kcap + (size_t)(nimg * npos * npc)
+                : direct ? (size_t)npc * (size_t)kcap + (size_t)(npos * npc)
                          : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
                            (nimg > 1 ? (size_t)mt * (size_t)cols : 0);
   {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
@@ -336,24 +337,23 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     return;
   }
   if (direct) {                  /* the windows read where they are laid out, B never packed */
-    int64_t* fp = off + cgmax * kk;      /* each position's place in the layout */
-    {T}* tile = pa + npc * kcap;         /* image i's positions x channels at tile + i npos npc */
+    int64_t* fp = off + cgmax * kk;      /* each position's place in the layout, images in turn */
+    int64_t isz = psize / nimg;          /* an image's layout */
+    {T}* tile = pa + npc * kcap;         /* positions x channels, image after image */
     for (int64_t j = 0; j < npos; ++j) {
-      int64_t q = j < nt ? j : nt - 1;   /* (the last group's spare rows: the last position's) */
-      fp[j] = q / out2 * s1 * pline + q % out2;
+      int64_t q = j < nimg * nt ? j : nimg * nt - 1;   /* (spare rows: the last position's) */
+      fp[j] = q / nt * isz + q % nt / out2 * s1 * pline + q % out2;
     }
     for (int64_t pc = 0; pc < K; pc += KC) {
       int64_t kc = K - pc < KC ? K - pc : KC, c = pc / kk;
-      ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, pa);
-      for (int64_t i = 0; i < nimg; ++i) {
+      ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, kc, pa);
+      for (int64_t i = 0; i < nimg; ++i)
         ts_window_lay_{S}(&g, X + i * xs + c * cs, (pc + kc - 1) / kk - c + 1, j0 / out2,
-                          nt / out2, 0, pad, off);
-        ts_conv_direct_{S}(pa, npc, pad, off + pc % kk, kc, fp, npos, tile + i * npos * npc,
-                           pc == 0);
-      }
+                          nt / out2, 0, pad + i * isz, off);
+      ts_conv_direct_{S}(pa, npc, pad, off + pc % kk, kc, fp, npos, tile, pc == 0);
     }
     for (int64_t i = 0; i < nimg; ++i)
-      ts_transpose_{S}(tile + i * npos * npc, npc, C + i * ys, ldc, mt, nt);
+      ts_transpose_{S}(tile + i * nt * npc, npc, C + i * ys, ldc, mt, nt);
     return;
   }
   {T}* pb = pa + mp * kcap;
@@ -429,22 +429,36 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   /* 1-D and 2-D: K blocks of whole output rows, so that each segment's input rows are laid out
-     padded once (ts_window_lay) and every column's line is copied from them row by row */
+     padded once (ts_window_lay). Direct (the output channels fill the channel vectors): the
+     micro-tiles broadcast the taps' values from that layout against the cotangent's transposed
+     panels, into a tile of taps by channels transposed out at the end. Otherwise, rows of 16
+     or more: every column's line copied from the layout row by row. */
   int64_t c_lo = j0 / kk, cgt = nt > 0 ? (j0 + nt - 1) / kk - c_lo + 1 : 0, pline = 0;
   int64_t KR = KC < out2 ? out2 : KC / out2 * out2;
   int64_t psize = ts_window_size_{S}(&g, cgt, (K < KR ? K : KR) / out2, &pline);
-  int rowwise = out2 >= TS_CONV_SHORT_RUN / 2 && psize > 0 && psize <= ((int64_t)1 << 20);
-  if (rowwise) KC = KR;
+  int laid = psize > 0 && psize <= ((int64_t)1 << 20);
+  int64_t npc = (mt + TS_DNR_{S} - 1) / TS_DNR_{S} * TS_DNR_{S};   /* direct: channels, taps */
+  int64_t npt = (nt + TS_DMR - 1) / TS_DMR * TS_DMR;
+  /* direct: blocks of whole images where one fits a K block (m of them, laid out one after
+     another: small images give the micro-tiles long chains), else of whole rows of one */
+  int64_t m = P <= KR ? (KR / P < nimg ? KR / P : nimg) : 1, isz = 0, ln = 0;
+  if (laid) isz = ts_window_size_{S}(&g, cgt, (P < KR ? P : KR) / out2, &ln);
+  int direct = laid && m * isz <= ((int64_t)1 << 20) && 100 * mt >= TS_CONV_DIRECT_USE * npc;
+  if (direct) psize = m * isz;
+  int rowwise = laid && !direct && out2 >= TS_CONV_SHORT_RUN / 2;
+  if (rowwise || direct) KC = KR;
   int64_t kcap = K < KC ? K : KC;
   /* otherwise small output rows: an index per (kernel offset, position) of an image */
-  int indexed = !rowwise && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
+  int indexed = !rowwise && !direct && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
                 kk * P <= (1 << 20);
   int64_t nruns = indexed ? out0 * out1 + 2 : kcap / out2 + 2;    /* (ts_conv_runs' bounds) */
   size_t ioff = sizeof(int64_t) / sizeof({T});
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * P) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
-                 (rowwise ? (size_t)psize + (size_t)(cgt * kk) * ioff + 32 : 0);
-  size_t need = (size_t)(mp + np + TS_NR_{S}) * (size_t)kcap;
+                 (rowwise || direct ? (size_t)psize + (size_t)(cgt * kk) * ioff + 32 : 0) +
+                 (direct ? (size_t)(npt + kcap) * ioff : 0);
+  size_t need = direct ? (size_t)npc * (size_t)kcap + (size_t)(npt * npc)
+                       : (size_t)(mp + np + TS_NR_{S}) * (size_t)kcap;
   {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
   if (!pa) {                     /* K = 0, or no memory: the same fma chains, element by element */
     for (int64_t r = 0; r < mt; ++r)
@@ -459,11 +473,32 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
   }
   {T}* pb = pa + mp * kcap;
   {T}* lines = pb + np * kcap;             /* a panel's columns of B, one line each */
-  int64_t* runs = (int64_t*)(((uintptr_t)(lines + TS_NR_{S} * kcap) + 63) & ~(uintptr_t)63);
+  int64_t* runs = (int64_t*)(((uintptr_t)(pa + need) + 63) & ~(uintptr_t)63);
   int32_t* idx = (int32_t*)(runs + 4 * nruns);
   if (indexed) ts_conv_index(&g, runs, ts_conv_runs(&g, 0, P, runs), P, idx);
   {T}* pad = ({T}*)(((uintptr_t)(runs + 4 * nruns) + 63) & ~(uintptr_t)63);
   int64_t* off = (int64_t*)(((uintptr_t)(pad + psize) + 63) & ~(uintptr_t)63);
+  if (direct) {                  /* the windows read where they are laid out, B never packed */
+    int64_t* toff = off + cgt * kk;      /* each tap's line in the layout (spare rows: the last's) */
+    int64_t* fk = toff + npt;            /* each position's place in it, from a block's first */
+    {T}* tile = pa + npc * kcap;         /* taps x channels */
+    for (int64_t q = 0; q < kcap; ++q)
+      fk[q] = q / P * isz + q % P / out2 * s1 * ln + q % out2;
+    for (int64_t n = 0; n < nimg; n += m)  /* blocks of m images, or of rows of one, in order */
+      for (int64_t p = 0; p < P; p += kcap) {
+        int64_t len = P - p < kcap ? P - p : kcap, mi = nimg - n < m ? nimg - n : m;
+        for (int64_t i = 0; i < mi; ++i) {
+          ts_window_lay_{S}(&g, X + (n + i) * xs + c_lo * cs, cgt, p / out2, len / out2, 0,
+                            pad + i * isz, off);
+          ts_conv_direct_pack_{S}(Gd + (n + i) * gs + p, P, mt, len, mi * len,
+                                  pa + i * len * TS_DNR_{S});
+        }
+        for (int64_t j = 0; j < npt; ++j) toff[j] = off[(j < nt ? j : nt - 1) + j0 - c_lo * kk];
+        ts_conv_direct_{S}(pa, npc, pad, fk, mi * len, toff, npt, tile, n == 0 && p == 0);
+      }
+    ts_transpose_{S}(tile, npc, C, ldc, mt, nt);
+    return;
+  }
   for (int64_t pc = 0; pc < K; pc += KC) {
     int64_t kc = K - pc < KC ? K - pc : KC;
     for (int64_t k = pc; k < pc + kc;) {     /* the block's segments, one image's positions each */
