@@ -15,7 +15,8 @@ same chains.
 `ts_conv_wgrad_tile_<T>(G, gs, X, xs, C, ldc, nimg, mt, j0, nt, kc, <geometry>)` overwrites an
 mt x nt block of a weight gradient dW [O/g, Cg*KK] (conv_weight_grad): the cotangent's rows
 times the input's windows over k = (image, position), both packed by transposing lines along k
-(ts_transpose), each element the fma chain over k from 0 of the windows' matmul.
+(ts_transpose), or direct as the forward is (the taps' values broadcast from the laid-out rows,
+blocks of whole small images), each element the fma chain over k from 0 of the windows' matmul.
 """
 from __future__ import annotations
 

@@ -11,16 +11,17 @@ typedef struct {
 
 /* The padded layout of the input rows that nr output rows of a 1-D or 2-D window operator read
    from cg channels: its size in elements (0 where it does not apply: 3-D, a negative padding),
-   and its line, the distance between padded rows. */
+   and its line, the distance between padded rows. Lines lie end to end (a row's last vector
+   reads on into the next line, lanes its caller drops), a vector's overrun after the last. */
 static int64_t ts_window_size_{S}(const ts_conv_geom* g, int64_t cg, int64_t nr, int64_t* line) {
   if (g->in[0] != 1 || g->k[0] != 1 || g->out[0] != 1 || g->p[1] < 0 || g->p[2] < 0 || nr <= 0)
     return 0;
   const int64_t s2 = g->s[2];
   const int64_t rows = (nr - 1) * g->s[1] + (g->k[1] - 1) * g->d[1] + 1;   /* padded rows read */
   const int64_t e2 = (g->out[2] - 1) * s2 + (g->k[2] - 1) * g->d[2] + 1;   /* columns read */
-  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S};   /* a phase's line (+ a vector's overrun) */
+  const int64_t pw = (e2 + s2 - 1) / s2;                /* a phase's line */
   *line = s2 * pw;
-  return cg * rows * s2 * pw;
+  return cg * rows * s2 * pw + TS_VL_{S};
 }
 
 /* The rows output rows r0 .. r0 + nr - 1 read from cg channels of X copied into pad (of
@@ -33,7 +34,7 @@ static void ts_window_lay_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, i
   const int64_t k1 = g->k[1], k2 = g->k[2], K = cg * k1 * k2;
   const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;
   const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;
-  const int64_t pw = (e2 + s2 - 1) / s2 + TS_VL_{S}, line = s2 * pw;
+  const int64_t pw = (e2 + s2 - 1) / s2, line = s2 * pw;
   for (int64_t c = 0; c < cg; ++c)
     for (int64_t y = 0; y < rows; ++y) {
       {T}* dst = pad + (c * rows + y) * line;
@@ -64,6 +65,7 @@ static void ts_window_lay_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, i
           for (int64_t j = lo; j < hi; ++j) dst[ph * pw + j] = from[j * s2];
         }
     }
+  for (int64_t j = 0; j < TS_VL_{S}; ++j) pad[cg * rows * line + j] = fill;   /* the overrun */
   for (int64_t k = 0, c = 0, ky = 0, kx = 0; k < K; ++k) {   /* each tap's line, row 0 */
     off[k] = (c * rows + ky * d1) * line + (kx * d2 % s2) * pw + kx * d2 / s2;
     if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; ++c; } }
