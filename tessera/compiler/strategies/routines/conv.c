@@ -224,11 +224,6 @@ static void ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64
   }
 }
 
-/* Where images are laid out one after another: each image's layout rounded up to an odd
-   number of 16 elements, so that the images' rows do not all fall in the same sets of L1
-   (layouts of 4 KiB: a 2x2 image's 64 channels, 0.8x the packed path's speed unskewed). */
-static int64_t ts_conv_image_stride(int64_t size) { return ((size + 15) / 16 | 1) * 16; }
-
 /* The direct path is taken where at least this share (%) of its channel vectors' lanes are
    output channels (the packed path's rows come TS_MR at a time). */
 #define TS_CONV_DIRECT_USE 85
@@ -276,7 +271,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   int64_t npc = (mt + TS_DNR_{S} - 1) / TS_DNR_{S} * TS_DNR_{S};   /* direct: channels, */
   int64_t npos = (nimg * nt + TS_DMR - 1) / TS_DMR * TS_DMR;        /* every image's positions */
   int laid = psize > 0 && psize <= ((int64_t)1 << 20);
-  int64_t isz = ts_conv_image_stride(psize);   /* direct: the images one after another */
+  int64_t isz = psize;                   /* direct: the images laid out one after another */
   int direct = laid && nimg * isz <= ((int64_t)1 << 20) && 100 * mt >= TS_CONV_DIRECT_USE * npc;
   if (direct) psize = nimg * isz;
   int rowwise = laid && !direct && out2 >= TS_CONV_SHORT_RUN / 2;
@@ -449,8 +444,7 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
      for images of fewer than 8 positions, whose cotangent rows are too short to transpose
      through registers (2x2: 0.75x the packed path's speed) */
   int64_t m = P <= KR ? (KR / P < nimg ? KR / P : nimg) : 1, isz = 0, ln = 0;
-  if (laid)
-    isz = ts_conv_image_stride(ts_window_size_{S}(&g, cgt, (P < KR ? P : KR) / out2, &ln));
+  if (laid) isz = ts_window_size_{S}(&g, cgt, (P < KR ? P : KR) / out2, &ln);
   int direct = laid && P >= 8 && m * isz <= ((int64_t)1 << 20) &&
                100 * mt >= TS_CONV_DIRECT_USE * npc;
   if (direct) psize = m * isz;
