@@ -349,7 +349,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
       ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, kc, pa);
       for (int64_t i = 0; i < nimg; ++i)
         ts_window_lay_{S}(&g, X + i * xs + c * cs, (pc + kc - 1) / kk - c + 1, j0 / out2,
-                          nt / out2, 0, pad + i * isz, off);
+                          nt / out2, 0, pad + i * isz, i ? 0 : off);
       ts_conv_direct_{S}(pa, npc, pad, off + pc % kk, kc, fp, npos, tile, pc == 0);
     }
     for (int64_t i = 0; i < nimg; ++i)
@@ -492,7 +492,7 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
         int64_t len = P - p < kcap ? P - p : kcap, mi = nimg - n < m ? nimg - n : m;
         for (int64_t i = 0; i < mi; ++i) {
           ts_window_lay_{S}(&g, X + (n + i) * xs + c_lo * cs, cgt, p / out2, len / out2, 0,
-                            pad + i * isz, off);
+                            pad + i * isz, i ? 0 : off);
           ts_conv_direct_pack_{S}(Gd + (n + i) * gs + p, P, mt, len, mi * len,
                                   pa + i * len * TS_DNR_{S});
         }

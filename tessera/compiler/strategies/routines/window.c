@@ -27,19 +27,24 @@ static int64_t ts_window_size_{S}(const ts_conv_geom* g, int64_t cg, int64_t nr,
 /* The rows output rows r0 .. r0 + nr - 1 read from cg channels of X copied into pad (of
    ts_window_size's elements) padded with `fill`, each row split into its s2 column phases so
    that every tap reads a contiguous line: tap k = (c, ky, kx) of the r-th of those output rows
-   reads its outputs from pad + off[k] + r * s1 * line. */
+   reads its outputs from pad + off[k] + r * s1 * line (off 0: not written, a layout of the same
+   shape's already known). */
 static void ts_window_lay_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, int64_t r0,
                               int64_t nr, {T} fill, {T}* pad, int64_t* off) {
   const int64_t out2 = g->out[2], s1 = g->s[1], s2 = g->s[2], d1 = g->d[1], d2 = g->d[2];
-  const int64_t k1 = g->k[1], k2 = g->k[2], K = cg * k1 * k2;
+  const int64_t k1 = g->k[1], k2 = g->k[2];
   const int64_t rows = (nr - 1) * s1 + (k1 - 1) * d1 + 1;
   const int64_t e2 = (out2 - 1) * s2 + (k2 - 1) * d2 + 1;
-  const int64_t pw = (e2 + s2 - 1) / s2, line = s2 * pw;
+  const int64_t pw = (e2 + s2 - 1) / s2, line = s2 * pw, size = cg * rows * line + TS_VL_{S};
+  const ts_v_{S} vfill = ts_vset1_{S}(fill);    /* the padding first, all of it at once (a row
+                                                   at a time cost most of a small image's) */
+  int64_t j0 = 0;
+  for (; j0 + TS_VL_{S} <= size; j0 += TS_VL_{S}) ts_vstore_{S}(pad + j0, vfill);
+  for (; j0 < size; ++j0) pad[j0] = fill;
   for (int64_t c = 0; c < cg; ++c)
     for (int64_t y = 0; y < rows; ++y) {
       {T}* dst = pad + (c * rows + y) * line;
       const int64_t yi = r0 * s1 + y - g->p[1];
-      for (int64_t j = 0; j < line; ++j) dst[j] = fill;
       if (yi < 0 || yi >= g->in[1]) continue;
       const {T}* src = X + c * g->cs + yi * g->in[2];
       int64_t n = g->in[2] < e2 - g->p[2] ? g->in[2] : e2 - g->p[2];
@@ -65,11 +70,13 @@ static void ts_window_lay_{S}(const ts_conv_geom* g, const {T}* X, int64_t cg, i
           for (int64_t j = lo; j < hi; ++j) dst[ph * pw + j] = from[j * s2];
         }
     }
-  for (int64_t j = 0; j < TS_VL_{S}; ++j) pad[cg * rows * line + j] = fill;   /* the overrun */
-  for (int64_t k = 0, c = 0, ky = 0, kx = 0; k < K; ++k) {   /* each tap's line, row 0 */
-    off[k] = (c * rows + ky * d1) * line + (kx * d2 % s2) * pw + kx * d2 / s2;
-    if (++kx == k2) { kx = 0; if (++ky == k1) { ky = 0; ++c; } }
-  }
+  if (!off) return;                      /* (offsets known: a layout of the same shape) */
+  for (int64_t kx = 0; kx < k2; ++kx)      /* each tap's line, row 0: a row of taps, then */
+    off[kx] = (kx * d2 % s2) * pw + kx * d2 / s2;   /* the others from it (no division per tap: */
+  for (int64_t c = 0, k = 0; c < cg; ++c)          /* small images lay out thousands) */
+    for (int64_t ky = 0; ky < k1; ++ky, k += k2)
+      for (int64_t kx = 0; k > 0 && kx < k2; ++kx)
+        off[k + kx] = off[kx] + (c * rows + ky * d1) * line;
 }
 
 /* The layout (ts_window_lay) of the rows that output positions [j0, j0 + nt) (whole rows)
