@@ -168,8 +168,10 @@ static inline void ts_conv_panel_put_{S}({T}* restrict pb, int64_t kc, int64_t q
    TS_DMR output positions (each where it lies in the laid-out rows) by TS_DNV vectors of output
    channels: C[r][j] (+)= the sum over k of the window's value under position r (pad + off[k] +
    f[r], broadcast) times W's transposed panel (pb[k][j]), B never packed; C is the tile of
-   positions by channels. Each element is the fma chain over k of the packed path (the same
-   products, exact before their one rounding, in the same order), so the same bits. */
+   positions by channels. The weight gradient runs it with the tables' roles swapped: a row per
+   tap (fp: its line), k over the positions (off: each one's place). Each element is the fma
+   chain over k of the packed path (the same products, exact before their one rounding, in the
+   same order), so the same bits. */
 #define TS_DNR_{S} (TS_DNV * TS_VL_{S})
 static inline __attribute__((always_inline)) void ts_conv_direct_micro_{S}(
     int64_t kc, const {T}* restrict pad, const int64_t* restrict off, const int64_t* restrict fp,
@@ -276,8 +278,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   if (direct) psize = nimg * isz;
   int rowwise = laid && !direct && out2 >= TS_CONV_SHORT_RUN / 2;
   if (!direct && !rowwise) psize = 0;
-  int indexed = !narrow && !direct && !rowwise && out2 < TS_CONV_SHORT_RUN && in0 * in1 * in2 < INT32_MAX &&
-                kk * nt <= (1 << 20);
+  int indexed = !narrow && !direct && !rowwise && out2 < TS_CONV_SHORT_RUN &&
+                in0 * in1 * in2 < INT32_MAX && kk * nt <= (1 << 20);
   size_t ioff = sizeof(int64_t) / sizeof({T});
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
@@ -482,7 +484,7 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
   {T}* pad = ({T}*)(((uintptr_t)(runs + 4 * nruns) + 63) & ~(uintptr_t)63);
   int64_t* off = (int64_t*)(((uintptr_t)(pad + psize) + 63) & ~(uintptr_t)63);
   if (direct) {                  /* the windows read where they are laid out, B never packed */
-    int64_t* toff = off + cgt * kk;      /* each tap's line in the layout (spare rows: the last's) */
+    int64_t* toff = off + cgt * kk;      /* each tap's line in the layout (spare rows: the last) */
     int64_t* fk = toff + npt;            /* each position's place in it, from a block's first */
     {T}* tile = pa + npc * kcap;         /* taps x channels */
     for (int64_t q = 0; q < kcap; ++q)
