@@ -205,6 +205,37 @@ def test_long_lines_read_in_place_are_the_gathered_bits(dtype, rng):
             assert np.all(np.abs(got - ref) <= bound(dtype, n, size)), (f.__name__, norm, n)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_read_in_place_are_the_gathered_bits(dtype, rng):
+    """Lines read as they lie and written where they go (a complex array's pairs, a real line of
+    even n as n/2 pairs, equally spaced: a slice of columns too) go through the routine's own
+    transposes, which conjugate, untangle and scale on the way (ts_fft at step 2); computed on
+    the way in (times 2, exact), the same lines are gathered into planes here and scattered
+    back: the same bits, for 37 lines (tiles and their edges), every kind and norm, sizes with
+    and without whole tiles and a Bluestein one; numpy's values within the bound."""
+    cd = np.complex64 if dtype == np.float32 else np.complex128
+    for n in (1000, 30, 194, 4096):
+        x = rng.standard_normal((37, n + 6)).astype(dtype)
+        z = crandn(rng, 37, n).astype(cd)
+        half = np.fft.rfft(x[:, :n]).astype(cd)
+        for f, a, kw, cut in [(op.rfft, x, {}, True), (op.fft, z, {}, False),
+                              (op.ifft, z, {"norm": "ortho"}, False),
+                              (op.irfft, half, {"n": n}, False),
+                              (op.irfft, half, {"n": n, "norm": "forward"}, False)]:
+            take = (lambda v: v[:, :n]) if cut else (lambda v: v)
+            direct = ts.function(lambda v: f(take(v), **kw))
+            gathered = ts.function(lambda v: f(take(v) * 2, **kw))
+            kind = f"ts_fft_{'f32' if dtype == np.float32 else 'f64'}((in0"
+            assert kind in direct.lower(a).target_code, (f.__name__, n)
+            assert kind not in gathered.lower(a).target_code, (f.__name__, n)
+            got = direct(a * 2)
+            assert got.tobytes() == gathered(a).tobytes(), (f.__name__, n, kw)
+            ref = getattr(np.fft, f.__name__)(take(a).astype(np.complex128 if f is not op.rfft
+                                                               else np.float64) * 2, **kw)
+            size = take(a) * 2 if f is not op.irfft else ref
+            assert np.all(np.abs(got - ref) <= bound(dtype, n, size)), (f.__name__, n, kw)
+
+
 def test_bad_arguments_are_named(rng):
     x = np.zeros((3, 4), np.float32)
     with pytest.raises(ts.ShapeError, match="n=0"):

@@ -180,6 +180,10 @@ def lower_fft(k, code):
     pairs = V == 1 and paired_lines(L)
     if pairs:
         return lower_fft_pairs(L, pairs, code)
+    code_kind = KIND_CODE[kind, L.inverse]
+    par = "parallel" if k.knobs.get("parallel") and -(-total // V) > 1 else "serial"
+    if rows := rows_in_place(L):
+        return lower_fft_rows(L, V, code_kind, rows, par, code)
     plane = V * ld
     blk, cnt, v, line, j, buf = (names(w) for w in ("blk", "count", "v", "line", "j", "planes"))
     i64 = dt.int64
@@ -231,26 +235,41 @@ def lower_fft(k, code):
                           for p in (0, 1)])]
         return [Loop(j, n, jkind, [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
 
-    code_kind = KIND_CODE[kind, L.inverse]
+    rows = (Addr(buf, Const(0)), Const(ld), Const(plane))      # (the routine in place)
     body = [Decl(cnt, i64, idx_min(Const(V), Bin("-", Const(total), idx_mul(Var(blk), Const(V))))),
             Scratch(buf, d, 2 * plane, code, [
                 per_line(gather),
-                Call(f"ts_fft_{d.short}", (Addr(buf, Const(0)), Addr(buf, Const(plane)), Const(n),
-                                           Var(cnt), Const(ld), Const(code_kind)),
+                Call(f"ts_fft_{d.short}", (*rows, *rows, Const(1), Const(n), Var(cnt),
+                                           Const(code_kind), Const(1.0, d)),
                      f"fft:{d.short}", code),
                 per_line(scatter)])]
-    return [Loop(blk, blocks, "parallel" if k.knobs.get("parallel") and blocks > 1 else "serial",
-                 body)]
+    return [Loop(blk, blocks, par, body)]
 
 
-def paired_lines(L):
-    """(buffer, offset, strides per domain axis) of a complex transform's input where its lines
-    are read in place as they lie, pairs (re, im) one after another along the axis as in the
-    output (the parts of a complex array, no computation on the way), else None."""
-    if L.kind != "c2c" or L.n != L.domain[L.axis]:
-        return None
+def lower_fft_rows(L, V, code_kind, rows, par, code):
+    """Blocks of V lines read where they lie and written where they go (rows_in_place), one
+    routine call a block: its transposes read and write the pairs (the same values as a
+    gather into planes and a scatter back, so the same bits)."""
+    names = Names()
+    buf, offset, sld, dld = rows
+    d, blk, cnt = L.d, names("blk"), names("count")
+    first = idx_mul(Var(blk), Const(V))
+    call = Call(f"ts_fft_{d.short}",
+                (Addr(buf.name, idx_add(Const(offset), idx_mul(first, Const(sld)))), Const(sld),
+                 Const(1), Addr(L.k.output.name, idx_mul(first, Const(dld))), Const(dld),
+                 Const(1), Const(2), Const(L.n), Var(cnt), Const(code_kind),
+                 Const(L.node.attrs["scale"], d)),
+                f"fft:{d.short}", code)
+    count = idx_min(Const(V), Bin("-", Const(L.total), first))
+    return [Loop(blk, -(-L.total // V), par, [Decl(cnt, dt.int64, count), call])]
+
+
+def read_in_place(L):
+    """(buffer, offset, strides per domain axis) of each of the transform's inputs (a real line,
+    or a complex one's two parts) where it is read from memory as it lies (no computation on
+    the way, a reshape renaming axes at most), else None."""
     parts = []
-    for u in L.node.inputs[:2]:
+    for u in L.node.inputs[:1 if L.kind == "r2c" else 2]:
         m = L.k.group.maps.get(u.id) or identity_map(u.type.shape)
         while (part := L.em.leaf(u, m)) is None and u.id in L.em.inside and \
                 isinstance(u.node.opdef.lowering, R.View):   # (a reshape renaming axes)
@@ -260,10 +279,56 @@ def paired_lines(L):
         if part is None or part[0].role == "inline":
             return None
         parts.append(part)
+    return parts
+
+
+def paired_lines(L):
+    """(buffer, offset, strides per domain axis) of a complex transform's input where its lines
+    are read in place as they lie, pairs (re, im) one after another along the axis as in the
+    output (the parts of a complex array, no computation on the way), else None."""
+    if L.kind != "c2c" or L.n != L.domain[L.axis] or not (parts := read_in_place(L)):
+        return None
     (b0, o0, s0), (b1, o1, s1) = parts
     if b0 is not b1 or o1 != o0 + 1 or s0 != s1 or s0[L.axis] != 2 or L.cout[L.axis] != 2:
         return None
     return parts[0]
+
+
+def line_spacing(L, strides):
+    """The distance between consecutive lines where the lines (the kept axes, row-major) lie
+    equally spaced at these strides, else None."""
+    axes = [(a, e) for a, e in zip(L.kept, L.extents) if e > 1]
+    for (a, _), (b, e) in zip(axes, axes[1:]):
+        if strides[a] != strides[b] * e:
+            return None
+    return strides[axes[-1][0]] if axes else 0
+
+
+def rows_in_place(L):
+    """(buffer, offset, input's line spacing, output's) where every line is read as it lies
+    and written where it goes as pairs one after another (a complex array's parts; a real line
+    of even n as n/2 pairs, in and out), the lines equally spaced: the routine then reads and
+    writes them itself (ts_fft at step 2), no planes gathered and scattered here. Else None."""
+    if L.kind == "r2c":
+        parts = L.packed and read_in_place(L)
+        if not parts or parts[0][2][L.axis] != 1:
+            return None
+        source = parts[0]
+    else:
+        count = L.n // 2 + 1 if L.kind == "c2r" else L.n
+        if L.domain[L.axis] != count or (L.kind == "c2r" and not L.packed) or \
+                not (parts := read_in_place(L)):
+            return None
+        (b0, o0, s0), (b1, o1, s1) = parts
+        if b0 is not b1 or o1 != o0 + 1 or s0 != s1 or s0[L.axis] != 2:
+            return None
+        source = parts[0]
+    if L.cout[L.axis] != (1 if L.kind == "c2r" else 2):
+        return None
+    sld, dld = line_spacing(L, source[2]), line_spacing(L, L.cout)
+    if sld is None or dld is None:
+        return None
+    return source[0], source[1], sld, dld
 
 
 def lower_fft_pairs(L, source, code):

@@ -1,16 +1,17 @@
-/* Fast Fourier transforms of `lanes` lines at once, in place on two planes of {T}: the real
-   parts re[v * ld + k] and the imaginary parts im[v * ld + k] of element k of line v (ld at
-   least the elements a line takes and gives: n/2 + 1 for a packed real line, else n; the
-   caller gathers and scatters contiguous rows). Inside, a block of lines is transposed to
-   element-major order (element k of line v at k * lanes + v), so every butterfly works on
-   `lanes` adjacent values: vector instructions across the lines.
+/* Fast Fourier transforms of `lanes` lines at once. Inside, the lines are two planes of {T},
+   element-major (element k of line v at k * lanes + v), so every butterfly works on `lanes`
+   adjacent values: vector instructions across the lines. The lines come in and go out as rows:
+   of planes (the real parts re[v * ld + k], the imaginary parts a plane further) or of pairs
+   (re, im) as a complex array holds them, read and written where they lie.
 
-   ts_fft_{S}(re, im, n, lanes, ld, kind), kind: 0 forward complex, 1 inverse complex
-   (unnormalised: n x), 2 real to complex, 3 complex to real (unnormalised). A real line of even
-   n is packed by the caller as n/2 complex values (x_2j in re, x_2j+1 in im) and comes back the
+   ts_fft_{S}(src, sld, sim, dst, dld, dim, step, n, lanes, kind, scale), kind: 0 forward
+   complex, 1 inverse complex (unnormalised: n x), 2 real to complex, 3 complex to real
+   (unnormalised); element k of line v at src[v * sld + k * step] (its imaginary part sim
+   further), the results likewise at dst times scale. A real line of even n is n/2 complex
+   values (x_2j real, x_2j+1 imaginary: a row of reals is its own pairs) and comes back the
    same way from kind 3; an odd one is n complex values with zero imaginary parts in, the real
-   parts out. Kind 2 gives n/2 + 1 frequencies; kind 3 takes n/2 + 1, the imaginary parts of the
-   zero and Nyquist frequencies ignored. Returns nonzero when its memory cannot be had.
+   parts out. Kind 2 gives n/2 + 1 frequencies; kind 3 takes n/2 + 1, the imaginary parts of
+   the zero and Nyquist frequencies ignored. Returns nonzero when its memory cannot be had.
 
    Complex transforms: a Stockham autosort (decimation in frequency) over the factors of n,
    4s first, then 2, 3, 5, 7 and any odd prime up to TS_FFT_MAX_RADIX (a butterfly over the
@@ -823,7 +824,20 @@ static void ts_fft_negate_{S}({T}* x, int64_t count) {
    forward (kind 2, after the transform): X_k = e - i W^k d, e and d = (Z_k +/- conj Z_{h-k})/2;
    inverse (kind 3, before it): Z_k = e + i W^-k d, e and d = X_k +/- conj X_{h-k}. The pair's
    other member from e' = conj e, d' = -conj d, W^{h-k} = -conj W^k. (Times 1 and -1 are exact:
-   both directions are one code.) */
+   both directions are one code.) TS_FFT_UNTANGLE: one member's result from the pair's values
+   a (at k) and b (at h - k), W^k or W^-k in w, f and sg the direction's factor and sign. */
+#define TS_FFT_UNTANGLE(T, f, sg, wr, wi, ar, ai, br, bi, other, outr, outi) do {           \
+    T er_ = (f) * ((ar) + (br)), ei_ = (f) * ((ai) - (bi));                                  \
+    T dr_ = (f) * ((ar) - (br)), di_ = (f) * ((ai) + (bi));                                  \
+    if (!(other)) {                                                                          \
+      T pr_ = TS_CMUL_RE(wr, wi, dr_, di_), pi_ = TS_CMUL_IM(wr, wi, dr_, di_);              \
+      outr = er_ + (sg) * pi_; outi = ei_ - (sg) * pr_;                                      \
+    } else {                                                                                 \
+      T qr_ = TS_CMUL_RE(-(wr), wi, -dr_, di_), qi_ = TS_CMUL_IM(-(wr), wi, -dr_, di_);      \
+      outr = er_ + (sg) * qi_; outi = -ei_ - (sg) * qr_;                                     \
+    }                                                                                        \
+  } while (0)
+
 static void ts_fft_untangle_{S}({T}* re, {T}* im, const {T}* rtw, int64_t h, int64_t V,
                                 int forward) {
   const {T} f = forward ? ({T})0.5 : ({T})1, sg = forward ? ({T})1 : ({T})-1;
@@ -836,44 +850,197 @@ static void ts_fft_untangle_{S}({T}* re, {T}* im, const {T}* rtw, int64_t h, int
     {T}* li = im + l * V;
     #pragma omp simd
     for (int64_t v = 0; v < V; ++v) {
-      {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v];
-      {T} er = f * (ar + br), ei = f * (ai - bi), dr = f * (ar - br), di = f * (ai + bi);
-      {T} pr = TS_CMUL_RE(wr, wi, dr, di), pi = TS_CMUL_IM(wr, wi, dr, di);
-      {T} qr = TS_CMUL_RE(-wr, wi, -dr, di), qi = TS_CMUL_IM(-wr, wi, -dr, di);
-      kr[v] = er + sg * pi; ki[v] = ei - sg * pr;
-      if (l != k) { lr[v] = er + sg * qi; li[v] = -ei - sg * qr; }
+      {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v], xr, xi, yr, yi;
+      TS_FFT_UNTANGLE({T}, f, sg, wr, wi, ar, ai, br, bi, 0, xr, xi);
+      TS_FFT_UNTANGLE({T}, f, sg, wr, wi, ar, ai, br, bi, 1, yr, yi);
+      kr[v] = xr; ki[v] = xi;
+      if (l != k) { lr[v] = yr; li[v] = yi; }
     }
   }
 }
 
-static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int64_t ld,
-                     int kind) {
+/* Lines in and out of the stages' element-major planes (element k of lane v at k * V + v).
+   A line's element k lies at x + v * ld + k * step (its real part; the imaginary part `im`
+   further): rows of planes (step 1, im a plane's size) or of pairs as a complex array holds
+   them (step 2, im 1; a real line of even n read as n/2 pairs). They go a square tile at a
+   time through a stack tile of rows (the parts apart, negated for conj), which the vector
+   tiles transpose: the lines are read and written once, where a caller's gather into planes
+   and scatter back cost more than the transposes (rfft 4096x1024: 25% of the call against
+   11%). Full tiles of pairs run with constant bounds (vector deinterleaving). */
+#define TS_FFT_SQ 16          /* a square tile's side (the widest vector tile, TS_FFT_TILE_F32) */
+
+/* one tile: rows x cols elements from x (lane-major) to tr, ti (lane r's row at SQ r) */
+static inline void ts_fft_rows_in_{S}(const {T}* restrict x, int64_t ld, int64_t im,
+                                      int64_t step, int64_t rows, int64_t cols, {T}* tr,
+                                      {T}* ti) {
+  if (step == 2 && im == 1 && rows == TS_FFT_SQ && cols == TS_FFT_SQ) {
+    for (int64_t r = 0; r < TS_FFT_SQ; ++r) {
+      const {T}* s = x + r * ld;
+      #pragma omp simd
+      for (int64_t c = 0; c < TS_FFT_SQ; ++c) {
+        tr[TS_FFT_SQ * r + c] = s[2 * c]; ti[TS_FFT_SQ * r + c] = s[2 * c + 1];
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      tr[TS_FFT_SQ * r + c] = x[r * ld + c * step];
+      ti[TS_FFT_SQ * r + c] = x[r * ld + c * step + im];
+    }
+}
+
+/* one tile out: tr, ti (lane r's row at SQ r) to x, the imaginary parts only if both, times
+   scale unless it is 1 */
+static inline void ts_fft_rows_out_{S}(const {T}* tr, const {T}* ti, {T}* restrict x,
+                                       int64_t ld, int64_t im, int64_t step, int64_t rows,
+                                       int64_t cols, int both, {T} scale) {
+  const int scaled = scale != 1;
+  if (step == 2 && im == 1 && both && rows == TS_FFT_SQ && cols == TS_FFT_SQ) {
+    for (int64_t r = 0; r < TS_FFT_SQ; ++r) {
+      {T}* d = x + r * ld;
+      if (scaled) {
+        #pragma omp simd
+        for (int64_t c = 0; c < TS_FFT_SQ; ++c) {
+          d[2 * c] = tr[TS_FFT_SQ * r + c] * scale; d[2 * c + 1] = ti[TS_FFT_SQ * r + c] * scale;
+        }
+      } else {
+        #pragma omp simd
+        for (int64_t c = 0; c < TS_FFT_SQ; ++c) {
+          d[2 * c] = tr[TS_FFT_SQ * r + c]; d[2 * c + 1] = ti[TS_FFT_SQ * r + c];
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      {T} a = tr[TS_FFT_SQ * r + c], b = ti[TS_FFT_SQ * r + c];
+      x[r * ld + c * step] = scaled ? a * scale : a;
+      if (both) x[r * ld + c * step + im] = scaled ? b * scale : b;
+    }
+}
+
+/* the planes re_, im_ (count elements of V lanes) from x, the imaginary parts negated if conj */
+static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int64_t step,
+                              {T}* restrict re_, {T}* restrict im_, int64_t V, int64_t count,
+                              int conj) {
+  if (step == 1 && !conj) {
+    ts_fft_transpose_{S}(x, ld, re_, V, V, count);
+    ts_fft_transpose_{S}(x + im, ld, im_, V, V, count);
+    return;
+  }
+  {T} tr[TS_FFT_SQ * TS_FFT_SQ], ti[TS_FFT_SQ * TS_FFT_SQ];
+  for (int64_t v0 = 0; v0 < V; v0 += TS_FFT_SQ)
+    for (int64_t k0 = 0; k0 < count; k0 += TS_FFT_SQ) {
+      int64_t rows = V - v0 < TS_FFT_SQ ? V - v0 : TS_FFT_SQ;
+      int64_t cols = count - k0 < TS_FFT_SQ ? count - k0 : TS_FFT_SQ;
+      ts_fft_rows_in_{S}(x + v0 * ld + k0 * step, ld, im, step, rows, cols, tr, ti);
+      if (conj) ts_fft_negate_{S}(ti, TS_FFT_SQ * (rows - 1) + cols);
+      ts_fft_transpose_{S}(tr, TS_FFT_SQ, re_ + k0 * V + v0, V, rows, cols);
+      ts_fft_transpose_{S}(ti, TS_FFT_SQ, im_ + k0 * V + v0, V, rows, cols);
+    }
+}
+
+/* the planes' count elements of V lanes out to x (as ts_fft_gather reads them), the imaginary
+   parts only if both, negated if conj, times scale unless it is 1 (the caller's product).
+   rtw: a forward real transform's Z (h = count - 1 elements), untangled on the way (the
+   untangling's own operations, each result from its pair: no pass of its own over the
+   planes; a tile of partners h - k written backwards cost more than the pairs twice). */
+static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_, int64_t V,
+                               {T}* restrict x, int64_t ld, int64_t im, int64_t step,
+                               int64_t count, int both, int conj, {T} scale,
+                               const {T}* rtw) {
+  if (step == 1 && scale == 1 && !conj && !rtw) {
+    ts_fft_transpose_{S}(re_, V, x, ld, count, V);
+    if (both) ts_fft_transpose_{S}(im_, V, x + im, ld, count, V);
+    return;
+  }
+  const int64_t h = count - 1;
+  {T} tr[TS_FFT_SQ * TS_FFT_SQ], ti[TS_FFT_SQ * TS_FFT_SQ];
+  {T} ur[TS_FFT_SQ * TS_FFT_SQ], ui[TS_FFT_SQ * TS_FFT_SQ];  /* untangled, element-major */
+  for (int64_t v0 = 0; v0 < V; v0 += TS_FFT_SQ)
+    for (int64_t k0 = 0; k0 < count; k0 += TS_FFT_SQ) {
+      int64_t rows = V - v0 < TS_FFT_SQ ? V - v0 : TS_FFT_SQ;
+      int64_t cols = count - k0 < TS_FFT_SQ ? count - k0 : TS_FFT_SQ;
+      const {T}* sr = re_ + k0 * V + v0;
+      const {T}* si = im_ + k0 * V + v0;
+      int64_t sld = V;
+      if (rtw) {
+        const {T}* zr = re_ + v0;
+        const {T}* zi = im_ + v0;
+        for (int64_t c = 0; c < cols; ++c) {
+          /* X_k from the pair (a, h - a), a = min(k, h - k): k's member or its partner's */
+          int64_t k = k0 + c, other = 2 * k > h, a = other ? h - k : k, b = h - a;
+          {T}* xr = ur + TS_FFT_SQ * c;
+          {T}* xi = ui + TS_FFT_SQ * c;
+          if (k == 0 || k == h) {                  /* X_0 and X_h from Z_0, real */
+            #pragma omp simd
+            for (int64_t v = 0; v < rows; ++v) {
+              xr[v] = k ? zr[v] - zi[v] : zr[v] + zi[v]; xi[v] = 0;
+            }
+            continue;
+          }
+          const {T} wr = rtw[2 * a], wi = rtw[2 * a + 1];
+          #pragma omp simd
+          for (int64_t v = 0; v < rows; ++v)
+            TS_FFT_UNTANGLE({T}, ({T})0.5, ({T})1, wr, wi, zr[a * V + v], zi[a * V + v],
+                            zr[b * V + v], zi[b * V + v], other, xr[v], xi[v]);
+        }
+        sr = ur; si = ui; sld = TS_FFT_SQ;
+      }
+      ts_fft_transpose_{S}(sr, sld, tr, TS_FFT_SQ, cols, rows);
+      if (both) ts_fft_transpose_{S}(si, sld, ti, TS_FFT_SQ, cols, rows);
+      if (conj && both) ts_fft_negate_{S}(ti, TS_FFT_SQ * (rows - 1) + cols);
+      ts_fft_rows_out_{S}(tr, ti, x + v0 * ld + k0 * step, ld, im, step, rows, cols, both,
+                          scale);
+    }
+}
+
+/* The transforms of `lanes` lines from src to dst (in place where they are the same rows of
+   planes), each line's elements as ts_fft_gather reads them (src: ld sld, imaginary parts sim
+   further; dst: dld, dim; both at element step `step`), the results times scale unless it is
+   1. Kind 2 gives n/2 + 1 frequencies (an even n's line read as n/2 pairs), kind 3 takes
+   n/2 + 1 (an even n's real line written as n/2 pairs, an odd one's real parts alone). The
+   conjugations of the inverses and a forward real transform's untangling ride on the way in
+   and out where the lines move (one pass over the planes each the fewer). */
+static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sim, {T}* dst, int64_t dld,
+                     int64_t dim, int64_t step, int64_t n, int64_t lanes, int kind,
+                     {T} scale) {
+  /* the elements each kind takes and gives per line */
+  int even_real = kind >= 2 && n % 2 == 0;
+  int64_t h = n / 2, count_in = kind == 3 ? h + 1 : (even_real ? h : n);
+  int64_t count_out = kind == 2 ? h + 1 : (even_real ? h : n);
+  int both = kind != 3 || even_real;
+  int64_t V = lanes;
+  /* one line of planes in place is its own element-major layout */
+  int in_place = V == 1 && step == 1 && src == dst && sim == dim && scale == 1;
   if (n <= 1) {                                    /* a one-point transform is the identity */
-    if (n == 1 && kind >= 2) for (int64_t v = 0; v < lanes; ++v) rows_im[v * ld] = 0;
+    for (int64_t v = 0; v < V && n == 1; ++v) {
+      {T} r = src[v * sld], i = kind >= 2 ? 0 : src[v * sld + sim];
+      dst[v * dld] = scale != 1 ? r * scale : r;
+      if (both) dst[v * dld + dim] = scale != 1 ? i * scale : i;
+    }
     return 0;
   }
-  int even_real = kind >= 2 && n % 2 == 0;
   ts_fft_plan_{S}* own = 0;
   const ts_fft_plan_{S}* p = ts_fft_lookup_{S}(n, even_real, &own);
   if (!p) return 1;
-  int64_t V = lanes, body = ts_fft_work_{S}(p, V), planes = V > 1 ? 2 * (n + 1) * V : 0;
+  int64_t body = ts_fft_work_{S}(p, V), planes = in_place ? 0 : 2 * (n + 1) * V;
   {T}* work = ts_scratch_{S}((size_t)(body + planes));
   if (!work) { ts_fft_free_{S}(own); return 1; }
-  /* the elements each kind takes and gives per line */
-  int64_t h = n / 2, count_in = kind == 3 ? h + 1 : (even_real ? h : n);
-  int64_t count_out = kind == 2 ? h + 1 : (even_real ? h : n);
-  {T}* re = rows_re;
-  {T}* im = rows_im;
-  if (V > 1) {                                     /* (one line: the two layouts agree) */
-    re = work + body; im = re + (n + 1) * V;
-    ts_fft_transpose_{S}(rows_re, ld, re, V, V, count_in);
-    ts_fft_transpose_{S}(rows_im, ld, im, V, V, count_in);
-  }
+  {T}* re = in_place ? dst : work + body;
+  {T}* im = in_place ? dst + dim : re + (n + 1) * V;
+  int conj_in = kind == 1 && !in_place, conj_out = kind % 2 && !in_place;
+  const {T}* untangle = 0;                          /* (the forward real one, on the way out) */
+  if (!in_place) ts_fft_gather_{S}(src, sld, sim, step, re, im, V, count_in, conj_in);
   if (kind == 0 || (kind == 2 && !even_real)) {    /* (odd real lines: zero imaginary parts) */
     ts_fft_run_{S}(p, re, im, V, work);
     if (kind == 2) for (int64_t v = 0; v < V; ++v) im[v] = 0;
   } else if (kind == 1) {
-    ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work); ts_fft_negate_{S}(im, n * V);
+    if (in_place) ts_fft_negate_{S}(im, n * V);
+    ts_fft_run_{S}(p, re, im, V, work);
+    if (in_place) ts_fft_negate_{S}(im, n * V);
   } else if (kind == 3 && !even_real) {            /* odd n: the Hermitian line, inverted */
     for (int64_t v = 0; v < V; ++v) im[v] = 0;
     for (int64_t k = 1; k <= h; ++k)
@@ -884,11 +1051,15 @@ static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int6
   } else if (kind == 2) {
     /* Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
     ts_fft_run_{S}(p->sub, re, im, V, work);
-    for (int64_t v = 0; v < V; ++v) {
-      {T} z0r = re[v], z0i = im[v];
-      re[v] = z0r + z0i; im[v] = 0; re[h * V + v] = z0r - z0i; im[h * V + v] = 0;
+    if (in_place) {
+      for (int64_t v = 0; v < V; ++v) {
+        {T} z0r = re[v], z0i = im[v];
+        re[v] = z0r + z0i; im[v] = 0; re[h * V + v] = z0r - z0i; im[h * V + v] = 0;
+      }
+      ts_fft_untangle_{S}(re, im, p->rtw, h, V, 1);
+    } else {
+      untangle = p->rtw;
     }
-    ts_fft_untangle_{S}(re, im, p->rtw, h, V, 1);
   } else {
     /* Z_k = (X_k + conj X_{h-k}) + i W^-k (X_k - conj X_{h-k}); x = IFFT_h(Z), unnormalised */
     for (int64_t v = 0; v < V; ++v) {
@@ -897,12 +1068,11 @@ static int ts_fft_{S}({T}* rows_re, {T}* rows_im, int64_t n, int64_t lanes, int6
     }
     ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);
     ts_fft_negate_{S}(im, h * V); ts_fft_run_{S}(p->sub, re, im, V, work);
-    ts_fft_negate_{S}(im, h * V);
+    if (in_place) ts_fft_negate_{S}(im, h * V);
   }
-  if (V > 1) {
-    ts_fft_transpose_{S}(re, V, rows_re, ld, count_out, V);
-    if (kind != 3 || even_real) ts_fft_transpose_{S}(im, V, rows_im, ld, count_out, V);
-  }
+  if (!in_place)
+    ts_fft_scatter_{S}(re, im, V, dst, dld, dim, step, count_out, both, conj_out, scale,
+                       untangle);
   ts_fft_free_{S}(own);
   return 0;
 }
