@@ -1,13 +1,14 @@
 """fft: a batch of discrete Fourier transforms along one axis (the dft primitives of
 ops/spectral.py), with the elementwise prologue and views it gathers its lines through.
-CPU: blocks of lines in parallel; a block's lines are gathered into two private planes (real
-and imaginary parts, element-major, so the routine's vector instructions run across the
-lines), transformed in place by the FFT routine (routines/fft.c: mixed-radix Stockham,
-Bluestein for large prime factors, packed real transforms, cache-sized blocks of the stages for
-planes beyond L2) and scattered to the output times the norm's factor. A long complex line
-read as it lies (a complex array's parts) is one call of the routine from the input to the
-output, which reads and writes the pairs itself (lower_fft_pairs). A line is one fixed chain
-of operations whichever block or lane it is in, so neither threads nor the batch change a bit.
+CPU: blocks of lines in parallel, one call of the FFT routine a block (routines/fft.c:
+mixed-radix Stockham on two element-major planes, so its vector instructions run across the
+lines; Bluestein for large prime factors, packed real transforms, cache-sized blocks of the
+stages for planes beyond L2). Lines read as they lie and written where they go (a complex
+array's pairs, a real line of even n) the routine reads and writes itself (lower_fft_rows; a
+long complex line alone: lower_fft_pairs); lines computed on the way in (a spectral filter's
+weighting) are gathered here into rows of two private planes and scattered back times the
+norm's factor. A line is one fixed chain of operations whichever block or lane it is in, so
+neither threads nor the batch nor the path change a bit.
 GPUs: the routine's steps written in Tile IR (lower_fft_gpu), a block per line in shared
 memory or its part of the workspace, or for a long line each step a launch over the whole grid.
 """
@@ -163,12 +164,13 @@ def two(i, o):
 
 
 def lower_fft(k, code):
-    """Blocks of V lines (V: lanes_for), in parallel: each line gathered into a row of the
-    block's two planes (element j of lane v at v * ld + j; a real line of even n packed as n/2
-    complex values) through the group's prologue, one routine call for the block (which
-    transposes the rows for its vectors and back), each line scattered to the output times the
-    norm's factor. Rows keep the gather and scatter contiguous: element-major planes written
-    here cost twice the transform itself (rfft 4096x1024, Zen 4)."""
+    """Blocks of V lines (V: lanes_for), in parallel. Lines read in place go to lower_fft_rows
+    (a long complex line alone to lower_fft_pairs); the others are each gathered into a row of
+    the block's two planes (element j of lane v at v * ld + j; a real line of even n packed as
+    n/2 complex values) through the group's prologue, one routine call for the block (which
+    transposes the rows for its vectors and back, in place), each line scattered to the output
+    times the norm's factor. Rows keep the gather and scatter contiguous: element-major planes
+    written here cost twice the transform itself (rfft 4096x1024, Zen 4)."""
     names = Names()
     L = _Lines(k, names)
     node, kind, axis, d, n, packed = L.node, L.kind, L.axis, L.d, L.n, L.packed

@@ -883,6 +883,15 @@ static inline void ts_fft_rows_in_{S}(const {T}* restrict x, int64_t ld, int64_t
     }
     return;
   }
+  if (step == 1 && rows == TS_FFT_SQ && cols == TS_FFT_SQ) {   /* (rows of planes) */
+    for (int64_t r = 0; r < TS_FFT_SQ; ++r) {
+      #pragma omp simd
+      for (int64_t c = 0; c < TS_FFT_SQ; ++c) {
+        tr[TS_FFT_SQ * r + c] = x[r * ld + c]; ti[TS_FFT_SQ * r + c] = x[r * ld + im + c];
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       tr[TS_FFT_SQ * r + c] = x[r * ld + c * step];
@@ -909,6 +918,17 @@ static inline void ts_fft_rows_out_{S}(const {T}* tr, const {T}* ti, {T}* restri
         for (int64_t c = 0; c < TS_FFT_SQ; ++c) {
           d[2 * c] = tr[TS_FFT_SQ * r + c]; d[2 * c + 1] = ti[TS_FFT_SQ * r + c];
         }
+      }
+    }
+    return;
+  }
+  if (step == 1 && rows == TS_FFT_SQ && cols == TS_FFT_SQ) {   /* (rows of planes) */
+    for (int64_t r = 0; r < TS_FFT_SQ; ++r) {
+      {T}* d = x + r * ld;
+      #pragma omp simd
+      for (int64_t c = 0; c < TS_FFT_SQ; ++c) {
+        d[c] = scaled ? tr[TS_FFT_SQ * r + c] * scale : tr[TS_FFT_SQ * r + c];
+        if (both) d[im + c] = scaled ? ti[TS_FFT_SQ * r + c] * scale : ti[TS_FFT_SQ * r + c];
       }
     }
     return;
