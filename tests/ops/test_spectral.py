@@ -236,6 +236,33 @@ def test_rows_read_in_place_are_the_gathered_bits(dtype, rng):
             assert np.all(np.abs(got - ref) <= bound(dtype, n, size)), (f.__name__, n, kw)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lines_along_an_outer_axis_are_the_gathered_bits(dtype, rng):
+    """Lines along axis 0 read in place lie element-major (element k of every line in row k:
+    rfft2's column transforms), which the routine moves a row of lanes at a time: the same bits
+    as the lines gathered into planes, each kind (a real line's pairs a row apart, the inverse
+    real transform's output likewise), 37 lines (a block and its edge); a middle axis of a
+    3-D array (lines not equally spaced) is gathered, and agrees with NumPy."""
+    cd = np.complex64 if dtype == np.float32 else np.complex128
+    for n in (256, 30):
+        x = rng.standard_normal((n, 37)).astype(dtype)
+        z = crandn(rng, n, 37).astype(cd)
+        half = np.fft.rfft(x, axis=0).astype(cd)
+        for f, a, kw in [(op.rfft, x, {}), (op.fft, z, {}), (op.ifft, z, {"norm": "ortho"}),
+                         (op.irfft, half, {"n": n})]:
+            direct = ts.function(lambda v: f(v, axis=0, **kw))
+            gathered = ts.function(lambda v: f(v * 2, axis=0, **kw))
+            kind = f"ts_fft_{'f32' if dtype == np.float32 else 'f64'}((in0"
+            assert kind in direct.lower(a).target_code, (f.__name__, n)
+            assert direct(a * 2).tobytes() == gathered(a).tobytes(), (f.__name__, n, kw)
+    y = rng.standard_normal((3, 64, 5)).astype(dtype)
+    middle = ts.function(lambda v: op.rfft(v, axis=1))
+    assert "ts_fft_" in middle.lower(y).target_code
+    assert not any(f"ts_fft_{s}((in0" in middle.lower(y).target_code for s in ("f32", "f64"))
+    err = np.abs(middle(y) - np.fft.rfft(y.astype(np.float64), axis=1))
+    assert np.all(err <= np.moveaxis(bound(dtype, 64, np.moveaxis(y, 1, -1)), -1, 1))
+
+
 def test_bad_arguments_are_named(rng):
     x = np.zeros((3, 4), np.float32)
     with pytest.raises(ts.ShapeError, match="n=0"):

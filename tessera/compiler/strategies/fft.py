@@ -184,8 +184,8 @@ def lower_fft(k, code):
         return lower_fft_pairs(L, pairs, code)
     code_kind = KIND_CODE[kind, L.inverse]
     par = "parallel" if k.knobs.get("parallel") and -(-total // V) > 1 else "serial"
-    if rows := rows_in_place(L):
-        return lower_fft_rows(L, V, code_kind, rows, par, code)
+    if lines := lines_in_place(L):
+        return lower_fft_rows(L, V, code_kind, lines, par, code)
     plane = V * ld
     blk, cnt, v, line, j, buf = (names(w) for w in ("blk", "count", "v", "line", "j", "planes"))
     i64 = dt.int64
@@ -237,29 +237,29 @@ def lower_fft(k, code):
                           for p in (0, 1)])]
         return [Loop(j, n, jkind, [Store(out, at_out(jv), scaled(Load(buf, slot(0, jv))))])]
 
-    rows = (Addr(buf, Const(0)), Const(ld), Const(plane))      # (the routine in place)
+    rows = (Addr(buf, Const(0)), Const(ld), Const(1), Const(plane))   # (the routine in place)
     body = [Decl(cnt, i64, idx_min(Const(V), Bin("-", Const(total), idx_mul(Var(blk), Const(V))))),
             Scratch(buf, d, 2 * plane, code, [
                 per_line(gather),
-                Call(f"ts_fft_{d.short}", (*rows, *rows, Const(1), Const(n), Var(cnt),
-                                           Const(code_kind), Const(1.0, d)),
+                Call(f"ts_fft_{d.short}", (*rows, *rows, Const(n), Var(cnt), Const(code_kind),
+                                           Const(1.0, d)),
                      f"fft:{d.short}", code),
                 per_line(scatter)])]
     return [Loop(blk, blocks, par, body)]
 
 
-def lower_fft_rows(L, V, code_kind, rows, par, code):
-    """Blocks of V lines read where they lie and written where they go (rows_in_place), one
-    routine call a block: its transposes read and write the pairs (the same values as a
-    gather into planes and a scatter back, so the same bits)."""
+def lower_fft_rows(L, V, code_kind, lines, par, code):
+    """Blocks of V lines read where they lie and written where they go (lines_in_place), one
+    routine call a block: its own moves read and write the pairs (the same values as a gather
+    into planes and a scatter back, so the same bits)."""
     names = Names()
-    buf, offset, sld, dld = rows
+    buf, offset, (sld, step, im), (dld, dstep, dim) = lines
     d, blk, cnt = L.d, names("blk"), names("count")
     first = idx_mul(Var(blk), Const(V))
     call = Call(f"ts_fft_{d.short}",
                 (Addr(buf.name, idx_add(Const(offset), idx_mul(first, Const(sld)))), Const(sld),
-                 Const(1), Addr(L.k.output.name, idx_mul(first, Const(dld))), Const(dld),
-                 Const(1), Const(2), Const(L.n), Var(cnt), Const(code_kind),
+                 Const(step), Const(im), Addr(L.k.output.name, idx_mul(first, Const(dld))),
+                 Const(dld), Const(dstep), Const(dim), Const(L.n), Var(cnt), Const(code_kind),
                  Const(L.node.attrs["scale"], d)),
                 f"fft:{d.short}", code)
     count = idx_min(Const(V), Bin("-", Const(L.total), first))
@@ -306,31 +306,33 @@ def line_spacing(L, strides):
     return strides[axes[-1][0]] if axes else 0
 
 
-def rows_in_place(L):
-    """(buffer, offset, input's line spacing, output's) where every line is read as it lies
-    and written where it goes as pairs one after another (a complex array's parts; a real line
-    of even n as n/2 pairs, in and out), the lines equally spaced: the routine then reads and
-    writes them itself (ts_fft at step 2), no planes gathered and scattered here. Else None."""
-    if L.kind == "r2c":
-        parts = L.packed and read_in_place(L)
-        if not parts or parts[0][2][L.axis] != 1:
-            return None
-        source = parts[0]
-    else:
-        count = L.n // 2 + 1 if L.kind == "c2r" else L.n
-        if L.domain[L.axis] != count or (L.kind == "c2r" and not L.packed) or \
-                not (parts := read_in_place(L)):
-            return None
-        (b0, o0, s0), (b1, o1, s1) = parts
-        if b0 is not b1 or o1 != o0 + 1 or s0 != s1 or s0[L.axis] != 2:
-            return None
-        source = parts[0]
-    if L.cout[L.axis] != (1 if L.kind == "c2r" else 2):
+def lines_in_place(L):
+    """Where every line is read as it lies and written where it goes, its elements pairs (a
+    complex array's parts; a real line of even n as n/2 pairs of neighbours along its axis, in
+    and out) and the lines equally spaced: (buffer, offset, and the routine's addressing of the
+    input and of the output, each (line spacing, element step, the imaginary part's offset)).
+    The routine then moves the lines itself (rows of pairs by tiles, lines along an outer axis
+    a row of lanes at a time): no planes gathered and scattered here. Else None."""
+    if L.kind == "c2r" and (not L.packed or L.domain[L.axis] != L.n // 2 + 1) or \
+            L.kind == "r2c" and not L.packed or L.kind == "c2c" and L.domain[L.axis] != L.n:
         return None
-    sld, dld = line_spacing(L, source[2]), line_spacing(L, L.cout)
+    parts = read_in_place(L)
+    if not parts:
+        return None
+    buf, offset, strides = parts[0]
+    if L.kind == "r2c":                           # (x_2j, x_2j+1): neighbours along the axis
+        step, im = 2 * strides[L.axis], strides[L.axis]
+    else:
+        (b1, o1, s1) = parts[1]
+        if b1 is not buf or o1 != offset + 1 or s1 != strides:
+            return None
+        step, im = strides[L.axis], 1
+    out = L.cout[L.axis]
+    dstep, dim = (2 * out, out) if L.kind == "c2r" else (out, 1)
+    sld, dld = line_spacing(L, strides), line_spacing(L, L.cout)
     if sld is None or dld is None:
         return None
-    return source[0], source[1], sld, dld
+    return buf, offset, (sld, step, im), (dld, dstep, dim)
 
 
 def lower_fft_pairs(L, source, code):

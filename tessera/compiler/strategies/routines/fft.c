@@ -1,13 +1,14 @@
 /* Fast Fourier transforms of `lanes` lines at once. Inside, the lines are two planes of {T},
    element-major (element k of line v at k * lanes + v), so every butterfly works on `lanes`
-   adjacent values: vector instructions across the lines. The lines come in and go out as rows:
-   of planes (the real parts re[v * ld + k], the imaginary parts a plane further) or of pairs
-   (re, im) as a complex array holds them, read and written where they lie.
+   adjacent values: vector instructions across the lines. The lines come in and go out where
+   they lie: rows of planes (the real parts re[v * ld + k], the imaginary parts a plane
+   further), rows of pairs (re, im) as a complex array holds them, or lines along an outer
+   axis (element k of every lane in one row).
 
-   ts_fft_{S}(src, sld, sim, dst, dld, dim, step, n, lanes, kind, scale), kind: 0 forward
-   complex, 1 inverse complex (unnormalised: n x), 2 real to complex, 3 complex to real
-   (unnormalised); element k of line v at src[v * sld + k * step] (its imaginary part sim
-   further), the results likewise at dst times scale. A real line of even n is n/2 complex
+   ts_fft_{S}(src, sld, sstep, sim, dst, dld, dstep, dim, n, lanes, kind, scale), kind: 0
+   forward complex, 1 inverse complex (unnormalised: n x), 2 real to complex, 3 complex to
+   real (unnormalised); element k of line v at src[v * sld + k * sstep] (its imaginary part
+   sim further), the results likewise at dst times scale. A real line of even n is n/2 complex
    values (x_2j real, x_2j+1 imaginary: a row of reals is its own pairs) and comes back the
    same way from kind 3; an odd one is n complex values with zero imaginary parts in, the real
    parts out. Kind 2 gives n/2 + 1 frequencies; kind 3 takes n/2 + 1, the imaginary parts of
@@ -838,6 +839,8 @@ static void ts_fft_negate_{S}({T}* x, int64_t count) {
     }                                                                                        \
   } while (0)
 
+/* (the inverse: the results' imaginary parts negated, as the inverse transform after it
+   wants them: every k < h is one of a pair's) */
 static void ts_fft_untangle_{S}({T}* re, {T}* im, const {T}* rtw, int64_t h, int64_t V,
                                 int forward) {
   const {T} f = forward ? ({T})0.5 : ({T})1, sg = forward ? ({T})1 : ({T})-1;
@@ -848,14 +851,21 @@ static void ts_fft_untangle_{S}({T}* re, {T}* im, const {T}* rtw, int64_t h, int
     {T}* ki = im + k * V;
     {T}* lr = re + l * V;
     {T}* li = im + l * V;
-    #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) {
-      {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v], xr, xi, yr, yi;
-      TS_FFT_UNTANGLE({T}, f, sg, wr, wi, ar, ai, br, bi, 0, xr, xi);
-      TS_FFT_UNTANGLE({T}, f, sg, wr, wi, ar, ai, br, bi, 1, yr, yi);
-      kr[v] = xr; ki[v] = xi;
-      if (l != k) { lr[v] = yr; li[v] = yi; }
+    /* (a loop per direction and per l == k: a branch inside kept gcc from vectorising) */
+#define TS_FFT_UNTANGLE_LOOP(NEG, BOTH)                                                     \
+    _Pragma("omp simd")                                                                      \
+    for (int64_t v = 0; v < V; ++v) {                                                        \
+      {T} ar = kr[v], ai = ki[v], br = lr[v], bi = li[v], xr, xi, yr, yi;                    \
+      TS_FFT_UNTANGLE({T}, f, sg, wr, wi, ar, ai, br, bi, 0, xr, xi);                        \
+      TS_FFT_UNTANGLE({T}, f, sg, wr, wi, ar, ai, br, bi, 1, yr, yi);                        \
+      kr[v] = xr; ki[v] = NEG xi;                                                            \
+      if (BOTH) { lr[v] = yr; li[v] = NEG yi; }                                              \
     }
+    if (forward && l != k) { TS_FFT_UNTANGLE_LOOP(+, 1) }
+    else if (forward) { TS_FFT_UNTANGLE_LOOP(+, 0) }
+    else if (l != k) { TS_FFT_UNTANGLE_LOOP(-, 1) }
+    else { TS_FFT_UNTANGLE_LOOP(-, 0) }
+#undef TS_FFT_UNTANGLE_LOOP
   }
 }
 
@@ -941,6 +951,30 @@ static inline void ts_fft_rows_out_{S}(const {T}* tr, const {T}* ti, {T}* restri
     }
 }
 
+/* Lines along an outer axis move a row of lanes at a time, each row in another page (rfft2's
+   columns: 128 bytes every 4 KiB), which the hardware's prefetchers do not follow: the rows
+   TS_FFT_AHEAD further are asked for while these move (the column transforms of rfft2
+   4096x1024: 10.3 -> ms). */
+#ifndef TS_FFT_AHEAD
+#define TS_FFT_AHEAD 16
+static inline void ts_fft_prefetch(const void* p, size_t bytes, int write) {
+  for (size_t e = 0; e < bytes + 64; e += 64) {
+    if (e > bytes) e = bytes;                      /* (the last byte's line too) */
+    if (write) __builtin_prefetch((const char*)p + e, 1, 3);
+    else __builtin_prefetch((const char*)p + e, 0, 3);
+    if (e == bytes) break;
+  }
+}
+#endif
+
+/* whether lines at x (ld between lines, step between elements, imaginary parts im further)
+   lie element-major: a row of lanes per element, their values side by side (ld 1) or pairs
+   side by side (ld 2, im 1), as a transform's lines along an outer axis do; then each element's
+   row of lanes moves as it is, no tile transposed (lanes in rows of pairs go by tiles) */
+static inline int ts_fft_lanes_apart(int64_t V, int64_t ld, int64_t im, int64_t step) {
+  return V > 1 && !(step == 2 && im == 1) && (ld == 1 || (ld == 2 && im == 1));
+}
+
 /* the planes re_, im_ (count elements of V lanes) from x, the imaginary parts negated if conj */
 static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int64_t step,
                               {T}* restrict re_, {T}* restrict im_, int64_t V, int64_t count,
@@ -948,6 +982,24 @@ static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int
   if (step == 1 && !conj) {
     ts_fft_transpose_{S}(x, ld, re_, V, V, count);
     ts_fft_transpose_{S}(x + im, ld, im_, V, V, count);
+    return;
+  }
+  if (ts_fft_lanes_apart(V, ld, im, step)) {
+    for (int64_t k = 0; k < count; ++k) {
+      const {T}* s = x + k * step;
+      {T}* a = re_ + k * V;
+      {T}* b = im_ + k * V;
+      if (k + TS_FFT_AHEAD < count)
+        ts_fft_prefetch(s + TS_FFT_AHEAD * step, sizeof({T}) * (V - 1) * ld, 0);
+      if (ld == 2) {
+        #pragma omp simd
+        for (int64_t v = 0; v < V; ++v) { a[v] = s[2 * v]; b[v] = s[2 * v + 1]; }
+      } else {
+        #pragma omp simd
+        for (int64_t v = 0; v < V; ++v) { a[v] = s[v]; b[v] = s[im + v]; }
+      }
+      if (conj) ts_fft_negate_{S}(b, V);
+    }
     return;
   }
   {T} tr[TS_FFT_SQ * TS_FFT_SQ], ti[TS_FFT_SQ * TS_FFT_SQ];
@@ -962,11 +1014,33 @@ static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int
     }
 }
 
+/* X_k of lanes v0 .. v0 + rows of a forward real transform (h = n/2) from the planes' Z into
+   xr, xi: from the pair (a, h - a), a = min(k, h - k), k's member or its partner's (the
+   untangling's own operations) */
+static inline void ts_fft_untangled_{S}(const {T}* restrict re_, const {T}* restrict im_,
+                                        int64_t V, int64_t v0, int64_t rows, int64_t k,
+                                        int64_t h, const {T}* rtw, {T}* restrict xr,
+                                        {T}* restrict xi) {
+  const {T}* zr = re_ + v0;
+  const {T}* zi = im_ + v0;
+  if (k == 0 || k == h) {                          /* X_0 and X_h from Z_0, real */
+    #pragma omp simd
+    for (int64_t v = 0; v < rows; ++v) { xr[v] = k ? zr[v] - zi[v] : zr[v] + zi[v]; xi[v] = 0; }
+    return;
+  }
+  int64_t other = 2 * k > h, a = other ? h - k : k, b = h - a;
+  const {T} wr = rtw[2 * a], wi = rtw[2 * a + 1];
+  #pragma omp simd
+  for (int64_t v = 0; v < rows; ++v)
+    TS_FFT_UNTANGLE({T}, ({T})0.5, ({T})1, wr, wi, zr[a * V + v], zi[a * V + v],
+                    zr[b * V + v], zi[b * V + v], other, xr[v], xi[v]);
+}
+
 /* the planes' count elements of V lanes out to x (as ts_fft_gather reads them), the imaginary
    parts only if both, negated if conj, times scale unless it is 1 (the caller's product).
-   rtw: a forward real transform's Z (h = count - 1 elements), untangled on the way (the
-   untangling's own operations, each result from its pair: no pass of its own over the
-   planes; a tile of partners h - k written backwards cost more than the pairs twice). */
+   rtw: a forward real transform's Z (h = count - 1 elements), untangled on the way (no pass
+   of its own over the planes; a tile of partners h - k written backwards cost more than
+   computing each pair twice). */
 static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_, int64_t V,
                                {T}* restrict x, int64_t ld, int64_t im, int64_t step,
                                int64_t count, int both, int conj, {T} scale,
@@ -977,8 +1051,41 @@ static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_,
     return;
   }
   const int64_t h = count - 1;
+  const int scaled = scale != 1;
   {T} tr[TS_FFT_SQ * TS_FFT_SQ], ti[TS_FFT_SQ * TS_FFT_SQ];
   {T} ur[TS_FFT_SQ * TS_FFT_SQ], ui[TS_FFT_SQ * TS_FFT_SQ];  /* untangled, element-major */
+  if (ts_fft_lanes_apart(V, ld, im, step)) {
+    for (int64_t k = 0; k < count; ++k)
+      for (int64_t v0 = 0; v0 < V; v0 += TS_FFT_SQ) {
+        int64_t rows = V - v0 < TS_FFT_SQ ? V - v0 : TS_FFT_SQ;
+        const {T}* a = re_ + k * V + v0;
+        const {T}* b = im_ + k * V + v0;
+        if (rtw) {
+          ts_fft_untangled_{S}(re_, im_, V, v0, rows, k, h, rtw, ur, ui);
+          a = ur; b = ui;
+        }
+        {T}* d = x + k * step + v0 * ld;
+        if (k + TS_FFT_AHEAD < count)
+          ts_fft_prefetch(d + TS_FFT_AHEAD * step, sizeof({T}) * ((rows - 1) * ld + 1), 1);
+        {T} r[TS_FFT_SQ], i[TS_FFT_SQ];
+        #pragma omp simd
+        for (int64_t v = 0; v < rows; ++v) {
+          {T} c = conj ? -b[v] : b[v];
+          r[v] = scaled ? a[v] * scale : a[v];
+          i[v] = scaled ? c * scale : c;
+        }
+        if (ld == 2 && both) {
+          #pragma omp simd
+          for (int64_t v = 0; v < rows; ++v) { d[2 * v] = r[v]; d[2 * v + 1] = i[v]; }
+        } else {
+          #pragma omp simd
+          for (int64_t v = 0; v < rows; ++v) d[ld * v] = r[v];
+          if (both)
+            for (int64_t v = 0; v < rows; ++v) d[ld * v + (ld == 2 ? 1 : im)] = i[v];
+        }
+      }
+    return;
+  }
   for (int64_t v0 = 0; v0 < V; v0 += TS_FFT_SQ)
     for (int64_t k0 = 0; k0 < count; k0 += TS_FFT_SQ) {
       int64_t rows = V - v0 < TS_FFT_SQ ? V - v0 : TS_FFT_SQ;
@@ -987,26 +1094,9 @@ static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_,
       const {T}* si = im_ + k0 * V + v0;
       int64_t sld = V;
       if (rtw) {
-        const {T}* zr = re_ + v0;
-        const {T}* zi = im_ + v0;
-        for (int64_t c = 0; c < cols; ++c) {
-          /* X_k from the pair (a, h - a), a = min(k, h - k): k's member or its partner's */
-          int64_t k = k0 + c, other = 2 * k > h, a = other ? h - k : k, b = h - a;
-          {T}* xr = ur + TS_FFT_SQ * c;
-          {T}* xi = ui + TS_FFT_SQ * c;
-          if (k == 0 || k == h) {                  /* X_0 and X_h from Z_0, real */
-            #pragma omp simd
-            for (int64_t v = 0; v < rows; ++v) {
-              xr[v] = k ? zr[v] - zi[v] : zr[v] + zi[v]; xi[v] = 0;
-            }
-            continue;
-          }
-          const {T} wr = rtw[2 * a], wi = rtw[2 * a + 1];
-          #pragma omp simd
-          for (int64_t v = 0; v < rows; ++v)
-            TS_FFT_UNTANGLE({T}, ({T})0.5, ({T})1, wr, wi, zr[a * V + v], zi[a * V + v],
-                            zr[b * V + v], zi[b * V + v], other, xr[v], xi[v]);
-        }
+        for (int64_t c = 0; c < cols; ++c)
+          ts_fft_untangled_{S}(re_, im_, V, v0, rows, k0 + c, h, rtw, ur + TS_FFT_SQ * c,
+                               ui + TS_FFT_SQ * c);
         sr = ur; si = ui; sld = TS_FFT_SQ;
       }
       ts_fft_transpose_{S}(sr, sld, tr, TS_FFT_SQ, cols, rows);
@@ -1018,15 +1108,16 @@ static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_,
 }
 
 /* The transforms of `lanes` lines from src to dst (in place where they are the same rows of
-   planes), each line's elements as ts_fft_gather reads them (src: ld sld, imaginary parts sim
-   further; dst: dld, dim; both at element step `step`), the results times scale unless it is
-   1. Kind 2 gives n/2 + 1 frequencies (an even n's line read as n/2 pairs), kind 3 takes
-   n/2 + 1 (an even n's real line written as n/2 pairs, an odd one's real parts alone). The
-   conjugations of the inverses and a forward real transform's untangling ride on the way in
-   and out where the lines move (one pass over the planes each the fewer). */
-static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sim, {T}* dst, int64_t dld,
-                     int64_t dim, int64_t step, int64_t n, int64_t lanes, int kind,
-                     {T} scale) {
+   planes), element k of line v at src[v * sld + k * sstep] (its imaginary part sim further)
+   and likewise at dst (dld, dstep, dim): rows of planes, rows of pairs (a complex array's; a
+   real line of even n read as n/2 pairs), or lines along an outer axis, their lanes side by
+   side. The results times scale unless it is 1. Kind 2 gives n/2 + 1 frequencies, kind 3
+   takes n/2 + 1 (an even n's real line written as n/2 pairs, an odd one's real parts alone).
+   The conjugations of the inverses and a forward real transform's untangling ride on the way
+   in and out where the lines move (one pass over the planes each the fewer). */
+static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {T}* dst,
+                     int64_t dld, int64_t dstep, int64_t dim, int64_t n, int64_t lanes,
+                     int kind, {T} scale) {
   /* the elements each kind takes and gives per line */
   int even_real = kind >= 2 && n % 2 == 0;
   int64_t h = n / 2, count_in = kind == 3 ? h + 1 : (even_real ? h : n);
@@ -1034,7 +1125,8 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sim, {T}* dst, int64_
   int both = kind != 3 || even_real;
   int64_t V = lanes;
   /* one line of planes in place is its own element-major layout */
-  int in_place = V == 1 && step == 1 && src == dst && sim == dim && scale == 1;
+  int in_place = V == 1 && sstep == 1 && dstep == 1 && src == dst && sim == dim &&
+                 scale == 1;
   if (n <= 1) {                                    /* a one-point transform is the identity */
     for (int64_t v = 0; v < V && n == 1; ++v) {
       {T} r = src[v * sld], i = kind >= 2 ? 0 : src[v * sld + sim];
@@ -1053,7 +1145,7 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sim, {T}* dst, int64_
   {T}* im = in_place ? dst + dim : re + (n + 1) * V;
   int conj_in = kind == 1 && !in_place, conj_out = kind % 2 && !in_place;
   const {T}* untangle = 0;                          /* (the forward real one, on the way out) */
-  if (!in_place) ts_fft_gather_{S}(src, sld, sim, step, re, im, V, count_in, conj_in);
+  if (!in_place) ts_fft_gather_{S}(src, sld, sim, sstep, re, im, V, count_in, conj_in);
   if (kind == 0 || (kind == 2 && !even_real)) {    /* (odd real lines: zero imaginary parts) */
     ts_fft_run_{S}(p, re, im, V, work);
     if (kind == 2) for (int64_t v = 0; v < V; ++v) im[v] = 0;
@@ -1084,14 +1176,14 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sim, {T}* dst, int64_
     /* Z_k = (X_k + conj X_{h-k}) + i W^-k (X_k - conj X_{h-k}); x = IFFT_h(Z), unnormalised */
     for (int64_t v = 0; v < V; ++v) {
       {T} x0 = re[v], xh = re[h * V + v];
-      re[v] = x0 + xh; im[v] = x0 - xh;
+      re[v] = x0 + xh; im[v] = -(x0 - xh);
     }
-    ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);
-    ts_fft_negate_{S}(im, h * V); ts_fft_run_{S}(p->sub, re, im, V, work);
+    ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);  /* (conjugated: the inverse's) */
+    ts_fft_run_{S}(p->sub, re, im, V, work);
     if (in_place) ts_fft_negate_{S}(im, h * V);
   }
   if (!in_place)
-    ts_fft_scatter_{S}(re, im, V, dst, dld, dim, step, count_out, both, conj_out, scale,
+    ts_fft_scatter_{S}(re, im, V, dst, dld, dim, dstep, count_out, both, conj_out, scale,
                        untangle);
   ts_fft_free_{S}(own);
   return 0;
