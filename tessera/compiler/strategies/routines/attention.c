@@ -315,7 +315,9 @@ static void ts_attention_block_{S}(const {T}* Q, int64_t q_rs, const {T}* K, int
           const {T} mo = mr[l];
           const {T} mn = bm[l] > mo ? bm[l] : mo;
           mz[l] = mn == -INFINITY ? ({T})0 : mn;  /* nothing seen yet: exp(-inf - 0) = 0 */
-          ar[l] = mn == mo ? ({T})1 : ts_exp{F}(mo - mz[l]);
+          /* (the exp always, then a branchless select: with ?: over the call gcc left 16
+             scalar exps a step) */
+          ar[l] = ts_sel{F}(mn == mo, ({T})1, ts_exp{F}(mo - mz[l]));
           mr[l] = mn;
           blk[l] = 0;
         }
