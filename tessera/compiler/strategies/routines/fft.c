@@ -991,7 +991,12 @@ static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int
       {T}* b = im_ + k * V;
       if (k + TS_FFT_AHEAD < count)
         ts_fft_prefetch(s + TS_FFT_AHEAD * step, sizeof({T}) * (V - 1) * ld, 0);
-      if (ld == 2) {
+      if (ld == 2 && V % TS_FFT_SQ == 0) {          /* (whole vectors, constant bounds) */
+        for (int64_t v0 = 0; v0 < V; v0 += TS_FFT_SQ) {
+          #pragma omp simd
+          for (int64_t v = v0; v < v0 + TS_FFT_SQ; ++v) { a[v] = s[2 * v]; b[v] = s[2 * v + 1]; }
+        }
+      } else if (ld == 2) {
         #pragma omp simd
         for (int64_t v = 0; v < V; ++v) { a[v] = s[2 * v]; b[v] = s[2 * v + 1]; }
       } else {
@@ -1067,6 +1072,11 @@ static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_,
         {T}* d = x + k * step + v0 * ld;
         if (k + TS_FFT_AHEAD < count)
           ts_fft_prefetch(d + TS_FFT_AHEAD * step, sizeof({T}) * ((rows - 1) * ld + 1), 1);
+        if (ld == 2 && both && !conj && !scaled && rows == TS_FFT_SQ) {   /* (most often) */
+          #pragma omp simd
+          for (int64_t v = 0; v < TS_FFT_SQ; ++v) { d[2 * v] = a[v]; d[2 * v + 1] = b[v]; }
+          continue;
+        }
         {T} r[TS_FFT_SQ], i[TS_FFT_SQ];
         #pragma omp simd
         for (int64_t v = 0; v < rows; ++v) {
