@@ -101,7 +101,7 @@ static void ts_fft_free_{S}(ts_fft_plan_{S}* p) {
 }
 
 static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
-                           {T}* work);
+                           {T}* work, {T}** out);
 static int64_t ts_fft_work_{S}(const ts_fft_plan_{S}* p, int64_t lanes);
 
 static int64_t ts_fft_smooth_{S}(int64_t n) {   /* the least 2^a 3^b 5^c >= n */
@@ -151,7 +151,7 @@ static ts_fft_plan_{S}* ts_fft_complex_plan_{S}(int64_t n) {
       kre[k] = p->chirp[2 * k]; kim[k] = -p->chirp[2 * k + 1];
       if (k) { kre[p->m - k] = kre[k]; kim[p->m - k] = kim[k]; }
     }
-    ts_fft_run_{S}(p->sub, kre, kim, 1, w);
+    ts_fft_run_{S}(p->sub, kre, kim, 1, w, 0);
     free(w);
     {T} inv = ({T})(1.0 / (double)p->m);
     for (int64_t k = 0; k < 2 * p->m; ++k) p->kernel[k] *= inv;
@@ -750,11 +750,15 @@ static void ts_fft_blocked_{S}(const ts_fft_plan_{S}* p, const ts_fft_split* sp,
   }
 }
 
-/* The forward complex transform of `lanes` lines in place; work: ts_fft_work elements. */
+/* The forward complex transform of `lanes` lines in place; work: ts_fft_work elements. With
+   `out`, the passes may leave the result in the work planes instead (out[0], out[1]: where its
+   real and imaginary parts lie): they alternate between the line and one pair of work planes
+   whatever their count, so an odd count touches two pairs of planes, not three. */
 static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t lanes,
-                           {T}* work) {
+                           {T}* work, {T}** out) {
   int64_t n = p->n;
   ts_fft_split sp;
+  if (out) { out[0] = re; out[1] = im; }
   if (ts_fft_split_{S}(p, lanes, &sp)) {
     ts_fft_blocked_{S}(p, &sp, re, im, lanes, work, 0);
     return;
@@ -774,7 +778,7 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
       }
     }
     for (int64_t k = N; k < M; ++k) { ar[k] = 0; ai[k] = 0; }
-    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);
+    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M, 0);
     for (int64_t k = 0; k < m; ++k) {              /* times the kernel, conjugated */
       {T} br = kre[k], bi = kim[k];
       for (int64_t v = 0; v < lanes; ++v) {
@@ -783,7 +787,7 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
         ai[k * lanes + v] = -TS_CMUL_IM(xr, xi, br, bi);
       }
     }
-    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M);  /* the inverse: conj(F conj(.)) */
+    ts_fft_run_{S}(p->sub, ar, ai, lanes, work + 2 * M, 0);  /* the inverse: conj(F conj(.)) */
     for (int64_t k = 0; k < n; ++k) {
       {T} cr = p->chirp[2 * k], ci = p->chirp[2 * k + 1];
       for (int64_t v = 0; v < lanes; ++v) {
@@ -802,7 +806,7 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
   {T}* si = im;
   for (int i = 0, k = 0; i < p->nf; ++k) {
     {T}* dr;
-    if (p->passes % 2 == 0 || p->passes == 1) dr = sr == re ? work : re;
+    if (out || p->passes % 2 == 0 || p->passes == 1) dr = sr == re ? work : re;
     else if (k == p->passes - 1) dr = re;
     else dr = sr == work ? work + 2 * N : work;
     {T}* di = dr == re ? im : dr + N;
@@ -811,6 +815,7 @@ static void ts_fft_run_{S}(const ts_fft_plan_{S}* p, {T}* re, {T}* im, int64_t l
     sr = dr; si = di;
     for (int e = 0; e < step; ++e) { L /= p->radix[i]; s *= p->radix[i]; ++i; }
   }
+  if (out) { out[0] = sr; out[1] = si; return; }
   if (sr != re) {                                  /* (one pass) */
     memcpy(re, sr, sizeof({T}) * N);
     memcpy(im, si, sizeof({T}) * N);
@@ -1117,6 +1122,11 @@ static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_,
     }
 }
 
+/* re, im = where ts_fft_run left its result (at: its out, or 0 in place) */
+static inline void ts_fft_moved_{S}({T}** at, {T}** re, {T}** im) {
+  if (at) { *re = at[0]; *im = at[1]; }
+}
+
 /* The transforms of `lanes` lines from src to dst (in place where they are the same rows of
    planes), element k of line v at src[v * sld + k * sstep] (its imaginary part sim further)
    and likewise at dst (dld, dstep, dim): rows of planes, rows of pairs (a complex array's; a
@@ -1155,13 +1165,15 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
   {T}* im = in_place ? dst + dim : re + (n + 1) * V;
   int conj_in = kind == 1 && !in_place, conj_out = kind % 2 && !in_place;
   const {T}* untangle = 0;                          /* (the forward real one, on the way out) */
+  {T}* res[2];                                     /* where the passes left the result */
+  {T}** at = in_place ? 0 : res;
   if (!in_place) ts_fft_gather_{S}(src, sld, sim, sstep, re, im, V, count_in, conj_in);
   if (kind == 0 || (kind == 2 && !even_real)) {    /* (odd real lines: zero imaginary parts) */
-    ts_fft_run_{S}(p, re, im, V, work);
+    ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
     if (kind == 2) for (int64_t v = 0; v < V; ++v) im[v] = 0;
   } else if (kind == 1) {
     if (in_place) ts_fft_negate_{S}(im, n * V);
-    ts_fft_run_{S}(p, re, im, V, work);
+    ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
     if (in_place) ts_fft_negate_{S}(im, n * V);
   } else if (kind == 3 && !even_real) {            /* odd n: the Hermitian line, inverted */
     for (int64_t v = 0; v < V; ++v) im[v] = 0;
@@ -1169,10 +1181,10 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
       for (int64_t v = 0; v < V; ++v) {
         re[(n - k) * V + v] = re[k * V + v]; im[(n - k) * V + v] = -im[k * V + v];
       }
-    ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work);
+    ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
   } else if (kind == 2) {
     /* Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
-    ts_fft_run_{S}(p->sub, re, im, V, work);
+    ts_fft_run_{S}(p->sub, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
     if (in_place) {
       for (int64_t v = 0; v < V; ++v) {
         {T} z0r = re[v], z0i = im[v];
@@ -1189,7 +1201,7 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
       re[v] = x0 + xh; im[v] = -(x0 - xh);
     }
     ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);  /* (conjugated: the inverse's) */
-    ts_fft_run_{S}(p->sub, re, im, V, work);
+    ts_fft_run_{S}(p->sub, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
     if (in_place) ts_fft_negate_{S}(im, h * V);
   }
   if (!in_place)
@@ -1224,7 +1236,7 @@ static int ts_fft_pairs_{S}(const {T}* src, {T}* dst, int64_t n, int inverse, {T
   } else {                                          /* (the planes after the work) */
     {T}* re = work + body;
     ts_fft_unpair_{S}(re, re + n, src, n, inverse);
-    ts_fft_run_{S}(p, re, re + n, 1, work);
+    ts_fft_run_{S}(p, re, re + n, 1, work, 0);
     ts_fft_pair_{S}(dst, re, re + n, n, inverse, scale);
   }
   ts_fft_free_{S}(own);
