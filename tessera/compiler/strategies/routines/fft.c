@@ -970,7 +970,6 @@ static inline void ts_fft_prefetch(const void* p, size_t bytes, int write) {
     if (e == bytes) break;
   }
 }
-#endif
 
 /* whether lines at x (ld between lines, step between elements, imaginary parts im further)
    lie element-major: a row of lanes per element, their values side by side (ld 1) or pairs
@@ -979,6 +978,7 @@ static inline void ts_fft_prefetch(const void* p, size_t bytes, int write) {
 static inline int ts_fft_lanes_apart(int64_t V, int64_t ld, int64_t im, int64_t step) {
   return V > 1 && !(step == 2 && im == 1) && (ld == 1 || (ld == 2 && im == 1));
 }
+#endif
 
 /* the planes re_, im_ (count elements of V lanes) from x, the imaginary parts negated if conj */
 static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int64_t step,
@@ -1181,7 +1181,8 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
       for (int64_t v = 0; v < V; ++v) {
         re[(n - k) * V + v] = re[k * V + v]; im[(n - k) * V + v] = -im[k * V + v];
       }
-    ts_fft_negate_{S}(im, n * V); ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
+    ts_fft_negate_{S}(im, n * V);
+    ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
   } else if (kind == 2) {
     /* Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
     ts_fft_run_{S}(p->sub, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
