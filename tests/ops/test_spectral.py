@@ -263,6 +263,21 @@ def test_lines_along_an_outer_axis_are_the_gathered_bits(dtype, rng):
     assert np.all(err <= np.moveaxis(bound(dtype, 64, np.moveaxis(y, 1, -1)), -1, 1))
 
 
+def test_reversed_and_strided_lines_read_in_place(rng):
+    """Views read in place with negative or wider steps (a line reversed, the lines reversed,
+    every other element) go to the routine as they lie: the gathered bits, NumPy's values."""
+    x = rng.standard_normal((37, 132)).astype(np.float32)      # (66 points every other one)
+    for view in (lambda v: v[:, ::-1], lambda v: v[::-1], lambda v: v[:, ::2],
+                 lambda v: v[::-1, 1::2]):
+        direct = ts.function(lambda v: op.rfft(view(v)))
+        gathered = ts.function(lambda v: op.rfft(view(v) * 2))
+        assert "ts_fft_f32((in0" in direct.lower(x).target_code
+        got = direct(x * 2)
+        assert got.tobytes() == gathered(x).tobytes()
+        want = np.fft.rfft(view(x.astype(np.float64) * 2))
+        assert np.all(np.abs(got - want) <= bound(np.float32, want.shape[-1], view(x * 2)))
+
+
 def test_bad_arguments_are_named(rng):
     x = np.zeros((3, 4), np.float32)
     with pytest.raises(ts.ShapeError, match="n=0"):
