@@ -267,9 +267,10 @@ def lower_fft_rows(L, V, code_kind, lines, par, code):
 
 
 def read_in_place(L):
-    """(buffer, offset, strides per domain axis) of each of the transform's inputs (a real line,
-    or a complex one's two parts) where it is read from memory as it lies (no computation on
-    the way, a reshape renaming axes at most), else None."""
+    """(buffer, offset, strides per domain axis) of the transform's input where it is read from
+    memory as it lies (no computation on the way, a reshape renaming axes at most): a real
+    line's, or a complex one's whose imaginary parts lie one element after the real parts in
+    the same buffer (a complex array's pairs); else None."""
     parts = []
     for u in L.node.inputs[:1 if L.kind == "r2c" else 2]:
         m = L.k.group.maps.get(u.id) or identity_map(u.type.shape)
@@ -281,19 +282,20 @@ def read_in_place(L):
         if part is None or part[0].role == "inline":
             return None
         parts.append(part)
-    return parts
+    if len(parts) == 2:
+        (b0, o0, s0), (b1, o1, s1) = parts
+        if b0 is not b1 or o1 != o0 + 1 or s0 != s1:
+            return None
+    return parts[0]
 
 
 def paired_lines(L):
     """(buffer, offset, strides per domain axis) of a complex transform's input where its lines
     are read in place as they lie, pairs (re, im) one after another along the axis as in the
     output (the parts of a complex array, no computation on the way), else None."""
-    if L.kind != "c2c" or L.n != L.domain[L.axis] or not (parts := read_in_place(L)):
+    if L.kind != "c2c" or L.n != L.domain[L.axis] or not (source := read_in_place(L)):
         return None
-    (b0, o0, s0), (b1, o1, s1) = parts
-    if b0 is not b1 or o1 != o0 + 1 or s0 != s1 or s0[L.axis] != 2 or L.cout[L.axis] != 2:
-        return None
-    return parts[0]
+    return source if source[2][L.axis] == 2 and L.cout[L.axis] == 2 else None
 
 
 def line_spacing(L, strides):
@@ -313,19 +315,16 @@ def lines_in_place(L):
     input and of the output, each (line spacing, element step, the imaginary part's offset)).
     The routine then moves the lines itself (rows of pairs by tiles, lines along an outer axis
     a row of lanes at a time): no planes gathered and scattered here. Else None."""
-    if L.kind == "c2r" and (not L.packed or L.domain[L.axis] != L.n // 2 + 1) or \
-            L.kind == "r2c" and not L.packed or L.kind == "c2c" and L.domain[L.axis] != L.n:
+    if L.kind != "c2c" and not L.packed:          # (an odd real line is no pairs)
         return None
-    parts = read_in_place(L)
-    if not parts:
+    if L.domain[L.axis] != (L.n // 2 + 1 if L.kind == "c2r" else L.n):
+        return None                               # (cut or padded on the way in)
+    if not (source := read_in_place(L)):
         return None
-    buf, offset, strides = parts[0]
+    buf, offset, strides = source
     if L.kind == "r2c":                           # (x_2j, x_2j+1): neighbours along the axis
         step, im = 2 * strides[L.axis], strides[L.axis]
     else:
-        (b1, o1, s1) = parts[1]
-        if b1 is not buf or o1 != offset + 1 or s1 != strides:
-            return None
         step, im = strides[L.axis], 1
     out = L.cout[L.axis]
     dstep, dim = (2 * out, out) if L.kind == "c2r" else (out, 1)

@@ -1018,7 +1018,7 @@ static void ts_fft_gather_{S}(const {T}* restrict x, int64_t ld, int64_t im, int
       int64_t rows = V - v0 < TS_FFT_SQ ? V - v0 : TS_FFT_SQ;
       int64_t cols = count - k0 < TS_FFT_SQ ? count - k0 : TS_FFT_SQ;
       ts_fft_rows_in_{S}(x + v0 * ld + k0 * step, ld, im, step, rows, cols, tr, ti);
-      if (conj) ts_fft_negate_{S}(ti, TS_FFT_SQ * (rows - 1) + cols);
+      for (int64_t r = 0; r < rows && conj; ++r) ts_fft_negate_{S}(ti + TS_FFT_SQ * r, cols);
       ts_fft_transpose_{S}(tr, TS_FFT_SQ, re_ + k0 * V + v0, V, rows, cols);
       ts_fft_transpose_{S}(ti, TS_FFT_SQ, im_ + k0 * V + v0, V, rows, cols);
     }
@@ -1116,15 +1116,19 @@ static void ts_fft_scatter_{S}(const {T}* restrict re_, const {T}* restrict im_,
       }
       ts_fft_transpose_{S}(sr, sld, tr, TS_FFT_SQ, cols, rows);
       if (both) ts_fft_transpose_{S}(si, sld, ti, TS_FFT_SQ, cols, rows);
-      if (conj && both) ts_fft_negate_{S}(ti, TS_FFT_SQ * (rows - 1) + cols);
+      for (int64_t r = 0; r < rows && conj && both; ++r)
+        ts_fft_negate_{S}(ti + TS_FFT_SQ * r, cols);
       ts_fft_rows_out_{S}(tr, ti, x + v0 * ld + k0 * step, ld, im, step, rows, cols, both,
                           scale);
     }
 }
 
-/* re, im = where ts_fft_run left its result (at: its out, or 0 in place) */
-static inline void ts_fft_moved_{S}({T}** at, {T}** re, {T}** im) {
-  if (at) { *re = at[0]; *im = at[1]; }
+/* ts_fft_run, the result left where the passes stop unless in place: *re, *im follow it */
+static inline void ts_fft_run_moving_{S}(const ts_fft_plan_{S}* p, {T}** re, {T}** im,
+                                         int64_t lanes, {T}* work, int in_place) {
+  {T}* out[2];
+  ts_fft_run_{S}(p, *re, *im, lanes, work, in_place ? 0 : out);
+  if (!in_place) { *re = out[0]; *im = out[1]; }
 }
 
 /* The transforms of `lanes` lines from src to dst (in place where they are the same rows of
@@ -1148,7 +1152,7 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
   int in_place = V == 1 && sstep == 1 && dstep == 1 && src == dst && sim == dim &&
                  scale == 1;
   if (n <= 1) {                                    /* a one-point transform is the identity */
-    for (int64_t v = 0; v < V && n == 1; ++v) {
+    for (int64_t v = 0; n == 1 && v < V; ++v) {    /* (n == 0: nothing to write) */
       {T} r = src[v * sld], i = kind >= 2 ? 0 : src[v * sld + sim];
       dst[v * dld] = scale != 1 ? r * scale : r;
       if (both) dst[v * dld + dim] = scale != 1 ? i * scale : i;
@@ -1165,15 +1169,13 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
   {T}* im = in_place ? dst + dim : re + (n + 1) * V;
   int conj_in = kind == 1 && !in_place, conj_out = kind % 2 && !in_place;
   const {T}* untangle = 0;                          /* (the forward real one, on the way out) */
-  {T}* res[2];                                     /* where the passes left the result */
-  {T}** at = in_place ? 0 : res;
   if (!in_place) ts_fft_gather_{S}(src, sld, sim, sstep, re, im, V, count_in, conj_in);
   if (kind == 0 || (kind == 2 && !even_real)) {    /* (odd real lines: zero imaginary parts) */
-    ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
+    ts_fft_run_moving_{S}(p, &re, &im, V, work, in_place);
     if (kind == 2) for (int64_t v = 0; v < V; ++v) im[v] = 0;
   } else if (kind == 1) {
     if (in_place) ts_fft_negate_{S}(im, n * V);
-    ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
+    ts_fft_run_moving_{S}(p, &re, &im, V, work, in_place);
     if (in_place) ts_fft_negate_{S}(im, n * V);
   } else if (kind == 3 && !even_real) {            /* odd n: the Hermitian line, inverted */
     for (int64_t v = 0; v < V; ++v) im[v] = 0;
@@ -1182,10 +1184,10 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
         re[(n - k) * V + v] = re[k * V + v]; im[(n - k) * V + v] = -im[k * V + v];
       }
     ts_fft_negate_{S}(im, n * V);
-    ts_fft_run_{S}(p, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
+    ts_fft_run_moving_{S}(p, &re, &im, V, work, in_place);
   } else if (kind == 2) {
     /* Z = FFT_h(z); X_k = (Z_k + conj Z_{h-k})/2 - i W^k (Z_k - conj Z_{h-k})/2 */
-    ts_fft_run_{S}(p->sub, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
+    ts_fft_run_moving_{S}(p->sub, &re, &im, V, work, in_place);
     if (in_place) {
       for (int64_t v = 0; v < V; ++v) {
         {T} z0r = re[v], z0i = im[v];
@@ -1202,7 +1204,7 @@ static int ts_fft_{S}(const {T}* src, int64_t sld, int64_t sstep, int64_t sim, {
       re[v] = x0 + xh; im[v] = -(x0 - xh);
     }
     ts_fft_untangle_{S}(re, im, p->rtw, h, V, 0);  /* (conjugated: the inverse's) */
-    ts_fft_run_{S}(p->sub, re, im, V, work, at); ts_fft_moved_{S}(at, &re, &im);
+    ts_fft_run_moving_{S}(p->sub, &re, &im, V, work, in_place);
     if (in_place) ts_fft_negate_{S}(im, h * V);
   }
   if (!in_place)
