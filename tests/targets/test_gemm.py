@@ -39,6 +39,12 @@ def test_rows_and_tiles_do_not_change_bits(rng):
     for tile in [(6, 32, 8), (17, 5, 70), (150, 90, 1)]:
         f = ts.function(lambda a, b: op.matmul(a, b, tile_shape=tile))
         assert f(a, b).tobytes() == full.tobytes(), tile
+    # A's rows read in place by the micro-kernel (the last partial panel packed) against A
+    # packed from a transposed view, every tile
+    at = np.ascontiguousarray(a.T)
+    for tile in [(6, 32, 8), (17, 5, 70), (64, 96, 256)]:
+        f = ts.function(lambda at, b: op.matmul(at.T, b, tile_shape=tile))
+        assert f(at, b).tobytes() == full.tobytes(), tile
 
 
 def test_batched_with_broadcast_batch(rng):

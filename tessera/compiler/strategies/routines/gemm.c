@@ -1,8 +1,9 @@
 #define TS_NR_{S} (TS_NV * TS_VL_{S})
 /* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. Rows contiguous along k (A
-   itself, not a transposed view) go through the transposition's 8 x 8 register squares
-   (transpose.c): element by element, each k gathered MR rows apart, was a quarter of a
-   256 x 512 x 512 product's time. */
+   itself, not a transposed view; ts_gemm_tile packs only a last partial panel of those, the
+   convolution all) go through the transposition's 8 x 8 register squares (transpose.c):
+   element by element, each k gathered MR rows apart, was a quarter of a 256 x 512 x 512
+   product's time. */
 static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int64_t csa,
                           {T}* pa) {
   for (int64_t ir = 0; ir < mc; ir += TS_MR, pa += TS_MR * kc) {
@@ -11,6 +12,12 @@ static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int
       ts_transpose_{S}(A + ir * rsa, rsa, pa, TS_MR, kc, m);
       for (int64_t k = 0; k < kc && m < TS_MR; ++k)
         for (int64_t r = m; r < TS_MR; ++r) pa[k * TS_MR + r] = 0;
+      continue;
+    }
+    if (rsa == 1 && m == TS_MR) {      /* a transposed A (x.T @ d): each k's MR rows side by
+                                          side in memory */
+      for (int64_t k = 0; k < kc; ++k)
+        memcpy(pa + k * TS_MR, A + ir + k * csa, sizeof({T}) * TS_MR);
       continue;
     }
     if (m == TS_MR) {                  /* whole micro-panels: no test per element */
@@ -49,9 +56,11 @@ static void ts_pack_b_{S}(int64_t kc, int64_t nc, const {T}* B, int64_t rsb, int
   }
 }
 
-/* C[0:m, 0:n] (+)= a-panel @ b-panel over kc: MR x NV vector accumulators in registers. */
-static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict b,
-                         {T}* restrict c, int64_t ldc, int64_t m, int64_t n, int first) {
+/* C[0:m, 0:n] (+)= a-panel @ b-panel over kc: MR x NV vector accumulators in registers. A's
+   element (r, k) at a[r * ars + k * aks]: a packed panel (1, MR) or MR rows in place (lda, 1). */
+static inline __attribute__((always_inline)) void ts_micro_at_{S}(
+    int64_t kc, const {T}* restrict a, int64_t ars, int64_t aks, const {T}* restrict b,
+    {T}* restrict c, int64_t ldc, int64_t m, int64_t n, int first) {
   ts_v_{S} acc[TS_MR][TS_NV];
   {T} edge[TS_MR * TS_NR_{S}];
   int full = m == TS_MR && n == TS_NR_{S};
@@ -77,7 +86,7 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
     for (int v = 0; v < TS_NV; ++v) bv[v] = ts_vload_{S}(b + k * TS_NR_{S} + v * TS_VL_{S});
 #pragma GCC unroll 16
     for (int r = 0; r < TS_MR; ++r) {
-      ts_v_{S} ar = ts_vset1_{S}(a[k * TS_MR + r]);
+      ts_v_{S} ar = ts_vset1_{S}(a[k * aks + r * ars]);
 #pragma GCC unroll 4
       for (int v = 0; v < TS_NV; ++v) acc[r][v] = ts_vfma_{S}(ar, bv[v], acc[r][v]);
     }
@@ -91,6 +100,15 @@ static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict 
       for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = edge[r * TS_NR_{S} + j];
 }
 
+static void ts_micro_{S}(int64_t kc, const {T}* restrict a, const {T}* restrict b,
+                         {T}* restrict c, int64_t ldc, int64_t m, int64_t n, int first) {
+  ts_micro_at_{S}(kc, a, 1, TS_MR, b, c, ldc, m, n, first);
+}
+static void ts_micro_rows_{S}(int64_t kc, const {T}* restrict a, int64_t ars,
+                              const {T}* restrict b, {T}* restrict c, int64_t ldc, int64_t n,
+                              int first) {
+  ts_micro_at_{S}(kc, a, ars, 1, b, c, ldc, TS_MR, n, first);
+}
 /* One K block over packed panels: C[0:mt, 0:nt] (+)= pa @ pb. A row panel of A at a time
    against every column panel of B: A's panel stays in L1, B's panels stream from L2, and the
    micro-tiles walk along rows of C, which the prefetchers follow (C a column of micro-tiles
@@ -238,6 +256,9 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
     return;
   }
   if (KC <= 0) KC = 256;
+  int64_t blocks = (K + KC - 1) / KC;
+  KC = (K + blocks - 1) / blocks;     /* as many K blocks, evened out (784: 3 x 262, not 3 x 256
+                                         and a block of 16 that reloads all of C for little) */
   int64_t mp = (mt + TS_MR - 1) / TS_MR * TS_MR;
   int64_t np = (nt + TS_NR_{S} - 1) / TS_NR_{S} * TS_NR_{S};
   {T}* pa = ts_scratch_{S}((size_t)(mp + np) * (size_t)(K < KC ? K : KC));
@@ -249,6 +270,20 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
   for (int64_t pc = 0; pc < K; pc += KC) {
     int64_t kc = K - pc < KC ? K - pc : KC;
     ts_pack_b_{S}(kc, nt, B + pc * rsb, rsb, csb, pb);
+    if (csa == 1) {       /* rows of A along k: whole panels read in place (each k's MR
+                             broadcasts from MR rows), only a last partial one packed; packing
+                             them was 7-15% of a product's time (256 x 784 x 512 to 2048^3) */
+      int64_t mf = mt / TS_MR * TS_MR;
+      for (int64_t ir = 0; ir < mf; ir += TS_MR)
+        for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
+          ts_micro_rows_{S}(kc, A + ir * rsa + pc, rsa, pb + jr * kc, C + ir * ldc + jr, ldc,
+                            nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
+      if (mf < mt) {
+        ts_pack_a_{S}(mt - mf, kc, A + mf * rsa + pc, rsa, csa, pa);
+        ts_gemm_block_{S}(pa, pb, C + mf * ldc, ldc, kc, mt - mf, nt, pc == 0);
+      }
+      continue;
+    }
     ts_pack_a_{S}(mt, kc, A + pc * csa, rsa, csa, pa);
     ts_gemm_block_{S}(pa, pb, C, ldc, kc, mt, nt, pc == 0);
   }
