@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import threading
 
@@ -35,26 +36,32 @@ from ...runtime.toolchain import build, compiler_version, cpu_fingerprint, find_
 from ..strategies.routines import routine_text
 
 ENV = "TESSERA_GEMM_SHAPE"
-VERSION = 2                     # bump when the probe, the candidates or the routine change
+VERSION = 3                     # bump when the probe, the candidates or the routine change
 
 # (rows, vectors) per vector family, the ISA's own first; each fits its registers (AVX-512: 32,
 # AVX2: 16) with the B vectors and a broadcast.
 CANDIDATES = {"avx512": [(8, 2), (4, 4), (6, 4), (8, 3), (12, 2)],
               "avx2": [(6, 2), (4, 3), (4, 2)]}
-PROBE_N, PROBE_TILE, PROBE_ROUNDS = 1024, 256, 12   # about 2 GFLOP a run
+PROBE_ROUNDS = 12
 MARGIN = 1.03                   # another shape replaces the ISA's own only when this much faster
 
 # per kernel: the variable that forces its shape, its probe's driver (appended to a candidate's
-# float32 library) and entry, the probe's sizes and its flops
+# float32 library) and entry, and the products it times (the driver's arguments, their flops).
+# A kernel of several products is scored by the geometric mean of their rates: a shape that
+# wins a large product by a little can lose a small one by more (AVX-512 6x4 against 8x2 on a
+# Xeon: 4% faster at 2048^3, 3-5% slower at the MLP step's 256 x 784 x 512 in 128 x 128 tiles).
 KERNELS = {
+    # m, n, k, task tile rows and columns: 1024^3 in 256 x 256 tiles (2.1 GFLOP) and an MLP
+    # layer's 256 x 784 x 512 in 128 x 128 (0.2 GFLOP)
     "gemm": {"env": ENV, "what": "GEMM", "driver": routine_text("gemm_shape_probe.c"),
-             "probe": "ts_gemm_shape_probe", "args": (PROBE_N, PROBE_TILE),
-             "flops": 2 * PROBE_N ** 3},
+             "probe": "ts_gemm_shape_probe",
+             "products": [((1024, 1024, 1024, 256, 256), 2 * 1024 ** 3),
+                          ((256, 512, 784, 128, 128), 2 * 256 * 512 * 784)]},
     # 4 images of 128 channels 28x28 by a 3x3 kernel to 128 channels (ResNet's second stage):
     # one task an image, about 0.9 GFLOP a run
     "conv": {"env": "TESSERA_CONV_SHAPE", "what": "direct convolution",
              "driver": routine_text("conv_shape_probe.c"), "probe": "ts_conv_shape_probe",
-             "args": (128, 28), "flops": 2 * 4 * 128 * 28 * 28 * 128 * 9},
+             "products": [((128, 28), 2 * 4 * 128 * 28 * 28 * 128 * 9)]},
 }
 _lock = threading.Lock()
 _memo: dict[tuple, dict] = {}
@@ -115,7 +122,7 @@ def chosen_shape(level: str, library_source, compiler: str | None = None,
 def report(level: str | None, library_source, compiler: str | None = None,
            refresh: bool = False, kernel: str = "gemm") -> dict:
     """The measurement behind the kernel's choice for `level` (default: the host's): `shape`
-    [rows, vectors], `gflops` per candidate ("8x2": GFLOP/s), `kernel`, `family`, `threads`,
+    [rows, vectors], `gflops` per candidate ("8x2": GFLOP/s, the geometric mean over the kernel's products), `kernel`, `family`, `threads`,
     `key`. Measured once per machine and cached; `refresh=True` measures again."""
     level = isa.check_level(level or isa.host_level())
     fam = family(level)
@@ -164,19 +171,24 @@ def _measure(level, fam, cc, threads, key, library_source, kernel) -> dict:
                     f"the {k['what']} shape probe {shape[0]}x{shape[1]}", level, compiler=cc)
         probe = getattr(lib, k["probe"])
         probe.restype = ctypes.c_double
-        probe.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-        probe(*k["args"], 1)                                           # (warm: pages, threads)
+        probe.argtypes = [ctypes.c_int64] * len(k["products"][0][0]) + [ctypes.c_int]
+        for args, _ in k["products"]:
+            probe(*args, 1)                                            # (warm: pages, threads)
         probes[shape] = probe
-    best_s = {shape: float("inf") for shape in probes}
+    best_s = {(shape, i): float("inf") for shape in probes for i in range(len(k["products"]))}
     for _ in range(PROBE_ROUNDS):       # interleaved, the fastest run of each kept
         for shape, probe in probes.items():
-            s = probe(*k["args"], 1)
-            if s > 0:
-                best_s[shape] = min(best_s[shape], s)
-    gflops = {f"{r}x{v}": 1e-9 * k["flops"] / s for (r, v), s in best_s.items()}
+            for i, (args, _) in enumerate(k["products"]):
+                s = probe(*args, 1)
+                if s > 0:
+                    best_s[shape, i] = min(best_s[shape, i], s)
+    rate = {shape: math.prod(1e-9 * flops / best_s[shape, i]
+                             for i, (_, flops) in enumerate(k["products"]))
+            ** (1 / len(k["products"])) for shape in probes}
+    gflops = {f"{r}x{v}": g for (r, v), g in rate.items()}
     default = CANDIDATES[fam][0]
-    best = min(best_s, key=best_s.get)
-    if best_s[best] * MARGIN > best_s[default]:
+    best = max(rate, key=rate.get)
+    if rate[best] < rate[default] * MARGIN:
         best = default                  # within the noise: the ISA's own shape
     return {"shape": list(best), "gflops": gflops, "kernel": kernel, "family": fam,
             "level": level, "threads": threads, "key": key, "version": VERSION}

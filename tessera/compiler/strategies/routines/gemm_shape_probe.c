@@ -1,5 +1,5 @@
 /* The timing driver of the GEMM micro-kernel shape probe (compiler/target/gemm_shape.py),
-   appended to one candidate's float32 routine library: an n x n x n product in tile x tile
+   appended to one candidate's float32 routine library: an m x k by k x n product in tm x tn
    tasks over every thread, as programs run it; the best of `reps` runs in seconds (0 when out
    of memory). */
 #include <omp.h>
@@ -11,20 +11,21 @@ static double ts_probe_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-double ts_gemm_shape_probe(int64_t n, int64_t tile, int reps) {
-  float* a = (float*)malloc(sizeof(float) * (size_t)(3 * n * n));
+double ts_gemm_shape_probe(int64_t m, int64_t n, int64_t k, int64_t tm, int64_t tn,
+                           int reps) {
+  float* a = (float*)malloc(sizeof(float) * (size_t)(m * k + k * n + m * n));
   if (!a) return 0.0;
-  float *b = a + n * n, *c = b + n * n;
-  for (int64_t i = 0; i < 2 * n * n; ++i) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
-  int64_t per = (n + tile - 1) / tile, best_set = 0;
+  float *b = a + m * k, *c = b + k * n;
+  for (int64_t i = 0; i < m * k + k * n; ++i) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
+  int64_t pm = (m + tm - 1) / tm, pn = (n + tn - 1) / tn, best_set = 0;
   double best = 0.0;
   for (int r = 0; r < reps; ++r) {
     double t0 = ts_probe_now();
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < per * per; ++t) {
-      int64_t i0 = t / per * tile, j0 = t % per * tile;
-      int64_t mt = n - i0 < tile ? n - i0 : tile, nt = n - j0 < tile ? n - j0 : tile;
-      ts_gemm_tile_f32(a + i0 * n, n, 1, b + j0, n, 1, c + i0 * n + j0, n, n, mt, nt, 256);
+    for (int64_t t = 0; t < pm * pn; ++t) {
+      int64_t i0 = t / pn * tm, j0 = t % pn * tn;
+      int64_t mt = m - i0 < tm ? m - i0 : tm, nt = n - j0 < tn ? n - j0 : tn;
+      ts_gemm_tile_f32(a + i0 * k, k, 1, b + j0, n, 1, c + i0 * n + j0, n, k, mt, nt, 256);
     }
     double s = ts_probe_now() - t0;
     if (!best_set || s < best) best = s;
