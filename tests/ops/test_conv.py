@@ -553,6 +553,8 @@ COL2IM = [  # (image, kernel, stride, padding pairs, dilation)
     ((33, 29), (3, 3), (2, 2), ((1, 2), (1, 2)), (1, 1)),     # ceil mode's wider pad, rows
     ((40,), (5,), (2,), ((2, 2),), (1,)),                     # past a phase buffer's chunk
     ((5, 6, 7), (3, 2, 2), (2, 1, 2), ((1, 1), (0, 1), (1, 0)), (1, 2, 1)),           # 3-D
+    ((7, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),       # stride 1: no phases
+    ((4, 5, 6), (2, 3, 3), (2, 1, 1), ((0, 1), (1, 1), (1, 1)), (1, 1, 1)),   # strided slabs
 ]
 
 
@@ -567,6 +569,7 @@ def test_col2im_is_one_kernel_with_the_bits_of_the_placed_slices_chain(k, rng):
             zip(image, kernel, stride, pads, dil)]
     c = rng.standard_normal((2, 3, int(np.prod(kernel)), *grid)).astype(np.float32)
     c.flat[::3], c.flat[1::7], c.flat[::37], c.flat[1::41] = -0.0, 0.0, np.inf, np.nan
+    c[0, 0] = -0.0             # a plane of -0: -0 where every offset reaches, +0 elsewhere
     attrs = {"image": list(image), "kernel": list(kernel), "stride": list(stride),
              "padding": [list(p) for p in pads], "dilation": list(dil)}
     f = ts.function(lambda c: op.col2im(c, **attrs) * 2.0)
