@@ -401,8 +401,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
         for (int64_t j = 0; j < TS_NR_{S}; ++j) dst[j] = whole + j < cols ? line[whole + j] : 0;
       }
     }
-    ts_pack_a_{S}(mt, kc, W + pc, ldw, 1, pa);
-    ts_gemm_block_{S}(pa, pb, out, ldo, kc, mt, cols, pc == 0);
+    ts_gemm_block_rows_{S}(W + pc, ldw, pb, out, ldo, kc, mt, cols, pc == 0, pa);
   }
   if (nimg > 1)
     for (int64_t i = 0; i < nimg; ++i)

@@ -122,6 +122,24 @@ static void ts_gemm_block_{S}(const {T}* pa, const {T}* pb, {T}* C, int64_t ldc,
                    first);
 }
 
+/* The same K block with A's rows along k (A[r][k] at A + r * rsa + k: A itself, not a
+   transposed view): whole panels read in place (each k's MR broadcasts from MR rows), only a
+   last partial one packed into pa; packing them was 7-15% of a product's time (two threads on
+   a Xeon, 256 x 784 x 512 to 2048^3). The same chains as packed panels. */
+static void ts_gemm_block_rows_{S}(const {T}* A, int64_t rsa, const {T}* pb, {T}* C,
+                                   int64_t ldc, int64_t kc, int64_t mt, int64_t nt, int first,
+                                   {T}* pa) {
+  int64_t mf = mt / TS_MR * TS_MR;
+  for (int64_t ir = 0; ir < mf; ir += TS_MR)
+    for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
+      ts_micro_rows_{S}(kc, A + ir * rsa, rsa, pb + jr * kc, C + ir * ldc + jr, ldc,
+                        nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, first);
+  if (mf < mt) {
+    ts_pack_a_{S}(mt - mf, kc, A + mf * rsa, rsa, 1, pa);
+    ts_gemm_block_{S}(pa, pb, C + mf * ldc, ldc, kc, mt - mf, nt, first);
+  }
+}
+
 /* Few rows against B with contiguous rows (decoding's matrix-vector products, a small batch):
    B streams from memory, unpacked, four of its rows at a time (prefetched ahead), into the
    rows of C held in cache; each element is still the fma chain over k in order. */
@@ -270,21 +288,11 @@ static void ts_gemm_tile_{S}(const {T}* A, int64_t rsa, int64_t csa, const {T}* 
   for (int64_t pc = 0; pc < K; pc += KC) {
     int64_t kc = K - pc < KC ? K - pc : KC;
     ts_pack_b_{S}(kc, nt, B + pc * rsb, rsb, csb, pb);
-    if (csa == 1) {       /* rows of A along k: whole panels read in place (each k's MR
-                             broadcasts from MR rows), only a last partial one packed; packing
-                             them was 7-15% of a product's time (256 x 784 x 512 to 2048^3) */
-      int64_t mf = mt / TS_MR * TS_MR;
-      for (int64_t ir = 0; ir < mf; ir += TS_MR)
-        for (int64_t jr = 0; jr < nt; jr += TS_NR_{S})
-          ts_micro_rows_{S}(kc, A + ir * rsa + pc, rsa, pb + jr * kc, C + ir * ldc + jr, ldc,
-                            nt - jr < TS_NR_{S} ? nt - jr : TS_NR_{S}, pc == 0);
-      if (mf < mt) {
-        ts_pack_a_{S}(mt - mf, kc, A + mf * rsa + pc, rsa, csa, pa);
-        ts_gemm_block_{S}(pa, pb, C + mf * ldc, ldc, kc, mt - mf, nt, pc == 0);
-      }
-      continue;
+    if (csa == 1)
+      ts_gemm_block_rows_{S}(A + pc, rsa, pb, C, ldc, kc, mt, nt, pc == 0, pa);
+    else {
+      ts_pack_a_{S}(mt, kc, A + pc * csa, rsa, csa, pa);
+      ts_gemm_block_{S}(pa, pb, C, ldc, kc, mt, nt, pc == 0);
     }
-    ts_pack_a_{S}(mt, kc, A + pc * csa, rsa, csa, pa);
-    ts_gemm_block_{S}(pa, pb, C, ldc, kc, mt, nt, pc == 0);
   }
 }
