@@ -4,11 +4,12 @@ Cores that share an instruction set want different register blockings: Zen 4 run
 256-bit halves, Zen 5 and Intel's server cores on two full 512-bit FMA ports, with different load
 ports and latencies. So the first routine library built for a vector family (AVX-512, AVX2) on
 this machine times each candidate shape (rows of A x vectors of B's columns, its accumulators in
-registers) on a product run as programs run it (tasks over every thread) and keeps the fastest;
-the float32 and float64 GEMMs and the convolution's implicit GEMM use it. The direct
-convolution's micro-tile (routines/conv.c: output positions broadcast from the laid-out input
-rows, vectors of output channels) loads differently, so it is measured apart, the first time a
-convolution's library is built, on a convolution (`kernel="conv"`). Each choice is cached as
+registers) on products run as programs run them (tasks over every thread: a large one and an
+MLP layer's) and keeps the fastest by the geometric mean of its rates; the float32 and float64
+GEMMs and the convolution's implicit GEMM use it. The direct convolution's micro-tile
+(routines/conv.c: output positions broadcast from the laid-out input rows, vectors of output
+channels) loads differently, so it is measured apart, the first time a convolution's library is
+built, on a convolution (`kernel="conv"`). Each choice is cached as
 JSON beside the machine's peaks, keyed by kernel, CPU fingerprint, family, compiler and thread
 count.
 
@@ -122,8 +123,8 @@ def chosen_shape(level: str, library_source, compiler: str | None = None,
 def report(level: str | None, library_source, compiler: str | None = None,
            refresh: bool = False, kernel: str = "gemm") -> dict:
     """The measurement behind the kernel's choice for `level` (default: the host's): `shape`
-    [rows, vectors], `gflops` per candidate ("8x2": GFLOP/s, the geometric mean over the kernel's products), `kernel`, `family`, `threads`,
-    `key`. Measured once per machine and cached; `refresh=True` measures again."""
+    [rows, vectors], `gflops` per candidate ("8x2": GFLOP/s, the geometric mean over the
+    kernel's products), `kernel`, `family`, `threads`, `key`. Measured once per machine and cached; `refresh=True` measures again."""
     level = isa.check_level(level or isa.host_level())
     fam = family(level)
     if fam is None or not isa.runs_here(level):

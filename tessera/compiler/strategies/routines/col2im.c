@@ -31,7 +31,7 @@ static {T} ts_col2im_at_{S}(const ts_conv_geom* g, const {T}* cp, int64_t z, int
    its values land on), c (the window row, possibly negative, that lands on position h) and the
    range [lo, hi) of steps u whose position h + u s is in the image and whose row c + u is on
    the grid. */
-static inline void ts_col2im_axis(int64_t q, int64_t in, int64_t out, int64_t s, int64_t d,
+static inline void ts_col2im_axis_{S}(int64_t q, int64_t in, int64_t out, int64_t s, int64_t d,
                                   int64_t p, int64_t* h, int64_t* c, int64_t* lo, int64_t* hi) {
   *h = ((q * d - p) % s + s) % s;
   *c = (*h + p - q * d) / s;                       /* (exact: h + p - q d = 0 mod s) */
@@ -42,7 +42,7 @@ static inline void ts_col2im_axis(int64_t q, int64_t in, int64_t out, int64_t s,
 }
 
 /* Whether every tap along one axis puts a value on image position x. */
-static inline int ts_col2im_all(int64_t x, int64_t k, int64_t out, int64_t s, int64_t d,
+static inline int ts_col2im_all_{S}(int64_t x, int64_t k, int64_t out, int64_t s, int64_t d,
                                 int64_t p) {
   for (int64_t q = 0; q < k; ++q) {
     int64_t t = x + p - q * d;
@@ -72,12 +72,13 @@ static void ts_col2im_tile_{S}(const {T}* cols, {T}* out, int64_t in0, int64_t i
   const int64_t P = out0 * out1 * out2, H = (in1 + s1 - 1) / s1, W = (in2 + s2 - 1) / s2;
   const int64_t K = k0 * k1 * k2, I2 = in1 * in2;
   const int strided = s1 > 1 || s2 > 1;
-  const size_t ints = sizeof(int64_t) / sizeof({T}) + 1;
+  const size_t ints = sizeof(int64_t) / sizeof({T});   /* ({T}s an int64 takes) */
   /* scratch: the phase buffer, the last axis' + 0 row, then (int64) the plan's rectangles
      (dst, src, rows, columns) per slab and offset, their count per slab, whether every offset
      reaches each slab and each row, and each column's place in its phase block */
   size_t nbuf = strided ? (size_t)(s1 * s2 * H * W) : 0;
-  size_t need = nbuf + (size_t)in2 + 8 + ints * (size_t)(4 * in0 * K + 2 * in0 + in1 + in2 + 8);
+  size_t need = nbuf + (size_t)in2 +              /* (8 more ints: room to align them) */
+                ints * (size_t)(4 * in0 * K + 2 * in0 + in1 + in2 + 8);
   {T}* buf0 = K > 0 && I2 > 0 ? ts_scratch_{S}(need) : 0;
   if (!buf0) {                   /* no memory (or nothing to sum): element by element */
     for (int64_t i = 0; i < nimg; ++i)
@@ -95,20 +96,20 @@ static void ts_col2im_tile_{S}(const {T}* cols, {T}* out, int64_t in0, int64_t i
   int64_t* xat = yall + in1;
   for (int64_t x = 0; x < in2; ++x) xat[x] = (x % s2) * H * W + x / s2;
   for (int64_t x = 0; x < in2; ++x)
-    zrow[x] = ts_col2im_all(x, k2, out2, s2, d2, p2) ? -({T})0 : ({T})0;
-  for (int64_t y = 0; y < in1; ++y) yall[y] = ts_col2im_all(y, k1, out1, s1, d1, p1);
+    zrow[x] = ts_col2im_all_{S}(x, k2, out2, s2, d2, p2) ? -({T})0 : ({T})0;
+  for (int64_t y = 0; y < in1; ++y) yall[y] = ts_col2im_all_{S}(y, k1, out1, s1, d1, p1);
   for (int64_t z = 0; z < in0; ++z) {
-    zall[z] = ts_col2im_all(z, k0, out0, s0, d0, p0);
+    zall[z] = ts_col2im_all_{S}(z, k0, out0, s0, d0, p0);
     int64_t* r = rect + 4 * z * K, n = 0, j = 0;
     for (int64_t kz = 0; kz < k0; ++kz) {
       const int64_t tz = z + p0 - kz * d0;
       const int zreach = tz >= 0 && tz % s0 == 0 && tz / s0 < out0;
       for (int64_t ky = 0; ky < k1; ++ky) {
         int64_t hy, cy, ulo, uhi;
-        ts_col2im_axis(ky, in1, out1, s1, d1, p1, &hy, &cy, &ulo, &uhi);
+        ts_col2im_axis_{S}(ky, in1, out1, s1, d1, p1, &hy, &cy, &ulo, &uhi);
         for (int64_t kx = 0; kx < k2; ++kx, ++j) {
           int64_t hx, cx, wlo, whi;
-          ts_col2im_axis(kx, in2, out2, s2, d2, p2, &hx, &cx, &wlo, &whi);
+          ts_col2im_axis_{S}(kx, in2, out2, s2, d2, p2, &hx, &cx, &wlo, &whi);
           if (!zreach || ulo == uhi || wlo == whi) continue;
           /* in the phase block (strided) or the slab: rows W (or in2) apart */
           int64_t ld = strided ? W : in2, base = strided ? (hy * s2 + hx) * H * W : 0;

@@ -1,7 +1,7 @@
 #define TS_NR_{S} (TS_NV * TS_VL_{S})
 /* MR rows of A, k-major: pa[k * MR + r]; rows past mc are zero. Rows contiguous along k (A
-   itself, not a transposed view; ts_gemm_tile packs only a last partial panel of those, the
-   convolution all) go through the transposition's 8 x 8 register squares (transpose.c):
+   itself, not a transposed view: ts_gemm_block_rows packs only a last partial panel of those)
+   go through the transposition's 8 x 8 register squares (transpose.c):
    element by element, each k gathered MR rows apart, was a quarter of a 256 x 512 x 512
    product's time. */
 static void ts_pack_a_{S}(int64_t mc, int64_t kc, const {T}* A, int64_t rsa, int64_t csa,
