@@ -98,6 +98,7 @@ static void ts_col2im_tile_{S}(const {T}* cols, {T}* out, int64_t in0, int64_t i
   for (int64_t x = 0; x < in2; ++x)
     zrow[x] = ts_col2im_all_{S}(x, k2, out2, s2, d2, p2) ? -({T})0 : ({T})0;
   for (int64_t y = 0; y < in1; ++y) yall[y] = ts_col2im_all_{S}(y, k1, out1, s1, d1, p1);
+  const int64_t ld = strided ? W : in2;    /* rows of the phase blocks (strided) or the slab */
   for (int64_t z = 0; z < in0; ++z) {
     zall[z] = ts_col2im_all_{S}(z, k0, out0, s0, d0, p0);
     int64_t* r = rect + 4 * z * K, n = 0, j = 0;
@@ -111,8 +112,7 @@ static void ts_col2im_tile_{S}(const {T}* cols, {T}* out, int64_t in0, int64_t i
           int64_t hx, cx, wlo, whi;
           ts_col2im_axis_{S}(kx, in2, out2, s2, d2, p2, &hx, &cx, &wlo, &whi);
           if (!zreach || ulo == uhi || wlo == whi) continue;
-          /* in the phase block (strided) or the slab: rows W (or in2) apart */
-          int64_t ld = strided ? W : in2, base = strided ? (hy * s2 + hx) * H * W : 0;
+          const int64_t base = strided ? (hy * s2 + hx) * H * W : 0;   /* its phase block */
           r[4 * n] = base + ulo * ld + wlo;
           r[4 * n + 1] = j * P + tz / s0 * out1 * out2 + (cy + ulo) * out2 + cx + wlo;
           r[4 * n + 2] = uhi - ulo;
@@ -123,7 +123,6 @@ static void ts_col2im_tile_{S}(const {T}* cols, {T}* out, int64_t in0, int64_t i
     }
     nrect[z] = n;
   }
-  const int64_t ld = strided ? W : in2;
   for (int64_t i = 0; i < nimg; ++i)
     for (int64_t z = 0; z < in0; ++z) {
       const {T}* cp = cols + i * xs;
@@ -145,12 +144,9 @@ static void ts_col2im_tile_{S}(const {T}* cols, {T}* out, int64_t in0, int64_t i
         if (strided) {
           const {T}* b = buf + (y % s1) * s2 * H * W + y / s1 * W;
           for (int64_t x = 0; x < in2; ++x) row[x] = b[xat[x]] + (all ? zrow[x] : ({T})0);
-        } else if (all) {
-#pragma omp simd
-          for (int64_t x = 0; x < in2; ++x) row[x] = row[x] + zrow[x];
         } else {
 #pragma omp simd
-          for (int64_t x = 0; x < in2; ++x) row[x] = row[x] + ({T})0;
+          for (int64_t x = 0; x < in2; ++x) row[x] = row[x] + (all ? zrow[x] : ({T})0);
         }
       }
     }
