@@ -93,6 +93,8 @@ STRATEGY = CONV[:-1] + [
     ((4, 8, 17, 65), (12, 8, 3, 3), {"stride": 2, "padding": 1, "dilation": (1, 2)}),  # rows:
     ((3, 6, 9, 30), (10, 3, 3, 3), {"padding": (1, 2), "groups": 2}),  # laid out padded
     ((32, 4, 6, 6), (10, 4, 3, 3), {"padding": 1}),             # whole images: 4 a task
+    ((2, 3, 70, 90), (3, 1, 3, 3), {"padding": 1, "groups": 3}),  # depthwise, a plane laid
+    ((1, 2, 64, 130), (2, 1, 3, 3), {"stride": 2, "padding": 1, "groups": 2}),  # out in blocks
 ]
 
 
@@ -511,7 +513,8 @@ def test_pools_are_pytorchs_with_their_gradients(k, kind, rng):
 
 POOLED = [  # (input shape, kernel, stride, padding): planes several a task, rows of one plane
     ((2, 3, 9, 8), 3, 2, 1),                    # (its tiles), strided columns' phases, 1-D
-    ((1, 2, 131, 133), 3, 1, 1),                # and 3-D (the routine element by element)
+    ((1, 2, 131, 133), 3, 1, 1),                # and 3-D (the routine element by element);
+    ((1, 2, 100, 118), 3, 2, 1),                # a plane laid out a block of rows at a time
     ((1, 2, 20, 31), (2, 3), (1, 3), (1, 1)),
     ((2, 2, 40), 5, 2, 2),
     ((1, 2, 5, 6, 7), 3, 2, 1),

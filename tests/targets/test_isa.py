@@ -68,6 +68,12 @@ def test_the_level_is_part_of_the_artifact_key_and_the_function_cache(monkeypatc
     assert np.array_equal(generic(x), host(x))
 
 
+def _with_specials(rng, dt):
+    x = -np.abs(rng.standard_normal((1, 2, 70, 118))).astype(dt)
+    x.flat[::3], x.flat[1::5], x.flat[::29], x.flat[1::31] = -0.0, 0.0, np.nan, np.inf
+    return x
+
+
 # Every strategy and the transcendentals, in float32 and float64: the bits do not depend on
 # the level the kernels were compiled for.
 def _cases(rng, dt):
@@ -85,6 +91,8 @@ def _cases(rng, dt):
             op.conv_weight_grad(x, gd, kernel=[3, 3], padding=1),
             op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2, padding=1),
             op.max_pool(x, 3, 2, 1)), (xi, wi, gi, ci, wd, gd)),
+        # the largest of NaN, infinities and zeros of both signs (a plane in blocks of rows)
+        "pools": (lambda x: op.max_pool(x, 3, 2, 1), (_with_specials(rng, dt),)),
         "transcendentals": (lambda x: op.exp(x) + op.tanh(x) + op.erf(x) + op.sigmoid(x)
                             + op.gelu(x) + op.gelu(x, approximate="tanh") + op.silu(x), (x,)),
         "where_and_clamps": (lambda x: op.where(x > 0, x, x * 0.1) + op.maximum(x, 0.5)

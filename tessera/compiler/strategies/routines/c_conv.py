@@ -9,8 +9,9 @@ matmul the operator decomposes into. A block of whole output rows of a 1-D or 2-
 whose channels fill the channel vectors runs direct (`ts_conv_direct_<T>`: the windows' values
 broadcast from the input rows laid out padded, against the weights' transposed panels, its
 micro-tile TS_DMR x TS_DNV measured per machine: compiler/target/gemm_shape.py); one output
-channel (mt = 1, a depthwise convolution's) of whole rows as a stencil (`ts_conv_plane_<T>`):
-same chains.
+channel (mt = 1, a depthwise convolution's) of whole rows as a stencil (`ts_conv_plane_<T>`,
+laid out a block of rows at a time as the pools are, the next task's input prefetched): same
+chains.
 
 `ts_conv_wgrad_tile_<T>(G, gs, X, xs, C, ldc, nimg, mt, j0, nt, kc, <geometry>)` overwrites an
 mt x nt block of a weight gradient dW [O/g, Cg*KK] (conv_weight_grad): the cotangent's rows

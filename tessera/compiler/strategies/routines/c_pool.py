@@ -1,8 +1,9 @@
-"""The CPU's pooling routine (pool.c): fold_windows over whole output rows of a plane, the rows
-it reads laid out once with the combination's identity as padding and their columns split by
-the stride's phases (window.c, shared with the convolution's one-channel stencil), each block
-of outputs folded in registers over the taps in order: the bits of the chain of elementwise
-maxima or sums the operator decomposes into.
+"""The CPU's pooling routine (pool.c): fold_windows over whole output rows of a plane, a block
+of them at a time: the rows the block reads laid out (16 KiB, in L1) with the combination's
+identity as padding and their columns split by the stride's phases (window.c, shared with the
+convolution's one-channel stencil), each run of outputs folded in registers over the taps in
+order while the next block's input is prefetched: the bits of the chain of elementwise maxima
+or sums the operator decomposes into.
 
 `ts_pool_tile_<T>(X, C, nt, j0, combine, <geometry>, nimg, xs, ys)` writes output positions
 [j0, j0 + nt) of nimg planes (combine 0: the largest, NaN propagating; 1: the sum).

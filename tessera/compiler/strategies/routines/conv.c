@@ -124,26 +124,35 @@ static inline __attribute__((always_inline)) void ts_conv_block_{S}(
 }
 
 /* One output channel (mt == 1: a depthwise convolution's) over whole output rows of a 1-D or
-   2-D convolution: the rows it reads laid out zero-padded once (ts_window_rows), then each
-   block of outputs summed in registers over k: the chains of the packed path (a tap in the
+   2-D convolution, a block of them at a time (ts_window_block): the rows the block reads
+   laid out zero-padded (ts_window_rows), then each run of outputs summed in registers over k
+   while the next task's input is prefetched: the chains of the packed path (a tap in the
    padding adds fma(w, 0)), its rows of B never written out. Returns 0 where the layout does
    not apply: the general path runs. */
 static int ts_conv_plane_{S}(const ts_conv_geom* g, const {T}* W, int64_t K, const {T}* X,
                              int64_t j0, int64_t nt, {T}* C) {
-  int64_t kk = g->k[0] * g->k[1] * g->k[2], line, *off;
+  const int64_t kk = g->k[0] * g->k[1] * g->k[2], cg = K / kk;
   if (K % kk) return 0;
-  const {T}* pad = ts_window_rows_{S}(g, X, K / kk, j0, nt, ({T})0, &line, &off);
-  if (!pad) return 0;
   const int64_t out2 = g->out[2], step = TS_WINDOW_SV * TS_VL_{S};
-  for (int64_t r = 0; r < nt / out2; ++r) {
-    const {T}* src = pad + r * g->s[1] * line;
-    {T}* c = C + r * out2;
-    for (int64_t t0 = 0; t0 < out2; t0 += step) {
-      int64_t n = out2 - t0 < step ? out2 - t0 : step, nv = (n + TS_VL_{S} - 1) / TS_VL_{S};
-      if (nv == 4) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 4);
-      else if (nv == 3) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 3);
-      else if (nv == 2) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 2);
-      else ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 1);
+  const int64_t block = ts_window_block_{S}(g, cg, j0, nt);
+  for (int64_t q = 0; q < nt; q += block) {
+    const int64_t m = nt - q < block ? nt - q : block;
+    int64_t line, *off, ahead_bytes;
+    const {T}* pad = ts_window_rows_{S}(g, X, cg, j0 + q, m, ({T})0, &line, &off);
+    if (!pad) return 0;               /* (the first block only: the others are no larger) */
+    const {T}* ahead = ts_window_next_{S}(g, X, (j0 + q) / out2, m / out2, &ahead_bytes);
+    if (cg > 1) ahead_bytes = 0;      /* (several channels: not one run) */
+    for (int64_t r = 0; r < m / out2; ++r) {
+      ts_window_ahead_{S}(ahead, ahead_bytes, r, m / out2);
+      const {T}* src = pad + r * g->s[1] * line;
+      {T}* c = C + q + r * out2;
+      for (int64_t t0 = 0; t0 < out2; t0 += step) {
+        int64_t n = out2 - t0 < step ? out2 - t0 : step, nv = (n + TS_VL_{S} - 1) / TS_VL_{S};
+        if (nv == 4) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 4);
+        else if (nv == 3) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 3);
+        else if (nv == 2) ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 2);
+        else ts_conv_block_{S}(W, K, off, src + t0, c + t0, n, 1);
+      }
     }
   }
   return 1;

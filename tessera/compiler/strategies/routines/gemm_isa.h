@@ -34,10 +34,10 @@ typedef __m512d ts_v_f64;
 #define ts_vstore_part_f64(p, v, n) _mm512_mask_storeu_pd(p, (__mmask8)((1u << (n)) - 1u), v)
 #define ts_vadd_f32(a, b) _mm512_add_ps(a, b)
 #define ts_vadd_f64(a, b) _mm512_add_pd(a, b)
-#define ts_vmax_f32(a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) | \
-                                               _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), b, a)
-#define ts_vmax_f64(a, b) _mm512_mask_blend_pd(_mm512_cmp_pd_mask(a, b, _CMP_GT_OQ) | \
-                                               _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q), b, a)
+/* (vmaxps is a > b ? a : b: b on ties and where either is NaN, ts_max but where a is NaN,
+   whose lanes keep a; one compare, which only port 5 runs, where there were two) */
+#define ts_vmax_f32(a, b) _mm512_mask_max_ps(a, _mm512_cmp_ps_mask(a, a, _CMP_ORD_Q), a, b)
+#define ts_vmax_f64(a, b) _mm512_mask_max_pd(a, _mm512_cmp_pd_mask(a, a, _CMP_ORD_Q), a, b)
 #elif defined(__AVX2__) && defined(__FMA__)
 #define TS_ISA_MR 6
 #define TS_ISA_NV 2
@@ -63,10 +63,10 @@ typedef __m256d ts_v_f64;
                                             _mm256_setr_epi64x(0, 1, 2, 3)), v)
 #define ts_vadd_f32(a, b) _mm256_add_ps(a, b)
 #define ts_vadd_f64(a, b) _mm256_add_pd(a, b)
-#define ts_vmax_f32(a, b) _mm256_blendv_ps(b, a, _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), \
-                                                               _mm256_cmp_ps(a, a, _CMP_UNORD_Q)))
-#define ts_vmax_f64(a, b) _mm256_blendv_pd(b, a, _mm256_or_pd(_mm256_cmp_pd(a, b, _CMP_GT_OQ), \
-                                                               _mm256_cmp_pd(a, a, _CMP_UNORD_Q)))
+#define ts_vmax_f32(a, b) \
+  _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q))
+#define ts_vmax_f64(a, b) \
+  _mm256_blendv_pd(_mm256_max_pd(a, b), a, _mm256_cmp_pd(a, a, _CMP_UNORD_Q))
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #define TS_ISA_MR 8
 #define TS_ISA_NV 3

@@ -21,9 +21,11 @@ static inline __attribute__((always_inline)) void ts_pool_block_{S}(
 }
 
 static void ts_pool_rows_{S}(const {T}* pad, int64_t line, const int64_t* off, int64_t K,
-                             int64_t out2, int64_t s1, int64_t nr, {T}* C, const int add) {
+                             int64_t out2, int64_t s1, int64_t nr, {T}* C, const int add,
+                             const {T}* ahead, int64_t ahead_bytes) {
   const int64_t step = TS_WINDOW_SV * TS_VL_{S};
   for (int64_t r = 0; r < nr; ++r) {
+    ts_window_ahead_{S}(ahead, ahead_bytes, r, nr);
     const {T}* src = pad + r * s1 * line;
     {T}* c = C + r * out2;
     for (int64_t t0 = 0; t0 < out2; t0 += step) {
@@ -69,16 +71,24 @@ static void ts_pool_tile_{S}(const {T}* X, {T}* C, int64_t nt, int64_t j0, int64
                     {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
   const int add = combine == 1;
   const {T} fill = add ? ({T})0 : ({T})(-INFINITY);
-  for (int64_t i = 0; i < nimg; ++i) {
-    int64_t line, *off;
-    const {T}* pad = ts_window_rows_{S}(&g, X + i * xs, 1, j0, nt, fill, &line, &off);
-    if (!pad) {
-      for (int64_t j = 0; j < nt; ++j) C[i * ys + j] = ts_pool_at_{S}(&g, X + i * xs, j0 + j, add);
-      continue;
+  const int64_t block = ts_window_block_{S}(&g, 1, j0, nt);
+  for (int64_t i = 0; i < nimg; ++i)
+    for (int64_t q = 0; q < nt; q += block) {
+      const int64_t n = nt - q < block ? nt - q : block;
+      int64_t line, *off, ahead_bytes;
+      const {T}* pad = ts_window_rows_{S}(&g, X + i * xs, 1, j0 + q, n, fill, &line, &off);
+      if (!pad) {
+        for (int64_t j = q; j < q + n; ++j)
+          C[i * ys + j] = ts_pool_at_{S}(&g, X + i * xs, j0 + j, add);
+        continue;
+      }
+      const {T}* ahead = ts_window_next_{S}(&g, X + i * xs, (j0 + q) / out2, n / out2,
+                                          &ahead_bytes);
+      if (add)
+        ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, n / out2, C + i * ys + q, 1, ahead,
+                         ahead_bytes);
+      else
+        ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, n / out2, C + i * ys + q, 0, ahead,
+                         ahead_bytes);
     }
-    if (add)
-      ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, nt / out2, C + i * ys, 1);
-    else
-      ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, nt / out2, C + i * ys, 0);
-  }
 }

@@ -96,6 +96,41 @@ static const {T}* ts_window_rows_{S}(const ts_conv_geom* g, const {T}* X, int64_
   return pad;
 }
 
+/* The output positions a block of [j0, j0 + nt) takes (whole rows) so that the input rows it
+   reads from cg channels, laid out, fit in 16 KiB and stay in L1 while they are written and
+   folded (a whole plane's went through L2 twice); nt where the task is not whole rows. */
+static int64_t ts_window_block_{S}(const ts_conv_geom* g, int64_t cg, int64_t j0, int64_t nt) {
+  const int64_t out2 = g->out[2], s2 = g->s[2];
+  const int64_t e2 = (out2 - 1) * s2 + (g->k[2] - 1) * g->d[2] + 1;
+  const int64_t line = s2 * ((e2 + s2 - 1) / s2);
+  const int64_t fit =
+      ((int64_t)(16384 / sizeof({T})) / (cg * line) - (g->k[1] - 1) * g->d[1] - 1) / g->s[1] + 1;
+  return j0 % out2 || nt % out2 ? nt : (fit > 1 ? fit : 1) * out2;
+}
+
+/* The input a task of whole output rows r0 .. r0 + nr - 1 of one channel reads lies in one
+   run of whole input rows; the run of the same length right after it is what the next task
+   reads (the next rows, or the next plane where planes lie end to end), and with a static
+   schedule a thread's next task is that one. Returns where that run starts and its bytes
+   (*bytes 0: nothing to ask for). */
+static const {T}* ts_window_next_{S}(const ts_conv_geom* g, const {T}* X, int64_t r0, int64_t nr,
+                                     int64_t* bytes) {
+  int64_t lo = r0 * g->s[1] - g->p[1];
+  int64_t hi = (r0 + nr - 1) * g->s[1] + (g->k[1] - 1) * g->d[1] - g->p[1] + 1;
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > g->in[1] ? g->in[1] : hi;
+  *bytes = hi > lo ? (int64_t)sizeof({T}) * (hi - lo) * g->in[2] : 0;
+  return X + hi * g->in[2];
+}
+
+/* Part r of nr of the `bytes` at p asked for into L2, a cache line at a time (a prefetch never
+   faults: past the input's end it fetches a line nobody reads): memory streams the next
+   task's input while the registers fold this one's laid-out rows, which read no memory. */
+static inline void ts_window_ahead_{S}(const void* p, int64_t bytes, int64_t r, int64_t nr) {
+  for (int64_t e = bytes * r / nr & ~(int64_t)63, end = bytes * (r + 1) / nr; e < end; e += 64)
+    __builtin_prefetch((const char*)p + e, 0, 2);
+}
+
 /* nv vectors of a block's results stored at c, n of them (the row's last vector in part). */
 static inline __attribute__((always_inline)) void ts_window_store_{S}(const ts_v_{S}* acc,
                                                                       {T}* c, int64_t n,
