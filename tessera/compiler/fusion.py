@@ -58,6 +58,12 @@ def _grow(grp: Group, root: Node, index, users, outputs, group_of):
             push_producers(p)
 
 
+def _moves(n: Node) -> bool:
+    """A view that moves elements by a strided index map (a slice, a transpose): one that
+    view_source composes with the views above and below it."""
+    return is_view(n) and not is_reshape(n) and n.op != "broadcast_to"
+
+
 def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
     own = strategies.of(grp)
     if p.out.id in outputs:
@@ -72,6 +78,9 @@ def _absorb(grp: Group, p: Node, users, outputs, group_of) -> bool:
             is_reshape(u) for u in us if u is not grp.anchor))
     if is_reshape(p) and all(is_view(u) and u.out.id not in grp.maps for u in us):
         return True      # a view of a reshape reads the reshape's source: same flat layout
+    if _moves(p) and own.fuses_views and all(_moves(u) for u in us):
+        return True      # a view of a view (a flip under a transpose): one strided read of
+                         # the source, composed (emit.view_source), not a copy in between
     if any(u.out.id not in grp.maps for u in us):
         return False     # a user that reads its operand from memory (an anchor's view)
     maps = {map_from(u, grp.maps[u.out.id], p.out) for u in us}

@@ -587,11 +587,11 @@ def _conv_t_decompose(b, xs, a):
         pads = [[(k - 1) * d - lo, (k - 1) * d - hi + extra] for (lo, hi), k, d, extra in
                 zip(a["padding"], kernel, a["dilation"], a["output_padding"])]
         if all(p >= 0 for pair in pads for p in pair):
-            r = tw.rank               # every kernel axis reversed by one slice
-            wf = b.op("slice", w, starts=[None] * r, stops=[None] * r,
-                      steps=[1, 1] + [-1] * (r - 2))
-            wf = b.op("reshape", wf, shape=[G, C // G, Og, *kernel])
-            wf = b.op("transpose", wf, perm=[0, 2, 1, *range(3, tw.rank + 1)])
+            r = tw.rank + 1           # every kernel axis reversed by one slice, then the
+            wf = b.op("reshape", w, shape=[G, C // G, Og, *kernel])    # channels swapped: one
+            wf = b.op("slice", wf, starts=[None] * r, stops=[None] * r,   # kernel reads w
+                      steps=[1, 1, 1] + [-1] * (r - 3))                # through both views
+            wf = b.op("transpose", wf, perm=[0, 2, 1, *range(3, r)])
             wf = b.op("reshape", wf, shape=[G * Og, C // G, *kernel])
             return b.op("conv", y, wf, padding=pads, dilation=a["dilation"], groups=G)
     K, P = prod(kernel), prod(spatial)

@@ -82,6 +82,22 @@ def test_views_are_read_in_place(rng):
         np.testing.assert_array_equal(ts.function(fn)(x, y), ts.interpret(fn, x, y))
 
 
+def test_a_view_of_a_view_is_read_through_both(rng):
+    """A flip under a transpose (a stride-1 data gradient's weights), a slice under a
+    transpose under a slice: one kernel reading the source through the composed views, not a
+    copy per view; and a reduction of such a view (a row kernel)."""
+    x = rng.standard_normal((6, 5, 3, 3)).astype(np.float32)
+    for fn in (lambda x: op.transpose(x[:, :, ::-1, ::-1], (1, 0, 2, 3)) * 1,
+               lambda x: op.transpose(x[1:, ::2], (2, 0, 3, 1))[::-1] + 1,
+               lambda x: op.exp(op.transpose(x[:, :3], (1, 0, 2, 3))).sum() + x):
+        assert strategies(fn, x) in (["pointwise"], ["row", "pointwise"]), fn
+        got, want = ts.function(fn)(x), ts.interpret(fn, x)
+        assert_close(got, want, scale=4)
+    stride_1 = lambda g, w: op.conv_transpose(g, w, padding=1)       # noqa: E731
+    g = rng.standard_normal((2, 6, 7, 7)).astype(np.float32)
+    assert [k.strategy for k in kernels(stride_1, g, x)] == ["pointwise", "conv"]
+
+
 def test_a_value_used_by_two_kernels_is_written_once(rng):
     x = rng.standard_normal((8, 16)).astype(np.float32)
     fn = lambda x: (op.exp(x) + 1, op.sum(op.exp(x) + 1, axis=0))     # noqa: E731

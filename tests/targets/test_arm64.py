@@ -19,7 +19,7 @@ from tessera import op
 from tessera.runtime import toolchain
 from tessera.runtime.program import results
 
-from conftest import assert_close
+from conftest import TOL, assert_close
 
 CROSS = shutil.which("aarch64-linux-gnu-gcc")
 QEMU = shutil.which("qemu-aarch64")
@@ -213,7 +213,12 @@ def test_arm64_results_equal_numpy_and_the_x86_bits(rng, tmp_path, name):
     assert len(got) == len(want) == len(here)
     for g, w, h in zip(got, want, here):
         assert g.dtype == h.dtype and g.shape == h.shape
-        assert_close(g, np.asarray(w).astype(g.dtype), scale=8.0)
+        w = np.asarray(w).astype(g.dtype)
+        # (an element that cancels, a weight gradient's sum of 378 products near 0, keeps the
+        # rounding errors of its largest terms: absolute errors on the result's scale)
+        finite = np.abs(w[np.isfinite(w)]) if w.dtype.kind in "fc" and w.size else np.ones(1)
+        scale = max(1.0, float(finite.max())) if finite.size else 1.0
+        assert_close(g, w, scale=8.0, atol=TOL[g.dtype][1] * scale if g.dtype in TOL else None)
         if same_bits:
             assert g.tobytes() == h.tobytes(), f"{name}: the ARM64 bits differ from this CPU's"
 

@@ -45,8 +45,8 @@ class PointwiseStrategy(Strategy):
         its inputs are read once, and it is never read back from memory."""
         us = users.get(p.out.id, [])
         if not is_elementwise(p) or not us or any(group_of.get(u) is not grp for u in us) or \
-                tuple(p.out.type.shape) != grp.domain:
-            return False
+                tuple(p.out.type.shape) != grp.domain or any(u.out.id not in grp.maps for u in us):
+            return False        # (a view read through: the group reads p from memory)
         maps = {map_from(u, grp.maps[u.out.id], p.out) for u in us}
         if maps != {identity_map(grp.domain)}:
             return False

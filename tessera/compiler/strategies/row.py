@@ -200,7 +200,9 @@ def row_values(em: Emitter, k: Kernel, row_body: list, idx, reduce, stash: bool 
     reductions = [n for n in grp.nodes if isinstance(n.opdef.lowering, R.Reduce)]
     stashed = _stashable(grp, reductions) if stash else None
     for n in grp.nodes:
-        m = grp.maps[n.out.id]
+        m = grp.maps.get(n.out.id)
+        if m is None:                   # a view under a view, read through it (fusion.py)
+            continue
         if isinstance(n.opdef.lowering, R.Reduce):
             last = stashed is not None and n is reductions[-1]
             em.scalars[n.out.id] = rounded(em, n, row_body, reduce(n, stashed if last else None))
