@@ -6,6 +6,7 @@ import pytest
 
 import tessera as ts
 from tessera import op
+from tessera.trace import apply
 
 torch = pytest.importorskip("torch", reason="PyTorch's convolutions are the reference")
 F = torch.nn.functional
@@ -548,6 +549,31 @@ def test_pools_are_one_kernel_with_the_bits_of_the_chain_over_the_windows(kind, 
     if kind == "avg":
         y = y / np.float32(np.prod(kernel))
     assert f(x).tobytes() == (y * np.float32(2)).tobytes()
+
+
+@pytest.mark.parametrize("k", range(len(POOLED)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_each_windows_first_largest_offset_is_argmax_over_the_stacked_windows(k, dtype, rng):
+    """fold_windows' argmax (max_pool's gradient, max_pool_indices) is one kernel of the pool
+    strategy reading the windows where they lie: bit for bit NumPy's argmax over the stacked
+    windows padded with -inf (the first largest; the first NaN; of zeros of both signs the
+    first), over NaN, infinities, ties and windows of padding and -inf alone."""
+    xs, kernel, stride, pad = POOLED[k]
+    x = -np.abs(rng.standard_normal(xs)).astype(dtype)
+    x.flat[::3], x.flat[1::5], x.flat[::29], x.flat[1::31] = -0.0, 0.0, np.nan, np.inf
+    x.flat[2::11] = -np.inf
+    n = len(xs) - 2
+    kernel, stride, pad = ((v,) * n if isinstance(v, int) else v for v in (kernel, stride, pad))
+    attrs = {"kernel": list(kernel), "stride": list(stride), "padding": [[p, p] for p in pad],
+             "dilation": [1] * n, "combine": "argmax"}
+    f = ts.function(lambda x: apply("fold_windows", x, **attrs))
+    assert [kn.strategy for kn in f.lower(x).schedule_ir.kernels] == ["pool"]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad], constant_values=-np.inf)
+    out = [(xs[2 + a] + 2 * pad[a] - kernel[a]) // stride[a] + 1 for a in range(n)]
+    stack = np.stack([xp[(slice(None), slice(None)) + tuple(
+        slice(o, o + (m - 1) * st + 1, st) for o, m, st in zip(off, out, stride))]
+        for off in np.ndindex(*kernel)], axis=2)
+    np.testing.assert_array_equal(f(x), np.argmax(stack, axis=2))
 
 
 COL2IM = [  # (image, kernel, stride, padding pairs, dilation)

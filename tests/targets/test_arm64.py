@@ -154,10 +154,11 @@ def cases(rng):
             op.conv_weight_grad(x, gd, kernel=[3, 3], padding=1),
             op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2, padding=1)),
             [f32(2, 4, 9, 21), f32(2, 5, 9, 21), f32(2, 48, 9, 21), f32(2, 3, 9, 5, 11)], True),
-        # the pool routine: the largest (NaN propagating) and the mean of strided windows
+        # the pool routine: the largest (NaN propagating), where it is, and the mean of
+        # strided windows
         "pools_f32": (lambda x: (op.max_pool(x, 3, 2, 1), op.avg_pool(x, 3, 2, 1),
-                                 op.max_pool(x, (2, 3), (1, 3))), [_with_nans(f32(2, 3, 11, 21))],
-                      True),
+                                 op.max_pool(x, (2, 3), (1, 3)), op.max_pool_indices(x, 3, 2, 1)),
+                      [_with_nans(f32(2, 3, 11, 21))], True),
         "pools_f64": (lambda x: (op.max_pool(x, 3, 2, 1), op.avg_pool(x, (1, 5), 1, (0, 2))),
                       [_with_nans(f64(2, 3, 11, 21))], True),
         # the attention routine

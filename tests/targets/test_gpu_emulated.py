@@ -548,6 +548,19 @@ def test_pools_give_the_cpu_bits(target, kind, xs, kernel, stride, pad, rng):
     assert got.tobytes() == cpu(fn, x).tobytes()
 
 
+@pytest.mark.parametrize("xs,kernel,stride,pad", [((2, 3, 9, 8), 3, 2, 1), ((1, 2, 4, 5, 6), 2, 1, 1)])
+def test_where_each_windows_largest_lies_gives_the_cpu_bits(target, xs, kernel, stride, pad, rng):
+    """fold_windows' argmax (max_pool's gradient, max_pool_indices): a thread per window over
+    its taps in order, argmax's choice of the first largest (a NaN the largest)."""
+    x = -np.abs(rng.standard_normal(xs)).astype(np.float32)
+    x.flat[::3], x.flat[1::5], x.flat[::29], x.flat[2::11] = -0.0, 0.0, np.nan, -np.inf
+
+    def fn(x):
+        return op.max_pool_indices(x, kernel, stride, pad)
+    got = emulate(target, fn, x)
+    assert got.tobytes() == cpu(fn, x).tobytes()
+
+
 # ---- attention -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("b,sq,sk,d,dv", [((), 1, 1, 1, 1), ((2,), 5, 7, 8, 3),
                                           ((1, 2), 67, 40, 16, 16)])

@@ -91,8 +91,10 @@ def _cases(rng, dt):
             op.conv_weight_grad(x, gd, kernel=[3, 3], padding=1),
             op.col2im(c, image=[9, 21], kernel=[3, 3], stride=2, padding=1),
             op.max_pool(x, 3, 2, 1)), (xi, wi, gi, ci, wd, gd)),
-        # the largest of NaN, infinities and zeros of both signs (a plane in blocks of rows)
-        "pools": (lambda x: op.max_pool(x, 3, 2, 1), (_with_specials(rng, dt),)),
+        # the largest of NaN, infinities and zeros of both signs (a plane in blocks of rows),
+        # and where it is
+        "pools": (lambda x: (op.max_pool(x, 3, 2, 1), op.max_pool_indices(x, 3, 2, 1)),
+                  (_with_specials(rng, dt),)),
         "transcendentals": (lambda x: op.exp(x) + op.tanh(x) + op.erf(x) + op.sigmoid(x)
                             + op.gelu(x) + op.gelu(x, approximate="tanh") + op.silu(x), (x,)),
         "where_and_clamps": (lambda x: op.where(x > 0, x, x * 0.1) + op.maximum(x, 0.5)

@@ -25,7 +25,7 @@ from .routines import c_pool
 
 # A task takes whole planes while they hold fewer outputs than this, else whole rows of one
 TASK_OUTPUTS = 1 << 14
-COMBINE = {"maximum": 0, "add": 1}
+COMBINE = {"maximum": 0, "add": 1, "argmax": 2}
 
 
 def geometry(n) -> dict:
@@ -45,7 +45,7 @@ class PoolStrategy(ConvStrategy):
     name = "pool"
     knobs = ("tile_n",)
     aliases = {"BN": "tile_n"}
-    routines = {"pool": "ts_pool_tile_{S}"}
+    routines = {"pool": "ts_pool_tile_{S}", "pool_first": "ts_pool_first_{S}"}
 
     def claims(self, n) -> bool:
         return isinstance(n.opdef.lowering, R.Pool)
@@ -111,8 +111,12 @@ def _epilogue(k, em, grp, first_plane, planes, j0, nt, names, merged, body):
 def lower_pool_tiles(k):
     """Tasks of whole planes (small planes: several a task) or of whole output rows of one
     plane, each one routine call, then the epilogue over what it wrote."""
-    names, em, grp, n, g, d, (X, x_off) = _kernel_parts(k, geometry)
+    names, em, grp, n, g, _, (X, x_off) = _kernel_parts(k, geometry)
     merged = _epilogue_loops(em, g)
+    d = n.inputs[0].type.dtype              # (argmax: int64 offsets out of d's windows)
+    routine = "pool_first" if g["combine"] == "argmax" else "pool"
+    call = lambda args: Call(PoolStrategy.routines[routine].replace("{S}", d.short),  # noqa
+                             args, f"{routine}:{d.short}")
     NC, P, NT = g["N"] * g["C"], g["P"], k.knobs["tile_n"]
     inplane = math.prod(g["in"])
     t = names("task")
@@ -126,7 +130,7 @@ def lower_pool_tiles(k):
         args = (Addr(X.name, idx_add(Const(x_off), idx_mul(Var(first), Const(inplane)))),
                 Addr(k.output.name, idx_mul(Var(first), Const(P))), Const(P), Const(0),
                 combine, *geo, Var(count), Const(inplane), Const(P))
-        body = decls + [Call(f"ts_pool_tile_{d.short}", args, f"pool:{d.short}")]
+        body = decls + [call(args)]
         if grp.root is not grp.anchor:
             _epilogue(k, em, grp, Var(first), Var(count), Const(0), P, names, merged, body)
         tasks = -(-NC // per)
@@ -139,7 +143,7 @@ def lower_pool_tiles(k):
         args = (Addr(X.name, idx_add(Const(x_off), idx_mul(Var(plane), Const(inplane)))),
                 Addr(k.output.name, idx_add(idx_mul(Var(plane), Const(P)), Var(j0))), Var(nt),
                 Var(j0), combine, *geo, Const(1), Const(inplane), Const(P))
-        body = decls + [Call(f"ts_pool_tile_{d.short}", args, f"pool:{d.short}")]
+        body = decls + [call(args)]
         if grp.root is not grp.anchor:
             _epilogue(k, em, grp, Var(plane), 1, Var(j0), Var(nt), names, merged, body)
         tasks = NC * tiles
@@ -168,8 +172,21 @@ def lower_pool_direct(k, knobs):
     for v, size in zip(coords, g["in"]):
         where = idx_add(idx_mul(where, Const(size)), v)
     add = g["combine"] == "add"
-    fill = Const(0.0 if add else -math.inf, d)
-    xv = Select(inside, read(X, idx_add(Const(x_off), where)), fill)
+    xd = n.inputs[0].type.dtype
+    xv = Select(inside, read(X, idx_add(Const(x_off), where)),
+                Const(0.0 if add else -math.inf, xd))
+    if g["combine"] == "argmax":   # from -inf and 0: after tap 0 its value and 0, as argmax starts
+        v, better, at = names("v"), names("better"), names("at")
+        body = [Decl(acc, xd, Const(-math.inf, xd)), Decl(at, dt.int64, Const(0)),
+                Loop(kv, g["KK"], "serial", [
+                    Decl(v, xd, xv),
+                    Decl(better, dt.bool_, OpCall("argmax", "better", (), xd, dt.bool_,
+                                                  (Var(v), Var(acc)))),
+                    Assign(acc, Select(Var(better), Var(v), Var(acc))),
+                    Assign(at, Select(Var(better), Var(kv), Var(at)))]),
+                Store(k.output.name, Var(e), Var(at))]
+        total = NC * P
+        return [Loop(e, total, "grid", body)], launch_of(total, knobs["threads"])
     fold = OpCall(g["combine"], "elem", (), d, d, (Var(acc), xv))
     body = [Decl(acc, d, Const(-0.0 if add else -math.inf, d)),
             Loop(kv, g["KK"], "serial", [Assign(acc, fold)]),

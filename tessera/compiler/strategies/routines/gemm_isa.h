@@ -7,7 +7,9 @@
    TS_MICRO_DMR, TS_MICRO_DNV: compiler/target/gemm_shape.py).
    The shape only decides which chains run side by side: every element is the same fma chain
    over k, so the same bits. ts_vstore_part stores a vector's first n lanes (0 < n < TS_VL);
-   ts_vmax is the C target's ts_max lane by lane (a where a > b or a is NaN, else b). */
+   ts_vmax is the C target's ts_max lane by lane (a where a > b or a is NaN, else b);
+   ts_vfirst(best, at, x, k) takes x as best and k as at in the lanes where x wins over best as
+   argmax has it (larger, or NaN where best is not). */
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -38,6 +40,16 @@ typedef __m512d ts_v_f64;
    whose lanes keep a; one compare, which only port 5 runs, where there were two) */
 #define ts_vmax_f32(a, b) _mm512_mask_max_ps(a, _mm512_cmp_ps_mask(a, a, _CMP_ORD_Q), a, b)
 #define ts_vmax_f64(a, b) _mm512_mask_max_pd(a, _mm512_cmp_pd_mask(a, a, _CMP_ORD_Q), a, b)
+#define TS_VFIRST_512(S, M, best, at, x, k)                                               \
+  do {                                                                                    \
+    const M w_ = _mm512_cmp_##S##_mask(x, best, _CMP_GT_OQ) |                             \
+                 _mm512_mask_cmp_##S##_mask(_mm512_cmp_##S##_mask(x, x, _CMP_UNORD_Q),    \
+                                            best, best, _CMP_ORD_Q);                      \
+    best = _mm512_mask_mov_##S(best, w_, x);                                              \
+    at = _mm512_mask_mov_##S(at, w_, k);                                                  \
+  } while (0)
+#define ts_vfirst_f32(best, at, x, k) TS_VFIRST_512(ps, __mmask16, best, at, x, k)
+#define ts_vfirst_f64(best, at, x, k) TS_VFIRST_512(pd, __mmask8, best, at, x, k)
 #elif defined(__AVX2__) && defined(__FMA__)
 #define TS_ISA_MR 6
 #define TS_ISA_NV 2
@@ -67,6 +79,17 @@ typedef __m256d ts_v_f64;
   _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q))
 #define ts_vmax_f64(a, b) \
   _mm256_blendv_pd(_mm256_max_pd(a, b), a, _mm256_cmp_pd(a, a, _CMP_UNORD_Q))
+#define TS_VFIRST_256(S, V, best, at, x, k)                                               \
+  do {                                                                                    \
+    const V w_ = _mm256_or_##S(                                                           \
+        _mm256_cmp_##S(x, best, _CMP_GT_OQ),                                              \
+        _mm256_and_##S(_mm256_cmp_##S(x, x, _CMP_UNORD_Q),                                \
+                       _mm256_cmp_##S(best, best, _CMP_ORD_Q)));                          \
+    best = _mm256_blendv_##S(best, x, w_);                                                \
+    at = _mm256_blendv_##S(at, k, w_);                                                    \
+  } while (0)
+#define ts_vfirst_f32(best, at, x, k) TS_VFIRST_256(ps, __m256, best, at, x, k)
+#define ts_vfirst_f64(best, at, x, k) TS_VFIRST_256(pd, __m256d, best, at, x, k)
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #define TS_ISA_MR 8
 #define TS_ISA_NV 3
@@ -96,6 +119,20 @@ typedef float64x2_t ts_v_f64;
 #define ts_vmax_f32(a, b) vbslq_f32(vorrq_u32(vcgtq_f32(a, b), vmvnq_u32(vceqq_f32(a, a))), a, b)
 #define ts_vmax_f64(a, b) \
   vbslq_f64(vorrq_u64(vcgtq_f64(a, b), veorq_u64(vceqq_f64(a, a), vdupq_n_u64(~0ull))), a, b)
+#define ts_vfirst_f32(best, at, x, k)                                                     \
+  do {                                                                                    \
+    const uint32x4_t w_ = vorrq_u32(vcgtq_f32(x, best),                                   \
+                                    vbicq_u32(vceqq_f32(best, best), vceqq_f32(x, x)));   \
+    best = vbslq_f32(w_, x, best);                                                        \
+    at = vbslq_f32(w_, k, at);                                                            \
+  } while (0)
+#define ts_vfirst_f64(best, at, x, k)                                                     \
+  do {                                                                                    \
+    const uint64x2_t w_ = vorrq_u64(vcgtq_f64(x, best),                                   \
+                                    vbicq_u64(vceqq_f64(best, best), vceqq_f64(x, x)));   \
+    best = vbslq_f64(w_, x, best);                                                        \
+    at = vbslq_f64(w_, k, at);                                                            \
+  } while (0)
 #else
 #define TS_ISA_MR 6
 #define TS_ISA_NV 2
@@ -119,6 +156,13 @@ typedef double ts_v_f64;
 #define ts_vadd_f64(a, b) ((a) + (b))
 #define ts_vmax_f32(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define ts_vmax_f64(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define ts_vfirst_f32(best, at, x, k)                                                     \
+  do {                                                                                    \
+    const int w_ = (x) > (best) || ((x) != (x) && (best) == (best));                      \
+    best = w_ ? (x) : (best);                                                             \
+    at = w_ ? (k) : (at);                                                                 \
+  } while (0)
+#define ts_vfirst_f64(best, at, x, k) ts_vfirst_f32(best, at, x, k)
 #endif
 /* The micro-tiles: the GEMM's (TS_MR x TS_NV) and the direct convolution's (TS_DMR x TS_DNV:
    conv.c, broadcasts from the laid-out rows rather than a packed panel), each measured on this
