@@ -119,20 +119,15 @@ typedef float64x2_t ts_v_f64;
 #define ts_vmax_f32(a, b) vbslq_f32(vorrq_u32(vcgtq_f32(a, b), vmvnq_u32(vceqq_f32(a, a))), a, b)
 #define ts_vmax_f64(a, b) \
   vbslq_f64(vorrq_u64(vcgtq_f64(a, b), veorq_u64(vceqq_f64(a, a), vdupq_n_u64(~0ull))), a, b)
-#define ts_vfirst_f32(best, at, x, k)                                                     \
+#define TS_VFIRST_NEON(B, M, best, at, x, k)                                              \
   do {                                                                                    \
-    const uint32x4_t w_ = vorrq_u32(vcgtq_f32(x, best),                                   \
-                                    vbicq_u32(vceqq_f32(best, best), vceqq_f32(x, x)));   \
-    best = vbslq_f32(w_, x, best);                                                        \
-    at = vbslq_f32(w_, k, at);                                                            \
+    const M w_ = vorrq_u##B(                                                              \
+        vcgtq_f##B(x, best), vbicq_u##B(vceqq_f##B(best, best), vceqq_f##B(x, x)));       \
+    best = vbslq_f##B(w_, x, best);                                                       \
+    at = vbslq_f##B(w_, k, at);                                                           \
   } while (0)
-#define ts_vfirst_f64(best, at, x, k)                                                     \
-  do {                                                                                    \
-    const uint64x2_t w_ = vorrq_u64(vcgtq_f64(x, best),                                   \
-                                    vbicq_u64(vceqq_f64(best, best), vceqq_f64(x, x)));   \
-    best = vbslq_f64(w_, x, best);                                                        \
-    at = vbslq_f64(w_, k, at);                                                            \
-  } while (0)
+#define ts_vfirst_f32(best, at, x, k) TS_VFIRST_NEON(32, uint32x4_t, best, at, x, k)
+#define ts_vfirst_f64(best, at, x, k) TS_VFIRST_NEON(64, uint64x2_t, best, at, x, k)
 #else
 #define TS_ISA_MR 6
 #define TS_ISA_NV 2
