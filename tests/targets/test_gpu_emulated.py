@@ -548,7 +548,8 @@ def test_pools_give_the_cpu_bits(target, kind, xs, kernel, stride, pad, rng):
     assert got.tobytes() == cpu(fn, x).tobytes()
 
 
-@pytest.mark.parametrize("xs,kernel,stride,pad", [((2, 3, 9, 8), 3, 2, 1), ((1, 2, 4, 5, 6), 2, 1, 1)])
+@pytest.mark.parametrize("xs,kernel,stride,pad", [((2, 3, 9, 8), 3, 2, 1),
+                                                  ((1, 2, 4, 5, 6), 2, 1, 1)])
 def test_where_each_windows_largest_lies_gives_the_cpu_bits(target, xs, kernel, stride, pad, rng):
     """fold_windows' argmax (max_pool's gradient, max_pool_indices): a thread per window over
     its taps in order, argmax's choice of the first largest (a NaN the largest)."""
