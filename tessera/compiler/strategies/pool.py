@@ -21,7 +21,7 @@ from ..tile_ir import Addr, Assign, Bin, Call, Const, Decl, Loop, OpCall, Select
     idx_add, idx_mul
 from .base import PARALLEL_MIN_FLOPS, Strategy, register
 from .conv import ConvStrategy, _epilogue_loops, _kernel_parts
-from .routines import c_pool
+from .routines import c_pool, specialise
 
 # A task takes whole planes while they hold fewer outputs than this, else whole rows of one
 TASK_OUTPUTS = 1 << 14
@@ -115,8 +115,6 @@ def lower_pool_tiles(k):
     merged = _epilogue_loops(em, g)
     d = n.inputs[0].type.dtype              # (argmax: int64 offsets out of d's windows)
     routine = "pool_first" if g["combine"] == "argmax" else "pool"
-    call = lambda args: Call(PoolStrategy.routines[routine].replace("{S}", d.short),  # noqa
-                             args, f"{routine}:{d.short}")
     NC, P, NT = g["N"] * g["C"], g["P"], k.knobs["tile_n"]
     inplane = math.prod(g["in"])
     t = names("task")
@@ -130,7 +128,8 @@ def lower_pool_tiles(k):
         args = (Addr(X.name, idx_add(Const(x_off), idx_mul(Var(first), Const(inplane)))),
                 Addr(k.output.name, idx_mul(Var(first), Const(P))), Const(P), Const(0),
                 combine, *geo, Var(count), Const(inplane), Const(P))
-        body = decls + [call(args)]
+        body = decls + [Call(specialise(PoolStrategy.routines[routine], S=d.short), args,
+                             f"{routine}:{d.short}")]
         if grp.root is not grp.anchor:
             _epilogue(k, em, grp, Var(first), Var(count), Const(0), P, names, merged, body)
         tasks = -(-NC // per)
@@ -143,7 +142,8 @@ def lower_pool_tiles(k):
         args = (Addr(X.name, idx_add(Const(x_off), idx_mul(Var(plane), Const(inplane)))),
                 Addr(k.output.name, idx_add(idx_mul(Var(plane), Const(P)), Var(j0))), Var(nt),
                 Var(j0), combine, *geo, Const(1), Const(inplane), Const(P))
-        body = decls + [call(args)]
+        body = decls + [Call(specialise(PoolStrategy.routines[routine], S=d.short), args,
+                             f"{routine}:{d.short}")]
         if grp.root is not grp.anchor:
             _epilogue(k, em, grp, Var(plane), 1, Var(j0), Var(nt), names, merged, body)
         tasks = NC * tiles
@@ -185,13 +185,12 @@ def lower_pool_direct(k, knobs):
                     Assign(acc, Select(Var(better), Var(v), Var(acc))),
                     Assign(at, Select(Var(better), Var(kv), Var(at)))]),
                 Store(k.output.name, Var(e), Var(at))]
-        total = NC * P
-        return [Loop(e, total, "grid", body)], launch_of(total, knobs["threads"])
-    fold = OpCall(g["combine"], "elem", (), d, d, (Var(acc), xv))
-    body = [Decl(acc, d, Const(-0.0 if add else -math.inf, d)),
-            Loop(kv, g["KK"], "serial", [Assign(acc, fold)]),
-            Store(k.output.name, Var(e), Var(acc))]
-    if grp.root is not grp.anchor:
+    else:
+        fold = OpCall(g["combine"], "elem", (), d, d, (Var(acc), xv))
+        body = [Decl(acc, d, Const(-0.0 if add else -math.inf, d)),
+                Loop(kv, g["KK"], "serial", [Assign(acc, fold)]),
+                Store(k.output.name, Var(e), Var(acc))]
+    if grp.root is not grp.anchor:       # (argmax's int64 takes no epilogue: never here)
         point = {0: idx_div(plane, g["C"]), 1: idx_mod(plane, g["C"])} | {
             2 + q: v for q, v in enumerate(unflatten(pos, list(grp.domain[2:])))}
         tail = []

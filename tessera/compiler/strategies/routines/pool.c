@@ -59,40 +59,6 @@ static {T} ts_pool_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t p, int ad
   return acc;
 }
 
-/* Output positions [j0, j0 + nt) of nimg planes (one channel of one image each): plane i's
-   input at X + i xs, its output at C + i ys; combine 0 the largest, 1 the sum. */
-static void ts_pool_tile_{S}(const {T}* X, {T}* C, int64_t nt, int64_t j0, int64_t combine,
-                             int64_t in0, int64_t in1, int64_t in2, int64_t k0, int64_t k1,
-                             int64_t k2, int64_t out0, int64_t out1, int64_t out2, int64_t s0,
-                             int64_t s1, int64_t s2, int64_t d0, int64_t d1, int64_t d2,
-                             int64_t p0, int64_t p1, int64_t p2, int64_t nimg, int64_t xs,
-                             int64_t ys) {
-  ts_conv_geom g = {in0 * in1 * in2, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2},
-                    {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
-  const int add = combine == 1;
-  const {T} fill = add ? ({T})0 : ({T})(-INFINITY);
-  const int64_t block = ts_window_block_{S}(&g, 1, j0, nt);
-  for (int64_t i = 0; i < nimg; ++i)
-    for (int64_t q = 0; q < nt; q += block) {
-      const int64_t n = nt - q < block ? nt - q : block;
-      int64_t line, *off, ahead_bytes;
-      const {T}* pad = ts_window_rows_{S}(&g, X + i * xs, 1, j0 + q, n, fill, &line, &off);
-      if (!pad) {
-        for (int64_t j = q; j < q + n; ++j)
-          C[i * ys + j] = ts_pool_at_{S}(&g, X + i * xs, j0 + j, add);
-        continue;
-      }
-      const {T}* ahead = ts_window_next_{S}(&g, X + i * xs, (j0 + q) / out2, n / out2,
-                                          &ahead_bytes);
-      if (add)
-        ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, n / out2, C + i * ys + q, 1, ahead,
-                         ahead_bytes);
-      else
-        ts_pool_rows_{S}(pad, line, off, k1 * k2, out2, s1, n / out2, C + i * ys + q, 0, ahead,
-                         ahead_bytes);
-    }
-}
-
 /* fold_windows' argmax: each window's offset of its first largest tap (a NaN the largest),
    as argmax over the stacked windows finds it (the padding reads -inf: a window of padding and
    -inf alone gives 0). A vector of a row's outputs at a time, over the taps in order, the
@@ -138,8 +104,56 @@ static int64_t ts_pool_first_at_{S}(const ts_conv_geom* g, const {T}* X, int64_t
   return at;
 }
 
-/* ts_pool_tile's positions and planes (combine 2), each window's offset of its first largest
-   tap into C. */
+/* Output positions [j0, j0 + nt) of nimg planes (one channel of one image each): plane i's
+   input at X + i xs, its output at C + i ys (C: {T}, or int64_t for combine 2); combine 0 the
+   largest, 1 the sum, 2 the first largest's offset. Whole rows go a block at a time
+   (ts_window_block), the next task's input prefetched while the registers fold. */
+static void ts_pool_planes_{S}(const ts_conv_geom* g, const {T}* X, void* C, int64_t nt,
+                               int64_t j0, int64_t combine, int64_t nimg, int64_t xs,
+                               int64_t ys) {
+  const int add = combine == 1, first = combine == 2;
+  const int64_t out2 = g->out[2], s1 = g->s[1], K = g->k[1] * g->k[2];
+  const int64_t block = ts_window_block_{S}(g, 1, j0, nt);
+  {T}* Cv = ({T}*)C;
+  int64_t* Ci = (int64_t*)C;
+  for (int64_t i = 0; i < nimg; ++i)
+    for (int64_t q = 0; q < nt; q += block) {
+      const int64_t n = nt - q < block ? nt - q : block, at = i * ys + q;
+      int64_t line, *off, ahead_bytes;
+      const {T}* pad = ts_window_rows_{S}(g, X + i * xs, 1, j0 + q, n,
+                                          add ? ({T})0 : ({T})(-INFINITY), &line, &off);
+      if (!pad) {
+        for (int64_t j = 0; j < n; ++j) {
+          if (first) Ci[at + j] = ts_pool_first_at_{S}(g, X + i * xs, j0 + q + j);
+          else Cv[at + j] = ts_pool_at_{S}(g, X + i * xs, j0 + q + j, add);
+        }
+        continue;
+      }
+      const {T}* ahead = ts_window_next_{S}(g, X + i * xs, (j0 + q) / out2, n / out2,
+                                          &ahead_bytes);
+      if (first)
+        ts_pool_first_rows_{S}(pad, line, off, K, out2, s1, n / out2, Ci + at, ahead,
+                               ahead_bytes);
+      else if (add)
+        ts_pool_rows_{S}(pad, line, off, K, out2, s1, n / out2, Cv + at, 1, ahead, ahead_bytes);
+      else
+        ts_pool_rows_{S}(pad, line, off, K, out2, s1, n / out2, Cv + at, 0, ahead, ahead_bytes);
+    }
+}
+
+/* combine 0 or 1 (ts_pool_planes) */
+static void ts_pool_tile_{S}(const {T}* X, {T}* C, int64_t nt, int64_t j0, int64_t combine,
+                             int64_t in0, int64_t in1, int64_t in2, int64_t k0, int64_t k1,
+                             int64_t k2, int64_t out0, int64_t out1, int64_t out2, int64_t s0,
+                             int64_t s1, int64_t s2, int64_t d0, int64_t d1, int64_t d2,
+                             int64_t p0, int64_t p1, int64_t p2, int64_t nimg, int64_t xs,
+                             int64_t ys) {
+  ts_conv_geom g = {in0 * in1 * in2, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2},
+                    {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
+  ts_pool_planes_{S}(&g, X, C, nt, j0, combine, nimg, xs, ys);
+}
+
+/* combine 2: each window's offset of its first largest tap into C (ts_pool_planes) */
 static void ts_pool_first_{S}(const {T}* X, int64_t* C, int64_t nt, int64_t j0, int64_t combine,
                               int64_t in0, int64_t in1, int64_t in2, int64_t k0, int64_t k1,
                               int64_t k2, int64_t out0, int64_t out1, int64_t out2, int64_t s0,
@@ -149,21 +163,5 @@ static void ts_pool_first_{S}(const {T}* X, int64_t* C, int64_t nt, int64_t j0, 
   (void)combine;
   ts_conv_geom g = {in0 * in1 * in2, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2},
                     {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
-  const int64_t block = ts_window_block_{S}(&g, 1, j0, nt);
-  for (int64_t i = 0; i < nimg; ++i)
-    for (int64_t q = 0; q < nt; q += block) {
-      const int64_t n = nt - q < block ? nt - q : block;
-      int64_t line, *off, ahead_bytes;
-      const {T}* pad = ts_window_rows_{S}(&g, X + i * xs, 1, j0 + q, n, ({T})(-INFINITY),
-                                          &line, &off);
-      if (!pad) {
-        for (int64_t j = q; j < q + n; ++j)
-          C[i * ys + j] = ts_pool_first_at_{S}(&g, X + i * xs, j0 + j);
-        continue;
-      }
-      const {T}* ahead = ts_window_next_{S}(&g, X + i * xs, (j0 + q) / out2, n / out2,
-                                          &ahead_bytes);
-      ts_pool_first_rows_{S}(pad, line, off, k1 * k2, out2, s1, n / out2, C + i * ys + q, ahead,
-                             ahead_bytes);
-    }
+  ts_pool_planes_{S}(&g, X, C, nt, j0, 2, nimg, xs, ys);
 }
