@@ -479,8 +479,25 @@ class _Lower:
                 self.mma(s, into=nxt.target)         # acc += mma(a, b): one chain into acc
                 i += 2
                 continue
+            if self._made_while_reduced(s, nxt):
+                self.s_elem(s, fill=False)           # e = f(x); tile.sum(e): one pass
+                self.s_reduce(nxt, made=s)
+                i += 2
+                continue
             LOWER_STMT[type(s)](self, s)
             i += 1
+
+    def _made_while_reduced(self, s, nxt) -> bool:
+        """Whether materialised elementwise tile s can be written by the loop of the reduction
+        after it (CPU): a reduction along the innermost axis (its vector loop runs along the
+        tile's rows) over every element of the tile, so each is computed once as before and
+        reduced while in a register rather than read back."""
+        if self.gpu or not isinstance(s, kir.ElemStmt) or s.out.id not in self.materialised or \
+                not isinstance(nxt, kir.ReduceStmt) or nxt.x is not s.out or \
+                nxt.axis != len(s.out.shape) - 1:
+            return False
+        n = self._elem_valid(s)[nxt.axis]
+        return isinstance(n, Const) and n.value == self.sz.shape(s.out)[nxt.axis]
 
     # -- statements ------------------------------------------------------------------------------
     def _placement(self, st, k_var=None):
@@ -573,13 +590,15 @@ class _Lower:
                   lambda idx: [Store(name, linear(idx, contiguous(shape)),
                                      Const(st.value, v.dtype))], self._into)
 
-    def s_elem(self, st):
+    def s_elem(self, st, fill=True):
         v = st.out
         self.valid[v.id] = self._elem_valid(st)
         if v.id not in self.materialised:
             self.inline[v.id] = st
             return
         name = self.tile(v, self._into)
+        if not fill:
+            return
         shape = self.sz.shape(v)
         self.each(shape, [Const(n) for n in shape],
                   lambda idx: [Store(name, linear(idx, contiguous(shape)),
@@ -601,9 +620,10 @@ class _Lower:
                 out[i] = e if isinstance(out[i], Const) else idx_min(out[i], e)
         return out
 
-    def s_reduce(self, st):
+    def s_reduce(self, st, made=None):
         """A reduction along one axis in the row strategy's order (op.softmax's bits): LANES
-        accumulators, element i into lane i % LANES, then the lanes combined in order."""
+        accumulators, element i into lane i % LANES, then the lanes combined in order. `made`:
+        the elementwise statement whose tile x is, computed and stored by this loop (CPU)."""
         x, v = st.x, st.out
         axis, op = st.axis, st.op
         name = self.tile(v, self._into)
@@ -630,6 +650,16 @@ class _Lower:
                                     st.keepdim, axis, init, od)
         chunks, tail = _divmod(n, lanes)
 
+        def step(acc, lane, idx, i):
+            """lane `lane` of acc combined with element i (made and stored first)"""
+            if made is None:
+                return [Store(acc, lane, combine(Load(acc, lane), element(idx, i)))]
+            at, e = list(idx[:axis]) + [i] + list(idx[axis:]), names("v")
+            tile, tshape = self.tiles[x.id]
+            return [Decl(e, xd, self._elem_expr(made, at)),
+                    Store(tile, linear(at, contiguous(tshape)), Var(e)),
+                    Store(acc, lane, combine(Load(acc, lane), Var(e)))]
+
         def body(idx):
             out_idx = list(idx)
             if st.keepdim:
@@ -639,12 +669,10 @@ class _Lower:
             return [
                 Local(acc, od, lanes),
                 Loop(l0, lanes, "vector", [Store(acc, Var(l0), init)]),
-                Loop(c, chunks, "serial", [Loop(la, lanes, "vector", [Store(
-                    acc, Var(la), combine(Load(acc, Var(la)), element(
-                        idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(la)))))])]),
-                *([] if tail == Const(0) else [Loop(lt, tail, "vector", [Store(
-                    acc, Var(lt), combine(Load(acc, Var(lt)), element(
-                        idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lt)))))])]),
+                Loop(c, chunks, "serial", [Loop(la, lanes, "vector", step(
+                    acc, Var(la), idx, idx_add(idx_mul(Var(c), Const(lanes)), Var(la))))]),
+                *([] if tail == Const(0) else [Loop(lt, tail, "vector", step(
+                    acc, Var(lt), idx, idx_add(idx_mul(chunks, Const(lanes)), Var(lt))))]),
                 Decl(total, od, Load(acc, Const(0))),
                 Loop(l1, lanes - 1, "serial", [Assign(total, combine(
                     Var(total), Load(acc, idx_add(Var(l1), Const(1)))))]),

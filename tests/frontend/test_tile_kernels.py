@@ -151,6 +151,32 @@ def test_offsets_from_program_ids(rng):
     np.testing.assert_array_equal(Y, X * 2.0 + 1.0)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_tile_reduced_after_it_is_made_is_made_in_the_reductions_loop(rng, axis):
+    """`e = exp(..)` used twice is kept in a tile; a sum along its rows right after it computes
+    and stores each element in its own loop (one pass, no read back), with the unfused order's
+    bits: the GPU lowering, which keeps two passes, gives the same bits
+    (tests/targets/test_gpu_emulated). Along the columns it stays two passes (the made tile's
+    rows vectorised, then the sum)."""
+    @ts.kernel
+    def exp_over_sum(x: Tile["R", "C", f32]) -> Tile["R", "C", f32]:
+        e = tile.exp(x * 0.5)
+        return e / tile.sum(e, axis=axis, keepdim=True)
+
+    x = rng.standard_normal((37, 70), dtype=np.float32)
+    text = str(exp_over_sum.lower(x).tile_ir)
+    made = [line.split(":")[0].strip() for line in text.splitlines() if "exp(" in line]
+    summed = [line for line in text.splitlines() if "= sum.combine(acc" in line]
+    from_register = [line.endswith(f", {e})") for line, e in zip(summed, made)]
+    if axis == 1:
+        assert len(summed) == len(made) == 2 and all(from_register)   # the chunks' and the tail's
+    else:
+        assert len(made) == 1 and not any(from_register)
+    e64 = np.exp(x.astype(np.float64) * 0.5)
+    np.testing.assert_allclose(exp_over_sum(x), e64 / e64.sum(axis, keepdims=True),
+                               rtol=2e-6 * np.log2(x.shape[axis] + 1) + 1e-6)
+
+
 def test_the_program_is_a_program(rng):
     x = rng.standard_normal((9, 40), dtype=np.float32)
     prog = safe_softmax.lower(x)
