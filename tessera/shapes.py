@@ -214,10 +214,10 @@ def _monomial(powers: dict) -> tuple:
 
 
 def exact_div(a, b):
-    """a / b when it is exact as a polynomial (b a single monomial), else None."""
+    """a / b when it is exact as a polynomial (b a single monomial, or a itself), else None."""
     a, b = Sym.lift(a), Sym.lift(b)
     if len(b.terms) != 1:
-        return a.simplify() if a == b else None
+        return 1 if a == b and b.terms else None     # (S0 + S1) / (S0 + S1) is 1
     (bm, bc), = b.terms.items()
     out = {}
     for m, c in a.terms.items():

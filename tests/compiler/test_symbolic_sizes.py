@@ -64,6 +64,12 @@ def test_equal_expressions_are_one_size():
     # a constant expression stays a size (its programs' structure is that of its neighbours)
     ones = -(-d // d)
     assert isinstance(ones, DynamicSize) and int(ones) == 1 and show(ones) == "1"
+    # a sum of terms over itself is 1 (it was the sum: a size of value 1 whose expression said
+    # 3*B+2*S, so a program's loop ran 3*B+2*S times where once was meant)
+    assert (B + S) // (B + S) == 1 and (B + S) % (B + S) == 0
+    w = 3 * d + 2 * DynamicSize.symbol("S", 5)
+    for q in (w // w, w % w, divmod(w, w)[0]):
+        assert show(q) == str(int(q)) and evaluate(q, {"B": 7, "S": 30}) == int(q)
 
 
 def test_the_c_of_a_size_computes_what_python_computes(rng, tmp_path):

@@ -46,12 +46,14 @@ def lower_column_reduce(k: Kernel, code):
     xd, od = x.type.dtype, n.out.type.dtype.compute    # 16-bit: f32 accumulators
     lanes = k.knobs.get("lanes", 8)
     width = em.extent(inner)
-    jb = min(width, COLUMN_BLOCK)
+    # a block's columns, a number: a dynamic width's bucket's widest block, so that its
+    # accumulators have room at every size of the bucket (min of the width itself took the
+    # size it was traced at as the block: a width of 25 ran 25 blocks of 25, out of bounds)
+    jb = min(representative(width), COLUMN_BLOCK)
     outer, body, idx = loop_nest(em, outer_ids, k.knobs.get("parallel"), False)
     row = [] if body is None else body
     acc = names("acc")
-    # (a dynamic width: room for its bucket's widest block, the same for every size of it)
-    row.append(Local(acc, od, lanes * min(representative(width), COLUMN_BLOCK)))
+    row.append(Local(acc, od, lanes * jb))
     init = OpCall(n.op, "init", (), xd, od, ())
 
     def block(start, cols):

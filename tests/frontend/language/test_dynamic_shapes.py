@@ -172,6 +172,35 @@ def test_column_reduction_over_both_dynamic_sizes(rng):
     assert sum(len(g) for g in dyn.programs.generics.values()) == 1
 
 
+def gram_and_rows_column_sums(x: Tensor["B", "S"]):
+    return op.sum(op.concat([op.matmul(x, op.transpose(x, (1, 0))), x, x], 1), axis=0,
+                  keepdim=True)
+
+
+def test_column_reduction_of_a_width_of_several_symbols(rng):
+    """A width of two symbols (B + 2 S): its blocks are a number of columns fixed for the
+    bucket, never the width the program was traced at (which made B + 2 S blocks of B + 2 S
+    columns, written out of bounds: the fuzzer's crash), and every size of the bucket gives the
+    specialised function's bits."""
+    dyn, spec = ts.function(gram_and_rows_column_sums, dynamic=True), \
+        ts.function(gram_and_rows_column_sums)
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    [k] = [k for k in dyn.lower(x).schedule_ir.kernels if k.strategy == "reduce"]
+    text = str(dyn.lower(x).tile_ir)
+    text = text[text.index(f"kernel {k.name}("):]
+    # blocks of 16 columns (B + 2 S at most, B <= 8 and S <= 4 in this bucket), then the rest;
+    # the out-of-bounds writes themselves went unnoticed by every result of this test
+    assert "in 0..((B+2*S)//16) {" in text and "in 0..((B+2*S)%16) {" in text
+    assert "in 0..B+2*S {" not in text
+    for b, s in zip(rng.integers(5, 9, 4), rng.integers(3, 5, 4)):
+        x = rng.standard_normal((int(b), int(s))).astype(np.float32)
+        got = dyn(x)
+        assert np.array_equal(got, spec(x))
+        x64 = x.astype(np.float64)
+        want = np.concatenate([x64 @ x64.T, x64, x64], 1).sum(0, keepdims=True)
+        assert_close(got, want.astype(np.float32))
+
+
 def test_buckets_where_the_compiler_decides_by_size(rng):
     """Sizes whose loops differ (serial or parallel, another tile) get a library of their own;
     every size still gives the specialised program's bits."""
