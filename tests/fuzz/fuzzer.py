@@ -557,24 +557,39 @@ def run_batch(programs: list) -> list:
     return out
 
 
-def run_in_child(programs: list, threads: int | None = None, timeout=900) -> list:
-    """The programs in a fresh process (a crash kills it, not the caller), optionally at a
-    given thread count: [(seed, digest, failure)]; a crash or a hang is a failure of the
-    program that was running."""
+def _child(programs: list, threads: int | None, timeout):
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     payload = json.dumps([p.to_json() for p in programs])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
                           input=payload, capture_output=True, text=True, env=env,
                           timeout=timeout)
+
+
+def run_in_child(programs: list, threads: int | None = None, timeout=900) -> list:
+    """The programs in a fresh process (a crash kills it, not the caller), optionally at a
+    given thread count: [(seed, digest, failure)]; a crash or a hang is a failure. A program
+    that corrupts memory may kill the process only in a later one's code, so the programs up
+    to the one running are run again alone, in order, and the first that dies alone is the
+    failure (its replay line reproduces it); where none does, the one running, with the seeds
+    before it to replay in one process."""
+    proc = _child(programs, threads, timeout)
     if proc.returncode != 0:
-        started = [line.split()[1] for line in proc.stderr.splitlines()
-                   if line.startswith("start ")]
-        seed = int(started[-1]) if started else programs[0].seed
-        p = next(q for q in programs if q.seed == seed)
-        return [(seed, None, describe(p, RuntimeError(
-            f"the process died (exit {proc.returncode}):\n{proc.stderr[-2000:]}")))]
+        started = sum(line.startswith("start ") for line in proc.stderr.splitlines())
+        ran = programs[:max(1, started)]                # (in order: run_batch's)
+        seed = ran[-1].seed
+        for q in ran:
+            alone = _child([q], threads, timeout)
+            if alone.returncode != 0:
+                return [(q.seed, None, describe(q, RuntimeError(
+                    f"the process died (exit {alone.returncode}) running it alone:\n"
+                    f"{alone.stderr[-2000:]}")))]
+        seeds = ",".join(str(q.seed) for q in ran)
+        return [(seed, None, describe(ran[-1], RuntimeError(
+            f"the process died (exit {proc.returncode}) after the programs before it, none "
+            f"of which dies alone: replay all in one process with --seed {seeds}\n"
+            f"{proc.stderr[-2000:]}")))]
     return [tuple(x) for x in json.loads(proc.stdout.splitlines()[-1])]
 
 
@@ -595,7 +610,8 @@ def keep_as_regression(p: Program):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0, help="fuzz for this long")
-    ap.add_argument("--seed", type=int, help="check this one program (printed)")
+    ap.add_argument("--seed", help="check this program (printed); several, comma-separated: "
+                                   "in this order in one process")
     ap.add_argument("--batch", type=int, default=25, help="programs per child process")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -604,11 +620,13 @@ def main(argv=None):
         print(json.dumps(run_batch(programs)))
         return 0
     if a.seed is not None:
-        p = generate(a.seed)
-        print(describe(p))
-        res = run_in_child([p])
-        print(res[0][2] or f"passed ({res[0][1]})")
-        return 1 if res[0][2] else 0
+        programs = [generate(int(s)) for s in a.seed.split(",")]
+        for p in programs:
+            print(describe(p))
+        res = run_in_child(programs)
+        failed = [f for _, _, f in res if f]
+        print("\n".join(failed) if failed else f"passed ({', '.join(d for _, d, _ in res)})")
+        return 1 if failed else 0
     end, n, failures = time.time() + a.seconds, 0, 0
     entropy = np.random.SeedSequence().entropy
     seeds = np.random.default_rng(entropy)

@@ -53,3 +53,26 @@ def test_the_fuzzer_finds_a_wrong_answer(monkeypatch):
                               "alias": None, "special": False}], "float32", 7, True)
     with pytest.raises(fuzzer.Failure, match="compiled vs float64 NumPy"):
         fuzzer.check(p)
+
+
+def _program(seed, body):
+    src = "def prog(x0):\n" + body + "    v0 = K.start(x0, 'float32')\n    return (v0,)\n"
+    return fuzzer.Program(src, [{"shape": [2, 3], "dtype": "float32", "layout": "reversed",
+                                 "alias": None, "special": False}], "float32", seed, True)
+
+
+def test_a_crash_is_blamed_on_the_program_that_dies_alone():
+    """A program that kills its process later (as memory it corrupted would, in the next
+    program's code) is the failure, not the program that was running: the programs up to it
+    run again alone, and the first that dies alone is named (its replay line reproduces it);
+    where none dies alone, the seeds to replay in one process are named."""
+    later = _program(1, "    __import__('threading').Timer(0.5, lambda: __import__('os').kill(\n"
+                        "        __import__('os').getpid(), 11)).start()\n")
+    slow = _program(2, "    __import__('time').sleep(2)\n")
+    [(seed, digest, failure)] = fuzzer.run_in_child([slow, later, slow])
+    assert seed == 1 and digest is None and "running it alone" in failure
+    setter = _program(3, "    __import__('builtins')._fuzz_flag = True\n")
+    dies_after = _program(4, "    if getattr(__import__('builtins'), '_fuzz_flag', False):\n"
+                             "        __import__('os').kill(__import__('os').getpid(), 11)\n")
+    [(seed, _, failure)] = fuzzer.run_in_child([setter, dies_after])
+    assert seed == 4 and "none of which dies alone" in failure and "--seed 3,4" in failure
