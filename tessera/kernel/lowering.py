@@ -5,7 +5,9 @@ function.py, which makes tile_program nodes, is imported.
 
 One program per block of the output. Every tile is a buffer of its static shape (the knobs'
 sizes): a local array on the CPU (the heap past LOCAL_MAX_BYTES), a shared array on GPUs;
-an elementwise value is computed where it is used unless it reads a tile updated in place.
+an elementwise value is computed where it is used unless it reads a tile updated in place or
+is costly and used twice (then kept in a tile: on the CPU made in the loop of a reduction
+along its rows right after it, `e = exp(x - m); tile.sum(e)` one pass).
 A load fills its tile from the tensor over the valid part of the block (the rest `other`); a
 reduction runs over the valid part of its axis, in index order; `mma` is one FMA chain per
 element over k in index order (so `acc += mma(a, b)` over a range_k loop gives op.matmul's bits);
