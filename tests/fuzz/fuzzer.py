@@ -482,14 +482,48 @@ def _check_dynamic(p: Program, arrays, got):
             dims.append(sizes[d] if d > 1 else d)
         ann.append(ts.Tensor[tuple(dims)])
     prog.__annotations__ = {f"x{i}": t for i, t in enumerate(ann)}
+    f = ts.function(prog, dynamic=True)
     try:
-        dyn = ts.function(prog, dynamic=True)(*arrays)
+        dyn = f(*arrays)
     except ts.TesseraError:
         return
     except Exception as e:
         raise Failure(f"dynamic: {type(e).__name__} (not a TesseraError): {e}") from e
     if digest(dyn) != digest(got):
         raise Failure("dynamic=True gave other bits than the fixed shapes")
+    # another size of the same buckets, which the library traced at this one serves: the bits
+    # of the fixed shapes at that size, or a clear refusal (the program's own constants may
+    # not fit it)
+    other = {d: _neighbour(d) for d in sizes}
+    if all(o == d for d, o in other.items()):
+        return
+    r = np.random.default_rng(p.seed + 3)
+    moved = [r.uniform(-3, 3, tuple(other[d] for d in a.shape)).astype(a.dtype)
+             if a.dtype.kind == "f" else r.integers(-4, 5, tuple(other[d] for d in a.shape))
+             .astype(a.dtype) if a.dtype.kind in "iu" else
+             r.random(tuple(other[d] for d in a.shape)) < 0.5 for a in arrays]
+    try:
+        want = ts.function(_compile_program(p, TesseraK(op, p.compute)))(*moved)
+    except ts.TesseraError:
+        return
+    try:
+        dyn = f(*moved)
+    except ts.TesseraError:
+        return
+    except Exception as e:
+        raise Failure(f"dynamic at {[m.shape for m in moved]}: {type(e).__name__} (not a "
+                      f"TesseraError): {e}") from e
+    if digest(dyn) != digest(want):
+        raise Failure(f"dynamic=True traced at {[a.shape for a in arrays]} gave other bits at "
+                      f"{[m.shape for m in moved]} than the fixed shapes there")
+
+
+def _neighbour(d: int) -> int:
+    """Another size in d's bucket (2**(k-1), 2**k] (itself where the bucket has one)."""
+    if d <= 2:
+        return d
+    top = 1 << (d - 1).bit_length()
+    return d - 1 if d - 1 > top // 2 else (d + 1 if d + 1 <= top else d)
 
 
 def _check_gradient(p: Program, arrays):
