@@ -314,7 +314,9 @@ def generate(seed: int) -> Program:
 
 
 # ---- inputs -----------------------------------------------------------------------------------
-def make_inputs(p: Program) -> list:
+def make_inputs(p: Program, resize: dict | None = None) -> list:
+    """The program's inputs; `resize` maps sizes to others (each axis of size d becomes
+    resize[d]: the same inputs at other sizes of the same symbols)."""
     import tessera as ts
     r = np.random.default_rng(p.seed + 1)
     arrays = []
@@ -322,7 +324,7 @@ def make_inputs(p: Program) -> list:
         if spec["alias"] is not None:
             arrays.append(arrays[spec["alias"]])
             continue
-        shape = tuple(spec["shape"])
+        shape = tuple(d if resize is None else resize[d] for d in spec["shape"])
         d = ts.dtypes.get(spec["dtype"]).np
         if spec["dtype"] == "bool":
             a = r.random(shape) < 0.5
@@ -497,11 +499,7 @@ def _check_dynamic(p: Program, arrays, got):
     other = {d: _neighbour(d) for d in sizes}
     if all(o == d for d, o in other.items()):
         return
-    r = np.random.default_rng(p.seed + 3)
-    moved = [r.uniform(-3, 3, tuple(other[d] for d in a.shape)).astype(a.dtype)
-             if a.dtype.kind == "f" else r.integers(-4, 5, tuple(other[d] for d in a.shape))
-             .astype(a.dtype) if a.dtype.kind in "iu" else
-             r.random(tuple(other[d] for d in a.shape)) < 0.5 for a in arrays]
+    moved = make_inputs(p, other)
     try:
         want = ts.function(_compile_program(p, TesseraK(op, p.compute)))(*moved)
     except ts.TesseraError:
