@@ -26,6 +26,9 @@ def _expression(rng, depth=0):
     fn = OPS[rng.integers(len(OPS))]
     a = _expression(rng, depth + 1)
     if fn in (operator.floordiv, operator.mod):     # a divisor that is never 0
+        if rng.random() < 0.2:                     # a sum of terms over itself (or a multiple)
+            k = int(rng.integers(1, 3))
+            return lambda env: fn(k * (a(env) * a(env) + 1), a(env) * a(env) + 1)
         if rng.random() < 0.5:
             c = int(rng.integers(1, 17))
             return lambda env: fn(a(env), c)
