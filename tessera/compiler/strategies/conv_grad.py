@@ -26,6 +26,8 @@ from .conv import ConvStrategy, _kernel_parts
 from .routines import c_gemm
 
 PANEL = 32      # the widest micro-panel's columns (AVX-512's float32)
+ROWS_MIN = 32   # a weight gradient's least row tile: the direct routine's channel block (2
+                # AVX-512 vectors of float32; 16 rows ran the stem's gradient at a quarter speed)
 
 
 def geometry(n) -> dict:
@@ -90,10 +92,6 @@ def wgrad_tiles(g: dict, dtype_short: str) -> dict:
         if rows * panels == 1 or moved(g, *halves) < moved(g, *best):
             best = halves
     return {"tile_m": best[0], "tile_n": best[1], "tile_k": kc}
-
-
-ROWS_MIN = 32   # a row tile's least height: the direct routine's channel block (2 AVX-512 vectors
-                # of float32; 16 rows ran the stem's gradient at a quarter of the speed)
 
 
 def moved(g: dict, mt: int, nt: int) -> int:

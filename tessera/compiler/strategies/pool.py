@@ -45,7 +45,7 @@ class PoolStrategy(ConvStrategy):
     name = "pool"
     knobs = ("tile_n",)
     aliases = {"BN": "tile_n"}
-    routines = {"pool": "ts_pool_tile_{S}", "pool_first": "ts_pool_first_{S}"}
+    routines = {"pool": "ts_pool_tile_{S}"}
 
     def claims(self, n) -> bool:
         return isinstance(n.opdef.lowering, R.Pool)
@@ -114,7 +114,7 @@ def lower_pool_tiles(k):
     names, em, grp, n, g, _, (X, x_off) = _kernel_parts(k, geometry)
     merged = _epilogue_loops(em, g)
     d = n.inputs[0].type.dtype              # (argmax: int64 offsets out of d's windows)
-    routine = "pool_first" if g["combine"] == "argmax" else "pool"
+    routine = specialise(PoolStrategy.routines["pool"], S=d.short)
     NC, P, NT = g["N"] * g["C"], g["P"], k.knobs["tile_n"]
     inplane = math.prod(g["in"])
     t = names("task")
@@ -128,8 +128,7 @@ def lower_pool_tiles(k):
         args = (Addr(X.name, idx_add(Const(x_off), idx_mul(Var(first), Const(inplane)))),
                 Addr(k.output.name, idx_mul(Var(first), Const(P))), Const(P), Const(0),
                 combine, *geo, Var(count), Const(inplane), Const(P))
-        body = decls + [Call(specialise(PoolStrategy.routines[routine], S=d.short), args,
-                             f"{routine}:{d.short}")]
+        body = decls + [Call(routine, args, f"pool:{d.short}")]
         if grp.root is not grp.anchor:
             _epilogue(k, em, grp, Var(first), Var(count), Const(0), P, names, merged, body)
         tasks = -(-NC // per)
@@ -142,8 +141,7 @@ def lower_pool_tiles(k):
         args = (Addr(X.name, idx_add(Const(x_off), idx_mul(Var(plane), Const(inplane)))),
                 Addr(k.output.name, idx_add(idx_mul(Var(plane), Const(P)), Var(j0))), Var(nt),
                 Var(j0), combine, *geo, Const(1), Const(inplane), Const(P))
-        body = decls + [Call(specialise(PoolStrategy.routines[routine], S=d.short), args,
-                             f"{routine}:{d.short}")]
+        body = decls + [Call(routine, args, f"pool:{d.short}")]
         if grp.root is not grp.anchor:
             _epilogue(k, em, grp, Var(plane), 1, Var(j0), Var(nt), names, merged, body)
         tasks = NC * tiles

@@ -6,9 +6,9 @@ order while the next block's input is prefetched: the bits of the chain of eleme
 or sums the operator decomposes into.
 
 `ts_pool_tile_<T>(X, C, nt, j0, combine, <geometry>, nimg, xs, ys)` writes output positions
-[j0, j0 + nt) of nimg planes (combine 0: the largest, NaN propagating; 1: the sum);
-`ts_pool_first_<T>` (the same arguments, combine 2, C int64) each window's offset of its first
-largest tap, as argmax over the stacked windows finds it (max_pool's gradient).
+[j0, j0 + nt) of nimg planes (combine 0: the largest, NaN propagating; 1: the sum; 2, C int64:
+each window's offset of its first largest tap, as argmax over the stacked windows finds it,
+max_pool's gradient).
 
 The pools' adjoint, col2im (col2im.c): `ts_col2im_tile_<T>(cols, out, <geometry>, nimg, xs,
 ys)` rebuilds nimg planes from their windows' cotangent, each element summed over the kernel

@@ -141,8 +141,8 @@ static void ts_pool_planes_{S}(const ts_conv_geom* g, const {T}* X, void* C, int
     }
 }
 
-/* combine 0 or 1 (ts_pool_planes) */
-static void ts_pool_tile_{S}(const {T}* X, {T}* C, int64_t nt, int64_t j0, int64_t combine,
+/* The routine's entry: C is {T}* for combine 0 and 1, int64_t* for 2 (ts_pool_planes) */
+static void ts_pool_tile_{S}(const {T}* X, void* C, int64_t nt, int64_t j0, int64_t combine,
                              int64_t in0, int64_t in1, int64_t in2, int64_t k0, int64_t k1,
                              int64_t k2, int64_t out0, int64_t out1, int64_t out2, int64_t s0,
                              int64_t s1, int64_t s2, int64_t d0, int64_t d1, int64_t d2,
@@ -151,17 +151,4 @@ static void ts_pool_tile_{S}(const {T}* X, {T}* C, int64_t nt, int64_t j0, int64
   ts_conv_geom g = {in0 * in1 * in2, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2},
                     {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
   ts_pool_planes_{S}(&g, X, C, nt, j0, combine, nimg, xs, ys);
-}
-
-/* combine 2: each window's offset of its first largest tap into C (ts_pool_planes) */
-static void ts_pool_first_{S}(const {T}* X, int64_t* C, int64_t nt, int64_t j0, int64_t combine,
-                              int64_t in0, int64_t in1, int64_t in2, int64_t k0, int64_t k1,
-                              int64_t k2, int64_t out0, int64_t out1, int64_t out2, int64_t s0,
-                              int64_t s1, int64_t s2, int64_t d0, int64_t d1, int64_t d2,
-                              int64_t p0, int64_t p1, int64_t p2, int64_t nimg, int64_t xs,
-                              int64_t ys) {
-  (void)combine;
-  ts_conv_geom g = {in0 * in1 * in2, {in0, in1, in2}, {k0, k1, k2}, {out0, out1, out2},
-                    {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};
-  ts_pool_planes_{S}(&g, X, C, nt, j0, 2, nimg, xs, ys);
 }
