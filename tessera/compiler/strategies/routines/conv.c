@@ -180,26 +180,37 @@ static inline void ts_conv_panel_put_{S}({T}* restrict pb, int64_t kc, int64_t q
    positions by channels. The weight gradient runs it with the tables' roles swapped: a row per
    tap (fp: its line), k over the positions (off: each one's place). Each element is the fma
    chain over k of the packed path (the same products, exact before their one rounding, in the
-   same order), so the same bits. */
+   same order), so the same bits. Listed: the steps are the block's k that a list keeps
+   (ts_conv_skips: off[2t] the step's offset, off[2t + 1] its row of pb, one stream: a register
+   fewer), and row r of the tile is C + crow[r] (positions grouped by the taps they skip: their
+   rows stay in place). */
 #define TS_DNR_{S} (TS_DNV * TS_VL_{S})
 static inline __attribute__((always_inline)) void ts_conv_direct_micro_{S}(
-    int64_t kc, const {T}* restrict pad, const int64_t* restrict off, const int64_t* restrict fp,
-    const {T}* restrict b, {T}* restrict c, int64_t ldc, int first) {
+    int64_t kc, const {T}* restrict pad, const int64_t* restrict off, const int listed,
+    const int64_t* restrict fp, const {T}* restrict b, {T}* restrict c,
+    const int64_t* restrict crow, int64_t ldc, int first) {
   ts_v_{S} acc[TS_DMR][TS_DNV];
   const {T}* xr[TS_DMR];                /* (each position's base: a load's one address mode) */
+  {T}* cr[TS_DMR];
+#if defined(__GNUC__)
+  if (listed) __asm__("" : "+r"(b));    /* (b one register: gcc kept its parts in two) */
+#endif
 #pragma GCC unroll 16
   for (int r = 0; r < TS_DMR; ++r) xr[r] = pad + fp[r];
+#pragma GCC unroll 16
+  for (int r = 0; r < TS_DMR; ++r) cr[r] = c + (crow ? crow[r] : r * ldc);
 #pragma GCC unroll 16
   for (int r = 0; r < TS_DMR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < TS_DNV; ++v)
-      acc[r][v] = first ? ts_vzero_{S}() : ts_vload_{S}(c + r * ldc + v * TS_VL_{S});
+      acc[r][v] = first ? ts_vzero_{S}() : ts_vload_{S}(cr[r] + v * TS_VL_{S});
 #pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
-    const int64_t o = off[k];
+    const int64_t o = listed ? off[2 * k] : off[k];
+    const {T}* bk = b + (listed ? off[2 * k + 1] : k * TS_DNR_{S});
     ts_v_{S} bv[TS_DNV];
 #pragma GCC unroll 4
-    for (int v = 0; v < TS_DNV; ++v) bv[v] = ts_vload_{S}(b + k * TS_DNR_{S} + v * TS_VL_{S});
+    for (int v = 0; v < TS_DNV; ++v) bv[v] = ts_vload_{S}(bk + v * TS_VL_{S});
 #pragma GCC unroll 16
     for (int r = 0; r < TS_DMR; ++r) {
       ts_v_{S} ar = ts_vset1_{S}(xr[r][o]);
@@ -210,7 +221,7 @@ static inline __attribute__((always_inline)) void ts_conv_direct_micro_{S}(
 #pragma GCC unroll 16
   for (int r = 0; r < TS_DMR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < TS_DNV; ++v) ts_vstore_{S}(c + r * ldc + v * TS_VL_{S}, acc[r][v]);
+    for (int v = 0; v < TS_DNV; ++v) ts_vstore_{S}(cr[r] + v * TS_VL_{S}, acc[r][v]);
 }
 
 /* One K block of the direct path: each of W's transposed panels (pb: npc channels; in L1)
@@ -219,8 +230,8 @@ static void ts_conv_direct_{S}(const {T}* pb, int64_t npc, const {T}* pad, const
                                int64_t kc, const int64_t* fp, int64_t npos, {T}* C, int first) {
   for (int64_t jr = 0; jr < npc; jr += TS_DNR_{S})
     for (int64_t ir = 0; ir < npos; ir += TS_DMR)
-      ts_conv_direct_micro_{S}(kc, pad, off, fp + ir, pb + jr * kc, C + ir * npc + jr, npc,
-                               first);
+      ts_conv_direct_micro_{S}(kc, pad, off, 0, fp + ir, pb + jr * kc, C + ir * npc + jr, 0,
+                               npc, first);
 }
 
 /* W[0:mt, 0:kc] (rows ldw apart) transposed into the direct path's panels of TS_DNR channels,
@@ -238,6 +249,139 @@ static void ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64
 /* The direct path is taken where at least this share (%) of its channel vectors' lanes are
    output channels (the packed path's rows come TS_MR at a time). */
 #define TS_CONV_DIRECT_USE 85
+
+/* Taps in the padding, skipped. A window that reaches past the input's edge reads zeros there,
+   and fma(w, 0, c) is c for a finite w (c is never -0: a chain from +0 reaches -0 only through a
+   product that underflows past the subnormals), so the direct path leaves those taps out (a
+   7x7 image's 3x3 windows are 18% padding, a 2x2 one's 56%). The positions are grouped by the
+   taps their windows keep (image after image within a group), each micro-tile runs the union
+   of its positions' taps, and their rows of the tile stay where they were. Where a K block's
+   weights are not all finite (inf x 0 is NaN) or the kernel has more than 64 taps, every tap
+   runs. */
+#define TS_CONV_LISTS 16             /* the micro-tiles' distinct tap sets a tile keeps lists of */
+#define TS_CONV_CLASSES 64           /* the positions' distinct tap sets grouped (more: in place) */
+#define TS_CONV_SKIP_MIN 12          /* the share (%) of the steps skipped worth the lists */
+
+/* The slots of the direct path's npos rows: fp (each one's place in the layout), crow (its row
+   of the tile, times npc), tl (each micro-tile's tap set, an index into lmask); returns the
+   sets' count, or 0 where the micro-tiles would skip under TS_CONV_SKIP_MIN% of their steps
+   (the lists' loads and the grouped positions' scattered reads cost 2-5%: 28 x 28 images, 5%
+   of whose taps are padding, ran 2% slower): fp then the positions in order, and no lists. cls:
+   nt + 2 TS_CONV_CLASSES + 1 int64s of scratch. */
+static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, int64_t j0,
+                             int64_t isz, int64_t pline, int64_t npos, int64_t npc,
+                             int64_t* fp, int64_t* crow, int64_t* tl, uint64_t* lmask,
+                             int64_t* cls) {
+  int64_t kk = g->k[0] * g->k[1] * g->k[2], out2 = g->out[2], plane = g->out[1] * out2;
+  uint64_t full = kk >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << kk) - 1;
+  uint64_t* cmask = (uint64_t*)(cls + nt);
+  int64_t* start = (int64_t*)(cmask + TS_CONV_CLASSES), nc = 0, s = 0;
+  double inside = 1.0;                   /* the share of the positions' taps inside the input */
+  for (int a = 0; a < 3; ++a) {
+    int64_t n = 0;
+    for (int64_t o = 0; o < g->out[a]; ++o)
+      for (int64_t k = 0; k < g->k[a]; ++k) {
+        int64_t i = o * g->s[a] + k * g->d[a] - g->p[a];
+        n += i >= 0 && i < g->in[a];
+      }
+    inside *= (double)n / (double)(g->out[a] * g->k[a]);
+  }
+  if (kk > 64 || 100 * (1 - inside) < TS_CONV_SKIP_MIN)
+    goto in_order;                      /* (at once: grouping 56 x 56 positions cost 4%) */
+  for (int64_t j = 0; j < nt; ++j) {            /* each position's taps inside the input */
+    int64_t p = j0 + j, o[3] = {p / plane, p / out2 % g->out[1], p % out2}, r = 0;
+    uint64_t m = 0;
+    for (int64_t kz = 0; kz < g->k[0]; ++kz)
+      for (int64_t ky = 0; ky < g->k[1]; ++ky)
+        for (int64_t kx = 0; kx < g->k[2]; ++kx, ++r) {
+          int64_t i[3] = {o[0] * g->s[0] + kz * g->d[0] - g->p[0],
+                          o[1] * g->s[1] + ky * g->d[1] - g->p[1],
+                          o[2] * g->s[2] + kx * g->d[2] - g->p[2]};
+          int in = 1;
+          for (int a = 0; a < 3; ++a) in = in && i[a] >= 0 && i[a] < g->in[a];
+          m |= (uint64_t)in << r;
+        }
+    int64_t c = 0;
+    while (c < nc && cmask[c] != m) ++c;
+    if (c == nc) {
+      if (nc == TS_CONV_CLASSES) goto in_order;
+      cmask[nc++] = m;
+    }
+    cls[j] = c;
+  }
+  for (int64_t c = 0; c <= nc; ++c) start[c] = 0;       /* the slots class by class */
+  for (int64_t j = 0; j < nt; ++j) ++start[cls[j] + 1];
+  for (int64_t c = 0; c < nc; ++c) start[c + 1] += start[c];
+  for (int64_t c = 0; c < nc; ++c)
+    for (int64_t i = 0; i < nimg; ++i)
+      for (int64_t j = 0; j < nt; ++j)
+        if (cls[j] == c) {
+          int64_t q = i * nt + j;
+          fp[s] = i * isz + j / out2 * g->s[1] * pline + j % out2;
+          crow[s++] = q * npc;
+        }
+  for (; s < npos; ++s) {                        /* spare rows: the last position's, unused */
+    fp[s] = fp[nimg * nt - 1];
+    crow[s] = s * npc;
+  }
+  int64_t nl = 1, kept = 0;
+  lmask[0] = full;
+  for (int64_t t = 0; t < npos / TS_DMR; ++t) {  /* each micro-tile's union of its slots' taps */
+    uint64_t m = 0;
+    for (int64_t r = t * TS_DMR; r < (t + 1) * TS_DMR && r < nimg * nt; ++r) {
+      int64_t c = 0;
+      while (start[c + 1] * nimg <= r) ++c;      /* (slots of class c: start[c] nimg on) */
+      m |= cmask[c];
+    }
+    int64_t l = 0;
+    while (l < nl && lmask[l] != m) ++l;
+    if (l == nl) {
+      if (nl < TS_CONV_LISTS) lmask[nl++] = m;
+      else l = 0;
+    }
+    tl[t] = l;
+    kept += __builtin_popcountll(lmask[l]);
+  }
+  if (100 * kept <= (100 - TS_CONV_SKIP_MIN) * kk * (npos / TS_DMR)) return nl;
+in_order:                                        /* (too few to skip: the positions in order) */
+  for (s = 0; s < npos; ++s) {
+    int64_t q = s < nimg * nt ? s : nimg * nt - 1;
+    fp[s] = q / nt * isz + q % nt / out2 * g->s[1] * pline + q % out2;
+  }
+  return 0;
+}
+
+/* A K block's steps per tap set l: pairs of the layout's offset and the row of W's panels of
+   the block's k whose tap (pc + k) % kk the set keeps, in order; count[l] of them. */
+static void ts_conv_skips(const int64_t* off, int64_t pc, int64_t kc, int64_t kk,
+                          const uint64_t* lmask, int64_t nl, int64_t kcap, int64_t* lists,
+                          int64_t* count) {
+  for (int64_t l = 0; l < nl; ++l) {
+    int64_t *lo = lists + 2 * l * kcap, n = 0;
+    for (int64_t k = 0; k < kc; ++k)
+      if ((pc + k) % kk >= 64 || lmask[l] >> ((pc + k) % kk) & 1) {
+        lo[2 * n] = off[k];
+        lo[2 * n++ + 1] = k * TS_DNR_{S};
+      }
+    count[l] = n;
+  }
+}
+
+/* One K block of the direct path over the slots of ts_conv_group: micro-tile t runs list tl[t]
+   (tl 0: every one list 0, every tap), its rows of C at crow. (A function of its own: inlined
+   into the tile's, its registers spill.) */
+__attribute__((noinline))
+static void ts_conv_direct_listed_{S}(const {T}* pb, int64_t npc, int64_t kc, const {T}* pad,
+                                      const int64_t* lists, int64_t kcap, const int64_t* count,
+                                      const int64_t* tl, const int64_t* fp, const int64_t* crow,
+                                      int64_t npos, {T}* C, int first) {
+  for (int64_t jr = 0; jr < npc; jr += TS_DNR_{S})
+    for (int64_t ir = 0; ir < npos; ir += TS_DMR) {
+      int64_t l = tl ? tl[ir / TS_DMR] : 0;
+      ts_conv_direct_micro_{S}(count[l], pad, lists + 2 * l * kcap, 1, fp + ir, pb + jr * kc,
+                               C + jr, crow + ir, npc, first);
+    }
+}
 
 /* Overwrites the mt x nt block at C (row stride ldc) with W[0:mt, 0:K] @ B[0:K, j0:j0+nt]:
    every element the fma chain over k = 0, 1, ... from 0 that the GEMM routine computes for the
@@ -293,7 +437,9 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
                  (psize ? (size_t)psize + (size_t)(cgmax * kk) * ioff + 32 : 0) +
-                 (direct ? (size_t)npos * ioff : 0);
+                 (direct ? (size_t)(2 * npos + npos / TS_DMR + nt + 2 * TS_CONV_LISTS +
+                                   2 * TS_CONV_CLASSES + 1 + 2 * TS_CONV_LISTS * kcap) * ioff
+                         : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
                 : direct ? (size_t)npc * (size_t)kcap + (size_t)(npos * npc)
                          : (size_t)(mp + np) * (size_t)kcap + (size_t)np +
@@ -349,19 +495,30 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     return;
   }
   if (direct) {                  /* the windows read where they are laid out, B never packed */
-    int64_t* fp = off + cgmax * kk;      /* each position's place in the layout, images in turn */
+    int64_t* fp = off + cgmax * kk;      /* each slot's place in the layout, grouped by taps */
+    int64_t *crow = fp + npos, *tl = crow + npos, *count = tl + npos / TS_DMR;
+    uint64_t* lmask = (uint64_t*)(count + TS_CONV_LISTS);
+    int64_t* cls = (int64_t*)(lmask + TS_CONV_LISTS);
+    int64_t* lists = cls + nt + 2 * TS_CONV_CLASSES + 1;
     {T}* tile = pa + npc * kcap;         /* positions x channels, image after image */
-    for (int64_t j = 0; j < npos; ++j) {
-      int64_t q = j < nimg * nt ? j : nimg * nt - 1;   /* (spare rows: the last position's) */
-      fp[j] = q / nt * isz + q % nt / out2 * s1 * pline + q % out2;
-    }
+    int64_t nl = ts_conv_group(&g, nimg, nt, j0, isz, pline, npos, npc, fp, crow, tl, lmask,
+                               cls);          /* (0: no lists, positions in order) */
     for (int64_t pc = 0; pc < K; pc += KC) {
       int64_t kc = K - pc < KC ? K - pc : KC, c = pc / kk;
       ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, kc, pa);
+      int finite = 1;                    /* (x - x is 0 for a finite x, NaN otherwise) */
+      if (nl)
+        for (int64_t q = 0; q < npc * kc; ++q) finite &= pa[q] - pa[q] == 0;
       for (int64_t i = 0; i < nimg; ++i)
         ts_window_lay_{S}(&g, X + i * xs + c * cs, (pc + kc - 1) / kk - c + 1, j0 / out2,
                           nt / out2, 0, pad + i * isz, i ? 0 : off);
-      ts_conv_direct_{S}(pa, npc, pad, off + pc % kk, kc, fp, npos, tile, pc == 0);
+      if (!nl) {
+        ts_conv_direct_{S}(pa, npc, pad, off + pc % kk, kc, fp, npos, tile, pc == 0);
+        continue;
+      }
+      ts_conv_skips(off + pc % kk, pc, kc, kk, lmask, nl, kcap, lists, count);
+      ts_conv_direct_listed_{S}(pa, npc, kc, pad, lists, kcap, count, finite ? tl : 0, fp, crow,
+                                npos, tile, pc == 0);
     }
     for (int64_t i = 0; i < nimg; ++i)
       ts_transpose_{S}(tile + i * nt * npc, npc, C + i * ys, ldc, mt, nt);
