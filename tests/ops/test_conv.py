@@ -155,6 +155,37 @@ def test_the_direct_convolution_has_the_bits_of_the_im2col_matmul(k, dtype, rng)
         ts.Schedule(block=(64, 2 * tile_n, 1000), parallel=False)], dtype)
 
 
+SKIPPING = [  # small images, whose windows are mostly padding: the direct path skips those taps
+    ((32, 16, 7, 7), (32, 16, 3, 3), {"padding": 1}),             # 18% of the taps
+    ((32, 16, 2, 2), (64, 16, 3, 3), {"padding": 1}),             # 56%
+    ((24, 8, 3, 5), (32, 8, 5, 5), {"padding": 2, "dilation": (1, 2)}),
+    ((16, 8, 5, 5), (32, 8, 9, 9), {"padding": 4}),               # 81 taps: in order, none
+]
+
+
+@pytest.mark.parametrize("k", range(len(SKIPPING)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_taps_in_the_padding_are_skipped_with_the_im2col_bits(k, dtype, rng):
+    """The direct path leaves out the taps of a small image's windows that fall in the padding
+    (fma(w, 0, c) is c for a finite w), its positions grouped by the taps they keep: the bits of
+    the windows' matmul, whatever the tiles. A weight that is not finite (inf x 0 is NaN) runs
+    every tap of its K block: the matmul's NaNs where its windows reach the padding, the same
+    bits elsewhere."""
+    xs, ws, attrs = SKIPPING[k]
+    _has_the_im2col_bits(rng, xs, ws, attrs, [
+        None, ts.Schedule(block=(32, 2 * int(np.prod(xs[2:])), 64))], dtype)
+    x, w = _case(rng, xs, ws, dtype)
+    w[1, 2, 0, 0] = np.inf                   # (the top-left tap: padding at the first row)
+    cols, out = _im2col(x, ws, attrs)
+    want = ts.function(lambda a, b: op.matmul(a, b))(w.reshape(1, ws[0], -1), cols)
+    got = ts.function(lambda x, w: op.conv(x, w, **attrs))(x, w)
+    want = want.reshape(got.shape)
+    assert np.isnan(want).any()              # (some windows reach the padding there)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert got[ok].tobytes() == want[ok].tobytes()
+
+
 def test_small_images_tasks_are_whole_images_by_all_the_rows():
     """ResNet's small layers at batch 32: each task whole images (columns from 128 to 1024)
     by every output channel up to 512, in no fewer than MIN_TASKS tasks (fewer, squarer tasks

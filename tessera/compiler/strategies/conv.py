@@ -9,7 +9,10 @@ windows' values broadcast from the input rows laid out padded (no B packed). A f
 of (image, group, row tile, column tile) tasks, each one call of the routine and then the
 epilogue over the finished tile; small images go several to a task, their positions its
 columns. Every element is the GEMM's fma chain over k from 0: the bits of the im2col matmul
-the operator decomposes into, on every ISA, thread count and tile.
+the operator decomposes into, on every ISA, thread count and tile. On small images the direct
+path leaves out the taps in the padding (fma(w, 0, c) is c for a finite w: the same bits, but
+for the sign of a zero output where products underflow past the subnormals; a K block with a
+weight that is not finite runs every tap, so inf x 0 still gives the matmul's NaN).
 
 GPUs run the same chains, an output element per thread (a direct loop; tensor cores are
 future work). The operator is primitive for float32 and float64 operands of static shapes;
