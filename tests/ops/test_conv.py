@@ -188,18 +188,26 @@ def test_taps_in_the_padding_are_skipped_with_the_im2col_bits(k, dtype, rng):
 
 def test_small_images_tasks_are_whole_images_by_all_the_rows():
     """ResNet's small layers at batch 32: each task whole images (columns from 128 to 1024)
-    by every output channel up to 512, in no fewer than MIN_TASKS tasks (fewer, squarer tasks
-    pack less: 8% faster at 7x7x512 on a 2-core Xeon); a small batch keeps the finer grid."""
+    by every output channel up to 512, in SMALL_IMAGE_TASKS tasks where their columns stay
+    within 1024, else MIN_TASKS (fewer, squarer tasks pack less: 7% faster at 7x7x512 on a
+    2-core Xeon); a batch of 2x2 images is one column of tasks, its rows split (a column split
+    packs the weights again); a small batch keeps the finer grid."""
+    from tessera.compiler.strategies.conv import SMALL_IMAGE_TASKS
     from tessera.compiler.strategies.routines.c_gemm import MIN_TASKS
-    for n, c, hw, whole in [(32, 512, 7, True), (32, 256, 14, True), (32, 128, 28, True),
-                            (32, 64, 56, False), (8, 512, 7, False)]:
+    for n, c, hw, whole, least in [(32, 512, 7, True, SMALL_IMAGE_TASKS),
+                                   (32, 256, 4, True, SMALL_IMAGE_TASKS),
+                                   (32, 256, 14, True, MIN_TASKS), (32, 128, 28, True, MIN_TASKS),
+                                   (32, 64, 56, False, MIN_TASKS), (8, 512, 7, False, MIN_TASKS),
+                                   (32, 512, 2, False, SMALL_IMAGE_TASKS)]:
         x, w = np.zeros((n, c, hw, hw), np.float32), np.zeros((c, c, 3, 3), np.float32)
         kn = ts.function(lambda x, w: op.conv(x, w, padding=1)).lower(x, w).schedule_ir \
             .kernels[0].knobs
         P, cols = hw * hw, kn["tile_n"]
         tasks = -(-c // kn["tile_m"]) * (-(-n // (cols // P)) if cols >= P else n * -(-P // cols))
-        assert tasks >= MIN_TASKS
+        assert tasks >= least
         assert (kn["tile_m"] == min(c, 512) and cols % P == 0 and 128 <= cols <= 1024) == whole
+        if hw == 2:
+            assert cols == n * P and tasks == SMALL_IMAGE_TASKS
 
 
 def test_a_convolutions_epilogue_is_fused(rng):

@@ -125,26 +125,40 @@ register(ConvStrategy())
 # Small images' tasks: at most this many columns (a K block's panels of B, 256 rows, in 1 MiB),
 # and at least this many (else the weights' packing per task outweighs the product)
 SMALL_IMAGE_COLUMNS = (128, 1024)
+# and as few as this many tasks where their columns stay within those: every task lays out its
+# images' windows and packs its rows of the weights, so fewer, larger tasks do less of both
+# (2-core Emerald Rapids, batch 32: 7x7x512 19.3 -> 18.0 ms, 4x4x256 1.65 -> 1.40, 2x2x512
+# 1.82 -> 1.45 against MIN_TASKS' 8 tasks)
+SMALL_IMAGE_TASKS = c_gemm.MIN_TASKS // 2
 
 
 def image_tiles(g: dict, d: str) -> dict:
     """Task tiles of the products of the images' positions. Small images (at most 1024
     positions): each task whole images by all the output channels of a group up to the GEMM's
-    rows per task, as many images as leave MIN_TASKS tasks: each task packs the weights it
-    multiplies (A) and the windows (B) once, so fewer, squarer tasks pack less (ResNet's
-    7x7x512 layer at batch 32: 512 x 196 in 8 tasks took 32 ms, 256 x 196 in 16 tasks 35 ms;
-    14x14x256: 256 x 784, 28.5 against 29-31 ms; 28x28x128: 128 x 784 against 128 x 392, 30.7
-    against 32.4 ms). Where that leaves fewer tasks or narrower ones (a small batch), and for
-    larger images: task_tiles' grid per image, or over the batch's positions where its tiles
-    take two whole images or more (images_per_tile)."""
+    rows per task, as many images as leave SMALL_IMAGE_TASKS tasks of at most 1024 columns,
+    else MIN_TASKS: each task packs the weights it multiplies (A) and the windows (B) once, so
+    fewer, squarer tasks pack less (ResNet's 7x7x512 layer at batch 32: 512 x 196 in 8 tasks
+    took 32 ms, 256 x 196 in 16 tasks 35 ms; 14x14x256: 256 x 784, 28.5 against 29-31 ms;
+    28x28x128: 128 x 784 against 128 x 392, 30.7 against 32.4 ms). A batch whose positions
+    all fit one task's least columns (2x2 images at batch 32) is one column of tasks, its rows
+    split SMALL_IMAGE_TASKS ways: a column split would pack all the weights again. Where that
+    leaves fewer tasks or narrower ones (a small batch), and for larger images: task_tiles'
+    grid per image, or over the batch's positions where its tiles take two whole images or
+    more (images_per_tile)."""
     least, most = SMALL_IMAGE_COLUMNS
     P, Og, N, G = g["P"], g["Og"], g["N"], g["G"]
     if Og > 1 and P <= most:
         rows, _, kc = c_gemm.DEFAULT_TILE[d]
         mt = even_tile(Og, rows, 8)
         imgs = min(N, most // P, N * G * -(-Og // mt) // c_gemm.MIN_TASKS)
+        fewer = N * G * -(-Og // mt) // SMALL_IMAGE_TASKS
+        if least <= fewer * P <= most:
+            imgs = fewer
         if imgs * P >= least:
             return {"tile_m": mt, "tile_n": imgs * P, "tile_k": kc}
+        if N * P <= least:
+            split = -(-SMALL_IMAGE_TASKS // G)
+            return {"tile_m": even_tile(Og, -(-Og // split), 8), "tile_n": N * P, "tile_k": kc}
     tiles = task_tiles(Og, P, N * G, d)
     if Og > 1 and tiles["tile_n"] >= P:
         wide = task_tiles(Og, N * P, G, d)

@@ -235,15 +235,20 @@ static void ts_conv_direct_{S}(const {T}* pb, int64_t npc, const {T}* pad, const
 }
 
 /* W[0:mt, 0:kc] (rows ldw apart) transposed into the direct path's panels of TS_DNR channels,
-   kall deep (kc of them here): pb[jr kall + k TS_DNR + j], zero past mt. */
-static void ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64_t kc,
-                                    int64_t kall, {T}* pb) {
+   kall deep (kc of them here): pb[jr kall + k TS_DNR + j], zero past mt. With check, whether
+   every value packed is finite (else 1). */
+static int ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64_t kc,
+                                   int64_t kall, {T}* pb, int check) {
+  int finite = 1;
   for (int64_t jr = 0; jr < mt; jr += TS_DNR_{S}, pb += TS_DNR_{S} * kall) {
     int64_t n = mt - jr < TS_DNR_{S} ? mt - jr : TS_DNR_{S};
     ts_transpose_{S}(W + jr * ldw, ldw, pb, TS_DNR_{S}, kc, n);
     for (int64_t k = 0; k < kc && n < TS_DNR_{S}; ++k)
       for (int64_t j = n; j < TS_DNR_{S}; ++j) pb[k * TS_DNR_{S} + j] = 0;
+    if (check)                        /* (the panel still in L1; x - x is 0 for a finite x) */
+      for (int64_t q = 0; q < kc * TS_DNR_{S}; ++q) finite &= pb[q] - pb[q] == 0;
   }
+  return finite;
 }
 
 /* The direct path is taken where at least this share (%) of its channel vectors' lanes are
@@ -358,8 +363,8 @@ static void ts_conv_skips(const int64_t* off, int64_t pc, int64_t kc, int64_t kk
                           int64_t* count) {
   for (int64_t l = 0; l < nl; ++l) {
     int64_t *lo = lists + 2 * l * kcap, n = 0;
-    for (int64_t k = 0; k < kc; ++k)
-      if ((pc + k) % kk >= 64 || lmask[l] >> ((pc + k) % kk) & 1) {
+    for (int64_t k = 0, r = pc % kk; k < kc; ++k, r = r + 1 < kk ? r + 1 : 0)   /* (r: k's tap) */
+      if (r >= 64 || lmask[l] >> r & 1) {
         lo[2 * n] = off[k];
         lo[2 * n++ + 1] = k * TS_DNR_{S};
       }
@@ -505,10 +510,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
                                cls);          /* (0: no lists, positions in order) */
     for (int64_t pc = 0; pc < K; pc += KC) {
       int64_t kc = K - pc < KC ? K - pc : KC, c = pc / kk;
-      ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, kc, pa);
-      int finite = 1;                    /* (x - x is 0 for a finite x, NaN otherwise) */
-      if (nl)
-        for (int64_t q = 0; q < npc * kc; ++q) finite &= pa[q] - pa[q] == 0;
+      int finite = ts_conv_direct_pack_{S}(W + pc, ldw, mt, kc, kc, pa, nl > 0);
       for (int64_t i = 0; i < nimg; ++i)
         ts_window_lay_{S}(&g, X + i * xs + c * cs, (pc + kc - 1) / kk - c + 1, j0 / out2,
                           nt / out2, 0, pad + i * isz, i ? 0 : off);
@@ -661,7 +663,7 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
           ts_window_lay_{S}(&g, X + (n + i) * xs + c_lo * cs, cgt, p / out2, len / out2, 0,
                             pad + i * isz, i ? 0 : off);
           ts_conv_direct_pack_{S}(Gd + (n + i) * gs + p, P, mt, len, mi * len,
-                                  pa + i * len * TS_DNR_{S});
+                                  pa + i * len * TS_DNR_{S}, 0);
         }
         for (int64_t j = 0; j < npt; ++j) toff[j] = off[(j < nt ? j : nt - 1) + j0 - c_lo * kk];
         ts_conv_direct_{S}(pa, npc, pad, fk, mi * len, toff, npt, tile, n == 0 && p == 0);
