@@ -186,6 +186,33 @@ def test_taps_in_the_padding_are_skipped_with_the_im2col_bits(k, dtype, rng):
     assert got[ok].tobytes() == want[ok].tobytes()
 
 
+@pytest.mark.parametrize("k", range(len(SKIPPING)))
+def test_the_weight_gradient_skips_the_padding_with_the_windows_bits(k, rng):
+    """The direct weight gradient skips the same taps (a tap's row leaves out the positions
+    whose window has it in the padding), its rows grouped by tap (a task of 16 channels' taps:
+    whole micro-tiles of one tap): the bits of the cotangent's matmul with the windows; an
+    infinite cotangent runs every position of its block (the matmul's NaNs where it meets the
+    padding)."""
+    xs, ws, attrs = SKIPPING[k]
+    whole = ts.Schedule(block=(32, 144, 256))    # (16 channels' taps: 16 rows a tap, pure tiles)
+    _weight_gradient_has_the_windows_bits(rng, xs, ws, attrs, [
+        None, ts.Schedule(block=(32, 40, 64)), whole])
+    x, w = _case(rng, xs, ws, np.float32)
+    cols, out = _im2col(x, ws, attrs)
+    gy = rng.standard_normal((xs[0], ws[0], *out)).astype(np.float32)
+    gy[1, 2, 0, 0] = np.inf                  # (the first position: its windows reach the padding)
+    P = int(np.prod(out))
+    want = ts.function(lambda a, b: op.matmul(a, b))(
+        gy.transpose(1, 0, 2, 3).reshape(1, ws[0], -1),
+        cols.transpose(1, 0, 3, 2).reshape(1, xs[0] * P, -1)).reshape(ws)
+    got = ts.function(lambda x, w, gy: ts.grad(
+        lambda w: op.sum(op.conv(x, w, **attrs) * gy))(w)).with_schedule(whole)(x, w, gy)
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert got[ok].tobytes() == want[ok].tobytes()
+
+
 def test_small_images_tasks_are_whole_images_by_all_the_rows():
     """ResNet's small layers at batch 32: each task whole images (columns from 128 to 1024)
     by every output channel up to 512, in SMALL_IMAGE_TASKS tasks where their columns stay

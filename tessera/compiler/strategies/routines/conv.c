@@ -267,21 +267,29 @@ static int ts_conv_direct_pack_{S}(const {T}* W, int64_t ldw, int64_t mt, int64_
 #define TS_CONV_CLASSES 64           /* the positions' distinct tap sets grouped (more: in place) */
 #define TS_CONV_SKIP_MIN 12          /* the share (%) of the steps skipped worth the lists */
 
-/* The slots of the direct path's npos rows: fp (each one's place in the layout), crow (its row
-   of the tile, times npc), tl (each micro-tile's tap set, an index into lmask); returns the
-   sets' count, or 0 where the micro-tiles would skip under TS_CONV_SKIP_MIN% of their steps
-   (the lists' loads and the grouped positions' scattered reads cost 2-5%: 28 x 28 images, 5%
-   of whose taps are padding, ran 2% slower): fp then the positions in order, and no lists. cls:
-   nt + 2 TS_CONV_CLASSES + 1 int64s of scratch. */
-static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, int64_t j0,
-                             int64_t isz, int64_t pline, int64_t npos, int64_t npc,
-                             int64_t* fp, int64_t* crow, int64_t* tl, uint64_t* lmask,
-                             int64_t* cls) {
-  int64_t kk = g->k[0] * g->k[1] * g->k[2], out2 = g->out[2], plane = g->out[1] * out2;
-  uint64_t full = kk >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << kk) - 1;
-  uint64_t* cmask = (uint64_t*)(cls + nt);
-  int64_t* start = (int64_t*)(cmask + TS_CONV_CLASSES), nc = 0, s = 0;
-  double inside = 1.0;                   /* the share of the positions' taps inside the input */
+/* Bit r set where tap r (of at most 64) of output position p's window lies inside the input. */
+static uint64_t ts_conv_taps_in(const ts_conv_geom* g, int64_t p) {
+  int64_t plane = g->out[1] * g->out[2];
+  int64_t o[3] = {p / plane, p / g->out[2] % g->out[1], p % g->out[2]}, r = 0;
+  uint64_t m = 0;
+  for (int64_t kz = 0; kz < g->k[0]; ++kz)
+    for (int64_t ky = 0; ky < g->k[1]; ++ky)
+      for (int64_t kx = 0; kx < g->k[2]; ++kx, ++r) {
+        int64_t i[3] = {o[0] * g->s[0] + kz * g->d[0] - g->p[0],
+                        o[1] * g->s[1] + ky * g->d[1] - g->p[1],
+                        o[2] * g->s[2] + kx * g->d[2] - g->p[2]};
+        int in = 1;
+        for (int a = 0; a < 3; ++a) in = in && i[a] >= 0 && i[a] < g->in[a];
+        m |= (uint64_t)in << r;
+      }
+  return m;
+}
+
+/* Whether the windows' taps in the padding are worth lists: at most 64 taps, and at least
+   TS_CONV_SKIP_MIN% of them over the output positions (decided at once, before any grouping:
+   grouping 56 x 56 positions cost 4%). */
+static int ts_conv_skipping(const ts_conv_geom* g) {
+  double inside = 1.0;
   for (int a = 0; a < 3; ++a) {
     int64_t n = 0;
     for (int64_t o = 0; o < g->out[a]; ++o)
@@ -291,22 +299,49 @@ static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, in
       }
     inside *= (double)n / (double)(g->out[a] * g->k[a]);
   }
-  if (kk > 64 || 100 * (1 - inside) < TS_CONV_SKIP_MIN)
-    goto in_order;                      /* (at once: grouping 56 x 56 positions cost 4%) */
-  for (int64_t j = 0; j < nt; ++j) {            /* each position's taps inside the input */
-    int64_t p = j0 + j, o[3] = {p / plane, p / out2 % g->out[1], p % out2}, r = 0;
+  return g->k[0] * g->k[1] * g->k[2] <= 64 && 100 * (1 - inside) >= TS_CONV_SKIP_MIN;
+}
+
+/* The list of each micro-tile (TS_DMR slots from t TS_DMR, of which the first `real` are used)
+   whose steps are kept for tap set m(slot) (OR of its slots'): tl[t], an index into lmask
+   (lmask[0]: every tap, also where TS_CONV_LISTS sets would not do); returns the count. */
+static int64_t ts_conv_lists_of(int64_t npos, int64_t real, const uint64_t* slotmask,
+                                uint64_t full, int64_t* tl, uint64_t* lmask) {
+  int64_t nl = 1;
+  lmask[0] = full;
+  for (int64_t t = 0; t < npos / TS_DMR; ++t) {
     uint64_t m = 0;
-    for (int64_t kz = 0; kz < g->k[0]; ++kz)
-      for (int64_t ky = 0; ky < g->k[1]; ++ky)
-        for (int64_t kx = 0; kx < g->k[2]; ++kx, ++r) {
-          int64_t i[3] = {o[0] * g->s[0] + kz * g->d[0] - g->p[0],
-                          o[1] * g->s[1] + ky * g->d[1] - g->p[1],
-                          o[2] * g->s[2] + kx * g->d[2] - g->p[2]};
-          int in = 1;
-          for (int a = 0; a < 3; ++a) in = in && i[a] >= 0 && i[a] < g->in[a];
-          m |= (uint64_t)in << r;
-        }
-    int64_t c = 0;
+    for (int64_t r = t * TS_DMR; r < (t + 1) * TS_DMR && r < real; ++r) m |= slotmask[r];
+    int64_t l = 0;
+    while (l < nl && lmask[l] != m) ++l;
+    if (l == nl) {
+      if (nl < TS_CONV_LISTS) lmask[nl++] = m;
+      else l = 0;
+    }
+    tl[t] = l;
+  }
+  return nl;
+}
+
+/* The slots of the direct path's npos rows: fp (each one's place in the layout), crow (its row
+   of the tile, times npc), tl (each micro-tile's tap set, an index into lmask); returns the
+   sets' count, or 0 where the micro-tiles would skip under TS_CONV_SKIP_MIN% of their steps
+   (the lists' loads and the grouped positions' scattered reads cost 2-5%: 28 x 28 images, 5%
+   of whose taps are padding, ran 2% slower): fp then the positions in order, and no lists.
+   cls: 2 nt + npos + 2 TS_CONV_CLASSES + 1 int64s of scratch. */
+static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, int64_t j0,
+                             int64_t isz, int64_t pline, int64_t npos, int64_t npc,
+                             int64_t* fp, int64_t* crow, int64_t* tl, uint64_t* lmask,
+                             int64_t* cls) {
+  int64_t kk = g->k[0] * g->k[1] * g->k[2], out2 = g->out[2], nc = 0, s = 0;
+  uint64_t full = kk >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << kk) - 1;
+  uint64_t* cmask = (uint64_t*)(cls + nt);
+  int64_t* start = (int64_t*)(cmask + TS_CONV_CLASSES);
+  uint64_t* smask = (uint64_t*)(start + TS_CONV_CLASSES + 1);   /* each slot's taps */
+  if (!ts_conv_skipping(g)) goto in_order;
+  for (int64_t j = 0; j < nt; ++j) {            /* each position's taps inside the input */
+    uint64_t m = ts_conv_taps_in(g, j0 + j);
+  int64_t c = 0;
     while (c < nc && cmask[c] != m) ++c;
     if (c == nc) {
       if (nc == TS_CONV_CLASSES) goto in_order;
@@ -323,30 +358,15 @@ static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, in
         if (cls[j] == c) {
           int64_t q = i * nt + j;
           fp[s] = i * isz + j / out2 * g->s[1] * pline + j % out2;
+          smask[s] = cmask[c];
           crow[s++] = q * npc;
         }
   for (; s < npos; ++s) {                        /* spare rows: the last position's, unused */
     fp[s] = fp[nimg * nt - 1];
     crow[s] = s * npc;
   }
-  int64_t nl = 1, kept = 0;
-  lmask[0] = full;
-  for (int64_t t = 0; t < npos / TS_DMR; ++t) {  /* each micro-tile's union of its slots' taps */
-    uint64_t m = 0;
-    for (int64_t r = t * TS_DMR; r < (t + 1) * TS_DMR && r < nimg * nt; ++r) {
-      int64_t c = 0;
-      while (start[c + 1] * nimg <= r) ++c;      /* (slots of class c: start[c] nimg on) */
-      m |= cmask[c];
-    }
-    int64_t l = 0;
-    while (l < nl && lmask[l] != m) ++l;
-    if (l == nl) {
-      if (nl < TS_CONV_LISTS) lmask[nl++] = m;
-      else l = 0;
-    }
-    tl[t] = l;
-    kept += __builtin_popcountll(lmask[l]);
-  }
+  int64_t nl = ts_conv_lists_of(npos, nimg * nt, smask, full, tl, lmask), kept = 0;
+  for (int64_t t = 0; t < npos / TS_DMR; ++t) kept += __builtin_popcountll(lmask[tl[t]]);
   if (100 * kept <= (100 - TS_CONV_SKIP_MIN) * kk * (npos / TS_DMR)) return nl;
 in_order:                                        /* (too few to skip: the positions in order) */
   for (s = 0; s < npos; ++s) {
@@ -442,7 +462,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
                  (psize ? (size_t)psize + (size_t)(cgmax * kk) * ioff + 32 : 0) +
-                 (direct ? (size_t)(2 * npos + npos / TS_DMR + nt + 2 * TS_CONV_LISTS +
+                 (direct ? (size_t)(3 * npos + npos / TS_DMR + 2 * nt + 2 * TS_CONV_LISTS +
                                    2 * TS_CONV_CLASSES + 1 + 2 * TS_CONV_LISTS * kcap) * ioff
                          : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
@@ -504,7 +524,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     int64_t *crow = fp + npos, *tl = crow + npos, *count = tl + npos / TS_DMR;
     uint64_t* lmask = (uint64_t*)(count + TS_CONV_LISTS);
     int64_t* cls = (int64_t*)(lmask + TS_CONV_LISTS);
-    int64_t* lists = cls + nt + 2 * TS_CONV_CLASSES + 1;
+    int64_t* lists = cls + 2 * nt + npos + 2 * TS_CONV_CLASSES + 1;
     {T}* tile = pa + npc * kcap;         /* positions x channels, image after image */
     int64_t nl = ts_conv_group(&g, nimg, nt, j0, isz, pline, npos, npc, fp, crow, tl, lmask,
                                cls);          /* (0: no lists, positions in order) */
@@ -577,6 +597,58 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
         memcpy(C + i * ys + r * ldc, out + r * ldo + i * nt, sizeof({T}) * (size_t)nt);
 }
 
+/* The weight gradient's direct path skips the same taps (its roles swapped: the tile's rows are
+   taps, its steps the positions, a step of a row skipped where that position's window has the
+   tap in the padding): the rows grouped by tap (perm[s]: slot s's row of the task's columns,
+   crow its row of the tile times npc), each micro-tile's steps the positions where any of its
+   taps is inside (tl, lmask: as ts_conv_group's). Returns the lists' count, or 0 (perm in
+   order) where too few steps would be skipped. in: each output position's taps inside. */
+static int64_t ts_conv_wgroup(const ts_conv_geom* g, int64_t j0, int64_t nt, int64_t npt,
+                              int64_t npc, int64_t* perm, int64_t* crow, int64_t* tl,
+                              uint64_t* lmask, uint64_t* smask, uint64_t* in) {
+  int64_t kk = g->k[0] * g->k[1] * g->k[2], P = g->out[0] * g->out[1] * g->out[2], s = 0;
+  uint64_t full = kk >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << kk) - 1;
+  if (ts_conv_skipping(g) && nt > 0) {
+    for (int64_t t = 0; t < kk; ++t)               /* the task's taps, tap by tap */
+      for (int64_t j = (t - j0 % kk + kk) % kk; j < nt; j += kk) {
+        perm[s] = j;
+        smask[s] = (uint64_t)1 << t;
+        crow[s++] = j * npc;
+      }
+    for (; s < npt; ++s) {                          /* spare rows: the last tap's line, unused */
+      perm[s] = nt - 1;
+      crow[s] = s * npc;
+    }
+    for (int64_t p = 0; p < P; ++p) in[p] = ts_conv_taps_in(g, p);
+    int64_t nl = ts_conv_lists_of(npt, nt, smask, full, tl, lmask), kept = 0;
+    for (int64_t l = 0; l < nl; ++l) {             /* (smask: each list's positions kept) */
+      smask[l] = 0;
+      for (int64_t p = 0; p < P; ++p) smask[l] += (in[p] & lmask[l]) != 0;
+    }
+    for (int64_t t = 0; t < npt / TS_DMR; ++t) kept += (int64_t)smask[tl[t]];
+    if (100 * kept <= (100 - TS_CONV_SKIP_MIN) * P * (npt / TS_DMR)) return nl;
+  }
+  for (s = 0; s < npt; ++s) perm[s] = s < nt ? s : nt - 1;
+  return 0;
+}
+
+/* A block's steps per list l (ts_conv_wgroup): pairs of the layout's offset (fk) and the row of
+   the cotangent's panels of the steps k < kc, position p + k % len of an image, that any of
+   the list's taps is inside at; count[l] of them. */
+static void ts_conv_wskips(const int64_t* fk, const uint64_t* in, int64_t p, int64_t len,
+                           int64_t kc, const uint64_t* lmask, int64_t nl, int64_t kcap,
+                           int64_t* lists, int64_t* count) {
+  for (int64_t l = 0; l < nl; ++l) {
+    int64_t *lo = lists + 2 * l * kcap, n = 0;
+    for (int64_t k = 0, q = 0; k < kc; ++k, q = q + 1 < len ? q + 1 : 0)   /* (q: k % len) */
+      if (in[p + q] & lmask[l]) {
+        lo[2 * n] = fk[k];
+        lo[2 * n++ + 1] = k * TS_DNR_{S};
+      }
+    count[l] = n;
+  }
+}
+
 /* The weight gradient's mt x nt block of dW [O/G, Cg*KK] at C (row stride ldc): the cotangent
    G times the input's windows B over k = (n, p), every position of image 0, then of image 1,
    ...; G's row o of image n at Gd + n gs + o P, B[(n, p), j] the input (image n at X + n xs)
@@ -628,7 +700,9 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * P) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
                  (rowwise || direct ? (size_t)psize + (size_t)(cgt * kk) * ioff + 32 : 0) +
-                 (direct ? (size_t)(npt + kcap) * ioff : 0);
+                 (direct ? (size_t)(4 * npt + npt / TS_DMR + kcap + 2 * TS_CONV_LISTS + P +
+                                   2 * TS_CONV_LISTS * kcap) * ioff
+                         : 0);
   size_t need = direct ? (size_t)npc * (size_t)kcap + (size_t)(npt * npc)
                        : (size_t)(mp + np + TS_NR_{S}) * (size_t)kcap;
   {T}* pa = K <= 0 ? 0 : ts_scratch_{S}(need + table);
@@ -651,22 +725,34 @@ static void ts_conv_wgrad_tile_{S}(const {T}* Gd, int64_t gs, const {T}* X, int6
   {T}* pad = ({T}*)(((uintptr_t)(runs + 4 * nruns) + 63) & ~(uintptr_t)63);
   int64_t* off = (int64_t*)(((uintptr_t)(pad + psize) + 63) & ~(uintptr_t)63);
   if (direct) {                  /* the windows read where they are laid out, B never packed */
-    int64_t* toff = off + cgt * kk;      /* each tap's line in the layout (spare rows: the last) */
+    int64_t* toff = off + cgt * kk;      /* each slot's tap's line in the layout */
     int64_t* fk = toff + npt;            /* each position's place in it, from a block's first */
+    int64_t *perm = fk + kcap, *crow = perm + npt, *tl = crow + npt, *count = tl + npt / TS_DMR;
+    uint64_t *lmask = (uint64_t*)(count + TS_CONV_LISTS), *smask = lmask + TS_CONV_LISTS;
+    uint64_t* in = smask + npt;          /* each position's taps inside the input */
+    int64_t* lists = (int64_t*)(in + P);
     {T}* tile = pa + npc * kcap;         /* taps x channels */
     for (int64_t q = 0; q < kcap; ++q)
       fk[q] = q / P * isz + q % P / out2 * s1 * ln + q % out2;
+    int64_t nl = ts_conv_wgroup(&g, j0, nt, npt, npc, perm, crow, tl, lmask, smask, in);
     for (int64_t n = 0; n < nimg; n += m)  /* blocks of m images, or of rows of one, in order */
       for (int64_t p = 0; p < P; p += kcap) {
         int64_t len = P - p < kcap ? P - p : kcap, mi = nimg - n < m ? nimg - n : m;
+        int finite = 1;
         for (int64_t i = 0; i < mi; ++i) {
           ts_window_lay_{S}(&g, X + (n + i) * xs + c_lo * cs, cgt, p / out2, len / out2, 0,
                             pad + i * isz, i ? 0 : off);
-          ts_conv_direct_pack_{S}(Gd + (n + i) * gs + p, P, mt, len, mi * len,
-                                  pa + i * len * TS_DNR_{S}, 0);
+          finite &= ts_conv_direct_pack_{S}(Gd + (n + i) * gs + p, P, mt, len, mi * len,
+                                            pa + i * len * TS_DNR_{S}, nl > 0);
         }
-        for (int64_t j = 0; j < npt; ++j) toff[j] = off[(j < nt ? j : nt - 1) + j0 - c_lo * kk];
-        ts_conv_direct_{S}(pa, npc, pad, fk, mi * len, toff, npt, tile, n == 0 && p == 0);
+        for (int64_t j = 0; j < npt; ++j) toff[j] = off[perm[j] + j0 - c_lo * kk];
+        if (!nl) {
+          ts_conv_direct_{S}(pa, npc, pad, fk, mi * len, toff, npt, tile, n == 0 && p == 0);
+          continue;
+        }
+        ts_conv_wskips(fk, in, p, len, mi * len, lmask, nl, kcap, lists, count);
+        ts_conv_direct_listed_{S}(pa, npc, mi * len, pad, lists, kcap, count, finite ? tl : 0,
+                                  toff, crow, npt, tile, n == 0 && p == 0);
       }
     ts_transpose_{S}(tile, npc, C, ldc, mt, nt);
     return;
