@@ -341,7 +341,7 @@ static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, in
   if (!ts_conv_skipping(g)) goto in_order;
   for (int64_t j = 0; j < nt; ++j) {            /* each position's taps inside the input */
     uint64_t m = ts_conv_taps_in(g, j0 + j);
-  int64_t c = 0;
+    int64_t c = 0;
     while (c < nc && cmask[c] != m) ++c;
     if (c == nc) {
       if (nc == TS_CONV_CLASSES) goto in_order;
