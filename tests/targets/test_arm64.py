@@ -147,6 +147,11 @@ def cases(rng):
                                           op.conv(x, d, padding=1, groups=4)),
                      [f32(2, 4, 9, 21), f32(5, 4, 3, 3), f32(48, 4, 3, 3), f32(4, 1, 3, 3)],
                      True),
+        # small images, whose windows' taps in the padding the direct path and the direct
+        # weight gradient skip (a 5x5 image's 3x3 windows: 25% padding)
+        "conv_small_f32": (lambda x, w, g: (op.conv(x, w, padding=1),
+                                            op.conv_weight_grad(x, g, kernel=[3, 3], padding=1)),
+                           [f32(6, 16, 5, 5), f32(48, 16, 3, 3), f32(6, 48, 5, 5)], True),
         # the weight gradient's routine (rows laid out, panels transposed; direct for 48
         # channels) and col2im's phases
         "conv_grads_f32": (lambda x, g, gd, c: (
