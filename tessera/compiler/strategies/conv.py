@@ -151,7 +151,7 @@ def image_tiles(g: dict, d: str) -> dict:
         rows, _, kc = c_gemm.DEFAULT_TILE[d]
         mt = even_tile(Og, rows, 8)
         imgs = min(N, most // P, N * G * -(-Og // mt) // c_gemm.MIN_TASKS)
-        fewer = N * G * -(-Og // mt) // SMALL_IMAGE_TASKS
+        fewer = min(N, N * G * -(-Og // mt) // SMALL_IMAGE_TASKS)
         if least <= fewer * P <= most:
             imgs = fewer
         if imgs * P >= least:
