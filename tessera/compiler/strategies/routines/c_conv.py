@@ -8,7 +8,9 @@ GEMM's fma chain over k = (c, kd, kh, kw) from 0, so the result has the bits of 
 matmul the operator decomposes into. A block of whole output rows of a 1-D or 2-D convolution
 whose channels fill the channel vectors runs direct (`ts_conv_direct_<T>`: the windows' values
 broadcast from the input rows laid out padded, against the weights' transposed panels, its
-micro-tile TS_DMR x TS_DNV measured per machine: compiler/target/gemm_shape.py); one output
+micro-tile TS_DMR x TS_DNV measured per machine: compiler/target/gemm_shape.py; on small
+images the taps that fall in the padding left out, which changes no bit but a zero's sign where
+products underflow); one output
 channel (mt = 1, a depthwise convolution's) of whole rows as a stencil (`ts_conv_plane_<T>`,
 laid out a block of rows at a time as the pools are, the next task's input prefetched): same
 chains.
