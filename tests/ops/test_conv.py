@@ -409,6 +409,22 @@ def test_weight_gradients_of_few_columns_split_their_rows_where_that_moves_less(
             assert (moved(g, ws[0] // 2, J) < moved(g, ws[0], 32)) == halves
 
 
+def test_weight_gradient_tasks_are_whole_units_of_channels_taps():
+    """A group of TAP_ROWS channels or more splits its columns into TASKS tasks of whole units
+    of TAP_ROWS channels' taps in whole panels (ResNet's 3x3 layers: 288 columns a unit), so
+    that each task copies G's rows fewer times and the direct micro-tiles are one tap each."""
+    from tessera.compiler.strategies.conv_grad import PANEL, TAP_ROWS, TASKS
+    for c, hw in [(128, 8), (64, 16), (256, 4), (512, 2), (128, 28)]:
+        x, gy = np.zeros((32, c, hw, hw), np.float32), np.zeros((32, c, hw, hw), np.float32)
+        w = np.zeros((c, c, 3, 3), np.float32)
+        f = ts.function(lambda x, w, gy: ts.grad(lambda w: op.sum(op.conv(x, w, padding=1) * gy))(w))
+        [kn] = [k.knobs for k in f.lower(x, w, gy).schedule_ir.kernels
+                if k.strategy == "conv_weight_grad"]
+        unit = np.lcm(PANEL, 9 * TAP_ROWS)
+        assert kn["tile_m"] == c and kn["tile_n"] % unit == 0
+        assert -(-9 * c // kn["tile_n"]) == max(1, min(TASKS, 9 * c // unit))
+
+
 def _weight_gradient_has_the_windows_bits(rng, xs, ws, attrs, schedules, dtype=np.float32):
     x, w = _case(rng, xs, ws, dtype)
     cols, out = _im2col(x, ws, attrs)
