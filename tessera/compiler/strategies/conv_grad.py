@@ -78,9 +78,10 @@ def wgrad_tiles(g: dict, dtype_short: str) -> dict:
     """Task tiles: every output channel of a group in one tile where the GEMM's row tile holds
     them (B, the windows, costs a gather to pack and is packed once per row tile; G's rows
     cost a copy), the columns split into whole micro-panels until there are MIN_TASKS tasks;
-    where a group has TAP_ROWS channels or more, into TASKS tasks of whole units of
-    TAP_ROWS channels' taps in whole panels (each task copies all of G's rows, and the direct
-    path's micro-tiles are then one tap each, whose steps in the padding it skips: ResNet's
+    where they hold a unit of whole panels of TAP_ROWS channels' taps each (the least common
+    multiple: 288 columns, 32 channels, for 3x3 kernels), into TASKS tasks of whole units
+    (each task copies all of G's rows, and the direct path's micro-tiles are then one tap
+    each, whose steps in the padding it skips: ResNet's
     weight gradients at batch 32 on a 2-core Xeon, 8x8x128 1.79 -> 1.46 ms, 16x16x64 1.63 ->
     1.45, 28x28x128 38.4 -> 35.9, 4x4x256 1.30 -> 1.25).
     Where that leaves tasks of one panel (every one copying G's rows for 32 columns: the stem's
