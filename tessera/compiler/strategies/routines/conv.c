@@ -328,7 +328,7 @@ static int64_t ts_conv_lists_of(int64_t npos, int64_t real, const uint64_t* slot
    sets' count, or 0 where the micro-tiles would skip under TS_CONV_SKIP_MIN% of their steps
    (the lists' loads and the grouped positions' scattered reads cost 2-5%: 28 x 28 images, 5%
    of whose taps are padding, ran 2% slower): fp then the positions in order, and no lists.
-   cls: 2 nt + npos + 2 TS_CONV_CLASSES + 1 int64s of scratch. */
+   cls: nt + TS_CONV_CLASSES + npos int64s of scratch. */
 static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, int64_t j0,
                              int64_t isz, int64_t pline, int64_t npos, int64_t npc,
                              int64_t* fp, int64_t* crow, int64_t* tl, uint64_t* lmask,
@@ -336,8 +336,7 @@ static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, in
   int64_t kk = g->k[0] * g->k[1] * g->k[2], out2 = g->out[2], nc = 0, s = 0;
   uint64_t full = kk >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << kk) - 1;
   uint64_t* cmask = (uint64_t*)(cls + nt);
-  int64_t* start = (int64_t*)(cmask + TS_CONV_CLASSES);
-  uint64_t* smask = (uint64_t*)(start + TS_CONV_CLASSES + 1);   /* each slot's taps */
+  uint64_t* smask = cmask + TS_CONV_CLASSES;      /* each slot's taps */
   if (!ts_conv_skipping(g)) goto in_order;
   for (int64_t j = 0; j < nt; ++j) {            /* each position's taps inside the input */
     uint64_t m = ts_conv_taps_in(g, j0 + j);
@@ -349,10 +348,7 @@ static int64_t ts_conv_group(const ts_conv_geom* g, int64_t nimg, int64_t nt, in
     }
     cls[j] = c;
   }
-  for (int64_t c = 0; c <= nc; ++c) start[c] = 0;       /* the slots class by class */
-  for (int64_t j = 0; j < nt; ++j) ++start[cls[j] + 1];
-  for (int64_t c = 0; c < nc; ++c) start[c + 1] += start[c];
-  for (int64_t c = 0; c < nc; ++c)
+  for (int64_t c = 0; c < nc; ++c)                 /* the slots class by class */
     for (int64_t i = 0; i < nimg; ++i)
       for (int64_t j = 0; j < nt; ++j)
         if (cls[j] == c) {
@@ -462,8 +458,8 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
   size_t table = (size_t)(4 * nruns) * ioff + 16 +
                  (indexed ? (size_t)(kk * nt) * sizeof(int32_t) / sizeof({T}) + 1 : 0) +
                  (psize ? (size_t)psize + (size_t)(cgmax * kk) * ioff + 32 : 0) +
-                 (direct ? (size_t)(3 * npos + npos / TS_DMR + 2 * nt + 2 * TS_CONV_LISTS +
-                                   2 * TS_CONV_CLASSES + 1 + 2 * TS_CONV_LISTS * kcap) * ioff
+                 (direct ? (size_t)(3 * npos + npos / TS_DMR + nt + 2 * TS_CONV_LISTS +
+                                   TS_CONV_CLASSES + 2 * TS_CONV_LISTS * kcap) * ioff
                          : 0);
   size_t need = narrow ? (size_t)kcap * (size_t)nt
                 : direct ? (size_t)npc * (size_t)kcap + (size_t)(npos * npc)
@@ -524,7 +520,7 @@ static void ts_conv_tile_{S}(const {T}* W, int64_t ldw, const {T}* X, {T}* C, in
     int64_t *crow = fp + npos, *tl = crow + npos, *count = tl + npos / TS_DMR;
     uint64_t* lmask = (uint64_t*)(count + TS_CONV_LISTS);
     int64_t* cls = (int64_t*)(lmask + TS_CONV_LISTS);
-    int64_t* lists = cls + 2 * nt + npos + 2 * TS_CONV_CLASSES + 1;
+    int64_t* lists = cls + nt + TS_CONV_CLASSES + npos;
     {T}* tile = pa + npc * kcap;         /* positions x channels, image after image */
     int64_t nl = ts_conv_group(&g, nimg, nt, j0, isz, pline, npos, npc, fp, crow, tl, lmask,
                                cls);          /* (0: no lists, positions in order) */
